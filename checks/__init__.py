@@ -1,0 +1,1 @@
+"""Built-in checks, one module per area; each module registers its checks with ``@check``."""
