@@ -14,7 +14,7 @@ import inspect
 import pkgutil
 import textwrap
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -90,6 +90,7 @@ CHECKS: dict[str, Check] = {}
 COLLECTORS: dict[str, Collector] = {}
 FIXERS: dict[str, Fixer] = {}
 _PLUGIN_ERRORS: list[str] = []
+LOAD_ERRORS: dict[str, str] = {}  # built-in module -> why it failed to import
 _loaded = False
 _current_source = "builtin"
 
@@ -178,7 +179,10 @@ def load(plugins: bool = True) -> dict[str, Check]:
         pkg = importlib.import_module(pkg_name)
         for info in pkgutil.iter_modules(pkg.__path__):
             if not info.name.startswith("_"):
-                importlib.import_module(f"{pkg_name}.{info.name}")
+                try:
+                    importlib.import_module(f"{pkg_name}.{info.name}")
+                except Exception as exc:  # a broken module must fail the gate, not crash the doctor
+                    LOAD_ERRORS[f"{pkg_name}.{info.name}"] = f"{type(exc).__name__}: {exc}"
     if plugins:
         _load_plugins()
     _loaded = True

@@ -97,6 +97,7 @@ class Settings:
     patches_dir: str | None = None
     state_dir: str = "/var/lib/k26-doctor"
     verify_cache_dir: str | None = None
+    snapshot: dict[str, Any] | None = field(default=None, repr=False)  # with --from-snapshot
 
     def get(self, dotted: str, default: Any = None) -> Any:
         """A profile value by dotted path, e.g. ``settings.get("gpu.compute_capability")``."""

@@ -195,9 +195,11 @@ def _worker_env() -> dict[str, str]:
 
 # -- secrets -------------------------------------------------------------------------------------
 
-SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSW(OR)?D|PASSPHRASE|CREDENTIAL|API[_-]?KEY|(^|[_-])KEY($|[_-])|AUTH|COOKIE|PRIVATE)",
-                         re.IGNORECASE)
-SECRET_VALUE = re.compile(r"\b(hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|AKIA[0-9A-Z]{16})\b")
+SECRET_NAME = re.compile(
+    r"(TOKEN|SECRET|PASSW(OR)?D|PASSPHRASE|CREDENTIAL|API[_-]?KEY|(^|[_-])KEY($|[_-])|AUTH|COOKIE|PRIVATE)",
+    re.IGNORECASE)
+SECRET_VALUE = re.compile(
+    r"\b(hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|AKIA[0-9A-Z]{16})\b")
 REDACTED = "<redacted>"
 
 
@@ -220,8 +222,9 @@ def redact(value: Any, key: str = "") -> Any:
 
 # -- snapshots -----------------------------------------------------------------------------------
 
-def build_snapshot(store: FactStore, note: str = "") -> dict[str, Any]:
-    facts = store.collect_all()
+def build_snapshot(store: FactStore, note: str = "", names: list[str] | None = None) -> dict[str, Any]:
+    """Every fact (or ``names``), with the run's options, redacted."""
+    facts = store.collect_all(names)
     opts = store.options.to_dict()
     opts.pop("env", None)  # the environment is recorded (redacted) as the fact "env"
     return redact({

@@ -1,0 +1,159 @@
+"""The doctor as a library: flags -> settings -> checks -> report. The CLI is a thin shell over this."""
+
+from __future__ import annotations
+
+import socket
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from doctor import __version__
+from doctor import runner as _runner
+from doctor.context import Context
+from doctor.facts import CollectOptions, FactStore, load_snapshot
+from doctor.registry import LOAD_ERRORS, Check, all_checks, plugin_errors
+from doctor.result import Result, Status, worst
+from doctor.runner import RunOutcome, select
+from doctor.settings import ConfigError, Settings, resolve
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NO_REPORT = 0, 1, 2, 3
+
+
+def settings_from_flags(flags: dict[str, Any]) -> Settings:
+    """Resolve flags (None = not given) against config and profile; raises ``ConfigError``.
+
+    With ``--from-snapshot`` the recorded paths and interpreter stand in for flags not given, so
+    a replay judges the host as it was recorded.
+    """
+    snap = None
+    if flags.get("from_snapshot"):
+        from doctor.facts import SnapshotError
+
+        try:
+            snap = load_snapshot(flags["from_snapshot"])
+        except SnapshotError as exc:
+            raise ConfigError(str(exc)) from None
+        recorded = snap.get("options") or {}
+        flags = dict(flags)
+        for key in ("model_path", "draft_model_path", "python"):
+            if not flags.get(key) and recorded.get(key):
+                flags[key] = recorded[key]
+    settings = resolve(flags)
+    settings.snapshot = snap
+    return settings
+
+
+def collect_options(settings: Settings) -> CollectOptions:
+    return CollectOptions(
+        python=settings.python,
+        model_path=settings.model_path,
+        draft_model_path=settings.draft_model_path,
+        tp=settings.tp,
+        deep=settings.deep,
+        profile=settings.profile,
+    )
+
+
+def make_context(settings: Settings) -> Context:
+    return Context(settings, FactStore(collect_options(settings), snapshot=settings.snapshot))
+
+
+@dataclass
+class Report:
+    settings: Settings
+    outcome: RunOutcome
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def results(self) -> list[Result]:
+        return self.outcome.results
+
+    @property
+    def status(self) -> Status:
+        return worst([r.status for r in self.results])
+
+    def counts(self) -> dict[str, int]:
+        counts = {s.value: 0 for s in (Status.PASS, Status.WARN, Status.FAIL, Status.SKIP, Status.ERROR)}
+        for r in self.results:
+            counts[r.status.value] += 1
+        return counts
+
+    def exit_code(self, strict: bool | None = None) -> int:
+        strict = self.settings.strict if strict is None else strict
+        if any(r.status.failed for r in self.results) or self.outcome.interrupted:
+            return EXIT_FAILED
+        if strict and any(r.status is Status.WARN for r in self.results):
+            return EXIT_FAILED
+        return EXIT_OK
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON report (CONTRACT.md); ``doctor/report/report.schema.json`` describes it."""
+        status = self.status
+        if self.settings.strict and status is Status.WARN:
+            status = Status.FAIL
+        return {
+            "schema_version": 1,
+            "summary": {
+                "status": status.value,
+                "counts": self.counts(),
+                "duration_s": round(self.outcome.duration_s, 4),
+                "interrupted": self.outcome.interrupted,
+            },
+            "results": [r.to_dict() for r in self.results],
+            "doctor": {
+                "version": __version__,
+                "profile": self.settings.profile_name,
+                "tp": self.settings.tp,
+                "python": self.settings.python,
+                "hostname": socket.gethostname(),
+                "from_snapshot": self.settings.from_snapshot,
+                "deep": self.settings.deep,
+                "strict": self.settings.strict,
+                "notes": self.notes,
+            },
+        }
+
+
+def selected_checks(settings: Settings) -> list[Check]:
+    return select(all_checks(), settings.only, settings.skip, settings.deep)
+
+
+def run(settings: Settings, on_result: Callable[[Result], None] | None = None,
+        checks: list[Check] | None = None) -> tuple[Report, Context]:
+    ctx = make_context(settings)
+    chosen = selected_checks(settings) if checks is None else checks
+    outcome = _runner.run_checks(chosen, ctx, on_result=on_result)
+    for module, why in sorted(LOAD_ERRORS.items()):  # fail closed: checks of that module are missing
+        res = Result.errored(f"built-in module {module} failed to import: {why}")
+        res.id, res.title = f"doctor.load.{module.replace('.', '_')}", f"Load {module}"
+        outcome.results.append(res)
+    notes = [f"plugin failed to load: {e}" for e in plugin_errors()]
+    if settings.from_snapshot:
+        notes.append(f"judged from snapshot {settings.from_snapshot}, not the live host")
+    return Report(settings, outcome, notes), ctx
+
+
+def run_checks(settings: Settings) -> Report:
+    """Run the selected checks and return the report: what the launcher gates on."""
+    return run(settings)[0]
+
+
+def render(report: Report, fmt: str, verbose: int = 0, stream: IO[str] | None = None,
+           color: bool | None = None) -> None:
+    """Write the report in ``text``, ``json`` or ``junit`` to ``stream`` (stdout by default)."""
+    stream = stream or sys.stdout
+    if fmt == "json":
+        from doctor.report.json_report import dumps
+
+        stream.write(dumps(report) + "\n")
+    elif fmt == "junit":
+        from doctor.report.junit import to_junit
+
+        stream.write(to_junit(report))
+    elif fmt == "text":
+        from doctor.report.text import render_text
+
+        stream.write(render_text(report, verbose=verbose, color=color, stream=stream))
+    else:  # pragma: no cover - click validates choices
+        raise ConfigError(f"unknown format {fmt!r}")

@@ -1,0 +1,285 @@
+"""The ``k26-doctor`` command line (click). Thin: the work is in ``doctor.app`` and the checks.
+
+Startup stays cheap (``--help``/``list`` run on every ExecStartPre): subcommands of other areas
+load lazily, and nothing heavy is imported at module level.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import json
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from doctor import __version__
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NO_REPORT = 0, 1, 2, 3
+
+LAZY_COMMANDS = {
+    "launch": "doctor.commands.launch:launch",
+    "systemd-unit": "doctor.commands.launch:systemd_unit",
+    "diagnose": "doctor.commands.launch:diagnose",
+    "wait-ready": "doctor.commands.launch:wait_ready",
+    "patches": "doctor.commands.patches:patches",
+    "manifest": "doctor.commands.model:manifest",
+}
+
+
+class LazyGroup(click.Group):
+    """Loads area subcommands on use; an area whose module is absent is simply not offered."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        names = set(super().list_commands(ctx))
+        names.update(n for n, target in LAZY_COMMANDS.items() if _module_exists(target.split(":")[0]))
+        return sorted(names)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        cmd = super().get_command(ctx, name)
+        if cmd is not None or name not in LAZY_COMMANDS:
+            return cmd
+        module, attr = LAZY_COMMANDS[name].split(":")
+        if not _module_exists(module):
+            return None
+        return getattr(importlib.import_module(module), attr)
+
+
+def _module_exists(module: str) -> bool:
+    from importlib.util import find_spec
+
+    try:
+        return find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def selection_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """The flags shared by check, fix, launch (CONTRACT.md), collected into ``flags`` for the command."""
+    options = [
+        click.option("--config", "config", type=click.Path(dir_okay=False), default=None,
+                     help="TOML config (default $K26_DOCTOR_CONFIG, else /etc/k26-doctor/config.toml)."),
+        click.option("--profile", default=None, help="Deployment profile (default b300-tp8-ddtree)."),
+        click.option("--model-path", default=None, help="Target model directory."),
+        click.option("--draft-model-path", default=None, help="Draft (DFlash) model directory."),
+        click.option("--python", "python", default=None, help="The service's interpreter (default: this one)."),
+        click.option("--tp", type=int, default=None, help="Tensor-parallel size (default: the profile's)."),
+        click.option("--only", multiple=True, help="Only checks matching this glob (repeatable)."),
+        click.option("--skip", multiple=True, help="Skip checks matching this glob (repeatable)."),
+        click.option("--ignore", multiple=True, help="Report a failure of this check as warn (repeatable)."),
+        click.option("--deep", is_flag=True, default=None, help="Add the slow checks (hashing, bandwidth)."),
+        click.option("--format", "fmt", type=click.Choice(["text", "json", "junit"]), default="text",
+                     show_default=True),
+        click.option("--output", type=click.Path(dir_okay=False), default=None, help="Write the report here."),
+        click.option("--strict", is_flag=True, default=None, help="Warnings fail too."),
+        click.option("--timeout", type=float, default=None, help="Deadline per check, seconds."),
+        click.option("-v", "--verbose", count=True, help="Details and tracebacks."),
+        click.option("--from-snapshot", type=click.Path(dir_okay=False), default=None,
+                     help="Judge a recorded snapshot instead of this host."),
+        click.option("--patches-dir", default=None, help="A site directory of patch sets."),
+        click.option("--state-dir", default=None, help="Where backups, journals and locks live."),
+    ]
+
+    @functools.wraps(func)
+    def wrapper(**kwargs: Any) -> Any:
+        keys = ["config", "profile", "model_path", "draft_model_path", "python", "tp", "only", "skip", "ignore",
+                "deep", "fmt", "output", "strict", "timeout", "verbose", "from_snapshot", "patches_dir",
+                "state_dir"]
+        flags = {k: kwargs.pop(k) for k in keys if k in kwargs}
+        return func(flags=flags, **kwargs)
+
+    for opt in reversed(options):
+        wrapper = opt(wrapper)
+    return wrapper
+
+
+def guarded(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Exit codes per the contract: ConfigError -> 2; any unexpected crash -> 3 with one line."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from doctor.settings import ConfigError
+
+        try:
+            return func(*args, **kwargs)
+        except ConfigError as exc:
+            click.echo(f"k26-doctor: {exc}", err=True)
+            sys.exit(EXIT_USAGE)
+        except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit, KeyboardInterrupt):
+            raise
+        except Exception as exc:
+            click.echo(f"k26-doctor: internal error, no report: {type(exc).__name__}: {exc}", err=True)
+            if "-v" in sys.argv or "--verbose" in sys.argv:
+                traceback.print_exc()
+            sys.exit(EXIT_NO_REPORT)
+
+    return wrapper
+
+
+def settings_from(flags: dict[str, Any]) -> Any:
+    from doctor.app import settings_from_flags
+
+    return settings_from_flags({k: v for k, v in flags.items() if k not in ("fmt", "output")})
+
+
+def emit(report: Any, flags: dict[str, Any]) -> None:
+    from doctor.app import render
+
+    fmt, output = flags.get("fmt") or "text", flags.get("output")
+    if output:
+        with open(output, "w", encoding="utf-8") as fh:
+            render(report, fmt, flags.get("verbose") or 0, fh, color=False)
+        if fmt != "text":
+            render(report, "text", flags.get("verbose") or 0, sys.stdout)
+    else:
+        render(report, fmt, flags.get("verbose") or 0, sys.stdout)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(__version__, prog_name="k26-doctor")
+def cli() -> None:
+    """Preflight diagnostics and repair for Kimi K2.6 on SGLang + DDTree, TP8 over NVLink.
+
+    \b
+    k26-doctor check                 run the checks (exit 0 ok, 1 failed, 2 usage, 3 no report)
+    k26-doctor fix [--apply]         plan (and apply) the fixes of failing checks
+    k26-doctor launch [--dry-run]    start the server only when every check passes
+    """
+
+
+@cli.command()
+@selection_options
+@guarded
+def check(flags: dict[str, Any]) -> None:
+    """Run the selected checks and print a report. Changes nothing."""
+    from doctor.app import run
+
+    settings = settings_from(flags)
+    report, _ = run(settings)
+    emit(report, flags)
+    sys.exit(report.exit_code())
+
+
+@cli.command()
+@selection_options
+@click.option("--apply", "do_apply", is_flag=True, help="Make the changes (default: only show the plan).")
+@click.option("--yes", is_flag=True, help="Do not ask before each change.")
+@guarded
+def fix(flags: dict[str, Any], do_apply: bool, yes: bool) -> None:
+    """Show (and with --apply, make) the changes that fix failing checks, then check again."""
+    from doctor.fixing import apply_plans, make_plans, print_plans
+
+    settings = settings_from(flags)
+    if do_apply and not yes and not sys.stdin.isatty():
+        click.echo("k26-doctor: refusing to change anything: stdin is not a terminal and --yes was not given",
+                   err=True)
+        sys.exit(EXIT_USAGE)
+    if do_apply and settings.from_snapshot:
+        click.echo("k26-doctor: cannot apply fixes to a snapshot; plan only", err=True)
+        sys.exit(EXIT_USAGE)
+    plans, report = make_plans(settings)
+    fmt = flags.get("fmt") or "text"
+    if not do_apply:
+        if fmt == "json":
+            click.echo(json.dumps({"plans": [p.to_dict() for p in plans],
+                                   "report": report.to_dict()}, indent=2, default=str))
+        else:
+            print_plans(plans, report)
+        sys.exit(EXIT_OK if not plans and report.exit_code() == 0 else report.exit_code())
+    print_plans(plans, report)
+    code = apply_plans(plans, settings, ask=not yes, fmt=fmt)
+    sys.exit(code)
+
+
+@cli.command("list")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@guarded
+def list_cmd(fmt: str) -> None:
+    """Every registered check: id, title, tags, deep, fixer."""
+    from doctor.registry import all_checks, plugin_errors
+
+    checks = all_checks()
+    if fmt == "json":
+        click.echo(json.dumps([c.to_dict() for c in checks], indent=2))
+        return
+    width = max((len(c.id) for c in checks), default=8)
+    for c in checks:
+        extra = []
+        if c.deep:
+            extra.append("deep")
+        if c.fixer:
+            extra.append(f"fixer {c.fixer}")
+        if c.source != "builtin":
+            extra.append(c.source)
+        click.echo(f"{c.id.ljust(width)}  {c.title}" + (f"  [{', '.join(extra)}]" if extra else ""))
+    for err in plugin_errors():
+        click.echo(f"plugin failed to load: {err}", err=True)
+
+
+@cli.command()
+@click.argument("check_id")
+@guarded
+def explain(check_id: str) -> None:
+    """What a check looks at, why it matters, how to fix it by hand."""
+    from doctor.registry import CHECKS, FIXERS, load
+
+    load()
+    chk = CHECKS.get(check_id)
+    if chk is None:
+        import difflib
+
+        close = difflib.get_close_matches(check_id, list(CHECKS), n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else "; see `k26-doctor list`"
+        click.echo(f"k26-doctor: no check {check_id!r}{hint}", err=True)
+        sys.exit(EXIT_USAGE)
+    click.echo(f"{chk.id} — {chk.title}")
+    click.echo(f"tags: {', '.join(chk.tags)}   deep: {'yes' if chk.deep else 'no'}   "
+               f"timeout: {chk.timeout or 'default'}   needs: {', '.join(chk.needs) or '-'}   "
+               f"depends on: {', '.join(chk.depends) or '-'}")
+    if chk.fixer:
+        fx = FIXERS.get(chk.fixer)
+        click.echo(f"fixer: {chk.fixer}" + (f" — {fx.title}" if fx else " (not registered)"))
+    click.echo("")
+    click.echo(chk.explain or "(no explanation written)")
+
+
+@cli.command()
+@selection_options
+@click.option("--note", default="", help="A note stored in the snapshot.")
+@click.option("--fact", "facts", multiple=True, help="Only these facts (repeatable).")
+@guarded
+def snapshot(flags: dict[str, Any], note: str, facts: tuple[str, ...]) -> None:
+    """JSON of every fact the checks read (GPUs, links, versions, paths), secrets redacted."""
+    from doctor.app import collect_options
+    from doctor.facts import FactStore, build_snapshot, load_collectors
+
+    settings = settings_from(flags)
+    load_collectors()
+    store = FactStore(collect_options(settings))
+    unknown = [f for f in facts if f not in load_collectors()]
+    if unknown:
+        known = ", ".join(sorted(load_collectors()))
+        raise click.BadParameter(f"unknown fact(s): {', '.join(unknown)}; known: {known}")
+    snap = build_snapshot(store, note=note, names=list(facts) or None)
+    text = json.dumps(snap, indent=1, default=str, ensure_ascii=False) + "\n"
+    if flags.get("output"):
+        with open(flags["output"], "w", encoding="utf-8") as fh:
+            fh.write(text)
+        click.echo(f"snapshot written to {flags['output']} ({len(snap['facts'])} facts)", err=True)
+    else:
+        sys.stdout.write(text)
+
+
+def main() -> None:
+    try:
+        cli(prog_name="k26-doctor")
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        sys.exit(130)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

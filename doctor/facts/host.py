@@ -1,0 +1,174 @@
+"""Host facts: the service's environment, free space where it writes, the server port."""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+from doctor.facts import CollectOptions, redact
+from doctor.registry import collector
+
+
+def service_environment(opts: CollectOptions) -> dict[str, str]:
+    """What the service will see: this environment, plus the profile's [server.env] (the launcher sets it)."""
+    env = dict(opts.env)
+    for key, value in ((opts.profile.get("server") or {}).get("env") or {}).items():
+        env.setdefault(str(key), str(value))
+    return env
+
+
+def parse_env_file(text: str) -> dict[str, str]:
+    """systemd EnvironmentFile syntax: KEY=VALUE lines, # comments, optional quotes."""
+    out: dict[str, str] = {}
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith(("#", ";")) or "=" not in line:
+            continue
+        key, value = line.split("=", 1)
+        key = key.strip()
+        if key.startswith("export "):
+            key = key[len("export "):].strip()
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+            value = value[1:-1]
+        out[key] = value
+    return out
+
+
+@collector("env", timeout=5)
+def collect_env(opts: CollectOptions) -> dict[str, Any]:
+    """The environment the service gets: process env + profile [server.env] + the env file, redacted."""
+    env_file = (opts.profile.get("server") or {}).get("env_file")
+    file_vars: dict[str, str] = {}
+    file_state = None
+    if env_file:
+        try:
+            file_vars = parse_env_file(Path(env_file).read_text(encoding="utf-8", errors="replace"))
+            file_state = "read"
+        except FileNotFoundError:
+            file_state = "missing"
+        except OSError as exc:
+            file_state = f"unreadable: {exc.strerror or exc}"
+    env = service_environment(opts)
+    env.update(file_vars)  # systemd applies EnvironmentFile after the unit's own Environment=
+    return {
+        "vars": redact(env),
+        "env_file": env_file,
+        "env_file_state": file_state,
+        "env_file_vars": sorted(file_vars),
+    }
+
+
+def _writable_ancestor(path: Path) -> tuple[Path, bool]:
+    p = path
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p, os.access(p, os.W_OK)
+
+
+def disk_targets(opts: CollectOptions) -> dict[str, str]:
+    """Where the service writes: the Triton cache, temp files, logs, profile [host] paths."""
+    env = service_environment(opts)
+    home = env.get("HOME") or str(Path.home())
+    targets = {
+        "triton_cache": env.get("TRITON_CACHE_DIR") or os.path.join(home, ".triton", "cache"),
+        "tmp": env.get("TMPDIR") or "/tmp",
+    }
+    for i, p in enumerate((opts.profile.get("host") or {}).get("paths") or []):
+        targets.setdefault(f"path{i}:{p}", os.path.expanduser(p.replace("~", home, 1) if p.startswith("~") else p))
+    if env.get("SGLANG_LOG_DIR"):
+        targets["sglang_logs"] = env["SGLANG_LOG_DIR"]
+    return targets
+
+
+@collector("disk", timeout=10)
+def collect_disk(opts: CollectOptions) -> dict[str, Any]:
+    """statvfs of each place the service writes (or its nearest existing parent)."""
+    out: dict[str, Any] = {}
+    for name, raw in disk_targets(opts).items():
+        path = Path(raw)
+        entry: dict[str, Any] = {"path": str(path)}
+        try:
+            probe, writable = _writable_ancestor(path)
+            st = os.statvfs(probe)
+            entry.update({
+                "measured_at": str(probe),
+                "exists": path.exists(),
+                "writable": writable,
+                "free_bytes": st.f_bavail * st.f_frsize,
+                "total_bytes": st.f_blocks * st.f_frsize,
+                "free_inodes": st.f_favail,
+                "read_only_fs": bool(st.f_flag & os.ST_RDONLY),
+            })
+        except OSError as exc:
+            entry["error"] = f"{exc.strerror or exc}"
+        out[name] = entry
+    return out
+
+
+def _port_owner(port: int) -> list[dict[str, Any]]:
+    """Which processes listen on ``port`` (from /proc/net/tcp* inodes and /proc/*/fd); best effort."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            parts = line.split()
+            if len(parts) > 9 and parts[3] == "0A" and int(parts[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(parts[9])
+    owners = []
+    if not inodes:
+        return owners
+    for pid_dir in Path("/proc").iterdir():
+        if not pid_dir.name.isdigit():
+            continue
+        try:
+            for fd in (pid_dir / "fd").iterdir():
+                target = os.readlink(fd)
+                if target.startswith("socket:[") and target[8:-1] in inodes:
+                    cmd = (pid_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+                    owners.append({"pid": int(pid_dir.name), "cmdline": cmd[:300]})
+                    break
+        except OSError:
+            continue
+    return owners
+
+
+@collector("port", timeout=10)
+def collect_port(opts: CollectOptions) -> dict[str, Any]:
+    """Bind the server's host:port the way the server would (SO_REUSEADDR), then release it at once."""
+    server = opts.profile.get("server") or {}
+    host = str(server.get("host", "0.0.0.0"))
+    port = server.get("port", 30000)
+    out: dict[str, Any] = {"host": host, "port": port}
+    try:
+        port = int(port)
+        if not 0 < port < 65536:
+            raise ValueError
+    except (TypeError, ValueError):
+        out["error"] = f"invalid port {port!r}"
+        return out
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        out["error"] = f"cannot resolve host {host!r}: {exc}"
+        return out
+    family, _, _, _, addr = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        out["free"] = True
+    except OSError as exc:
+        out["free"] = False
+        out["errno"] = errno.errorcode.get(exc.errno or 0, str(exc.errno))
+        out["error"] = exc.strerror or str(exc)
+        out["owners"] = _port_owner(port) if exc.errno == errno.EADDRINUSE else []
+    finally:
+        sock.close()
+    return out
