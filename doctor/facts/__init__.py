@@ -186,10 +186,11 @@ def _collect_isolated(coll: Collector, options: CollectOptions) -> Any:
 
 
 def _worker_env() -> dict[str, str]:
+    """The worker must import this very doctor and the collector's module, wherever they came from."""
     env = dict(os.environ)
-    # The worker must import this very doctor, wherever it was imported from.
     root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    paths = [root] + [p for p in sys.path if p and os.path.isdir(p)]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     return env
 
 

@@ -1,0 +1,148 @@
+"""Unit tests of the core pieces: settings precedence, redaction, runner selection and concurrency."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from doctor.context import Context
+from doctor.facts import CollectOptions, FactStore, FactUnavailable, redact
+from doctor.registry import Check
+from doctor.result import Result, Status
+from doctor.runner import matches, run_checks, select
+from doctor.settings import ConfigError, profile_names, resolve
+
+
+def ctx_for(**flags: object) -> Context:
+    settings = resolve(dict(flags), environ={})
+    return Context(settings, FactStore(CollectOptions(), snapshot={"facts": {}}))
+
+
+def test_every_profile_loads_with_what_checks_expect() -> None:
+    assert {"b300-tp8-ddtree", "b200-tp8", "h200-tp8", "rtxpro6000-ep8"} <= set(profile_names())
+    for name in profile_names():
+        s = resolve({"profile": name}, environ={})
+        assert s.profile["name"] == name
+        for key in ("parallel.tp", "gpu.compute_capability", "gpu.min_memory_gib", "gpu.nvlink_required",
+                    "stack.sglang", "model.num_hidden_layers", "model.n_routed_experts", "server.port",
+                    "server.args"):
+            assert s.get(key) is not None, (name, key)
+        assert s.get("stack.sglang") == "==0.5.23"
+    assert resolve({}, environ={}).profile_name == "b300-tp8-ddtree"
+    assert resolve({"profile": "b300-tp8-ddtree"}, environ={}).get("gpu.compute_capability") == "10.3"
+    assert resolve({"profile": "rtxpro6000-ep8"}, environ={}).get("gpu.nvlink_required") is False
+
+
+def test_flags_over_config_over_profile(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[doctor]\ntp = 4\nignore = ["gpu.health"]\n[server]\nport = 31000\n[model]\npath = "/cfg/model"\n')
+    s = resolve({"config": str(cfg)}, environ={})
+    assert (s.tp, s.get("server.port"), s.model_path, s.ignore) == (4, 31000, "/cfg/model", ["gpu.health"])
+    assert s.get("server.host") == "0.0.0.0", "tables merge key by key"
+    s = resolve({"config": str(cfg), "tp": 2, "model_path": "/flag/model", "ignore": ["host.port"]}, environ={})
+    assert (s.tp, s.model_path) == (2, "/flag/model")
+    assert s.ignore == ["gpu.health", "host.port"], "ignores from config and flags add up"
+    s = resolve({}, environ={"K26_DOCTOR_CONFIG": str(cfg)})
+    assert s.tp == 4
+
+
+def test_config_errors() -> None:
+    with pytest.raises(ConfigError):
+        resolve({"profile": "nope"}, environ={})
+    with pytest.raises(ConfigError):
+        resolve({"tp": "x"}, environ={})
+
+
+def test_redaction() -> None:
+    tok = "hf_" + "x" * 30
+    data = {"HF_TOKEN": tok, "AWS_SECRET_ACCESS_KEY": "abc", "password": "p", "KEYBOARD": "us",
+            "nested": [{"url": f"https://h/?t={tok}"}], "MONKEY": "banana", "api_key": "", "count": 3}
+    out = redact(data)
+    assert out["HF_TOKEN"] == out["AWS_SECRET_ACCESS_KEY"] == out["password"] == "<redacted>"
+    assert out["KEYBOARD"] == "us" and out["MONKEY"] == "banana" and out["count"] == 3
+    assert tok not in out["nested"][0]["url"]
+
+
+def test_selection_globs_and_areas() -> None:
+    assert matches("gpu.nvlink", ["gpu"]) and matches("gpu.nvlink", ["gpu.*"]) and not matches("gpux.a", ["gpu"])
+    mk = lambda i, deep=False: Check(i, i, lambda c: Result.passed("x"), deep=deep)  # noqa: E731
+    checks = [mk("a.one"), mk("a.two"), mk("b.one"), mk("b.deep", deep=True)]
+    assert [c.id for c in select(checks, ["a.*"], [], False)] == ["a.one", "a.two"]
+    assert [c.id for c in select(checks, [], ["a.two"], False)] == ["a.one", "b.one"]
+    assert "b.deep" in [c.id for c in select(checks, [], [], True)]
+    assert "b.deep" in [c.id for c in select(checks, ["b.deep"], [], False)], "naming a deep check runs it"
+
+
+def test_runner_runs_checks_concurrently_and_respects_dependencies() -> None:
+    barrier = threading.Barrier(4, timeout=5)
+
+    def waits(ctx: Context) -> Result:
+        barrier.wait()  # only returns if all four run at the same time
+        return Result.passed("met the others")
+
+    checks = [Check(f"c.{i}", "w", waits) for i in range(4)]
+    checks.append(Check("c.after", "a", lambda c: Result.passed("after"), depends=("c.0",)))
+    outcome = run_checks(checks, ctx_for())
+    assert [r.status for r in outcome.results] == [Status.PASS] * 5
+
+
+def test_runner_fact_unavailable_and_bad_return() -> None:
+    def needs_fact(ctx: Context) -> Result:
+        ctx.fact("nvml")
+        return Result.passed("unreachable")
+
+    checks = [Check("f.a", "a", needs_fact), Check("f.b", "b", lambda c: "not a result")]  # type: ignore[arg-type]
+    by = {r.id: r for r in run_checks(checks, ctx_for()).results}
+    assert by["f.a"].status is Status.SKIP and "not recorded in the snapshot" in by["f.a"].summary
+    assert by["f.b"].status is Status.ERROR
+
+
+def test_dependency_cycle_is_an_error_not_a_hang() -> None:
+    a = Check("x.a", "a", lambda c: Result.passed("a"), depends=("x.b",))
+    b = Check("x.b", "b", lambda c: Result.passed("b"), depends=("x.a",))
+    t0 = time.monotonic()
+    res = run_checks([a, b], ctx_for()).results
+    assert time.monotonic() - t0 < 5
+    assert {r.status for r in res} == {Status.ERROR}
+
+
+def test_fact_store_collects_once_and_isolated_collector_hang_is_killed() -> None:
+    from doctor.registry import COLLECTORS, Collector
+
+    calls = []
+
+    def slow(opts: CollectOptions) -> dict:
+        calls.append(1)
+        time.sleep(0.2)
+        return {"ok": True}
+
+    COLLECTORS["test.once"] = Collector("test.once", slow)
+    store = FactStore(CollectOptions())
+    threads = [threading.Thread(target=store.get, args=("test.once",)) for _ in range(5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1
+    # An isolated collector runs in a child process killed at its deadline.
+    COLLECTORS["test.hang"] = Collector("test.hang", _hang_forever, timeout=1.0, isolate=True)
+    t0 = time.monotonic()
+    with pytest.raises(FactUnavailable) as err:
+        store.get("test.hang")
+    assert time.monotonic() - t0 < 8
+    assert "hung and was killed" in err.value.reason
+    del COLLECTORS["test.once"], COLLECTORS["test.hang"]
+
+
+def _hang_forever(opts: CollectOptions) -> None:  # registered by the worker from this module
+    time.sleep(3600)
+
+
+# The worker imports the collector's module and looks it up by name: register it at import too.
+from doctor.registry import COLLECTORS as _C  # noqa: E402
+from doctor.registry import Collector as _Col  # noqa: E402
+
+_C.setdefault("test.hang", _Col("test.hang", _hang_forever, timeout=1.0, isolate=True))
