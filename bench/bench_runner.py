@@ -16,12 +16,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from doctor.context import Context  # noqa: E402
-from doctor.facts import CollectOptions, FactStore  # noqa: E402
-from doctor.registry import Check  # noqa: E402
-from doctor.result import Result  # noqa: E402
-from doctor.runner import execute, run_checks  # noqa: E402
-from doctor.settings import resolve  # noqa: E402
+from doctor.context import Context
+from doctor.facts import CollectOptions, FactStore
+from doctor.registry import Check
+from doctor.result import Result
+from doctor.runner import execute, run_checks
+from doctor.settings import resolve
 
 
 def main() -> None:
