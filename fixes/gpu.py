@@ -1,0 +1,79 @@
+"""Fixers of the GPU checks: stop the stale processes ``gpu.idle`` found; start the fabric manager.
+
+``gpu.idle`` plans one ``StopProcess`` per PID that NVML reported on the TP group's GPUs, never
+a process name. A PID is planned only when it is still the process that was seen (same start
+time), it is in this PID namespace, and it holds /dev/nvidia* open; every other PID is left out
+with the reason in the plan's notes (``plan_notes``), so nothing unexpected is ever signalled.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from checks import _gpu_links as links
+from doctor.registry import fixer
+from fixes.actions import Action, RunCommand, StopProcess, process_start_ticks
+
+PROTECTED_PIDS = {0, 1}
+
+
+def idle_candidates(nvml: dict[str, Any], size: int, proc_start: Any = process_start_ticks
+                    ) -> tuple[list[dict[str, Any]], list[str]]:
+    """The processes that may be stopped, and why each other one may not."""
+    keep: dict[int, dict[str, Any]] = {}
+    refused: list[str] = []
+    me = {os.getpid(), os.getppid()}
+    for dev in links.group(nvml, size):
+        for p in dev.get("processes") or []:
+            pid = p.get("pid") if isinstance(p, dict) else None
+            if not isinstance(pid, int) or pid in keep:
+                continue
+            why = None
+            if pid in PROTECTED_PIDS or pid in me:
+                why = "it is init or the doctor itself"
+            elif not p.get("in_namespace"):
+                why = "it is not visible from this PID namespace (another container or the host)"
+            elif p.get("holds_nvidia_device") is False:
+                why = "it holds no /dev/nvidia* file: the PID may belong to another namespace's process"
+            elif p.get("start_ticks") is None:
+                why = "its start time could not be read, so a reused PID could not be told apart"
+            elif proc_start(pid) != p.get("start_ticks"):
+                why = "it has exited or its PID now belongs to another process"
+            if why:
+                refused.append(f"PID {pid}: not planned, {why}")
+                continue
+            keep[pid] = p
+    return [keep[k] for k in sorted(keep)], refused
+
+
+@fixer("gpu.idle", "Stop the processes holding GPU memory (exact PIDs)")
+def plan_idle(ctx: Any, result: Any) -> list[Action]:
+    nvml = ctx.fact("nvml")
+    if not isinstance(nvml, dict):
+        return []
+    procs, refused = idle_candidates(nvml, ctx.settings.world_size)
+    actions: list[Action] = []
+    uid = os.getuid()
+    for p in procs:
+        cmd = p.get("cmdline") or "?"
+        actions.append(StopProcess(
+            summary=f"stop PID {p['pid']} ({cmd[:60]}), holding {_gib(p.get('used_memory'))} of GPU memory",
+            needs_root=p.get("uid") not in (None, uid) and uid != 0,
+            pid=p["pid"], start_ticks=p.get("start_ticks"), cmdline=cmd))
+    if result is not None and refused:
+        try:
+            result.details.setdefault("plan_notes", []).extend(refused)
+        except AttributeError:
+            pass
+    return actions
+
+
+@fixer("gpu.fabric", "Start the NVIDIA fabric manager", needs_root=True)
+def plan_fabric(ctx: Any, result: Any) -> list[Action]:
+    return [RunCommand(summary="start nvidia-fabricmanager (it must be the driver's version)", needs_root=True,
+                       argv=["systemctl", "start", "nvidia-fabricmanager"], timeout=120.0)]
+
+
+def _gib(n: Any) -> str:
+    return f"{n / 2**30:.1f} GiB" if isinstance(n, (int, float)) else "? GiB"
