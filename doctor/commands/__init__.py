@@ -1,0 +1,1 @@
+"""Subcommands of the areas, loaded lazily by doctor.cli."""

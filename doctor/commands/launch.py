@@ -1,0 +1,286 @@
+"""``k26-doctor launch``, ``systemd-unit``, ``wait-ready`` and ``diagnose``: the service's life cycle.
+
+``launch`` is the gate: the checks run first, then the exact server argv is checked against the
+flags the installed SGLang accepts (read from its sources); only then does the doctor replace itself
+with the server (``exec``, no shell), or with ``--wait`` start it as a child, wait for ``/health``,
+tell systemd ``READY=1`` and supervise it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from doctor.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, guarded, selection_options, settings_from
+
+DEFAULT_WAIT_S = 1800.0
+
+
+def _say(msg: str) -> None:
+    click.echo(f"k26-doctor: {msg}", err=True)
+
+
+def _run_gate(settings: Any, flags: dict[str, Any]) -> bool:
+    """Run the selected checks; report to stderr (or --output); True when nothing failed."""
+    from doctor.app import render, run_checks
+
+    report = run_checks(settings)
+    fmt = flags.get("fmt") or "text"
+    if flags.get("output"):
+        with open(flags["output"], "w", encoding="utf-8") as fh:
+            render(report, fmt, flags.get("verbose") or 0, fh, color=False)
+    render(report, "text" if fmt == "junit" else fmt, flags.get("verbose") or 0, sys.stderr)
+    if report.exit_code() != EXIT_OK:
+        bad = [r.id for r in report.results if r.status.failed]
+        why = f"{len(bad)} check(s) failed: {', '.join(bad)}" if bad else "warnings under --strict"
+        _say(f"not launching: {why}. Fix them (`k26-doctor fix`) or --ignore ID to accept a known failure.")
+        return False
+    return True
+
+
+def _flag_gate(plan: Any, settings: Any) -> bool:
+    """The server argv against the installed SGLang's flags; problems to stderr; True if accepted."""
+    from checks.launch import judge_flags
+    from doctor.facts.sglang_flags import flags_fact
+    from doctor.result import Status
+
+    fact = flags_fact(plan.argv[0], plan.env)
+    result = judge_flags(fact, plan.server_args)
+    for p in result.details.get("problems", []):
+        _say(f"{p['severity']}: {p['message']}")
+    if result.status is Status.PASS or result.status is Status.WARN:
+        return True
+    errors = sum(1 for p in result.details.get("problems", []) if p["severity"] == "error")
+    _say(f"not launching: {result.summary}" if not errors else
+         f"not launching: the installed SGLang {result.details.get('sglang_version')} rejects {errors} flag(s)")
+    if result.remediation and result.remediation.text:
+        _say(result.remediation.text)
+        for cmd in result.remediation.commands:
+            _say(f"  $ {cmd}")
+    return False
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@selection_options
+@click.option("--dry-run", is_flag=True, help="Print the server command (one argv element per line) and exit.")
+@click.option("--no-check", is_flag=True, help="Do not run the checks (the unit's ExecStartPre already did).")
+@click.option("--no-flag-check", is_flag=True, help="Do not check the flags against SGLang's sources.")
+@click.option("--wait", is_flag=True, help="Start the server as a child, wait until /health answers 200 "
+              "(READY=1 to systemd), then supervise it.")
+@click.option("--wait-timeout", type=float, default=DEFAULT_WAIT_S, show_default=True,
+              help="Seconds to wait for readiness with --wait.")
+@click.option("--wait-interval", type=float, default=2.0, show_default=True, help="Seconds between polls.")
+@click.argument("server_args", nargs=-1, type=click.UNPROCESSED)
+@guarded
+def launch(flags: dict[str, Any], dry_run: bool, no_check: bool, no_flag_check: bool, wait: bool,
+           wait_timeout: float, wait_interval: float, server_args: tuple[str, ...]) -> None:
+    """Start the SGLang server of the profile, only if no check fails.
+
+    Extra server flags go after `--`: `k26-doctor launch -- --log-level debug`.
+    """
+    from doctor.launcher import build_plan, exec_plan
+
+    settings = settings_from(flags)
+    if settings.from_snapshot:
+        _say("cannot launch from a snapshot (it judges another host)")
+        sys.exit(EXIT_USAGE)
+    plan = build_plan(settings, list(server_args))
+    if dry_run:
+        for note in plan.notes:
+            _say(note)
+        sys.stdout.write("\n".join(plan.argv) + "\n")
+        sys.stdout.flush()
+        if not no_flag_check and not _flag_gate(plan, settings):
+            sys.exit(EXIT_FAILED)
+        sys.exit(EXIT_OK)
+    if not no_check and not _run_gate(settings, flags):
+        sys.exit(EXIT_FAILED)
+    if not no_flag_check and not _flag_gate(plan, settings):
+        sys.exit(EXIT_FAILED)
+    for note in plan.notes:
+        _say(note)
+    _say("exec: " + " ".join(plan.argv))
+    if not wait:
+        try:
+            exec_plan(plan)
+        except OSError as exc:
+            _say(f"cannot start {plan.argv[0]}: {exc.strerror or exc}")
+            sys.exit(EXIT_FAILED)
+    sys.exit(_supervise(plan, settings, wait_timeout, wait_interval))
+
+
+def _supervise(plan: Any, settings: Any, timeout: float, interval: float) -> int:
+    """Run the server as a child: wait for readiness, notify systemd, forward signals, return its status."""
+    from doctor.readiness import health_url, sd_notify, wait_ready
+
+    try:
+        child = subprocess.Popen(plan.argv, env=plan.env)
+    except OSError as exc:
+        _say(f"cannot start {plan.argv[0]}: {exc.strerror or exc}")
+        return EXIT_FAILED
+
+    def forward(signum: int, _frame: Any) -> None:
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, forward)
+    url = health_url(str(settings.get("server.host", "127.0.0.1")), int(settings.get("server.port", 30000)))
+    sd_notify(f"MAINPID={os.getpid()}\nSTATUS=starting SGLang (pid {child.pid}), waiting for {url}")
+    outcome = wait_ready(url, timeout, interval_s=interval, exited=child.poll, progress=sys.stderr,
+                         notify=lambda status: sd_notify(f"STATUS={status}"))
+    if not outcome.ready:
+        if outcome.exit_code is not None:
+            _say(f"{outcome.reason}; `k26-doctor diagnose LOGFILE` (or --journal UNIT) names the cause")
+            return _status(outcome.exit_code)
+        _say(f"{outcome.reason}; stopping the server")
+        _stop(child)
+        return EXIT_FAILED
+    _say(f"server ready: {outcome.reason}")
+    sd_notify(f"READY=1\nSTATUS=serving on {url}")
+    while True:
+        try:
+            code = child.wait()
+            break
+        except InterruptedError:  # pragma: no cover - PEP 475 retries; defensive
+            continue
+    return _status(code)
+
+
+def _status(code: int) -> int:
+    return 128 - code if code < 0 else code
+
+
+def _stop(child: subprocess.Popen[Any], grace: float = 30.0) -> None:
+    child.terminate()
+    try:
+        child.wait(grace)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+
+
+@click.command("systemd-unit", context_settings={"help_option_names": ["-h", "--help"]})
+@selection_options
+@click.option("--user", default=None, help="User= of the service.")
+@click.option("--start-timeout", type=float, default=None, help="TimeoutStartSec in seconds (default: sized).")
+@click.option("--doctor", "doctor_path", default=None, help="Path of k26-doctor for the unit (default: this one).")
+@click.option("--no-diagnose", is_flag=True, help="No ExecStopPost diagnosis of a failed start.")
+@click.argument("server_args", nargs=-1, type=click.UNPROCESSED)
+@guarded
+def systemd_unit(flags: dict[str, Any], user: str | None, start_timeout: float | None, doctor_path: str | None,
+                 no_diagnose: bool, server_args: tuple[str, ...]) -> None:
+    """Print a systemd unit: ExecStartPre runs `k26-doctor check`, ExecStart launches the server.
+
+    Install: `k26-doctor systemd-unit --config /etc/k26-doctor/config.toml > /etc/systemd/system/UNIT`.
+    """
+    from doctor.launcher import build_plan
+    from doctor.systemd import render_unit
+
+    settings = settings_from(flags)
+    build_plan(settings, list(server_args))  # the same validation launch will do: fail now, not at boot
+    config = settings.config_path
+    if config:
+        config = str(Path(config).resolve())
+    text = render_unit(settings, config=config, doctor=[doctor_path] if doctor_path else None, user=user,
+                       timeout_override=start_timeout, extra=list(server_args), diagnose_on_failure=not no_diagnose)
+    if flags.get("output"):
+        Path(flags["output"]).write_text(text, encoding="utf-8")
+        _say(f"unit written to {flags['output']}")
+    else:
+        sys.stdout.write(text)
+
+
+@click.command("wait-ready", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--url", default=None, help="Health URL (default: http://HOST:PORT/health of the profile).")
+@click.option("--config", "config", default=None, type=click.Path(dir_okay=False))
+@click.option("--profile", default=None)
+@click.option("--timeout", type=float, default=DEFAULT_WAIT_S, show_default=True, help="Seconds.")
+@click.option("--interval", type=float, default=2.0, show_default=True, help="Seconds between polls.")
+@click.option("--pid", type=int, default=None, help="Stop waiting when this process (the server) exits.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress output.")
+@guarded
+def wait_ready(url: str | None, config: str | None, profile: str | None, timeout: float, interval: float,
+               pid: int | None, quiet: bool) -> None:
+    """Wait until the server answers ready: refused while loading, 503 while warming up, then 200.
+
+    Exit 0 when ready, 1 on timeout or when --pid exits first.
+    """
+    from doctor.readiness import health_url
+    from doctor.readiness import wait_ready as wait
+
+    if url is None:
+        settings = settings_from({"config": config, "profile": profile})
+        url = health_url(str(settings.get("server.host", "127.0.0.1")), int(settings.get("server.port", 30000)))
+    if timeout <= 0 or interval <= 0:
+        raise click.BadParameter("--timeout and --interval must be positive")
+    outcome = wait(url, timeout, interval_s=interval, pid=pid, progress=None if quiet else sys.stderr)
+    if not quiet:
+        _say(outcome.reason)
+    sys.exit(EXIT_OK if outcome.ready else EXIT_FAILED)
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("logfile", required=False)
+@click.option("--journal", "unit", default=None, help="Read the systemd journal of this unit instead of a file.")
+@click.option("--invocation", default=None, help="Only this start of the unit (its InvocationID).")
+@click.option("--on-service-failure", is_flag=True,
+              help="For ExecStopPost: do nothing unless $SERVICE_RESULT says the start failed.")
+@click.option("--signatures", multiple=True, type=click.Path(dir_okay=False), help="More signatures (TOML).")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@guarded
+def diagnose(logfile: str | None, unit: str | None, invocation: str | None, on_service_failure: bool,
+             signatures: tuple[str, ...], fmt: str) -> None:
+    """Map a failed start's log (FILE, `-` for stdin, or --journal UNIT) to the checks that catch it.
+
+    Exit 0 when a known signature was found, 1 when none was, 2 on bad input.
+    """
+    import json
+
+    from doctor.diagnose import (
+        SignatureError,
+        diagnose_lines,
+        journal_argv,
+        load_signatures,
+        read_log,
+        render_text,
+    )
+    from doctor.proc import run
+
+    if on_service_failure and os.environ.get("SERVICE_RESULT", "success") == "success":
+        sys.exit(EXIT_OK)
+    if bool(logfile) == bool(unit):
+        raise click.UsageError("give a log FILE or --journal UNIT (one of them)")
+    try:
+        sigs = load_signatures([Path(s) for s in signatures])
+    except SignatureError as exc:
+        _say(str(exc))
+        sys.exit(EXIT_USAGE)
+    if unit:
+        if on_service_failure and not invocation:
+            invocation = os.environ.get("INVOCATION_ID")
+        res = run(journal_argv(unit, invocation), 60)
+        if not res.ok:
+            _say(f"cannot read the journal of {unit}: {res.why()}")
+            sys.exit(EXIT_USAGE)
+        lines, source = res.stdout.splitlines(), f"journal of {unit}"
+    else:
+        assert logfile is not None
+        try:
+            lines, source = read_log(logfile), logfile
+        except OSError as exc:
+            _say(f"cannot read {logfile}: {exc.strerror or exc}")
+            sys.exit(EXIT_USAGE)
+    findings = diagnose_lines(lines, sigs)
+    if fmt == "json":
+        click.echo(json.dumps({"source": source, "lines": len(lines),
+                               "findings": [f.to_dict() for f in findings]}, indent=2))
+    else:
+        click.echo(render_text(findings, source))
+    sys.exit(EXIT_OK if findings else EXIT_FAILED)

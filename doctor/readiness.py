@@ -1,0 +1,171 @@
+"""Waiting until a starting SGLang server answers ready, and telling systemd when it does.
+
+SGLang refuses connections while it loads weights (the HTTP server starts last), then answers
+``GET /health`` with 503 until its warm-up request has run, then 200. ``wait_ready`` polls through
+those states with a deadline, shows progress on a terminal, and gives up early when the server
+process has died (no point waiting 30 minutes for a crashed start).
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import socket
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import IO
+
+READY, STARTING, REFUSED, UNREACHABLE, BAD = "ready", "starting", "refused", "unreachable", "unexpected"
+_DESCRIBE = {
+    REFUSED: "not listening yet (loading weights)",
+    STARTING: "up, not ready (warming up)",
+    UNREACHABLE: "no answer",
+    BAD: "unexpected answer",
+    READY: "ready",
+}
+
+
+def health_url(host: str, port: int, path: str = "/health") -> str:
+    """The URL to poll: a wildcard bind address is reached on loopback."""
+    if host in ("", "0.0.0.0", "*"):
+        host = "127.0.0.1"
+    elif host in ("::", "[::]"):
+        host = "::1"
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{port}{path if path.startswith('/') else '/' + path}"
+
+
+@dataclass
+class Probe:
+    state: str
+    detail: str = ""
+    http_status: int | None = None
+
+
+def probe(url: str, timeout: float = 5.0) -> Probe:
+    """One poll. Never raises for network conditions."""
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method="GET"), timeout=timeout) as resp:
+            resp.read(4096)
+            if resp.status == 200:
+                return Probe(READY, "HTTP 200", 200)
+            return Probe(BAD, f"HTTP {resp.status}", resp.status)
+    except urllib.error.HTTPError as exc:
+        if exc.code in (502, 503, 504):
+            return Probe(STARTING, f"HTTP {exc.code}", exc.code)
+        return Probe(BAD, f"HTTP {exc.code}", exc.code)
+    except urllib.error.URLError as exc:
+        reason = exc.reason
+        if isinstance(reason, ConnectionRefusedError):
+            return Probe(REFUSED, "connection refused")
+        if isinstance(reason, (socket.timeout, TimeoutError)):
+            return Probe(UNREACHABLE, "timed out")
+        return Probe(UNREACHABLE, str(reason))
+    except ConnectionRefusedError:
+        return Probe(REFUSED, "connection refused")
+    except TimeoutError:
+        return Probe(UNREACHABLE, "timed out")
+    except (http.client.HTTPException, ConnectionError, OSError) as exc:
+        # Reset or closed mid-answer: the server is coming up or going down.
+        return Probe(UNREACHABLE, f"{type(exc).__name__}: {exc}")
+
+
+@dataclass
+class ReadyOutcome:
+    ready: bool
+    state: str
+    elapsed_s: float
+    polls: int
+    reason: str
+    exit_code: int | None = None  # the server's, when it died while we waited
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def wait_ready(url: str, timeout_s: float, *, interval_s: float = 2.0,
+               exited: Callable[[], int | None] | None = None, pid: int | None = None,
+               progress: IO[str] | None = None, notify: Callable[[str], None] | None = None,
+               clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep
+               ) -> ReadyOutcome:
+    """Poll ``url`` until HTTP 200, the deadline, or the server's death.
+
+    ``exited()`` returns the server's exit code once it is gone (``Popen.poll``); ``pid`` is the
+    alternative for a process we did not start. ``progress``: a terminal gets one rewritten status
+    line, anything else a line per state change. ``notify(status)``: e.g. systemd STATUS=.
+    """
+    start = clock()
+    tty = bool(progress is not None and hasattr(progress, "isatty") and progress.isatty())
+    last_state = None
+    polls = 0
+    state = UNREACHABLE
+    detail = ""
+    while True:
+        code = exited() if exited is not None else None
+        if code is None and pid is not None and not _alive(pid):
+            code = -1
+        if code is not None:
+            _finish(progress, tty)
+            return ReadyOutcome(False, "exited", clock() - start, polls,
+                                f"the server exited (status {code}) before it was ready", code)
+        remaining = timeout_s - (clock() - start)
+        result = probe(url, timeout=max(0.5, min(5.0, remaining)))
+        polls += 1
+        state, detail = result.state, result.detail
+        elapsed = clock() - start
+        if state == READY:
+            _show(progress, tty, f"{url}: ready after {elapsed:.0f}s", final=True)
+            return ReadyOutcome(True, READY, elapsed, polls, f"{url} answered 200 after {elapsed:.1f}s")
+        line = f"waiting for {url}: {_DESCRIBE.get(state, state)} ({detail}) {elapsed:.0f}s / {timeout_s:.0f}s"
+        if tty or state != last_state:
+            _show(progress, tty, line)
+            if notify is not None and state != last_state:
+                notify(_DESCRIBE.get(state, state))
+        last_state = state
+        if elapsed >= timeout_s:
+            _finish(progress, tty)
+            return ReadyOutcome(False, state, elapsed, polls,
+                                f"not ready after {timeout_s:.0f}s: last answer {detail or state}")
+        sleep(max(0.0, min(interval_s, timeout_s - elapsed)))
+
+
+def _show(stream: IO[str] | None, tty: bool, line: str, final: bool = False) -> None:
+    if stream is None:
+        return
+    if tty:
+        stream.write("\r\033[K" + line + ("\n" if final else ""))
+    else:
+        stream.write(line + "\n")
+    stream.flush()
+
+
+def _finish(stream: IO[str] | None, tty: bool) -> None:
+    if stream is not None and tty:
+        stream.write("\n")
+        stream.flush()
+
+
+def sd_notify(message: str, environ: dict[str, str] | None = None) -> bool:
+    """Send ``message`` (e.g. ``READY=1``) to systemd's ``NOTIFY_SOCKET``; False when not under systemd."""
+    path = (os.environ if environ is None else environ).get("NOTIFY_SOCKET")
+    if not path:
+        return False
+    address = "\0" + path[1:] if path.startswith("@") else path
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.connect(address)
+            sock.sendall(message.encode("utf-8"))
+    except OSError:
+        return False
+    return True
