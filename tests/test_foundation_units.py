@@ -146,3 +146,32 @@ from doctor.registry import COLLECTORS as _C  # noqa: E402
 from doctor.registry import Collector as _Col  # noqa: E402
 
 _C.setdefault("test.hang", _Col("test.hang", _hang_forever, timeout=1.0, isolate=True))
+
+
+def test_text_report_color_only_when_asked_and_no_color_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from doctor.app import Report
+    from doctor.report.text import render_text, use_color
+    from doctor.runner import RunOutcome
+
+    res = Result.failed("broken", "do this")
+    res.id, res.title, res.fixer = "a.b", "t", "a.fix"
+    report = Report(resolve({}, environ={}), RunOutcome([res], 0.1))
+
+    class Tty(io.StringIO):
+        encoding = "utf-8"
+
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.delenv("FORCE_COLOR", raising=False)
+    assert use_color(Tty()) and not use_color(io.StringIO())
+    colored = render_text(report, stream=Tty())
+    assert "\033[31m" in colored and "✘" in colored
+    monkeypatch.setenv("NO_COLOR", "1")
+    plain = render_text(report, stream=Tty())
+    assert "\033[" not in plain
+    assert "fix: do this" in plain
+    assert "k26-doctor fix --only a.b" in plain and "--ignore a.b" in plain
