@@ -47,6 +47,7 @@ class Change:
     verified: bool  # new bytes hash to ``expected`` (False only for --force over a drifted file)
     why: str
     stat: os.stat_result | None = None
+    patch_ids: list[str] = field(default_factory=list)
 
     @property
     def old_sha(self) -> str | None:
@@ -62,7 +63,7 @@ class Change:
 
     def to_dict(self) -> dict[str, Any]:
         return {"path": self.path, "old_sha256": self.old_sha, "new_sha256": self.new_sha,
-                "verified": self.verified, "why": self.why}
+                "verified": self.verified, "why": self.why, "patches": list(self.patch_ids)}
 
 
 @dataclass
@@ -220,8 +221,8 @@ class Engine:
                 plan.refusals.append(f"{fs.path}: the patched bytes do not hash to the manifest's 'after' "
                                      f"({hashes[goal]}); the manifest and the diff disagree")
                 continue
-            ids = ", ".join(self.pset.patches[positions[k]].id for k in range(start, goal))
-            plan.changes.append(Change(fs.path, old, new, hashes[goal], True, f"apply {ids}", st))
+            ids = [self.pset.patches[positions[k]].id for k in range(start, goal)]
+            plan.changes.append(Change(fs.path, old, new, hashes[goal], True, f"apply {', '.join(ids)}", st, ids))
         self._preflight(plan)
         return plan
 
@@ -236,13 +237,14 @@ class Engine:
                 plan.refusals.append(f"{fs.path} has drifted (sha256 {fs.sha256}): neither the original nor the "
                                      "patched file; --force overrides (the current file is backed up)")
             return None
+        step_ids = [self.pset.patches[i].id for i, _ in steps]
         original = self._stored(fs.pristine)
         if original is not None or fs.pristine is None:
             new = self._run_chain(original, steps, fs.path)
             if (None if new is None else sha256_bytes(new)) == goal_hash:
                 plan.notes.append(f"{fs.path}: {fs.state}; rebuilt from the stored original {fs.pristine}")
                 return Change(fs.path, old, new, goal_hash, True,
-                              f"--force over {fs.state}: rebuilt from the original", st)
+                              f"--force over {fs.state}: rebuilt from the original", st, step_ids)
         if old is None:
             plan.refusals.append(f"{fs.path} is missing and no original is stored; reinstall sglang "
                                  f"(pip install --force-reinstall --no-deps sglang=={self.installed.version})")
@@ -250,7 +252,7 @@ class Engine:
         new = self._run_chain(old, steps, fs.path, allow_offset=True)
         plan.notes.append(f"{fs.path}: drifted; diff applied to the edited file with --force: the result will "
                           "not match the manifest, and status will still say drifted")
-        return Change(fs.path, old, new, goal_hash, False, "--force over drift (unverified)", st)
+        return Change(fs.path, old, new, goal_hash, False, "--force over drift (unverified)", st, step_ids)
 
     def plan_revert(self, *, force: bool = False, only: Iterable[str] | None = None) -> Plan:
         ev = self.status()
@@ -298,8 +300,8 @@ class Engine:
                 plan.refusals.append(f"{fs.path}: reverting does not give back the original bytes "
                                      f"(got {got}, RECORD/manifest say {hashes[goal]})")
                 continue
-            ids = ", ".join(self.pset.patches[positions[k]].id for k in reversed(range(goal, stage)))
-            plan.changes.append(Change(fs.path, old, new, hashes[goal], True, f"revert {ids}", st))
+            ids = [self.pset.patches[positions[k]].id for k in reversed(range(goal, stage))]
+            plan.changes.append(Change(fs.path, old, new, hashes[goal], True, f"revert {', '.join(ids)}", st, ids))
         self._preflight(plan)
         return plan
 
@@ -326,7 +328,8 @@ class Engine:
             return None
         if old == new:
             return None
-        return Change(fs.path, old, new, want[goal], True, f"{fs.state}: restore the stored original", st)
+        ids = [self.pset.patches[i].id for i, _ in chain[goal:]]
+        return Change(fs.path, old, new, want[goal], True, f"{fs.state}: restore the stored original", st, ids)
 
     def _selection(self, only: Iterable[str] | None, plan: Plan) -> set[int]:
         ids = [p.id for p in self.pset.patches]

@@ -1,0 +1,280 @@
+"""``k26-doctor patches status|apply|revert|make-manifest``: the profile's SGLang patch set.
+
+``status`` exits 0 when the set is fully applied, 1 otherwise, 2 on a usage/config error (as
+``check``). ``apply`` and ``revert`` show the plan, then (without ``--yes``) ask per patch when stdin
+is a terminal and refuse with exit 2 when it is not (CONTRACT.md, like ``fix --apply``).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from doctor.patching import generate as gen
+from doctor.patching import locate, manifest, record
+from doctor.patching.engine import Engine, EngineError, Plan
+from doctor.patching.state import StateError
+from doctor.patching.status import APPLIED, Evaluation
+from doctor.settings import ConfigError, Settings
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def target_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """The flags that pick the environment and the set (names as in the shared selection flags)."""
+    options = [
+        click.option("--config", "config", type=click.Path(dir_okay=False), default=None,
+                     help="TOML config (default $K26_DOCTOR_CONFIG, else /etc/k26-doctor/config.toml)."),
+        click.option("--profile", default=None, help="Deployment profile; its [patches] set is used."),
+        click.option("--python", "python", default=None, help="The service's interpreter (default: this one)."),
+        click.option("--patches-dir", default=None, help="A site directory of patch sets (<dir>/<set>/manifest.json)."),
+        click.option("--state-dir", default=None, help="Backups, journal and lock (default /var/lib/k26-doctor)."),
+        click.option("--set", "set_name", default=None, help="A patch set name or directory instead of the profile's."),
+        click.option("-v", "--verbose", count=True, help="Show the diffs."),
+    ]
+
+    @functools.wraps(func)
+    def wrapper(**kwargs: Any) -> Any:
+        flags = {k: kwargs.pop(k) for k in ("config", "profile", "python", "patches_dir", "state_dir", "verbose")}
+        set_name = kwargs.pop("set_name")
+        try:
+            settings = _settings(flags)
+            name = set_name if set_name is not None else str(settings.get("patches.set", "") or "")
+            return func(settings=settings, set_name=name, **kwargs)
+        except ConfigError as exc:
+            click.echo(f"k26-doctor: {exc}", err=True)
+            sys.exit(EXIT_USAGE)
+
+    for opt in reversed(options):
+        wrapper = opt(wrapper)
+    return wrapper
+
+
+def _settings(flags: dict[str, Any]) -> Settings:
+    try:
+        from doctor.app import settings_from_flags
+    except ImportError:  # pragma: no cover - the lead's app module not present
+        from doctor.settings import resolve as settings_from_flags
+    return settings_from_flags(flags)
+
+
+def _engine(settings: Settings, set_name: str) -> Engine:
+    """Set + install -> engine; exits 2 for an unusable set, 1 for an install that cannot be found."""
+    try:
+        pset = manifest.resolve(set_name, settings.patches_dir)
+    except manifest.ManifestError as exc:
+        raise ConfigError(str(exc)) from None
+    try:
+        found = locate.locate(settings.python)
+    except locate.LocateError as exc:
+        click.echo(f"k26-doctor: {exc}", err=True)
+        sys.exit(EXIT_FAILED)
+    return Engine(pset, found.installed, state_dir=settings.state_dir, package_root=found.package_root)
+
+
+def _no_set(settings: Settings) -> None:
+    click.echo(f"profile {settings.profile_name} uses no SGLang patch set ([patches] set is empty); nothing to do")
+    sys.exit(EXIT_OK)
+
+
+@click.group("patches")
+def patches() -> None:
+    """The profile's SGLang patch set: status, apply, revert (transactional, with backups)."""
+
+
+@patches.command("status")
+@target_options
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+def status_cmd(settings: Settings, set_name: str, fmt: str) -> None:
+    """Per patch and per file: pristine, applied, partial, drifted or missing."""
+    if not set_name:
+        _no_set(settings)
+    eng = _engine(settings, set_name)
+    ev = eng.status()
+    problems = eng.check_diffs()
+    if fmt == "json":
+        doc = {"set_directory": str(eng.pset.directory), "python": settings.python,
+               "site_packages": str(eng.installed.site_packages), **ev.to_dict()}
+        doc["problems"] = doc["problems"] + problems
+        click.echo(json.dumps(doc, indent=2))
+    else:
+        _print_status(eng, ev, settings.verbose)
+        for p in problems:
+            click.echo(f"  ! {p}")
+    sys.exit(EXIT_OK if ev.ok and not problems else EXIT_FAILED)
+
+
+def _print_status(eng: Engine, ev: Evaluation, verbose: int) -> None:
+    click.echo(f"patch set {eng.pset.name} (for sglang {eng.pset.sglang}) from {eng.pset.directory}")
+    click.echo(f"sglang {ev.version} in {eng.installed.site_packages}"
+               + ("" if ev.version_ok else "  <- not a version this set is for"))
+    by_path = {f.path: f for f in ev.files}
+    for patch in ev.patches:
+        click.echo(f"  {patch.state:<9} {patch.id}" + (f"  {patch.description[:70]}" if patch.description else ""))
+        for path in patch.files:
+            f = by_path[path]
+            click.echo(f"      {f.state:<9} {path}" + (f"  ({f.note})" if f.note else ""))
+            if verbose and f.state not in (APPLIED,):
+                click.echo(f"                sha256 {f.sha256 or 'absent'}; original {f.pristine or 'absent'}; "
+                           f"patched {f.target or 'absent'}")
+    if ev.journal:
+        click.echo(f"  ! interrupted {ev.journal.get('op')} of {ev.journal.get('started')}: journal "
+                   f"{ev.journal.get('path')} (the next apply/revert rolls it back)")
+    for p in ev.problems:
+        click.echo(f"  ! {p}")
+    applied_p = sum(1 for p in ev.patches if p.state == APPLIED)
+    click.echo(f"overall: {ev.overall} ({applied_p}/{len(ev.patches)} patches, "
+               f"{ev.count(APPLIED)}/{len(ev.files)} files applied)")
+
+
+def _print_plan(plan: Plan, verbose: int) -> None:
+    if plan.changes:
+        click.echo(f"plan: {plan.op} {len(plan.changes)} file(s) of patch set {plan.set_name}, all or nothing:")
+    for c in plan.changes:
+        click.echo(f"  {c.path}: {c.why} ({(c.old_sha or 'absent')[:12]} -> {(c.new_sha or 'deleted')[:12]})")
+        if verbose:
+            for line in c.diff_lines():
+                click.echo(f"      {line}")
+    for n in plan.notes:
+        click.echo(f"  note: {n}")
+    for r in plan.refusals:
+        click.echo(f"  refused: {r}")
+
+
+def _confirm_patches(eng: Engine, plan: Plan) -> list[str] | None:
+    """Ask per patch that has changes; returns the chosen ids (None: all were chosen)."""
+    pending = [p for p in plan.evaluation.patches
+               if (p.state != APPLIED if plan.op == "apply" else p.state != "pristine")]
+    chosen = []
+    for p in pending:
+        if click.confirm(f"{plan.op} {p.id} ({', '.join(p.files)})?", default=False):
+            chosen.append(p.id)
+    return None if len(chosen) == len(pending) else chosen
+
+
+def _run(settings: Settings, set_name: str, op: str, yes: bool, force: bool, only: tuple[str, ...]) -> None:
+    if not set_name:
+        _no_set(settings)
+    eng = _engine(settings, set_name)
+    selected = list(only) or None
+    try:
+        recovered = eng.recover()
+        if recovered:
+            click.echo(recovered)
+        make = eng.plan_apply if op == "apply" else eng.plan_revert
+        plan = make(force=force, only=selected)
+        _print_plan(plan, settings.verbose)
+        if not plan.ok:
+            click.echo(f"{op} refused; nothing was written.", err=True)
+            sys.exit(EXIT_FAILED)
+        if not plan.changes:
+            click.echo(f"nothing to {op}: patch set {eng.pset.name} is already "
+                       f"{'applied' if op == 'apply' else 'reverted'} ({eng.installed.site_packages})")
+            sys.exit(EXIT_OK)
+        if not yes:
+            if not sys.stdin.isatty():
+                click.echo(f"refusing to {op} without --yes: stdin is not a terminal", err=True)
+                sys.exit(EXIT_USAGE)
+            chosen = _confirm_patches(eng, plan)
+            if chosen is not None:
+                if not chosen:
+                    click.echo("nothing chosen; nothing was written.")
+                    sys.exit(EXIT_OK)
+                plan = make(force=force, only=chosen)
+                if not plan.ok:
+                    _print_plan(plan, 0)
+                    sys.exit(EXIT_FAILED)
+        out = eng.execute(plan)
+    except (EngineError, StateError) as exc:
+        click.echo(f"k26-doctor: {exc}", err=True)
+        sys.exit(EXIT_FAILED)
+    except KeyboardInterrupt:
+        click.echo("interrupted; every file is as it was (rolled back)", err=True)
+        sys.exit(EXIT_FAILED)
+    click.echo(f"{op}: {len(out.changed)} file(s) changed" +
+               (f", {len(out.removed_bytecode)} stale .pyc removed" if out.removed_bytecode else ""))
+    if out.backups:
+        click.echo(f"  originals backed up in {Path(next(iter(out.backups.values()))).parent} (named by sha256)")
+    if settings.verbose:
+        for path, backup in out.backups.items():
+            click.echo(f"    {path}: {backup}")
+    click.echo(f"  record: {out.history}")
+    ev = eng.status()
+    want = APPLIED if op == "apply" else "pristine"
+    chosen = set(plan_ids(plan)) if selected or not yes else None
+    done = all(p.state == want for p in ev.patches if chosen is None or p.id in chosen)
+    click.echo(f"now: {ev.overall}")
+    sys.exit(EXIT_OK if done else EXIT_FAILED)
+
+
+def plan_ids(plan: Plan) -> list[str]:
+    """The patch ids a plan's changes carry out."""
+    ids: list[str] = []
+    for c in plan.changes:
+        ids.extend(pid for pid in c.patch_ids if pid not in ids)
+    return ids
+
+
+@patches.command("apply")
+@target_options
+@click.option("--yes", is_flag=True, help="Do not ask (required when stdin is not a terminal).")
+@click.option("--force", is_flag=True, help="Patch over drifted files too (they are backed up first).")
+@click.option("--patch", "only", multiple=True, help="Only this patch id (repeatable).")
+def apply_cmd(settings: Settings, set_name: str, yes: bool, force: bool, only: tuple[str, ...]) -> None:
+    """Apply the set to every file at once (a second apply does nothing)."""
+    _run(settings, set_name, "apply", yes, force, only)
+
+
+@patches.command("revert")
+@target_options
+@click.option("--yes", is_flag=True, help="Do not ask (required when stdin is not a terminal).")
+@click.option("--force", is_flag=True, help="Put stored originals back over drifted files (backed up first).")
+@click.option("--patch", "only", multiple=True, help="Only this patch id (repeatable).")
+def revert_cmd(settings: Settings, set_name: str, yes: bool, force: bool, only: tuple[str, ...]) -> None:
+    """Put every file back to the bytes RECORD lists, checked."""
+    _run(settings, set_name, "revert", yes, force, only)
+
+
+@patches.command("make-manifest")
+@click.argument("set_dir", type=click.Path(file_okay=False, exists=True))
+@click.option("--python", "python", default=None, help="Interpreter of a pristine SGLang install.")
+@click.option("--site-packages", "site_packages", default=None, type=click.Path(file_okay=False, exists=True),
+              help="A pristine site-packages directory (instead of --python).")
+@click.option("--name", default=None, help="Set name (default: the manifest's, else the directory name).")
+@click.option("--sglang", "spec", default=None, help="Version specifier (default: ==<installed version>).")
+@click.option("--description", default=None)
+@click.option("--check", "check_only", is_flag=True, help="Write nothing; exit 1 if manifest.json is not up to date.")
+def make_manifest(set_dir: str, python: str | None, site_packages: str | None, name: str | None, spec: str | None,
+                  description: str | None, check_only: bool) -> None:
+    """(Re)generate SET_DIR/manifest.json from its diffs and a pristine install (hashes from RECORD)."""
+    try:
+        if site_packages:
+            installed = record.installed_in(site_packages)
+            root = installed.site_packages
+        else:
+            found = locate.locate(python or sys.executable)
+            installed, root = found.installed, found.package_root
+        pset = gen.generate(set_dir, installed, name=name, sglang=spec, description=description,
+                            package_root=root, write=not check_only)
+    except (record.RecordError, locate.LocateError, gen.GenerateError) as exc:
+        click.echo(f"k26-doctor: {exc}", err=True)
+        sys.exit(EXIT_FAILED)
+    path = Path(set_dir) / manifest.MANIFEST_NAME
+    if check_only:
+        try:
+            current = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            current = None
+        if current != pset.to_dict():
+            click.echo(f"{path} is not up to date with its diffs and sglang {installed.version}", err=True)
+            sys.exit(EXIT_FAILED)
+        click.echo(f"{path} is up to date")
+        return
+    nfiles = len(pset.chains())
+    click.echo(f"wrote {path}: {len(pset.patches)} patch(es), {nfiles} file(s), sglang {pset.sglang}")

@@ -1,0 +1,46 @@
+"""Facts about the service's SGLang install that need no import of SGLang.
+
+``sglang_patches``: where the service interpreter's SGLang lives (found by the probe
+``doctor/probes/site_packages.py``, which only reads ``sys.path``), its version and RECORD, and
+the sha256 of every file the profile's patch set touches (hashed here, in the doctor's process),
+plus any interrupted patch run's journal. ``checks.patches`` judges it with
+``doctor.patching.status.evaluate``, so a snapshot replays the verdict.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from doctor.patching import locate, manifest, status
+from doctor.registry import collector
+
+
+def patches_dir_of(opts: Any) -> str | None:
+    """The site's patch-set directory: ``--patches-dir``/``[doctor] patches_dir`` when the options carry
+    it, else ``[patches] dir`` of the merged profile/config."""
+    return getattr(opts, "patches_dir", None) or ((opts.profile or {}).get("patches") or {}).get("dir") or None
+
+
+@collector("sglang_patches", timeout=40)
+def collect_sglang_patches(opts: Any) -> dict[str, Any]:
+    """The profile's SGLang patch set vs the installed files: hashes, RECORD, version, journal."""
+    set_name = str(((opts.profile or {}).get("patches") or {}).get("set") or "")
+    out: dict[str, Any] = {"python": opts.python, "set_name": set_name}
+    if not set_name:
+        out["no_set"] = True
+        return out
+    try:
+        pset = manifest.resolve(set_name, patches_dir_of(opts))
+    except manifest.ManifestError as exc:
+        out["set_error"] = str(exc)
+        return out
+    out["set"] = {"name": pset.name, "directory": str(pset.directory), "manifest": pset.to_dict()}
+    try:
+        found = locate.locate(opts.python)
+    except locate.LocateError as exc:
+        out["install_error"] = str(exc)
+        return out
+    obs = status.observe(pset, found.installed, getattr(opts, "state_dir", None), found.package_root)
+    out.update(obs)
+    out["probe"] = {k: found.probe.get(k) for k in ("python", "python_version", "prefix", "package_dirs")}
+    return out
