@@ -1,0 +1,449 @@
+"""Checks of the service's Python stack: CUDA/torch/Triton/SGLang, Triton's JIT toolchain, the venv.
+
+The B300 service's first start failed after 120 s because Triton could not compile ``cuda_utils.c``
+(no ``Python.h`` for the system Python; the venv had been copied from another machine). Each check
+here turns one such failure into a second of preflight: pure judgments over the facts of
+``doctor.facts.stack`` (and ``nvml`` for the driver and the GPUs).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from doctor import compat
+from doctor.cuda_arch import best_match, cc_str, parse_cc
+from doctor.facts import FactUnavailable
+from doctor.registry import check
+from doctor.result import Remediation, Result
+
+COMPONENTS = ("torch", "triton", "sglang", "sglang_kernel", "flashinfer")
+PIP_NAMES = {"torch": "torch", "triton": "triton", "sglang": "sglang", "sglang_kernel": "sglang-kernel",
+             "flashinfer": "flashinfer-python"}
+
+
+# -- shared helpers ------------------------------------------------------------------------------
+
+def norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _python(ctx: Any) -> str:
+    return str(ctx.settings.python)
+
+
+def _probe_failed(ctx: Any, fact: dict[str, Any], what: str) -> Result:
+    """A probe that could not run under the service interpreter: that is itself the finding."""
+    return Result.failed(
+        f"cannot {what} with {_python(ctx)}: {fact.get('error') or 'the probe failed'}",
+        Remediation("The service's interpreter must start and run a stdlib script; see python.venv.",
+                    [f"{_python(ctx)} -c 'import sys; print(sys.version)'"]),
+        python=_python(ctx), probe=fact)
+
+
+def _stack(ctx: Any) -> tuple[dict[str, Any] | None, Result | None]:
+    fact = ctx.fact("stack")
+    if not isinstance(fact, dict) or not fact.get("ok"):
+        return None, _probe_failed(ctx, fact if isinstance(fact, dict) else {}, "read the installed packages")
+    return fact, None
+
+
+def _installed(stack: dict[str, Any], component: str) -> dict[str, Any] | None:
+    dists = stack.get("distributions") or {}
+    for name in compat.distribution_names().get(component, [component]):
+        if norm(name) in dists:
+            return dists[norm(name)]
+    return None
+
+
+def _gpu_ccs(ctx: Any) -> tuple[list[tuple[int, int]], str, dict[str, Any]]:
+    """The compute capabilities to judge: every GPU NVML sees, else the profile's (and say which)."""
+    nvml: Any = None
+    why = ""
+    try:
+        nvml = ctx.fact("nvml")
+    except FactUnavailable as exc:
+        why = exc.reason
+    if isinstance(nvml, dict) and nvml.get("available") and nvml.get("devices"):
+        ccs = [parse_cc(d.get("compute_capability")) for d in nvml["devices"] if isinstance(d, dict)]
+        names = sorted({str(d.get("name")) for d in nvml["devices"] if isinstance(d, dict)})
+        ccs_ok = [c for c in ccs if c is not None]
+        if ccs_ok:
+            return sorted(set(ccs_ok)), f"{len(nvml['devices'])}x {', '.join(names)}", {"source": "nvml"}
+    if isinstance(nvml, dict) and not why:
+        why = nvml.get("error") or "NVML sees no GPU"
+    cc = parse_cc(ctx.expect("gpu.compute_capability"))
+    if cc is None:
+        return [], "", {"source": None, "nvml": why}
+    return [cc], f"the profile's GPU ({cc_str(cc)})", {"source": "profile", "nvml": why}
+
+
+def _version(text: Any) -> Version | None:
+    try:
+        return Version(str(text))
+    except (InvalidVersion, TypeError):
+        return None
+
+
+def _spec(text: Any) -> SpecifierSet | None:
+    if text in (None, ""):
+        return None
+    try:
+        return SpecifierSet(str(text))
+    except InvalidSpecifier:
+        return None
+
+
+# -- cuda.compat ---------------------------------------------------------------------------------
+
+@check("cuda.compat", "Driver CUDA version vs the CUDA runtime torch was built with",
+       needs=("nvml", "torch_info"), timeout=180)
+def cuda_compat(ctx: Any) -> Result:
+    """Compares the CUDA version the NVIDIA driver supports (NVML) with the CUDA runtime torch was built
+    with (``torch.version.cuda``, read in a child process).
+
+    A runtime newer than the driver fails at the first CUDA call ("CUDA driver version is insufficient").
+    NVIDIA's rules (doctor/data/compat.toml): each toolkit release has a minimum driver (13.0 GA needs
+    >= 580.65.06, 12.8 GA >= 570.26); within a major family, minor-version compatibility lets a newer
+    runtime run on an older driver of the same family (13.x on >= 580, 12.x on >= 525) with a limited
+    feature set (no JIT of newer PTX): warn. Fix by hand: install a driver at least as new as the table
+    says, or a torch built for an older CUDA (e.g. the cu128 wheel).
+    """
+    try:
+        nvml = ctx.fact("nvml")
+    except FactUnavailable as exc:
+        return Result.skipped(f"no driver reading to compare with: {exc.reason}")
+    if not isinstance(nvml, dict) or not nvml.get("available"):
+        err = nvml.get("error") if isinstance(nvml, dict) else "no NVML fact"
+        return Result.skipped(f"NVML/driver unavailable ({err}); gpu.driver judges that")
+    info = ctx.fact("torch_info")
+    if not isinstance(info, dict) or not info.get("ok"):
+        return _torch_unusable(ctx, info if isinstance(info, dict) else {})
+    runtime = info.get("cuda")
+    if not runtime:
+        return Result.failed(f"torch {info.get('version')} is a CPU-only build (torch.version.cuda is None)",
+                             Remediation("Install the CUDA build the profile expects.",
+                                         [_pip_install(ctx, "torch", "torch")]),
+                             torch=info.get("version"))
+    driver = str(nvml.get("driver_version") or "")
+    driver_cuda = compat.cuda_from_nvml(nvml.get("cuda_driver_version"))
+    need = compat.min_driver(runtime)
+    details = {"driver": driver, "driver_cuda": driver_cuda, "torch": info.get("version"), "torch_cuda": runtime,
+               "min_driver": need}
+    expect = ctx.expect("stack.cuda_runtime")
+    note = ""
+    if expect and (compat.version_tuple(str(expect)) or ())[:2] != (compat.version_tuple(runtime) or ())[:2]:
+        note = f"; the profile expects CUDA {expect}"
+        details["profile_cuda_runtime"] = expect
+    rt = compat.version_tuple(runtime) or (0,)
+    drv = compat.version_tuple(driver)
+    dc = compat.version_tuple(driver_cuda)
+    need_t = compat.version_tuple(need)
+    fix = Remediation(
+        f"Install NVIDIA driver >= {need or 'the one matching CUDA ' + runtime} (CUDA {runtime}), or a torch "
+        f"built for CUDA {driver_cuda or 'your driver'}; on datacenter GPUs the cuda-compat package is a third way.",
+        ["nvidia-smi", f"{_python(ctx)} -c 'import torch; print(torch.version.cuda)'"])
+    # NVML's CUDA version is what the driver itself says it supports; the table is the fallback.
+    if dc is not None:
+        supported = rt[:2] <= dc[:2]
+    elif drv is not None and need_t is not None:
+        supported = drv >= need_t
+    else:
+        return Result.failed(f"cannot judge: NVML reported driver {driver or '?'} and no CUDA version, and CUDA "
+                             f"{runtime} is not in the table", **details)
+    if supported:
+        summary = f"driver {driver} (CUDA {driver_cuda or '?'}) runs torch's CUDA {runtime} runtime"
+        if note:
+            return Result.warned(summary + note, "torch's CUDA differs from the profile's; see stack.versions",
+                                 **details)
+        return Result.passed(summary, **details)
+    family_min = compat.minor_compat_min_driver(runtime)
+    fam_t = compat.version_tuple(family_min)
+    if dc is not None and dc[0] == rt[0] and fam_t and drv and drv >= fam_t:
+        return Result.warned(
+            f"driver {driver} supports CUDA {driver_cuda} < torch's {runtime}: runs only under minor-version "
+            f"compatibility (>= {family_min}), without JIT of newer PTX", fix, mode="minor-version-compat", **details)
+    return Result.failed(f"driver {driver} supports CUDA {driver_cuda or '?'} but torch {info.get('version')} "
+                         f"needs CUDA {runtime} (driver >= {need or '?'})", fix, **details)
+
+
+def _torch_unusable(ctx: Any, info: dict[str, Any]) -> Result:
+    if info.get("missing_module") == "torch":
+        return Result.failed(f"torch is not installed in {_python(ctx)}",
+                             Remediation("Install the torch the profile pins.", [_pip_install(ctx, "torch", "torch")]))
+    return Result.failed(f"torch cannot be imported by {_python(ctx)}: {info.get('error') or 'probe failed'}",
+                         Remediation("Reinstall torch in the service's environment.",
+                                     [_pip_install(ctx, "torch", "torch")]), probe=info)
+
+
+def _pip_install(ctx: Any, component: str, dist: str) -> str:
+    spec = ctx.expect(f"stack.{component}") or ""
+    return f"{_python(ctx)} -m pip install '{dist}{spec}'"
+
+
+# -- torch.arch ----------------------------------------------------------------------------------
+
+@check("torch.arch", "torch has kernels that run on each GPU's architecture", needs=("torch_info", "nvml"),
+       timeout=300)
+def torch_arch(ctx: Any) -> Result:
+    """Matches the targets compiled into torch (``torch._C._cuda_getArchFlags()``, read in a child
+    process) against every GPU's compute capability by CUDA's binary compatibility rules
+    (doctor/cuda_arch.py): an sm_XY cubin runs on sm_XZ with Z >= Y of the same major; arch-specific
+    ``a`` targets run only on their exact GPU; PTX (compute_XY) is JIT-compiled for anything newer.
+
+    torch 2.11.0+cu130 has sm_100 and no sm_103: B300 (10.3) runs its sm_100 cubins, which is fine.
+    Without a compatible target torch fails with "no kernel image is available for execution on the
+    device". With --deep, a small matmul runs on every GPU. Fix by hand: install a torch wheel whose
+    CUDA build covers the GPU (cu128 or newer for Blackwell).
+    """
+    info = ctx.fact("torch_info")
+    if not isinstance(info, dict) or not info.get("ok"):
+        return _torch_unusable(ctx, info if isinstance(info, dict) else {})
+    if not info.get("cuda"):
+        return Result.failed(f"torch {info.get('version')} is a CPU-only build: no GPU kernels at all",
+                             Remediation("Install the CUDA build of torch.", [_pip_install(ctx, "torch", "torch")]),
+                             torch=info.get("version"))
+    flags = [str(f) for f in info.get("arch_flags") or []]
+    if not flags:
+        return Result.failed(f"torch {info.get('version')} reports no compiled CUDA targets", torch=info.get("version"))
+    ccs, where, source = _gpu_ccs(ctx)
+    if not ccs:
+        return Result.skipped("no GPU to judge: NVML sees none and the profile names no compute_capability",
+                              **source)
+    per_cc = {cc_str(cc): best_match(flags, cc) for cc in ccs}
+    details: dict[str, Any] = {"torch": info.get("version"), "arch_flags": flags, "gpus": where, **source,
+                               "match": {k: {"how": m.how, "target": m.target, "note": m.note}
+                                         for k, m in per_cc.items()}}
+    bad = {k: m for k, m in per_cc.items() if not m.ok}
+    if bad:
+        return Result.failed(
+            f"torch {info.get('version')} has no kernels for {where}: "
+            + "; ".join(m.note for m in bad.values()) + f" (has {' '.join(flags)})",
+            Remediation("Install a torch wheel built for this GPU's architecture.",
+                        [_pip_install(ctx, "torch", "torch")]), **details)
+    summary = f"torch {info.get('version')} on {where}: " + "; ".join(m.note for m in per_cc.values())
+    if ctx.deep:
+        deep = _judge_matmul(info, details)
+        if deep is not None:
+            return deep
+        summary += "; matmul ran on every GPU"
+    if source.get("source") == "profile":
+        summary += f" (NVML unavailable: {source.get('nvml')})"
+    if any(m.how == "ptx" for m in per_cc.values()):
+        return Result.warned(summary, "Only PTX matches: every kernel is JIT-compiled at first use; install a torch "
+                             "build with cubins for this GPU.", **details)
+    return Result.passed(summary, **details)
+
+
+def _judge_matmul(info: dict[str, Any], details: dict[str, Any]) -> Result | None:
+    runs = info.get("matmul")
+    if runs is None:
+        details["deep"] = "no GPU visible to torch: matmul not run"
+        return Result.failed(f"--deep: torch sees no CUDA device ({info.get('cuda_error') or 'device_count 0'})",
+                             **details)
+    details["matmul"] = runs
+    failed = [r for r in runs if not r.get("ok")]
+    if failed:
+        first = failed[0]
+        return Result.failed(f"--deep: matmul failed on GPU {first.get('index')}: "
+                             f"{first.get('error') or 'wrong result, max abs error ' + str(first.get('max_abs_err'))}",
+                             **details)
+    return None
+
+
+# -- stack.versions ------------------------------------------------------------------------------
+
+@check("stack.versions", "torch / triton / sglang / sglang-kernel / flashinfer against the supported matrix",
+       needs=("stack",))
+def stack_versions(ctx: Any) -> Result:
+    """Reads the installed versions from the service interpreter's package metadata (nothing is
+    imported) and compares them with the profile's [stack] pins and the supported matrix
+    (doctor/data/compat.toml): torch pins its Triton (2.11.0 -> 3.6.0), SGLang 0.5.23 pins
+    sglang-kernel 0.4.10 and flashinfer-python 0.7.2. Then, like ``pip check``, evaluates the
+    requirements these packages declare on each other; a requirement the profile deliberately overrides
+    is a warning. Mismatched kernels load and then crash or silently miscompute. Fix by hand: install
+    the pinned versions (the remediation lists the exact pip command).
+    """
+    stack, err = _stack(ctx)
+    if err:
+        return err
+    assert stack is not None
+    rows: dict[str, Any] = {}
+    problems: list[str] = []
+    warnings: list[str] = []
+    versions: dict[str, Version | None] = {}
+    for comp in COMPONENTS:
+        dist = _installed(stack, comp)
+        want_text = ctx.expect(f"stack.{comp}")
+        want = _spec(want_text)
+        row: dict[str, Any] = {"installed": dist.get("version") if dist else None, "expected": want_text}
+        rows[comp] = row
+        if want_text and want is None:
+            problems.append(f"the profile's stack.{comp} {want_text!r} is not a version specifier")
+            continue
+        if dist is None:
+            versions[comp] = None
+            if want is not None:
+                problems.append(f"{PIP_NAMES[comp]} is not installed (profile: {want_text})")
+            continue
+        ver = _version(dist.get("version"))
+        versions[comp] = ver
+        if ver is None:
+            problems.append(f"{dist.get('name')} has an invalid version {dist.get('version')!r}")
+            continue
+        if want is not None and not want.contains(ver, prereleases=True):
+            problems.append(f"{dist.get('name')} {ver} does not match the profile's {want_text}")
+            row["ok"] = False
+        else:
+            row["ok"] = True
+    _matrix(versions, problems, rows)
+    unmet = _unmet_requirements(ctx, stack)
+    for item in unmet:
+        (warnings if item["overridden_by_profile"] else problems).append(item["text"])
+    dups = [d for d in stack.get("duplicates") or [] if norm(d.get("name", "")) in _stack_dist_names()]
+    for d in dups:
+        warnings.append(f"two copies of {d['name']} on sys.path ({d['shadowed_by']} imports, {d['version']} shadowed)")
+    details = {"components": rows, "unmet": unmet, "duplicates": dups, "python": _python(ctx)}
+    summary_versions = ", ".join(f"{PIP_NAMES[c]} {rows[c]['installed']}" for c in COMPONENTS if rows[c]["installed"])
+    if problems:
+        cmd = f"{_python(ctx)} -m pip install " + " ".join(
+            f"'{PIP_NAMES[c]}{ctx.expect(f'stack.{c}')}'" for c in COMPONENTS if ctx.expect(f"stack.{c}"))
+        return Result.failed("; ".join(problems), Remediation(
+            "Install the versions the profile pins (they are tested together).", [cmd]), **details)
+    if warnings:
+        return Result.warned(f"{summary_versions}; " + "; ".join(warnings), **details)
+    return Result.passed(summary_versions or "no stack package installed and none expected", **details)
+
+
+def _stack_dist_names() -> set[str]:
+    return {norm(n) for names in compat.distribution_names().values() for n in names}
+
+
+def _matrix(versions: dict[str, Version | None], problems: list[str], rows: dict[str, Any]) -> None:
+    torch_v, triton_v, sglang_v = versions.get("torch"), versions.get("triton"), versions.get("sglang")
+    if torch_v is not None and triton_v is not None:
+        pinned = compat.triton_for_torch(str(torch_v))
+        rows["torch"]["pins_triton"] = pinned
+        if pinned and Version(pinned) != Version(triton_v.base_version):
+            problems.append(f"torch {torch_v} pins triton {pinned}, installed {triton_v}")
+    if sglang_v is not None:
+        pins = compat.sglang_pins(str(sglang_v))
+        rows["sglang"]["pins"] = pins
+        for comp, pinned in pins.items():
+            have = versions.get(comp)
+            if have is not None and Version(pinned) != have:
+                problems.append(f"sglang {sglang_v} pins {PIP_NAMES.get(comp, comp)} {pinned}, installed {have}")
+            elif have is None and comp in versions:
+                problems.append(f"sglang {sglang_v} needs {PIP_NAMES.get(comp, comp)} {pinned}, not installed")
+
+
+def _unmet_requirements(ctx: Any, stack: dict[str, Any]) -> list[dict[str, Any]]:
+    """Requirements among the stack's own packages that the installed versions do not meet (pip check)."""
+    dists = stack.get("distributions") or {}
+    names = _stack_dist_names()
+    env = dict((stack.get("python") or {}).get("markers") or {})
+    env["extra"] = ""
+    by_dist = {norm(n): comp for comp, ns in compat.distribution_names().items() for n in ns}
+    out = []
+    for key in sorted(names):
+        dist = dists.get(key)
+        if not dist:
+            continue
+        for text in dist.get("requires") or []:
+            try:
+                req = Requirement(text)
+            except InvalidRequirement:
+                continue
+            target = norm(req.name)
+            if target not in names:
+                continue
+            try:
+                if req.marker is not None and not req.marker.evaluate(env):
+                    continue
+            except Exception:  # an unknown marker variable: judge the requirement anyway
+                pass
+            have = dists.get(target)
+            have_v = _version(have.get("version")) if have else None
+            if have_v is not None and req.specifier.contains(have_v, prereleases=True):
+                continue
+            comp = by_dist.get(target, target)
+            want = _spec(ctx.expect(f"stack.{comp}"))
+            overridden = have_v is not None and want is not None and want.contains(have_v, prereleases=True)
+            text_out = (f"{dist['name']} {dist['version']} requires {req}, installed "
+                        f"{have.get('version') if have else 'nothing'}")
+            if overridden:
+                text_out += " (the profile pins it deliberately)"
+            out.append({"dist": dist["name"], "requirement": str(req), "installed": have_v and str(have_v),
+                        "overridden_by_profile": overridden, "text": text_out})
+    return out
+
+
+# -- sglang.install ------------------------------------------------------------------------------
+
+@check("sglang.install", "SGLang importable from the service's interpreter, version as the profile pins",
+       needs=("stack", "sglang_import"), timeout=300)
+def sglang_install(ctx: Any) -> Result:
+    """Finds SGLang without importing it (package metadata and ``find_spec``), checks its version
+    against the profile's pin, then imports it in a child process of the service interpreter with a
+    deadline: a wheel can be installed yet unimportable because of a missing or mismatched dependency.
+    Finally asks whether DFlash's tree-sampling kernel is available: without it SGLang silently
+    verifies greedily (warn). Fix by hand: ``pip install 'sglang==<pin>'`` in the service's venv.
+    """
+    stack, err = _stack(ctx)
+    if err:
+        return err
+    assert stack is not None
+    dist = _installed(stack, "sglang")
+    pkg = (stack.get("packages") or {}).get("sglang") or {}
+    want_text = ctx.expect("stack.sglang")
+    install = Remediation("Install the SGLang the profile pins into the service's environment.",
+                          [_pip_install(ctx, "sglang", "sglang")])
+    if dist is None and not pkg.get("found"):
+        return Result.failed(f"SGLang is not installed in {_python(ctx)}", install)
+    details: dict[str, Any] = {"metadata_version": dist and dist.get("version"), "package_dirs": pkg.get("dirs"),
+                               "expected": want_text}
+    if dist is None:
+        return Result.failed(f"an sglang package is importable from {pkg.get('dirs')} but has no installed metadata "
+                             "(a source tree on sys.path?)", install, **details)
+    want = _spec(want_text)
+    ver = _version(dist.get("version"))
+    if want_text and want is None:
+        return Result.failed(f"the profile's stack.sglang {want_text!r} is not a version specifier", **details)
+    if ver is None or (want is not None and not want.contains(ver, prereleases=True)):
+        return Result.failed(f"sglang {dist.get('version')} installed, the profile pins {want_text}", install,
+                             **details)
+    warnings = []
+    loc = dist.get("location")
+    dirs = pkg.get("dirs") or []
+    if loc and dirs and not any(os.path.commonpath([loc, d]) == os.path.normpath(loc) for d in dirs if d):
+        warnings.append(f"`import sglang` would load {dirs[0]}, not the installed {loc}")
+    imp = ctx.fact("sglang_import")
+    if not isinstance(imp, dict) or not imp.get("imported"):
+        imp = imp if isinstance(imp, dict) else {}
+        missing = imp.get("missing_module")
+        text = "Importing SGLang failed. "
+        cmds = [f"{_python(ctx)} -c 'import sglang'", f"{_python(ctx)} -m pip check"]
+        if missing:
+            text += f"The module {missing!r} is missing: install SGLang with its dependencies."
+            cmds.insert(0, _pip_install(ctx, "sglang", "sglang"))
+        return Result.failed(f"sglang {ver} is installed but `import sglang` fails: {imp.get('error')}",
+                             Remediation(text, cmds), traceback_tail=imp.get("traceback_tail"), **details)
+    details["import_s"] = imp.get("import_s")
+    details["dflash"] = imp.get("dflash")
+    if imp.get("version") and str(imp.get("version")) != str(dist.get("version")):
+        warnings.append(f"sglang.__version__ is {imp.get('version')} but the metadata says {dist.get('version')}")
+    dflash = imp.get("dflash") or {}
+    if dflash.get("available") is False:
+        warnings.append("DFlash's tree-sampling kernel is unavailable: SGLang will verify greedily "
+                        "(temperature sampling ignored)")
+    elif dflash.get("available") is None:
+        warnings.append(f"cannot tell whether DFlash's sampling kernel is available: {dflash.get('error')}")
+    summary = f"sglang {ver} imports in {imp.get('import_s')}s from {dirs[0] if dirs else loc}"
+    if warnings:
+        return Result.warned(summary + "; " + "; ".join(warnings), **details)
+    return Result.passed(summary + "; DFlash sampling kernel available", **details)

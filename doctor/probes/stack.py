@@ -1,0 +1,247 @@
+"""Probe: the service interpreter's Python, its build headers, and the ML stack's installed metadata.
+
+Runs under the service's interpreter (``doctor.proc.run_probe``), stdlib only, Python >= 3.8.
+Imports nothing of torch/triton/sglang: versions and requirements come from ``importlib.metadata``,
+package locations from ``importlib.util.find_spec`` on top-level names (which only searches
+``sys.path`` and executes nothing) and from plain file reads. Prints one JSON object.
+"""
+
+import json
+import os
+import platform
+import re
+import sys
+import sysconfig
+
+try:
+    from importlib import metadata
+except ImportError:  # pragma: no cover - Python < 3.8 is not supported by the service anyway
+    metadata = None
+from importlib import util
+
+# Distributions whose requirements matter to stack.versions (normalized names).
+STACK = {"torch", "triton", "sglang", "sglang-kernel", "sgl-kernel", "flashinfer-python", "flashinfer-cubin",
+         "flashinfer-jit-cache"}
+TOP_LEVEL = ("torch", "triton", "sglang", "sgl_kernel", "flashinfer", "nvidia")
+ENV_KEYS = ("CC", "PATH", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "TRITON_PTXAS_PATH",
+            "TRITON_PTXAS_BLACKWELL_PATH", "TRITON_LIBCUDA_PATH", "TRITON_CACHE_DIR", "TRITON_HOME",
+            "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "CUDA_VISIBLE_DEVICES")
+
+
+def norm(name):
+    return re.sub(r"[-_.]+", "-", name or "").lower()
+
+
+def default_scheme():
+    """The install scheme, exactly as triton/runtime/build.py picks it."""
+    if hasattr(sysconfig, "get_default_scheme"):
+        scheme = sysconfig.get_default_scheme()
+    else:
+        scheme = sysconfig._get_default_scheme()  # Python < 3.10
+    if scheme == "posix_local":  # Debian's custom scheme; Triton maps it back
+        scheme = "posix_prefix"
+    return scheme
+
+
+def python_facts():
+    scheme = default_scheme()
+    try:
+        paths = sysconfig.get_paths(scheme=scheme)
+    except KeyError:
+        paths = sysconfig.get_paths()
+    include = paths.get("include")
+    platinclude = paths.get("platinclude")
+    cfg = sysconfig.get_config_vars()
+    return {
+        "executable": sys.executable,
+        "version": platform.python_version(),
+        "version_info": list(sys.version_info[:3]),
+        "implementation": sys.implementation.name,
+        "prefix": sys.prefix,
+        "base_prefix": getattr(sys, "base_prefix", sys.prefix),
+        "exec_prefix": sys.exec_prefix,
+        "base_exec_prefix": getattr(sys, "base_exec_prefix", sys.exec_prefix),
+        "in_venv": sys.prefix != getattr(sys, "base_prefix", sys.prefix),
+        "scheme": scheme,
+        "include": include,
+        "platinclude": platinclude,
+        "python_h": bool(include) and os.path.isfile(os.path.join(include, "Python.h")),
+        "pyconfig_h": bool(platinclude) and os.path.isfile(os.path.join(platinclude, "pyconfig.h")),
+        "include_listing": _listing(include),
+        "ext_suffix": cfg.get("EXT_SUFFIX"),
+        "build_cc": cfg.get("CC"),
+        "libdir": cfg.get("LIBDIR"),
+        "ldlibrary": cfg.get("LDLIBRARY"),
+        "enable_shared": cfg.get("Py_ENABLE_SHARED"),
+        "purelib": paths.get("purelib"),
+        "platlib": paths.get("platlib"),
+        "sys_path": list(sys.path),
+        "markers": markers(),
+    }
+
+
+def _listing(path):
+    """Up to 20 names in a directory, or why it cannot be listed: shows a half-present include dir."""
+    if not path:
+        return None
+    try:
+        return sorted(os.listdir(path))[:20]
+    except OSError as exc:
+        return "error: %s" % (exc.strerror or exc)
+
+
+def markers():
+    """The PEP 508 marker environment, as packaging.markers.default_environment() builds it."""
+    impl = sys.implementation
+    iv = impl.version
+    impl_version = f"{iv.major}.{iv.minor}.{iv.micro}"
+    if iv.releaselevel != "final":
+        impl_version += iv.releaselevel[0] + str(iv.serial)
+    return {
+        "implementation_name": impl.name,
+        "implementation_version": impl_version,
+        "os_name": os.name,
+        "platform_machine": platform.machine(),
+        "platform_release": platform.release(),
+        "platform_system": platform.system(),
+        "platform_version": platform.version(),
+        "python_full_version": platform.python_version(),
+        "platform_python_implementation": platform.python_implementation(),
+        "python_version": ".".join(platform.python_version_tuple()[:2]),
+        "sys_platform": sys.platform,
+    }
+
+
+def distributions():
+    """Every installed distribution's name and version; requirements for the stack's own."""
+    out = {}
+    duplicates = []
+    errors = []
+    if metadata is None:
+        return out, duplicates, ["importlib.metadata unavailable"]
+    for dist in metadata.distributions():
+        try:
+            name = dist.metadata["Name"]
+            key = norm(name)
+            if not key:
+                continue
+            if key in out:  # a second copy further down sys.path: the first one is what imports
+                duplicates.append({"name": name, "version": dist.version, "shadowed_by": out[key]["version"]})
+                continue
+            entry = {"name": name, "version": dist.version}
+            location = _location(dist)
+            if location:
+                entry["location"] = location
+            if key in STACK:
+                entry["requires"] = list(dist.requires or [])
+            out[key] = entry
+        except Exception as exc:  # a broken METADATA file must not hide the rest
+            errors.append(f"{type(exc).__name__}: {exc}")
+    return out, duplicates, errors
+
+
+def _location(dist):
+    try:
+        return str(dist.locate_file(""))
+    except Exception:
+        return None
+
+
+def packages():
+    """Where the heavy packages would be imported from, without importing them."""
+    out = {}
+    for name in TOP_LEVEL:
+        try:
+            spec = util.find_spec(name)
+        except (ImportError, ValueError) as exc:
+            out[name] = {"found": False, "error": f"{type(exc).__name__}: {exc}"}
+            continue
+        if spec is None:
+            out[name] = {"found": False}
+            continue
+        locs = list(spec.submodule_search_locations or [])
+        out[name] = {"found": True, "origin": spec.origin, "dirs": locs}
+    return out
+
+
+def triton_facts(pkgs):
+    info = pkgs.get("triton") or {}
+    if not info.get("found") or not info.get("dirs"):
+        return None
+    root = info["dirs"][0]
+    nv = os.path.join(root, "backends", "nvidia")
+    out = {"dir": root, "bin": {}, "blackwell_ptxas_from_arch": None}
+    for tool in ("ptxas", "ptxas-blackwell"):
+        path = os.path.join(nv, "bin", tool)
+        out["bin"][tool] = {"path": path, "exists": os.path.isfile(path), "executable": os.access(path, os.X_OK)}
+    # Which ptxas Triton uses for which arch: 3.6 has `ptxas_blackwell if arch >= 100` in compiler.py.
+    src = _read(os.path.join(nv, "compiler.py"))
+    m = re.search(r"ptxas_blackwell\s+if\s+arch\s*>=\s*(\d+)", src or "")
+    if m:
+        out["blackwell_ptxas_from_arch"] = int(m.group(1))
+    elif src and "ptxas_blackwell" in src:
+        out["blackwell_ptxas_from_arch"] = 100
+    out["build_py"] = os.path.isfile(os.path.join(root, "runtime", "build.py"))
+    out["include_dir"] = os.path.join(nv, "include")
+    out["cuda_h"] = os.path.isfile(os.path.join(nv, "include", "cuda.h"))
+    out["lib_dir"] = os.path.join(nv, "lib")
+    return out
+
+
+def torch_facts(pkgs):
+    info = pkgs.get("torch") or {}
+    if not info.get("found") or not info.get("dirs"):
+        return None
+    root = info["dirs"][0]
+    out = {"dir": root, "ptxas": None, "version_py": {}}
+    ptxas = os.path.join(root, "bin", "ptxas")
+    if os.path.isfile(ptxas):
+        out["ptxas"] = ptxas
+    # torch/version.py holds `cuda = '13.0'` and `__version__ = '2.11.0+cu130'`: read, not imported.
+    text = _read(os.path.join(root, "version.py")) or ""
+    for key in ("__version__", "cuda", "git_version"):
+        m = re.search(rf"^{re.escape(key)}\s*(?::[^=]*)?=\s*(?:'([^']*)'|\"([^\"]*)\"|None)", text, re.M)
+        if m:
+            out["version_py"][key] = m.group(1) if m.group(1) is not None else m.group(2)
+    return out
+
+
+def nvidia_ptxas(pkgs):
+    """ptxas binaries from NVIDIA's wheels (nvidia-cuda-nvcc: nvidia/cuda_nvcc/bin or nvidia/cu13/bin)."""
+    found = []
+    for d in (pkgs.get("nvidia") or {}).get("dirs") or []:
+        for sub in ("cuda_nvcc", "cu13", "cu12"):
+            path = os.path.join(d, sub, "bin", "ptxas")
+            if os.path.isfile(path):
+                found.append(path)
+    return found
+
+
+def _read(path, limit=2000000):
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read(limit)
+    except OSError:
+        return None
+
+
+def main():
+    pkgs = packages()
+    dists, duplicates, errors = distributions()
+    doc = {
+        "ok": True,
+        "python": python_facts(),
+        "distributions": dists,
+        "duplicates": duplicates,
+        "metadata_errors": errors,
+        "packages": pkgs,
+        "triton": triton_facts(pkgs),
+        "torch": torch_facts(pkgs),
+        "nvidia_ptxas": nvidia_ptxas(pkgs),
+        "env": {k: os.environ.get(k) for k in ENV_KEYS if os.environ.get(k) is not None},
+    }
+    sys.stdout.write(json.dumps(doc) + "\n")
+
+
+if __name__ == "__main__":
+    main()
