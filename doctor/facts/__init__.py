@@ -72,9 +72,14 @@ class FactUnavailable(Exception):
 
 def load_collectors() -> dict[str, Collector]:
     """Import every collector module of this package (each registers its collectors)."""
+    from doctor.registry import LOAD_ERRORS
+
     for info in pkgutil.iter_modules(__path__):
         if info.name not in _NOT_COLLECTOR_MODULES and not info.name.startswith("_"):
-            importlib.import_module(f"{__name__}.{info.name}")
+            try:
+                importlib.import_module(f"{__name__}.{info.name}")
+            except Exception as exc:  # one broken area must not take the others' facts down
+                LOAD_ERRORS[f"{__name__}.{info.name}"] = f"{type(exc).__name__}: {exc}"
     return COLLECTORS
 
 
