@@ -7,6 +7,7 @@ with ``pip download --no-deps sglang==VERSION``; without network the tests that 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -39,3 +40,33 @@ def unpack(version: str, dest: Path) -> Path:
                  or n.startswith(f"sglang-{version}.dist-info/")]
         zf.extractall(dest, names)
     return dest
+
+
+DDTREE_FIELD = '''
+    speculative_ddtree_budget: A[
+        Optional[int],
+        "DDTREE only. Node budget of the draft tree.",
+    ] = None
+'''
+_SITES: dict[str, Path] = {}
+
+
+def site(version: str, factory: pytest.TempPathFactory) -> Path:
+    """A site-packages holding the real sources of ``version``, unpacked once per session."""
+    if version not in _SITES:
+        _SITES[version] = unpack(version, factory.mktemp(f"sglang-{version}"))
+    return _SITES[version]
+
+
+def ddtree_site(factory: pytest.TempPathFactory) -> Path:
+    """0.5.23 with the one source change the DDTree patch makes to the parser: a new Spec field."""
+    if "ddtree" not in _SITES:
+        dest = factory.mktemp("sglang-0.5.23-ddtree")
+        shutil.copytree(site("0.5.23", factory), dest, dirs_exist_ok=True)
+        spec = dest / "sglang/srt/arg_groups/fields/spec.py"
+        text = spec.read_text()
+        anchor = "    speculative_dflash_block_size: A["
+        assert anchor in text, "0.5.23 spec.py changed: update the DDTree stand-in field"
+        spec.write_text(text.replace(anchor, DDTREE_FIELD.lstrip("\n") + anchor, 1))
+        _SITES["ddtree"] = dest
+    return _SITES["ddtree"]

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 from pathlib import Path
 
 import pytest
+import sglang_wheels
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sglang_wheels import unpack
 
 from checks.launch import judge_flags
 from doctor.context import Context
@@ -22,35 +21,20 @@ from doctor.result import Status
 from doctor.settings import resolve
 from doctor.sglang_flags import FlagSourceError, FlagTable, read_flags, removed_flags, validate_args
 
-DDTREE_FIELD = '''
-    speculative_ddtree_budget: A[
-        Optional[int],
-        "DDTREE only. Node budget of the draft tree.",
-    ] = None
-'''
-
 
 @pytest.fixture(scope="session")
 def site_0523(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return unpack("0.5.23", tmp_path_factory.mktemp("sglang-0.5.23"))
+    return sglang_wheels.site("0.5.23", tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
 def site_0513(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return unpack("0.5.13.post1", tmp_path_factory.mktemp("sglang-0.5.13"))
+    return sglang_wheels.site("0.5.13.post1", tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
-def site_0523_ddtree(site_0523: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """0.5.23 with the one source change the DDTree patch makes to the parser: a new Spec field."""
-    site = tmp_path_factory.mktemp("sglang-0.5.23-ddtree")
-    shutil.copytree(site_0523, site, dirs_exist_ok=True)
-    spec = site / "sglang/srt/arg_groups/fields/spec.py"
-    text = spec.read_text()
-    anchor = "    speculative_dflash_block_size: A["
-    assert anchor in text
-    spec.write_text(text.replace(anchor, DDTREE_FIELD.lstrip("\n") + anchor, 1))
-    return site
+def site_0523_ddtree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return sglang_wheels.ddtree_site(tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
