@@ -1,0 +1,96 @@
+"""Shared helpers of the DDTree patch-set tests: find the SGLang 0.5.23 wheel, apply the set, load modules.
+
+The patched modules are loaded straight from a temporary unpack of the wheel with the patch set applied
+(``importlib.util.spec_from_file_location``): importing the ``sglang`` package would pull its heavy
+dependencies, and what is tested must be the file the patch produces, not a copy.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import glob
+import importlib.util
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SET_DIR = ROOT / "sglang_patches" / "ddtree-0.5.23"
+TOOL = ROOT / "sglang_patches" / "tools" / "patchset.py"
+WHEEL_GLOB = "sglang-0.5.23-*.whl"
+WHEEL_DIRS = (ROOT / ".whl", Path("/work/main/.whl"), Path("/tmp/wheels"))
+
+
+def find_wheel() -> Path | None:
+    """``$K26_SGLANG_WHEEL``, else the first sglang 0.5.23 wheel in the usual places."""
+    env = os.environ.get("K26_SGLANG_WHEEL")
+    if env:
+        return Path(env) if Path(env).is_file() else None
+    for d in WHEEL_DIRS:
+        hits = sorted(glob.glob(str(d / WHEEL_GLOB)))
+        if hits:
+            return Path(hits[0])
+    return None
+
+
+def require_wheel() -> Path:
+    wheel = find_wheel()
+    if wheel is None:
+        pytest.skip(f"no {WHEEL_GLOB} (set K26_SGLANG_WHEEL or put it in one of {[str(d) for d in WHEEL_DIRS]})")
+    return wheel
+
+
+@functools.lru_cache(maxsize=1)
+def patchset_tool() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("k26_patchset_tool", TOOL)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _tmpdir(prefix: str) -> Path:
+    d = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, d, True)
+    return d
+
+
+@functools.lru_cache(maxsize=2)
+def patched_tree(whole: bool = False) -> Path:
+    """A temporary unpack of the wheel (only the touched files unless ``whole``) with the set applied."""
+    wheel = require_wheel()
+    root = _tmpdir("ddtree-patched-")
+    patchset_tool().apply_to(SET_DIR, wheel, root, whole=whole)
+    return root
+
+
+@functools.lru_cache(maxsize=1)
+def pristine_tree() -> Path:
+    wheel = require_wheel()
+    root = _tmpdir("ddtree-pristine-")
+    tool = patchset_tool()
+    tool.unpack(wheel, root, tool.touched_paths(SET_DIR, tool.load_manifest(SET_DIR)))
+    return root
+
+
+def load_file(path: Path, name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@functools.lru_cache(maxsize=1)
+def ddtree_utils() -> ModuleType:
+    """``sglang/srt/speculative/ddtree_utils.py`` as the patch set creates it (torch only)."""
+    pytest.importorskip("torch")
+    return load_file(patched_tree() / "sglang/srt/speculative/ddtree_utils.py", "k26_ddtree_utils")
