@@ -109,6 +109,11 @@ def parse(data: bytes) -> list[FilePatch]:
             while i < n and lines[i].startswith(b"@@"):
                 hunk, i = _parse_hunk(lines, i)
                 fp.hunks.append(hunk)
+                nxt = lines[i] if i < n else b""
+                header_next = nxt.startswith(b"--- ") and i + 1 < n and lines[i + 1].startswith(b"+++ ")
+                if nxt[:1] in (b" ", b"+", b"-") and not header_next and nxt != b"-- \n":
+                    raise PatchFormatError(f"line {i + 1}: more lines than the hunk header at line "
+                                           f"{hunk.header_line} says")
             if not fp.hunks:
                 raise PatchFormatError(f"line {i}: file section {fp.path} has no hunks")
             files.append(fp)
