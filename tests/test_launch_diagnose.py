@@ -1,0 +1,160 @@
+"""Diagnosis of failed starts on real log text: the H200 Triton traceback recorded on a lent host,
+errors produced here by the real libraries (safetensors, argparse, the socket layer), and messages
+quoted verbatim from real tools (ptxas, torch, NCCL, SGLang 0.5.23's sources)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import socket
+import struct
+from pathlib import Path
+
+import pytest
+from conftest import run_doctor
+
+from doctor.diagnose import SignatureError, diagnose_lines, load_signatures
+from doctor.registry import all_checks
+
+REFERENCE = Path("/work/shared/reference/h200-triton-missing-python-h.txt")
+CONTRACT_IDS = {"gpu.driver", "gpu.count", "gpu.arch", "gpu.memory", "gpu.idle", "gpu.health", "gpu.nvlink",
+                "gpu.fabric", "cuda.compat", "torch.arch", "stack.versions", "triton.jit", "triton.ptxas",
+                "python.venv", "sglang.install", "sglang.patches", "model.shards", "model.config",
+                "model.tokenizer", "model.drafter", "model.fit", "host.disk", "host.port", "host.env"}
+
+
+def found(text: str) -> list[tuple[str, str | None]]:
+    return [(f.signature.id, f.signature.check) for f in diagnose_lines(text.splitlines(), load_signatures())]
+
+
+def test_every_signature_points_at_a_real_check() -> None:
+    known = CONTRACT_IDS | {c.id for c in all_checks()}
+    for sig in load_signatures():
+        assert sig.check in known, (sig.id, sig.check)
+
+
+@pytest.mark.skipif(not REFERENCE.exists(), reason="the shared reference log is not mounted here")
+def test_h200_triton_missing_python_h() -> None:
+    text = REFERENCE.read_text()
+    got = diagnose_lines(text.splitlines(), load_signatures())
+    assert got[0].signature.check == "triton.jit"
+    assert "Python.h: No such file or directory" in got[0].line
+    assert got[0].line_no == text.splitlines().index(
+        next(ln for ln in text.splitlines() if "Python.h: No such file" in ln)) + 1
+
+
+def test_real_safetensors_errors(tmp_path: Path) -> None:
+    safetensors = pytest.importorskip("safetensors")
+    shard = tmp_path / "model-00001-of-000064.safetensors"
+    header = json.dumps({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}).encode()
+    shard.write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 16)
+    messages = []
+    for bad in (struct.pack("<Q", len(header)) + header[:10],      # truncated header
+                struct.pack("<Q", 2**40) + b"{}"):                  # header length beyond any file
+        shard.write_bytes(bad)
+        with pytest.raises(Exception) as exc:
+            safetensors.safe_open(str(shard), framework="numpy")
+        messages.append(f"{type(exc.value).__module__}.{type(exc.value).__name__}: {exc.value}")
+    for msg in messages:
+        assert found(msg)[0] == ("safetensors-corrupt", "model.shards"), msg
+
+
+def test_real_argparse_errors() -> None:
+    parser = argparse.ArgumentParser(prog="launch_server.py")
+    parser.add_argument("--cuda-graph-max-bs-decode", type=int)
+    parser.add_argument("--cuda-graph-max-bs-prefill", type=int)
+    for argv in (["--cuda-graph-max-bs", "8"], ["--speculative-ddtree-budget", "64"]):
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), pytest.raises(SystemExit):
+            parser.parse_args(argv)
+        assert found(err.getvalue())[0][1] == "sglang.flags", err.getvalue()
+
+
+def test_real_address_in_use() -> None:
+    with socket.socket() as a, socket.socket() as b:
+        a.bind(("127.0.0.1", 0))
+        a.listen(1)
+        where = a.getsockname()
+        with pytest.raises(OSError) as exc:
+            b.bind(where)
+    # uvicorn's wording around the real errno text; and the plain exception as Python prints it
+    line = f"ERROR:    [Errno {exc.value.errno}] error while attempting to bind on address {where}: " \
+           f"{exc.value.strerror.lower()}"
+    assert found(line) == [("port-in-use", "host.port")]
+    assert found(f"OSError: {exc.value}") == [("port-in-use", "host.port")]
+
+
+@pytest.mark.parametrize("line, check", [
+    ("ptxas fatal   : Value 'sm_103a' is not defined for option 'gpu-name'", "triton.ptxas"),
+    ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+     "139.81 GiB of which 1.06 GiB is free.", "model.fit"),
+    ("RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.", "model.fit"),
+    ("RuntimeError: Unexpected error from cudaGetDeviceCount(). Did you run some cuda functions before calling "
+     "NumCudaDevices() that might have already set an error? Error 802: system not yet initialized", "gpu.fabric"),
+    ("torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/NCCLUtils.cpp:77, "
+     "unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL version 2.27.5", "gpu.nvlink"),
+    ("ValueError: Unknown speculative algorithm name: DDTREE", "sglang.patches"),
+    ("RuntimeError: CUDA error: no kernel image is available for execution on the device", "torch.arch"),
+    ("/opt/k26/venv/bin/python: bad interpreter: No such file or directory", "python.venv"),
+    ("OSError: [Errno 28] No space left on device: '/root/.triton/cache/x'", "host.disk"),
+])
+def test_quoted_real_messages(line: str, check: str) -> None:
+    got = found(f"[2026-11-29 10:00:00 TP3] {line}")
+    assert got and got[0][1] == check, got
+
+
+def test_root_cause_first_and_no_false_alarm_on_a_clean_start() -> None:
+    log = "\n".join([
+        "[2026-11-29 10:00:00] server_args=ServerArgs(model_path='/models/Kimi-K2.6', trust_remote_code=True, "
+        "port=30000, ...)",
+        "[2026-11-29 10:00:01] Port 30001 is already in use, trying port 30002",
+        "[2026-11-29 10:03:00 TP0] Load weight end. type=KimiK25ForConditionalGeneration, mem usage=69.37 GB.",
+        "[2026-11-29 10:05:00 TP5] torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:3356",
+        "[2026-11-29 10:05:00 TP2] ptxas fatal   : Value 'sm_103a' is not defined for option 'gpu-name'",
+    ])
+    got = found(log)
+    assert [g[1] for g in got] == ["triton.ptxas", "gpu.nvlink"]  # the echo of a crashed rank comes last
+    assert found(log.splitlines()[0] + "\n" + log.splitlines()[1] + "\n" + log.splitlines()[2]) == []
+
+
+def test_bad_signature_files(tmp_path: Path) -> None:
+    bad = tmp_path / "s.toml"
+    bad.write_text("[[signature]]\nid = 'x'\npatterns = ['(unclosed']\n")
+    with pytest.raises(SignatureError, match="bad pattern"):
+        load_signatures([bad])
+    bad.write_text("not toml = = =")
+    with pytest.raises(SignatureError, match="not valid TOML"):
+        load_signatures([bad])
+
+
+def test_cli(tmp_path: Path) -> None:
+    log = tmp_path / "failed.log"
+    log.write_bytes(b"\x1b[31mERROR\x1b[0m: safetensors_rust.SafetensorError: Error while deserializing header: "
+                    b"HeaderTooLarge\n\xff\xfe garbage\n")
+    res = run_doctor("diagnose", str(log), "--format", "json")
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["findings"][0]["check"] == "model.shards" and doc["findings"][0]["line"] == 1
+    res = run_doctor("diagnose", str(log))
+    assert res.returncode == 0 and "-> check model.shards" in res.stdout and "$ k26-doctor check" in res.stdout
+    site = tmp_path / "site.toml"
+    site.write_text("[[signature]]\nid = 'site-nfs'\ntitle = 'NFS stale handle'\npatterns = ['Stale file handle']\n"
+                    "check = 'host.disk'\nfix = 'remount'\n")
+    log.write_text("OSError: [Errno 116] Stale file handle\n")
+    assert run_doctor("diagnose", str(log)).returncode == 1
+    res = run_doctor("diagnose", str(log), "--signatures", str(site))
+    assert res.returncode == 0 and "NFS stale handle" in res.stdout
+    assert run_doctor("diagnose", str(tmp_path / "absent.log")).returncode == 2
+    assert run_doctor("diagnose").returncode == 2
+    res = run_doctor("diagnose", "-", input="fatal error: Python.h: No such file or directory\n")
+    assert res.returncode == 0 and "triton.jit" in res.stdout
+
+
+def test_exec_stop_post_mode_is_silent_after_success(tmp_path: Path) -> None:
+    from conftest import doctor_env
+
+    res = run_doctor("diagnose", "--journal", "x.service", "--on-service-failure",
+                     env=doctor_env(SERVICE_RESULT="success"))
+    assert res.returncode == 0 and res.stdout == ""
