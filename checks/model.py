@@ -1,0 +1,728 @@
+"""Model checks: shards, config, tokenizer, drafter, fit, and the deep sha256 tier.
+
+Everything here is a pure function of the facts ``model``, ``model.tensors``, ``drafter``,
+``model.hashes`` and ``nvml`` (doctor/facts/model.py, doctor/facts/nvml.py).
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from typing import Any
+
+from doctor.context import Context
+from doctor.facts import FactUnavailable
+from doctor.registry import check
+from doctor.result import Remediation, Result
+from doctor.weights.modelconfig import ConfigView, is_pos_int, read_config
+
+NO_MODEL_PATH = "no model path: pass --model-path or set [model] path"
+NO_DRAFT_PATH = "no draft model path: pass --draft-model-path or set [drafter] path"
+GIB = 1024 ** 3
+LEFTOVER_WHAT = {"aria2": "aria2 control file: that download did not finish",
+                 "incomplete": "partial huggingface_hub download", "part": "partial download",
+                 "partial": "partial download"}
+
+
+# -- shared -----------------------------------------------------------------------------------------
+
+def _dir_problem(fact: dict[str, Any], what: str) -> Result | None:
+    """skip/fail for a directory fact that cannot be judged further, else None."""
+    if not fact.get("given"):
+        return Result.skipped(NO_MODEL_PATH if what == "model" else NO_DRAFT_PATH)
+    path = fact.get("path")
+    if fact.get("error"):
+        return Result.failed(f"{what} path {path} {fact['error']}",
+                             Remediation(f"Point --{'model' if what == 'model' else 'draft-model'}-path at the "
+                                         "downloaded model directory.", [f"ls -la {shlex.quote(str(path))}"]),
+                             path=path)
+    return None
+
+
+def _fmt_bytes(n: float | None) -> str:
+    if n is None:
+        return "?"
+    return f"{n / GIB:.1f} GiB" if n >= GIB else f"{n / 1024 ** 2:.1f} MiB"
+
+
+def _redownload_commands(ctx: Context, fact: dict[str, Any], files: list[str], repo_key: str) -> list[str]:
+    repo = ctx.expect(repo_key)
+    path = fact.get("path") or "MODEL_DIR"
+    if not files:
+        return []
+    if not repo:
+        return [f"# set [{repo_key.split('.')[0]}] repo in the config to get the exact download command"]
+    return [shlex.join(["hf", "download", str(repo), *files, "--local-dir", str(path), "--force-download"])]
+
+
+def judge_weights(ctx: Context, fact: dict[str, Any], what: str, repo_key: str) -> Result:
+    """model.shards and the shard part of model.drafter: one verdict over the ``weights`` of a dir fact."""
+    w = fact.get("weights") or {}
+    path = fact.get("path")
+    totals = w.get("totals") or {}
+    bad = [s for s in w.get("shards", []) if not s.get("ok")]
+    general = list(w.get("problems") or [])
+    leftovers = list(w.get("leftovers") or [])
+    lines: list[str] = []
+    for p in general:
+        lines.append(p["message"])
+    for s in bad:
+        probs = s.get("problems") or [{"code": "?", "message": "invalid"}]
+        lines.append(f"{s['name']}: " + "; ".join(p["message"] for p in probs))
+    for lo in leftovers:
+        lines.append(f"{lo['path']}: {LEFTOVER_WHAT.get(lo['kind'], 'download leftover')}")
+    details: dict[str, Any] = {
+        "path": path, "layout": w.get("layout"), "hf_cache": w.get("hf_cache"), "totals": totals,
+        "bad_shards": [{"name": s["name"], "problems": s.get("problems")} for s in bad],
+        "problems": general, "leftovers": leftovers,
+    }
+    if w.get("stray_safetensors"):
+        details["stray_safetensors"] = w["stray_safetensors"]
+    if not lines:
+        n = totals.get("shards", 0)
+        return Result.passed(f"{n} shard{'s' if n != 1 else ''}, {totals.get('tensors', 0):,} tensors, "
+                             f"{_fmt_bytes(totals.get('data_bytes'))}: headers valid"
+                             + (", index consistent" if w.get("layout") == "index" else "")
+                             + ", no partial downloads", **details)
+    redo = sorted({s["name"] for s in bad} | {lo["for"] for lo in leftovers if lo.get("for")})
+    codes = {p.get("code") for p in general}
+    if codes & {"index_missing", "index_invalid", "index_dangling"}:
+        redo = ["model.safetensors.index.json", *redo]
+    details["redownload"] = redo
+    first = lines[0]
+    more = f" (+{len(lines) - 1} more)" if len(lines) > 1 else ""
+    head = (f"{len(bad)} of {totals.get('shards', 0)} shards damaged: " if bad else "")
+    text = ("Re-download the damaged files (never mix revisions). `k26-doctor fix` plans it; by hand:"
+            if redo else "Fix the index or path by hand:")
+    return Result.failed(head + first + more, Remediation(text, _redownload_commands(ctx, fact, redo, repo_key)),
+                         **details)
+
+
+def _optional(ctx: Context, name: str) -> Any:
+    try:
+        return ctx.fact(name)
+    except FactUnavailable:
+        return None
+
+
+# -- model.shards ---------------------------------------------------------------------------------
+
+@check("model.shards", "Model shards: index, headers, completeness, no partial downloads", needs=("model",),
+       fixer="model.redownload", timeout=120)
+def model_shards(ctx: Context) -> Result:
+    """Reads model.safetensors.index.json (or model.safetensors) and the header of every shard it names,
+    never the data: header length within safetensors' 100 MB limit, UTF-8 JSON, known dtypes, offsets
+    contiguous from 0 with no holes or overlaps, bytes = dtype size x shape, file size = 8 + header + data;
+    every indexed tensor in the shard the index names, none in two shards, metadata.total_size agreeing.
+    Leftovers of interrupted downloads fail it (<shard>.aria2, *.incomplete, also under
+    .cache/huggingface/download and the HF cache's blobs/); Git LFS pointer files and dangling symlinks
+    are named. Index paths must stay inside the model directory.
+
+    Why: a wrong or partial shard costs a failed start many minutes later (weights load) or garbage output.
+    Fix by hand: re-download the named files, e.g. `hf download REPO FILES --local-dir DIR --force-download`,
+    or resume them with aria2 (`k26-doctor fix` writes the input file); then run `--deep` to hash them."""
+    fact = ctx.fact("model")
+    early = _dir_problem(fact, "model")
+    if early is not None:
+        return early
+    return judge_weights(ctx, fact, "model", "model.repo")
+
+
+# -- deep tier ------------------------------------------------------------------------------------
+
+def judge_hashes(ctx: Context, which: str) -> Result:
+    facts = ctx.fact("model.hashes")
+    fact = (facts or {}).get(which) or {"given": False}
+    if not fact.get("given"):
+        return Result.skipped(NO_MODEL_PATH if which == "model" else NO_DRAFT_PATH)
+    if fact.get("error"):
+        return Result.failed(f"{which} path {fact.get('path')} {fact['error']}")
+    files = fact.get("files") or []
+    if not files:
+        return Result.failed(f"no shards to hash in {fact.get('path')}: {fact.get('problem') or 'no index'}")
+    by = {v: [f for f in files if f.get("verdict") == v] for v in ("match", "mismatch", "no_reference",
+                                                                     "missing", "error")}
+    rate = fact.get("rate_bytes_s")
+    details = {"path": fact.get("path"), "counts": {k: len(v) for k, v in by.items()},
+               "mismatch": [{"name": f["name"], "sha256": f.get("sha256"), "expected": f.get("expected")}
+                            for f in by["mismatch"]],
+               "missing": [f["name"] for f in by["missing"]],
+               "errors": [{"name": f["name"], "error": f.get("error")} for f in by["error"]],
+               "unverified": [f["name"] for f in by["no_reference"]],
+               "bytes_hashed": fact.get("bytes_hashed"), "seconds": fact.get("seconds"), "rate_bytes_s": rate,
+               "cache": fact.get("cache"), "manifest": fact.get("manifest")}
+    bad = by["mismatch"] + by["missing"] + by["error"]
+    if bad:
+        names = [f["name"] for f in bad]
+        parts = []
+        if by["mismatch"]:
+            srcs = sorted({(f.get("expected") or {}).get("source", "?") for f in by["mismatch"]})
+            shown = ", ".join(f["name"] for f in by["mismatch"][:5]) + ("..." if len(by["mismatch"]) > 5 else "")
+            parts.append(f"{len(by['mismatch'])} sha256 mismatch ({', '.join(srcs)}): {shown}")
+        if by["missing"]:
+            parts.append(f"{len(by['missing'])} missing: " + ", ".join(details["missing"][:5]))
+        if by["error"]:
+            parts.append(f"{len(by['error'])} unreadable: " + ", ".join(f["name"] for f in by["error"][:5]))
+        repo_key = "model.repo" if which == "model" else "drafter.repo"
+        return Result.failed("; ".join(parts),
+                             Remediation("These files are not what was published: re-download them.",
+                                         _redownload_commands(ctx, fact, names, repo_key)), **details)
+    hashed = _fmt_bytes(fact.get("bytes_hashed"))
+    speed = f" at {rate / GIB:.2f} GiB/s" if rate else ""
+    cached = (fact.get("cache") or {}).get("hits") or 0
+    tail = f" ({hashed} hashed{speed}, {cached} from the verification cache)"
+    if by["no_reference"] and not by["match"]:
+        return Result.skipped(f"{len(files)} files hashed but nothing to compare with: no k26-doctor manifest, "
+                              "no huggingface_hub metadata, not a Hugging Face cache; record one with "
+                              f"`k26-doctor manifest write {fact.get('path')}` after a verified download" + tail,
+                              **details)
+    if by["no_reference"]:
+        return Result.warned(f"{len(by['match'])} files match, {len(by['no_reference'])} have no reference "
+                             f"digest: {', '.join(details['unverified'][:5])}" + tail,
+                             Remediation("Record the digests of a verified download:",
+                                         [f"k26-doctor manifest write {shlex.quote(str(fact.get('path')))}"]),
+                             **details)
+    return Result.passed(f"all {len(by['match'])} files match their sha256" + tail, **details)
+
+
+@check("model.shards.deep", "Model shards: sha256 of every shard against manifest / HF metadata",
+       needs=("model.hashes",), deep=True, timeout=6 * 3600, fixer="model.redownload")
+def model_shards_deep(ctx: Context) -> Result:
+    """Hashes every shard (sha256, files in parallel, large blocks) and compares with, in this order: the
+    k26-doctor manifest (`k26-doctor manifest write DIR`), huggingface_hub's local-dir metadata
+    (.cache/huggingface/download/<file>.metadata, whose etag is the LFS sha256), the Hugging Face cache's
+    blob names. A verification cache keyed by (device, inode, size, mtime_ns, ctime_ns) outside the model
+    directory ($XDG_CACHE_HOME/k26-doctor) means a restart re-hashes only what changed;
+    K26_DOCTOR_NO_VERIFY_CACHE=1 ignores it.
+
+    Why: headers can be intact while the data is not (an aria2 download with holes, a bit flip, a mixed
+    revision). Fix by hand: re-download the mismatching files."""
+    return judge_hashes(ctx, "model")
+
+
+@check("model.drafter.deep", "Draft model: sha256 of every shard", needs=("model.hashes",), deep=True,
+       timeout=3600, fixer="model.redownload")
+def model_drafter_deep(ctx: Context) -> Result:
+    """As model.shards.deep, for the draft model directory."""
+    return judge_hashes(ctx, "drafter")
+
+
+# -- model.config ---------------------------------------------------------------------------------
+
+def _config_view(fact: dict[str, Any]) -> tuple[ConfigView | None, str | None]:
+    cfg = fact.get("config") or {}
+    if not cfg.get("present"):
+        return None, "config.json is missing"
+    if cfg.get("error"):
+        return None, cfg["error"]
+    return read_config(cfg.get("data")), None
+
+
+def _expert_shape_problems(view: ConfigView, summary: dict[str, Any]) -> list[str]:
+    """int4 pack-quantized experts: packed I32 [out, in/8], scales [out, in/group_size]."""
+    out: list[str] = []
+    q = view.quant or {}
+    h, m = view.int_field("hidden_size"), view.int_field("moe_intermediate_size")
+    pats = summary.get("patterns") or {}
+    packed = {p: v for p, v in pats.items() if p.endswith(".weight_packed") and ".experts.#." in p}
+    if q.get("kind") != "int4-group":
+        if packed:
+            out.append(f"the shards hold int4 packed expert weights ({len(packed)} patterns) but config.json "
+                       "has no compressed-tensors int4 quantization_config")
+        return out
+    if not packed:
+        if any(".experts.#." in p for p in pats):
+            out.append("config.json says int4 pack-quantized, but the expert weights in the shards are not packed "
+                       "(no *.weight_packed)")
+        return out
+    gs = q["group_size"]
+    if not (h and m):
+        return out
+    dims = {"gate_proj": (m, h), "up_proj": (m, h), "down_proj": (h, m), "w1": (m, h), "w3": (m, h), "w2": (h, m)}
+    for pat, v in packed.items():
+        proj = pat.rsplit(".", 2)[-2]
+        if proj not in dims:
+            continue
+        o, i = dims[proj]
+        want_p = f"I32{[o, i // 8]}"
+        got = list(v["shapes"])
+        if got != [want_p]:
+            out.append(f"{pat}: shards hold {', '.join(got)}, config (hidden {h}, moe_intermediate {m}, int4) "
+                       f"implies {want_p}")
+        spat = pat[: -len("weight_packed")] + "weight_scale"
+        sv = pats.get(spat)
+        if sv is None:
+            out.append(f"{spat} is missing from the shards (int4 needs scales)")
+            continue
+        want_s = [o, i // gs]
+        gots = [s for s in sv["shapes"] if not s.endswith(str(want_s))]
+        if gots:
+            implied = ""
+            try:
+                shape = [int(x) for x in gots[0].split("[", 1)[1].rstrip("]").split(",")]
+                if len(shape) == 2 and shape[1]:
+                    implied = f" (group size {i // shape[1]} in the shards)"
+            except ValueError:
+                pass
+            out.append(f"{spat}: shards hold {', '.join(gots)}, config group_size {gs} implies {want_s}{implied}")
+    return out
+
+
+def _layer_problems(view: ConfigView, summary: dict[str, Any]) -> list[str]:
+    out: list[str] = []
+    n_layers = view.int_field("num_hidden_layers")
+    layers = summary.get("layers") or []
+    if not n_layers or not layers:
+        return out
+    nextn = view.text.get("num_nextn_predict_layers") if type(view.text.get("num_nextn_predict_layers")) is int else 0
+    have = set(layers)
+    missing = sorted(set(range(n_layers)) - have)
+    extra = sorted(x for x in have if x >= n_layers + nextn)
+    if missing:
+        out.append(f"config has num_hidden_layers={n_layers} but the shards lack layer(s) {_ranges(missing)}")
+    if extra:
+        out.append(f"config has num_hidden_layers={n_layers} but the shards hold layer(s) {_ranges(extra)}")
+    n_exp = view.int_field("n_routed_experts")
+    per = summary.get("experts_per_layer") or {}
+    if n_exp and per:
+        wrong = {int(k): v for k, v in per.items() if v != n_exp and int(k) < n_layers}
+        if wrong:
+            ex = ", ".join(f"layer {k}: {v}" for k, v in sorted(wrong.items())[:4])
+            out.append(f"config has n_routed_experts={n_exp}; the shards differ: {ex}"
+                       + (" ..." if len(wrong) > 4 else ""))
+        first_dense = view.text.get("first_k_dense_replace", 0)
+        first_dense = first_dense if type(first_dense) is int else 0
+        freq = view.text.get("moe_layer_freq", 1)
+        freq = freq if type(freq) is int and freq > 0 else 1
+        want_moe = {i for i in range(first_dense, n_layers) if (i - first_dense) % freq == 0}
+        lacking = sorted(want_moe - {int(k) for k in per})
+        if lacking and len(lacking) < len(want_moe):
+            out.append(f"MoE layer(s) {_ranges(lacking)} have no experts in the shards")
+    return out
+
+
+def _ranges(nums: list[int]) -> str:
+    out: list[str] = []
+    start = prev = None
+    for n in nums:
+        if start is None:
+            start = prev = n
+        elif n == prev + 1:
+            prev = n
+        else:
+            out.append(f"{start}" if start == prev else f"{start}-{prev}")
+            start = prev = n
+    if start is not None:
+        out.append(f"{start}" if start == prev else f"{start}-{prev}")
+    return ", ".join(out[:10]) + (" ..." if len(out) > 10 else "")
+
+
+def _tp_problems(ctx: Context, view: ConfigView) -> list[str]:
+    out: list[str] = []
+    tp = ctx.settings.tp
+    ep = ctx.expect("parallel.ep", 1)
+    ep = ep if type(ep) is int and ep > 0 else 1
+    heads = view.int_field("num_attention_heads")
+    if heads and heads % tp:
+        out.append(f"num_attention_heads={heads} is not divisible by TP {tp}")
+    n_exp = view.int_field("n_routed_experts")
+    if ep > 1:
+        if tp % ep:
+            out.append(f"TP {tp} is not a multiple of EP {ep}")
+        if n_exp and n_exp % ep:
+            out.append(f"n_routed_experts={n_exp} is not divisible by EP {ep}")
+    moe_tp = max(1, tp // ep)
+    m = view.int_field("moe_intermediate_size")
+    if m and moe_tp > 1:
+        if m % moe_tp:
+            out.append(f"moe_intermediate_size={m} is not divisible by the MoE TP size {moe_tp}")
+        elif (view.quant or {}).get("kind") == "int4-group":
+            per = m // moe_tp
+            gs = view.quant["group_size"]  # type: ignore[index]
+            if per % gs or per % 8:
+                out.append(f"moe_intermediate_size {m} / MoE TP {moe_tp} = {per} per rank is not a multiple of "
+                           f"the int4 group size {gs} (and of 8 packed values)")
+    return out
+
+
+def _profile_problems(ctx: Context, view: ConfigView) -> list[str]:
+    out: list[str] = []
+    mt = ctx.expect("model.model_type")
+    if mt and view.model_type != mt:
+        out.append(f"model_type is {view.model_type!r}, the profile expects {mt!r}")
+    archs = ctx.expect("model.architectures")
+    if archs and view.architectures and not set(archs) & set(view.architectures):
+        out.append(f"architectures {view.architectures} are not the profile's {archs}")
+    for key in ("num_hidden_layers", "n_routed_experts", "hidden_size", "vocab_size"):
+        want = ctx.expect(f"model.{key}")
+        got = view.text.get(key)
+        if want is not None and got is not None and got != want:
+            out.append(f"{key} is {got}, the profile expects {want}")
+    quant = ctx.expect("model.quantization")
+    got_q = (view.quant or {}).get("method")
+    if quant and got_q != quant:
+        out.append(f"quantization is {got_q or 'none'}, the profile expects {quant}")
+    return out
+
+
+@check("model.config", "Model config.json: valid, supported, consistent with the shards and TP",
+       needs=("model", "model.tensors"), timeout=120)
+def model_config(ctx: Context) -> Result:
+    """Parses config.json as the server will: the kimi_k25 family (KimiK25ForConditionalGeneration) with a
+    DeepSeek-V3-like text_config (model_type kimi_k2 or deepseek_v3), plain deepseek_v3, or a generic
+    model. Checks field types, the quantization (compressed-tensors pack-quantized int4 with group strategy,
+    under text_config or at the top level), that the config agrees with the shards (packed I32 expert
+    weights [out, in/8], scales [out, in/group_size], experts per MoE layer = n_routed_experts, layers in
+    the shards = num_hidden_layers), TP divisibility (attention heads; experts under EP; int4 groups per
+    rank), and the profile's expectations (e.g. 61 layers, 384 experts).
+
+    Why: a config that disagrees with its weights fails at load after minutes, or loads and produces
+    garbage. Fix by hand: re-download config.json from the same revision as the shards."""
+    fact = ctx.fact("model")
+    early = _dir_problem(fact, "model")
+    if early is not None:
+        return early
+    view, err = _config_view(fact)
+    if view is None:
+        return Result.failed(f"{err} in {fact.get('path')}",
+                             Remediation("Re-download config.json from the same revision as the shards.",
+                                         _redownload_commands(ctx, fact, ["config.json"], "model.repo")))
+    problems = list(view.problems)
+    warnings = list(view.notes)
+    q = view.quant
+    if q is not None and q.get("problem"):
+        problems.append(q["problem"])
+    elif q is not None and q.get("kind") in ("other", "compressed-tensors-other"):
+        warnings.append(f"quantization {q.get('method')} ({q.get('format')}) is not one the doctor checks "
+                        "against the shards")
+    tensors = _optional(ctx, "model.tensors")
+    summary = (tensors or {}).get("summary")
+    consistency_checked = False
+    if summary and not problems:
+        consistency_checked = True
+        problems += _layer_problems(view, summary)
+        if view.family != "generic":
+            problems += _expert_shape_problems(view, summary)
+        hs = view.int_field("hidden_size")
+        for pat, v in (summary.get("patterns") or {}).items():
+            if pat.endswith("embed_tokens.weight") and hs:
+                for shp in v["shapes"]:
+                    if not shp.endswith(f", {hs}]"):
+                        problems.append(f"{pat} is {shp}, config hidden_size is {hs}")
+    elif not summary:
+        warnings.append("no valid shard headers to compare the config with (see model.shards)")
+    problems += _tp_problems(ctx, view)
+    problems += _profile_problems(ctx, view)
+    t = view.text
+    desc = (f"{view.model_type}" + (f" (text {view.text_model_type})" if view.text_model_type
+                                   and view.text_model_type != view.model_type else "")
+            + (f": {t.get('num_hidden_layers')} layers" if "num_hidden_layers" in t else "")
+            + (f", {t.get('n_routed_experts')} experts" if "n_routed_experts" in t else "")
+            + (f", hidden {t.get('hidden_size')}" if "hidden_size" in t else ""))
+    if q and q.get("kind") == "int4-group":
+        desc += f", int4 group {q['group_size']}"
+    elif q:
+        desc += f", {q.get('method')}"
+    details = {"family": view.family, "model_type": view.model_type, "text_model_type": view.text_model_type,
+               "quantization": q, "quantization_where": view.quant_where, "tp": ctx.settings.tp,
+               "problems": problems, "warnings": warnings, "checked_against_shards": consistency_checked}
+    if problems:
+        return Result.failed(f"config.json: {problems[0]}" + (f" (+{len(problems) - 1} more)" if len(problems) > 1
+                                                               else ""),
+                             Remediation("Use the config.json of the same revision as the shards, and a TP size "
+                                         "that divides the model.",
+                                         _redownload_commands(ctx, fact, ["config.json"], "model.repo")), **details)
+    if warnings:
+        return Result.warned(f"{desc}; {warnings[0]}", None, **details)
+    return Result.passed(f"{desc}; consistent with the shards; TP {ctx.settings.tp} divides it", **details)
+
+
+# -- model.tokenizer ------------------------------------------------------------------------------
+
+def _auto_map_modules(auto_map: Any) -> list[str]:
+    refs: list[str] = []
+    if isinstance(auto_map, dict):
+        for v in auto_map.values():
+            for ref in (v if isinstance(v, list) else [v]):
+                if isinstance(ref, str) and "." in ref:
+                    refs.append(ref)
+    return refs
+
+
+@check("model.tokenizer", "Tokenizer and chat template files the server needs", needs=("model",))
+def model_tokenizer(ctx: Context) -> Result:
+    """Looks for what the server's tokenizer loads: tokenizer_config.json (valid JSON), the vocabulary
+    (tiktoken.model for TikToken tokenizers such as K2.6's, else tokenizer.json / tokenizer.model /
+    vocab.json), a chat template (in tokenizer_config.json, chat_template.jinja or chat_template.json), and
+    the remote-code modules that auto_map names (config.json and tokenizer_config.json). Says when
+    --trust-remote-code is required and fails when the profile turns it off.
+
+    Why: a missing tokenizer file fails the start after the weights loaded; a missing chat template
+    breaks chat completions. Fix by hand: download the missing files from the model's repository."""
+    fact = ctx.fact("model")
+    early = _dir_problem(fact, "model")
+    if early is not None:
+        return early
+    tok = fact.get("tokenizer") or {}
+    files = tok.get("files") or {}
+    listing = ((fact.get("files") or {}).get("entries") or {})
+    problems: list[str] = []
+    notes: list[str] = []
+    dangling = [n for n, v in files.items() if v == "dangling"]
+    problems += [f"{n} is a dangling symlink" for n in dangling]
+    tc = tok.get("tokenizer_config") or {}
+    data: dict[str, Any] = {}
+    if not tc.get("present"):
+        if "tokenizer.json" not in files:
+            problems.append("tokenizer_config.json is missing (and there is no tokenizer.json)")
+    elif tc.get("error"):
+        problems.append(tc["error"])
+    elif not isinstance(tc.get("data"), dict):
+        problems.append("tokenizer_config.json is not a JSON object")
+    else:
+        data = tc["data"]
+    cls = data.get("tokenizer_class") if isinstance(data.get("tokenizer_class"), str) else ""
+    refs = _auto_map_modules(data.get("auto_map"))
+    cfg = (fact.get("config") or {}).get("data")
+    cfg_refs = _auto_map_modules(cfg.get("auto_map")) if isinstance(cfg, dict) else []
+    tiktoken = "tiktoken" in cls.lower() or any("tiktoken" in r.lower() or "tokenization_kimi" in r for r in refs)
+    if tiktoken:
+        if "tiktoken.model" not in files:
+            problems.append(f"tokenizer {cls or 'TikToken'} needs tiktoken.model, which is missing")
+    elif not any(n in files for n in ("tokenizer.json", "tokenizer.model", "vocab.json")) and data:
+        problems.append("no vocabulary file (tokenizer.json, tokenizer.model, vocab.json or tiktoken.model)")
+    if "vocab.json" in files and "merges.txt" not in files and "tokenizer.json" not in files:
+        problems.append("vocab.json without merges.txt (BPE needs both)")
+    has_template = bool(tc.get("chat_template")) or "chat_template.jinja" in files or "chat_template.json" in files
+    if not has_template and data:
+        problems.append("no chat template (chat_template in tokenizer_config.json, chat_template.jinja or "
+                        "chat_template.json): chat completions will fail")
+    remote = refs + cfg_refs
+    missing_mods = []
+    for ref in remote:
+        if "--" in ref:
+            notes.append(f"auto_map {ref} loads code from another repository at start (needs network)")
+            continue
+        module = ref.rsplit(".", 1)[0]
+        fname = module.replace(".", "/") + ".py"
+        if fname not in listing and module + ".py" not in listing:
+            missing_mods.append(fname)
+    for fname in sorted(set(missing_mods)):
+        problems.append(f"remote-code module {fname} named by auto_map is missing")
+    trc = ctx.expect("model.trust_remote_code")
+    needs_trc = bool(remote)
+    if needs_trc and trc is False:
+        problems.append("auto_map means the server needs --trust-remote-code, but the profile sets "
+                        "model.trust_remote_code = false")
+    details = {"tokenizer_class": cls or None, "files": files, "auto_map": remote,
+               "trust_remote_code_required": needs_trc, "chat_template": has_template, "notes": notes}
+    if problems:
+        return Result.failed(f"tokenizer: {problems[0]}" + (f" (+{len(problems) - 1} more)" if len(problems) > 1
+                                                             else ""),
+                             Remediation("Download the missing tokenizer files from the model's repository.",
+                                         _redownload_commands(ctx, fact, sorted(set(missing_mods)), "model.repo")),
+                             problems=problems, **details)
+    summary = (f"{cls or 'tokenizer'}: " + ("tiktoken.model, " if tiktoken else "") + "chat template present"
+               + ("; needs --trust-remote-code" + (" (profile sets it)" if trc else "") if needs_trc else ""))
+    if needs_trc and trc is None:
+        return Result.warned(summary + "; the profile does not say whether trust_remote_code is on",
+                             "Set [model] trust_remote_code = true and pass --trust-remote-code.", **details)
+    if notes:
+        return Result.warned(f"{summary}; {notes[0]}", None, **details)
+    return Result.passed(summary, **details)
+
+
+# -- model.drafter --------------------------------------------------------------------------------
+
+@check("model.drafter", "Draft model (DFlash): config, shards, consistency with the target",
+       needs=("drafter", "model"), fixer="model.redownload", timeout=120)
+def model_drafter(ctx: Context) -> Result:
+    """The DFlash draft model: config.json valid (block_size >= 1; target_layer_ids integers within the
+    target's layers; mask_token_id inside the vocabulary; hidden size and vocabulary equal to the target's;
+    the profile's architectures), and its shards valid by the same validator as the target's
+    (model.shards).
+
+    Why: SGLang rejects an inconsistent drafter only after the target loaded (minutes). Fix by hand:
+    use the drafter trained for this target, downloaded whole."""
+    fact = ctx.fact("drafter")
+    early = _dir_problem(fact, "drafter")
+    if early is not None:
+        return early
+    weights = judge_weights(ctx, fact, "drafter", "drafter.repo")
+    problems: list[str] = []
+    cfg = fact.get("config") or {}
+    d: dict[str, Any] = {}
+    if not cfg.get("present"):
+        problems.append("config.json is missing")
+    elif cfg.get("error"):
+        problems.append(cfg["error"])
+    elif not isinstance(cfg.get("data"), dict):
+        problems.append("config.json is not a JSON object")
+    else:
+        d = cfg["data"]
+    target = _optional(ctx, "model") or {}
+    tview = None
+    if target.get("given") and not target.get("error"):
+        tview, _ = _config_view(target)
+    dfl = d.get("dflash_config") if isinstance(d.get("dflash_config"), dict) else {}
+
+    def get(key: str) -> Any:
+        return dfl.get(key, d.get(key))
+
+    details: dict[str, Any] = {"path": fact.get("path"), "weights": weights.details}
+    if d:
+        archs = d.get("architectures")
+        want_archs = ctx.expect("drafter.architectures")
+        if want_archs and (not isinstance(archs, list) or not set(want_archs) & set(archs)):
+            problems.append(f"architectures {archs!r} are not the profile's {want_archs}")
+        bs = get("block_size")
+        if bs is not None and not is_pos_int(bs):
+            problems.append(f"block_size is {bs!r}; it must be an integer >= 1")
+        nl = d.get("num_hidden_layers")
+        if nl is not None and not is_pos_int(nl):
+            problems.append(f"num_hidden_layers is {nl!r}, not a positive integer")
+        t_layers = tview.int_field("num_hidden_layers") if tview else None
+        t_hidden = tview.int_field("hidden_size") if tview else None
+        t_vocab = tview.int_field("vocab_size") if tview else None
+        ids = get("target_layer_ids")
+        if ids is not None:
+            if not isinstance(ids, list) or not ids or not all(type(i) is int for i in ids):
+                problems.append(f"target_layer_ids is {ids!r}, not a non-empty list of integers")
+            elif t_layers:
+                out = [i for i in ids if i < 0 or i >= t_layers]
+                if out:
+                    problems.append(f"target_layer_ids {out} are outside the target's {t_layers} layers "
+                                    f"(0..{t_layers - 1})")
+        vocab = d.get("vocab_size")
+        mtid = get("mask_token_id")
+        if mtid is not None:
+            limit = t_vocab or (vocab if is_pos_int(vocab) else None)
+            if type(mtid) is not int or mtid < 0:
+                problems.append(f"mask_token_id is {mtid!r}, not a non-negative integer")
+            elif limit and mtid >= limit:
+                problems.append(f"mask_token_id {mtid} is outside the vocabulary ({limit} tokens)")
+        hs = d.get("hidden_size")
+        if t_hidden and hs != t_hidden:
+            problems.append(f"hidden_size is {hs!r}, the target's is {t_hidden}")
+        if t_vocab and vocab is not None and vocab != t_vocab:
+            problems.append(f"vocab_size is {vocab!r}, the target's is {t_vocab}")
+        details.update(block_size=bs, target_layer_ids=ids, mask_token_id=mtid, hidden_size=hs, vocab_size=vocab,
+                       target_checked=tview is not None)
+    details["problems"] = problems
+    if problems or weights.status.failed:
+        first = problems[0] if problems else weights.summary
+        n = len(problems) + (1 if weights.status.failed and problems else 0)
+        rem = weights.remediation or Remediation("Use the DFlash drafter trained for this target model.")
+        return Result.failed(f"drafter: {first}" + (f" (+{n - 1} more)" if n > 1 else ""), rem, **details)
+    note = "" if tview is not None else " (target config unavailable: consistency not checked)"
+    summ = weights.summary.split(":")[0]
+    res_cls = Result.passed if tview is not None else Result.warned
+    return res_cls(f"{', '.join(d.get('architectures') or ['drafter'])}: {summ}, config consistent with the "
+                   f"target{note}", **details)
+
+
+# -- model.fit ------------------------------------------------------------------------------------
+
+REPLICATED_MARKERS = ("q_a_proj", "kv_a_proj_with_mqa", "layernorm", ".norm.", "norm.weight", ".mlp.gate.",
+                      "vision_tower.", "mm_projector.", "e_score_correction_bias")
+
+
+def split_bytes(summary: dict[str, Any] | None, total: int) -> tuple[int, int]:
+    """(sharded, replicated) bytes under TP: MLA's down projections, routers, norms and the vision tower
+    are replicated on every rank in SGLang; everything else is split."""
+    if not summary:
+        return total, 0
+    rep = 0
+    sharded = 0
+    for pat, v in (summary.get("patterns") or {}).items():
+        if any(m in pat for m in REPLICATED_MARKERS):
+            rep += v["bytes"]
+        else:
+            sharded += v["bytes"]
+    return sharded, rep
+
+
+@check("model.fit", "Weights per GPU plus headroom fit in GPU memory", needs=("nvml", "model", "model.tensors",
+                                                                         "drafter"))
+def model_fit(ctx: Context) -> Result:
+    """Estimates the weights each GPU holds under the profile's parallelism (TP-split tensors / TP plus
+    the tensors SGLang replicates on every rank: MLA down-projections, routers, norms, the vision tower)
+    plus the whole drafter (counted replicated, conservatively), and compares with the static memory pool
+    SGLang reserves (server.mem_fraction_static x total memory) and with free memory now. What remains of
+    the pool is the KV cache; what lies outside it holds CUDA graphs and activations.
+
+    Why: too little memory fails after minutes of loading, or leaves a KV cache too small to serve.
+    Fix by hand: more GPUs (a larger TP), a larger mem_fraction_static if the headroom allows, a smaller
+    drafter."""
+    try:
+        nvml = ctx.fact("nvml")
+    except FactUnavailable as exc:
+        return Result.skipped(f"no GPU facts: {exc.reason}")
+    if not isinstance(nvml, dict) or not nvml.get("available"):
+        why = (nvml or {}).get("error") if isinstance(nvml, dict) else None
+        return Result.skipped(f"no GPU facts (NVML unavailable{': ' + why if why else ''})")
+    devices = [d for d in nvml.get("devices") or [] if isinstance(d, dict) and isinstance(d.get("memory"), dict)]
+    if not devices:
+        return Result.skipped("NVML reports no GPU memory (no visible GPUs)")
+    fact = ctx.fact("model")
+    early = _dir_problem(fact, "model")
+    if early is not None:
+        return early
+    totals = (fact.get("weights") or {}).get("totals") or {}
+    total = totals.get("data_bytes") or 0
+    if not total or totals.get("shards_ok") != totals.get("shards"):
+        return Result.skipped("cannot size the weights: shards are not all valid (see model.shards)")
+    tp = ctx.settings.tp
+    world = ctx.settings.world_size
+    summary = (_optional(ctx, "model.tensors") or {}).get("summary")
+    sharded, replicated = split_bytes(summary, total)
+    draft = _optional(ctx, "drafter") or {}
+    draft_bytes = ((draft.get("weights") or {}).get("totals") or {}).get("data_bytes") or 0
+    per_gpu = math.ceil(sharded / tp) + replicated + draft_bytes
+    frac = ctx.expect("server.mem_fraction_static")
+    frac_note = ""
+    if not isinstance(frac, (int, float)) or not 0 < frac <= 1:
+        frac, frac_note = 0.85, " (mem_fraction_static not set: assuming 0.85)"
+    min_kv = float(ctx.expect("model.min_kv_cache_gib", 4)) * GIB
+    min_outside = float(ctx.expect("model.min_graph_headroom_gib", 2)) * GIB
+    used_devs = devices[:world]
+    rows = []
+    worst = None
+    for dev in used_devs:
+        mem = dev["memory"]
+        tot, free = int(mem.get("total") or 0), int(mem.get("free") or 0)
+        pool = tot * frac
+        usable_now = free - tot * (1 - frac)
+        kv_total = pool - per_gpu
+        kv_now = usable_now - per_gpu
+        row = {"index": dev.get("index"), "name": dev.get("name"), "total": tot, "free": free,
+               "static_pool": int(pool), "kv_cache_bytes": int(kv_total), "kv_cache_bytes_now": int(kv_now),
+               "outside_pool": int(tot - pool)}
+        rows.append(row)
+        if worst is None or kv_now < worst["kv_cache_bytes_now"]:
+            worst = row
+    assert worst is not None
+    details = {"weights_total": total, "sharded": sharded, "replicated": replicated, "drafter": draft_bytes,
+               "per_gpu_weights": per_gpu, "tp": tp, "mem_fraction_static": frac, "devices": rows,
+               "min_kv_cache_bytes": int(min_kv)}
+    gpu = f"GPU {worst['index']} ({worst['name']}, {_fmt_bytes(worst['total'])})"
+    head = (f"{_fmt_bytes(per_gpu)} of weights per GPU (TP{tp}{' + drafter' if draft_bytes else ''})")
+    rem = Remediation("Use more GPUs (a larger TP/EP), a profile for larger GPUs, or raise mem_fraction_static "
+                      "if the headroom outside the pool allows.", ["nvidia-smi --query-gpu=index,memory.total,"
+                                                                   "memory.used --format=csv"])
+    if len(used_devs) < world:
+        details["note"] = f"only {len(used_devs)} GPUs visible for a world size of {world}"
+    if worst["kv_cache_bytes"] <= 0:
+        return Result.failed(f"{head} exceed the static pool {_fmt_bytes(worst['static_pool'])} "
+                             f"({frac:g} x {_fmt_bytes(worst['total'])}) of {gpu}{frac_note}", rem, **details)
+    if worst["kv_cache_bytes_now"] <= 0:
+        return Result.failed(f"{head}: {gpu} has only {_fmt_bytes(worst['free'])} free now; other processes hold "
+                             "memory (see gpu.idle)", rem, **details)
+    if worst["kv_cache_bytes_now"] < min_kv:
+        return Result.warned(f"{head} leave {_fmt_bytes(worst['kv_cache_bytes_now'])} for the KV cache on {gpu} "
+                             f"(want >= {_fmt_bytes(min_kv)}){frac_note}", rem, **details)
+    if worst["outside_pool"] < min_outside:
+        return Result.warned(f"{head} fit, but only {_fmt_bytes(worst['outside_pool'])} stays outside the pool for "
+                             f"CUDA graphs and activations (mem_fraction_static {frac:g})", rem, **details)
+    return Result.passed(f"{head} + {_fmt_bytes(worst['kv_cache_bytes_now'])} KV cache fit in "
+                         f"{frac:g} x {_fmt_bytes(worst['total'])} on the tightest GPU{frac_note}", **details)
