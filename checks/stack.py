@@ -338,7 +338,7 @@ def _matrix(versions: dict[str, Version | None], problems: list[str], rows: dict
             have = versions.get(comp)
             if have is not None and Version(pinned) != have:
                 problems.append(f"sglang {sglang_v} pins {PIP_NAMES.get(comp, comp)} {pinned}, installed {have}")
-            elif have is None and comp in versions:
+            elif have is None and not rows.get(comp, {}).get("expected"):  # else already reported as missing
                 problems.append(f"sglang {sglang_v} needs {PIP_NAMES.get(comp, comp)} {pinned}, not installed")
 
 
@@ -373,6 +373,8 @@ def _unmet_requirements(ctx: Any, stack: dict[str, Any]) -> list[dict[str, Any]]
                 continue
             comp = by_dist.get(target, target)
             want = _spec(ctx.expect(f"stack.{comp}"))
+            if have is None and want is not None:
+                continue  # reported once, as "not installed (profile: ...)"
             overridden = have_v is not None and want is not None and want.contains(have_v, prereleases=True)
             text_out = (f"{dist['name']} {dist['version']} requires {req}, installed "
                         f"{have.get('version') if have else 'nothing'}")

@@ -37,7 +37,6 @@ PTXAS_TIMEOUT = 20.0
 MAX_SCRIPTS = 5000
 SHEBANG_BYTES = 1024
 
-_memo: dict[tuple[Any, ...], dict[str, Any]] = {}
 _memo_lock = threading.Lock()
 
 
@@ -99,15 +98,13 @@ def _probe(opts: CollectOptions, probe: str, args: list[str], timeout: float) ->
 
 
 def stack_probe(opts: CollectOptions) -> dict[str, Any]:
-    """The ``stack`` probe's result, run once per interpreter and environment in this process."""
-    env, _ = service_env(opts)
-    key = (opts.python, tuple(sorted(env.items())))
+    """The ``stack`` probe's result, run once per run (cached on ``opts``) for the facts that share it."""
     with _memo_lock:
-        lock = _memo.setdefault(("lock", *key), {"lock": threading.Lock()})["lock"]
-    with lock:
-        if key not in _memo:
-            _memo[key] = _probe(opts, "stack", [], STACK_PROBE_TIMEOUT)
-        return _memo[key]
+        cell = opts.__dict__.setdefault("_k26_stack_probe", {"lock": threading.Lock()})
+    with cell["lock"]:
+        if "value" not in cell:
+            cell["value"] = _probe(opts, "stack", [], STACK_PROBE_TIMEOUT)
+        return cell["value"]
 
 
 @collector("stack", timeout=STACK_PROBE_TIMEOUT + 5)

@@ -1,0 +1,138 @@
+"""triton.jit for real on the CPU: the B300 failure reproduced with a headerless interpreter and real gcc.
+
+The B300 service's venv sat on an interpreter without ``Python.h``; Triton's first kernel died in
+``compile_module_from_src`` with ``fatal error: Python.h: No such file or directory``. Here a pyenv
+prefix is copied without that one header, a venv is made from the copy, and the check must say
+exactly that, and name where the headers come from.
+"""
+
+from __future__ import annotations
+
+import os
+
+from stack_support import (
+    fake_libcuda_dir,
+    headless_prefix,
+    headless_venv,
+    healthy_venv,
+    make_ctx,
+    nvml_fact,
+    run_check,
+)
+
+from doctor.facts.stack import collect_triton_build
+from doctor.result import Status
+from fixes.stack import fix_triton_jit, package_plan
+
+
+def libcuda_env() -> dict[str, str]:
+    d = str(fake_libcuda_dir())
+    return {"TRITON_LIBCUDA_PATH": d, "LD_LIBRARY_PATH": d}
+
+
+def jit_ctx(python, env=None):
+    ctx = make_ctx(python, env=env, facts={"nvml": nvml_fact([(10, 3)])})
+    return ctx
+
+
+def test_b300_failure_reproduced_python_h_missing():
+    ctx = jit_ctx(headless_venv(), env=libcuda_env())
+    res = run_check("triton.jit", ctx)
+    assert res.status is Status.FAIL
+    assert "Python.h" in res.summary and "No such file or directory" in res.summary
+    assert str(headless_prefix() / "include" / "python3.12") in res.summary
+    # the exact compiler command Triton would run, with Triton's flags
+    cmd = res.details["cmd"]
+    assert cmd[2:7] == ["-O3", "-shared", "-fPIC", "-Wno-psabi", "-o"] and "-l:libcuda.so.1" in cmd
+    # a pyenv interpreter: headers belong in its own prefix, no apt package helps
+    assert res.details["interpreter"]["kind"] == "pyenv"
+    assert res.remediation and res.remediation.commands == ["pyenv install --force 3.12.1"]
+    assert fix_triton_jit(ctx, res) == []
+
+
+def test_same_venv_layout_with_headers_builds_and_loads():
+    res = run_check("triton.jit", jit_ctx(healthy_venv(), env=libcuda_env()))
+    assert res.status is Status.PASS, res.summary
+    assert "gcc" in res.summary and "libcuda via TRITON_LIBCUDA_PATH" in res.summary
+    assert res.details["linked_libcuda"] is True
+
+
+def test_missing_libcuda_fails_even_when_headers_are_there():
+    res = run_check("triton.jit", jit_ctx(healthy_venv(), env={"LD_LIBRARY_PATH": "/nonexistent"}))
+    if os.path.exists("/sbin/ldconfig") and "libcuda.so.1" in os.popen("/sbin/ldconfig -p").read():
+        assert res.status is Status.PASS  # a host with a driver
+    else:
+        assert res.status is Status.FAIL and "libcuda.so.1" in res.summary
+
+
+def test_no_compiler_on_path():
+    env = {**libcuda_env(), "PATH": "/nonexistent-bin"}
+    ctx = jit_ctx(healthy_venv(), env=env)
+    res = run_check("triton.jit", ctx)
+    assert res.status is Status.FAIL and "no C compiler" in res.summary
+
+
+def test_cc_pointing_nowhere_fails_like_triton_would():
+    res = run_check("triton.jit", jit_ctx(healthy_venv(), env={**libcuda_env(), "CC": "/opt/gcc/bin/gcc-missing"}))
+    assert res.status is Status.FAIL and "gcc-missing" in res.summary
+
+
+def test_unrunnable_interpreter_is_a_clear_fail():
+    res = run_check("triton.jit", jit_ctx("/nonexistent/venv/bin/python"))
+    assert res.status is Status.FAIL and "/nonexistent/venv/bin/python" in res.summary
+
+
+def test_fact_records_os_release_for_the_fixer():
+    ctx = jit_ctx(healthy_venv(), env=libcuda_env())
+    fact = collect_triton_build(ctx.facts.options)
+    assert fact["ok"] and fact["stage"] == "done"
+    assert fact["os_release"].get("ID")
+
+
+# -- the fixer on a system interpreter (plans only: nothing here runs apt) ---------------------
+
+def system_build_fact(os_release, python_h=False, cc=True):
+    return {"ok": False, "stage": "compile" if cc else "compiler", "cc": "/usr/bin/gcc" if cc else None,
+            "cc_path": "/usr/bin/gcc" if cc else None, "py_include": "/usr/include/python3.12", "python_h": python_h,
+            "error": "/tmp/x/cuda_utils.c:7:10: fatal error: Python.h: No such file or directory",
+            "libcuda": {"dirs": ["/usr/lib/x86_64-linux-gnu"], "found_by": "ldconfig -p", "error": None},
+            "os_release": os_release}
+
+
+UBUNTU = {"ID": "ubuntu", "ID_LIKE": "debian", "VERSION_ID": "24.04"}
+ROCKY = {"ID": "rocky", "ID_LIKE": "rhel centos fedora", "VERSION_ID": "9.4"}
+
+
+def system_ctx(build):
+    stack = {"ok": True, "python": {"version": "3.12.3", "base_prefix": "/usr", "include": "/usr/include/python3.12"}}
+    return make_ctx("/opt/venv/bin/python", facts={"triton_build": build, "stack": stack})
+
+
+def test_system_python_on_ubuntu_names_the_dev_package_and_plans_apt():
+    ctx = system_ctx(system_build_fact(UBUNTU))
+    res = run_check("triton.jit", ctx)
+    assert res.status is Status.FAIL and "Python.h" in res.summary
+    assert res.remediation.commands == ["apt-get install -y python3.12-dev build-essential"]
+    plan = fix_triton_jit(ctx, res)
+    assert [a.argv for a in plan] == [["apt-get", "update"],
+                                      ["apt-get", "install", "-y", "--no-install-recommends", "python3.12-dev"]]
+    assert all(a.needs_root for a in plan)
+    assert plan[1].details() == ["$ apt-get install -y --no-install-recommends python3.12-dev"]
+
+
+def test_rhel_family_uses_dnf_or_yum():
+    plan = package_plan(ROCKY, "3.12", need_headers=True, need_cc=True, which=lambda t: None)
+    assert plan[0].argv[0] == "yum" and plan[0].argv[-1] == "gcc"
+    plan = package_plan(ROCKY, "3.12", need_headers=True, need_cc=False, which=lambda t: "/usr/bin/dnf")
+    assert plan[0].argv[:3] == ["dnf", "install", "-y"]
+
+
+def test_missing_compiler_only_plans_build_essential():
+    ctx = system_ctx(system_build_fact(UBUNTU, python_h=True, cc=False))
+    res = run_check("triton.jit", ctx)
+    assert res.status is Status.FAIL and "no C compiler" in res.summary
+    assert fix_triton_jit(ctx, res)[-1].argv[-1] == "build-essential"
+
+
+def test_unknown_os_plans_nothing():
+    assert package_plan({"ID": "alpine"}, "3.12", need_headers=True, need_cc=True) == []
