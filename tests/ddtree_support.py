@@ -76,7 +76,8 @@ def pristine_tree() -> Path:
     wheel = require_wheel()
     root = _tmpdir("ddtree-pristine-")
     tool = patchset_tool()
-    tool.unpack(wheel, root, tool.touched_paths(SET_DIR, tool.load_manifest(SET_DIR)))
+    extra = ["sglang/srt/arg_groups/arg_utils.py", "sglang/srt/arg_groups/choices.py"]
+    tool.unpack(wheel, root, tool.touched_paths(SET_DIR, tool.load_manifest(SET_DIR)) + extra)
     return root
 
 

@@ -1,0 +1,215 @@
+"""The ddtree-0.5.23 patch set: manifest, strict application to the pristine wheel, compilation, revert to
+RECORD, and the launch flags through SGLang 0.5.23's own argument code."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+import types
+from pathlib import Path
+
+import pytest
+from ddtree_support import SET_DIR, patched_tree, patchset_tool, pristine_tree, require_wheel
+
+HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def manifest() -> dict:
+    return json.loads((SET_DIR / "manifest.json").read_text())
+
+
+def test_manifest_shape():
+    m = manifest()
+    assert m["name"] == "ddtree-0.5.23" == SET_DIR.name
+    assert m["sglang"] == "==0.5.23"
+    assert m["description"]
+    ids = [p["id"] for p in m["patches"]]
+    assert len(ids) == len(set(ids)) and ids == sorted(ids)
+    for p in m["patches"]:
+        assert p["description"] and (SET_DIR / p["diff"]).is_file()
+        assert p["files"], p["id"]
+        for f in p["files"]:
+            assert f["path"].startswith("sglang/") and not f["path"].startswith("/")
+            assert f["before"] is None or HEX64.match(f["before"])
+            assert HEX64.match(f["after"])
+    paths = [f["path"] for p in m["patches"] for f in p["files"]]
+    assert "sglang/srt/speculative/ddtree_utils.py" in paths
+
+
+def test_before_hashes_are_the_wheels_record():
+    tool = patchset_tool()
+    record = tool.record_hashes(require_wheel())
+    for p in manifest()["patches"]:
+        for f in p["files"]:
+            if f["before"] is None:
+                assert f["path"] not in record, "a created file must not exist in the wheel"
+            else:
+                assert f["before"] == record[f["path"]]
+
+
+def test_applies_strictly_compiles_and_reverts_to_record(tmp_path):
+    problems = patchset_tool().verify(SET_DIR, require_wheel(), workdir=tmp_path)
+    assert problems == []
+
+
+def test_manifest_hashes_are_regenerated_identically(tmp_path):
+    copy = tmp_path / SET_DIR.name
+    shutil.copytree(SET_DIR, copy)
+    assert patchset_tool().cmd_hash(copy, require_wheel()) == 0
+    assert json.loads((copy / "manifest.json").read_text()) == manifest()
+
+
+def test_verify_catches_a_drifted_diff_and_a_wrong_hash(tmp_path):
+    tool = patchset_tool()
+    wheel = require_wheel()
+    bad = tmp_path / "drift"
+    shutil.copytree(SET_DIR, bad)
+    diff = bad / "0003-tree-verify-mask-and-graphs.patch"
+    lines = diff.read_text().splitlines(keepends=True)
+    # change one context line of the first hunk: strict application (no fuzz) must refuse it
+    first_hunk = next(i for i, ln in enumerate(lines) if ln.startswith("@@"))
+    ctx = next(i for i in range(first_hunk + 1, len(lines)) if lines[i].startswith(" ") and lines[i].strip())
+    lines[ctx] = lines[ctx].rstrip("\n") + "  # drifted\n"
+    diff.write_text("".join(lines))
+    with pytest.raises(RuntimeError, match="failed"):
+        tool.verify(bad, wheel, workdir=tmp_path / "w1")
+    wrong = tmp_path / "wrong"
+    shutil.copytree(SET_DIR, wrong)
+    m = json.loads((wrong / "manifest.json").read_text())
+    m["patches"][1]["files"][0]["after"] = "0" * 64
+    (wrong / "manifest.json").write_text(json.dumps(m))
+    problems = tool.verify(wrong, wheel, workdir=tmp_path / "w2")
+    assert any("after-hash mismatch" in p for p in problems)
+
+
+def test_every_patched_python_file_compiles():
+    root = patched_tree()
+    for p in manifest()["patches"]:
+        for f in p["files"]:
+            compile((root / f["path"]).read_bytes(), f["path"], "exec", dont_inherit=True)
+
+
+def _spec_parser(root: Path) -> argparse.ArgumentParser:
+    """SGLang's own CLI generator over the ``spec`` namespace fields of the tree at ``root``.
+
+    Parent packages are bare modules so their ``__init__`` (which imports torch, transformers, ...) does
+    not run; ``arg_utils``, ``choices`` and ``fields/spec.py`` are the real files.
+    """
+    pytest.importorskip("msgspec")
+    saved = {k: v for k, v in sys.modules.items() if k == "sglang" or k.startswith("sglang.")}
+    for k in saved:
+        del sys.modules[k]
+    try:
+        for name in ("sglang", "sglang.srt", "sglang.srt.arg_groups", "sglang.srt.arg_groups.fields"):
+            mod = types.ModuleType(name)
+            mod.__path__ = [str(root / name.replace(".", "/"))]
+            sys.modules[name] = mod
+        import importlib
+
+        spec = importlib.import_module("sglang.srt.arg_groups.fields.spec")
+        arg_utils = importlib.import_module("sglang.srt.arg_groups.arg_utils")
+        parser = argparse.ArgumentParser(exit_on_error=False)
+        arg_utils.add_cli_args_from_dataclass(parser, spec.Spec)
+        return parser
+    finally:
+        for k in [k for k in sys.modules if k == "sglang" or k.startswith("sglang.")]:
+            del sys.modules[k]
+        sys.modules.update(saved)
+
+
+def test_flags_parse_with_sglangs_field_generated_parser():
+    parser = _spec_parser(patched_tree(whole=True))
+    args = parser.parse_args(["--speculative-algorithm", "DDTREE", "--speculative-ddtree-budget", "64"])
+    assert args.speculative_algorithm == "DDTREE"
+    assert args.speculative_ddtree_budget == 64
+    assert parser.parse_args([]).speculative_ddtree_budget is None
+    with pytest.raises(argparse.ArgumentError):
+        parser.parse_args(["--speculative-ddtree-budget", "many"])
+
+
+def test_pristine_parser_rejects_the_budget_flag():
+    parser = _spec_parser(pristine_tree())
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--speculative-ddtree-budget", "64"])
+
+
+def test_field_order_appends_the_new_field_last():
+    text = (patched_tree() / "sglang/srt/arg_groups/field_order.py").read_text()
+    body = text[text.index("POSITIONAL_FIELD_ORDER = ("):]
+    names = re.findall(r'^\s+"([a-z0-9_]+)",$', body[: body.index("\n)")], flags=re.M)
+    assert names[-1] == "speculative_ddtree_budget" and names.count("speculative_ddtree_budget") == 1
+
+
+_SERVER_ARGS_SCRIPT = textwrap.dedent(
+    """
+    import argparse, importlib, json, sys, types
+    root = sys.argv[1]
+    pkg = types.ModuleType("sglang"); pkg.__path__ = [root + "/sglang"]; sys.modules["sglang"] = pkg
+    server_args = importlib.import_module("sglang.srt.server_args")
+    hook = importlib.import_module("sglang.srt.arg_groups.speculative_hook")
+    overrides = importlib.import_module("sglang.srt.arg_groups.overrides")
+    spec_info = importlib.import_module("sglang.srt.speculative.spec_info")
+    out = {}
+    parser = argparse.ArgumentParser()
+    server_args.ServerArgs.add_cli_args(parser)
+    ns = parser.parse_args(["--model-path", "/m", "--speculative-algorithm", "DDTREE",
+                            "--speculative-ddtree-budget", "64", "--speculative-draft-model-path", "/d",
+                            "--speculative-dflash-block-size", "16"])
+    out["parsed"] = [ns.speculative_algorithm, ns.speculative_ddtree_budget]
+    algo = spec_info.SpeculativeAlgorithm.from_string("ddtree")
+    out["algo"] = [algo.name, algo.is_ddtree(), algo.is_dflash(), algo.supports_grammar_overlap(),
+                   spec_info.SpeculativeAlgorithm.DFLASH.is_ddtree()]
+    out["target_width"] = algo.get_num_tokens_per_req_for_target_verify(65, False)
+    sa = server_args.ServerArgs(model_path="/m", speculative_algorithm="DDTREE", speculative_ddtree_budget=64,
+                                speculative_draft_model_path="/d", speculative_dflash_block_size=16, device="cuda")
+    try:
+        hook._handle_ddtree(sa)
+        out["resolution"] = "completed"
+    except NotImplementedError as e:
+        out["resolution"] = "NotImplementedError: " + str(e)
+    v = overrides.resolving_view(sa)
+    out["resolved"] = [v.speculative_num_draft_tokens, v.speculative_dflash_block_size, v.speculative_eagle_topk,
+                       v.speculative_num_steps]
+    bad = server_args.ServerArgs(model_path="/m", speculative_algorithm="DDTREE",
+                                 speculative_draft_model_path="/d", device="cuda")
+    try:
+        hook._handle_ddtree(bad)
+    except ValueError as e:
+        out["missing_budget"] = str(e)
+    print("RESULT " + json.dumps(out))
+    """
+)
+
+
+def test_server_args_parse_and_resolve_ddtree(tmp_path):
+    """The full 0.5.23 ServerArgs parser and DDTREE's resolution, where SGLang's light deps are importable.
+
+    Runs under ``$K26_SGLANG_ARGS_PYTHON`` (default: this interpreter); it needs psutil, pybase64, triton,
+    pillow, starlette, pyzmq and msgspec, not a GPU. Skips naming the first missing module otherwise.
+    """
+    python = os.environ.get("K26_SGLANG_ARGS_PYTHON", sys.executable)
+    root = patched_tree(whole=True)
+    script = tmp_path / "server_args_probe.py"
+    script.write_text(_SERVER_ARGS_SCRIPT)
+    proc = subprocess.run([python, str(script), str(root)], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path)
+    missing = re.search(r"ModuleNotFoundError: No module named '([^']+)'", proc.stderr)
+    if proc.returncode != 0 and missing:
+        pytest.skip(f"{python} lacks {missing.group(1)!r}, needed to import sglang.srt.server_args "
+                    "(set K26_SGLANG_ARGS_PYTHON to an interpreter with SGLang's light dependencies)")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
+    out = json.loads(line[len("RESULT "):])
+    assert out["parsed"] == ["DDTREE", 64]
+    assert out["algo"] == ["DDTREE", True, True, False, False]
+    assert out["target_width"] == 65
+    # verify width = budget + 1, the DFlash drafter keeps its 16-token block, chain-only EAGLE knobs pinned
+    assert out["resolved"] == [65, 16, 1, 1]
+    assert out["resolution"].startswith("NotImplementedError: DDTREE: this revision")
+    assert "--speculative-ddtree-budget" in out["missing_budget"]
