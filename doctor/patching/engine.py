@@ -386,8 +386,8 @@ class Engine:
                    "files": [{"path": c.path, "old": c.old_sha, "new": c.new_sha,
                               "mode": (c.stat.st_mode & 0o7777) if c.stat else None} for c in plan.changes]}
             store.write_journal(doc)
-            self._event("journal-written", store.journal_path)
             try:
+                self._event("journal-written", store.journal_path)
                 for d in made_dirs:
                     d.mkdir(exist_ok=True)
                 for c in plan.changes:
