@@ -109,7 +109,10 @@ def render_unit(settings: Settings, *, config: str | None, doctor: list[str] | N
     unit = str(settings.get("server.unit", DEFAULT_UNIT))
     env_file = settings.get("server.env_file")
     pre = [*doctor, "check", *sel, "--format", "text"]
-    start = [*doctor, "launch", *sel, "--no-check", "--wait", "--wait-timeout", str(timeout)]
+    # The doctor gives up (and stops the server, exit 1) just before systemd would kill it: a clear
+    # message in the journal instead of a bare "start operation timed out".
+    wait = max(60, timeout - CHECKS_S)
+    start = [*doctor, "launch", *sel, "--no-check", "--wait", "--wait-timeout", str(wait)]
     if extra:
         start += ["--", *extra]
     lines = [

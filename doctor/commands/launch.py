@@ -170,7 +170,8 @@ def _stop(child: subprocess.Popen[Any], grace: float = 30.0) -> None:
 @selection_options
 @click.option("--user", default=None, help="User= of the service.")
 @click.option("--start-timeout", type=float, default=None, help="TimeoutStartSec in seconds (default: sized).")
-@click.option("--doctor", "doctor_path", default=None, help="Path of k26-doctor for the unit (default: this one).")
+@click.option("--doctor", "doctor_path", default=None,
+              help="Command that runs k26-doctor in the unit, e.g. '/opt/k26/bin/k26-doctor' (default: this one).")
 @click.option("--no-diagnose", is_flag=True, help="No ExecStopPost diagnosis of a failed start.")
 @click.argument("server_args", nargs=-1, type=click.UNPROCESSED)
 @guarded
@@ -188,7 +189,9 @@ def systemd_unit(flags: dict[str, Any], user: str | None, start_timeout: float |
     config = settings.config_path
     if config:
         config = str(Path(config).resolve())
-    text = render_unit(settings, config=config, doctor=[doctor_path] if doctor_path else None, user=user,
+    import shlex
+
+    text = render_unit(settings, config=config, doctor=shlex.split(doctor_path) if doctor_path else None, user=user,
                        timeout_override=start_timeout, extra=list(server_args), diagnose_on_failure=not no_diagnose)
     if flags.get("output"):
         Path(flags["output"]).write_text(text, encoding="utf-8")

@@ -1,0 +1,155 @@
+"""The generated unit: verified by systemd itself (``systemd-analyze verify``) when installed here,
+and always parsed: ExecStartPre checks with the same config, ExecStart launches without checking
+twice, restart policy, start timeout, environment file. Its command lines are run for real."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import doctor_env, run_doctor
+
+from doctor.settings import resolve
+from doctor.systemd import CHECKS_S, GRAPH_CAPTURE_S, render_unit, start_timeout
+
+ANALYZE = shutil.which("systemd-analyze")
+
+
+def parse_unit(text: str) -> dict[str, dict[str, list[str]]]:
+    """INI as systemd reads it: sections, repeated keys kept in order, comments dropped."""
+    out: dict[str, dict[str, list[str]]] = {}
+    section = None
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            section = line[1:-1]
+            out.setdefault(section, {})
+            continue
+        assert section is not None and "=" in line, raw
+        key, value = line.split("=", 1)
+        out[section].setdefault(key.strip(), []).append(value.strip())
+    return out
+
+
+def command(value: str) -> list[str]:
+    """An Exec line's argv: strip systemd prefixes, undo %% and $$ escaping."""
+    value = value.lstrip("-@:+!")
+    return [a.replace("%%", "%").replace("$$", "$") for a in shlex.split(value)]
+
+
+def verify(path: Path) -> subprocess.CompletedProcess[str]:
+    assert ANALYZE is not None
+    return subprocess.run([ANALYZE, "verify", str(path)], capture_output=True, text=True, timeout=60)
+
+
+@pytest.fixture
+def cfg(tmp_path: Path) -> Path:
+    path = tmp_path / "etc" / "config.toml"
+    path.parent.mkdir()
+    path.write_text('[doctor]\nprofile = "b300-tp8-ddtree"\n[model]\npath = "/models/Kimi K2.6 %q"\n'
+                    '[drafter]\npath = "/models/dflash"\n')
+    return path
+
+
+def unit_for(cfg: Path, tmp_path: Path, *extra: str) -> tuple[str, Path]:
+    res = run_doctor("systemd-unit", "--config", str(cfg), "--doctor", f"{sys.executable} -m doctor", *extra)
+    assert res.returncode == 0, res.stderr
+    path = tmp_path / "sglang-k26-ddtree.service"
+    path.write_text(res.stdout)
+    return res.stdout, path
+
+
+def test_unit_shape(cfg: Path, tmp_path: Path) -> None:
+    text, _ = unit_for(cfg, tmp_path)
+    unit = parse_unit(text)
+    svc = unit["Service"]
+    pre, start = command(svc["ExecStartPre"][0]), command(svc["ExecStart"][0])
+    assert pre[:4] == [sys.executable, "-m", "doctor", "check"] and "--deep" not in pre
+    assert start[3] == "launch" and "--no-check" in start and "--wait" in start
+    for argv in (pre, start):  # the same config and profile on both sides
+        assert argv[argv.index("--config") + 1] == str(cfg)
+        assert argv[argv.index("--profile") + 1] == "b300-tp8-ddtree"
+    assert svc["Type"] == ["notify"] and svc["NotifyAccess"] == ["main"]
+    assert svc["Restart"] == ["on-failure"]
+    assert svc["RestartPreventExitStatus"] == ["2 3"]
+    assert svc["EnvironmentFile"] == ["-/etc/k26-doctor/sglang-k26.env"]
+    assert svc["Environment"][0] == f"K26_DOCTOR_CONFIG={cfg}"
+    timeout = int(svc["TimeoutStartSec"][0])
+    assert timeout >= CHECKS_S + 595 + GRAPH_CAPTURE_S and timeout % 60 == 0
+    assert int(start[start.index("--wait-timeout") + 1]) < timeout
+    assert unit["Unit"]["StartLimitBurst"] == ["3"]
+    assert "diagnose" in command(svc["ExecStopPost"][0]) and "%n" in svc["ExecStopPost"][0]
+    assert unit["Install"]["WantedBy"] == ["multi-user.target"]
+
+
+@pytest.mark.skipif(ANALYZE is None, reason="systemd-analyze not installed (apt-get install systemd)")
+def test_systemd_accepts_the_unit_and_would_reject_a_broken_one(cfg: Path, tmp_path: Path) -> None:
+    text, path = unit_for(cfg, tmp_path)
+    res = verify(path)
+    assert res.returncode == 0, res.stderr
+    about_us = [ln for ln in res.stderr.splitlines() if path.name in ln]
+    assert about_us == [], about_us
+    broken = tmp_path / "broken.service"
+    assert f"ExecStart={sys.executable} " in text
+    broken.write_text(text.replace(f"ExecStart={sys.executable}", "ExecStart=relative/python"))
+    assert verify(broken).returncode != 0
+
+
+def test_the_unit_command_lines_are_ones_the_doctor_accepts(cfg: Path, tmp_path: Path) -> None:
+    text, _ = unit_for(cfg, tmp_path)
+    svc = parse_unit(text)["Service"]
+    env = doctor_env()
+    pre = [*command(svc["ExecStartPre"][0]), "--only", "host.port"]
+    res = subprocess.run(pre, capture_output=True, text=True, env=env, timeout=120)
+    assert res.returncode in (0, 1), res.stderr  # a verdict, not a usage error
+    assert "host.port" in res.stdout
+    start = [*command(svc["ExecStart"][0]), "--dry-run", "--no-flag-check"]
+    res = subprocess.run(start, capture_output=True, text=True, env=env, timeout=120)
+    assert res.returncode == 0, res.stderr
+    argv = res.stdout.splitlines()
+    assert argv[argv.index("--model-path") + 1] == "/models/Kimi K2.6 %q"  # quoting survived systemd escaping
+
+
+def test_start_timeout_grows_with_the_weights(tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    for i in range(3):  # sparse: 3 x 700 GB of apparent size, nothing written
+        with open(model / f"model-0000{i + 1}-of-000003.safetensors", "wb") as fh:
+            fh.truncate(700 * 10**9)
+    settings = resolve({"model_path": str(model), "draft_model_path": str(tmp_path / "none")}, environ={})
+    seconds, why = start_timeout(settings)
+    assert seconds >= CHECKS_S + 2100 + GRAPH_CAPTURE_S and "measured from the shards" in why
+    small = resolve({"model_path": str(tmp_path / "absent")}, environ={})
+    assert start_timeout(small)[0] == 1800  # the profile's floor; nominal K2.6 sizing is below it
+    assert start_timeout(small, 600)[0] == 600
+
+
+def test_render_without_config_carries_the_paths(tmp_path: Path) -> None:
+    settings = resolve({"model_path": "/m", "draft_model_path": "/d", "python": "/opt/venv/bin/python", "tp": 4},
+                       environ={})
+    unit = parse_unit(render_unit(settings, config=None, doctor=["/usr/local/bin/k26-doctor"], user="sglang"))
+    start = command(unit["Service"]["ExecStart"][0])
+    for flag, value in (("--model-path", "/m"), ("--draft-model-path", "/d"), ("--python", "/opt/venv/bin/python"),
+                        ("--tp", "4")):
+        assert start[start.index(flag) + 1] == value
+    assert unit["Service"]["User"] == ["sglang"]
+    assert "Environment" not in unit["Service"] or all("K26_DOCTOR_CONFIG" not in e
+                                                       for e in unit["Service"]["Environment"])
+
+
+def test_cli_output_file_and_bad_config(tmp_path: Path, cfg: Path) -> None:
+    out = tmp_path / "unit.service"
+    res = run_doctor("systemd-unit", "--config", str(cfg), "--output", str(out))
+    assert res.returncode == 0 and out.read_text().startswith("# sglang-k26-ddtree.service")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[server]\nport = 'http'\n")
+    res = run_doctor("systemd-unit", "--config", str(bad))
+    assert res.returncode == 2 and "server.port" in res.stderr
+    assert os.path.exists(out)
