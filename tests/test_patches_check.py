@@ -1,0 +1,204 @@
+"""``sglang.patches`` (check, fact, fixer) and ``k26-doctor patches`` on real SGLang installs."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import doctor_env, run_doctor
+from patches_install import FIXTURE_SETS, Venv, fresh_venv, rewrite
+
+from checks.patches import sglang_patches
+from doctor.app import make_context
+from doctor.facts import FactStore
+from doctor.patching import manifest, record
+from doctor.patching.engine import Engine, EngineError
+from doctor.patching.hashing import sha256_file
+from doctor.registry import FIXERS, load
+from doctor.result import Status
+from doctor.settings import resolve
+
+TRITON = "sglang/srt/layers/attention/triton_backend.py"
+
+
+@pytest.fixture
+def v523(tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> Venv:
+    return fresh_venv("0.5.23", tmp_path_factory, tmp_path / "venv")
+
+
+def settings_for(tmp_path: Path, python: str, set_name: str = "t-0.5.23", profile: str = "b300-tp8-ddtree"):
+    """Settings as a site configures them: a config file naming the set, its directory and the state dir."""
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(f'[doctor]\nprofile = "{profile}"\npython = "{python}"\npatches_dir = "{FIXTURE_SETS}"\n'
+                   f'state_dir = "{tmp_path / "state"}"\n\n[patches]\nset = "{set_name}"\ndir = "{FIXTURE_SETS}"\n')
+    return resolve({"config": str(cfg)}, environ={})
+
+
+def judge(settings) -> tuple[object, object]:
+    ctx = make_context(settings)
+    ctx.facts.options.state_dir = settings.state_dir  # until CollectOptions carries state_dir itself
+    return sglang_patches(ctx), ctx
+
+
+def engine(venv: Venv, tmp_path: Path, hook=None) -> Engine:
+    return Engine(manifest.resolve("t-0.5.23", str(FIXTURE_SETS)), record.installed_in(venv.site_packages),
+                  state_dir=str(tmp_path / "state"), hook=hook)
+
+
+def test_profile_without_a_set_skips(tmp_path: Path) -> None:
+    settings = resolve({"profile": "b200-tp8"}, environ={})
+    res, _ = judge(settings)
+    assert res.status is Status.SKIP and "uses no SGLang patch set" in res.summary
+
+
+def test_pristine_fails_with_the_command_then_passes_once_applied(v523: Venv, tmp_path: Path) -> None:
+    settings = settings_for(tmp_path, v523.python)
+    res, _ = judge(settings)
+    assert res.status is Status.FAIL
+    assert "t-0.5.23 pristine" in res.summary and TRITON in res.summary
+    assert any(c.startswith("k26-doctor patches apply --profile b300-tp8-ddtree --python ") for c in
+               res.remediation.commands)
+    assert res.details["files"][TRITON] == "pristine"
+    engine(v523, tmp_path).apply()
+    res, _ = judge(settings)
+    assert res.status is Status.PASS and "all 3 patches applied" in res.summary
+
+
+def test_drift_fails_naming_the_file(v523: Venv, tmp_path: Path) -> None:
+    engine(v523, tmp_path).apply()
+    rewrite(v523.site_packages / TRITON, b"# edited\n")
+    res, _ = judge(settings_for(tmp_path, v523.python))
+    assert res.status is Status.FAIL and f"{TRITON} drifted" in res.summary
+    assert any("--force" in c for c in res.remediation.commands)
+
+
+def test_version_mismatch_fails(tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
+    old = fresh_venv("0.5.13.post1", tmp_path_factory, tmp_path / "v13")
+    res, _ = judge(settings_for(tmp_path, old.python))
+    assert res.status is Status.FAIL and "is for sglang ==0.5.23, installed 0.5.13.post1" in res.summary
+
+
+def test_unusable_set_and_interpreter_fail_clearly(v523: Venv, tmp_path: Path) -> None:
+    res, _ = judge(settings_for(tmp_path, v523.python, set_name="no-such-set"))
+    assert res.status is Status.FAIL and "cannot be used" in res.summary and "not found" in res.summary
+    res, _ = judge(settings_for(tmp_path, str(tmp_path / "nope" / "python")))
+    assert res.status is Status.FAIL and "cannot be judged" in res.summary
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    os.symlink(Path(v523.python).resolve(), bare / "python")  # an interpreter without sglang
+    res, _ = judge(settings_for(tmp_path, str(bare / "python")))
+    assert res.status is Status.FAIL and "not installed" in res.summary
+
+
+def test_snapshot_replays_the_verdict(v523: Venv, tmp_path: Path) -> None:
+    settings = settings_for(tmp_path, v523.python)
+    live, ctx = judge(settings)
+    fact = json.loads(json.dumps(ctx.fact("sglang_patches")))
+    shutil.rmtree(v523.root)  # the host is gone; the snapshot still judges it
+    replay_ctx = make_context(settings)
+    replay_ctx.facts = FactStore(ctx.facts.options, snapshot={"facts": {"sglang_patches": fact}})
+    replayed = sglang_patches(replay_ctx)
+    assert (replayed.status, replayed.summary) == (live.status, live.summary)
+
+
+def test_interrupted_run_fails_the_check(v523: Venv, tmp_path: Path) -> None:
+    n = {"k": 0}
+
+    def full_disk(event: str, path: str) -> None:
+        n["k"] += 1
+        if n["k"] > 4 and event == "write":
+            raise OSError(errno.ENOSPC, "No space left on device", path)
+
+    with pytest.raises(EngineError):
+        engine(v523, tmp_path, full_disk).apply()
+    res, _ = judge(settings_for(tmp_path, v523.python))
+    assert res.status is Status.FAIL and "interrupted" in res.summary
+
+
+def test_fixer_plans_shows_diffs_and_applies(v523: Venv, tmp_path: Path) -> None:
+    load(plugins=False)
+    settings = settings_for(tmp_path, v523.python)
+    res, ctx = judge(settings)
+    fx = FIXERS["sglang.patches.apply"]
+    (action,) = fx.plan(ctx, res)
+    text = "\n".join(action.details())
+    assert "+# k26-doctor test patch 0002: near the top" in text and TRITON in text
+    original = sha256_file(v523.site_packages / TRITON)
+    backup_dir = tmp_path / "fix-backups"
+    msg = action.apply(backup_dir)
+    assert "applied patch set t-0.5.23: 5 file(s) changed" in msg
+    copies = list(backup_dir.rglob("triton_backend.py"))
+    assert len(copies) == 1 and sha256_file(copies[0]) == original
+    res, _ = judge(settings)
+    assert res.status is Status.PASS
+    assert fx.plan(judge(settings)[1], res) == []
+
+
+def test_fixer_refuses_drift_and_a_changed_plan(v523: Venv, tmp_path: Path) -> None:
+    load(plugins=False)
+    settings = settings_for(tmp_path, v523.python)
+    res, ctx = judge(settings)
+    (action,) = FIXERS["sglang.patches.apply"].plan(ctx, res)
+    rewrite(v523.site_packages / TRITON, b"# edited after the plan was shown\n")
+    from fixes.actions import ActionError
+
+    with pytest.raises(ActionError, match="drifted"):
+        action.apply(tmp_path / "b")
+    with pytest.raises(EngineError, match="drifted"):
+        FIXERS["sglang.patches.apply"].plan(*judge(settings)[::-1])
+
+
+# -- the CLI, as users run it --------------------------------------------------------------------
+
+def cli(venv: Venv, tmp_path: Path, *args: str):
+    return run_doctor("patches", *args, "--python", venv.python, "--patches-dir", str(FIXTURE_SETS),
+                      "--state-dir", str(tmp_path / "state"), "--set", "t-0.5.23", env=doctor_env())
+
+
+def test_cli_status_apply_revert(v523: Venv, tmp_path: Path) -> None:
+    res = cli(v523, tmp_path, "status")
+    assert res.returncode == 1 and "overall: pristine (0/3 patches, 0/5 files applied)" in res.stdout
+    before = sha256_file(v523.site_packages / TRITON)
+    res = cli(v523, tmp_path, "apply")  # stdin is not a terminal and no --yes
+    assert res.returncode == 2 and "without --yes" in res.stderr and "plan: apply 5 file(s)" in res.stdout
+    assert sha256_file(v523.site_packages / TRITON) == before
+    res = cli(v523, tmp_path, "apply", "--yes")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "now: applied" in res.stdout
+    res = cli(v523, tmp_path, "apply", "--yes")
+    assert res.returncode == 0 and "nothing to apply" in res.stdout
+    res = cli(v523, tmp_path, "status", "--format", "json")
+    doc = json.loads(res.stdout)
+    assert res.returncode == 0 and doc["ok"] and doc["overall"] == "applied" and len(doc["files"]) == 5
+    res = cli(v523, tmp_path, "revert", "--yes")
+    assert res.returncode == 0 and "now: pristine" in res.stdout
+    assert sha256_file(v523.site_packages / TRITON) == before
+
+
+def test_cli_refusals_and_usage_errors(v523: Venv, tmp_path: Path) -> None:
+    rewrite(v523.site_packages / TRITON, b"# edited\n")
+    res = cli(v523, tmp_path, "apply", "--yes")
+    assert res.returncode == 1 and "refused" in res.stdout and "drifted" in res.stdout
+    res = run_doctor("patches", "status", "--python", v523.python, "--set", "no-such-set")
+    assert res.returncode == 2 and "not found" in res.stderr
+    res = run_doctor("patches", "status", "--python", v523.python, "--profile", "b200-tp8")
+    assert res.returncode == 0 and "uses no SGLang patch set" in res.stdout
+
+
+def test_cli_make_manifest(v523: Venv, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    res = run_doctor("patches", "make-manifest", str(FIXTURE_SETS / "t-0.5.23"), "--python", v523.python, "--check")
+    assert res.returncode == 0, res.stderr
+    d = tmp_path / "myset"
+    d.mkdir()
+    shutil.copy(FIXTURE_SETS / "t-0.5.23" / "0001-spec-marker.patch", d)
+    res = run_doctor("patches", "make-manifest", str(d), "--site-packages", str(v523.site_packages),
+                     "--name", "myset")
+    assert res.returncode == 0 and "1 patch(es), 2 file(s), sglang ==0.5.23" in res.stdout
+    assert manifest.load(d).name == "myset"
+    (d / "0001-spec-marker.patch").write_bytes(b"--- a/x\n+++ b/x\n@@ -1 +1 @@\n-a\n+b\n")
+    res = run_doctor("patches", "make-manifest", str(d), "--site-packages", str(v523.site_packages), "--check")
+    assert res.returncode == 1
