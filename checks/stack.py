@@ -305,10 +305,13 @@ def stack_versions(ctx: Any) -> Result:
     unmet = _unmet_requirements(ctx, stack)
     for item in unmet:
         (warnings if item["overridden_by_profile"] else problems).append(item["text"])
+    for err in stack.get("metadata_errors") or []:
+        problems.append(f"unreadable package metadata: {err}")
     dups = [d for d in stack.get("duplicates") or [] if norm(d.get("name", "")) in _stack_dist_names()]
     for d in dups:
         warnings.append(f"two copies of {d['name']} on sys.path ({d['shadowed_by']} imports, {d['version']} shadowed)")
-    details = {"components": rows, "unmet": unmet, "duplicates": dups, "python": _python(ctx)}
+    details = {"components": rows, "unmet": unmet, "duplicates": dups, "python": _python(ctx),
+               "metadata_errors": stack.get("metadata_errors") or []}
     summary_versions = ", ".join(f"{PIP_NAMES[c]} {rows[c]['installed']}" for c in COMPONENTS if rows[c]["installed"])
     if problems:
         cmd = f"{_python(ctx)} -m pip install " + " ".join(

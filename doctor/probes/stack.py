@@ -136,7 +136,8 @@ def distributions():
                 entry["requires"] = list(dist.requires or [])
             out[key] = entry
         except Exception as exc:  # a broken METADATA file must not hide the rest
-            errors.append(f"{type(exc).__name__}: {exc}")
+            where = getattr(dist, "_path", None)
+            errors.append(f"{where or 'a distribution'}: {type(exc).__name__}: {str(exc)[:200]}")
     return out, duplicates, errors
 
 

@@ -1,0 +1,146 @@
+"""stack.versions and sglang.install from real package metadata read by the real probe.
+
+Each stack package's top-level ``__init__`` raises ImportError: the metadata probe must never import
+them. sglang.install then imports the real SGLang 0.5.23 sources (unpacked from the released wheel)
+under a real interpreter, where its dependencies are missing, and must name the missing module.
+"""
+
+from __future__ import annotations
+
+import functools
+import zipfile
+
+import pytest
+from sglang_wheels import wheel_for
+from stack_support import healthy_venv, make_ctx, nvml_fact, run_check, stack_site, workdir, write_dist
+
+from doctor.result import Status
+
+
+def versions_ctx(site, **kw):
+    paths = site if isinstance(site, str) else str(site)
+    return make_ctx(healthy_venv(), env={"PYTHONPATH": paths}, facts={"nvml": nvml_fact([(10, 3)])}, **kw)
+
+
+def test_profile_stack_passes_with_sglangs_torch_pin_as_a_warning(tmp_path):
+    res = run_check("stack.versions", versions_ctx(stack_site(tmp_path / "site")))
+    assert res.status is Status.WARN, res.summary
+    assert "torch 2.11.0+cu130" in res.summary and "triton 3.6.0" in res.summary
+    assert "sglang 0.5.23 requires torch==2.14.1" in res.summary and "profile pins it deliberately" in res.summary
+    assert res.details["components"]["torch"]["pins_triton"] == "3.6.0"
+
+
+def test_torch_triton_pin_mismatch_fails(tmp_path):
+    res = run_check("stack.versions", versions_ctx(stack_site(tmp_path / "site", triton="3.5.1")))
+    assert res.status is Status.FAIL
+    assert "torch 2.11.0+cu130 pins triton 3.6.0, installed 3.5.1" in res.summary
+    assert "triton 3.5.1 does not match the profile's ==3.6.0" in res.summary
+    assert "torch 2.11.0+cu130 requires triton==3.6.0" in res.summary  # pip-check style, from Requires-Dist
+    assert "'triton==3.6.0'" in res.remediation.commands[0]
+
+
+def test_sglang_kernel_mismatch_fails(tmp_path):
+    res = run_check("stack.versions", versions_ctx(stack_site(tmp_path / "site", kernel="0.4.3")))
+    assert res.status is Status.FAIL and "sglang 0.5.23 pins sglang-kernel 0.4.10, installed 0.4.3" in res.summary
+
+
+def test_missing_packages_are_named_once(tmp_path):
+    res = run_check("stack.versions", versions_ctx(stack_site(tmp_path / "site", flashinfer=None)))
+    assert res.status is Status.FAIL
+    assert res.summary.count("flashinfer") == 1 and "flashinfer-python is not installed" in res.summary
+
+
+def test_marker_for_another_platform_is_not_a_requirement(tmp_path):
+    site = stack_site(tmp_path / "site")
+    res = run_check("stack.versions", versions_ctx(site))
+    assert not any("av" == u["requirement"].split("=")[0] for u in res.details["unmet"])
+
+
+def test_duplicate_copies_on_sys_path_warn(tmp_path):
+    first = stack_site(tmp_path / "a")
+    second = tmp_path / "b"
+    write_dist(second, "triton", "3.5.1")
+    res = run_check("stack.versions", versions_ctx(f"{first}:{second}"))
+    assert res.status is Status.WARN and "two copies of triton" in res.summary and "3.6.0 imports" in res.summary
+
+
+def test_invalid_version_fails_without_traceback(tmp_path):
+    site = stack_site(tmp_path / "site")
+    for info in site.glob("flashinfer_python-*.dist-info"):
+        (info / "METADATA").write_text("Metadata-Version: 2.1\nName: flashinfer-python\nVersion: not-a-version\n"
+                                       "Requires-Dist: torch >= = 2\n")
+    res = run_check("stack.versions", versions_ctx(site))
+    assert res.status is Status.FAIL and "invalid version 'not-a-version'" in res.summary
+
+
+def test_undecodable_metadata_is_named(tmp_path):
+    site = stack_site(tmp_path / "site")
+    info = next(site.glob("flashinfer_python-*.dist-info"))
+    (info / "METADATA").write_bytes(b"Metadata-Version: 2.1\nName: flashinfer-python\nVersion: 0.7.2\n\xff\xfe\n")
+    res = run_check("stack.versions", versions_ctx(site))
+    assert res.status is Status.FAIL
+    assert "unreadable package metadata" in res.summary and "flashinfer_python-0.7.2.dist-info" in res.summary
+
+
+def test_bad_profile_specifier_fails(tmp_path):
+    ctx = versions_ctx(stack_site(tmp_path / "site"))
+    ctx.settings.profile["stack"]["torch"] = "=>2.11"
+    res = run_check("stack.versions", ctx)
+    assert res.status is Status.FAIL and "'=>2.11' is not a version specifier" in res.summary
+
+
+# -- sglang.install on the real SGLang sources -----------------------------------------------------
+
+@functools.cache
+def sglang_site(version: str):
+    """The whole released wheel unpacked (sources and dist-info), nothing else: its dependencies are absent."""
+    site = workdir() / f"site-sglang-{version}"
+    with zipfile.ZipFile(wheel_for(version)) as zf:
+        zf.extractall(site, [n for n in zf.namelist() if n.endswith((".py", "METADATA", "RECORD", "WHEEL"))])
+    return site
+
+
+def test_real_sglang_without_its_dependencies_fails_naming_the_module():
+    res = run_check("sglang.install", versions_ctx(sglang_site("0.5.23")))
+    assert res.status is Status.FAIL
+    assert "sglang 0.5.23 is installed but `import sglang` fails: ModuleNotFoundError" in res.summary
+    assert "is missing" in res.remediation.text and "'sglang==0.5.23'" in res.remediation.commands[0]
+
+
+def test_real_sglang_wrong_version_fails_before_importing():
+    res = run_check("sglang.install", versions_ctx(sglang_site("0.5.13.post1")))
+    assert res.status is Status.FAIL and "sglang 0.5.13.post1 installed, the profile pins ==0.5.23" in res.summary
+
+
+def test_real_sglang_metadata_pins_are_the_matrix():
+    """The compat table's SGLang pins are what the released wheels declare."""
+    from packaging.requirements import Requirement
+
+    from doctor import compat
+
+    for version in ("0.5.23", "0.5.13.post1"):
+        meta = next(sglang_site(version).glob("sglang-*.dist-info/METADATA")).read_text()
+        reqs = {Requirement(line.split(":", 1)[1].strip()).name.replace("_", "-"): str(
+            Requirement(line.split(":", 1)[1].strip()).specifier) for line in meta.splitlines()
+            if line.startswith("Requires-Dist:")}
+        pins = compat.sglang_pins(version)
+        assert reqs["sglang-kernel"] == f"=={pins['sglang_kernel']}"
+        assert reqs["flashinfer-python"] == f"=={pins['flashinfer']}"
+
+
+def test_sglang_not_installed(tmp_path):
+    res = run_check("sglang.install", versions_ctx(stack_site(tmp_path / "site", sglang=None)))
+    assert res.status is Status.FAIL and "not installed" in res.summary
+
+
+@pytest.mark.parametrize(("dflash", "status", "words"), [
+    ({"available": True}, Status.PASS, "DFlash sampling kernel available"),
+    ({"available": False}, Status.WARN, "verify greedily"),
+    ({"available": None, "error": "RuntimeError: CUDA unavailable"}, Status.WARN, "cannot tell"),
+])
+def test_dflash_kernel_availability(tmp_path, dflash, status, words):
+    ctx = versions_ctx(stack_site(tmp_path / "site"))
+    ctx.facts._values["sglang_import"] = {"ok": True, "imported": True, "version": "0.5.23", "import_s": 9.1,
+                                          "dflash": dflash}
+    res = run_check("sglang.install", ctx)
+    assert res.status is status and words in res.summary
