@@ -16,7 +16,6 @@ from typing import Any
 
 import click
 
-from doctor.patching import generate as gen
 from doctor.patching import locate, manifest, record
 from doctor.patching.engine import Engine, EngineError, Plan
 from doctor.patching.state import StateError
@@ -253,6 +252,8 @@ def revert_cmd(settings: Settings, set_name: str, yes: bool, force: bool, only: 
 def make_manifest(set_dir: str, python: str | None, site_packages: str | None, name: str | None, spec: str | None,
                   description: str | None, check_only: bool) -> None:
     """(Re)generate SET_DIR/manifest.json from its diffs and a pristine install (hashes from RECORD)."""
+    from doctor.patching import generate as gen
+
     try:
         if site_packages:
             installed = record.installed_in(site_packages)
