@@ -1,0 +1,34 @@
+"""SGLang 0.5.23's Triton tree-verify kernels on DDTree trees, run on the CPU by Triton's interpreter.
+
+The GPU test (tests/test_ddtree_gpu.py) is the real check; this runs the same harness with
+``TRITON_INTERPRET=1`` (float32, short prefixes) so the mask layout, the kernel call and the float64
+reference are exercised wherever triton is importable, GPU or not. Interpreter: ``$K26_SGLANG_ARGS_PYTHON``
+or this one; skips when it has no triton.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from ddtree_support import find_wheel
+
+GPU_TEST = Path(__file__).resolve().parent / "test_ddtree_gpu.py"
+
+
+def test_kernels_in_the_triton_interpreter():
+    python = os.environ.get("K26_SGLANG_ARGS_PYTHON", sys.executable)
+    probe = subprocess.run([python, "-c", "import torch, triton"], capture_output=True, text=True, timeout=120)
+    if probe.returncode != 0:
+        pytest.skip(f"{python} cannot import torch and triton: {probe.stderr.strip().splitlines()[-1:]}")
+    if find_wheel() is None:
+        pytest.skip("no sglang 0.5.23 wheel for the kernel sources")
+    env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run([python, str(GPU_TEST), "--interpret"], capture_output=True, text=True, timeout=600,
+                          env=env, cwd=GPU_TEST.parent)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = [ln for ln in proc.stdout.splitlines() if ln.endswith((" OK", " FAIL"))]
+    assert len(lines) == 5 and all(ln.endswith(" OK") for ln in lines), proc.stdout
