@@ -252,3 +252,31 @@ def test_sampling_reference_accepts_with_certainty_and_rejects_impossible(dd):
     committed = dd.committed_tokens(pred, acc, num)[0]
     assert committed == walk_greedy(tree, [int(probs[0, k].argmax()) for k in range(enc.width)])
     assert math.isclose(float(probs[0, 0].sum()), 1.0)
+
+
+def test_accepted_kv_moves_make_the_path_contiguous(dd):
+    g = torch.Generator().manual_seed(4)
+    for seed in range(10):
+        trees, enc = _batch(dd, seed=seed, depth=5, topk=3, budget=14, prefix=(0, 0, 0))
+        bs, w = enc.bs, enc.width
+        target = torch.randint(500, 600, (bs, w), generator=g)
+        for b, tree in enumerate(trees):
+            for node, kids in enumerate(tree.children()):
+                if kids:
+                    target[b, node] = tree.tokens[kids[-1]]  # follow the last sibling: forces moves
+        _, acc, num = dd.verify_tree_greedy_reference(
+            enc.draft_tokens, enc.retrieve_index, enc.retrieve_next_token, enc.retrieve_next_sibling,
+            target.view(-1), enc.num_spec_tokens())
+        out_cache_loc = torch.randperm(1000, generator=g)[: bs * w]
+        pool = torch.full((1000,), -1, dtype=torch.int64)
+        pool[out_cache_loc] = torch.arange(bs * w)  # "KV" of verify row r is r
+        src, dst, rows = dd.accepted_kv_moves(acc, num, out_cache_loc, w)
+        pool[dst] = pool[src].clone()  # gather, then scatter
+        paths = dd.accepted_path_nodes(acc, num, w)
+        assert rows.tolist() == [b * w + k for b in range(bs) for k in paths[b]]
+        for b in range(bs):
+            got = pool[out_cache_loc.view(bs, w)[b, : len(paths[b])]].tolist()
+            assert got == [b * w + k for k in paths[b]]
+        assert int(num.max()) >= 2 and src.numel() > 0
+    with pytest.raises(ValueError):
+        dd.accepted_kv_moves(acc, num, out_cache_loc[:-1], w)
