@@ -323,6 +323,13 @@ def stack_versions(ctx: Any) -> Result:
     return Result.passed(summary_versions or "no stack package installed and none expected", **details)
 
 
+def _under(path: str, root: str) -> bool:
+    try:
+        return os.path.commonpath([os.path.abspath(path), os.path.abspath(root)]) == os.path.abspath(root)
+    except ValueError:
+        return False
+
+
 def _stack_dist_names() -> set[str]:
     return {norm(n) for names in compat.distribution_names().values() for n in names}
 
@@ -425,7 +432,7 @@ def sglang_install(ctx: Any) -> Result:
     warnings = []
     loc = dist.get("location")
     dirs = pkg.get("dirs") or []
-    if loc and dirs and not any(os.path.commonpath([loc, d]) == os.path.normpath(loc) for d in dirs if d):
+    if loc and dirs and not any(_under(d, loc) for d in dirs if d):
         warnings.append(f"`import sglang` would load {dirs[0]}, not the installed {loc}")
     imp = ctx.fact("sglang_import")
     if not isinstance(imp, dict) or not imp.get("imported"):
@@ -436,7 +443,8 @@ def sglang_install(ctx: Any) -> Result:
         if missing:
             text += f"The module {missing!r} is missing: install SGLang with its dependencies."
             cmds.insert(0, _pip_install(ctx, "sglang", "sglang"))
-        return Result.failed(f"sglang {ver} is installed but `import sglang` fails: {imp.get('error')}",
+        shadow = f" ({'; '.join(warnings)})" if warnings else ""
+        return Result.failed(f"sglang {ver} is installed but `import sglang` fails: {imp.get('error')}{shadow}",
                              Remediation(text, cmds), traceback_tail=imp.get("traceback_tail"), **details)
     details["import_s"] = imp.get("import_s")
     details["dflash"] = imp.get("dflash")

@@ -144,3 +144,13 @@ def test_dflash_kernel_availability(tmp_path, dflash, status, words):
                                           "dflash": dflash}
     res = run_check("sglang.install", ctx)
     assert res.status is status and words in res.summary
+
+
+def test_a_source_tree_shadowing_the_installed_sglang_is_named(tmp_path):
+    shadow = tmp_path / "checkout" / "python"
+    (shadow / "sglang").mkdir(parents=True)
+    (shadow / "sglang" / "__init__.py").write_text("raise ImportError('stale checkout')\n")
+    site = stack_site(tmp_path / "site")
+    res = run_check("sglang.install", versions_ctx(f"{shadow}:{site}"))
+    assert res.status is Status.FAIL and "stale checkout" in res.summary
+    assert f"would load {shadow / 'sglang'}, not the installed {site}" in res.summary

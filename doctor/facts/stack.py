@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import stat
 import tempfile
 import threading
@@ -330,7 +331,10 @@ def _inside(path: str, root: Path) -> bool:
 @collector("venv", timeout=30)
 def collect_venv(opts: CollectOptions) -> dict[str, Any]:
     """The service environment's files: pyvenv.cfg and its home, bin/python, scripts' shebangs, site-packages."""
-    python = os.path.abspath(os.path.expanduser(opts.python))
+    python = os.path.expanduser(opts.python)
+    if os.sep not in python:  # "python3": what the service would run, found on its PATH
+        python = shutil.which(python, path=service_env(opts)[0].get("PATH")) or python
+    python = os.path.abspath(python)
     out: dict[str, Any] = {"python": python, "exists": os.path.lexists(python)}
     out["resolved"] = os.path.realpath(python)
     out["resolves"] = os.path.exists(python)
