@@ -96,6 +96,9 @@ def _revision(fact: dict[str, Any]) -> str | None:
 
 
 def _hash_verdicts(ctx: Context, which: str) -> dict[str, str]:
+    """sha256 verdicts per file, only under ``--deep`` (planning must not start hours of hashing)."""
+    if not ctx.deep:
+        return {}
     try:
         facts = ctx.fact("model.hashes")
     except FactUnavailable:

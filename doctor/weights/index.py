@@ -8,6 +8,7 @@ backslashes and empty names are refused before anything is opened.
 from __future__ import annotations
 
 import json
+import math
 import os
 import posixpath
 from collections.abc import Iterable, Mapping
@@ -81,7 +82,8 @@ def parse_index_bytes(raw: bytes, path: str = INDEX_NAME) -> Index:
         idx.problems.append(Problem("index_invalid", "index metadata is not an object"))
     elif isinstance(meta, dict) and "total_size" in meta:
         ts = meta["total_size"]
-        if isinstance(ts, bool) or not isinstance(ts, (int, float)) or ts < 0 or int(ts) != ts:
+        if (isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts) or ts < 0
+                or int(ts) != ts):
             idx.problems.append(Problem("index_invalid", f"metadata.total_size {ts!r} is not a byte count"))
         else:
             idx.total_size = int(ts)

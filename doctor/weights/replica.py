@@ -52,7 +52,7 @@ class K26Spec:
     def small(cls, **kw: Any) -> K26Spec:
         """The same layout at unit-test scale."""
         base: dict[str, Any] = dict(num_hidden_layers=4, n_routed_experts=8, hidden_size=256, intermediate_size=512,
-                                    moe_intermediate_size=128, num_attention_heads=8, q_lora_rank=64,
+                                    moe_intermediate_size=256, num_attention_heads=8, q_lora_rank=64,
                                     kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
                                     vocab_size=1024, vision_layers=2, vision_hidden=64, vision_intermediate=128,
                                     shards=4, num_experts_per_tok=2)

@@ -1,0 +1,305 @@
+"""model.config, model.tokenizer, model.drafter and model.fit on real replicas and reference GPU numbers."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "model"))
+from modelkit import SMALL, build, build_drafter, make_ctx, nvml_fact, run, tree_state  # noqa: E402
+
+from doctor.facts.model import collect_drafter, collect_model, collect_model_tensors  # noqa: E402
+from doctor.weights.modelconfig import read_config  # noqa: E402
+from doctor.weights.replica import K26Spec, k26_config  # noqa: E402
+
+
+@pytest.fixture
+def model(tmp_path: Path) -> Path:
+    return build(tmp_path)
+
+
+def edit_config(model: Path, mutate) -> None:
+    p = model / "config.json"
+    cfg = json.loads(p.read_text())
+    mutate(cfg)
+    p.write_text(json.dumps(cfg))
+
+
+def judge(tmp_path, model, check_id, **kw):
+    before = tree_state(model)
+    res = run(make_ctx(tmp_path, model, **kw), check_id)
+    assert tree_state(model) == before
+    return res
+
+
+# -- model.config ---------------------------------------------------------------------------------
+
+def test_config_passes_and_describes(tmp_path, model):
+    res = judge(tmp_path, model, "model.config")
+    assert res.status.value == "pass", res.details
+    assert "kimi_k25 (text kimi_k2): 4 layers, 8 experts" in res.summary and "int4 group 32" in res.summary
+    assert res.details["checked_against_shards"] is True
+
+
+def test_profile_expectations_fail(tmp_path, model):
+    """The built-in K2.6 profile expects 61 layers / 384 experts: the small replica must fail them."""
+    ctx = make_ctx(tmp_path, model)
+    ctx.settings.profile["model"]["num_hidden_layers"] = 61
+    ctx.settings.profile["model"]["n_routed_experts"] = 384
+    res = run(ctx, "model.config")
+    assert res.status.value == "fail"
+    assert "num_hidden_layers is 4, the profile expects 61" in res.details["problems"]
+    assert "n_routed_experts is 8, the profile expects 384" in res.details["problems"]
+
+
+def test_bad_json_config(tmp_path, model):
+    (model / "config.json").write_text("{'model_type': 'kimi_k25'")
+    res = judge(tmp_path, model, "model.config")
+    assert res.status.value == "fail" and "config.json is not valid JSON" in res.summary
+
+
+def test_missing_config(tmp_path, model):
+    (model / "config.json").unlink()
+    res = judge(tmp_path, model, "model.config")
+    assert res.status.value == "fail" and "config.json is missing" in res.summary
+
+
+def test_config_layers_disagree_with_shards(tmp_path, model):
+    edit_config(model, lambda c: c["text_config"].update(num_hidden_layers=6))
+    ctx = make_ctx(tmp_path, model)
+    ctx.settings.profile["model"]["num_hidden_layers"] = 6
+    res = run(ctx, "model.config")
+    assert res.status.value == "fail"
+    assert "num_hidden_layers=6 but the shards lack layer(s) 4-5" in res.summary
+
+
+def test_config_experts_disagree_with_shards(tmp_path, model):
+    edit_config(model, lambda c: c["text_config"].update(n_routed_experts=16))
+    ctx = make_ctx(tmp_path, model)
+    ctx.settings.profile["model"]["n_routed_experts"] = 16
+    res = run(ctx, "model.config")
+    assert res.status.value == "fail" and "n_routed_experts=16; the shards differ: layer 1: 8" in res.summary
+
+
+def test_group_size_disagrees_with_shards(tmp_path, model):
+    edit_config(model, lambda c: c["text_config"]["quantization_config"]["config_groups"]["group_0"]["weights"]
+                .update(group_size=64))
+    res = judge(tmp_path, model, "model.config")
+    assert res.status.value == "fail"
+    assert "group_size 64 implies" in res.summary and "(group size 32 in the shards)" in res.summary
+
+
+def test_packed_shape_disagrees_with_hidden(tmp_path):
+    spec = K26Spec.small(hidden_size=512)
+    model = build(tmp_path, spec)
+    edit_config(model, lambda c: c["text_config"].update(hidden_size=256))
+    res = judge(tmp_path, model, "model.config")
+    assert res.status.value == "fail"
+    assert any("weight_packed" in p for p in res.details["problems"])
+
+
+def test_int4_shards_without_quantization_config(tmp_path, model):
+    edit_config(model, lambda c: c["text_config"].pop("quantization_config"))
+    ctx = make_ctx(tmp_path, model)
+    ctx.settings.profile["model"].pop("quantization", None)
+    res = run(ctx, "model.config")
+    assert res.status.value == "fail" and "no compressed-tensors int4 quantization_config" in res.summary
+
+
+def test_tp_divisibility(tmp_path, model):
+    res = judge(tmp_path, model, "model.config", tp=3)
+    assert res.status.value == "fail" and "num_attention_heads=8 is not divisible by TP 3" in res.summary
+
+
+def test_ep_divisibility(tmp_path, model):
+    ctx = make_ctx(tmp_path, model, tp=6, profile="rtxpro6000-ep8")
+    ctx.settings.profile["parallel"]["ep"] = 3
+    res = run(ctx, "model.config")
+    assert "n_routed_experts=8 is not divisible by EP 3" in res.details["problems"]
+
+
+def test_wrong_types_named(tmp_path, model):
+    edit_config(model, lambda c: c["text_config"].update(hidden_size="7168", num_attention_heads=-1))
+    res = judge(tmp_path, model, "model.config")
+    assert res.status.value == "fail"
+    assert "text_config.hidden_size is '7168', not a positive integer" in res.details["problems"]
+
+
+def test_text_model_type_must_be_deepseek_like(tmp_path, model):
+    edit_config(model, lambda c: c["text_config"].update(model_type="llama"))
+    res = judge(tmp_path, model, "model.config")
+    assert res.status.value == "fail" and "kimi_k25 expects one of kimi_k2, deepseek_v3" in res.summary
+
+
+def test_plain_deepseek_v3_top_level_quant(tmp_path, model):
+    def flatten(c):
+        text = c.pop("text_config")
+        c.clear()
+        c.update(text)
+        c["model_type"] = "deepseek_v3"
+    edit_config(model, flatten)
+    view = read_config(json.loads((model / "config.json").read_text()))
+    assert view.family == "deepseek_v3" and view.quant_where == "top level" and view.quant["group_size"] == 32
+    ctx = make_ctx(tmp_path, model)
+    ctx.settings.profile["model"]["model_type"] = "deepseek_v3"
+    ctx.settings.profile["model"]["architectures"] = ["DeepseekV3ForCausalLM"]
+    res = run(ctx, "model.config")
+    assert res.status.value == "pass", res.details
+
+
+def test_generic_model(tmp_path):
+    cfg = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 8,
+           "vocab_size": 100}
+    view = read_config(cfg)
+    assert view.family == "generic" and not view.problems
+    assert read_config({"model_type": "llama", "hidden_size": 0}).problems == [
+        "hidden_size is 0, not a positive integer"]
+    assert read_config([1, 2]).problems
+
+
+# -- model.tokenizer ------------------------------------------------------------------------------
+
+def test_tokenizer_passes_and_says_remote_code(tmp_path, model):
+    res = judge(tmp_path, model, "model.tokenizer")
+    assert res.status.value == "pass", res.summary
+    assert "needs --trust-remote-code" in res.summary and res.details["trust_remote_code_required"]
+
+
+@pytest.mark.parametrize("remove,expect", [
+    ("tiktoken.model", "needs tiktoken.model"),
+    ("chat_template.jinja", "no chat template"),
+    ("tokenization_kimi.py", "tokenization_kimi.py named by auto_map is missing"),
+    ("modeling_kimi_k25.py", "modeling_kimi_k25.py named by auto_map is missing"),
+])
+def test_tokenizer_missing_files(tmp_path, model, remove, expect):
+    (model / remove).unlink()
+    res = judge(tmp_path, model, "model.tokenizer")
+    assert res.status.value == "fail"
+    assert any(expect in p for p in res.details["problems"]), res.details["problems"]
+
+
+def test_tokenizer_config_bad_json(tmp_path, model):
+    (model / "tokenizer_config.json").write_text("{")
+    res = judge(tmp_path, model, "model.tokenizer")
+    assert res.status.value == "fail" and "tokenizer_config.json is not valid JSON" in res.summary
+
+
+def test_remote_code_turned_off(tmp_path, model):
+    ctx = make_ctx(tmp_path, model)
+    ctx.settings.profile["model"]["trust_remote_code"] = False
+    res = run(ctx, "model.tokenizer")
+    assert res.status.value == "fail" and "trust_remote_code = false" in json.dumps(res.details)
+
+
+# -- model.drafter --------------------------------------------------------------------------------
+
+def test_drafter_passes(tmp_path, model):
+    d = build_drafter(tmp_path)
+    res = run(make_ctx(tmp_path, model, d), "model.drafter")
+    assert res.status.value == "pass", res.details
+
+
+def test_no_drafter_skips(tmp_path, model):
+    res = run(make_ctx(tmp_path, model, None), "model.drafter")
+    assert res.status.value == "skip" and "--draft-model-path" in res.summary
+
+
+@pytest.mark.parametrize("kw,expect", [
+    ({"target_layer_ids": [1, 7]}, "target_layer_ids [7] are outside the target's 4 layers"),
+    ({"mask_token_id": SMALL.vocab_size}, f"mask_token_id {SMALL.vocab_size} is outside the vocabulary"),
+    ({"block_size": 0}, "block_size is 0; it must be an integer >= 1"),
+])
+def test_drafter_bad_config(tmp_path, model, kw, expect):
+    d = build_drafter(tmp_path, **kw)
+    before = tree_state(d)
+    res = run(make_ctx(tmp_path, model, d), "model.drafter")
+    assert tree_state(d) == before
+    assert res.status.value == "fail" and any(expect in p for p in res.details["problems"]), res.details
+
+
+def test_drafter_hidden_and_vocab_must_match_target(tmp_path, model):
+    d = build_drafter(tmp_path, K26Spec.small(hidden_size=128, vocab_size=2048), mask_token_id=5)
+    res = run(make_ctx(tmp_path, model, d), "model.drafter")
+    assert res.status.value == "fail"
+    assert "hidden_size is 128, the target's is 256" in res.details["problems"]
+    assert "vocab_size is 2048, the target's is 1024" in res.details["problems"]
+
+
+def test_drafter_shards_use_the_same_validator(tmp_path, model):
+    d = build_drafter(tmp_path)
+    with open(d / "model.safetensors", "r+b") as fh:
+        fh.truncate(1000)
+    res = run(make_ctx(tmp_path, model, d), "model.drafter")
+    assert res.status.value == "fail" and "model.safetensors" in res.summary and "truncated" in res.summary
+
+
+# -- model.fit ------------------------------------------------------------------------------------
+
+K26_BYTES = 595_138_725_088  # the full replica's tensor data (bench/k26 layout)
+
+
+def fit_facts(tmp_path, n_gpus, free_fraction=None, drafter_bytes=5_725_431_888):
+    """Facts of a K2.6-sized model (the full layout's totals and replicated share) on reference H200s."""
+    model = build(tmp_path)
+    opts = make_ctx(tmp_path, model).facts.options
+    m = collect_model(opts)
+    m["weights"]["totals"]["data_bytes"] = K26_BYTES
+    tensors = collect_model_tensors(opts)
+    tensors["summary"]["patterns"] = {
+        "language_model.model.layers.#.mlp.experts.#.up_proj.weight_packed": {"bytes": K26_BYTES - 3_000_000_000},
+        "language_model.model.layers.#.self_attn.q_a_proj.weight": {"bytes": 1_500_000_000},
+        "vision_tower.encoder.blocks.#.mlp.fc0.weight": {"bytes": 1_500_000_000}}
+    d = collect_drafter(opts)
+    d["weights"] = {"totals": {"data_bytes": drafter_bytes}}
+    return {"nvml": nvml_fact(n_gpus, free_fraction=free_fraction), "model": m, "model.tensors": tensors,
+            "drafter": d}, model
+
+
+def test_fit_k26_on_two_h200_fails(tmp_path):
+    facts, model = fit_facts(tmp_path, 2)
+    res = run(make_ctx(tmp_path, model, tp=2, facts=facts, profile="h200-tp8"), "model.fit")
+    assert res.status.value == "fail", res.summary
+    assert "exceed the static pool" in res.summary and "NVIDIA H200" in res.summary
+    assert res.details["per_gpu_weights"] > 140 * 1024 ** 3
+
+
+def test_fit_k26_on_eight_h200_passes(tmp_path):
+    facts, model = fit_facts(tmp_path, 8)
+    res = run(make_ctx(tmp_path, model, tp=8, facts=facts, profile="h200-tp8"), "model.fit")
+    assert res.status.value == "pass", res.summary
+    per = res.details["per_gpu_weights"]
+    assert (K26_BYTES - 3e9) / 8 + 3e9 + 5_725_431_888 == pytest.approx(per, abs=8)
+    assert res.details["devices"][0]["total"] == 150754820096
+
+
+def test_fit_busy_gpus_fail(tmp_path):
+    facts, model = fit_facts(tmp_path, 8, free_fraction=0.4)
+    res = run(make_ctx(tmp_path, model, tp=8, facts=facts, profile="h200-tp8"), "model.fit")
+    assert res.status.value == "fail" and "free now" in res.summary
+
+
+def test_fit_tight_kv_warns(tmp_path):
+    facts, model = fit_facts(tmp_path, 8)
+    ctx = make_ctx(tmp_path, model, tp=8, facts=facts, profile="h200-tp8")
+    ctx.settings.profile["model"]["min_kv_cache_gib"] = 60
+    res = run(ctx, "model.fit")
+    assert res.status.value == "warn" and "for the KV cache" in res.summary
+
+
+def test_fit_without_gpu_facts_skips(tmp_path):
+    facts, model = fit_facts(tmp_path, 8)
+    facts["nvml"] = {"available": False, "error": "NVML library not found", "devices": []}
+    res = run(make_ctx(tmp_path, model, facts=facts), "model.fit")
+    assert res.status.value == "skip" and "NVML library not found" in res.summary
+    del facts["nvml"]
+    res = run(make_ctx(tmp_path, model, facts=facts), "model.fit")
+    assert res.status.value == "skip"
+
+
+def test_full_k26_config_reads_back():
+    view = read_config(k26_config(K26Spec()))
+    assert not view.problems
+    assert view.int_field("num_hidden_layers") == 61 and view.int_field("n_routed_experts") == 384

@@ -1,0 +1,254 @@
+"""model.shards on real (sparse) K2.6-shaped replicas: every bad input of the issue is a clean fail that
+names the problem, and nothing changes on disk."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from safetensors import safe_open
+
+sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "model"))
+from modelkit import SMALL, build, make_ctx, run, tree_state  # noqa: E402
+
+from doctor.weights.replica import shard_name  # noqa: E402
+
+S1, S2, S3 = (shard_name(i, SMALL.shards) for i in (1, 2, 3))
+
+
+@pytest.fixture
+def model(tmp_path: Path) -> Path:
+    return build(tmp_path)
+
+
+def judge(tmp_path: Path, model: Path, check_id: str = "model.shards"):
+    before = tree_state(model)
+    res = run(make_ctx(tmp_path, model), check_id)
+    assert tree_state(model) == before, "check changed the model directory"
+    return res
+
+
+def test_replica_is_real_and_passes(tmp_path, model):
+    idx = json.loads((model / "model.safetensors.index.json").read_text())
+    for shard in set(idx["weight_map"].values()):
+        with safe_open(str(model / shard), "np") as f:
+            assert f.keys()
+    assert S1 == "model-00001-of-000004.safetensors"
+    res = judge(tmp_path, model)
+    assert res.status.value == "pass", res.summary
+    assert res.details["totals"]["tensors"] == len(idx["weight_map"])
+
+
+def test_no_model_path_skips(tmp_path):
+    res = run(make_ctx(tmp_path, None), "model.shards")
+    assert res.status.value == "skip"
+    assert "--model-path" in res.summary
+
+
+def test_missing_path_fails(tmp_path):
+    res = run(make_ctx(tmp_path, tmp_path / "nope"), "model.shards")
+    assert res.status.value == "fail"
+    assert "does not exist" in res.summary
+
+
+def test_truncated_shard(tmp_path, model):
+    with open(model / S2, "r+b") as fh:
+        fh.truncate(os.path.getsize(model / S2) - 4096)
+    res = judge(tmp_path, model)
+    assert res.status.value == "fail"
+    assert S2 in res.summary and "truncated" in res.summary
+    assert res.details["redownload"] == [S2]
+    assert "hf download moonshotai/Kimi-K2.6 " + S2 in res.remediation.commands[0]
+
+
+def test_lfs_pointer(tmp_path, model):
+    (model / S1).write_text("version https://git-lfs.github.com/spec/v1\noid sha256:" + "b" * 64 + "\nsize 123\n")
+    res = judge(tmp_path, model)
+    assert res.status.value == "fail" and "Git LFS pointer" in res.summary and S1 in res.summary
+
+
+def test_huge_header_length(tmp_path, model):
+    with open(model / S3, "r+b") as fh:
+        fh.write(struct.pack("<Q", 2 ** 40))
+    res = judge(tmp_path, model)
+    assert res.status.value == "fail" and "exceeds safetensors' limit" in res.summary and S3 in res.summary
+
+
+def _rewrite_header(path: Path, mutate) -> None:
+    raw = path.read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    doc = json.loads(raw[8:8 + n])
+    mutate(doc)
+    body = json.dumps(doc, separators=(",", ":")).encode()
+    body += b" " * (n - len(body))
+    assert len(body) == n
+    path.write_bytes(raw[:8] + body + raw[8 + n:])
+
+
+def test_overlapping_offsets(tmp_path, model):
+    def mutate(doc):
+        names = [k for k in doc if k != "__metadata__"]
+        a, b = sorted(names, key=lambda k: doc[k]["data_offsets"][0])[:2]
+        doc[b]["data_offsets"] = [doc[b]["data_offsets"][0] - 2, doc[b]["data_offsets"][1] - 2]
+    _rewrite_header(model / S2, mutate)
+    res = judge(tmp_path, model)
+    assert res.status.value == "fail" and "overlaps" in res.summary and S2 in res.summary
+
+
+def test_wrong_dtype_for_shape(tmp_path, model):
+    def mutate(doc):
+        name = next(k for k, v in doc.items() if k != "__metadata__" and v["dtype"] == "BF16" and v["shape"])
+        doc[name]["dtype"] = "F32"
+    _rewrite_header(model / S2, mutate)
+    res = judge(tmp_path, model)
+    assert res.status.value == "fail" and "needs" in res.summary and S2 in res.summary
+
+
+def test_bad_json_index(tmp_path, model):
+    (model / "model.safetensors.index.json").write_text('{"weight_map": {"a": ')
+    res = judge(tmp_path, model)
+    assert res.status.value == "fail" and "not valid JSON" in res.summary
+
+
+def test_missing_index(tmp_path, model):
+    (model / "model.safetensors.index.json").unlink()
+    res = judge(tmp_path, model)
+    assert res.status.value == "fail" and "model.safetensors.index.json" in res.summary
+    assert res.details["stray_safetensors"]
+
+
+@pytest.mark.parametrize("evil", ["../outside.safetensors", "/etc/passwd", "sub/../../x.safetensors",
+                                  "a\\b.safetensors"])
+def test_path_traversal(tmp_path, model, evil):
+    idx_path = model / "model.safetensors.index.json"
+    idx = json.loads(idx_path.read_text())
+    first = next(iter(idx["weight_map"]))
+    idx["weight_map"][first] = evil
+    idx_path.write_text(json.dumps(idx))
+    res = judge(tmp_path, model)
+    assert res.status.value == "fail" and "refusing to look outside" in res.summary and repr(evil) in res.summary
+
+
+def test_dangling_symlink(tmp_path, model):
+    (model / S3).unlink()
+    os.symlink("../blobs/0123abcd", model / S3)
+    res = judge(tmp_path, model)
+    assert res.status.value == "fail" and "dangling symlink" in res.summary and S3 in res.summary
+
+
+def test_directory_instead_of_shard(tmp_path, model):
+    (model / S3).unlink()
+    (model / S3).mkdir()
+    res = judge(tmp_path, model)
+    assert res.status.value == "fail" and "not a regular file" in res.summary
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switches to an unprivileged user to make a file unreadable")
+def test_unreadable_file_as_unprivileged_user(tmp_path):
+    """Permissions do not stop root, so the check runs as `nobody` in a child process."""
+    base = Path("/tmp") / f"k26-unreadable-{os.getpid()}"
+    shutil.rmtree(base, ignore_errors=True)
+    base.mkdir(mode=0o755)
+    try:
+        model = build(base)
+        for p in [base, *base.rglob("*")]:
+            os.chmod(p, 0o755 if p.is_dir() else 0o644)
+        os.chmod(model / S2, 0o000)
+        code = ("import sys; sys.path.insert(0, %r); from doctor.weights.scan import scan_weights; import json; "
+                "r = scan_weights(%r); print(json.dumps([s for s in r['shards'] if not s['ok']]))"
+                % (str(Path(__file__).resolve().parents[1]), str(model)))
+        # The pyenv interpreter lives under /root (0700); the system one is reachable for `nobody`.
+        python = next((p for p in ("/usr/bin/python3", sys.executable) if os.path.exists(p)), sys.executable)
+        out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60,
+                             user="nobody", cwd="/", env={"PYTHONDONTWRITEBYTECODE": "1", "PATH": "/usr/bin:/bin"})
+        if out.returncode != 0 and "No module named" in out.stderr or "SyntaxError" in out.stderr:
+            pytest.skip(f"{python} cannot run the doctor as nobody: {out.stderr.strip().splitlines()[-1]}")
+        assert out.returncode == 0, out.stderr
+        bad = json.loads(out.stdout)
+        assert [b["name"] for b in bad] == [S2]
+        assert "Permission denied" in bad[0]["problems"][0]["message"]
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_tensor_in_wrong_shard(tmp_path, model):
+    idx_path = model / "model.safetensors.index.json"
+    idx = json.loads(idx_path.read_text())
+    name = next(k for k, v in idx["weight_map"].items() if v == S1)
+    idx["weight_map"][name] = S2
+    idx_path.write_text(json.dumps(idx))
+    res = judge(tmp_path, model)
+    assert res.status.value == "fail"
+    text = json.dumps(res.details)
+    assert "another shard" in text and name in text and f"found in {S1}" in text
+
+
+def test_tensor_missing_from_index_and_total_size(tmp_path, model):
+    idx_path = model / "model.safetensors.index.json"
+    idx = json.loads(idx_path.read_text())
+    idx["metadata"]["total_size"] += 1
+    idx_path.write_text(json.dumps(idx))
+    res = judge(tmp_path, model)
+    assert res.status.value == "fail" and "total_size" in res.summary
+
+
+def test_aria2_leftover(tmp_path, model):
+    (model / (S2 + ".aria2")).write_bytes(b"\x00\x01" + b"\0" * 100)
+    res = judge(tmp_path, model)
+    assert res.status.value == "fail" and S2 + ".aria2" in res.summary and "did not finish" in res.summary
+    assert S2 in res.details["redownload"]
+
+
+def test_hf_incomplete_leftover(tmp_path, model):
+    meta = model / ".cache" / "huggingface" / "download"
+    meta.mkdir(parents=True)
+    (meta / "Zx3Ab.0123456789abcdef.incomplete").write_bytes(b"\0" * 10)
+    res = judge(tmp_path, model)
+    assert res.status.value == "fail" and ".incomplete" in res.summary
+
+
+def test_huggingface_cache_layout_passes(tmp_path):
+    """snapshots/<rev>/<file> -> ../../blobs/<sha256>: normal, and the blob names become expected digests."""
+    flat = build(tmp_path, name="flat")
+    root = tmp_path / "hub" / "models--moonshotai--Kimi-K2.6"
+    snap = root / "snapshots" / ("c0ffee" * 6 + "abcd")
+    (root / "blobs").mkdir(parents=True)
+    snap.mkdir(parents=True)
+    import hashlib
+
+    for f in flat.iterdir():
+        digest = hashlib.sha256(f.read_bytes()).hexdigest()
+        shutil.move(str(f), root / "blobs" / digest)
+        os.symlink(os.path.join("..", "..", "blobs", digest), snap / f.name)
+    res = judge(tmp_path, snap)
+    assert res.status.value == "pass", res.summary
+    assert res.details["hf_cache"] == str(root)
+    (root / "blobs" / "deadbeef.incomplete").write_bytes(b"x")
+    res = judge(tmp_path, snap)
+    assert res.status.value == "fail" and "blobs/deadbeef.incomplete" in res.summary
+
+
+def test_single_file_model(tmp_path):
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    d = tmp_path / "single"
+    d.mkdir()
+    save_file({"model.embed_tokens.weight": np.zeros((8, 4), np.float32)}, str(d / "model.safetensors"))
+    res = judge(tmp_path, d)
+    assert res.status.value == "pass" and "1 shard" in res.summary
+
+
+def test_many_problems_are_all_named(tmp_path, model):
+    with open(model / S1, "r+b") as fh:
+        fh.truncate(100)
+    (model / S2).unlink()
+    res = judge(tmp_path, model)
+    assert res.status.value == "fail" and "2 of 4 shards damaged" in res.summary
+    assert {b["name"] for b in res.details["bad_shards"]} == {S1, S2}
