@@ -35,23 +35,22 @@ class Installed:
     version: str
     dist_info: Path
     site_packages: Path
-    hashes: dict[str, str | None] = field(default_factory=dict)  # path -> hex (None: listed, no hash)
+    hashes: dict[str, str] = field(default_factory=dict)  # path -> RECORD's hash field as written ("" if none)
 
     def record_hash(self, path: str) -> tuple[bool, str | None]:
-        """(listed in RECORD, its hex digest or None)."""
+        """(listed in RECORD, its hex digest or None). Decoded on demand: a RECORD has thousands of rows."""
         if path in self.hashes:
-            return True, self.hashes[path]
+            raw = self.hashes[path]
+            return True, record_to_hex(raw) if raw else None
         return False, None
 
 
-def parse_record(text: str) -> dict[str, str | None]:
-    """RECORD's CSV (path, hash, size) -> {path: hex or None}. Paths are kept as written."""
-    out: dict[str, str | None] = {}
+def parse_record(text: str) -> dict[str, str]:
+    """RECORD's CSV (path, hash, size) -> {path: hash field as written, e.g. ``sha256=<b64>``, or ""}."""
+    out: dict[str, str] = {}
     for row in csv.reader(io.StringIO(text)):
-        if not row or not row[0]:
-            continue
-        digest = record_to_hex(row[1]) if len(row) > 1 and row[1] else None
-        out[row[0]] = digest
+        if row and row[0]:
+            out[row[0]] = row[1] if len(row) > 1 else ""
     return out
 
 
