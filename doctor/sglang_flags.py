@@ -582,6 +582,8 @@ def validate_args(table: FlagTable, argv: list[str], removed: dict[str, dict[str
         arg = argv[i]
         i += 1
         if arg == "--":
+            problems.append(FlagProblem("error", arg, "'--' ends the options, and SGLang's parser takes no positional "
+                                                     "arguments: argparse rejects it"))
             break
         if not _looks_like_option(arg):
             problems.append(FlagProblem("error", arg, f"unexpected positional argument {arg!r} "

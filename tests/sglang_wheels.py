@@ -31,11 +31,18 @@ def wheel_for(version: str) -> Path:
     return found[0]
 
 
+# The parts of the package the server's parser definition lives in (and imports its choices from);
+# the rest (models, kernels: most of the 2,000 files) only costs unpacking time.
+PARSER_PARTS = ("sglang/srt/arg_groups/", "sglang/srt/parser/", "sglang/srt/function_call/", "sglang/srt/utils/",
+                "sglang/srt/speculative/", "sglang/srt/model_executor/", "sglang/srt/entrypoints/")
+
+
 def unpack(version: str, dest: Path) -> Path:
-    """Unpack the wheel's Python sources and metadata into ``dest`` (a site-packages); returns it."""
+    """Unpack the wheel's parser sources and metadata into ``dest`` (a site-packages); returns it."""
     with zipfile.ZipFile(wheel_for(version)) as zf:
         names = [n for n in zf.namelist()
-                 if (n.startswith("sglang/srt/") and n.endswith(".py"))
+                 if (n.endswith(".py") and (n.startswith(PARSER_PARTS) or (n.count("/") == 2 and
+                                            n.startswith("sglang/srt/"))))
                  or n in ("sglang/__init__.py", "sglang/launch_server.py")
                  or n.startswith(f"sglang-{version}.dist-info/")]
         zf.extractall(dest, names)

@@ -195,15 +195,16 @@ def argparse_from(table: FlagTable) -> argparse.ArgumentParser:
     return parser
 
 
-ATOMS = ["--tp-size", "--tp", "--port", "--cuda-graph-max-bs", "--cuda-graph-max-bs-decode",
-         "--trust-remote-code", "--cuda-graph-backend-decode", "--mem-frac", "--no-such", "--enable-tf32-matmul",
-         "--no-enable-tf32-matmul", "--lora-paths", "--cuda-graph", "8", "x", "full", "0.5", "-1"]
+FLAGS = ["--tp-size", "--tp", "--port", "--cuda-graph-max-bs", "--cuda-graph-max-bs-decode", "--trust-remote-code",
+         "--cuda-graph-backend-decode", "--mem-frac", "--no-such", "--enable-tf32-matmul", "--no-enable-tf32-matmul",
+         "--lora-paths", "--cuda-graph", "--port=7", "--trust-remote-code=1", "--model-path"]
+VALUES = ["8", "x", "full", "0.5", "-1", "-x", "--"]
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(st.sampled_from(ATOMS), max_size=6))
-def test_validate_agrees_with_argparse(t23: FlagTable, tail: list[str]) -> None:
-    argv = ["--model-path", "/m", *tail]
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.sampled_from(FLAGS), st.lists(st.sampled_from(VALUES), max_size=2)), max_size=4))
+def test_validate_agrees_with_argparse(t23: FlagTable, groups: list[tuple[str, list[str]]]) -> None:
+    argv = ["--model-path", "/m"] + [a for flag, values in groups for a in (flag, *values)]
     parser = argparse_from(t23)
     try:
         parser.parse_args(argv)
