@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "model"))
-from modelkit import SMALL, build, build_drafter, make_ctx, nvml_fact, run, tree_state  # noqa: E402
+from modelkit import SMALL, build, build_drafter, make_ctx, nvml_fact, run, tree_state
 
-from doctor.facts.model import collect_drafter, collect_model, collect_model_tensors  # noqa: E402
-from doctor.weights.modelconfig import read_config  # noqa: E402
-from doctor.weights.replica import K26Spec, k26_config  # noqa: E402
+from doctor.facts.model import collect_drafter, collect_model, collect_model_tensors
+from doctor.weights.modelconfig import read_config
+from doctor.weights.replica import K26Spec, k26_config
 
 
 @pytest.fixture

@@ -15,14 +15,14 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "model"))
-from modelkit import SMALL, build, make_ctx, run, tree_state  # noqa: E402
+from modelkit import SMALL, build, make_ctx, run, tree_state
 
-from doctor.registry import FIXERS, load  # noqa: E402
-from doctor.weights.hashing import Progress, sha256_file, verify_model_hashes  # noqa: E402
-from doctor.weights.manifest import MANIFEST_NAME, manifest_text  # noqa: E402
-from doctor.weights.replica import shard_name  # noqa: E402
-from fixes.actions import RunCommand  # noqa: E402
-from fixes.model import MoveAside, WriteNewFile  # noqa: E402
+from doctor.registry import FIXERS, load
+from doctor.weights.hashing import Progress, sha256_file, verify_model_hashes
+from doctor.weights.manifest import MANIFEST_NAME, manifest_text
+from doctor.weights.replica import shard_name
+from fixes.actions import RunCommand
+from fixes.model import MoveAside, WriteNewFile
 
 ROOT = Path(__file__).resolve().parents[1]
 S1, S2 = shard_name(1, SMALL.shards), shard_name(2, SMALL.shards)
@@ -224,7 +224,7 @@ def test_fixer_plan_moves_aside_and_downloads(tmp_path, model):
     ctx = make_ctx(tmp_path, model)
     ctx.settings.state_dir = str(tmp_path / "state")
     before = tree_state(model)
-    res, actions = _plan(ctx, "model.shards")
+    _res, actions = _plan(ctx, "model.shards")
     assert tree_state(model) == before, "planning changed something"
     kinds = [type(a).__name__ for a in actions]
     assert kinds == ["MoveAside", "MoveAside", "WriteNewFile", "RunCommand"], kinds
@@ -268,5 +268,5 @@ def test_fixer_without_repo_plans_nothing_destructive(tmp_path, model):
         fh.truncate(100)
     ctx = make_ctx(tmp_path, model)
     ctx.settings.profile["model"].pop("repo")
-    res, actions = _plan(ctx, "model.shards")
+    _res, actions = _plan(ctx, "model.shards")
     assert actions == []

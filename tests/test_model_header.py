@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from doctor.weights.header import DTYPE_BITS, MAX_HEADER_BYTES, read_header, validate_header_bytes, HeaderReport
+from doctor.weights.header import DTYPE_BITS, MAX_HEADER_BYTES, HeaderReport, read_header, validate_header_bytes
 from doctor.weights.replica import header_bytes
 
 

@@ -15,9 +15,9 @@ import pytest
 from safetensors import safe_open
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "model"))
-from modelkit import SMALL, build, make_ctx, run, tree_state  # noqa: E402
+from modelkit import SMALL, build, make_ctx, run, tree_state
 
-from doctor.weights.replica import shard_name  # noqa: E402
+from doctor.weights.replica import shard_name
 
 S1, S2, S3 = (shard_name(i, SMALL.shards) for i in (1, 2, 3))
 
@@ -94,7 +94,7 @@ def _rewrite_header(path: Path, mutate) -> None:
 def test_overlapping_offsets(tmp_path, model):
     def mutate(doc):
         names = [k for k in doc if k != "__metadata__"]
-        a, b = sorted(names, key=lambda k: doc[k]["data_offsets"][0])[:2]
+        _a, b = sorted(names, key=lambda k: doc[k]["data_offsets"][0])[:2]
         doc[b]["data_offsets"] = [doc[b]["data_offsets"][0] - 2, doc[b]["data_offsets"][1] - 2]
     _rewrite_header(model / S2, mutate)
     res = judge(tmp_path, model)
@@ -160,14 +160,15 @@ def test_unreadable_file_as_unprivileged_user(tmp_path):
         for p in [base, *base.rglob("*")]:
             os.chmod(p, 0o755 if p.is_dir() else 0o644)
         os.chmod(model / S2, 0o000)
-        code = ("import sys; sys.path.insert(0, %r); from doctor.weights.scan import scan_weights; import json; "
-                "r = scan_weights(%r); print(json.dumps([s for s in r['shards'] if not s['ok']]))"
-                % (str(Path(__file__).resolve().parents[1]), str(model)))
+        root = str(Path(__file__).resolve().parents[1])
+        code = (f"import sys; sys.path.insert(0, {root!r}); from doctor.weights.scan import scan_weights; "
+                f"import json; r = scan_weights({str(model)!r}); "
+                "print(json.dumps([s for s in r['shards'] if not s['ok']]))")
         # The pyenv interpreter lives under /root (0700); the system one is reachable for `nobody`.
         python = next((p for p in ("/usr/bin/python3", sys.executable) if os.path.exists(p)), sys.executable)
         out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60,
                              user="nobody", cwd="/", env={"PYTHONDONTWRITEBYTECODE": "1", "PATH": "/usr/bin:/bin"})
-        if out.returncode != 0 and "No module named" in out.stderr or "SyntaxError" in out.stderr:
+        if (out.returncode != 0 and "No module named" in out.stderr) or "SyntaxError" in out.stderr:
             pytest.skip(f"{python} cannot run the doctor as nobody: {out.stderr.strip().splitlines()[-1]}")
         assert out.returncode == 0, out.stderr
         bad = json.loads(out.stdout)
