@@ -49,12 +49,7 @@ def unpack(version: str, dest: Path) -> Path:
     return dest
 
 
-DDTREE_FIELD = '''
-    speculative_ddtree_budget: A[
-        Optional[int],
-        "DDTREE only. Node budget of the draft tree.",
-    ] = None
-'''
+PATCH_SET = Path(__file__).resolve().parents[1] / "sglang_patches" / "ddtree-0.5.23"
 _SITES: dict[str, Path] = {}
 
 
@@ -66,14 +61,13 @@ def site(version: str, factory: pytest.TempPathFactory) -> Path:
 
 
 def ddtree_site(factory: pytest.TempPathFactory) -> Path:
-    """0.5.23 with the one source change the DDTree patch makes to the parser: a new Spec field."""
+    """0.5.23 with the project's real DDTree patches applied (git apply, as a user would patch by hand)."""
     if "ddtree" not in _SITES:
         dest = factory.mktemp("sglang-0.5.23-ddtree")
         shutil.copytree(site("0.5.23", factory), dest, dirs_exist_ok=True)
-        spec = dest / "sglang/srt/arg_groups/fields/spec.py"
-        text = spec.read_text()
-        anchor = "    speculative_dflash_block_size: A["
-        assert anchor in text, "0.5.23 spec.py changed: update the DDTree stand-in field"
-        spec.write_text(text.replace(anchor, DDTREE_FIELD.lstrip("\n") + anchor, 1))
+        for patch in ("0001-ddtree-utils.patch", "0002-ddtree-algorithm-and-flags.patch"):
+            res = subprocess.run(["git", "apply", "-p1", str(PATCH_SET / patch)], cwd=dest, capture_output=True,
+                                 text=True, timeout=60)
+            assert res.returncode == 0, f"{patch}: {res.stderr}"
         _SITES["ddtree"] = dest
     return _SITES["ddtree"]
