@@ -8,6 +8,7 @@ import argparse
 import contextlib
 import io
 import json
+import os
 import socket
 import struct
 from pathlib import Path
@@ -158,3 +159,28 @@ def test_exec_stop_post_mode_is_silent_after_success(tmp_path: Path) -> None:
     res = run_doctor("diagnose", "--journal", "x.service", "--on-service-failure",
                      env=doctor_env(SERVICE_RESULT="success"))
     assert res.returncode == 0 and res.stdout == ""
+
+
+def test_journal_is_read_for_the_failed_invocation(tmp_path: Path) -> None:
+    """A stand-in journalctl on PATH (no journal daemon here) that logs its argv and prints a real log."""
+    from conftest import doctor_env
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    seen = tmp_path / "argv"
+    fake = bin_dir / "journalctl"
+    line = "ptxas fatal   : Value 'sm_103a' is not defined for option 'gpu-name'"
+    (tmp_path / "journal.txt").write_text(line + "\n")
+    fake.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > {seen}\ncat {tmp_path / 'journal.txt'}\n")
+    fake.chmod(0o755)
+    path = f"{bin_dir}:{os.environ.get('PATH', '')}"
+    res = run_doctor("diagnose", "--journal", "sglang-k26-ddtree.service", env=doctor_env(PATH=path))
+    assert res.returncode == 0 and "triton.ptxas" in res.stdout, res.stdout + res.stderr
+    assert "-u\nsglang-k26-ddtree.service" in seen.read_text()
+    res = run_doctor("diagnose", "--journal", "sglang-k26-ddtree.service", "--on-service-failure",
+                     env=doctor_env(PATH=path, SERVICE_RESULT="exit-code", INVOCATION_ID="abc123"))
+    assert res.returncode == 0
+    assert "_SYSTEMD_INVOCATION_ID=abc123" in seen.read_text()
+    fake.write_text("#!/bin/sh\necho 'No journal files were found.' >&2\nexit 1\n")
+    res = run_doctor("diagnose", "--journal", "x.service", env=doctor_env(PATH=path))
+    assert res.returncode == 2 and "cannot read the journal" in res.stderr
