@@ -9,9 +9,12 @@ is a failure that points at the EP profile.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 from checks import _gpu_links as links
+from doctor.facts import FactUnavailable
 from doctor.registry import check
 from doctor.result import Remediation, Result
 
@@ -27,6 +30,22 @@ SLOWDOWN_REASONS = {"hw_slowdown": "hardware slowdown", "hw_thermal_slowdown": "
 
 
 # -- shared ------------------------------------------------------------------------------------------
+
+def _guard(fn: Callable[[Any], Result]) -> Callable[[Any], Result]:
+    """A fact of the wrong shape (a hand-edited or corrupt snapshot) gives ``fail``, never a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(ctx: Any) -> Result:
+        try:
+            return fn(ctx)
+        except FactUnavailable:
+            raise
+        except (TypeError, AttributeError, KeyError, ValueError, IndexError, ZeroDivisionError) as exc:
+            return Result.failed(f"the GPU facts are malformed ({type(exc).__name__}: {exc})",
+                                 "Record the host again with `k26-doctor snapshot`, or check live.")
+
+    return wrapper
+
 
 def _nvml(ctx: Any) -> tuple[dict[str, Any] | None, Result | None]:
     """The fact, or the result a check gives when there is nothing to judge."""
@@ -102,6 +121,7 @@ DRIVER_REMEDIES: dict[str, tuple[str, list[str]]] = {
 
 
 @check("gpu.driver", "NVIDIA driver and NVML load", needs=("nvml",), timeout=30)
+@_guard
 def gpu_driver(ctx: Any) -> Result:
     """Loads NVML (nvidia-ml-py) and reads the driver version, the CUDA version the driver supports
     and the number of GPUs. Nothing else on the GPU side can work without it. When NVML does not
@@ -118,6 +138,8 @@ def gpu_driver(ctx: Any) -> Result:
                                                 ["nvidia-smi", "sudo dmesg | grep -i -E 'nvrm|xid'"]))
         return Result.failed(nvml.get("error") or "NVML is not available", Remediation(text, cmds),
                              error_kind=kind or None, kernel_module_version=nvml.get("kernel_module_version"))
+    if not isinstance(nvml.get("devices"), list):
+        return Result.failed("the nvml fact is malformed (no devices list)")
     driver, kmod = nvml.get("driver_version"), nvml.get("kernel_module_version")
     details = {"driver_version": driver, "cuda_driver_version": nvml.get("cuda_driver_version"),
                "nvml_version": nvml.get("nvml_version"), "kernel_module_version": kmod,
@@ -127,6 +149,11 @@ def gpu_driver(ctx: Any) -> Result:
         text, cmds = DRIVER_REMEDIES["LibRmVersionMismatch"]
         return Result.failed(f"NVML library is {driver} but the loaded kernel module is {kmod}",
                              Remediation(text, cmds), **details)
+    if not isinstance(driver, str) or not driver:
+        why = (nvml.get("errors") or {}).get("driver_version", "not recorded") if isinstance(nvml.get("errors"),
+                                                                                              dict) else "not recorded"
+        return Result.warned(f"NVML loaded but the driver version could not be read ({why})",
+                             "Check `nvidia-smi`; the other GPU checks still judge what NVML reports.", **details)
     cuda = nvml.get("cuda_driver_version")
     cuda_s = f"CUDA {cuda // 1000}.{cuda % 1000 // 10}" if isinstance(cuda, int) else "CUDA version unknown"
     return Result.passed(f"NVIDIA driver {driver or '?'} ({cuda_s}), {nvml.get('device_count_total', 0)} GPU(s)",
@@ -136,6 +163,7 @@ def gpu_driver(ctx: Any) -> Result:
 # -- gpu.count ---------------------------------------------------------------------------------------
 
 @check("gpu.count", "GPUs visible vs the parallel size", needs=("nvml",), depends=("gpu.driver",))
+@_guard
 def gpu_count(ctx: Any) -> Result:
     """Counts the GPUs the service will see (all GPUs NVML sees, narrowed by the service's
     CUDA_VISIBLE_DEVICES, indices or GPU-/MIG- UUIDs, as CUDA reads it) against the profile's
@@ -178,6 +206,7 @@ def gpu_count(ctx: Any) -> Result:
 # -- gpu.arch ----------------------------------------------------------------------------------------
 
 @check("gpu.arch", "Compute capability of every GPU vs the profile", needs=("nvml",), depends=("gpu.driver",))
+@_guard
 def gpu_arch(ctx: Any) -> Result:
     """Compares each GPU's compute capability with the profile's (B300 is 10.3, sm_103; B200 10.0;
     H200 9.0; RTX PRO 6000 Blackwell 12.0). Kernels, the Triton backend and the patches are chosen
@@ -230,6 +259,7 @@ def gpu_arch(ctx: Any) -> Result:
 # -- gpu.memory --------------------------------------------------------------------------------------
 
 @check("gpu.memory", "Per-GPU memory total and free", needs=("nvml",), depends=("gpu.driver",))
+@_guard
 def gpu_memory(ctx: Any) -> Result:
     """Total memory of each GPU of the TP group against the profile's gpu.min_memory_gib, and free
     memory against what the server will reserve (server.mem_fraction_static of the total). The
@@ -280,6 +310,7 @@ def gpu_memory(ctx: Any) -> Result:
 # -- gpu.idle ----------------------------------------------------------------------------------------
 
 @check("gpu.idle", "No other process holds GPU memory", needs=("nvml",), depends=("gpu.driver",), fixer="gpu.idle")
+@_guard
 def gpu_idle(ctx: Any) -> Result:
     """Lists the processes that hold memory on the GPUs of the TP group (NVML's compute and
     graphics process lists): PID, command line from /proc, memory. A stale server from an earlier
@@ -329,6 +360,7 @@ def gpu_idle(ctx: Any) -> Result:
 # -- gpu.health --------------------------------------------------------------------------------------
 
 @check("gpu.health", "ECC, row remapping, MIG mode, clock-event reasons", needs=("nvml",), depends=("gpu.driver",))
+@_guard
 def gpu_health(ctx: Any) -> Result:
     """Per GPU of the TP group: a lost GPU, uncorrected ECC errors since the driver loaded, row
     remapping pending (needs a GPU reset) or failed (RMA), retired pages pending, MIG mode on or
@@ -414,6 +446,7 @@ def gpu_health(ctx: Any) -> Result:
 
 @check("gpu.nvlink", "NVLink P2P between every pair of the TP group; link counts equal", needs=("nvml",),
        depends=("gpu.driver",))
+@_guard
 def gpu_nvlink(ctx: Any) -> Result:
     """For every pair of GPUs in the TP group, NVLink P2P as NVML reports it
     (`nvmlDeviceGetP2PStatus` with the NVLINK index), and each GPU's active links
@@ -509,6 +542,7 @@ def gpu_nvlink(ctx: Any) -> Result:
 
 @check("gpu.fabric", "NVSwitch fabric state (fabric manager)", needs=("nvml",), depends=("gpu.driver",),
        fixer="gpu.fabric")
+@_guard
 def gpu_fabric(ctx: Any) -> Result:
     """On NVSwitch hosts (HGX) every GPU must be registered with the NVLink fabric before CUDA can
     use it: `nvmlDeviceGetGpuFabricInfoV` (or the older call) must say completed with success.
@@ -587,6 +621,7 @@ def gpu_fabric(ctx: Any) -> Result:
 
 @check("gpu.p2p_bandwidth", "Measured GPU-to-GPU copy bandwidth of every pair (--deep)",
        needs=("nvml", "p2p_bandwidth"), depends=("gpu.driver",), deep=True, timeout=300)
+@_guard
 def gpu_p2p_bandwidth(ctx: Any) -> Result:
     """With --deep: copies 256 MiB 20 times between every ordered pair of the TP group, with torch
     in the service's interpreter, and compares the one-direction rate with what the links should
@@ -662,7 +697,7 @@ def gpu_p2p_bandwidth(ctx: Any) -> Result:
         return Result.skipped("measured, but the links' expected rate is unknown: "
                               + ", ".join(f"{r['pair']} {r['gb_per_s']:.0f} GB/s" for r in rows[:6]), **details)
     worst = min((r for r in rows if r["fraction"] is not None), key=lambda r: r["fraction"])
-    summary = (f"{len(rows)} pair(s), slowest {worst['pair']} {worst['gb_per_s']:.0f} GB/s "
+    summary = (f"{len(rows)} pair(s), lowest {worst['pair']} {worst['gb_per_s']:.0f} GB/s "
                f"({worst['fraction']:.0%} of {worst['expected_gb_per_s']:.0f} GB/s, {worst['basis']})")
     if warn or missing:
         extra = ([f"below {warn_frac:.0%}: " + ", ".join(warn[:6])] if warn else []) + (

@@ -71,6 +71,15 @@ def plan_idle(ctx: Any, result: Any) -> list[Action]:
 
 @fixer("gpu.fabric", "Start the NVIDIA fabric manager", needs_root=True)
 def plan_fabric(ctx: Any, result: Any) -> list[Action]:
+    """Only when a GPU of the TP group says not started / in progress: anything else is not a
+    fabric manager that is down, and starting it would not help."""
+    nvml = ctx.fact("nvml")
+    if not isinstance(nvml, dict):
+        return []
+    down = [d for d in links.group(nvml, ctx.settings.world_size)
+            if (d.get("fabric") or {}).get("state_name") in ("not_started", "in_progress")]
+    if not down:
+        return []
     return [RunCommand(summary="start nvidia-fabricmanager (it must be the driver's version)", needs_root=True,
                        argv=["systemctl", "start", "nvidia-fabricmanager"], timeout=120.0)]
 

@@ -71,8 +71,8 @@ def main(argv=None):
         n = out["size_bytes"]  # uint8 elements
         bufs = {}
         for d in devices:
-            bufs[d] = (torch.empty(n, dtype=torch.uint8, device="cuda:%d" % d).fill_(1),
-                       torch.empty(n, dtype=torch.uint8, device="cuda:%d" % d))
+            bufs[d] = (torch.empty(n, dtype=torch.uint8, device=f"cuda:{d}").fill_(1),
+                       torch.empty(n, dtype=torch.uint8, device=f"cuda:{d}"))
         for d in devices:
             src, dst = bufs[d]
             secs = _timed_copies(torch, dst, src, args.iters, [d])
