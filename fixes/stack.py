@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from checks.triton_toolchain import _good_ptxas, _gpu_ccs, interpreter_kind, os_family, ptxas_choice, triton_arch
-from doctor.facts.stack import parse_env_file
+from doctor.facts.host import _writable_ancestor, parse_env_file
 from doctor.registry import fixer
 from fixes.actions import Action, RunCommand, WriteFile
 
@@ -114,17 +114,12 @@ def fix_triton_ptxas(ctx: Any, result: Any) -> list[Action]:
         return []
     actions: list[Action] = []
     if not path.parent.is_dir():
-        actions.append(RunCommand(f"create {path.parent}", needs_root=not _writable(path.parent.parent),
+        actions.append(RunCommand(f"create {path.parent}", needs_root=not _writable_ancestor(path.parent)[1],
                                   argv=["mkdir", "-p", str(path.parent)]))
-    actions.append(WriteFile(f"set {', '.join(changed)}={good[0]} in {path}", needs_root=not _writable(path),
-                             path=str(path), new_text=text))
+    # an atomic write needs the directory: a temporary file beside the target, then a rename
+    actions.append(WriteFile(f"set {', '.join(changed)}={good[0]} in {path}",
+                             needs_root=not _writable_ancestor(path.parent)[1], path=str(path), new_text=text))
     return actions
-
-
-def _writable(path: Path) -> bool:
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return os.access(path, os.W_OK)
 
 
 # -- python.venv: shebangs -----------------------------------------------------------------------

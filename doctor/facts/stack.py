@@ -27,6 +27,7 @@ from typing import Any
 
 from doctor import proc
 from doctor.facts import CollectOptions
+from doctor.facts.host import parse_env_file, service_environment
 from doctor.registry import collector
 
 STACK_PROBE_TIMEOUT = 30.0
@@ -43,26 +44,6 @@ _memo_lock = threading.Lock()
 
 # -- the service's environment ------------------------------------------------------------------
 
-def parse_env_file(text: str) -> dict[str, str]:
-    """A systemd ``EnvironmentFile``: ``KEY=VALUE`` lines, ``#``/``;`` comments, optional quotes/export."""
-    out: dict[str, str] = {}
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line or line[0] in "#;":
-            continue
-        if line.startswith("export "):
-            line = line[len("export "):].lstrip()
-        key, sep, value = line.partition("=")
-        key = key.strip()
-        if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
-            continue
-        value = value.strip()
-        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-            value = value[1:-1]
-        out[key] = value
-    return out
-
-
 def env_file_path(profile: dict[str, Any]) -> str | None:
     server = profile.get("server") if isinstance(profile, dict) else None
     path = server.get("env_file") if isinstance(server, dict) else None
@@ -70,8 +51,9 @@ def env_file_path(profile: dict[str, Any]) -> str | None:
 
 
 def service_env(opts: CollectOptions) -> tuple[dict[str, str], dict[str, Any]]:
-    """The environment the service gets, and where it came from (for the fact)."""
-    env = dict(opts.env)
+    """The environment the service gets (as ``host.env`` reads it: process env, profile [server.env], then
+    the env file systemd applies last), and where it came from (for the fact)."""
+    env = service_environment(opts)
     info: dict[str, Any] = {"env_file": env_file_path(opts.profile), "env_file_keys": []}
     path = info["env_file"]
     if path:
