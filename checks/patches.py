@@ -85,10 +85,14 @@ def sglang_patches(ctx: Context) -> Result:
     if ev.ok:
         return Result.passed(f"patch set {ev.set_name}: all {len(ev.patches)} patches applied "
                              f"({len(ev.files)} files match their post-image), sglang {ev.version}", **details)
-    states = ", ".join(f"{f.path} {f.state}" for f in ev.files if f.state != APPLIED)
-    counts = {s: ev.count(s) for s in (PRISTINE, PARTIAL, DRIFTED, MISSING) if ev.count(s)}
-    summary = (f"patch set {ev.set_name} {ev.overall}: "
-               + ", ".join(f"{n} {s}" for s, n in counts.items()) + f" of {len(ev.files)} files ({states})")
+    groups = []
+    for state in (DRIFTED, MISSING, PARTIAL, PRISTINE):
+        paths = [f.path for f in ev.files if f.state == state]
+        if paths:
+            groups.append(f"{len(paths)} {state}: {', '.join(paths)}")
+    applied_patches = sum(1 for p in ev.patches if p.state == APPLIED)
+    summary = (f"patch set {ev.set_name} {ev.overall} ({applied_patches}/{len(ev.patches)} patches, "
+               f"{ev.count(APPLIED)}/{len(ev.files)} files applied); " + "; ".join(groups))
     if ev.count(DRIFTED) or ev.count(MISSING):
         text = ("Drifted files were edited by hand or come from another build: look at them, then either "
                 "reinstall SGLang and apply, or apply with --force (the drifted files are backed up).")

@@ -39,8 +39,8 @@ class ApplyPatchSet(Action):
     diff: list[str] = field(default_factory=list)
 
     def details(self) -> list[str]:
-        lines = [f"{c['path']}: {c['why']} ({c['old_sha256'] or 'absent'} -> {c['new_sha256'] or 'deleted'})"
-                 for c in self.planned]
+        lines = [f"{c['path']}: {c['why']} ({(c['old_sha256'] or 'absent')[:12]} -> "
+                 f"{(c['new_sha256'] or 'deleted')[:12]})" for c in self.planned]
         return lines + self.diff
 
     def apply(self, backup_dir: Path) -> str:

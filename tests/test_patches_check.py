@@ -59,7 +59,7 @@ def test_pristine_fails_with_the_command_then_passes_once_applied(v523: Venv, tm
     settings = settings_for(tmp_path, v523.python)
     res, _ = judge(settings)
     assert res.status is Status.FAIL
-    assert "t-0.5.23 pristine" in res.summary and TRITON in res.summary
+    assert "t-0.5.23 pristine (0/3 patches, 0/5 files applied); 5 pristine: " in res.summary and TRITON in res.summary
     assert any(c.startswith("k26-doctor patches apply --profile b300-tp8-ddtree --python ") for c in
                res.remediation.commands)
     assert res.details["files"][TRITON] == "pristine"
@@ -72,7 +72,7 @@ def test_drift_fails_naming_the_file(v523: Venv, tmp_path: Path) -> None:
     engine(v523, tmp_path).apply()
     rewrite(v523.site_packages / TRITON, b"# edited\n")
     res, _ = judge(settings_for(tmp_path, v523.python))
-    assert res.status is Status.FAIL and f"{TRITON} drifted" in res.summary
+    assert res.status is Status.FAIL and f"1 drifted: {TRITON}" in res.summary
     assert any("--force" in c for c in res.remediation.commands)
 
 
