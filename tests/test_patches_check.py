@@ -202,3 +202,67 @@ def test_cli_make_manifest(v523: Venv, tmp_path: Path, tmp_path_factory: pytest.
     (d / "0001-spec-marker.patch").write_bytes(b"--- a/x\n+++ b/x\n@@ -1 +1 @@\n-a\n+b\n")
     res = run_doctor("patches", "make-manifest", str(d), "--site-packages", str(v523.site_packages), "--check")
     assert res.returncode == 1
+
+
+def test_cli_asks_per_patch_on_a_terminal(v523: Venv, tmp_path: Path) -> None:
+    """Without --yes on a terminal: one question per patch; a patch another builds on cannot be left out."""
+    import pty
+    import subprocess
+    import sys
+
+    def run_with_tty(answers: str) -> tuple[int, str]:
+        master, slave = pty.openpty()
+        proc = subprocess.Popen([sys.executable, "-m", "doctor", "patches", "apply", "--python", v523.python,
+                                 "--patches-dir", str(FIXTURE_SETS), "--state-dir", str(tmp_path / "state"),
+                                 "--set", "t-0.5.23"], stdin=slave, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, env=doctor_env(), text=True)
+        os.close(slave)
+        os.write(master, answers.encode())
+        out, _ = proc.communicate(timeout=60)
+        os.close(master)
+        return proc.returncode, out
+
+    before = sha256_file(v523.site_packages / TRITON)
+    code, out = run_with_tty("y\nn\ny\n")  # skip triton-and-chain only
+    assert code == 0, out
+    assert all(f"apply {pid} (" in out for pid in ("spec-marker", "triton-and-chain", "eol-and-delete"))
+    ev = engine(v523, tmp_path).status()
+    assert {p.id: p.state for p in ev.patches} == {"spec-marker": "applied", "triton-and-chain": "pristine",
+                                                   "eol-and-delete": "applied"}
+    assert sha256_file(v523.site_packages / TRITON) == before
+    code, out = run_with_tty("n\n")  # decline the remaining one: nothing written
+    assert code == 0 and "nothing chosen" in out
+    assert "apply triton-and-chain (" in out and "apply spec-marker (" not in out  # asked only what is left
+    assert sha256_file(v523.site_packages / TRITON) == before
+
+
+def test_probe_runs_on_other_interpreters(tmp_path: Path) -> None:
+    """The probe is stdlib-only for any service interpreter; without SGLang it says so, no traceback."""
+    from doctor.patching import locate
+
+    pythons = [p for p in (Path(f"/root/.pyenv/versions/{v}/bin/python") for v in ("3.10.13", "3.12.1", "3.13.0"))
+               if p.exists()]
+    if not pythons:
+        pytest.skip("no other interpreters (pyenv) on this host")
+    for py in pythons:
+        data = locate.probe_install(str(py))
+        assert data["python_version"].startswith(py.parent.parent.name[:4]) and data["dist_infos"] == []
+        with pytest.raises(locate.LocateError, match="not installed"):
+            locate.from_probe(data)
+
+
+def test_ddtree_set_round_trip_if_shipped(v523: Venv, tmp_path: Path) -> None:
+    """The shipped DDTree set (another issue's) applies and reverts byte-exact with this engine."""
+    try:
+        pset = manifest.resolve("ddtree-0.5.23")
+    except manifest.ManifestError:
+        pytest.skip("sglang_patches/ddtree-0.5.23 is not in this checkout")
+    eng = Engine(pset, record.installed_in(v523.site_packages), state_dir=str(tmp_path / "state"))
+    assert eng.check_diffs() == [] and eng.status().overall == "pristine"
+    eng.apply()
+    assert eng.status().ok
+    eng.revert()
+    for path in pset.chains():
+        listed, digest = eng.installed.record_hash(path)
+        p = v523.site_packages / path
+        assert (sha256_file(p) == digest) if listed else not p.exists()
