@@ -49,15 +49,18 @@ class _Module:
     path: Path
     tree: ast.Module
     text: str
+    _imports: dict[str, str] | None = None
 
     def imports(self) -> dict[str, str]:
         """``local name -> dotted module`` for ``from X import name`` at any level of the file."""
-        out: dict[str, str] = {}
-        for node in ast.walk(self.tree):
-            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                for alias in node.names:
-                    out[alias.asname or alias.name] = node.module
-        return out
+        if self._imports is None:
+            out: dict[str, str] = {}
+            for node in ast.walk(self.tree):
+                if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                    for alias in node.names:
+                        out[alias.asname or alias.name] = node.module
+            self._imports = out
+        return self._imports
 
     def toplevel_assign(self, name: str) -> ast.expr | None:
         for node in self.tree.body:
@@ -195,7 +198,7 @@ class _Choices:
         value = mod.toplevel_assign(name)
         if value is not None:
             got, strict = self.resolve(value, mod, depth + 1)
-            mutated = re.search(rf"\b{re.escape(name)}\s*(\.(extend|append|add|update)\b|\+=|\|=)", mod.text)
+            mutated = _mutated(mod.text, name)
             return got, strict and not mutated
         origin = mod.imports().get(name)
         if origin:
@@ -203,6 +206,21 @@ class _Choices:
             if other is not None:
                 return self._named(name, other, depth + 1)
         return None, False
+
+
+_MUTATION = re.compile(r"\s*(\.(extend|append|add|update)\b|\+=|\|=)")
+
+
+def _mutated(text: str, name: str) -> bool:
+    """Whether the module extends ``name`` at run time (``NAME.extend``, ``NAME +=``...)."""
+    start = text.find(name)
+    while start != -1:
+        end = start + len(name)
+        before_ok = start == 0 or not (text[start - 1].isalnum() or text[start - 1] == "_")
+        if before_ok and _MUTATION.match(text, end):
+            return True
+        start = text.find(name, end)
+    return False
 
 
 @dataclass
