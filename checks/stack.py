@@ -221,11 +221,16 @@ def torch_arch(ctx: Any) -> Result:
                                          for k, m in per_cc.items()}}
     bad = {k: m for k, m in per_cc.items() if not m.ok}
     if bad:
+        needs = []
+        for cc in bad:
+            arch = compat.arch_info(cc)
+            if arch.get("min_cuda"):
+                needs.append(f"{arch.get('name', cc)} ({cc}) needs a torch built with CUDA >= {arch['min_cuda']}")
+        text = "Install a torch wheel built for this GPU's architecture" + (f": {'; '.join(needs)}" if needs else "")
         return Result.failed(
-            f"torch {info.get('version')} has no kernels for {where}: "
+            f"torch {info.get('version')} (CUDA {info.get('cuda')}) has no kernels for {where}: "
             + "; ".join(m.note for m in bad.values()) + f" (has {' '.join(flags)})",
-            Remediation("Install a torch wheel built for this GPU's architecture.",
-                        [_pip_install(ctx, "torch", "torch")]), **details)
+            Remediation(text + ".", [_pip_install(ctx, "torch", "torch")]), **details)
     summary = f"torch {info.get('version')} on {where}: " + "; ".join(m.note for m in per_cc.values())
     if ctx.deep:
         deep = _judge_matmul(info, details)

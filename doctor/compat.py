@@ -78,6 +78,11 @@ def ptxas_min_cuda(arch: str) -> str | None:
     return load().get("ptxas", {}).get("min_cuda", {}).get(arch)
 
 
+def arch_info(cc: str) -> dict[str, str]:
+    """``{"min_cuda": "12.9", "name": "Blackwell Ultra (B300, GB300)"}`` for ``"10.3"``, else {}."""
+    return dict(load().get("arch", {}).get(cc, {}) or {})
+
+
 def base_version(version: str) -> str:
     """Drop a local label: ``"2.11.0+cu130"`` -> ``"2.11.0"``."""
     return version.split("+", 1)[0].strip()

@@ -81,6 +81,7 @@ def test_compat_table():
     assert compat.cuda_from_nvml(13000) == "13.0" and compat.cuda_from_nvml(12080) == "12.8"
     assert compat.cuda_from_nvml(True) is None and compat.cuda_from_nvml("13000") is None
     assert compat.ptxas_min_cuda("sm_103a") == "12.9"
+    assert compat.arch_info("10.3")["min_cuda"] == "12.9" and compat.arch_info("7.2") == {}
 
 
 # -- torch.arch -----------------------------------------------------------------------------------
@@ -98,6 +99,7 @@ def test_torch_arch_fails_when_nothing_runs():
     res = run_check("torch.arch", ctx)
     assert res.status is Status.FAIL and "no kernels" in res.summary
     assert res.remediation and "torch==2.11.0" in res.remediation.commands[0]
+    assert "Blackwell Ultra (B300, GB300) (10.3) needs a torch built with CUDA >= 12.9" in res.remediation.text
 
 
 def test_torch_arch_ptx_only_warns():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from stack_support import (
     fake_libcuda_dir,
     headless_prefix,
@@ -17,6 +18,7 @@ from stack_support import (
     healthy_venv,
     make_ctx,
     nvml_fact,
+    pyenv_python,
     run_check,
 )
 
@@ -136,3 +138,21 @@ def test_missing_compiler_only_plans_build_essential():
 
 def test_unknown_os_plans_nothing():
     assert package_plan({"ID": "alpine"}, "3.12", need_headers=True, need_cc=True) == []
+
+
+@pytest.mark.parametrize("version", ["3.8.18", "3.9.18", "3.10.13", "3.11.7", "3.12.1", "3.13.0"])
+def test_probes_run_on_every_supported_service_python(version):
+    """The service may run any Python >= 3.8: the stdlib-only probes must work on each."""
+    from doctor import proc
+
+    python = str(pyenv_python(version))
+    stack, res = proc.run_probe(python, "stack", timeout=60)
+    assert stack is not None, res.why()
+    assert stack["python"]["version"] == version and stack["python"]["python_h"] is True
+    build, res = proc.run_probe(python, "cbuild", timeout=120, env={**os.environ, **libcuda_env()})
+    assert build is not None and build["ok"] and build["stage"] == "done", (res.why(), build)
+    for probe, module in (("torch_info", "torch"), ("sglang_import", "sglang")):
+        data, res = proc.run_probe(python, probe, timeout=120)
+        assert data is not None, res.why()
+        # either the package imports (someone installed it there) or the probe names it as missing
+        assert data["ok"] or data.get("missing_module") == module, data
