@@ -6,7 +6,9 @@ The torch_info facts are what torch 2.11.0+cu130 really reported on the H200 ref
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 
 import pytest
 from hypothesis import given
@@ -174,15 +176,24 @@ def test_cuda_compat_runtime_differs_from_profile_warns():
     assert res.status is Status.WARN and "13.0" in res.summary
 
 
-@pytest.mark.skipif(not os.environ.get("K26_TEST_TORCH_PYTHON"), reason="set K26_TEST_TORCH_PYTHON to an "
-                    "interpreter with torch (e.g. a venv with `pip install torch==2.13.0`)")
+def torch_python() -> str:
+    """An interpreter with torch: $K26_TEST_TORCH_PYTHON, else this one if torch is installed (not imported)."""
+    if os.environ.get("K26_TEST_TORCH_PYTHON"):
+        return os.environ["K26_TEST_TORCH_PYTHON"]
+    if importlib.util.find_spec("torch") is not None:
+        return sys.executable
+    pytest.skip("no interpreter with torch: set K26_TEST_TORCH_PYTHON (e.g. a venv with `pip install torch==2.13.0`)")
+
+
 def test_torch_info_probe_with_real_cpu_torch():
     from doctor.facts.stack import collect_torch_info
 
-    ctx = make_ctx(os.environ["K26_TEST_TORCH_PYTHON"], facts={"nvml": NO_NVML})
+    ctx = make_ctx(torch_python(), facts={"nvml": NO_NVML})
     info = collect_torch_info(ctx.facts.options)
     assert info["ok"] and info["version"].startswith("2.") and info["import_s"] > 0
     ctx.facts._values["torch_info"] = info
     res = run_check("torch.arch", ctx)
     if info["cuda"] is None:
         assert res.status is Status.FAIL and "CPU-only" in res.summary
+    else:
+        assert info["arch_flags"] and info["version"] in res.summary
