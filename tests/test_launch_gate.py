@@ -181,3 +181,35 @@ def test_wait_ready_command(tmp_path: Path) -> None:
     res = run_doctor("wait-ready", "--url", f"http://127.0.0.1:{free_port()}/health", "--timeout", "0.5",
                      "--interval", "0.1")
     assert res.returncode == 1 and "not ready after" in res.stderr
+
+
+def test_wait_forwards_sigterm_and_dies_by_it(tmp_path: Path, ddtree_sglang: Path) -> None:
+    """systemctl stop: SIGTERM to the doctor reaches the server; the doctor then dies by SIGTERM too
+    (a clean stop for systemd, not exit status 143)."""
+    import signal
+    import subprocess
+
+    py, port, mark = fake_python(tmp_path, server=str(STAND_IN)), free_port(), tmp_path / "mark"
+    argv = [sys.executable, "-m", "doctor", "launch", *common(tmp_path, py, port), "--no-check", "--no-flag-check",
+            "--wait", "--wait-interval", "0.1", "--", "--port", str(port), "--refuse", "0.2", "--warm", "0.2",
+            "--serve-for", "60"]
+    proc = subprocess.Popen(argv, env=env_for(ddtree_sglang, mark), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        ready = False
+        while time.monotonic() < deadline and not ready:
+            with socket.socket() as s:
+                ready = s.connect_ex(("127.0.0.1", port)) == 0
+            time.sleep(0.1)
+        assert ready
+        time.sleep(0.6)  # past warm-up: the doctor has seen 200 and is supervising
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "server ready" in err
+    assert proc.returncode == -signal.SIGTERM, err
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", port)) != 0  # the server is gone too

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -129,8 +130,10 @@ def _supervise(plan: Any, settings: Any, timeout: float, interval: float) -> int
         if child.poll() is None:
             child.send_signal(signum)
 
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, forward)
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGHUP, forward)
+    # Ctrl-C on a terminal already reaches the server (same foreground process group): don't double it.
+    signal.signal(signal.SIGINT, forward if not sys.stdin.isatty() else lambda *_: None)
     url = health_url(str(settings.get("server.host", "127.0.0.1")), int(settings.get("server.port", 30000)))
     sd_notify(f"MAINPID={os.getpid()}\nSTATUS=starting SGLang (pid {child.pid}), waiting for {url}")
     outcome = wait_ready(url, timeout, interval_s=interval, exited=child.poll, progress=sys.stderr,
@@ -154,7 +157,20 @@ def _supervise(plan: Any, settings: Any, timeout: float, interval: float) -> int
 
 
 def _status(code: int) -> int:
-    return 128 - code if code < 0 else code
+    """The server's exit status as ours. Killed by a signal: die by the same signal (so systemd sees a
+    clean stop after SIGTERM, and a shell sees what happened); failing that, 128 + N."""
+    if code >= 0:
+        return code
+    sig = -code
+    try:
+        signal.signal(sig, signal.SIG_DFL)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.kill(os.getpid(), sig)
+        time.sleep(1)
+    except (OSError, ValueError):
+        pass
+    return 128 + sig
 
 
 def _stop(child: subprocess.Popen[Any], grace: float = 30.0) -> None:
