@@ -1,0 +1,62 @@
+"""The GPU snapshot fixtures: what scenarios.py builds, marked, loadable, the real recording kept."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from doctor.facts import load_snapshot
+
+SNAPS = Path(__file__).parent / "fixtures" / "snapshots"
+SHARED_REF = Path(__file__).resolve().parents[2] / "shared" / "reference" / "h200x2-nvml.json"
+
+
+def _scenarios() -> object:
+    spec = importlib.util.spec_from_file_location("gpu_scenarios", SNAPS / "scenarios.py")
+    mod = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_committed_fixtures_are_what_the_builder_makes() -> None:
+    mod = _scenarios()
+    ref = json.loads((SNAPS / "reference" / "h200x2-nvml.json").read_text())
+    for name, doc in mod.scenarios(ref).items():
+        assert json.loads((SNAPS / name).read_text()) == doc, f"{name} is stale: run {SNAPS / 'scenarios.py'}"
+
+
+def test_reference_recording_kept_verbatim() -> None:
+    if not SHARED_REF.exists():
+        pytest.skip("shared/reference not present in this checkout")
+    kept = (SNAPS / "reference" / "h200x2-nvml.json").read_bytes()
+    assert hashlib.sha256(kept).digest() == hashlib.sha256(SHARED_REF.read_bytes()).digest()
+
+
+@pytest.mark.parametrize("path", sorted(SNAPS.glob("*.json")), ids=lambda p: p.name)
+def test_snapshots_load_and_say_what_they_are(path: Path) -> None:
+    doc = load_snapshot(path)
+    assert isinstance(doc["synthetic"], bool) and doc["note"]
+    if doc["synthetic"]:
+        assert "synthetic, derived from the real" in doc["note"]
+    nvml = doc["facts"]["nvml"]
+    for key in ("available", "error", "driver_version", "cuda_driver_version", "device_count_total", "visible",
+                "devices"):
+        assert key in nvml, key
+    for d in nvml["devices"]:
+        for key in ("index", "name", "uuid", "compute_capability", "memory", "pci_bus_id"):
+            assert key in d, key
+
+
+def test_converted_reference_keeps_the_real_readings() -> None:
+    ref = json.loads((SNAPS / "reference" / "h200x2-nvml.json").read_text())
+    conv = load_snapshot(SNAPS / "h200x2-reference.json")["facts"]["nvml"]
+    assert conv["driver_version"] == ref["driver"] == "580.159.04"
+    assert [d["uuid"] for d in conv["devices"]] == [d["uuid"] for d in ref["devices"]]
+    assert [d["nvlink"]["active"] for d in conv["devices"]] == [18, 18]
+    assert conv["pairs"][0]["topology"] == "PHB" and conv["pairs"][0]["p2p_nvlink"] == "ok"
+    assert "convert parameter 3" in conv["pairs"][0]["errors"]["p2p_read"]
