@@ -105,7 +105,7 @@ class _Sources:
         try:
             text = path.read_text(encoding="utf-8", errors="replace")
             tree = ast.parse(text, filename=str(path))
-        except (OSError, SyntaxError, ValueError):
+        except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
             return None
         self.read.append(str(path.relative_to(self.root)))
         return _Module(path, tree, text)

@@ -280,3 +280,19 @@ def test_check_runs_through_the_cli_with_a_service_interpreter(site_0523_ddtree:
                      "--draft-model-path", "/d", "--format", "json", env=env)
     assert res.returncode == 0, res.stdout + res.stderr
     assert '"sglang.flags"' in res.stdout and '"pass"' in res.stdout
+
+
+def test_hostile_sources_give_an_error_verdict_not_a_crash(tmp_path: Path) -> None:
+    pkg = tmp_path / "site" / "sglang"
+    (pkg / "srt").mkdir(parents=True)
+    lines = ["class ServerArgs:", "    @staticmethod", "    def add_cli_args(parser):",
+             "        names = ['--x']", "        parser.add_argument(*names)",
+             "        parser.add_argument('--bad', choices=" + "(" * 5000 + "1" + ")" * 5000 + ")"]
+    lines += [f"        parser.add_argument('--flag-{i}', type=int)" for i in range(25)]
+    (pkg / "srt" / "server_args.py").write_text("\n".join(lines) + "\n")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path / "site"))
+    fact = flags_fact(sys.executable, env)
+    assert fact["found"] and "table" not in fact and fact["error"]
+    assert judge_flags(fact, BASE).status is Status.ERROR
+    (pkg / "srt" / "server_args.py").write_bytes(b"\xff\xfe\x00 not python at all \x00")
+    assert judge_flags(flags_fact(sys.executable, env), BASE).status is Status.ERROR

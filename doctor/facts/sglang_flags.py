@@ -41,6 +41,9 @@ def flags_fact(python: str, env: dict[str, str] | None = None) -> dict[str, Any]
     except FlagSourceError as exc:
         out["error"] = str(exc)
         return out
+    except Exception as exc:  # sources shaped in a way this reader does not expect: say so, don't crash
+        out["error"] = f"reading the flag definitions failed: {type(exc).__name__}: {exc}"
+        return out
     out["table"] = table.to_dict()
     return out
 
