@@ -455,6 +455,13 @@ def sglang_install(ctx: Any) -> Result:
     details["dflash"] = imp.get("dflash")
     if imp.get("version") and str(imp.get("version")) != str(dist.get("version")):
         warnings.append(f"sglang.__version__ is {imp.get('version')} but the metadata says {dist.get('version')}")
+    jit = stack.get("sglang_jit")
+    if isinstance(jit, dict):
+        details["jit_nvcc"] = jit
+        if not jit.get("exists"):
+            warnings.append(f"SGLang builds its JIT kernels (DFlash tree sampling among them) with nvcc at first use: "
+                            f"none at {jit.get('nvcc')} (via {jit.get('found_by')}); set CUDA_HOME or install the "
+                            "CUDA toolkit")
     dflash = imp.get("dflash") or {}
     if dflash.get("available") is False:
         warnings.append("DFlash's tree-sampling kernel is unavailable: SGLang will verify greedily "

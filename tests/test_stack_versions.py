@@ -154,3 +154,14 @@ def test_a_source_tree_shadowing_the_installed_sglang_is_named(tmp_path):
     res = run_check("sglang.install", versions_ctx(f"{shadow}:{site}"))
     assert res.status is Status.FAIL and "stale checkout" in res.summary
     assert f"would load {shadow / 'sglang'}, not the installed {site}" in res.summary
+
+
+def test_sglang_jit_kernels_without_nvcc_warn():
+    site = sglang_site("0.5.23")  # has sglang/kernels/jit: DFlash tree sampling is JIT-built with nvcc
+    ctx = make_ctx(healthy_venv(), env={"PYTHONPATH": str(site), "CUDA_HOME": "/nonexistent/cuda"},
+                   facts={"nvml": nvml_fact([(10, 3)])})
+    ctx.facts._values["sglang_import"] = {"ok": True, "imported": True, "version": "0.5.23", "import_s": 9.1,
+                                          "dflash": {"available": True}}
+    res = run_check("sglang.install", ctx)
+    assert res.status is Status.WARN and "nvcc" in res.summary and "/nonexistent/cuda/bin/nvcc" in res.summary
+    assert res.details["jit_nvcc"]["found_by"] == "CUDA_HOME/CUDA_PATH"

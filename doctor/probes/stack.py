@@ -10,6 +10,8 @@ import json
 import os
 import platform
 import re
+import shutil
+import subprocess
 import sys
 import sysconfig
 
@@ -218,6 +220,30 @@ def nvidia_ptxas(pkgs):
     return found
 
 
+def sglang_jit(pkgs):
+    """SGLang >= 0.5.2x builds its JIT kernels (DFlash tree sampling among them) with nvcc at first use,
+    found as tvm-ffi finds it: CUDA_HOME / CUDA_PATH, then nvcc on PATH, then /usr/local/cuda."""
+    dirs = (pkgs.get("sglang") or {}).get("dirs") or []
+    if not dirs or not os.path.isdir(os.path.join(dirs[0], "kernels", "jit")):
+        return None
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    how = "CUDA_HOME/CUDA_PATH"
+    if home is None:
+        found = shutil.which("nvcc")
+        home = os.path.dirname(os.path.dirname(found)) if found else "/usr/local/cuda"
+        how = "PATH" if found else "default /usr/local/cuda"
+    nvcc = os.path.join(home, "bin", "nvcc")
+    out = {"nvcc": nvcc, "found_by": how, "exists": os.path.isfile(nvcc), "release": None}
+    if out["exists"]:
+        try:
+            text = subprocess.run([nvcc, "--version"], capture_output=True, timeout=20, check=False).stdout
+            m = re.search(r"release (\d+\.\d+)", text.decode(errors="replace"))
+            out["release"] = m.group(1) if m else None
+        except (OSError, subprocess.SubprocessError) as exc:
+            out["error"] = str(exc)
+    return out
+
+
 def _read(path, limit=2000000):
     try:
         with open(path, encoding="utf-8", errors="replace") as fh:
@@ -239,6 +265,7 @@ def main():
         "triton": triton_facts(pkgs),
         "torch": torch_facts(pkgs),
         "nvidia_ptxas": nvidia_ptxas(pkgs),
+        "sglang_jit": sglang_jit(pkgs),
         "env": {k: os.environ.get(k) for k in ENV_KEYS if os.environ.get(k) is not None},
     }
     sys.stdout.write(json.dumps(doc) + "\n")
