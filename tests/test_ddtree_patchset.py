@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import types
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -213,3 +214,20 @@ def test_server_args_parse_and_resolve_ddtree(tmp_path):
     assert out["resolved"] == [65, 16, 1, 1]
     assert out["resolution"].startswith("NotImplementedError: DDTREE: this revision")
     assert "--speculative-ddtree-budget" in out["missing_budget"]
+
+
+def test_the_patch_engines_generator_agrees_with_the_manifest(tmp_path):
+    """doctor.patching's own manifest generator, run on a pristine unpack, yields the same hashes."""
+    generate = pytest.importorskip("doctor.patching.generate")
+    record = pytest.importorskip("doctor.patching.record")
+    tool = patchset_tool()
+    wheel = require_wheel()
+    with zipfile.ZipFile(wheel) as zf:
+        meta = [n for n in zf.namelist() if n.endswith((".dist-info/RECORD", ".dist-info/METADATA"))]
+    tool.unpack(wheel, tmp_path, tool.touched_paths(SET_DIR, tool.load_manifest(SET_DIR)) + meta)
+    generated = generate.generate(SET_DIR, record.installed_in(tmp_path), write=False).to_dict()
+
+    def files(m):
+        return [(p["id"], [(f["path"], f["before"], f["after"]) for f in p["files"]]) for p in m["patches"]]
+
+    assert files(generated) == files(manifest())
