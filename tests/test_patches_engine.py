@@ -293,3 +293,30 @@ def test_generator_writes_a_manifest_and_refuses_a_patched_install(v523: Venv, t
     rewrite(v523.site_packages / TRITON, b"# not pristine\n")
     with pytest.raises(generate.GenerateError, match="differs from RECORD"):
         generate.generate(d, installed, write=False)
+
+
+def test_a_patch_that_creates_a_package_directory(v523: Venv, tmp_path: Path) -> None:
+    """New directories are made inside the transaction and removed again by a roll-back or revert."""
+    d = tmp_path / "sets" / "newpkg"
+    d.mkdir(parents=True)
+    from doctor.patching import udiff
+
+    (d / "0001-newpkg.patch").write_bytes(udiff.make_diff("sglang/srt/k26pkg/sub/__init__.py", None, b"X = 1\n"))
+    installed = record.installed_in(v523.site_packages)
+    generate.generate(d, installed)
+    eng = Engine(manifest.resolve("newpkg", str(tmp_path / "sets")), installed, state_dir=str(tmp_path / "state"))
+    eng.apply()
+    assert (v523.site_packages / "sglang/srt/k26pkg/sub/__init__.py").read_bytes() == b"X = 1\n"
+    eng.revert()
+    assert not (v523.site_packages / "sglang/srt/k26pkg/sub/__init__.py").exists()
+
+    fired = []
+
+    def fail_at_write(event: str, path: str) -> None:
+        if event == "replaced" and not fired:
+            fired.append(path)
+            raise OSError(28, "No space left on device", path)
+
+    with pytest.raises(EngineError, match="rolled back"):
+        Engine(eng.pset, installed, state_dir=str(tmp_path / "state"), hook=fail_at_write).apply()
+    assert not (v523.site_packages / "sglang/srt/k26pkg").exists()

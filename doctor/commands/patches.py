@@ -193,6 +193,9 @@ def _run(settings: Settings, set_name: str, op: str, yes: bool, force: bool, onl
     except (EngineError, StateError) as exc:
         click.echo(f"k26-doctor: {exc}", err=True)
         sys.exit(EXIT_FAILED)
+    except OSError as exc:  # e.g. the state directory's disk; every file is as it was or as planned
+        click.echo(f"k26-doctor: {op} stopped: {exc}", err=True)
+        sys.exit(EXIT_FAILED)
     except KeyboardInterrupt:
         click.echo("interrupted; every file is as it was (rolled back)", err=True)
         sys.exit(EXIT_FAILED)

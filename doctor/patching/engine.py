@@ -322,6 +322,9 @@ class Engine:
         except (udiff.HunkMismatch, EngineError) as exc:
             plan.refusals.append(str(exc))
             return None
+        except OSError as exc:
+            plan.refusals.append(f"{fs.path}: cannot read: {exc.strerror or exc}")
+            return None
         want = [chain[0][1].before] + [c.after for _, c in chain]
         if (None if new is None else sha256_bytes(new)) != want[goal]:
             plan.refusals.append(f"{fs.path}: the stored original does not rebuild to {want[goal]}")
@@ -370,7 +373,10 @@ class Engine:
             if store.read_journal() is not None:
                 raise EngineError(f"an interrupted run must be recovered first ({store.journal_path})")
             for c in plan.changes:
-                cur, _ = self._read(c.path)
+                try:
+                    cur, _ = self._read(c.path)
+                except OSError as exc:
+                    raise EngineError(f"{c.path}: cannot read ({exc.strerror or exc}); nothing was written") from None
                 if cur != c.old:
                     raise EngineError(f"{c.path} changed since the plan was made; nothing was written, plan again")
             for c in plan.changes:
@@ -397,6 +403,8 @@ class Engine:
                     else:
                         fsio.write_atomic(target, c.new, like=c.stat, hook=self.hook)
                     out.removed_bytecode.extend(fsio.remove_stale_bytecode(target))
+                    if c.new is None:
+                        self._prune_empty_dirs(target.parent)
                 for c in plan.changes:
                     cur, _ = self._read(c.path)
                     if cur != c.new:
@@ -462,7 +470,7 @@ class Engine:
         for entry in reversed(doc.get("files", [])):
             path = str(entry.get("path", ""))
             target = root / path
-            if not path or ".." in path.split("/"):
+            if not path or path.startswith("/") or ".." in path.split("/"):
                 problems.append(f"journal entry {entry!r} is not a file inside {root}")
                 continue
             for tmp in fsio.leftover_tmp_files(target):
@@ -495,7 +503,7 @@ class Engine:
                     try:
                         like = os.stat(target)
                     except FileNotFoundError:
-                        pass
+                        target.parent.mkdir(parents=True, exist_ok=True)  # a revert may have pruned it
                     fsio.write_atomic(target, data, like=like, hook=self.hook)
                 fsio.remove_stale_bytecode(target)
             except OSError as exc:
@@ -507,6 +515,32 @@ class Engine:
                 except OSError:
                     pass
         return problems
+
+    def _prune_empty_dirs(self, directory: Path) -> None:
+        """After deleting a file: remove directories left empty that the wheel does not have (RECORD)."""
+        record_dirs = self._record_dirs()
+        while directory != self.root and self.root in directory.parents:
+            rel = str(directory.relative_to(self.root))
+            if rel in record_dirs:
+                return
+            cache = directory / "__pycache__"
+            try:
+                if cache.is_dir() and not any(cache.iterdir()):
+                    cache.rmdir()
+                directory.rmdir()
+            except OSError:  # not empty (or not ours to remove): stop
+                return
+            directory = directory.parent
+
+    def _record_dirs(self) -> set[str]:
+        if not hasattr(self, "_dirs_cache"):
+            dirs: set[str] = set()
+            for path in self.installed.hashes:
+                parts = path.split("/")[:-1]
+                for k in range(1, len(parts) + 1):
+                    dirs.add("/".join(parts[:k]))
+            self._dirs_cache = dirs
+        return self._dirs_cache
 
     def _missing_dirs(self, changes: list[Change]) -> list[Path]:
         made: list[Path] = []
