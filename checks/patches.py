@@ -51,6 +51,12 @@ def sglang_patches(ctx: Context) -> Result:
     if not set_name or fact.get("no_set"):
         return Result.skipped(f"profile {ctx.settings.profile_name} uses no SGLang patch set ([patches] set is empty)")
     status_cmd = patches_command(ctx, "status")
+    site_dir = ctx.settings.patches_dir
+    if site_dir and "patches_dir" in fact and fact.get("patches_dir") != site_dir:
+        # The fact was gathered without the site's set directory: judging it could judge the wrong set.
+        return Result.errored(f"the sglang_patches fact was collected without the site's patch-set directory "
+                              f"{site_dir} (it used {fact.get('patches_dir') or 'only the built-in sets'}); "
+                              f"run `{status_cmd}`", set=set_name)
     if fact.get("set_error"):
         return Result.failed(f"patch set {set_name!r} cannot be used: {fact['set_error']}",
                              Remediation("Fix the profile's [patches] set or point --patches-dir at the site's sets.",

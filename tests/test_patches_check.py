@@ -266,3 +266,16 @@ def test_ddtree_set_round_trip_if_shipped(v523: Venv, tmp_path: Path) -> None:
         listed, digest = eng.installed.record_hash(path)
         p = v523.site_packages / path
         assert (sha256_file(p) == digest) if listed else not p.exists()
+
+
+def test_site_patches_dir_from_the_config_reaches_the_check(v523: Venv, tmp_path: Path) -> None:
+    """`[doctor] patches_dir` alone: judged when the run's CollectOptions carry it, else an honest error."""
+    from doctor.facts import CollectOptions
+
+    cfg = tmp_path / "site.toml"
+    cfg.write_text(f'[doctor]\npython = "{v523.python}"\npatches_dir = "{FIXTURE_SETS}"\n\n[patches]\nset = "t-0.5.23"\n')
+    res, _ = judge(resolve({"config": str(cfg)}, environ={}))
+    if hasattr(CollectOptions(), "patches_dir"):
+        assert res.status is Status.FAIL and "t-0.5.23 pristine" in res.summary
+    else:
+        assert res.status is Status.ERROR and "collected without the site's patch-set directory" in res.summary

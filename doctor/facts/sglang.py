@@ -25,7 +25,8 @@ def patches_dir_of(opts: Any) -> str | None:
 def collect_sglang_patches(opts: Any) -> dict[str, Any]:
     """The profile's SGLang patch set vs the installed files: hashes, RECORD, version, journal."""
     set_name = str(((opts.profile or {}).get("patches") or {}).get("set") or "")
-    out: dict[str, Any] = {"python": opts.python, "set_name": set_name}
+    out: dict[str, Any] = {"python": opts.python, "set_name": set_name, "patches_dir": patches_dir_of(opts),
+                           "state_dir": getattr(opts, "state_dir", None)}
     if not set_name:
         out["no_set"] = True
         return out
