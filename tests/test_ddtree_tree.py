@@ -280,3 +280,24 @@ def test_accepted_kv_moves_make_the_path_contiguous(dd):
         assert int(num.max()) >= 2 and src.numel() > 0
     with pytest.raises(ValueError):
         dd.accepted_kv_moves(acc, num, out_cache_loc[:-1], w)
+
+
+@pytest.mark.parametrize("shards", [1, 3, 8])
+def test_vocab_parallel_topk_merge_is_exact(dd, shards):
+    g = torch.Generator().manual_seed(shards)
+    vocab, n, k = 103, 7, 16
+    logits = torch.randn(n, vocab, generator=g) * 3
+    per = -(-vocab // shards)  # padded shard width, like a vocab-parallel embedding
+    parts = []
+    for s in range(shards):
+        local = torch.full((n, per), 123.0)  # padding columns: must never be picked
+        real = logits[:, s * per: (s + 1) * per]
+        local[:, : real.shape[1]] = real
+        parts.append(dd.shard_topk(local, k, s * per, num_valid=real.shape[1]))
+    vals, ids, lse = (torch.stack(x) for x in zip(*parts, strict=True))
+    lp, tok = dd.merge_shard_topk(vals, ids, lse, k)
+    ref_lp, ref_tok = dd.ddtree_topk_from_logits(logits, k)
+    assert torch.equal(tok, ref_tok)
+    assert torch.allclose(lp, ref_lp, atol=1e-5)
+    with pytest.raises(ValueError):
+        dd.merge_shard_topk(vals, ids, lse[:, :1], k)
