@@ -273,7 +273,8 @@ def test_site_patches_dir_from_the_config_reaches_the_check(v523: Venv, tmp_path
     from doctor.facts import CollectOptions
 
     cfg = tmp_path / "site.toml"
-    cfg.write_text(f'[doctor]\npython = "{v523.python}"\npatches_dir = "{FIXTURE_SETS}"\n\n[patches]\nset = "t-0.5.23"\n')
+    cfg.write_text(f'[doctor]\npython = "{v523.python}"\npatches_dir = "{FIXTURE_SETS}"\n\n'
+                   '[patches]\nset = "t-0.5.23"\n')
     res, _ = judge(resolve({"config": str(cfg)}, environ={}))
     if hasattr(CollectOptions(), "patches_dir"):
         assert res.status is Status.FAIL and "t-0.5.23 pristine" in res.summary
