@@ -251,3 +251,15 @@ def test_missing_pynvml_is_data_not_an_import_error(monkeypatch: pytest.MonkeyPa
     monkeypatch.setitem(sys.modules, "pynvml", None)  # import raises ImportError
     out = nvml_mod.collect_nvml(CollectOptions(env={}))
     assert out["available"] is False and out["error_kind"] == "ImportError" and "nvidia-ml-py" in out["error"]
+
+
+def test_service_env_file_sets_cuda_visible_devices(tmp_path: Path) -> None:
+    env_file = tmp_path / "sglang.env"
+    env_file.write_text("# the unit's EnvironmentFile\nCUDA_VISIBLE_DEVICES=GPU-2503ab35\n")
+    opts = CollectOptions(env={"CUDA_VISIBLE_DEVICES": "0"}, profile={"server": {"env_file": str(env_file)}})
+    env, info = nvml_mod.service_env(opts)
+    assert env["CUDA_VISIBLE_DEVICES"] == "GPU-2503ab35" and info["cuda_visible_devices_from"] == str(env_file)
+    out = nvml_mod.read_nvml(fake(machine()), env)
+    assert [d["index"] for d in out["devices"]] == [1]
+    missing = nvml_mod.service_env(CollectOptions(env={}, profile={"server": {"env_file": str(tmp_path / "no")}}))
+    assert missing[1]["env_file_error"]

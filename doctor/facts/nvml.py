@@ -571,7 +571,34 @@ def collect_nvml(opts: Any) -> dict[str, Any]:
         return _unavailable(f"nvidia-ml-py is not importable in the doctor's Python ({exc}): "
                             f"pip install nvidia-ml-py", "ImportError",
                             kernel_module_version=kernel_module_version())
-    return read_nvml(pynvml, dict(opts.env))
+    env, source = service_env(opts)
+    out = read_nvml(pynvml, env)
+    out.setdefault("visible", {})["source"] = source
+    return out
+
+
+def service_env(opts: Any) -> tuple[dict[str, str], dict[str, Any]]:
+    """The environment the service gets, as ``host.env`` reads it: this process's environment, the
+    profile's [server.env], then the env file systemd applies last (it may set CUDA_VISIBLE_DEVICES)."""
+    try:
+        from doctor.facts.host import parse_env_file, service_environment
+    except ImportError:  # pragma: no cover - the host facts module is part of the core
+        return dict(opts.env), {"env_file": None}
+    env = service_environment(opts)
+    path = ((opts.profile or {}).get("server") or {}).get("env_file")
+    info: dict[str, Any] = {"env_file": path, "cuda_visible_devices_from": None}
+    if "CUDA_VISIBLE_DEVICES" in env:
+        info["cuda_visible_devices_from"] = "environment"
+    if path:
+        try:
+            with open(os.path.expanduser(path), encoding="utf-8", errors="replace") as fh:
+                extra = parse_env_file(fh.read(1_000_000))
+            env.update(extra)
+            if "CUDA_VISIBLE_DEVICES" in extra:
+                info["cuda_visible_devices_from"] = path
+        except OSError as exc:
+            info["env_file_error"] = exc.strerror or str(exc)
+    return env, info
 
 
 # -- measured bandwidth (--deep) -------------------------------------------------------------------
@@ -599,7 +626,8 @@ def collect_p2p_bandwidth(opts: Any) -> dict[str, Any]:
     n = world_size(opts)
     args = ["--devices", ",".join(str(i) for i in range(n)), "--size-mib", "256", "--iters", "20",
             "--budget-s", str(BANDWIDTH_BUDGET_S)]
-    data, res = run_probe(opts.python, "p2p_bandwidth", args, timeout=BANDWIDTH_PROBE_TIMEOUT_S, env=dict(opts.env))
+    env, _ = service_env(opts)
+    data, res = run_probe(opts.python, "p2p_bandwidth", args, timeout=BANDWIDTH_PROBE_TIMEOUT_S, env=env)
     if data is None:
         return {"measured": False, "reason": f"the bandwidth probe failed under {opts.python}: {res.why()}",
                 "probe_failed": True, "python": opts.python, "duration_s": round(res.duration_s, 3)}
