@@ -320,3 +320,24 @@ def test_a_patch_that_creates_a_package_directory(v523: Venv, tmp_path: Path) ->
     with pytest.raises(EngineError, match="rolled back"):
         Engine(eng.pset, installed, state_dir=str(tmp_path / "state"), hook=fail_at_write).apply()
     assert not (v523.site_packages / "sglang/srt/k26pkg").exists()
+
+
+def test_owner_kept_and_symlinks_refused(v523: Venv, tmp_path: Path) -> None:
+    eng = engine(v523, tmp_path / "state")
+    target = eng.root / TRITON
+    if os.geteuid() == 0:
+        rewrite(target, target.read_bytes())
+        os.chown(target, 4321, 4321)  # a venv owned by the service user, patched by root
+    link_target = tmp_path / "elsewhere.py"
+    spec = eng.root / SPEC
+    link_target.write_bytes(spec.read_bytes())
+    spec.unlink()
+    spec.symlink_to(link_target)
+    plan = eng.plan_apply()
+    assert not plan.ok and any("symbolic link" in r for r in plan.refusals)
+    spec.unlink()
+    os.replace(link_target, spec)
+    eng.apply()
+    if os.geteuid() == 0:
+        st = os.stat(target)
+        assert (st.st_uid, st.st_gid) == (4321, 4321)

@@ -347,8 +347,12 @@ class Engine:
         return chosen
 
     def _preflight(self, plan: Plan) -> None:
-        """Refuse before writing when a directory cannot be written (not as that user)."""
+        """Refuse before writing: a directory that cannot be written (as this user), a symlinked file."""
         for change in plan.changes:
+            if (self.root / change.path).is_symlink():
+                plan.refusals.append(f"{change.path} is a symbolic link; the engine does not write through links "
+                                     "(replace it with the file, or patch its target's checkout)")
+                continue
             parent = (self.root / change.path).parent
             while not parent.exists() and parent != parent.parent:
                 parent = parent.parent

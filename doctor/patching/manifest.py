@@ -38,6 +38,7 @@ from doctor.patching.hashing import normalize_digest
 MANIFEST_NAME = "manifest.json"
 PACKAGE_SETS_DIR = Path(__file__).resolve().parents[2] / "sglang_patches"
 MAX_MANIFEST_BYTES = 4 << 20
+MAX_DIFF_BYTES = 64 << 20
 
 
 class ManifestError(Exception):
@@ -95,9 +96,13 @@ class PatchSet:
     def read_diff(self, patch: Patch) -> bytes:
         path = self.diff_path(patch)
         try:
-            return path.read_bytes()
+            with open(path, "rb") as fh:
+                data = fh.read(MAX_DIFF_BYTES + 1)
         except OSError as exc:
             raise ManifestError(f"cannot read diff {path} of patch {patch.id!r}: {exc.strerror or exc}") from None
+        if len(data) > MAX_DIFF_BYTES:
+            raise ManifestError(f"diff {path} is larger than {MAX_DIFF_BYTES >> 20} MiB: not a source patch")
+        return data
 
     def to_dict(self) -> dict[str, Any]:
         return {
