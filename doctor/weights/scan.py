@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from doctor.weights.forked import map_forked
 from doctor.weights.header import DTYPE_BITS, HeaderReport, Problem, read_header
 from doctor.weights.index import INDEX_NAME, SINGLE_NAME, Index, cross_check, index_summary, read_index
 from doctor.weights.layout import file_state, find_leftovers, hf_cache_root, read_hf_local_metadata
@@ -77,6 +78,9 @@ def _scan_weights(model_dir: str, workers: int) -> dict[str, Any]:
 
     states = {n: file_state(model_dir, n) for n in names}
     readable = [n for n, s in states.items() if s.exists and not s.dangling and s.error is None]
+    fast = _fast_index_scan(model_dir, index, readable, states) if index is not None and index.ok else None
+    if fast is not None and len(readable) == len(names) and all(v["ok"] for v in fast.values()):
+        return _fast_result(out, model_dir, index, names, states, fast)  # type: ignore[arg-type]
     reports: dict[str, HeaderReport | None] = dict(zip(readable, read_headers(
         [states[n].path for n in readable], workers=workers), strict=True))
     for n in names:
@@ -171,10 +175,69 @@ def clear_cache() -> None:
 
 def tensor_summary(model_dir: str, shard_names: list[str]) -> dict[str, Any] | None:
     """The tensor summary of the valid shards among ``shard_names`` (None when there is none)."""
-    paths = [os.path.join(model_dir, n) for n in shard_names]
+    paths = [p for p in (os.path.join(model_dir, n) for n in shard_names) if os.path.isfile(p)]
+
+    def part(path: str) -> dict[str, Any] | None:
+        rep = _read_cached(path)
+        return shard_summary(rep) if rep.ok else None
+
     with no_gc():
-        valid = [r for r in read_headers([p for p in paths if os.path.isfile(p)]) if r.ok]
-        return summarize_tensors(valid) if valid else None
+        parts = [p for p in map_forked(part, paths) if p is not None]
+        return merge_summaries(parts) if parts else None
+
+
+def shard_verdict(path: str, shard: str, weight_map: dict[str, str], indexed: int) -> dict[str, Any]:
+    """One shard's header verdict and whether its tensors are exactly those the index puts there
+    (same count, and the index maps each of them to this shard): small, JSON, computed in a child."""
+    rep = read_header(path)
+    v: dict[str, Any] = {"ok": rep.ok, "tensors": len(rep.tensors), "data_bytes": rep.data_bytes,
+                         "header_len": rep.header_len, "format": (rep.metadata or {}).get("format")}
+    if rep.ok:
+        names = rep.tensors.keys()
+        v["ok"] = len(names) == indexed and all(map(shard.__eq__, map(weight_map.get, names)))
+    return v
+
+
+def _fast_index_scan(model_dir: str, index: Index, readable: list[str],
+                     states: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
+    """Verdicts for every readable shard, spread over forked children; None when it cannot help."""
+    if len(readable) < 2:
+        return None
+    indexed = Counter(index.weight_map.values())
+    wmap = index.weight_map
+    results = map_forked(lambda n: shard_verdict(states[n].path, n, wmap, indexed[n]), readable)
+    return dict(zip(readable, results, strict=True))
+
+
+def _fast_result(out: dict[str, Any], model_dir: str, index: Index, names: list[str], states: dict[str, Any],
+                 fast: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The usual case: every shard valid and exactly as indexed, so the index and the headers agree
+    tensor for tensor (each header tensor is indexed to its shard, and the counts match)."""
+    total = sum(v["data_bytes"] for v in fast.values())
+    if index.total_size is not None and index.total_size != total:
+        out["problems"].append(_p("total_size_mismatch", f"index metadata.total_size is {index.total_size} bytes, "
+                                  f"the shard headers hold {total} bytes of tensor data"))
+    for n in names:
+        st, v = states[n], fast[n]
+        rec: dict[str, Any] = {"name": n, "size": st.size}
+        if st.is_symlink:
+            rec["symlink"] = st.link_target
+        if st.blob_sha256:
+            rec["blob_sha256"] = st.blob_sha256
+        rec.update(tensors=v["tensors"], data_bytes=v["data_bytes"], header_len=v["header_len"])
+        if v.get("format"):
+            rec["format"] = v["format"]
+        meta = read_hf_local_metadata(model_dir, n)
+        if meta:
+            rec["hf_metadata"] = {k: meta.get(k) for k in ("commit", "etag", "timestamp")}
+        rec["ok"] = True
+        rec["problems"] = []
+        out["shards"].append(rec)
+    out["leftovers"] = find_leftovers(model_dir, names)
+    out["totals"] = {"shards": len(names), "shards_ok": len(names), "tensors": sum(v["tensors"] for v in fast.values()),
+                     "data_bytes": total, "file_bytes": sum(s["size"] or 0 for s in out["shards"]),
+                     "index_tensors": len(index.weight_map)}
+    return out
 
 
 def _p(code: str, message: str) -> dict[str, str]:
@@ -193,25 +256,41 @@ _LAYER = re.compile(r"model\.layers\.(\d+)\.")
 _EXPERT = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.")
 
 
+def shard_summary(rep: HeaderReport) -> dict[str, Any]:
+    """One shard's share of the tensor summary (JSON): pattern/dtype/shape counts, layers, experts."""
+    names = list(rep.tensors)
+    if not names:
+        return {"counts": [], "layers": [], "pairs": []}
+    joined = "\n".join(names)
+    if "\n" in joined and joined.count("\n") != len(names) - 1:  # a name with a newline: fold slowly
+        patterns = [_NUM.sub(".#", n) for n in names]
+    else:
+        patterns = _NUM.sub(".#", joined).split("\n")
+    vals = rep.tensors.values()
+    counts = Counter(zip(patterns, [v["dtype"] for v in vals], [tuple(v["shape"]) for v in vals], strict=True))
+    return {"counts": [[p, d, list(s), n] for (p, d, s), n in counts.items()],
+            "layers": sorted(set(_LAYER.findall(joined))),
+            "pairs": sorted(set(_EXPERT.findall(joined)))}
+
+
 def summarize_tensors(reports: list[HeaderReport]) -> dict[str, Any]:
     """Fold tensor names into patterns: shapes and bytes per pattern, layers, experts per layer.
 
     Done with whole-shard regular expressions and C-level counting: ~208k names in a fraction of a
     second. A name's numbers become ``#`` (``layers.#.mlp.experts.#.up_proj.weight_packed``).
     """
+    return merge_summaries([shard_summary(r) for r in reports])
+
+
+def merge_summaries(parts: list[dict[str, Any]]) -> dict[str, Any]:
     counts: Counter[tuple[str, str, tuple[int, ...]]] = Counter()
     layers: set[str] = set()
     pairs: set[tuple[str, str]] = set()
-    for rep in reports:
-        names = list(rep.tensors)
-        if not names or any("\n" in n for n in names[:1]):
-            continue
-        joined = "\n".join(names)
-        patterns = _NUM.sub(".#", joined).split("\n")
-        vals = rep.tensors.values()
-        counts.update(zip(patterns, [v["dtype"] for v in vals], [tuple(v["shape"]) for v in vals], strict=True))
-        layers.update(_LAYER.findall(joined))
-        pairs.update(_EXPERT.findall(joined))
+    for part in parts:
+        for pat, dtype, shape, n in part["counts"]:
+            counts[(pat, dtype, tuple(shape))] += n
+        layers.update(part["layers"])
+        pairs.update(tuple(x) for x in part["pairs"])
     patterns_out: dict[str, dict[str, Any]] = {}
     dtypes: Counter[str] = Counter()
     dtype_bytes: Counter[str] = Counter()
