@@ -92,7 +92,7 @@ def interpreter_kind(ctx: Any, build: dict[str, Any]) -> dict[str, Any]:
         kind = "pyenv"
     elif "/uv/python/" in base or re.search(r"/cpython-\d+\.\d+", base):
         kind = "uv"
-    elif base and os.path.isdir(os.path.join(base, "conda-meta")):
+    elif py.get("base_is_conda"):
         kind = "conda"
     elif base in ("/usr", "/usr/"):
         kind = "system"

@@ -47,7 +47,7 @@ def pyenv_python(version: str = "3.12.1") -> Path:
 
 
 @functools.cache
-def headless_prefix(version: str = "3.12.1") -> Path:
+def headless_prefix(version: str = "3.12.1", under: str = ".pyenv/versions", conda: bool = False) -> Path:
     """A copy of a pyenv prefix without ``include/python3.X/Python.h``, under ``.../.pyenv/versions/``.
 
     Only the interpreter binary is copied; the standard library and shared library are symlinked, the
@@ -57,8 +57,10 @@ def headless_prefix(version: str = "3.12.1") -> Path:
     src = PYENV / version
     pyenv_python(version)
     mm = version.rsplit(".", 1)[0]
-    dst = workdir() / ".pyenv" / "versions" / version
+    dst = workdir() / under / version
     (dst / "bin").mkdir(parents=True)
+    if conda:
+        (dst / "conda-meta").mkdir()
     shutil.copy2(src / "bin" / f"python{mm}", dst / "bin" / f"python{mm}")
     os.symlink(f"python{mm}", dst / "bin" / "python3")
     (dst / "lib").mkdir()

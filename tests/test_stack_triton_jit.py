@@ -17,9 +17,11 @@ from stack_support import (
     headless_venv,
     healthy_venv,
     make_ctx,
+    make_venv,
     nvml_fact,
     pyenv_python,
     run_check,
+    workdir,
 )
 
 from doctor.facts.stack import collect_triton_build
@@ -50,6 +52,15 @@ def test_b300_failure_reproduced_python_h_missing():
     assert res.details["interpreter"]["kind"] == "pyenv"
     assert res.remediation and res.remediation.commands == ["pyenv install --force 3.12.1"]
     assert fix_triton_jit(ctx, res) == []
+
+
+def test_conda_interpreter_without_headers_points_at_conda():
+    base = headless_prefix(under="miniconda3/envs", conda=True)
+    py = make_venv(base / "bin" / "python3.12", workdir() / "venv-conda-headless")
+    res = run_check("triton.jit", jit_ctx(py, env=libcuda_env()))
+    assert res.status is Status.FAIL and "Python.h" in res.summary
+    assert res.details["interpreter"]["kind"] == "conda"
+    assert res.remediation.commands == [f"conda install -p {base} --force-reinstall python=3.12.1"]
 
 
 def test_same_venv_layout_with_headers_builds_and_loads():

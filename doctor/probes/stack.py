@@ -64,6 +64,7 @@ def python_facts():
         "exec_prefix": sys.exec_prefix,
         "base_exec_prefix": getattr(sys, "base_exec_prefix", sys.exec_prefix),
         "in_venv": sys.prefix != getattr(sys, "base_prefix", sys.prefix),
+        "base_is_conda": os.path.isdir(os.path.join(getattr(sys, "base_prefix", sys.prefix), "conda-meta")),
         "scheme": scheme,
         "include": include,
         "platinclude": platinclude,
