@@ -154,8 +154,8 @@ def cuda_compat(ctx: Any) -> Result:
     elif drv is not None and need_t is not None:
         supported = drv >= need_t
     else:
-        return Result.failed(f"cannot judge: NVML reported driver {driver or '?'} and no CUDA version, and CUDA "
-                             f"{runtime} is not in the table", **details)
+        return Result.errored(f"cannot judge: NVML reported driver {driver or '?'} and no CUDA version, and CUDA "
+                              f"{runtime} is not in the table", **details)
     if supported:
         summary = f"driver {driver} (CUDA {driver_cuda or '?'}) runs torch's CUDA {runtime} runtime"
         if note:

@@ -197,3 +197,9 @@ def test_torch_info_probe_with_real_cpu_torch():
         assert res.status is Status.FAIL and "CPU-only" in res.summary
     else:
         assert info["arch_flags"] and info["version"] in res.summary
+
+
+def test_cuda_compat_without_any_driver_reading_is_an_error_not_a_pass():
+    nvml = {"available": True, "driver_version": None, "cuda_driver_version": None, "devices": []}
+    res = run_check("cuda.compat", make_ctx("/x", facts={"nvml": nvml, "torch_info": torch_fact(cuda="11.2")}))
+    assert res.status is Status.ERROR and "cannot judge" in res.summary
