@@ -449,7 +449,7 @@ def _auto_map_modules(auto_map: Any) -> list[str]:
     return refs
 
 
-@check("model.tokenizer", "Tokenizer and chat template files the server needs", needs=("model",))
+@check("model.tokenizer", "Tokenizer and chat template files the server needs", needs=("model",), timeout=120)
 def model_tokenizer(ctx: Context) -> Result:
     """Looks for what the server's tokenizer loads: tokenizer_config.json (valid JSON), the vocabulary
     (tiktoken.model for TikToken tokenizers such as K2.6's, else tokenizer.json / tokenizer.model /
@@ -643,7 +643,7 @@ def split_bytes(summary: dict[str, Any] | None, total: int) -> tuple[int, int]:
 
 
 @check("model.fit", "Weights per GPU plus headroom fit in GPU memory", needs=("nvml", "model", "model.tensors",
-                                                                         "drafter"))
+                                                                         "drafter"), timeout=120)
 def model_fit(ctx: Context) -> Result:
     """Estimates the weights each GPU holds under the profile's parallelism (TP-split tensors / TP plus
     the tensors SGLang replicates on every rank: MLA down-projections, routers, norms, the vision tower)

@@ -70,7 +70,10 @@ def _scan_weights(model_dir: str, workers: int) -> dict[str, Any]:
         names = [SINGLE_NAME]
     else:
         out["layout"] = "none"
-        out["problems"].append(_p("index_missing", f"neither {INDEX_NAME} nor {SINGLE_NAME} is in {model_dir}"))
+        hint = ""
+        if os.path.isdir(os.path.join(model_dir, "snapshots")) and os.path.isdir(os.path.join(model_dir, "blobs")):
+            hint = " (this is a Hugging Face cache repository: point at its snapshots/<revision> directory)"
+        out["problems"].append(_p("index_missing", f"neither {INDEX_NAME} nor {SINGLE_NAME} is in {model_dir}{hint}"))
         names = []
         stray = _stray_shards(model_dir)
         if stray:
