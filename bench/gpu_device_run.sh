@@ -21,7 +21,7 @@ step() { echo "== $* ($(date +%T))"; }
 step snapshot
 timeout 120 "$PY" -m doctor snapshot --profile h200-tp8 --deep --fact nvml --fact p2p_bandwidth \
   --note "real: lent nvidia-h200 machine (1x H200), recorded with bench/gpu_device_run.sh" \
-  --output "$OUTDIR/h200x1-real.json"
+  --output "$OUTDIR/${SNAPSHOT_NAME:-h200x1-real.json}"
 step check tp8
 time timeout 60 "$PY" -m doctor check --only 'gpu.*' --profile h200-tp8 -v \
   --format json --output "$OUTDIR/check-tp8.json"

@@ -138,3 +138,34 @@ def test_live_bandwidth_probe() -> None:
     assert len(out["pairs"]) == n * (n - 1)
     assert all(x["gb_per_s"] > 100 for x in out["local"])
     assert all(p["data_ok"] for p in out["pairs"])
+
+
+def test_live_cli_check_then_fix_stops_the_stale_process(tmp_path: Path, doctor: Any) -> None:
+    """The whole user path: `check` names the PID, `fix --apply --yes` stops exactly it, `check` passes."""
+    run_doctor = doctor
+    py = _torch_python()
+    if py is None:
+        pytest.skip("no interpreter with CUDA torch")
+    ready = tmp_path / "ready"
+    code = ("import torch,time,pathlib,sys; x=torch.empty(2**30, dtype=torch.uint8, device='cuda:0'); "
+            "torch.cuda.synchronize(); pathlib.Path(sys.argv[1]).write_text('1'); time.sleep(120)")
+    child = subprocess.Popen([py, "-c", code, str(ready), "k26-cli-stale-marker"])
+    sel = ["--only", "gpu.idle", "--profile", "h200-tp8", "--tp", "1", "--state-dir", str(tmp_path / "state")]
+    try:
+        deadline = time.monotonic() + 90
+        while not ready.exists() and time.monotonic() < deadline and child.poll() is None:
+            time.sleep(0.2)
+        assert ready.exists(), "the torch child did not start"
+        first = run_doctor("check", *sel)
+        if f"PID {child.pid}" not in first.stdout:
+            pytest.skip(f"NVML does not report this PID namespace's processes here: {first.stdout[-300:]}")
+        assert first.returncode == 1 and "k26-cli-stale-marker" in first.stdout
+        fixed = run_doctor("fix", "--apply", "--yes", *sel, timeout=120)
+        assert f"PID {child.pid}" in fixed.stdout, fixed.stdout + fixed.stderr
+        child.wait(timeout=20)
+        again = run_doctor("check", *sel)
+        assert again.returncode == 0, again.stdout
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
