@@ -343,3 +343,26 @@ def test_malformed_fact_fails_clearly(value: Any) -> None:
     for cid, fn in GPU_FUNCS.items():
         res = fn(ctx)
         assert res.status in (Status.FAIL, Status.SKIP, Status.ERROR), (cid, res.summary)
+
+
+def test_direct_nvlink_bridge_counts_links_to_the_peer() -> None:
+    from checks import _gpu_links as links
+
+    doc = json.loads((SNAPS / "h200x2-reference.json").read_text())
+    a, b = nvml_of(doc)["devices"]
+    for me, peer in ((a, b), (b, a)):
+        me["nvlink"]["links"] = [{"link": n, "active": True, "version": 6, "remote_type": "gpu",
+                                  "remote_pci_bus_id": peer["pci_bus_id"] if n < 4 else "00000000:99:00.0"}
+                                 for n in range(6)]
+    assert links.pair_links(a, b) == 4
+    assert links.pair_label(nvml_of(doc), a, b) == "NV4"
+    assert links.expected_pair_gbps(nvml_of(doc), a, b, None)[0] == 100.0
+
+
+def test_fewer_links_than_the_profile_fail_even_when_equal() -> None:
+    doc = healthy()
+    for d in nvml_of(doc)["devices"]:
+        for link in d["nvlink"]["links"][12:]:
+            link["active"] = False
+    res = judge(doc, "gpu.nvlink")
+    assert res.status is Status.FAIL and "fewer active links than the profile's 18" in res.summary

@@ -178,6 +178,10 @@ def _resolve_token(token: str, uuids: list[str], mig_parent: Callable[[str], int
         if len(matches) == 1:
             return matches[0], ""
         return None, "no GPU has this UUID" if not matches else f"ambiguous UUID prefix ({len(matches)} GPUs)"
+    if token.upper().startswith("MIG-GPU-") and "/" in token:  # legacy MIG-GPU-<uuid>/<gi>/<ci>
+        gpu = token[len("MIG-"):].split("/", 1)[0].lower()
+        matches = [i for i, u in enumerate(uuids) if u.lower() == gpu]
+        return (matches[0], "") if matches else (None, "no GPU has the UUID of this MIG device")
     if token.upper().startswith("MIG-"):
         parent = mig_parent(token) if mig_parent else None
         if parent is None:
