@@ -78,7 +78,8 @@ def main() -> int:
     assert f_out.returncode == 0, f_out.stderr
     rep = json.loads(d_out.stdout)
     (res,) = [r for r in rep["results"] if r["id"] == "model.shards"]
-    assert res["status"] == "pass", res["summary"]
+    # The replica's data are holes: the doctor says so (warn), and that is the only thing it may say.
+    assert res["status"] in ("pass", "warn") and not res["details"]["bad_shards"], res["summary"]
     print(f"model.shards: {res['summary']}")
     floor, doctor, floor_cpu, doctor_cpu = [], [], [], []
     for _ in range(args.runs):

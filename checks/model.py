@@ -78,6 +78,16 @@ def judge_weights(ctx: Context, fact: dict[str, Any], what: str, repo_key: str) 
     }
     if w.get("stray_safetensors"):
         details["stray_safetensors"] = w["stray_safetensors"]
+    sparse = [s["name"] for s in w.get("shards", []) if s.get("ok") and _is_sparse(s)]
+    if sparse:
+        details["sparse_shards"] = sparse
+    if not lines and sparse:
+        return Result.warned(
+            f"{len(sparse)} shard(s) are sparse files (holes where data should be): {', '.join(sparse[:3])}"
+            + ("..." if len(sparse) > 3 else "") + "; an interrupted aria2/segmented download leaves holes",
+            Remediation("Hash them against the published digests:", [f"k26-doctor check --deep --only "
+                                                                      f"model.shards --model-path {path}"]),
+            **details)
     if not lines:
         n = totals.get("shards", 0)
         return Result.passed(f"{n} shard{'s' if n != 1 else ''}, {totals.get('tensors', 0):,} tensors, "
@@ -96,6 +106,16 @@ def judge_weights(ctx: Context, fact: dict[str, Any], what: str, repo_key: str) 
             if redo else "Fix the index or path by hand:")
     return Result.failed(head + first + more, Remediation(text, _redownload_commands(ctx, fact, redo, repo_key)),
                          **details)
+
+
+SPARSE_MIN_BYTES = 64 * 1024 ** 2
+
+
+def _is_sparse(shard: dict[str, Any]) -> bool:
+    """Far fewer bytes allocated than the file's size: unwritten holes (weights compress poorly, so even
+    compressing filesystems allocate most of a real shard)."""
+    size, alloc = shard.get("size"), shard.get("allocated")
+    return bool(size and alloc is not None and size >= SPARSE_MIN_BYTES and alloc < size // 2)
 
 
 def _optional(ctx: Context, name: str) -> Any:

@@ -253,3 +253,15 @@ def test_many_problems_are_all_named(tmp_path, model):
     res = judge(tmp_path, model)
     assert res.status.value == "fail" and "2 of 4 shards damaged" in res.summary
     assert {b["name"] for b in res.details["bad_shards"]} == {S1, S2}
+
+
+def test_sparse_shard_warns(tmp_path):
+    """A shard whose data are holes (an unfinished segmented download) is named; --deep decides."""
+    from doctor.weights.replica import write_sparse_safetensors
+
+    d = tmp_path / "sparse"
+    d.mkdir()
+    write_sparse_safetensors(str(d / "model.safetensors"), [("w", "BF16", (8192, 8192))])
+    res = judge(tmp_path, d)
+    assert res.status.value == "warn" and "sparse" in res.summary and "model.safetensors" in res.summary
+    assert res.details["sparse_shards"] == ["model.safetensors"]

@@ -35,6 +35,7 @@ class FileState:
     size: int | None = None
     error: str | None = None
     blob_sha256: str | None = None  # HF cache: the blob's name when it is a sha256
+    allocated: int | None = None  # bytes the filesystem allocated (st_blocks x 512): holes are not
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if v not in (None, False)} | {"name": self.name,
@@ -71,6 +72,7 @@ def file_state(model_dir: str, name: str) -> FileState:
     else:
         st = lst
     fs.size = st.st_size
+    fs.allocated = getattr(st, "st_blocks", 0) * 512 if hasattr(st, "st_blocks") else None
     return fs
 
 

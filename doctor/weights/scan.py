@@ -95,7 +95,7 @@ def _scan_weights(model_dir: str, workers: int) -> dict[str, Any]:
 
     for n in names:
         st = states[n]
-        rec: dict[str, Any] = {"name": n, "size": st.size}
+        rec: dict[str, Any] = {"name": n, "size": st.size, "allocated": st.allocated}
         if st.is_symlink:
             rec["symlink"] = st.link_target
         if st.blob_sha256:
@@ -222,7 +222,7 @@ def _fast_result(out: dict[str, Any], model_dir: str, index: Index, names: list[
                                   f"the shard headers hold {total} bytes of tensor data"))
     for n in names:
         st, v = states[n], fast[n]
-        rec: dict[str, Any] = {"name": n, "size": st.size}
+        rec: dict[str, Any] = {"name": n, "size": st.size, "allocated": st.allocated}
         if st.is_symlink:
             rec["symlink"] = st.link_target
         if st.blob_sha256:
