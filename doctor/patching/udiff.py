@@ -189,12 +189,14 @@ def apply(content: bytes | None, fp: FilePatch, *, allow_offset: bool = False) -
     src = split_lines(content)
     out: list[bytes] = []
     pos = 0  # next unconsumed index in src
+    shift = 0  # offset at which the previous hunk applied (patch(1) carries it forward too)
     for k, hunk in enumerate(fp.hunks, 1):
         old = hunk.old_lines()
         want = hunk.old_start - 1 if hunk.old_count else hunk.old_start  # 0-count: insert after old_start
-        at = _locate(src, old, want, pos, allow_offset)
+        at = _locate(src, old, want + shift, pos, allow_offset)
         if at is None:
-            raise HunkMismatch(_mismatch(fp, k, hunk, src, want))
+            raise HunkMismatch(_mismatch(fp, k, hunk, src, want + shift))
+        shift = at - want
         out.extend(src[pos:at])
         out.extend(hunk.new_lines())
         pos = at + len(old)
@@ -215,8 +217,8 @@ def _locate(src: list[bytes], old: list[bytes], want: int, floor: int, allow_off
         return want
     if not allow_offset:
         return None
-    for delta in range(1, len(src) + 1):  # nearest first, like patch(1), but never with fuzz
-        for at in (want - delta, want + delta):
+    for delta in range(1, len(src) + 1):  # nearest first, later before earlier, like patch(1); never fuzz
+        for at in (want + delta, want - delta):
             if fits(at):
                 return at
         if want - delta < floor and want + delta > len(src):
