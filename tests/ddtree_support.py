@@ -18,8 +18,6 @@ import tempfile
 from pathlib import Path
 from types import ModuleType
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 SET_DIR = ROOT / "sglang_patches" / "ddtree-0.5.23"
 TOOL = ROOT / "sglang_patches" / "tools" / "patchset.py"
@@ -40,6 +38,8 @@ def find_wheel() -> Path | None:
 
 
 def require_wheel() -> Path:
+    import pytest
+
     wheel = find_wheel()
     if wheel is None:
         pytest.skip(f"no {WHEEL_GLOB} (set K26_SGLANG_WHEEL or put it in one of {[str(d) for d in WHEEL_DIRS]})")
@@ -93,5 +93,7 @@ def load_file(path: Path, name: str) -> ModuleType:
 @functools.lru_cache(maxsize=1)
 def ddtree_utils() -> ModuleType:
     """``sglang/srt/speculative/ddtree_utils.py`` as the patch set creates it (torch only)."""
+    import pytest
+
     pytest.importorskip("torch")
     return load_file(patched_tree() / "sglang/srt/speculative/ddtree_utils.py", "k26_ddtree_utils")

@@ -1,6 +1,6 @@
 """SGLang 0.5.23's Triton tree-verify kernels on DDTree trees, run on the CPU by Triton's interpreter.
 
-The GPU test (tests/test_ddtree_gpu.py) is the real check; this runs the same harness with
+The GPU test (tests/test_ddtree_gpu.py) is the real check; this runs its harness (ddtree_gpu_harness.py) with
 ``TRITON_INTERPRET=1`` (float32, short prefixes) so the mask layout, the kernel call and the float64
 reference are exercised wherever triton is importable, GPU or not. Interpreter: ``$K26_SGLANG_ARGS_PYTHON``
 or this one; skips when it has no triton.
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from ddtree_support import find_wheel
 
-GPU_TEST = Path(__file__).resolve().parent / "test_ddtree_gpu.py"
+GPU_TEST = Path(__file__).resolve().parent / "ddtree_gpu_harness.py"
 
 
 def test_kernels_in_the_triton_interpreter():

@@ -1,0 +1,320 @@
+"""Harness: SGLang 0.5.23's own Triton kernels on DDTree trees, against float64 torch references.
+
+* ``extend_attention_fwd`` -- the kernel the Triton backend runs for TARGET_VERIFY -- with the
+  ancestor-only tree mask in the flattened FULL_MASK layout (bool as the eager path passes it, uint8 as the
+  CUDA-graph buffer holds it), for a GQA shape and Kimi/DeepSeek's absorbed-MLA shape (576/512, one KV
+  head), against float64 attention; and, as a control, the same kernel without the mask (what a graph
+  captured without the buffer would run) must be wrong on the tree.
+* ``verify_tree_greedy_kernel_triton`` (speculative/spec_tree.py) on the DDTree EAGLE encoding, against
+  the torch reference in ``ddtree_utils``.
+
+No SGLang install is needed: the kernel files come from an installed ``sglang`` if there is one, else from
+the 0.5.23 wheel (``$K26_SGLANG_WHEEL``, ``<repo>/.whl``, ``/work/main/.whl``, ``/tmp/wheels``). They are
+loaded with their package ``__init__`` files skipped, and ``sglang.srt.utils`` -- imported by the kernels
+only for platform predicates (is_cuda, is_hip, gfx checks, SM count) -- answered from torch.
+
+No pytest needed: ``python3 tests/ddtree_gpu_harness.py`` prints the measurements and exits 0 when every
+comparison holds, 1 on a failed one, 3 when it could not run (no CUDA/triton/kernel sources);
+tests/test_ddtree_gpu.py runs the same under pytest (``-m gpu``).
+``TRITON_INTERPRET=1 python3 tests/ddtree_gpu_harness.py --interpret`` runs the comparisons on a CPU in
+Triton's interpreter (tests/test_ddtree_interpreted.py does that in the suite).
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib
+import importlib.util
+import json
+import sys
+import tempfile
+import types
+import zipfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ddtree_support import SET_DIR, find_wheel, load_file
+
+
+class Unavailable(Exception):
+    """What the comparison needs is not here (no CUDA, no triton, no kernel sources): a skip, not a failure."""
+
+
+def _need(module: str):
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise Unavailable(f"{module} is not importable: {exc}") from None
+
+ATTN = "sglang/kernels/ops/attention"
+KERNEL_FILES = [f"{ATTN}/extend_attention.py", f"{ATTN}/decode_attention.py", f"{ATTN}/score_mod.py",
+                "sglang/srt/environ.py", "sglang/kernels/ops/speculative/spec_tree.py"]
+
+
+def _torch(device: str = "cuda"):
+    torch = _need("torch")
+    _need("triton")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise Unavailable("needs a CUDA device")
+    return torch
+
+
+def _source_root() -> Path:
+    """A directory holding ``sglang/...`` kernel sources: an installed sglang, else the wheel."""
+    spec = importlib.util.find_spec("sglang")
+    if spec is not None and spec.submodule_search_locations:
+        base = Path(next(iter(spec.submodule_search_locations))).parent
+        if all((base / f).is_file() for f in KERNEL_FILES):
+            return base
+    wheel = find_wheel()
+    if wheel is None:
+        raise Unavailable("neither an installed sglang nor the sglang 0.5.23 wheel is available")
+    dest = Path(tempfile.mkdtemp(prefix="ddtree-kernels-"))
+    with zipfile.ZipFile(wheel) as zf:
+        for f in KERNEL_FILES:
+            zf.extract(f, dest)
+    return dest
+
+
+def _platform_utils(torch) -> types.ModuleType:
+    """What the kernels import from ``sglang.srt.utils``: platform predicates, from torch."""
+    mod = types.ModuleType("sglang.srt.utils")
+    hip = torch.version.hip is not None
+
+    def arch() -> str:
+        return getattr(torch.cuda.get_device_properties(0), "gcnArchName", "") if hip else ""
+
+    mod.is_cuda = lambda: torch.version.cuda is not None and torch.cuda.is_available()
+    mod.is_hip = lambda: hip
+    mod.is_gfx95_supported = lambda: hip and arch().startswith("gfx95")
+    mod.is_gfx1250_supported = lambda: hip and arch().startswith("gfx1250")
+    mod.is_cpu = mod.is_musa = mod.is_npu = mod.is_xpu = lambda: False
+    mod.get_device_core_count = lambda device_id=0: torch.cuda.get_device_properties(device_id).multi_processor_count
+    return mod
+
+
+_KERNELS: dict[str, types.ModuleType] = {}
+
+
+def extend_attention_module(torch) -> types.ModuleType:
+    if "extend" in _KERNELS:
+        return _KERNELS["extend"]
+    root = _source_root()
+    saved = {k: v for k, v in sys.modules.items() if k == "sglang" or k.startswith("sglang.")}
+    for k in saved:
+        del sys.modules[k]
+    try:
+        for name in ("sglang", "sglang.kernels", "sglang.kernels.ops", "sglang.kernels.ops.attention", "sglang.srt"):
+            pkg = types.ModuleType(name)
+            pkg.__path__ = [str(root / name.replace(".", "/"))]
+            sys.modules[name] = pkg
+        sys.modules["sglang.srt.utils"] = _platform_utils(torch)
+        mod = importlib.import_module("sglang.kernels.ops.attention.extend_attention")
+    finally:
+        for k in [k for k in sys.modules if k == "sglang" or k.startswith("sglang.")]:
+            del sys.modules[k]
+        sys.modules.update(saved)
+    _KERNELS["extend"] = mod
+    return mod
+
+
+def verify_greedy_kernel_module() -> types.ModuleType:
+    """``verify_tree_greedy_kernel_triton`` and its launcher, cut out of spec_tree.py unchanged.
+
+    The rest of spec_tree.py imports SGLang's platform layer; these two functions need only triton.
+    """
+    if "verify" in _KERNELS:
+        return _KERNELS["verify"]
+    src = (_source_root() / "sglang/kernels/ops/speculative/spec_tree.py").read_text()
+    tree = ast.parse(src)
+    wanted = {"verify_tree_greedy_kernel_triton", "verify_tree_greedy_triton"}
+    decorated = []
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name in wanted:
+            lines = src.splitlines()[node.lineno - 1 - len(node.decorator_list): node.end_lineno]
+            decorated.append("\n".join(lines))
+    assert len(decorated) == 2, "spec_tree.py no longer defines the greedy verify kernel"
+    path = Path(tempfile.mkdtemp(prefix="ddtree-spec-tree-")) / "sglang_spec_tree_verify.py"
+    path.write_text("import torch\nimport triton\nimport triton.language as tl\n\n\n" + "\n\n\n".join(decorated) + "\n")
+    mod = load_file(path, "sglang_spec_tree_verify")
+    _KERNELS["verify"] = mod
+    return mod
+
+
+def ddtree_utils_module():
+    """The patch set's ddtree_utils.py, rebuilt from its creating diff and checked against the manifest.
+
+    Patch 0001 only creates this file, so its content is the diff's ``+`` lines; the sha256 must equal the
+    manifest's ``after`` hash. No wheel and no ``patch`` binary needed on the GPU machine.
+    """
+    rel = "sglang/srt/speculative/ddtree_utils.py"
+    manifest = json.loads((SET_DIR / "manifest.json").read_text())
+    entry = next(f for p in manifest["patches"] for f in p["files"] if f["path"] == rel)
+    patch = next(p for p in manifest["patches"] if any(f["path"] == rel for f in p["files"]))
+    lines = (SET_DIR / patch["diff"]).read_text().splitlines(keepends=True)
+    assert entry["before"] is None and lines[0].startswith("--- /dev/null"), "0001 must create the file"
+    body = "".join(ln[1:] for ln in lines[3:] if ln.startswith("+"))
+    assert hashlib.sha256(body.encode()).hexdigest() == entry["after"], "diff and manifest disagree"
+    dest = Path(tempfile.mkdtemp(prefix="ddtree-utils-")) / "ddtree_utils.py"
+    dest.write_text(body)
+    return load_file(dest, "k26_ddtree_utils_gpu")
+
+
+def make_trees(dd, torch, bs: int, budget: int, depth: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    trees = []
+    for b in range(bs):
+        logits = torch.randn(depth, 64, generator=g) * 4.0
+        lp, tok = dd.ddtree_topk_from_logits(logits, min(budget, 64))
+        trees.append(dd.build_ddtree(lp, tok, budget, root_token=b))
+    return trees
+
+
+def reference_attention(torch, q, k_ext, v_ext, k_buf, v_buf, prefix_slots, tree_mask, sm_scale):
+    """float64 attention for one request: every node reads the prefix and its tree ancestors (itself included)."""
+    w, h, _ = q.shape
+    hkv = k_ext.shape[1]
+    group = h // hkv
+    k = torch.cat([k_buf[prefix_slots], k_ext]).double()
+    v = torch.cat([v_buf[prefix_slots], v_ext]).double()
+    n_prefix = prefix_slots.numel()
+    allowed = torch.cat([torch.ones(w, n_prefix, dtype=torch.bool, device=q.device), tree_mask], dim=1)
+    out = torch.empty(w, h, v.shape[-1], dtype=torch.float64, device=q.device)
+    for head in range(h):
+        kh, vh = k[:, head // group], v[:, head // group]
+        scores = (q[:, head].double() @ kh.T) * sm_scale
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        out[:, head] = torch.softmax(scores, dim=-1) @ vh
+    return out
+
+
+SHAPES = {
+    "gqa": dict(heads=8, kv_heads=2, dq=128, dv=128),
+    "mla_absorbed": dict(heads=16, kv_heads=1, dq=576, dv=512),  # Kimi K2.6 / DeepSeek-V3 on Triton
+}
+
+
+def run_extend_case(shape: str, mask_dtype: str, *, seed: int = 0, device: str = "cuda", dtype_name: str = "bfloat16",
+                    prefix: tuple[int, ...] = (0, 29, 300)) -> dict:
+    """One comparison; ``device="cpu"`` with ``TRITON_INTERPRET=1`` runs the same kernel in Triton's interpreter."""
+    torch = _torch(device)
+    dd = ddtree_utils_module()
+    ext = extend_attention_module(torch)
+    cfg = SHAPES[shape]
+    dev = torch.device(device)
+    dtype = getattr(torch, dtype_name)
+    budget, depth = 16, 8
+    prefix = list(prefix)
+    bs = len(prefix)
+    trees = make_trees(dd, torch, bs, budget, depth, seed)
+    enc = dd.encode_eagle(trees, prefix_lens=prefix)
+    w = enc.width
+    assert all(bool((~enc.tree_mask[b]).tril().any()) for b in range(bs)), "trees must branch (else: causal)"
+    g = torch.Generator(device=dev).manual_seed(seed)
+    n_slots = sum(prefix) + 64
+    k_buf = torch.randn(n_slots, cfg["kv_heads"], cfg["dq"], generator=g, device=dev, dtype=dtype)
+    v_buf = torch.randn(n_slots, cfg["kv_heads"], cfg["dv"], generator=g, device=dev, dtype=dtype)
+    perm = torch.randperm(n_slots, generator=g, device=dev)
+    slots, off = [], 0
+    for p in prefix:
+        slots.append(perm[off: off + p])
+        off += p
+    n_tok = bs * w
+    q = torch.randn(n_tok, cfg["heads"], cfg["dq"], generator=g, device=dev, dtype=dtype)
+    k_ext = torch.randn(n_tok, cfg["kv_heads"], cfg["dq"], generator=g, device=dev, dtype=dtype)
+    v_ext = torch.randn(n_tok, cfg["kv_heads"], cfg["dv"], generator=g, device=dev, dtype=dtype)
+    qo_indptr = torch.arange(0, (bs + 1) * w, w, dtype=torch.int32, device=dev)
+    kv_indptr = torch.tensor([0, *torch.tensor(prefix).cumsum(0).tolist()], dtype=torch.int32, device=dev)
+    kv_indices = torch.cat(slots).to(torch.int64)
+    custom_mask = dd.build_verify_custom_mask(enc.tree_mask, torch.tensor(prefix)).to(dev)
+    if mask_dtype == "uint8":
+        custom_mask = custom_mask.to(torch.uint8)
+    mask_indptr = torch.tensor([0, *[w * (p + w) for p in prefix]], device=dev).cumsum(0).to(torch.int64)
+    sm_scale = 1.0 / cfg["dq"] ** 0.5
+
+    def run(mask):
+        o = torch.empty(n_tok, cfg["heads"], cfg["dv"], device=dev, dtype=dtype)
+        ext.extend_attention_fwd(q, k_ext, v_ext, o, k_buf, v_buf, qo_indptr, kv_indptr, kv_indices, mask, True,
+                                 mask_indptr if mask is not None else None, w, 1.0, 1.0, sm_scale)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        return o
+
+    masked, causal = run(custom_mask), run(None)
+    err = causal_err = 0.0
+    for b in range(bs):
+        rows = slice(b * w, (b + 1) * w)
+        ref = reference_attention(torch, q[rows], k_ext[rows], v_ext[rows], k_buf, v_buf, slots[b],
+                                  enc.tree_mask[b].to(dev), sm_scale)
+        err = max(err, float((masked[rows].double() - ref).abs().max()))
+        causal_err = max(causal_err, float((causal[rows].double() - ref).abs().max()))
+    return {"max_abs_err": err, "causal_max_abs_err": causal_err, "width": w}
+
+
+def run_verify_greedy_case(seed: int = 0, device: str = "cuda") -> dict:
+    torch = _torch(device)
+    dd = ddtree_utils_module()
+    kern = verify_greedy_kernel_module()
+    bs, budget, depth = 6, 24, 10
+    trees = make_trees(dd, torch, bs, budget, depth, seed)
+    enc = dd.encode_eagle(trees)
+    w = enc.width
+    g = torch.Generator().manual_seed(seed + 1)
+    target = torch.randint(1000, 2000, (bs, w), generator=g)
+    for b, tree in enumerate(trees):
+        for node, kids in enumerate(tree.children()):
+            if kids and torch.rand((), generator=g) < 0.85:
+                target[b, node] = tree.tokens[kids[int(torch.randint(len(kids), (), generator=g))]]
+    spec = enc.num_spec_tokens()
+    ref_pred, ref_acc, ref_num = dd.verify_tree_greedy_reference(
+        enc.draft_tokens, enc.retrieve_index, enc.retrieve_next_token, enc.retrieve_next_sibling,
+        target.view(-1), spec)
+    dev = torch.device(device)
+    predicts = torch.full((bs * w,), -1, dtype=torch.int32, device=dev)
+    accept_index = torch.full((bs, spec), -1, dtype=torch.int32, device=dev)
+    accept_num = torch.zeros((bs,), dtype=torch.int32, device=dev)
+    kern.verify_tree_greedy_triton(predicts, accept_index, accept_num, enc.draft_tokens.to(dev),
+                                   enc.retrieve_index.to(dev), enc.retrieve_next_token.to(dev),
+                                   enc.retrieve_next_sibling.to(dev), target.to(dev))
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    return {
+        "predicts_equal": bool(torch.equal(predicts.cpu().long(), ref_pred)),
+        "accept_index_equal": bool(torch.equal(accept_index.cpu().long(), ref_acc)),
+        "accept_num_equal": bool(torch.equal(accept_num.cpu().long(), ref_num)),
+        "mean_accepted": float(ref_num.double().mean()),
+    }
+
+
+def main(argv: list[str]) -> int:
+    """Without pytest: print the measurements, 1 on a failed comparison.
+
+    ``--interpret`` (with ``TRITON_INTERPRET=1`` in the environment): the same kernels on the CPU in Triton's
+    interpreter, float32, short prefixes -- a check of the harness and the mask layout where no GPU is.
+    """
+    interpret = "--interpret" in argv
+    try:
+        _torch("cpu" if interpret else "cuda")
+        _source_root()
+    except Unavailable as exc:
+        print(f"SKIP: {exc}")
+        return 3  # neither pass nor fail: nothing was compared
+    kw = dict(device="cpu", dtype_name="float32", prefix=(0, 5, 40)) if interpret else {}
+    tol = 1e-4 if interpret else 3e-2
+    ok = True
+    for shape in sorted(SHAPES):
+        for mask_dtype in ("bool", "uint8"):
+            r = run_extend_case(shape, mask_dtype, **kw)
+            good = r["max_abs_err"] < tol and r["causal_max_abs_err"] > 0.1
+            ok &= good
+            print(f"extend_attention {shape:13s} mask={mask_dtype:5s} {r} {'OK' if good else 'FAIL'}")
+    r = run_verify_greedy_case(device="cpu" if interpret else "cuda")
+    good = r["predicts_equal"] and r["accept_index_equal"] and r["accept_num_equal"]
+    ok &= good
+    print(f"verify_tree_greedy_triton {r} {'OK' if good else 'FAIL'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
