@@ -9,6 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 np = pytest.importorskip("numpy")
+pytest.importorskip("hypothesis")
 from ddtree_support import ddtree_utils  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
