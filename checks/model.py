@@ -14,7 +14,7 @@ from doctor.context import Context
 from doctor.facts import FactUnavailable
 from doctor.registry import check
 from doctor.result import Remediation, Result
-from doctor.weights.modelconfig import ConfigView, is_pos_int, read_config
+from doctor.weights.modelconfig import ConfigView, is_pos_int, json_data, read_config
 
 NO_MODEL_PATH = "no model path: pass --model-path or set [model] path"
 NO_DRAFT_PATH = "no draft model path: pass --draft-model-path or set [drafter] path"
@@ -152,6 +152,8 @@ def model_shards(ctx: Context) -> Result:
 
 def judge_hashes(ctx: Context, which: str) -> Result:
     facts = ctx.fact("model.hashes")
+    if isinstance(facts, dict) and facts.get("collected") is False:
+        return Result.skipped(f"shards {facts.get('reason', 'not hashed')}: run with --deep")
     fact = (facts or {}).get(which) or {"given": False}
     if not fact.get("given"):
         return Result.skipped(NO_MODEL_PATH if which == "model" else NO_DRAFT_PATH)
@@ -235,7 +237,7 @@ def _config_view(fact: dict[str, Any]) -> tuple[ConfigView | None, str | None]:
         return None, "config.json is missing"
     if cfg.get("error"):
         return None, cfg["error"]
-    return read_config(cfg.get("data")), None
+    return read_config(json_data(cfg)), None
 
 
 def _expert_shape_problems(view: ConfigView, summary: dict[str, Any]) -> list[str]:
@@ -488,7 +490,7 @@ def model_tokenizer(ctx: Context) -> Result:
     listing = ((fact.get("files") or {}).get("entries") or {})
     problems: list[str] = []
     notes: list[str] = []
-    dangling = [n for n, v in files.items() if v == "dangling"]
+    dangling = [n for n, v in files.items() if isinstance(v, dict) and v.get("dangling")]
     problems += [f"{n} is a dangling symlink" for n in dangling]
     tc = tok.get("tokenizer_config") or {}
     data: dict[str, Any] = {}
@@ -497,13 +499,13 @@ def model_tokenizer(ctx: Context) -> Result:
             problems.append("tokenizer_config.json is missing (and there is no tokenizer.json)")
     elif tc.get("error"):
         problems.append(tc["error"])
-    elif not isinstance(tc.get("data"), dict):
+    elif not isinstance(json_data(tc), dict):
         problems.append("tokenizer_config.json is not a JSON object")
     else:
-        data = tc["data"]
+        data = json_data(tc)
     cls = data.get("tokenizer_class") if isinstance(data.get("tokenizer_class"), str) else ""
     refs = _auto_map_modules(data.get("auto_map"))
-    cfg = (fact.get("config") or {}).get("data")
+    cfg = json_data(fact.get("config"))
     cfg_refs = _auto_map_modules(cfg.get("auto_map")) if isinstance(cfg, dict) else []
     tiktoken = "tiktoken" in cls.lower() or any("tiktoken" in r.lower() or "tokenization_kimi" in r for r in refs)
     if tiktoken:
@@ -576,10 +578,10 @@ def model_drafter(ctx: Context) -> Result:
         problems.append("config.json is missing")
     elif cfg.get("error"):
         problems.append(cfg["error"])
-    elif not isinstance(cfg.get("data"), dict):
+    elif not isinstance(json_data(cfg), dict):
         problems.append("config.json is not a JSON object")
     else:
-        d = cfg["data"]
+        d = json_data(cfg)
     target = _optional(ctx, "model") or {}
     tview = None
     if target.get("given") and not target.get("error"):

@@ -303,3 +303,19 @@ def test_full_k26_config_reads_back():
     view = read_config(k26_config(K26Spec()))
     assert not view.problems
     assert view.int_field("num_hidden_layers") == 61 and view.int_field("n_routed_experts") == 384
+
+
+def test_snapshot_redaction_keeps_the_verdicts(tmp_path, model):
+    """Snapshots redact values under secret-looking keys (mask_token_id, num_key_value_heads, tokenizer_*):
+    the model facts must replay to the same verdicts."""
+    from doctor.facts import redact
+
+    d = build_drafter(tmp_path)
+    live = make_ctx(tmp_path, model, d)
+    ids = ("model.shards", "model.config", "model.tokenizer", "model.drafter")
+    verdicts = {i: run(live, i) for i in ids}
+    facts = {n: redact(json.loads(json.dumps(live.fact(n)))) for n in ("model", "model.tensors", "drafter")}
+    replay = make_ctx(tmp_path, model, d, facts=facts)
+    for i in ids:
+        again = run(replay, i)
+        assert (again.status, again.summary) == (verdicts[i].status, verdicts[i].summary), i

@@ -270,3 +270,10 @@ def test_fixer_without_repo_plans_nothing_destructive(tmp_path, model):
     ctx.settings.profile["model"].pop("repo")
     _res, actions = _plan(ctx, "model.shards")
     assert actions == []
+
+
+def test_no_hashing_without_deep(tmp_path, model, cache_dir):
+    write_manifest(model)
+    res = run(make_ctx(tmp_path, model, deep=False), "model.shards.deep")
+    assert res.status.value == "skip" and "--deep" in res.summary
+    assert not cache_dir.exists()

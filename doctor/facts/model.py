@@ -16,6 +16,7 @@ from typing import Any
 
 from doctor.registry import collector
 from doctor.weights.hashing import verify_model_hashes
+from doctor.weights.modelconfig import json_data
 from doctor.weights.scan import scan_weights, tensor_summary
 
 MAX_JSON_BYTES = 4 * 1024 * 1024
@@ -26,7 +27,10 @@ TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json", "tokenizer.model",
 
 
 def read_json_file(path: str) -> dict[str, Any]:
-    """``{"present": bool, "data": value}`` or ``{"present": ..., "error": why}``; never raises."""
+    """``{"present": bool, "text": the JSON}`` or ``{"present": ..., "error": why}``; never raises.
+
+    The JSON is kept as text, not as a parsed object: snapshot redaction blanks values under keys
+    that look secret, and configs are full of them (``mask_token_id``, ``num_key_value_heads``)."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -45,7 +49,9 @@ def read_json_file(path: str) -> dict[str, Any]:
     except OSError as exc:
         return {"present": True, "error": f"cannot read {os.path.basename(path)}: {exc.strerror or exc}"}
     try:
-        return {"present": True, "data": json.loads(raw.decode("utf-8"))}
+        text = raw.decode("utf-8")
+        json.loads(text)
+        return {"present": True, "text": text}
     except UnicodeDecodeError as exc:
         return {"present": True, "error": f"{os.path.basename(path)} is not UTF-8 (byte {exc.start})"}
     except json.JSONDecodeError as exc:
@@ -79,21 +85,22 @@ def list_files(model_dir: str) -> dict[str, Any]:
 def tokenizer_facts(model_dir: str) -> dict[str, Any]:
     """tokenizer_config.json (without the chat template's text) and which tokenizer files exist."""
     cfg = read_json_file(os.path.join(model_dir, "tokenizer_config.json"))
-    if isinstance(cfg.get("data"), dict):
-        data = dict(cfg["data"])
+    data = json_data(cfg)
+    if isinstance(data, dict):
+        # Keep what is judged, not the template's text nor the special-token table.
         tmpl = data.pop("chat_template", None)
         data.pop("added_tokens_decoder", None)
-        cfg["data"] = {k: v for k, v in data.items() if len(json.dumps(v, default=str)) < 4096}
+        cfg["text"] = json.dumps({k: v for k, v in data.items() if len(json.dumps(v, default=str)) < 4096})
         cfg["chat_template"] = ({"kind": type(tmpl).__name__, "chars": len(json.dumps(tmpl))}
                                 if tmpl is not None else None)
-    present = {}
+    present: dict[str, dict[str, Any]] = {}
     for name in TOKENIZER_FILES:
         p = os.path.join(model_dir, name)
         try:
-            present[name] = os.stat(p).st_size
+            present[name] = {"size": os.stat(p).st_size}
         except OSError:
             if os.path.islink(p):
-                present[name] = "dangling"
+                present[name] = {"dangling": True}
     return {"tokenizer_config": cfg, "files": present}
 
 
@@ -162,7 +169,11 @@ def collect_model_tensors(opts: Any) -> dict[str, Any]:
 
 @collector("model.hashes", timeout=6 * 3600)
 def collect_model_hashes(opts: Any) -> dict[str, Any]:
-    """sha256 of every shard of the target and the drafter (``--deep``), with the expected digests."""
+    """sha256 of every shard of the target and the drafter (``--deep``), with the expected digests.
+
+    Without ``--deep`` (e.g. ``snapshot``) nothing is hashed: hours of reading are never a side effect."""
+    if not getattr(opts, "deep", False):
+        return {"collected": False, "reason": "not hashed without --deep"}
     no_cache = os.environ.get("K26_DOCTOR_NO_VERIFY_CACHE", "") not in ("", "0") or not getattr(
         opts, "verify_cache", True)
     cache_dir = getattr(opts, "verify_cache_dir", None)

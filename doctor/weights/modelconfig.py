@@ -7,6 +7,7 @@ models (only what applies to any decoder: sizes, heads, vocabulary).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +36,18 @@ class ConfigView:
     def int_field(self, name: str) -> int | None:
         v = self.text.get(name)
         return v if type(v) is int else None
+
+
+def json_data(entry: dict[str, Any] | None) -> Any:
+    """The parsed JSON of a file fact ``{"present", "text"}`` (None when absent or invalid). Facts keep
+    JSON files as text so that snapshot redaction, which blanks values under secret-looking keys such
+    as ``mask_token_id``, cannot alter them."""
+    if not entry or "text" not in entry:
+        return None
+    try:
+        return json.loads(entry["text"])
+    except (ValueError, RecursionError):
+        return None
 
 
 def is_pos_int(v: Any) -> bool:
