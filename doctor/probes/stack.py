@@ -168,11 +168,16 @@ def packages():
     return out
 
 
+def package_dir(pkgs, name):
+    """The directory ``import name`` would load, or None."""
+    info = pkgs.get(name) or {}
+    return info["dirs"][0] if info.get("found") and info.get("dirs") else None
+
+
 def triton_facts(pkgs):
-    info = pkgs.get("triton") or {}
-    if not info.get("found") or not info.get("dirs"):
+    root = package_dir(pkgs, "triton")
+    if root is None:
         return None
-    root = info["dirs"][0]
     nv = os.path.join(root, "backends", "nvidia")
     out = {"dir": root, "bin": {}, "blackwell_ptxas_from_arch": None}
     for tool in ("ptxas", "ptxas-blackwell"):
@@ -193,10 +198,9 @@ def triton_facts(pkgs):
 
 
 def torch_facts(pkgs):
-    info = pkgs.get("torch") or {}
-    if not info.get("found") or not info.get("dirs"):
+    root = package_dir(pkgs, "torch")
+    if root is None:
         return None
-    root = info["dirs"][0]
     out = {"dir": root, "ptxas": None, "version_py": {}}
     ptxas = os.path.join(root, "bin", "ptxas")
     if os.path.isfile(ptxas):
@@ -224,8 +228,8 @@ def nvidia_ptxas(pkgs):
 def sglang_jit(pkgs):
     """SGLang >= 0.5.2x builds its JIT kernels (DFlash tree sampling among them) with nvcc at first use,
     found as tvm-ffi finds it: CUDA_HOME / CUDA_PATH, then nvcc on PATH, then /usr/local/cuda."""
-    dirs = (pkgs.get("sglang") or {}).get("dirs") or []
-    if not dirs or not os.path.isdir(os.path.join(dirs[0], "kernels", "jit")):
+    root = package_dir(pkgs, "sglang")
+    if root is None or not os.path.isdir(os.path.join(root, "kernels", "jit")):
         return None
     home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
     how = "CUDA_HOME/CUDA_PATH"
