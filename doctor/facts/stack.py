@@ -338,7 +338,8 @@ def collect_venv(opts: CollectOptions) -> dict[str, Any]:
     out["is_venv"] = bool(cfg_path and cfg_path.is_file())
     if out["is_venv"] and root is not None and cfg_path is not None:
         try:
-            cfg = parse_pyvenv_cfg(cfg_path.read_text(encoding="utf-8", errors="replace"))
+            with open(cfg_path, encoding="utf-8", errors="replace") as fh:
+                cfg = parse_pyvenv_cfg(fh.read(65536))  # a few lines; never read a hostile giant
             out["pyvenv_cfg"] = cfg
         except OSError as exc:
             cfg = {}
