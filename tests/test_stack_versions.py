@@ -165,3 +165,19 @@ def test_sglang_jit_kernels_without_nvcc_warn():
     res = run_check("sglang.install", ctx)
     assert res.status is Status.WARN and "nvcc" in res.summary and "/nonexistent/cuda/bin/nvcc" in res.summary
     assert res.details["jit_nvcc"]["found_by"] == "CUDA_HOME/CUDA_PATH"
+
+
+def test_a_hung_interpreter_is_a_clear_fail_within_the_deadline(tmp_path, monkeypatch):
+    import time
+
+    from doctor.facts import stack as stack_facts
+
+    hang = tmp_path / "bin" / "python"
+    hang.parent.mkdir()
+    hang.write_text("#!/bin/sh\nsleep 60\n")
+    hang.chmod(0o755)
+    monkeypatch.setattr(stack_facts, "STACK_PROBE_TIMEOUT", 1.0)
+    start = time.monotonic()
+    res = run_check("stack.versions", make_ctx(hang))
+    assert time.monotonic() - start < 10
+    assert res.status is Status.FAIL and "did not finish within 1.0s (killed)" in res.summary
