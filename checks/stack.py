@@ -156,6 +156,11 @@ def cuda_compat(ctx: Any) -> Result:
     else:
         return Result.errored(f"cannot judge: NVML reported driver {driver or '?'} and no CUDA version, and CUDA "
                               f"{runtime} is not in the table", **details)
+    gpus = [d for d in nvml.get("devices") or [] if isinstance(d, dict)]
+    if gpus and info.get("cuda_available") is False:
+        why = "; ".join(info.get("cuda_warnings") or []) or info.get("cuda_error") or "no reason given"
+        return Result.failed(f"NVML sees {len(gpus)} GPU(s) but torch {info.get('version')} cannot use CUDA: {why}",
+                             fix, **details)
     if supported:
         summary = f"driver {driver} (CUDA {driver_cuda or '?'}) runs torch's CUDA {runtime} runtime"
         if note:

@@ -23,7 +23,7 @@ TORCH_211 = ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]
 
 
 def torch_fact(flags=TORCH_211, cuda="13.0", version="2.11.0+cu130", **extra):
-    return {"ok": True, "version": version, "cuda": cuda, "arch_flags": flags, "cuda_available": False,
+    return {"ok": True, "version": version, "cuda": cuda, "arch_flags": flags, "cuda_available": True,
             "devices": [], **extra}
 
 
@@ -203,3 +203,10 @@ def test_cuda_compat_without_any_driver_reading_is_an_error_not_a_pass():
     nvml = {"available": True, "driver_version": None, "cuda_driver_version": None, "devices": []}
     res = run_check("cuda.compat", make_ctx("/x", facts={"nvml": nvml, "torch_info": torch_fact(cuda="11.2")}))
     assert res.status is Status.ERROR and "cannot judge" in res.summary
+
+
+def test_cuda_compat_torch_cannot_initialise_cuda_fails_with_torchs_words():
+    info = torch_fact(cuda_available=False, cuda_warnings=[
+        "CUDA initialization: The NVIDIA driver on your system is too old (found version 12080)."])
+    res = run_check("cuda.compat", make_ctx("/x", facts={"nvml": nvml_fact([(9, 0)]), "torch_info": info}))
+    assert res.status is Status.FAIL and "driver on your system is too old" in res.summary

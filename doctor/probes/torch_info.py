@@ -9,6 +9,7 @@ matmul on every visible GPU and compares it with the CPU result. Stdlib + torch,
 import json
 import sys
 import time
+import warnings
 
 
 def deep_matmul(torch, count):
@@ -58,7 +59,11 @@ def main():
     out["arch_flags"] = flags
     out["ok"] = True
     try:
-        out["cuda_available"] = bool(torch.cuda.is_available())
+        # torch reports a driver too old for its runtime as a warning from is_available(): keep the text
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out["cuda_available"] = bool(torch.cuda.is_available())
+        out["cuda_warnings"] = [str(w.message).strip()[:500] for w in caught]
         out["device_count"] = torch.cuda.device_count() if out["cuda_available"] else 0
         out["devices"] = [{"index": i, "name": torch.cuda.get_device_name(i),
                            "capability": list(torch.cuda.get_device_capability(i))}
