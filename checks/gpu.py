@@ -627,7 +627,7 @@ def gpu_p2p_bandwidth(ctx: Any) -> Result:
     in the service's interpreter, and compares the one-direction rate with what the links should
     carry (active NVLinks x per-link rate of the NVLink version: 25 GB/s for NVLink 4, 50 for
     NVLink 5; on PCIe, lanes x per-lane rate). Required: at least 50% (gpu.min_p2p_bandwidth_fraction);
-    below 70% warns. A healthy copy engine reaches about 80-90% of the link rate, a link down
+    below 70% warns. Copy-engine copies on healthy links typically reach 80-90% of the link rate, a link down
     costs only 1/18 (gpu.nvlink catches that), while traffic falling back to PCIe or staged
     through the host reaches under 15% of NVLink: 50% separates the two with room for noise.
     By hand: nvbandwidth, or `nvidia-smi nvlink -gt d` while copying."""
