@@ -60,7 +60,7 @@ def judge_weights(ctx: Context, fact: dict[str, Any], what: str, repo_key: str) 
     w = fact.get("weights") or {}
     path = fact.get("path")
     totals = w.get("totals") or {}
-    bad = [s for s in w.get("shards", []) if not s.get("ok")]
+    bad = sorted((s for s in w.get("shards", []) if not s.get("ok")), key=lambda s: s["name"])
     general = list(w.get("problems") or [])
     leftovers = list(w.get("leftovers") or [])
     lines: list[str] = []
@@ -78,7 +78,7 @@ def judge_weights(ctx: Context, fact: dict[str, Any], what: str, repo_key: str) 
     }
     if w.get("stray_safetensors"):
         details["stray_safetensors"] = w["stray_safetensors"]
-    sparse = [s["name"] for s in w.get("shards", []) if s.get("ok") and _is_sparse(s)]
+    sparse = sorted(s["name"] for s in w.get("shards", []) if s.get("ok") and _is_sparse(s))
     if sparse:
         details["sparse_shards"] = sparse
     if not lines and sparse:
@@ -637,10 +637,12 @@ def model_drafter(ctx: Context) -> Result:
         rem = weights.remediation or Remediation("Use the DFlash drafter trained for this target model.")
         return Result.failed(f"drafter: {first}" + (f" (+{n - 1} more)" if n > 1 else ""), rem, **details)
     note = "" if tview is not None else " (target config unavailable: consistency not checked)"
+    name = ", ".join(d.get("architectures") or ["drafter"])
+    if weights.status.value == "warn":
+        return Result.warned(f"{name}: {weights.summary}", weights.remediation, **details)
     summ = weights.summary.split(":")[0]
     res_cls = Result.passed if tview is not None else Result.warned
-    return res_cls(f"{', '.join(d.get('architectures') or ['drafter'])}: {summ}, config consistent with the "
-                   f"target{note}", **details)
+    return res_cls(f"{name}: {summ}, config consistent with the target{note}", **details)
 
 
 # -- model.fit ------------------------------------------------------------------------------------

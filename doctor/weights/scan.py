@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from doctor.weights.forked import map_forked
+from doctor.weights.forked import map_forked, workers_for
 from doctor.weights.header import DTYPE_BITS, HeaderReport, Problem, read_header
 from doctor.weights.index import INDEX_NAME, SINGLE_NAME, Index, cross_check, index_summary, read_index
 from doctor.weights.layout import file_state, find_leftovers, hf_cache_root, read_hf_local_metadata
@@ -31,12 +31,17 @@ MAX_PROBLEMS_PER_SHARD = 8
 @contextlib.contextmanager
 def no_gc() -> Iterator[None]:
     """Pause the cyclic garbage collector: parsed JSON has no cycles, yet 200k new dicts trigger
-    full collections that would double the parse time."""
+    full collections that would double the parse time. On the way out, what survives (the parsed
+    headers kept for ``model.tensors``) is moved out of the collector's sight with ``gc.freeze``:
+    otherwise every later full collection of the run walks them again. Reference counting still
+    frees them as usual. Small models (tests, drafters) are not worth it."""
     was = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
+        if _cached_tensors() >= FREEZE_MIN_TENSORS:
+            gc.freeze()
         if was:
             gc.enable()
 
@@ -139,6 +144,12 @@ def _scan_weights(model_dir: str, workers: int) -> dict[str, Any]:
 # ``model`` and ``model.tensors`` are two facts of one run, and parsing 208k tensors twice costs.
 _HEADER_CACHE: dict[str, tuple[tuple[int, int, int, int], HeaderReport]] = {}
 _CACHE_LOCK = threading.Lock()
+FREEZE_MIN_TENSORS = 20_000
+
+
+def _cached_tensors() -> int:
+    with _CACHE_LOCK:
+        return sum(len(rep.tensors) for _, rep in _HEADER_CACHE.values())
 
 
 def _identity(path: str) -> tuple[int, int, int, int] | None:
@@ -189,10 +200,12 @@ def tensor_summary(model_dir: str, shard_names: list[str]) -> dict[str, Any] | N
         return merge_summaries(parts) if parts else None
 
 
-def shard_verdict(path: str, shard: str, weight_map: dict[str, str], indexed: int) -> dict[str, Any]:
+def shard_verdict(path: str, shard: str, weight_map: dict[str, str], indexed: int,
+                  cache: bool = False) -> dict[str, Any]:
     """One shard's header verdict and whether its tensors are exactly those the index puts there
-    (same count, and the index maps each of them to this shard): small, JSON, computed in a child."""
-    rep = read_header(path)
+    (same count, and the index maps each of them to this shard): small, JSON, computed in a child.
+    ``cache``: keep the parsed header for ``model.tensors`` (in-process runs only)."""
+    rep = _read_cached(path) if cache else read_header(path)
     v: dict[str, Any] = {"ok": rep.ok, "tensors": len(rep.tensors), "data_bytes": rep.data_bytes,
                          "header_len": rep.header_len, "format": (rep.metadata or {}).get("format")}
     if rep.ok:
@@ -208,7 +221,9 @@ def _fast_index_scan(model_dir: str, index: Index, readable: list[str],
         return None
     indexed = Counter(index.weight_map.values())
     wmap = index.weight_map
-    results = map_forked(lambda n: shard_verdict(states[n].path, n, wmap, indexed[n]), readable)
+    n_workers = workers_for(len(readable))
+    results = map_forked(lambda n: shard_verdict(states[n].path, n, wmap, indexed[n], cache=n_workers == 1),
+                         readable, workers=n_workers)
     return dict(zip(readable, results, strict=True))
 
 
