@@ -139,6 +139,11 @@ class FactStore:
             self._values[name] = value
             return value
 
+    def seed(self, name: str, value: Any) -> None:
+        """Provide a fact's value up front (a recorded reading mixed with live collection, e.g. in tests)."""
+        self._errors.pop(name, None)
+        self._values[name] = value
+
     def collect_all(self, names: list[str] | None = None) -> dict[str, Any]:
         """Collect every fact (for ``snapshot``); failures are recorded, never raised."""
         out: dict[str, Any] = {}
