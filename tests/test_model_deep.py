@@ -277,3 +277,21 @@ def test_no_hashing_without_deep(tmp_path, model, cache_dir):
     res = run(make_ctx(tmp_path, model, deep=False), "model.shards.deep")
     assert res.status.value == "skip" and "--deep" in res.summary
     assert not cache_dir.exists()
+
+
+def test_check_deep_cli(tmp_path, model, cache_dir):
+    write_manifest(model)
+    env = {"K26_DOCTOR_VERIFY_CACHE_DIR": str(cache_dir)}
+    out = _doctor("check", "--deep", "--only", "model.shards", "--model-path", str(model), "--format", "json",
+                  env_extra=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    res = {r["id"]: r for r in json.loads(out.stdout)["results"]}
+    assert res["model.shards"]["status"] == "pass"
+    assert res["model.shards.deep"]["status"] == "pass"
+    assert res["model.shards.deep"]["details"]["counts"]["match"] == SMALL.shards
+    corrupt(model / S1)
+    out = _doctor("check", "--deep", "--only", "model.shards", "--model-path", str(model), "--format", "json",
+                  env_extra=env)
+    res = {r["id"]: r for r in json.loads(out.stdout)["results"]}
+    assert out.returncode == 1 and res["model.shards.deep"]["status"] == "fail" and S1 in res["model.shards.deep"][
+        "summary"]

@@ -33,7 +33,11 @@ MIN_CPUS = 4  # on 2 cores shared with anything else, measured: no gain over one
 
 
 def workers_for(n_items: int, limit: int = 4) -> int:
-    """Processes worth using: one unless there are spare cores and enough items to share."""
+    """Processes worth using: one unless there are spare cores and enough items to share.
+    ``K26_DOCTOR_FORK_WORKERS=N`` forces N (tests, benchmarks); ``K26_DOCTOR_NO_FORK=1`` forbids forking."""
+    forced = os.environ.get("K26_DOCTOR_FORK_WORKERS", "")
+    if forced.isdigit() and int(forced) > 0 and hasattr(os, "fork") and not os.environ.get("K26_DOCTOR_NO_FORK"):
+        return min(int(forced), max(1, n_items))
     cpus = cpu_count()
     if not hasattr(os, "fork") or os.environ.get("K26_DOCTOR_NO_FORK") or cpus < MIN_CPUS:
         return 1
