@@ -171,6 +171,8 @@ def test_cli_status_apply_revert(v523: Venv, tmp_path: Path) -> None:
     assert "now: applied" in res.stdout
     res = cli(v523, tmp_path, "apply", "--yes")
     assert res.returncode == 0 and "nothing to apply" in res.stdout
+    res = cli(v523, tmp_path, "status")
+    assert res.returncode == 0 and "last run: apply of t-0.5.23, done" in res.stdout
     res = cli(v523, tmp_path, "status", "--format", "json")
     doc = json.loads(res.stdout)
     assert res.returncode == 0 and doc["ok"] and doc["overall"] == "applied" and len(doc["files"]) == 5
@@ -187,6 +189,17 @@ def test_cli_refusals_and_usage_errors(v523: Venv, tmp_path: Path) -> None:
     assert res.returncode == 2 and "not found" in res.stderr
     res = run_doctor("patches", "status", "--python", v523.python, "--profile", "b200-tp8")
     assert res.returncode == 0 and "uses no SGLang patch set" in res.stdout
+
+
+def test_cli_list_shows_site_and_builtin_sets(tmp_path: Path) -> None:
+    site = tmp_path / "sets"
+    shutil.copytree(FIXTURE_SETS / "t-0.5.23", site / "t-0.5.23")
+    (site / "broken").mkdir()
+    (site / "broken" / "manifest.json").write_text("{")
+    res = run_doctor("patches", "list", "--patches-dir", str(site))
+    assert res.returncode == 0
+    assert "t-0.5.23" in res.stdout and "3 patch(es), 5 file(s)" in res.stdout
+    assert "broken" in res.stdout and "unusable" in res.stdout
 
 
 def test_cli_make_manifest(v523: Venv, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:

@@ -127,6 +127,9 @@ def _print_status(eng: Engine, ev: Evaluation, verbose: int) -> None:
                    f"{ev.journal.get('path')} (the next apply/revert rolls it back)")
     for p in ev.problems:
         click.echo(f"  ! {p}")
+    if ev.last_run:
+        click.echo(f"  last run: {ev.last_run.get('op')} of {ev.last_run.get('set')}, {ev.last_run.get('outcome')} "
+                   f"({ev.last_run.get('finished')})")
     applied_p = sum(1 for p in ev.patches if p.state == APPLIED)
     click.echo(f"overall: {ev.overall} ({applied_p}/{len(ev.patches)} patches, "
                f"{ev.count(APPLIED)}/{len(ev.files)} files applied)")
@@ -241,6 +244,24 @@ def apply_cmd(settings: Settings, set_name: str, yes: bool, force: bool, only: t
 def revert_cmd(settings: Settings, set_name: str, yes: bool, force: bool, only: tuple[str, ...]) -> None:
     """Put every file back to the bytes RECORD lists, checked."""
     _run(settings, set_name, "revert", yes, force, only)
+
+
+@patches.command("list")
+@click.option("--patches-dir", default=None, help="A site directory of patch sets, searched first.")
+def list_cmd(patches_dir: str | None) -> None:
+    """The patch sets this doctor knows: the site's (--patches-dir) and the built-in ones."""
+    seen: set[str] = set()
+    for base in manifest.search_dirs(patches_dir):
+        for mpath in sorted(base.glob(f"*/{manifest.MANIFEST_NAME}")):
+            name = mpath.parent.name
+            shadow = " (shadowed by the site's)" if name in seen else ""
+            seen.add(name)
+            try:
+                pset = manifest.load(mpath.parent)
+                click.echo(f"{name:<24} sglang {pset.sglang:<12} {len(pset.patches)} patch(es), "
+                           f"{len(pset.chains())} file(s)  {mpath.parent}{shadow}")
+            except manifest.ManifestError as exc:
+                click.echo(f"{name:<24} unusable: {exc}")
 
 
 @patches.command("make-manifest")

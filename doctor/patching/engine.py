@@ -28,7 +28,7 @@ from doctor.patching import fsio, udiff
 from doctor.patching import manifest as mf
 from doctor.patching.hashing import sha256_bytes
 from doctor.patching.record import Installed
-from doctor.patching.state import StateStore, now_stamp
+from doctor.patching.state import JOURNAL_KIND, JOURNAL_SCHEMA, StateStore, now_stamp
 from doctor.patching.status import DRIFTED, MISSING, Evaluation, evaluate, observe
 
 
@@ -390,7 +390,8 @@ class Engine:
                 if c.old is not None:
                     out.backups[c.path] = str(store.object_path(c.old_sha or ""))
             made_dirs = self._missing_dirs(plan.changes)
-            doc = {"op": plan.op, "set": plan.set_name, "site_packages": str(self.installed.site_packages),
+            doc = {"kind": JOURNAL_KIND, "schema_version": JOURNAL_SCHEMA,
+                   "op": plan.op, "set": plan.set_name, "site_packages": str(self.installed.site_packages),
                    "package_root": str(self.root), "pid": os.getpid(), "started": now_stamp(),
                    "made_dirs": [str(d) for d in made_dirs],
                    "files": [{"path": c.path, "old": c.old_sha, "new": c.new_sha,

@@ -31,6 +31,8 @@ from doctor.patching.hashing import HEX_RE, sha256_bytes
 
 DEFAULT_STATE_DIR = "/var/lib/k26-doctor"
 JOURNAL = "journal.json"
+JOURNAL_KIND = "k26-doctor-patch-journal"
+JOURNAL_SCHEMA = 1
 
 
 class StateError(Exception):
@@ -134,8 +136,9 @@ class StateStore:
         return dest
 
     def last_history(self) -> dict[str, Any] | None:
+        """The latest finished run's record (names sort by time)."""
         try:
-            names = sorted(p for p in self.history.glob("*.json"))
+            names = sorted(self.history.glob("*.json"))
         except OSError:
             return None
         return read_journal_file(names[-1]) if names else None
@@ -180,4 +183,7 @@ def read_journal_file(path: Path) -> dict[str, Any] | None:
                          "else damaged it: inspect it and remove it by hand") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("files"), list):
         raise StateError(f"{path} is not a k26-doctor patch journal")
+    if doc.get("schema_version", JOURNAL_SCHEMA) != JOURNAL_SCHEMA:
+        raise StateError(f"{path} has journal schema {doc.get('schema_version')!r}, this doctor writes "
+                         f"{JOURNAL_SCHEMA}: finish or roll it back with the doctor that wrote it")
     return doc

@@ -47,12 +47,16 @@ def observe(pset: mf.PatchSet, installed: Installed, state_dir: str | None = Non
         files[path] = entry
     journal: dict[str, Any] | None = None
     journal_error = None
+    last_run: dict[str, Any] | None = None
     for store in StateStore.existing(state_dir, installed.site_packages):
         try:
             doc = store.read_journal()
+            last = store.last_history()
         except StateError as exc:
             journal_error = str(exc)
             continue
+        if last is not None and (last_run is None or str(last.get("finished")) > str(last_run.get("finished"))):
+            last_run = {k: last.get(k) for k in ("op", "set", "outcome", "started", "finished")}
         if doc is not None:
             journal = {"path": str(store.journal_path), "op": doc.get("op"), "set": doc.get("set"),
                        "started": doc.get("started"), "pid": doc.get("pid"), "files": len(doc.get("files", []))}
@@ -66,6 +70,7 @@ def observe(pset: mf.PatchSet, installed: Installed, state_dir: str | None = Non
         "files": files,
         "journal": journal,
         "journal_error": journal_error,
+        "last_run": last_run,
     }
 
 
@@ -110,6 +115,7 @@ class Evaluation:
     patches: list[PatchStatus] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     journal: dict[str, Any] | None = None
+    last_run: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -122,7 +128,7 @@ class Evaluation:
         return {"overall": self.overall, "ok": self.ok, "set": self.set_name, "sglang_spec": self.spec,
                 "sglang_version": self.version, "version_ok": self.version_ok,
                 "files": [f.to_dict() for f in self.files], "patches": [p.to_dict() for p in self.patches],
-                "problems": list(self.problems), "journal": self.journal}
+                "problems": list(self.problems), "journal": self.journal, "last_run": self.last_run}
 
 
 def file_stage(chain: list[tuple[int, mf.FileChange]], digest: str | None, exists: bool) -> tuple[str, int | None]:
@@ -148,6 +154,7 @@ def evaluate(obs: dict[str, Any]) -> Evaluation:
     version = sg.get("version")
     ev = Evaluation("pristine", pset.name, pset.sglang, version, bool(version) and pset.supports(str(version)))
     ev.journal = obs.get("journal")
+    ev.last_run = obs.get("last_run")
     if obs.get("journal_error"):
         ev.problems.append(str(obs["journal_error"]))
     if not ev.version_ok:
