@@ -191,7 +191,7 @@ def test_torch_info_probe_with_real_cpu_torch():
     ctx = make_ctx(torch_python(), facts={"nvml": NO_NVML})
     info = collect_torch_info(ctx.facts.options)
     assert info["ok"] and info["version"].startswith("2.") and info["import_s"] > 0
-    ctx.facts._values["torch_info"] = info
+    ctx.facts.seed("torch_info", info)
     res = run_check("torch.arch", ctx)
     if info["cuda"] is None:
         assert res.status is Status.FAIL and "CPU-only" in res.summary

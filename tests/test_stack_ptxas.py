@@ -112,7 +112,7 @@ def test_fixer_plans_nothing_when_no_ptxas_knows_the_gpu(tmp_path):
                                                                           "CUDA_HOME": "/nonexistent"})
     ptxas = collect_ptxas(ctx.facts.options)
     others = [c for c in ptxas["candidates"] if c["source"] != "triton bundled ptxas" and c.get("release")]
-    ctx.facts._values["ptxas"] = ptxas
+    ctx.facts.seed("ptxas", ptxas)
     res = run_check("triton.ptxas", ctx)
     assert res.status is Status.FAIL
     if not others:  # no toolkit on this host

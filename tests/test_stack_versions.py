@@ -140,8 +140,8 @@ def test_sglang_not_installed(tmp_path):
 ])
 def test_dflash_kernel_availability(tmp_path, dflash, status, words):
     ctx = versions_ctx(stack_site(tmp_path / "site"))
-    ctx.facts._values["sglang_import"] = {"ok": True, "imported": True, "version": "0.5.23", "import_s": 9.1,
-                                          "dflash": dflash}
+    ctx.facts.seed("sglang_import", {"ok": True, "imported": True, "version": "0.5.23", "import_s": 9.1,
+                                          "dflash": dflash})
     res = run_check("sglang.install", ctx)
     assert res.status is status and words in res.summary
 
@@ -160,8 +160,8 @@ def test_sglang_jit_kernels_without_nvcc_warn():
     site = sglang_site("0.5.23")  # has sglang/kernels/jit: DFlash tree sampling is JIT-built with nvcc
     ctx = make_ctx(healthy_venv(), env={"PYTHONPATH": str(site), "CUDA_HOME": "/nonexistent/cuda"},
                    facts={"nvml": nvml_fact([(10, 3)])})
-    ctx.facts._values["sglang_import"] = {"ok": True, "imported": True, "version": "0.5.23", "import_s": 9.1,
-                                          "dflash": {"available": True}}
+    ctx.facts.seed("sglang_import", {"ok": True, "imported": True, "version": "0.5.23", "import_s": 9.1,
+                                          "dflash": {"available": True}})
     res = run_check("sglang.install", ctx)
     assert res.status is Status.WARN and "nvcc" in res.summary and "/nonexistent/cuda/bin/nvcc" in res.summary
     assert res.details["jit_nvcc"]["found_by"] == "CUDA_HOME/CUDA_PATH"
