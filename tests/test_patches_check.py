@@ -293,3 +293,17 @@ def test_site_patches_dir_from_the_config_reaches_the_check(v523: Venv, tmp_path
         assert res.status is Status.FAIL and "t-0.5.23 pristine" in res.summary
     else:
         assert res.status is Status.ERROR and "collected without the site's patch-set directory" in res.summary
+
+
+def test_cli_status_from_a_snapshot(v523: Venv, tmp_path: Path) -> None:
+    settings_for(tmp_path, v523.python)  # writes config.toml
+    engine(v523, tmp_path).apply()
+    snap = tmp_path / "snap.json"
+    res = run_doctor("snapshot", "--config", str(tmp_path / "config.toml"), "--fact", "sglang_patches",
+                     "--output", str(snap))
+    assert res.returncode == 0, res.stderr
+    shutil.rmtree(v523.root)
+    res = run_doctor("patches", "status", "--from-snapshot", str(snap))
+    assert res.returncode == 0 and "overall: applied (3/3 patches, 5/5 files applied)" in res.stdout
+    res = run_doctor("patches", "status", "--from-snapshot", str(tmp_path / "config.toml"))
+    assert res.returncode == 2

@@ -19,7 +19,7 @@ import click
 from doctor.patching import locate, manifest, record
 from doctor.patching.engine import Engine, EngineError, Plan
 from doctor.patching.state import StateError
-from doctor.patching.status import APPLIED, Evaluation
+from doctor.patching.status import APPLIED, Evaluation, evaluate
 from doctor.settings import ConfigError, Settings
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -90,28 +90,57 @@ def patches() -> None:
 @patches.command("status")
 @target_options
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
-def status_cmd(settings: Settings, set_name: str, fmt: str) -> None:
+@click.option("--from-snapshot", "snapshot", type=click.Path(dir_okay=False), default=None,
+              help="Judge the sglang_patches fact of a `k26-doctor snapshot` instead of this host.")
+def status_cmd(settings: Settings, set_name: str, fmt: str, snapshot: str | None) -> None:
     """Per patch and per file: pristine, applied, partial, drifted or missing."""
-    if not set_name:
-        _no_set(settings)
-    eng = _engine(settings, set_name)
-    ev = eng.status()
-    problems = eng.check_diffs()
+    if snapshot:
+        obs, problems = _recorded(snapshot)
+        where = {"set_directory": (obs.get("set") or {}).get("directory"), "python": obs.get("python"),
+                 "site_packages": obs.get("site_packages")}
+    else:
+        if not set_name:
+            _no_set(settings)
+        eng = _engine(settings, set_name)
+        obs, problems = eng.observe(), eng.check_diffs()
+        where = {"set_directory": str(eng.pset.directory), "python": settings.python,
+                 "site_packages": str(eng.installed.site_packages)}
+    ev = evaluate(obs)
     if fmt == "json":
-        doc = {"set_directory": str(eng.pset.directory), "python": settings.python,
-               "site_packages": str(eng.installed.site_packages), **ev.to_dict()}
+        doc = {**where, **ev.to_dict()}
         doc["problems"] = doc["problems"] + problems
         click.echo(json.dumps(doc, indent=2))
     else:
-        _print_status(eng, ev, settings.verbose)
+        _print_status(where, ev, settings.verbose)
         for p in problems:
             click.echo(f"  ! {p}")
     sys.exit(EXIT_OK if ev.ok and not problems else EXIT_FAILED)
 
 
-def _print_status(eng: Engine, ev: Evaluation, verbose: int) -> None:
-    click.echo(f"patch set {eng.pset.name} (for sglang {eng.pset.sglang}) from {eng.pset.directory}")
-    click.echo(f"sglang {ev.version} in {eng.installed.site_packages}"
+def _recorded(path: str) -> tuple[dict[str, Any], list[str]]:
+    """The sglang_patches fact of a snapshot; usage errors (exit 2) when it is not there to judge."""
+    from doctor.facts import SnapshotError, load_snapshot
+
+    try:
+        fact = load_snapshot(path)["facts"].get("sglang_patches")
+    except SnapshotError as exc:
+        raise ConfigError(str(exc)) from None
+    if not isinstance(fact, dict) or "__error__" in fact:
+        why = fact.get("__error__") if isinstance(fact, dict) else "not recorded"
+        raise ConfigError(f"{path} has no usable sglang_patches fact ({why})")
+    for key in ("set_error", "install_error"):
+        if fact.get(key):
+            click.echo(f"recorded: {fact[key]}")
+            sys.exit(EXIT_FAILED)
+    if fact.get("no_set"):
+        click.echo("the recorded profile used no SGLang patch set")
+        sys.exit(EXIT_OK)
+    return fact, []
+
+
+def _print_status(where: dict[str, Any], ev: Evaluation, verbose: int) -> None:
+    click.echo(f"patch set {ev.set_name} (for sglang {ev.spec}) from {where.get('set_directory')}")
+    click.echo(f"sglang {ev.version} in {where.get('site_packages')}"
                + ("" if ev.version_ok else "  <- not a version this set is for"))
     by_path = {f.path: f for f in ev.files}
     for patch in ev.patches:
