@@ -72,6 +72,14 @@ def _gib(n: Any) -> str:
     return f"{n / GIB:.1f} GiB" if isinstance(n, (int, float)) else "?"
 
 
+def _short(text: str, limit: int = 100) -> str:
+    """Head and tail of a long command line: the interpreter and the script's own arguments both show."""
+    if len(text) <= limit:
+        return text
+    head = limit * 2 // 5
+    return text[:head] + " ... " + text[-(limit - head - 5):]
+
+
 def _cc(value: Any) -> tuple[int, int] | None:
     try:
         if isinstance(value, str):
@@ -344,7 +352,7 @@ def gpu_idle(ctx: Any) -> Result:
     parts = []
     for p in details["processes"]:
         cmd = p.get("cmdline") or ("not visible from this PID namespace" if not p.get("in_namespace") else "?")
-        parts.append(f"PID {p['pid']} ({cmd[:80]}) {_gib(p['used_memory_total'])} on {','.join(p['gpus'])}")
+        parts.append(f"PID {p['pid']} ({_short(cmd)}) {_gib(p['used_memory_total'])} on {','.join(p['gpus'])}")
     sglang = any("sglang" in (p.get("cmdline") or "") for p in details["processes"])
     text = ("Stop them (`k26-doctor fix --apply` plans exactly these PIDs)."
             + (" One looks like an SGLang server: if it is the service itself, stop its unit instead."

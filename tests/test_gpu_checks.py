@@ -366,3 +366,12 @@ def test_fewer_links_than_the_profile_fail_even_when_equal() -> None:
             link["active"] = False
     res = judge(doc, "gpu.nvlink")
     assert res.status is Status.FAIL and "fewer active links than the profile's 18" in res.summary
+
+
+def test_long_command_lines_keep_head_and_tail() -> None:
+    doc = json.loads((SNAPS / "b300x8-stale-process.json").read_text())
+    cmd = "/opt/k26/venv/bin/python3 -m sglang.launch_server " + "--flag x " * 40 + "--port 30001"
+    nvml_of(doc)["devices"][0]["processes"][0]["cmdline"] = cmd
+    idle = judge(doc, "gpu.idle")
+    assert "/opt/k26/venv/bin/python3" in idle.summary and "--port 30001" in idle.summary and " ... " in idle.summary
+    assert idle.details["processes"][0]["cmdline"] == cmd

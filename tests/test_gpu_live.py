@@ -159,7 +159,11 @@ def test_live_cli_check_then_fix_stops_the_stale_process(tmp_path: Path, doctor:
         first = run_doctor("check", *sel)
         if f"PID {child.pid}" not in first.stdout:
             pytest.skip(f"NVML does not report this PID namespace's processes here: {first.stdout[-300:]}")
+        # The summary shows the command line's head and tail; the JSON details hold all of it.
         assert first.returncode == 1 and "k26-cli-stale-marker" in first.stdout
+        as_json = json.loads(run_doctor("check", "--format", "json", *sel).stdout)
+        procs = as_json["results"][0]["details"]["processes"]
+        assert [p["pid"] for p in procs] == [child.pid] and "k26-cli-stale-marker" in procs[0]["cmdline"]
         fixed = run_doctor("fix", "--apply", "--yes", *sel, timeout=120)
         assert f"PID {child.pid}" in fixed.stdout, fixed.stdout + fixed.stderr
         child.wait(timeout=20)

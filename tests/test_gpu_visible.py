@@ -55,3 +55,9 @@ def test_valid_prefix_then_anything(valid: list[int], tail: list[str]) -> None:
     got = idx(value) if value else idx("")
     assert got[: len(valid)] == valid if value.strip() else got == []
     assert len(got) == len(set(got)) and all(0 <= i < 4 for i in got)
+
+
+def test_non_ascii_digits_are_invalid_not_a_crash() -> None:
+    out = resolve_visible("0,\u00b9", UUIDS)  # '¹'.isdigit() is True; CUDA would not take it
+    assert out["indices"] == [0] and out["ignored"] == ["\u00b9"]
+    assert idx("+1") == [1] and idx("\u0661") == []  # Arabic-Indic one

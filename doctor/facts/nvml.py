@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -168,7 +169,7 @@ def _resolve_token(token: str, uuids: list[str], mig_parent: Callable[[str], int
                    ) -> tuple[int | None, str]:
     if not token:
         return None, "empty entry"
-    if token.lstrip("+-").isdigit():
+    if re.fullmatch(r"[+-]?[0-9]+", token):  # ASCII digits only: "¹".isdigit() is True, int("¹") fails
         idx = int(token)
         if 0 <= idx < len(uuids):
             return idx, ""
