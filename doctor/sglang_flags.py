@@ -423,8 +423,12 @@ def _field_flag(table: FlagTable, stmt: ast.AnnAssign, sources: _Sources, mod: _
         lit = _const(inner.slice)
         if not isinstance(lit, _Unknown) and choices is None:
             choices, strict = (list(lit) if isinstance(lit, tuple) else [lit]), True
+        if choices and "type_parser" not in meta and type(choices[0]) in (int, float):
+            type_name = type(choices[0]).__name__  # argparse's type= is inferred from the first literal
     elif head in ("List", "list") and "type_parser" not in meta:
         nargs = "+"
+        elem = _name_of(inner.slice) if isinstance(inner, ast.Subscript) else None
+        type_name = elem if elem in ("int", "float") else None
     elif head == "bool" and not isinstance(inner, ast.Subscript):
         nargs = 0
     elif head in ("int", "float") and "type_parser" not in meta:
@@ -687,15 +691,16 @@ def _check_values(flag: str, spec: dict[str, Any], values: list[str]) -> list[Fl
     type_name = spec.get("type")
     choices = spec.get("choices")
     for value in values:
+        converted: Any = value
         if type_name in ("int", "float"):
             try:
-                int(value) if type_name == "int" else float(value)
+                converted = int(value) if type_name == "int" else float(value)
             except ValueError:
                 out.append(FlagProblem("error", flag, f"{flag}: invalid {type_name} value {value!r}"))
                 continue
         if choices is not None:
             as_str = [str(c) for c in choices]
-            if value not in as_str:
+            if converted not in choices and value not in as_str:
                 shown = ", ".join(as_str[:12]) + (", ..." if len(as_str) > 12 else "")
                 if spec.get("choices_strict", True):
                     out.append(FlagProblem("error", flag, f"{flag}: invalid choice {value!r} (choose from {shown})"))

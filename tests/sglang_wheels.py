@@ -37,11 +37,11 @@ PARSER_PARTS = ("sglang/srt/arg_groups/", "sglang/srt/parser/", "sglang/srt/func
                 "sglang/srt/speculative/", "sglang/srt/model_executor/", "sglang/srt/entrypoints/")
 
 
-def unpack(version: str, dest: Path) -> Path:
-    """Unpack the wheel's parser sources and metadata into ``dest`` (a site-packages); returns it."""
+def unpack(version: str, dest: Path, whole: bool = False) -> Path:
+    """Unpack the wheel's parser sources (``whole``: every Python file) and metadata into ``dest``."""
     with zipfile.ZipFile(wheel_for(version)) as zf:
         names = [n for n in zf.namelist()
-                 if (n.endswith(".py") and (n.startswith(PARSER_PARTS) or (n.count("/") == 2 and
+                 if (n.endswith(".py") and (whole or n.startswith(PARSER_PARTS) or (n.count("/") == 2 and
                                             n.startswith("sglang/srt/"))))
                  or n in ("sglang/__init__.py", "sglang/launch_server.py")
                  or n.startswith(f"sglang-{version}.dist-info/")]

@@ -1,0 +1,115 @@
+"""The flag table read from the sources against SGLang's own parser, built by importing it.
+
+The doctor never imports SGLang; this test does, in an interpreter with SGLang's dependencies
+(``$K26_SGLANG_ARGS_PYTHON``, default this one: torch, transformers, msgspec, psutil, ...; no GPU
+needed), to prove that what ``doctor.sglang_flags`` reads with ``ast`` is what SGLang's argparse
+accepts: the same option strings, destinations, arities, types and choices, and the same verdict
+on a set of command lines. Skips, naming the missing module, where the dependencies are absent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import sglang_wheels
+
+from doctor.sglang_flags import read_flags, validate_args
+
+PYTHON = os.environ.get("K26_SGLANG_ARGS_PYTHON", sys.executable)
+
+REAL_PARSER = r'''
+import argparse, contextlib, io, json, sys, warnings
+warnings.simplefilter("ignore")
+from sglang.srt.server_args import ServerArgs
+
+class Rejected(Exception):
+    pass
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise Rejected(message)
+
+parser = Parser(prog="sglang serve")
+ServerArgs.add_cli_args(parser)
+options = {}
+for opt, act in parser._option_string_actions.items():
+    if opt in ("-h", "--help"):
+        continue
+    options[opt] = {"dest": act.dest, "nargs": act.nargs, "required": act.required,
+                    "choices": None if act.choices is None else sorted(str(c) for c in act.choices),
+                    "type": getattr(act.type, "__name__", None)}
+verdicts = []
+for argv in json.loads(sys.stdin.read()):
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            parser.parse_args(argv)
+        verdicts.append(None)
+    except Rejected as exc:
+        verdicts.append(str(exc))
+print("RESULT " + json.dumps({"options": options, "verdicts": verdicts}))
+'''
+
+BASE = ["--model-path", "/m", "--tp-size", "8", "--trust-remote-code", "--speculative-algorithm", "DFLASH",
+        "--speculative-draft-model-path", "/d", "--attention-backend", "triton", "--mem-fraction-static", "0.85",
+        "--host", "0.0.0.0", "--port", "30000", "--reasoning-parser", "kimi_k2", "--tool-call-parser", "kimi_k2"]
+TAILS = [[], ["--cuda-graph-max-bs", "256"], ["--cuda-graph-max-bs-decode", "256"], ["--mem-frac", "0.8"],
+         ["--tp", "8"], ["--no-such-flag"], ["--port", "x"], ["--port=31000"], ["--trust-remote-code=1"],
+         ["--disable-cuda-graph"], ["--cuda-graph-backend-decode", "fast"], ["--cuda-graph-backend-decode", "full"],
+         ["--speculative-ddtree-budget", "64"], ["--lora-paths"], ["--enable-tf32-matmul"],
+         ["--no-enable-tf32-matmul"], ["--dp-size", "-1"], ["--"], ["stray"], ["--tp-size"],
+         ["--cuda-graph-bs", "1", "2"], ["--stream-output"], ["--reasoning-parser", "no-such-parser"],
+         ["--tensor-parallel-size", "8"], ["--speculative-draft-model", "/d2"], ["--fuseep-mode", "3"]]
+
+
+def real_parser(version: str, factory: pytest.TempPathFactory) -> dict:
+    have = subprocess.run([PYTHON, "-c", "import torch, transformers, msgspec, psutil"], capture_output=True,
+                          text=True, timeout=300)
+    if have.returncode != 0:
+        missing = re.search(r"No module named '([^']+)'", have.stderr)
+        why = missing.group(1) if missing else have.stderr[-200:]
+        pytest.skip(f"{PYTHON} cannot import SGLang's dependencies ({why}); set K26_SGLANG_ARGS_PYTHON")
+    site = sglang_wheels.unpack(version, factory.mktemp(f"whole-{version}"), whole=True)
+    argvs = [[*BASE, *tail] for tail in TAILS]
+    proc = subprocess.run([PYTHON, "-c", REAL_PARSER], input=json.dumps(argvs), capture_output=True, text=True,
+                          timeout=600, env=dict(os.environ, PYTHONPATH=str(site)))
+    missing = re.search(r"No module named '([^']+)'", proc.stderr)
+    if proc.returncode != 0 and missing:
+        pytest.skip(f"{PYTHON} lacks {missing.group(1)!r} for sglang {version}; set K26_SGLANG_ARGS_PYTHON")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
+    return {"site": site, "argvs": argvs, **json.loads(line[len("RESULT "):])}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", ["0.5.23", "0.5.13.post1"])
+def test_sources_agree_with_the_imported_parser(version: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    real = real_parser(version, tmp_path_factory)
+    table = read_flags(Path(real["site"]) / "sglang", version)
+    mine = table.options
+    assert set(mine) == set(real["options"])
+    for opt, r in real["options"].items():
+        m = mine[opt]
+        assert m["dest"] == r["dest"], opt
+        assert m["nargs"] == (1 if r["nargs"] is None else r["nargs"]), opt
+        assert bool(m.get("required")) == r["required"], opt
+        if r["type"] in ("int", "float"):
+            assert m.get("type") == r["type"], opt
+        if m.get("choices") is not None:  # where the reader resolved choices, they are SGLang's
+            assert sorted(str(c) for c in m["choices"]) == r["choices"], opt
+    for argv, verdict in zip(real["argvs"], real["verdicts"], strict=True):
+        problems = validate_args(table, argv, removed={})
+        # A value outside a registry plugins can extend is a warning for the doctor, an error for the
+        # stock parser (no plugin loaded): both say "rejected without a plugin".
+        errors = [p.message for p in problems if p.severity == "error" or "only a plugin" in p.message]
+        flag = re.match(r"argument ([-\w]+)", verdict or "")
+        if verdict and "invalid choice" in verdict and flag and "choices" not in mine.get(flag.group(1), {}):
+            continue  # choices computed at run time from a registry the reader could not resolve: unjudged
+        assert (verdict is None) == (not errors), (argv[len(BASE):], verdict, errors)
+        if verdict and "ambiguous option" in verdict:
+            assert any(verdict.split(" (")[0] in e or verdict in e for e in errors), (verdict, errors)
