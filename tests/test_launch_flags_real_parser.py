@@ -9,6 +9,7 @@ on a set of command lines. Skips, naming the missing module, where the dependenc
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -67,13 +68,19 @@ TAILS = [[], ["--cuda-graph-max-bs", "256"], ["--cuda-graph-max-bs-decode", "256
          ["--tensor-parallel-size", "8"], ["--speculative-draft-model", "/d2"], ["--fuseep-mode", "3"]]
 
 
+@functools.lru_cache(maxsize=1)
+def _missing_dependencies() -> tuple[str, ...]:
+    """Found without importing them (torch alone takes seconds)."""
+    code = ("import importlib.util as u\nprint(' '.join(m for m in ('torch', 'transformers', 'msgspec', 'psutil', "
+            "'zmq', 'pybase64') if u.find_spec(m) is None))")
+    res = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, timeout=60)
+    return tuple(res.stdout.split()) if res.returncode == 0 else (f"{PYTHON} does not run",)
+
+
 def real_parser(version: str, factory: pytest.TempPathFactory) -> dict:
-    have = subprocess.run([PYTHON, "-c", "import torch, transformers, msgspec, psutil"], capture_output=True,
-                          text=True, timeout=300)
-    if have.returncode != 0:
-        missing = re.search(r"No module named '([^']+)'", have.stderr)
-        why = missing.group(1) if missing else have.stderr[-200:]
-        pytest.skip(f"{PYTHON} cannot import SGLang's dependencies ({why}); set K26_SGLANG_ARGS_PYTHON")
+    missing = _missing_dependencies()
+    if missing:
+        pytest.skip(f"{PYTHON} lacks SGLang's dependencies ({', '.join(missing)}); set K26_SGLANG_ARGS_PYTHON")
     site = sglang_wheels.unpack(version, factory.mktemp(f"whole-{version}"), whole=True)
     argvs = [[*BASE, *tail] for tail in TAILS]
     proc = subprocess.run([PYTHON, "-c", REAL_PARSER], input=json.dumps(argvs), capture_output=True, text=True,
