@@ -341,3 +341,27 @@ def test_owner_kept_and_symlinks_refused(v523: Venv, tmp_path: Path) -> None:
     if os.geteuid() == 0:
         st = os.stat(target)
         assert (st.st_uid, st.st_gid) == (4321, 4321)
+
+
+def test_bad_installs_are_clear_errors(v523: Venv, tmp_path: Path) -> None:
+    from doctor.patching import locate
+
+    dist = next(v523.site_packages.glob("sglang-*.dist-info"))
+    rewrite(dist / "RECORD", b"\xff\xfe not utf-8")
+    with pytest.raises(record.RecordError, match="not a valid RECORD"):
+        record.installed_in(v523.site_packages)
+    with pytest.raises(locate.LocateError, match="not a valid RECORD"):
+        locate.locate(v523.python)
+    (dist / "METADATA").unlink()
+    with pytest.raises(record.RecordError, match="METADATA"):
+        record.installed_in(v523.site_packages)
+    (v523.site_packages / "sglang-0.5.22.dist-info").mkdir()
+    with pytest.raises(locate.LocateError, match="half-finished upgrade"):
+        locate.locate(v523.python)
+    hung = tmp_path / "hung-python"
+    hung.write_text("#!/bin/sh\nsleep 30\n")
+    hung.chmod(0o755)
+    with pytest.raises(locate.LocateError, match="did not finish"):
+        locate.locate(str(hung), timeout=1)
+    with pytest.raises(locate.LocateError, match="could not start"):
+        locate.locate(str(tmp_path / "no-python"))
