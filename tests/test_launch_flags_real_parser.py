@@ -77,11 +77,21 @@ def _missing_dependencies() -> tuple[str, ...]:
     return tuple(res.stdout.split()) if res.returncode == 0 else (f"{PYTHON} does not run",)
 
 
+def mine_and_real(table, real: dict) -> set[str]:
+    return set(table.options) & set(real["options"])
+
+
 def real_parser(version: str, factory: pytest.TempPathFactory) -> dict:
     missing = _missing_dependencies()
     if missing:
         pytest.skip(f"{PYTHON} lacks SGLang's dependencies ({', '.join(missing)}); set K26_SGLANG_ARGS_PYTHON")
-    site = sglang_wheels.unpack(version, factory.mktemp(f"whole-{version}"), whole=True)
+    release, _, patched = version.partition("+")
+    site = sglang_wheels.unpack(release, factory.mktemp(f"whole-{release}"), whole=True)
+    if patched:  # the project's DDTree patches, applied as in sglang_wheels.ddtree_site
+        for patch in ("0001-ddtree-utils.patch", "0002-ddtree-algorithm-and-flags.patch"):
+            res = subprocess.run(["git", "apply", "-p1", str(sglang_wheels.PATCH_SET / patch)], cwd=site,
+                                 capture_output=True, text=True, timeout=60)
+            assert res.returncode == 0, res.stderr
     argvs = [[*BASE, *tail] for tail in TAILS]
     proc = subprocess.run([PYTHON, "-c", REAL_PARSER], input=json.dumps(argvs), capture_output=True, text=True,
                           timeout=600, env=dict(os.environ, PYTHONPATH=str(site)))
@@ -94,10 +104,12 @@ def real_parser(version: str, factory: pytest.TempPathFactory) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("version", ["0.5.23", "0.5.13.post1"])
+@pytest.mark.parametrize("version", ["0.5.23", "0.5.13.post1", "0.5.23+ddtree"])
 def test_sources_agree_with_the_imported_parser(version: str, tmp_path_factory: pytest.TempPathFactory) -> None:
     real = real_parser(version, tmp_path_factory)
     table = read_flags(Path(real["site"]) / "sglang", version)
+    if version.endswith("+ddtree"):
+        assert "--speculative-ddtree-budget" in mine_and_real(table, real)
     mine = table.options
     assert set(mine) == set(real["options"])
     for opt, r in real["options"].items():
