@@ -26,10 +26,16 @@ class Plan:
     actions: list[Any] = field(default_factory=list)
     error: str | None = None
 
+    @property
+    def notes(self) -> list[str]:
+        """A fixer explains what it left out (``result.details["plan_notes"]``)."""
+        notes = self.result.details.get("plan_notes") if isinstance(self.result.details, dict) else None
+        return [str(n) for n in notes] if isinstance(notes, list) else []
+
     def to_dict(self) -> dict[str, Any]:
         return {"check": self.check_id, "fixer": self.fixer_id, "title": self.title,
                 "status": self.result.status.value, "summary": self.result.summary,
-                "actions": [a.to_dict() for a in self.actions], "error": self.error}
+                "actions": [a.to_dict() for a in self.actions], "notes": self.notes, "error": self.error}
 
 
 def make_plans(settings: Settings) -> tuple[list[Plan], Any]:
@@ -69,6 +75,8 @@ def print_plans(plans: list[Plan], report: Any) -> None:
         click.echo(f"  fixer {plan.fixer_id}: {plan.title}")
         if plan.error:
             click.echo(f"  ! {plan.error}")
+        for note in plan.notes:  # what the fixer chose not to touch, and why
+            click.echo(f"  note: {note}")
         if not plan.actions and not plan.error:
             click.echo("  (nothing can be changed automatically; see the remediation)")
         for i, action in enumerate(plan.actions, 1):

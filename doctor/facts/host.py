@@ -38,27 +38,43 @@ def parse_env_file(text: str) -> dict[str, str]:
     return out
 
 
+def service_env(opts: CollectOptions) -> tuple[dict[str, str], dict[str, Any]]:
+    """The environment the service gets and where it came from: this process's environment, the
+    profile's [server.env] (the launcher sets it), then the EnvironmentFile systemd applies last.
+
+    Every collector that runs something "as the service would" uses this one function.
+    """
+    env = service_environment(opts)
+    raw = (opts.profile.get("server") or {}).get("env_file") if isinstance(opts.profile, dict) else None
+    path = os.path.expanduser(raw) if isinstance(raw, str) and raw else None
+    info: dict[str, Any] = {"env_file": path, "env_file_state": None, "env_file_keys": [],
+                            "cuda_visible_devices_from": "environment" if "CUDA_VISIBLE_DEVICES" in env else None}
+    if path:
+        try:
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                extra = parse_env_file(fh.read(1_000_000))
+        except FileNotFoundError:
+            info["env_file_state"], info["env_file_error"] = "missing", "not present"
+        except OSError as exc:
+            info["env_file_error"] = exc.strerror or str(exc)
+            info["env_file_state"] = f"unreadable: {info['env_file_error']}"
+        else:
+            env.update(extra)
+            info["env_file_state"], info["env_file_keys"] = "read", sorted(extra)
+            if "CUDA_VISIBLE_DEVICES" in extra:
+                info["cuda_visible_devices_from"] = path
+    return env, info
+
+
 @collector("env", timeout=5)
 def collect_env(opts: CollectOptions) -> dict[str, Any]:
     """The environment the service gets: process env + profile [server.env] + the env file, redacted."""
-    env_file = (opts.profile.get("server") or {}).get("env_file")
-    file_vars: dict[str, str] = {}
-    file_state = None
-    if env_file:
-        try:
-            file_vars = parse_env_file(Path(env_file).read_text(encoding="utf-8", errors="replace"))
-            file_state = "read"
-        except FileNotFoundError:
-            file_state = "missing"
-        except OSError as exc:
-            file_state = f"unreadable: {exc.strerror or exc}"
-    env = service_environment(opts)
-    env.update(file_vars)  # systemd applies EnvironmentFile after the unit's own Environment=
+    env, info = service_env(opts)
     return {
         "vars": redact(env),
-        "env_file": env_file,
-        "env_file_state": file_state,
-        "env_file_vars": sorted(file_vars),
+        "env_file": info["env_file"],
+        "env_file_state": info["env_file_state"],
+        "env_file_vars": info["env_file_keys"],
     }
 
 

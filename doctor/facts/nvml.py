@@ -583,27 +583,10 @@ def collect_nvml(opts: Any) -> dict[str, Any]:
 
 
 def service_env(opts: Any) -> tuple[dict[str, str], dict[str, Any]]:
-    """The environment the service gets, as ``host.env`` reads it: this process's environment, the
-    profile's [server.env], then the env file systemd applies last (it may set CUDA_VISIBLE_DEVICES)."""
-    try:
-        from doctor.facts.host import parse_env_file, service_environment
-    except ImportError:  # pragma: no cover - the host facts module is part of the core
-        return dict(opts.env), {"env_file": None}
-    env = service_environment(opts)
-    path = ((opts.profile or {}).get("server") or {}).get("env_file")
-    info: dict[str, Any] = {"env_file": path, "cuda_visible_devices_from": None}
-    if "CUDA_VISIBLE_DEVICES" in env:
-        info["cuda_visible_devices_from"] = "environment"
-    if path:
-        try:
-            with open(os.path.expanduser(path), encoding="utf-8", errors="replace") as fh:
-                extra = parse_env_file(fh.read(1_000_000))
-            env.update(extra)
-            if "CUDA_VISIBLE_DEVICES" in extra:
-                info["cuda_visible_devices_from"] = path
-        except OSError as exc:
-            info["env_file_error"] = exc.strerror or str(exc)
-    return env, info
+    """The service's environment (``doctor.facts.host.service_env``: env file included)."""
+    from doctor.facts.host import service_env as host_service_env
+
+    return host_service_env(opts)
 
 
 # -- measured bandwidth (--deep) -------------------------------------------------------------------

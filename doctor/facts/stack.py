@@ -27,7 +27,7 @@ from typing import Any
 
 from doctor import proc
 from doctor.facts import CollectOptions
-from doctor.facts.host import parse_env_file, service_environment
+from doctor.facts.host import parse_env_file, service_env
 from doctor.registry import collector
 
 STACK_PROBE_TIMEOUT = 30.0
@@ -43,31 +43,6 @@ _memo_lock = threading.Lock()
 
 
 # -- the service's environment ------------------------------------------------------------------
-
-def env_file_path(profile: dict[str, Any]) -> str | None:
-    server = profile.get("server") if isinstance(profile, dict) else None
-    path = server.get("env_file") if isinstance(server, dict) else None
-    return os.path.expanduser(path) if isinstance(path, str) and path else None
-
-
-def service_env(opts: CollectOptions) -> tuple[dict[str, str], dict[str, Any]]:
-    """The environment the service gets (as ``host.env`` reads it: process env, profile [server.env], then
-    the env file systemd applies last), and where it came from (for the fact)."""
-    env = service_environment(opts)
-    info: dict[str, Any] = {"env_file": env_file_path(opts.profile), "env_file_keys": []}
-    path = info["env_file"]
-    if path:
-        try:
-            with open(path, encoding="utf-8", errors="replace") as fh:
-                extra = parse_env_file(fh.read(1_000_000))
-            env.update(extra)
-            info["env_file_keys"] = sorted(extra)
-        except FileNotFoundError:
-            info["env_file_error"] = "not present"
-        except OSError as exc:
-            info["env_file_error"] = exc.strerror or str(exc)
-    return env, info
-
 
 def _probe(opts: CollectOptions, probe: str, args: list[str], timeout: float) -> dict[str, Any]:
     env, env_info = service_env(opts)
