@@ -84,7 +84,15 @@ def _no_set(settings: Settings) -> None:
 
 @click.group("patches")
 def patches() -> None:
-    """The profile's SGLang patch set: status, apply, revert (transactional, with backups)."""
+    """The profile's SGLang patch set ([patches] set) in the --python environment.
+
+    \b
+    k26-doctor patches status           per patch and file: pristine/applied/partial/drifted/missing
+    k26-doctor patches apply [--yes]    all files or none: backups, journal, lock; --force over drift
+    k26-doctor patches revert [--yes]   every file back to the bytes RECORD lists, checked
+    k26-doctor patches list             the sets known here (site --patches-dir first, then built-in)
+    k26-doctor patches make-manifest    (re)generate a set's hashes from its diffs and a pristine install
+    """
 
 
 @patches.command("status")
