@@ -96,11 +96,11 @@ class StateStore:
         return [s for s in (cls(r, site_packages) for r in candidate_roots(state_dir)) if s.target.is_dir()]
 
     # -- objects ------------------------------------------------------------------------------
-    def put_object(self, data: bytes, hook: Any = None) -> str:
+    def put_object(self, data: bytes) -> str:
+        """Store bytes under their sha256 (fsynced); an existing copy is reused only if it verifies."""
         digest = sha256_bytes(data)
-        path = self.objects / digest
-        if not (path.is_file() and path.stat().st_size == len(data)):
-            write_atomic(path, data, hook=None)
+        if self.get_object(digest) is None:
+            write_atomic(self.objects / digest, data)
         return digest
 
     def get_object(self, digest: str | None) -> bytes | None:
