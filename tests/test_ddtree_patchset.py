@@ -231,3 +231,36 @@ def test_the_patch_engines_generator_agrees_with_the_manifest(tmp_path):
         return [(p["id"], [(f["path"], f["before"], f["after"]) for f in p["files"]]) for p in m["patches"]]
 
     assert files(generated) == files(manifest())
+
+
+_MASK_POLICY_SCRIPT = textwrap.dedent(
+    """
+    import importlib, json, sys, types
+    root = sys.argv[1]
+    pkg = types.ModuleType("sglang"); pkg.__path__ = [root + "/sglang"]; sys.modules["sglang"] = pkg
+    dflash_utils = importlib.import_module("sglang.srt.speculative.dflash_utils")
+    triton_backend = importlib.import_module("sglang.srt.layers.attention.triton_backend")
+    algo = importlib.import_module("sglang.srt.speculative.spec_info").SpeculativeAlgorithm
+    backend = object.__new__(triton_backend.TritonAttnBackend)  # the policy reads the backend's type only
+    policy = dflash_utils.resolve_dflash_verify_mask_policy
+    print("RESULT " + json.dumps([policy(backend)[1], policy(backend, spec_algorithm=algo.DFLASH)[1],
+                                  policy(backend, spec_algorithm=algo.DDTREE)[1]]))
+    """
+)
+
+
+def test_triton_keeps_the_custom_mask_for_ddtree_only(tmp_path):
+    """DFLASH on Triton skips the verify mask (a chain is causal); DDTREE must keep it. Needs SGLang's runtime
+    dependencies (transformers, torchvision, fastapi, tvm-ffi, ...) in ``$K26_SGLANG_ARGS_PYTHON``; skips
+    naming the first missing module otherwise."""
+    python = os.environ.get("K26_SGLANG_ARGS_PYTHON", sys.executable)
+    script = tmp_path / "mask_policy_probe.py"
+    script.write_text(_MASK_POLICY_SCRIPT)
+    proc = subprocess.run([python, str(script), str(patched_tree(whole=True))], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    missing = re.search(r"ModuleNotFoundError: No module named '([^']+)'", proc.stderr)
+    if proc.returncode != 0 and missing:
+        pytest.skip(f"{python} lacks {missing.group(1)!r}, needed to import dflash_utils and the Triton backend")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
+    assert json.loads(line[len("RESULT "):]) == [False, False, True]
