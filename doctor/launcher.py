@@ -9,9 +9,9 @@ and the systemd unit all agree on what will run::
         <profile [server] args> <anything after -- on the command line>
 
 A flag given later (profile ``args``, then the command line) replaces the same flag built from the
-profile keys, instead of passing it twice. The environment is the doctor's own, with what the site
-pins (the process environment, then the profile's ``server.env_file``) kept, and the profile's
-``[server.env]`` filling in the rest.
+profile keys, instead of passing it twice. The environment is the doctor's own with the profile's
+``[server.env]`` filling in what the site leaves unset, then the site's ``server.env_file`` over it,
+as systemd composes a unit's environment; a variable the site pins is never replaced.
 """
 
 from __future__ import annotations
@@ -168,33 +168,38 @@ def resolve_python(python: str) -> str:
 def build_env(settings: Settings, environ: dict[str, str] | None = None) -> tuple[dict[str, str], list[str]]:
     """The server's environment and notes on profile values that the site's pins override.
 
-    Precedence: the process environment (the unit's EnvironmentFile lands here), then the profile's
-    ``server.env_file`` when it is readable (so a manual launch sees what the service sees), then
-    ``[server.env]``. Safety variables a site sets (CUDA_VISIBLE_DEVICES, NCCL_*) are never replaced.
+    As systemd builds it, and as the ``env`` fact (``host.env``) judges it: the process environment,
+    the profile's ``[server.env]`` for what that leaves unset, then the profile's ``server.env_file``
+    (the unit's EnvironmentFile) over both. Safety variables a site sets (CUDA_VISIBLE_DEVICES,
+    NCCL_*) are never replaced by the profile.
     """
     from doctor.facts.host import parse_env_file
 
     env = dict(os.environ if environ is None else environ)
     notes: list[str] = []
+    profile_env = settings.get("server.env", {}) or {}
+    if not isinstance(profile_env, dict):
+        raise ConfigError("[server.env] must be a table of NAME = \"value\"")
+    wanted: dict[str, str] = {}
+    for key, value in profile_env.items():
+        if isinstance(value, (dict, list)):
+            raise ConfigError(f"[server.env] {key} must be a string, number or boolean")
+        text = ("1" if value else "0") if isinstance(value, bool) else str(value)
+        wanted[str(key)] = text
+        if key in env and env[key] != text:
+            notes.append(f"{key}={env[key]} pinned by the site is kept (profile wants {text})")
+            continue
+        env[str(key)] = text
     env_file = settings.get("server.env_file")
     if env_file:
         try:
             file_vars = parse_env_file(Path(str(env_file)).read_text(encoding="utf-8", errors="replace"))
         except OSError:
-            file_vars = {}
+            file_vars = {}  # absent or unreadable: host.env reports it
         for key, value in file_vars.items():
-            env.setdefault(key, value)
-    profile_env = settings.get("server.env", {}) or {}
-    if not isinstance(profile_env, dict):
-        raise ConfigError("[server.env] must be a table of NAME = \"value\"")
-    for key, value in profile_env.items():
-        if isinstance(value, (dict, list)):
-            raise ConfigError(f"[server.env] {key} must be a string, number or boolean")
-        text = ("1" if value else "0") if isinstance(value, bool) else str(value)
-        if key in env and env[key] != text:
-            notes.append(f"{key}={env[key]} pinned by the site is kept (profile wants {text})")
-            continue
-        env[str(key)] = text
+            if key in wanted and wanted[key] != value and env.get(key) == wanted[key]:
+                notes.append(f"{key}={value} pinned by {env_file} is kept (profile wants {wanted[key]})")
+            env[key] = value
     return env, notes
 
 

@@ -94,7 +94,8 @@ def test_environment_precedence(tmp_path: Path) -> None:
     assert env["NCCL_CUMEM_ENABLE"] == "0"  # the env file is the site too
     assert env["HF_HOME"] == "/data/hf" and env["PATH"] == "/usr/bin"
     assert env["SGLANG_FLAG"] == "1" and env["N"] == "3"
-    assert len(notes) == 2 and all("pinned by the site is kept" in n for n in notes)
+    assert len(notes) == 2 and all(" is kept (profile wants " in n for n in notes)
+    assert "pinned by the site" in notes[0] and f"pinned by {env_file}" in notes[1]
     # an env file that is absent or unreadable is not fatal here (host.env reports it)
     s = settings_with(tmp_path, f'[server]\nenv_file = "{tmp_path}/absent.env"\n')
     assert build_env(s, {})[0]["NCCL_CUMEM_ENABLE"] == "1"

@@ -69,14 +69,16 @@ def _flag_gate(plan: Any, settings: Any) -> bool:
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @selection_options
-@click.option("--dry-run", is_flag=True, help="Print the server command (one argv element per line) and exit.")
+@click.option("--dry-run", is_flag=True, help="Print the server command (one argv element per line) and exit; "
+              "no checks, but exit 1 if the installed SGLang would reject a flag.")
 @click.option("--no-check", is_flag=True, help="Do not run the checks (the unit's ExecStartPre already did).")
 @click.option("--no-flag-check", is_flag=True, help="Do not check the flags against SGLang's sources.")
 @click.option("--wait", is_flag=True, help="Start the server as a child, wait until /health answers 200 "
               "(READY=1 to systemd), then supervise it.")
-@click.option("--wait-timeout", type=float, default=DEFAULT_WAIT_S, show_default=True,
+@click.option("--wait-timeout", type=click.FloatRange(min=1), default=DEFAULT_WAIT_S, show_default=True,
               help="Seconds to wait for readiness with --wait.")
-@click.option("--wait-interval", type=float, default=2.0, show_default=True, help="Seconds between polls.")
+@click.option("--wait-interval", type=click.FloatRange(min=0.01), default=2.0, show_default=True,
+              help="Seconds between polls.")
 @click.argument("server_args", nargs=-1, type=click.UNPROCESSED)
 @guarded
 def launch(flags: dict[str, Any], dry_run: bool, no_check: bool, no_flag_check: bool, wait: bool,
