@@ -1,7 +1,9 @@
 """Waiting until a starting SGLang server answers ready, and telling systemd when it does.
 
 SGLang refuses connections while it loads weights (the HTTP server starts last), then answers
-``GET /health`` with 503 until its warm-up request has run, then 200. ``wait_ready`` polls through
+``GET /health`` with 503 while its status is Starting (until the warm-up request has run), then 200;
+in 0.5.23 a ready server's /health runs a one-token generation first, which may take up to
+``SGLANG_HEALTH_CHECK_TIMEOUT`` (20 s), so a poll waits that long for its answer. ``wait_ready`` polls through
 those states with a deadline, shows progress on a terminal, and gives up early when the server
 process has died (no point waiting 30 minutes for a crashed start).
 """
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 from typing import IO
 
 READY, STARTING, REFUSED, UNREACHABLE, BAD = "ready", "starting", "refused", "unreachable", "unexpected"
+POLL_TIMEOUT_S = 25.0  # SGLang's health generation answers within SGLANG_HEALTH_CHECK_TIMEOUT (20 s)
 _DESCRIBE = {
     REFUSED: "not listening yet (loading weights)",
     STARTING: "up, not ready (warming up)",
@@ -120,7 +123,7 @@ def wait_ready(url: str, timeout_s: float, *, interval_s: float = 2.0,
             return ReadyOutcome(False, "exited", clock() - start, polls,
                                 f"the server exited (status {code}) before it was ready", code)
         remaining = timeout_s - (clock() - start)
-        result = probe(url, timeout=max(0.5, min(5.0, remaining)))
+        result = probe(url, timeout=max(0.5, min(POLL_TIMEOUT_S, remaining)))
         polls += 1
         state, detail = result.state, result.detail
         elapsed = clock() - start
