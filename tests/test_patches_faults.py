@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from patches_install import FIXTURE_SETS, Venv, fresh_venv, private_copy
+from patches_install import FIXTURE_SETS, Venv, fresh_venv, private_copy, rewrite
 
 from doctor.patching import manifest, record
 from doctor.patching.engine import Engine, EngineError
@@ -192,3 +192,34 @@ def test_read_only_file(venv: Venv, tmp_path: Path) -> None:
         subprocess.run(undo, check=True)
     eng.apply()
     assert eng.status().ok
+
+
+def test_recovery_refuses_a_corrupt_backup_and_a_file_changed_meanwhile(venv: Venv, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    events = count_events(venv, state, "apply")
+    make_engine(venv, state).revert()
+    k = [i for i, (ev, _) in enumerate(events) if ev == "replaced"][1] + 1  # killed after two renames
+    res = subprocess.run([sys.executable, str(script), str(ROOT), str(venv.site_packages), str(state),
+                          str(FIXTURE_SETS), "apply", str(k)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == -signal.SIGKILL
+    eng = make_engine(venv, state)
+    doc = journal(eng, state)
+    assert doc is not None
+    replaced = [f for f in doc["files"] if hashes(eng)[f["path"]] == f["new"]]
+    victim = next(f for f in replaced if f["old"])
+    store = StateStore.existing(str(state), eng.installed.site_packages)[0]
+    good = store.object_path(victim["old"]).read_bytes()
+    store.object_path(victim["old"]).write_bytes(b"corrupted")
+    snapshot = hashes(eng)
+    with pytest.raises(EngineError, match="missing or corrupt"):
+        eng.recover()
+    assert journal(eng, state) is not None and hashes(eng)[victim["path"]] == snapshot[victim["path"]]
+    store.object_path(victim["old"]).write_bytes(good)
+    other = next(f for f in doc["files"] if f["path"] != victim["path"] and f["old"] and f["new"])
+    target = eng.root / other["path"]
+    rewrite(target, b"someone else's edit\n")  # never write into a hard-linked pristine inode
+    with pytest.raises(EngineError, match="neither as it was"):
+        eng.recover()
+    assert target.read_bytes() == b"someone else's edit\n" and journal(eng, state) is not None
