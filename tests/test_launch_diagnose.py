@@ -100,6 +100,11 @@ def test_real_address_in_use() -> None:
     ("RuntimeError: CUDA error: no kernel image is available for execution on the device", "torch.arch"),
     ("/opt/k26/venv/bin/python: bad interpreter: No such file or directory", "python.venv"),
     ("OSError: [Errno 28] No space left on device: '/root/.triton/cache/x'", "host.disk"),
+    ("torch.AcceleratorError: CUDA error: CUDA-capable device(s) is/are busy or unavailable", "gpu.idle"),
+    ("RuntimeError: No CUDA GPUs are available", "gpu.count"),
+    ("torch.AcceleratorError: CUDA error: invalid device ordinal", "gpu.count"),
+    ("NCCL WARN Cuda failure 'peer access is not supported between these two devices'", "gpu.nvlink"),
+    ("RuntimeError: CUDA error: uncorrectable ECC error encountered", "gpu.health"),
 ])
 def test_quoted_real_messages(line: str, check: str) -> None:
     got = found(f"[2026-11-29 10:00:00 TP3] {line}")
