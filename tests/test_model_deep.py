@@ -295,3 +295,14 @@ def test_check_deep_cli(tmp_path, model, cache_dir):
     res = {r["id"]: r for r in json.loads(out.stdout)["results"]}
     assert out.returncode == 1 and res["model.shards.deep"]["status"] == "fail" and S1 in res["model.shards.deep"][
         "summary"]
+
+
+def test_verification_cache_forgets_changed_and_deleted_files(tmp_path, model, cache_dir):
+    verify_model_hashes(str(model))
+    entries = json.loads((cache_dir / "verify-cache.json").read_text())["entries"]
+    assert len(entries) == SMALL.shards
+    corrupt(model / S1)
+    verify_model_hashes(str(model))
+    entries = json.loads((cache_dir / "verify-cache.json").read_text())["entries"]
+    assert len(entries) == SMALL.shards  # the old S1 entry was replaced, not kept beside the new one
+    assert sorted(e["path"] for e in entries.values()) == sorted(str(p) for p in model.glob("model-*.safetensors"))

@@ -104,6 +104,7 @@ class VerifyCache:
             os.makedirs(self.directory, mode=0o700, exist_ok=True)
             merged = self._load()
             merged.update(self.new)
+            merged = _prune(merged)
             fd, tmp = tempfile.mkstemp(prefix=".verify-cache.", dir=self.directory)
             try:
                 with os.fdopen(fd, "w", encoding="utf-8") as fh:
@@ -119,6 +120,21 @@ class VerifyCache:
             self.new = {}
         except OSError as exc:
             self.error = f"cannot write {self.path}: {exc.strerror or exc}"
+
+
+def _prune(entries: dict[str, dict[str, Any]], limit: int = 20000) -> dict[str, dict[str, Any]]:
+    """Drop entries whose file is gone or changed (a different key now), and the oldest beyond ``limit``."""
+    keep: dict[str, dict[str, Any]] = {}
+    for key, entry in entries.items():
+        try:
+            if file_key(os.stat(entry.get("path") or "")) != key:
+                continue
+        except OSError:
+            continue
+        keep[key] = entry
+    if len(keep) > limit:
+        keep = dict(sorted(keep.items(), key=lambda kv: kv[1].get("at", 0))[-limit:])
+    return keep
 
 
 class Progress:
