@@ -12,12 +12,14 @@ from __future__ import annotations
 import contextlib
 import gc
 import math
+import operator
 import os
 import re
 import threading
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from itertools import repeat
 from typing import Any
 
 from doctor.weights.forked import map_forked, workers_for
@@ -210,7 +212,9 @@ def shard_verdict(path: str, shard: str, weight_map: dict[str, str], indexed: in
                          "header_len": rep.header_len, "format": (rep.metadata or {}).get("format")}
     if rep.ok:
         names = rep.tensors.keys()
-        v["ok"] = len(names) == indexed and all(map(shard.__eq__, map(weight_map.get, names)))
+        # operator.eq, not shard.__eq__: the latter answers NotImplemented (truthy) for a name the
+        # index lacks (get -> None).
+        v["ok"] = len(names) == indexed and all(map(operator.eq, repeat(shard), map(weight_map.get, names)))
     return v
 
 
