@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from sglang_wheels import wheel_for
 
+WHEELS = Path(os.environ.get("SGLANG_WHEELS", "/tmp/wheels"))
 FIXTURE_SETS = Path(__file__).resolve().parent / "fixtures" / "patchsets"
 _PRISTINE: dict[str, Path] = {}
 
@@ -30,6 +30,37 @@ class Venv:
     root: Path
     python: str
     site_packages: Path
+
+
+def wheel_for(version: str) -> Path:
+    """The released wheel: from ``$SGLANG_WHEELS`` (default /tmp/wheels), else ``pip download`` (CI has
+    network), else the test skips saying why."""
+    found = sorted(WHEELS.glob(f"sglang-{version}-*.whl"))
+    if not found:
+        cache = Path(os.environ.get("K26_TEST_WHEEL_CACHE", Path.home() / ".cache" / "k26-doctor-tests"))
+        found = sorted(cache.glob(f"sglang-{version}-*.whl"))
+        if not found:
+            cache.mkdir(parents=True, exist_ok=True)
+            res = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(cache),
+                                  f"sglang=={version}"], capture_output=True, text=True, timeout=600)
+            found = sorted(cache.glob(f"sglang-{version}-*.whl"))
+            if not found:
+                pytest.skip(f"no sglang {version} wheel in {WHEELS} and pip download failed: {res.stderr[-300:]}")
+    return found[0]
+
+
+def pip_venv(version: str, dest: Path) -> Venv:
+    """A venv with the wheel installed by pip itself (``pip --python VENV install --no-deps``)."""
+    res = subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(dest)], capture_output=True, text=True,
+                         timeout=120)
+    if res.returncode != 0:
+        pytest.skip(f"cannot create a venv: {res.stderr[-300:]}")
+    res = subprocess.run([sys.executable, "-m", "pip", "--python", str(dest / "bin" / "python"), "install", "-q",
+                          "--no-deps", "--no-compile", str(wheel_for(version))], capture_output=True, text=True,
+                         timeout=600)
+    if res.returncode != 0:
+        pytest.skip(f"pip cannot install into another interpreter here (pip >= 22.3 needed): {res.stderr[-300:]}")
+    return Venv(dest, str(dest / "bin" / "python"), _site_packages(dest))
 
 
 def _site_packages(root: Path) -> Path:

@@ -307,3 +307,20 @@ def test_cli_status_from_a_snapshot(v523: Venv, tmp_path: Path) -> None:
     assert res.returncode == 0 and "overall: applied (3/3 patches, 5/5 files applied)" in res.stdout
     res = run_doctor("patches", "status", "--from-snapshot", str(tmp_path / "config.toml"))
     assert res.returncode == 2
+
+
+def test_cli_on_a_pip_installed_sglang(tmp_path: Path) -> None:
+    """`pip install --no-deps sglang==0.5.13.post1` (RECORD as pip writes it: INSTALLER, bin/ scripts)."""
+    from patches_install import pip_venv
+
+    venv = pip_venv("0.5.13.post1", tmp_path / "pipvenv")
+    args = ("--python", venv.python, "--patches-dir", str(FIXTURE_SETS), "--state-dir", str(tmp_path / "state"),
+            "--set", "t-0.5.13")
+    res = run_doctor("patches", "status", *args)
+    assert res.returncode == 1 and "overall: pristine (0/1 patches, 0/2 files applied)" in res.stdout
+    assert run_doctor("patches", "apply", "--yes", *args).returncode == 0
+    assert run_doctor("patches", "status", *args).returncode == 0
+    assert run_doctor("patches", "revert", "--yes", *args).returncode == 0
+    installed = record.installed_in(venv.site_packages)
+    for path in manifest.resolve("t-0.5.13", str(FIXTURE_SETS)).chains():
+        assert sha256_file(venv.site_packages / path) == installed.record_hash(path)[1]
