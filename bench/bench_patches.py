@@ -113,6 +113,25 @@ def main() -> int:
         print(f"  + probe of the interpreter (child process)   {p * 1e3:8.2f} ms  = {p / b:5.1f} x baseline")
         print(f"  whole CLI `k26-doctor patches status`        {c * 1e3:8.2f} ms")
         print(f"  target < 200 ms: {'met' if p < 0.2 else 'NOT met'} (status incl. probe)")
+        try:
+            shipped = manifest.resolve("ddtree-0.5.23")
+        except manifest.ManifestError:
+            return 0
+        ship_paths = [found.package_root / r for r in shipped.chains()]
+
+        def ship_baseline() -> None:
+            for q in ship_paths:
+                if q.exists():
+                    hashlib.sha256(q.read_bytes()).hexdigest()
+
+        def ship_status() -> None:
+            inst = record.load_installed(found.installed.dist_info, found.installed.site_packages)
+            Engine(manifest.resolve("ddtree-0.5.23"), inst, state_dir=str(tmp / "state"),
+                   package_root=found.package_root).status()
+
+        sb, ss = timed(ship_baseline, args.repeat), timed(ship_status, args.repeat)
+        print(f"shipped set ddtree-0.5.23 ({len(ship_paths)} files): baseline {sb * 1e3:.2f} ms, "
+              f"engine status {ss * 1e3:.2f} ms = {ss / sb:.1f} x baseline")
     return 0
 
 
