@@ -317,3 +317,43 @@ def test_renamed_tensor_in_header_is_caught(tmp_path, model):
     (model / S2).write_bytes(raw)
     res = judge(tmp_path, model)
     assert res.status.value == "fail" and S2 in json.dumps(res.details["bad_shards"])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.sampled_from(["move", "drop", "add", "rename", "swap", "none"]), st.integers(0, 10 ** 6))
+def test_fast_path_agrees_with_full_cross_check(tmp_path_factory, how, seed):
+    """scan_weights' per-shard index check (the fast path) and the full index/header cross-check agree."""
+    import random
+    import tempfile
+
+    from doctor.weights.header import read_header
+    from doctor.weights.index import cross_check, read_index
+    from doctor.weights.scan import clear_cache, scan_weights
+
+    rnd = random.Random(seed)
+    model = build(Path(tempfile.mkdtemp(dir=tmp_path_factory.getbasetemp())))
+    idx_path = model / "model.safetensors.index.json"
+    idx = json.loads(idx_path.read_text())
+    wmap = idx["weight_map"]
+    names = sorted(wmap)
+    shards = sorted(set(wmap.values()))
+    victim = rnd.choice(names)
+    if how == "move":
+        wmap[victim] = rnd.choice([s for s in shards if s != wmap[victim]])
+    elif how == "drop":
+        del wmap[victim]
+    elif how == "add":
+        wmap["not.in.any.header"] = rnd.choice(shards)
+    elif how == "rename":
+        wmap[victim + "x"] = wmap.pop(victim)
+    elif how == "swap":
+        other = rnd.choice([n for n in names if wmap[n] != wmap[victim]])
+        wmap[victim], wmap[other] = wmap[other], wmap[victim]
+    idx_path.write_text(json.dumps(idx))
+    clear_cache()
+    fast = scan_weights(str(model))
+    fast_ok = all(s["ok"] for s in fast["shards"]) and not fast["problems"]
+    index = read_index(str(idx_path))
+    cc = cross_check(index, {s: read_header(str(model / s)) for s in index.shards})
+    full_ok = not cc.general and not any(cc.per_shard.values())
+    assert fast_ok == full_ok == (how == "none"), (how, fast["problems"], cc.general, cc.per_shard)
