@@ -666,6 +666,27 @@ def split_bytes(summary: dict[str, Any] | None, total: int) -> tuple[int, int]:
     return sharded, rep
 
 
+def kv_bytes_per_token(view: ConfigView | None, tp: int, kv_dtype: Any = None) -> int | None:
+    """KV cache bytes per token on one GPU. MLA (DeepSeek-V3/K2) caches one latent of kv_lora_rank +
+    qk_rope_head_dim per layer, the same on every TP rank; other models cache K and V per KV head,
+    split over TP."""
+    if view is None:
+        return None
+    elem = 1 if isinstance(kv_dtype, str) and "fp8" in kv_dtype else 2
+    layers = view.int_field("num_hidden_layers")
+    if not layers:
+        return None
+    lora, rope = view.int_field("kv_lora_rank"), view.int_field("qk_rope_head_dim")
+    if lora and rope:
+        return layers * (lora + rope) * elem
+    heads = view.int_field("num_key_value_heads") or view.int_field("num_attention_heads")
+    hidden, n_heads = view.int_field("hidden_size"), view.int_field("num_attention_heads")
+    head_dim = view.int_field("head_dim") or (hidden // n_heads if hidden and n_heads else None)
+    if not heads or not head_dim:
+        return None
+    return layers * 2 * max(1, heads // tp) * head_dim * elem
+
+
 @check("model.fit", "Weights per GPU plus headroom fit in GPU memory", needs=("nvml", "model", "model.tensors",
                                                                          "drafter"), timeout=120)
 def model_fit(ctx: Context) -> Result:
@@ -729,6 +750,13 @@ def model_fit(ctx: Context) -> Result:
     details = {"weights_total": total, "sharded": sharded, "replicated": replicated, "drafter": draft_bytes,
                "per_gpu_weights": per_gpu, "tp": tp, "mem_fraction_static": frac, "devices": rows,
                "min_kv_cache_bytes": int(min_kv)}
+    view, _ = _config_view(fact)
+    per_token = kv_bytes_per_token(view, tp, ctx.expect("server.kv_cache_dtype"))
+    tokens = ""
+    if per_token:
+        details["kv_bytes_per_token"] = per_token
+        details["kv_tokens"] = max(0, int(worst["kv_cache_bytes_now"] // per_token))
+        tokens = f" (~{details['kv_tokens']:,} tokens)"
     gpu = f"GPU {worst['index']} ({worst['name']}, {_fmt_bytes(worst['total'])})"
     head = (f"{_fmt_bytes(per_gpu)} of weights per GPU (TP{tp}{' + drafter' if draft_bytes else ''})")
     rem = Remediation("Use more GPUs (a larger TP/EP), a profile for larger GPUs, or raise mem_fraction_static "
@@ -748,5 +776,5 @@ def model_fit(ctx: Context) -> Result:
     if worst["outside_pool"] < min_outside:
         return Result.warned(f"{head} fit, but only {_fmt_bytes(worst['outside_pool'])} stays outside the pool for "
                              f"CUDA graphs and activations (mem_fraction_static {frac:g})", rem, **details)
-    return Result.passed(f"{head} + {_fmt_bytes(worst['kv_cache_bytes_now'])} KV cache fit in "
+    return Result.passed(f"{head} + {_fmt_bytes(worst['kv_cache_bytes_now'])} KV cache{tokens} fit in "
                          f"{frac:g} x {_fmt_bytes(worst['total'])} on the tightest GPU{frac_note}", **details)

@@ -319,3 +319,22 @@ def test_snapshot_redaction_keeps_the_verdicts(tmp_path, model):
     for i in ids:
         again = run(replay, i)
         assert (again.status, again.summary) == (verdicts[i].status, verdicts[i].summary), i
+
+
+def test_kv_bytes_per_token():
+    from checks.model import kv_bytes_per_token
+
+    k26 = read_config(k26_config(K26Spec()))
+    assert kv_bytes_per_token(k26, 8) == 61 * (512 + 64) * 2  # MLA latent, the same on every TP rank
+    assert kv_bytes_per_token(k26, 8, "fp8_e4m3") == 61 * (512 + 64)
+    llama = read_config({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+                         "num_attention_heads": 8, "num_key_value_heads": 8, "vocab_size": 10})
+    assert kv_bytes_per_token(llama, 2) == 2 * 2 * 4 * 8 * 2
+
+
+def test_fit_reports_kv_tokens(tmp_path):
+    facts, model = fit_facts(tmp_path, 8)
+    res = run(make_ctx(tmp_path, model, tp=8, facts=facts, profile="h200-tp8"), "model.fit")
+    worst = min(d["kv_cache_bytes_now"] for d in res.details["devices"])
+    assert res.details["kv_tokens"] == worst // res.details["kv_bytes_per_token"] > 0
+    assert f"~{res.details['kv_tokens']:,} tokens" in res.summary
