@@ -74,6 +74,9 @@ def sglang_patches(ctx: Context) -> Result:
     if ev.overall == "invalid":
         return Result.failed(f"patch set {set_name}: {'; '.join(ev.problems)}", Remediation("", [status_cmd]),
                              **details)
+    if ev.journal and ev.journal.get("running"):
+        return Result.failed(f"a patch run is changing SGLang's files right now ({ev.journal['running']})",
+                             Remediation("Wait for it to finish, then check again.", [status_cmd]), **details)
     if ev.journal:
         return Result.failed(f"an interrupted patch run ({ev.journal.get('op')} of {ev.journal.get('started')}) left "
                              f"its journal {ev.journal.get('path')}",

@@ -324,3 +324,16 @@ def test_cli_on_a_pip_installed_sglang(tmp_path: Path) -> None:
     installed = record.installed_in(venv.site_packages)
     for path in manifest.resolve("t-0.5.13", str(FIXTURE_SETS)).chains():
         assert sha256_file(venv.site_packages / path) == installed.record_hash(path)[1]
+
+
+def test_a_run_in_progress_is_told_apart_from_an_interrupted_one(v523: Venv, tmp_path: Path) -> None:
+    """While an apply holds the lock (paused inside its hook), the check says it is running, not broken."""
+    verdicts = []
+
+    def pause(event: str, path: str) -> None:
+        if event == "replaced" and not verdicts:
+            verdicts.append(judge(settings_for(tmp_path, v523.python))[0])
+
+    engine(v523, tmp_path, pause).apply()
+    assert verdicts[0].status is Status.FAIL and "right now (pid" in verdicts[0].summary
+    assert judge(settings_for(tmp_path, v523.python))[0].status is Status.PASS

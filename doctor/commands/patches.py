@@ -159,7 +159,9 @@ def _print_status(where: dict[str, Any], ev: Evaluation, verbose: int) -> None:
             if verbose and f.state not in (APPLIED,):
                 click.echo(f"                sha256 {f.sha256 or 'absent'}; original {f.pristine or 'absent'}; "
                            f"patched {f.target or 'absent'}")
-    if ev.journal:
+    if ev.journal and ev.journal.get("running"):
+        click.echo(f"  ! a {ev.journal.get('op')} is running now: {ev.journal['running']}")
+    elif ev.journal:
         click.echo(f"  ! interrupted {ev.journal.get('op')} of {ev.journal.get('started')}: journal "
                    f"{ev.journal.get('path')} (the next apply/revert rolls it back)")
     for p in ev.problems:

@@ -169,6 +169,24 @@ class StateStore:
             os.close(fd)
 
 
+def lock_holder(store: StateStore) -> str | None:
+    """Who holds the store's lock right now (read-only probe, takes nothing); None when free."""
+    path = store.target / "lock"
+    try:
+        fd = os.open(str(path), os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
 def read_journal_file(path: Path) -> dict[str, Any] | None:
     try:
         text = path.read_text(encoding="utf-8")

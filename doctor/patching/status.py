@@ -20,7 +20,7 @@ from typing import Any
 from doctor.patching import manifest as mf
 from doctor.patching.hashing import sha256_file
 from doctor.patching.record import Installed
-from doctor.patching.state import StateError, StateStore
+from doctor.patching.state import StateError, StateStore, lock_holder
 
 PRISTINE, APPLIED, PARTIAL, DRIFTED, MISSING = "pristine", "applied", "partial", "drifted", "missing"
 
@@ -59,7 +59,8 @@ def observe(pset: mf.PatchSet, installed: Installed, state_dir: str | None = Non
             last_run = {k: last.get(k) for k in ("op", "set", "outcome", "started", "finished")}
         if doc is not None:
             journal = {"path": str(store.journal_path), "op": doc.get("op"), "set": doc.get("set"),
-                       "started": doc.get("started"), "pid": doc.get("pid"), "files": len(doc.get("files", []))}
+                       "started": doc.get("started"), "pid": doc.get("pid"), "files": len(doc.get("files", [])),
+                       "running": lock_holder(store)}
             break
     return {
         "site_packages": str(installed.site_packages),
