@@ -47,6 +47,9 @@ def sglang_patches(ctx: Context) -> Result:
     --no-deps sglang==VERSION`, then apply.
     """
     fact: dict[str, Any] = ctx.fact("sglang_patches")
+    if not isinstance(fact, dict):
+        return Result.failed(f"the sglang_patches fact is not an object ({type(fact).__name__}); re-record it",
+                             Remediation("", [patches_command(ctx, "status")]))
     set_name = ctx.expect("patches.set", "") or fact.get("set_name", "")
     if not set_name or fact.get("no_set"):
         return Result.skipped(f"profile {ctx.settings.profile_name} uses no SGLang patch set ([patches] set is empty)")

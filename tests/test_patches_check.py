@@ -337,3 +337,18 @@ def test_a_run_in_progress_is_told_apart_from_an_interrupted_one(v523: Venv, tmp
     engine(v523, tmp_path, pause).apply()
     assert verdicts[0].status is Status.FAIL and "right now (pid" in verdicts[0].summary
     assert judge(settings_for(tmp_path, v523.python))[0].status is Status.PASS
+
+
+@pytest.mark.parametrize("fact", [
+    ["a", "list"],
+    {"set_name": "t-0.5.23", "set": "nonsense"},
+    {"set_name": "t-0.5.23", "set": {"manifest": {"name": "x"}}},
+    {"set_name": "t-0.5.23", "set": {"manifest": json.loads((FIXTURE_SETS / "t-0.5.23" / "manifest.json").read_text())},
+     "files": ["not", "a", "dict"], "sglang": "0.5.23", "journal": 7},
+])
+def test_hostile_recorded_facts_fail_clearly(tmp_path: Path, fact: object) -> None:
+    settings = settings_for(tmp_path, "/nonexistent/python")
+    ctx = make_context(settings)
+    ctx.facts = FactStore(ctx.facts.options, snapshot={"facts": {"sglang_patches": fact}})
+    res = sglang_patches(ctx)
+    assert res.status is Status.FAIL and res.summary

@@ -146,25 +146,27 @@ def file_stage(chain: list[tuple[int, mf.FileChange]], digest: str | None, exist
 
 
 def evaluate(obs: dict[str, Any]) -> Evaluation:
-    """Judge an observation (see ``observe``); never raises on a malformed document."""
+    """Judge an observation (see ``observe``); a malformed document (a hand-edited snapshot) gives
+    ``overall == "invalid"`` with the reason, never an exception."""
+    if not isinstance(obs, dict) or not isinstance(obs.get("set") or {}, dict):
+        return Evaluation("invalid", problems=["the sglang_patches fact is not an object with a 'set'"])
     try:
         pset = mf.from_dict((obs.get("set") or {}).get("manifest"), origin="recorded manifest")
     except mf.ManifestError as exc:
         return Evaluation("invalid", problems=[str(exc)])
-    sg = obs.get("sglang") or {}
+    sg = obs.get("sglang") if isinstance(obs.get("sglang"), dict) else {}
     version = sg.get("version")
     ev = Evaluation("pristine", pset.name, pset.sglang, version, bool(version) and pset.supports(str(version)))
-    ev.journal = obs.get("journal")
-    ev.last_run = obs.get("last_run")
+    ev.journal = obs.get("journal") if isinstance(obs.get("journal"), dict) else None
+    ev.last_run = obs.get("last_run") if isinstance(obs.get("last_run"), dict) else None
     if obs.get("journal_error"):
         ev.problems.append(str(obs["journal_error"]))
     if not ev.version_ok:
         ev.problems.append(f"patch set {pset.name} is for sglang {pset.sglang}; installed: {version or 'unknown'}")
-    seen = obs.get("files") or {}
+    seen = obs.get("files") if isinstance(obs.get("files"), dict) else {}
     chains = pset.chains()
-    stages: dict[str, int | None] = {}
     for path, chain in chains.items():
-        entry = seen.get(path) or {}
+        entry = seen.get(path) if isinstance(seen.get(path), dict) else {}
         digest, exists = entry.get("sha256"), bool(entry.get("exists"))
         state, stage = file_stage(chain, digest, exists)
         if entry.get("error") and state in (MISSING, DRIFTED):
@@ -183,7 +185,6 @@ def evaluate(obs: dict[str, Any]) -> Evaluation:
             note = "matches RECORD (pristine for this install), but not the set's original"
         elif state == DRIFTED:
             note = note or "neither the original nor the patched bytes: edited by hand or another version"
-        stages[path] = stage
         ev.files.append(FileStatus(path, state, digest if exists else None, first, chain[-1][1].after, stage,
                                    [pset.patches[i].id for i, _ in chain], record, in_record, note))
     by_path = {f.path: f for f in ev.files}
