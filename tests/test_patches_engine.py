@@ -365,3 +365,13 @@ def test_bad_installs_are_clear_errors(v523: Venv, tmp_path: Path) -> None:
         locate.locate(str(hung), timeout=1)
     with pytest.raises(locate.LocateError, match="could not start"):
         locate.locate(str(tmp_path / "no-python"))
+
+
+def test_revert_needs_no_backups(v523: Venv, tmp_path: Path) -> None:
+    """Applied by hand (GNU patch, another machine's doctor): revert rebuilds RECORD's bytes from the diffs."""
+    engine(v523, tmp_path / "state-a").apply()
+    shutil.rmtree(tmp_path / "state-a")
+    eng = engine(v523, tmp_path / "state-b")
+    assert eng.status().ok
+    eng.revert()
+    assert_matches_record(eng)
