@@ -1,11 +1,12 @@
 """Re-download plan for damaged model files; never deletes weights.
 
-The plan: move the damaged files (and the download leftovers that belong to them) aside into
-``<model dir>/.k26-doctor-aside/<time>/`` (same filesystem: a rename, nothing copied, nothing
-deleted), write an aria2 input file for the same files under the state directory (for sites that
-download with aria2), and run ``hf download REPO FILES --local-dir DIR --force-download`` pinned to
-the revision the directory came from when huggingface_hub recorded it. A stale ``.aria2`` control file
-next to a shard is moved aside alone only when the shard's sha256 verifies (``fix --deep``).
+The plan: write an aria2 input file for the files under the state directory (for sites that
+download with aria2); run ``hf download REPO FILES --local-dir <model>/.k26-doctor-download/<time>``
+pinned to the revision huggingface_hub recorded for the directory; only when that succeeded, move
+the damaged files and their download leftovers aside into ``<model>/.k26-doctor-aside/<time>/``
+(same filesystem: renames, nothing copied, nothing deleted) and the new files into place. A stale
+``.aria2`` control file next to a shard is moved aside alone only when the shard's sha256 verifies
+(``fix --deep``).
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ from doctor.context import Context
 from doctor.facts import FactUnavailable
 from doctor.registry import fixer
 from doctor.result import Result
+from doctor.weights.layout import HF_LOCAL_META_DIR
 from fixes.actions import Action, ActionError, RunCommand, WriteFile, fsync_dir
 
 ASIDE_DIR = ".k26-doctor-aside"
+STAGING_DIR = ".k26-doctor-download"
 HF_BASE = "https://huggingface.co"
 
 
@@ -81,7 +84,7 @@ def state_dir(ctx: Context) -> str:
 def aria2_input(repo: str, revision: str, model_dir: str, files: list[str]) -> str:
     """An aria2c input file (``aria2c -i FILE``): one URL per file with its dir and out options."""
     lines = [f"# k26-doctor: re-download {len(files)} file(s) of {repo}@{revision} into {model_dir}",
-             "# aria2c -x16 -s16 -j6 -c --auto-file-renaming=false -i {this file}"]
+             "# aria2c -x16 -s16 -j6 -c --allow-overwrite=true --auto-file-renaming=false -i {this file}"]
     for name in files:
         lines += [f"{HF_BASE}/{repo}/resolve/{revision}/{name}", f"  dir={model_dir}", f"  out={name}"]
     return "\n".join(lines) + "\n"
@@ -121,7 +124,11 @@ def _files_from(result: Result) -> tuple[str | None, list[str], list[dict[str, A
 
 @fixer("model.redownload", "Re-download damaged model files (moved aside, never deleted)")
 def plan_redownload(ctx: Context, result: Result) -> list[Action]:
-    """Plan for model.shards / model.shards.deep / model.drafter / model.drafter.deep."""
+    """Plan for model.shards / model.shards.deep / model.drafter / model.drafter.deep.
+
+    Order matters: the download goes to a staging directory first, so that a failed download (the
+    plan stops at the first failing step) leaves the model directory as it was; only then are the
+    damaged files and their leftovers moved aside and the new files moved into place."""
     which = "drafter" if result.id.startswith("model.drafter") else "model"
     model_dir, files, leftovers = _files_from(result)
     if not model_dir:
@@ -138,48 +145,96 @@ def plan_redownload(ctx: Context, result: Result) -> list[Action]:
     verdicts = _hash_verdicts(ctx, which)
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     aside = os.path.join(model_dir, ASIDE_DIR, stamp)
-    actions: list[Action] = []
-    fetch: list[str] = []
+    staging = os.path.join(model_dir, STAGING_DIR, stamp)
+    stale: list[Action] = []
+    partial: list[Action] = []
     for lo in leftovers:
         target = lo.get("for")
         if lo.get("kind") == "aria2" and target and verdicts.get(target) == "match":
             # The shard is whole (sha256 verified): only the control file is stale.
-            actions.append(MoveAside(f"move aside the stale {lo['path']} ({target} verifies by sha256)",
-                                     src=os.path.join(model_dir, lo["path"]),
-                                     dst=os.path.join(aside, os.path.basename(lo["path"]))))
+            stale.append(MoveAside(f"move aside the stale {lo['path']} ({target} verifies by sha256)",
+                                   src=os.path.join(model_dir, lo["path"]), dst=os.path.join(aside, lo["path"])))
             files = [f for f in files if f != target]
         elif lo.get("kind") != "aria2":
-            actions.append(MoveAside(f"move aside the partial download {lo['path']}",
+            partial.append(MoveAside(f"move aside the partial download {lo['path']}",
                                      src=_leftover_path(model_dir, lo["path"], fact),
                                      dst=os.path.join(aside, lo["path"].replace("/", "__"))))
-    for lo in leftovers:
-        if lo.get("kind") == "aria2" and lo.get("for") in files:
-            actions.append(MoveAside(f"move aside {lo['path']} (its shard is re-downloaded)",
-                                     src=os.path.join(model_dir, lo["path"]),
-                                     dst=os.path.join(aside, lo["path"])))
-    for name in files:
-        if name == "model.safetensors.index.json" or os.path.lexists(os.path.join(model_dir, name)):
-            if os.path.lexists(os.path.join(model_dir, name)):
-                actions.append(MoveAside(f"move the damaged {name} aside (kept, not deleted)",
-                                         src=os.path.join(model_dir, name), dst=os.path.join(aside, name)))
-        fetch.append(name)
+    fetch = list(dict.fromkeys(files))
     repo = ctx.expect(f"{which}.repo")
-    if fetch and repo:
-        revision = _revision(fact) or "main"
-        key = hashlib.sha256(os.path.abspath(model_dir).encode()).hexdigest()[:12]
-        input_path = os.path.join(state_dir(ctx), "downloads", f"aria2-{os.path.basename(model_dir)}-{key}.txt")
-        actions.append(WriteNewFile(f"write an aria2 input file for the {len(fetch)} file(s) (alternative to hf: "
-                                    f"aria2c -x16 -s16 -j6 -c -i {input_path})",
-                                    path=input_path, new_text=aria2_input(str(repo), revision, model_dir, fetch)))
-        argv = ["hf", "download", str(repo), *fetch, "--local-dir", model_dir, "--force-download"]
-        if revision != "main":
-            argv += ["--revision", revision]
-        actions.append(RunCommand(f"re-download {len(fetch)} file(s) of {repo} with huggingface_hub", argv=argv,
-                                  timeout=6 * 3600))
-    elif fetch:
-        # Without the repository there is nothing to download from: moving files aside would only break more.
-        return [a for a in actions if "stale" in a.summary]
+    if not fetch:
+        return stale + partial
+    if not repo:
+        # Nothing to download from: moving damaged files aside would only break more.
+        return stale
+    revision = _revision(fact) or "main"
+    key = hashlib.sha256(os.path.abspath(model_dir).encode()).hexdigest()[:12]
+    input_path = os.path.join(state_dir(ctx), "downloads", f"aria2-{os.path.basename(model_dir)}-{key}.txt")
+    actions: list[Action] = [WriteNewFile(
+        f"write an aria2 input file for the {len(fetch)} file(s) (the alternative to hf: "
+        f"aria2c -x16 -s16 -j6 -c --allow-overwrite=true -i {input_path})",
+        path=input_path, new_text=aria2_input(str(repo), revision, model_dir, fetch))]
+    argv = ["hf", "download", str(repo), *fetch, "--local-dir", staging]
+    if revision != "main":
+        argv += ["--revision", revision]
+    actions.append(RunCommand(f"download {len(fetch)} file(s) of {repo}@{revision} into a staging directory "
+                              "(the model directory is untouched until it succeeds)", argv=argv, timeout=6 * 3600))
+    actions += stale + partial
+    for lo in leftovers:
+        if lo.get("kind") == "aria2" and lo.get("for") in fetch:
+            actions.append(MoveAside(f"move aside {lo['path']} (its file is replaced)",
+                                     src=os.path.join(model_dir, lo["path"]), dst=os.path.join(aside, lo["path"])))
+    for name in fetch:
+        actions.append(PlaceDownloaded(f"move the downloaded {name} into place"
+                                       + (" (the damaged one kept aside)" if os.path.lexists(
+                                           os.path.join(model_dir, name)) else ""),
+                                       model_dir=model_dir, name=name, staging=staging, aside=aside))
     return actions
+
+
+@dataclass
+class PlaceDownloaded(Action):
+    """Move a freshly downloaded file (and its huggingface_hub metadata) from the staging directory into
+    the model directory; whatever is in the way is moved aside first, never deleted."""
+
+    model_dir: str = ""
+    name: str = ""
+    staging: str = ""
+    aside: str = ""
+
+    def _pairs(self) -> list[tuple[str, str, str]]:
+        meta = os.path.join(HF_LOCAL_META_DIR, self.name + ".metadata")
+        return [(os.path.join(self.staging, self.name), os.path.join(self.model_dir, self.name),
+                 os.path.join(self.aside, self.name)),
+                (os.path.join(self.staging, meta), os.path.join(self.model_dir, meta), os.path.join(self.aside, meta))]
+
+    def details(self) -> list[str]:
+        (src, dst, old), _ = self._pairs()
+        lines = []
+        if os.path.lexists(dst):
+            lines.append(f"$ mkdir -p {shlex.quote(os.path.dirname(old))} && mv -n {shlex.quote(dst)} "
+                         f"{shlex.quote(old)}")
+        lines.append(f"$ mv -n {shlex.quote(src)} {shlex.quote(dst)}   # and its .cache/huggingface metadata")
+        return lines
+
+    def apply(self, backup_dir: Path) -> str:
+        (src, dst, old), meta = self._pairs()
+        if not os.path.isfile(src):
+            raise ActionError(f"the download did not produce {src}; {dst} left as it was")
+        for s, d, o in ((src, dst, old), meta):
+            if not os.path.lexists(s):
+                continue  # no metadata (aria2 download, older huggingface_hub): fine
+            try:
+                os.makedirs(os.path.dirname(d), exist_ok=True)
+                if os.path.lexists(d):
+                    if os.path.lexists(o):
+                        raise ActionError(f"{o} already exists; not overwriting it")
+                    os.makedirs(os.path.dirname(o), exist_ok=True)
+                    os.rename(d, o)
+                os.rename(s, d)
+            except OSError as exc:
+                raise ActionError(f"cannot move {s} to {d}: {exc.strerror or exc}") from None
+            fsync_dir(Path(d).parent)
+        return f"placed {self.name} (previous copy, if any, in {self.aside})"
 
 
 def _leftover_path(model_dir: str, rel: str, fact: dict[str, Any]) -> str:

@@ -22,7 +22,7 @@ from doctor.weights.hashing import Progress, sha256_file, verify_model_hashes
 from doctor.weights.manifest import MANIFEST_NAME, manifest_text
 from doctor.weights.replica import shard_name
 from fixes.actions import RunCommand
-from fixes.model import MoveAside, WriteNewFile
+from fixes.model import MoveAside
 
 ROOT = Path(__file__).resolve().parents[1]
 S1, S2 = shard_name(1, SMALL.shards), shard_name(2, SMALL.shards)
@@ -213,7 +213,7 @@ def _plan(ctx, check_id):
     return res, FIXERS["model.redownload"].plan(ctx, res)
 
 
-def test_fixer_plan_moves_aside_and_downloads(tmp_path, model):
+def _damaged_with_metadata(model):
     with open(model / S2, "r+b") as fh:
         fh.truncate(100)
     (model / (S2 + ".aria2")).write_bytes(b"ctl")
@@ -221,28 +221,56 @@ def test_fixer_plan_moves_aside_and_downloads(tmp_path, model):
     meta.mkdir(parents=True)
     for p in model.glob("model-*.safetensors"):
         (meta / (p.name + ".metadata")).write_text(f"{'c' * 40}\n{'0' * 64}\n{time.time()}\n")
+
+
+def test_fixer_plan_downloads_to_staging_then_moves(tmp_path, model):
+    _damaged_with_metadata(model)
+    good = (tmp_path / "good.bin")
+    good.write_bytes(b"the good bytes")
     ctx = make_ctx(tmp_path, model)
     ctx.settings.state_dir = str(tmp_path / "state")
     before = tree_state(model)
     _res, actions = _plan(ctx, "model.shards")
     assert tree_state(model) == before, "planning changed something"
     kinds = [type(a).__name__ for a in actions]
-    assert kinds == ["MoveAside", "MoveAside", "WriteNewFile", "RunCommand"], kinds
-    cmd = actions[-1]
-    assert isinstance(cmd, RunCommand)
-    assert cmd.argv == ["hf", "download", "moonshotai/Kimi-K2.6", S2, "--local-dir", str(model), "--force-download",
+    assert kinds == ["WriteNewFile", "RunCommand", "MoveAside", "PlaceDownloaded"], kinds
+    write, cmd, move_ctl, place = actions
+    staging = place.staging
+    assert staging.startswith(str(model / ".k26-doctor-download"))
+    assert cmd.argv == ["hf", "download", "moonshotai/Kimi-K2.6", S2, "--local-dir", staging,
                         "--revision", "c" * 40]
-    write = actions[2]
-    assert isinstance(write, WriteNewFile) and write.path.startswith(str(tmp_path / "state"))
+    assert write.path.startswith(str(tmp_path / "state"))
     assert f"https://huggingface.co/moonshotai/Kimi-K2.6/resolve/{'c' * 40}/{S2}\n  dir={model}\n  out={S2}" \
         in write.new_text
-    # Apply everything but the download: files are moved aside, never deleted.
-    size = (model / S2).stat().st_size
-    for a in actions[:-1]:
+    # Apply, with the download simulated as hf would leave it: the file and its metadata in staging.
+    write.apply(tmp_path / "backups")
+    (Path(staging) / ".cache/huggingface/download").mkdir(parents=True)
+    (Path(staging) / S2).write_bytes(good.read_bytes())
+    (Path(staging) / ".cache/huggingface/download" / (S2 + ".metadata")).write_text("new\n")
+    damaged = (model / S2).read_bytes()
+    for a in (move_ctl, place):
         a.apply(tmp_path / "backups")
-    aside = next((model / ".k26-doctor-aside").iterdir())
-    assert (aside / S2).stat().st_size == size and (aside / (S2 + ".aria2")).read_bytes() == b"ctl"
-    assert not (model / S2).exists() and Path(write.path).read_text() == write.new_text
+    aside = Path(place.aside)
+    assert (model / S2).read_bytes() == b"the good bytes"
+    assert (aside / S2).read_bytes() == damaged and (aside / (S2 + ".aria2")).read_bytes() == b"ctl"
+    assert (model / ".cache/huggingface/download" / (S2 + ".metadata")).read_text() == "new\n"
+    assert (aside / ".cache/huggingface/download" / (S2 + ".metadata")).exists()
+    assert Path(write.path).read_text() == write.new_text
+
+
+def test_failed_download_leaves_the_model_as_it_was(tmp_path, model):
+    from fixes.actions import ActionError
+
+    _damaged_with_metadata(model)
+    ctx = make_ctx(tmp_path, model)
+    ctx.settings.state_dir = str(tmp_path / "state")
+    _res, actions = _plan(ctx, "model.shards")
+    before = tree_state(model)
+    cmd = actions[1]
+    cmd.argv = ["false"]  # the download fails (no network here): the plan stops at this step
+    with pytest.raises(ActionError):
+        cmd.apply(tmp_path / "backups")
+    assert tree_state(model) == before
 
 
 def test_stale_aria2_moved_aside_only_when_shard_verifies(tmp_path, model):
@@ -256,11 +284,11 @@ def test_stale_aria2_moved_aside_only_when_shard_verifies(tmp_path, model):
     # Without --deep nothing proves the shard whole: it is fetched again (aria2 would resume it).
     ctx = make_ctx(tmp_path, model, deep=False)
     res, actions = _plan(ctx, "model.shards")
-    assert isinstance(actions[-1], RunCommand) and S1 in actions[-1].argv
+    assert any(isinstance(a, RunCommand) and S1 in a.argv for a in actions)
     corrupt(model / S1)
     ctx = make_ctx(tmp_path, model, deep=True)
     res, actions = _plan(ctx, "model.shards")
-    assert isinstance(actions[-1], RunCommand) and S1 in actions[-1].argv
+    assert any(isinstance(a, RunCommand) and S1 in a.argv for a in actions)
 
 
 def test_fixer_without_repo_plans_nothing_destructive(tmp_path, model):
