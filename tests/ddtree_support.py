@@ -11,6 +11,7 @@ import atexit
 import functools
 import glob
 import importlib.util
+import math
 import os
 import shutil
 import sys
@@ -97,3 +98,45 @@ def ddtree_utils() -> ModuleType:
 
     pytest.importorskip("torch")
     return load_file(patched_tree() / "sglang/srt/speculative/ddtree_utils.py", "k26_ddtree_utils")
+
+
+@functools.lru_cache(maxsize=1)
+def ddtree_step() -> ModuleType:
+    """``sglang/srt/speculative/ddtree_step.py`` as the patch set creates it (torch + ddtree_utils only).
+
+    Its ``from sglang.srt.speculative.ddtree_utils import ...`` is served by registering the patched
+    ddtree_utils under that name for the duration of the load (no ``sglang`` package import).
+    """
+    name = "sglang.srt.speculative.ddtree_utils"
+    saved = sys.modules.get(name)
+    sys.modules[name] = ddtree_utils()
+    try:
+        return load_file(patched_tree() / "sglang/srt/speculative/ddtree_step.py", "k26_ddtree_step")
+    finally:
+        if saved is None:
+            del sys.modules[name]
+        else:
+            sys.modules[name] = saved
+
+
+def chi_square(codes, expected_p) -> tuple[float, int]:
+    """Pearson statistic of integer outcome codes against expected cell probabilities (torch tensors);
+    cells with an expected count < 5 pooled. ``inf`` if an impossible outcome occurred."""
+    import torch
+
+    n = codes.shape[0]
+    counts = torch.bincount(codes, minlength=expected_p.numel()).double()
+    exp = expected_p.reshape(-1).double() * n
+    big = exp >= 5
+    obs = torch.cat([counts[big], counts[~big].sum().view(1)])
+    ex = torch.cat([exp[big], exp[~big].sum().view(1)])
+    keep = ex > 0
+    if bool((obs[~keep] > 0).any()):
+        return math.inf, int(keep.sum()) - 1
+    stat = float(((obs[keep] - ex[keep]) ** 2 / ex[keep]).sum())
+    return stat, int(keep.sum()) - 1
+
+
+def chi_square_critical(df: int) -> float:
+    """A generous bound (about 5 standard deviations) on a chi-square with ``df`` degrees of freedom."""
+    return df + 5.0 * math.sqrt(2.0 * df)
