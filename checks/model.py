@@ -214,8 +214,8 @@ def model_shards_deep(ctx: Context) -> Result:
     k26-doctor manifest (`k26-doctor manifest write DIR`), huggingface_hub's local-dir metadata
     (.cache/huggingface/download/<file>.metadata, whose etag is the LFS sha256), the Hugging Face cache's
     blob names. A verification cache keyed by (device, inode, size, mtime_ns, ctime_ns) outside the model
-    directory ($XDG_CACHE_HOME/k26-doctor) means a restart re-hashes only what changed;
-    K26_DOCTOR_NO_VERIFY_CACHE=1 ignores it.
+    directory (/var/tmp/k26-doctor-<uid>, a temporary directory kept across reboots) means a restart
+    re-hashes only what changed; --no-verify-cache (or K26_DOCTOR_NO_VERIFY_CACHE=1) ignores it.
 
     Why: headers can be intact while the data is not (an aria2 download with holes, a bit flip, a mixed
     revision). Fix by hand: re-download the mismatching files."""

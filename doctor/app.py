@@ -52,6 +52,10 @@ def collect_options(settings: Settings) -> CollectOptions:
         tp=settings.tp,
         deep=settings.deep,
         profile=settings.profile,
+        verify_cache=settings.verify_cache,
+        verify_cache_dir=settings.verify_cache_dir,
+        patches_dir=settings.patches_dir,
+        state_dir=settings.state_dir,
     )
 
 

@@ -81,13 +81,15 @@ def selection_options(func: Callable[..., Any]) -> Callable[..., Any]:
                      help="Judge a recorded snapshot instead of this host."),
         click.option("--patches-dir", default=None, help="A site directory of patch sets."),
         click.option("--state-dir", default=None, help="Where backups, journals and locks live."),
+        click.option("--no-verify-cache", is_flag=True, default=None,
+                     help="--deep: hash every file again, ignoring the verification cache."),
     ]
 
     @functools.wraps(func)
     def wrapper(**kwargs: Any) -> Any:
         keys = ["config", "profile", "model_path", "draft_model_path", "python", "tp", "only", "skip", "ignore",
                 "deep", "fmt", "output", "strict", "timeout", "verbose", "from_snapshot", "patches_dir",
-                "state_dir"]
+                "state_dir", "no_verify_cache"]
         flags = {k: kwargs.pop(k) for k in keys if k in kwargs}
         return func(flags=flags, **kwargs)
 

@@ -97,6 +97,7 @@ class Settings:
     patches_dir: str | None = None
     state_dir: str = "/var/lib/k26-doctor"
     verify_cache_dir: str | None = None
+    verify_cache: bool = True
     snapshot: dict[str, Any] | None = field(default=None, repr=False)  # with --from-snapshot
 
     def get(self, dotted: str, default: Any = None) -> Any:
@@ -188,4 +189,5 @@ def resolve(flags: dict[str, Any], environ: dict[str, str] | None = None) -> Set
         patches_dir=pick("patches_dir"),
         state_dir=pick("state_dir", "/var/lib/k26-doctor"),
         verify_cache_dir=pick("verify_cache_dir"),
+        verify_cache=not bool(flags.get("no_verify_cache")),
     )

@@ -56,13 +56,26 @@ def test_config_errors() -> None:
         resolve({"tp": "x"}, environ={})
 
 
+def test_secret_names_are_words_not_substrings() -> None:
+    from doctor.facts import is_secret_name
+
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "DB_PASSWORD", "MY_SERVICE_API_KEY", "AWS_SECRET_ACCESS_KEY",
+                 "OPENAI_KEY", "password", "api_key", "client_secret", "hf_token"):
+        assert is_secret_name(name), name
+    for name in ("mask_token_id", "pad_token_id", "tokenizer_class", "bos_token", "num_key_value_heads",
+                 "TOKENIZERS_PARALLELISM", "KEYBOARD", "MONKEY", "HF_TOKEN_PATH", "max_tokens", "NCCL_IB_HCA"):
+        assert not is_secret_name(name), name
+
+
 def test_redaction() -> None:
     tok = "hf_" + "x" * 30
     data = {"HF_TOKEN": tok, "AWS_SECRET_ACCESS_KEY": "abc", "password": "p", "KEYBOARD": "us",
-            "nested": [{"url": f"https://h/?t={tok}"}], "MONKEY": "banana", "api_key": "", "count": 3}
+            "nested": [{"url": f"https://h/?t={tok}"}], "MONKEY": "banana", "api_key": "", "count": 3,
+            "mask_token_id": 163838}
     out = redact(data)
     assert out["HF_TOKEN"] == out["AWS_SECRET_ACCESS_KEY"] == out["password"] == "<redacted>"
     assert out["KEYBOARD"] == "us" and out["MONKEY"] == "banana" and out["count"] == 3
+    assert out["mask_token_id"] == 163838
     assert tok not in out["nested"][0]["url"]
 
 

@@ -22,7 +22,7 @@ from doctor.weights.manifest import MANIFEST_NAME, manifest_text, read_manifest,
 def _cache_opts(func: Any) -> Any:
     func = click.option("--no-cache", is_flag=True, help="Ignore the verification cache (hash everything).")(func)
     func = click.option("--cache-dir", default=None,
-                        help="Verification cache directory (default $XDG_CACHE_HOME/k26-doctor).")(func)
+                        help="Verification cache directory (default /var/tmp/k26-doctor-<uid>).")(func)
     func = click.option("-j", "--jobs", type=int, default=None, help="Files hashed in parallel (default: cores).")(func)
     return func
 

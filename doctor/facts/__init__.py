@@ -46,6 +46,9 @@ class CollectOptions:
     profile: dict[str, Any] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
     verify_cache: bool = True
+    verify_cache_dir: str | None = None
+    patches_dir: str | None = None
+    state_dir: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -206,16 +209,30 @@ def _worker_env() -> dict[str, str]:
 
 # -- secrets -------------------------------------------------------------------------------------
 
-SECRET_NAME = re.compile(
-    r"(TOKEN|SECRET|PASSW(OR)?D|PASSPHRASE|CREDENTIAL|API[_-]?KEY|(^|[_-])KEY($|[_-])|AUTH|COOKIE|PRIVATE)",
-    re.IGNORECASE)
+# Name-based redaction works on the words of a name, so that HF_TOKEN, DB_PASSWORD and MY_API_KEY are
+# secrets while mask_token_id, tokenizer_class, bos_token and num_key_value_heads (model configs) are not.
+SECRET_WORDS = {"TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL", "CREDENTIALS", "APIKEY",
+                "AUTH", "COOKIE"}
+NOT_SECRET_LAST = {"ID", "IDS", "CLASS", "TYPE", "HEADS", "COUNT", "SIZE", "LEN", "LENGTH", "DIM", "LIMIT", "MAX",
+                   "MIN", "FILE", "PATH", "DIR", "URL", "ENDPOINT", "PARALLELISM", "NAME", "KIND"}
+LOWER_SECRET_NAMES = {"token", "hf_token", "access_token", "auth_token", "api_key", "apikey", "password", "passwd",
+                      "secret", "client_secret", "private_key", "secret_key", "access_key", "cookie"}
 SECRET_VALUE = re.compile(
     r"\b(hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|AKIA[0-9A-Z]{16})\b")
 REDACTED = "<redacted>"
 
 
 def is_secret_name(name: str) -> bool:
-    return bool(SECRET_NAME.search(name))
+    """Environment-style names (upper case) by their words; config-style (lower case) only when well known."""
+    words = [w for w in re.split(r"[_\-.]+", name.upper()) if w]
+    if not words:
+        return False
+    if name.upper() == name:  # an environment variable
+        if words[-1] in NOT_SECRET_LAST:
+            return False
+        return any(w in SECRET_WORDS for w in words) or (words[-1] == "KEY" and len(words) > 1)
+    low = name.lower()
+    return low in LOWER_SECRET_NAMES or low.endswith(("_password", "_secret", "_api_key", "_access_key"))
 
 
 def redact(value: Any, key: str = "") -> Any:

@@ -40,12 +40,16 @@ def default_workers() -> int:
 
 
 def default_cache_dir(environ: dict[str, str] | None = None) -> str:
-    """``$K26_DOCTOR_VERIFY_CACHE_DIR``, else ``$XDG_CACHE_HOME/k26-doctor``, else ``~/.cache/k26-doctor``."""
+    """``$K26_DOCTOR_VERIFY_CACHE_DIR``, else ``/var/tmp/k26-doctor-<uid>``.
+
+    Why /var/tmp: the contract lets ``check`` write only in a temporary directory, and /var/tmp is the
+    one temporary directory the FHS keeps across reboots, so a restart re-hashes only what changed.
+    The cache is never inside the model directory, and a lost cache only costs a re-hash.
+    """
     env = os.environ if environ is None else environ
     if env.get("K26_DOCTOR_VERIFY_CACHE_DIR"):
         return env["K26_DOCTOR_VERIFY_CACHE_DIR"]
-    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "k26-doctor")
+    return os.path.join(env.get("K26_DOCTOR_VAR_TMP") or "/var/tmp", f"k26-doctor-{os.getuid()}")
 
 
 def sha256_file(path: str, on_bytes: Callable[[int], None] | None = None, block: int = BLOCK) -> str:
