@@ -161,6 +161,140 @@ def ddtree_utils_module():
     return load_file(dest, "k26_ddtree_utils_gpu")
 
 
+def created_file_module(rel: str, name: str, deps: dict[str, types.ModuleType]) -> types.ModuleType:
+    """A file the patch set creates, rebuilt from its ``/dev/null`` section of the diff (hash checked against
+    the manifest) and loaded with ``deps`` registered under their SGLang module names for the load."""
+    manifest = json.loads((SET_DIR / "manifest.json").read_text())
+    patch = next(p for p in manifest["patches"] if any(f["path"] == rel for f in p["files"]))
+    entry = next(f for f in patch["files"] if f["path"] == rel)
+    assert entry["before"] is None, f"{rel} is not created by the set"
+    lines = (SET_DIR / patch["diff"]).read_text().splitlines(keepends=True)
+    start = next(i for i, ln in enumerate(lines) if ln.rstrip("\n") == f"+++ b/{rel}")
+    body = []
+    for ln in lines[start + 1:]:
+        if ln.startswith("--- "):
+            break
+        if ln.startswith("+"):
+            body.append(ln[1:])
+    text = "".join(body)
+    assert hashlib.sha256(text.encode()).hexdigest() == entry["after"], f"{rel}: diff and manifest disagree"
+    dest = Path(tempfile.mkdtemp(prefix="ddtree-created-")) / Path(rel).name
+    dest.write_text(text)
+    saved = {k: sys.modules.get(k) for k in deps}
+    sys.modules.update(deps)
+    try:
+        return load_file(dest, name)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                del sys.modules[k]
+            else:
+                sys.modules[k] = v
+
+
+def ddtree_step_module():
+    return created_file_module("sglang/srt/speculative/ddtree_step.py", "k26_ddtree_step_gpu",
+                               {"sglang.srt.speculative.ddtree_utils": ddtree_utils_module()})
+
+
+def run_step_loop_greedy_case(device: str = "cuda", seeds=(0, 1, 3), n: int = 30) -> dict:
+    """The DDTREE step loop (ddtree_step.ddtree_round on the toy of tests/ddtree_toy.py) with SGLang's
+    greedy tree-verify kernel doing the acceptance: must reproduce greedy autoregressive decoding."""
+    torch = _torch(device)
+    import ddtree_toy as toy_mod
+
+    st = ddtree_step_module()
+    kern = verify_greedy_kernel_module()
+    dev = torch.device(device)
+
+    def accept(tv, logits):
+        b = tv.batch
+        bs, w, spec = b.bs, b.width, b.num_spec_tokens()
+        predicts = torch.full((bs * w,), -1, dtype=torch.int32, device=dev)
+        accept_index = torch.full((bs, spec), -1, dtype=torch.int32, device=dev)
+        accept_num = torch.zeros((bs,), dtype=torch.int32, device=dev)
+        kern.verify_tree_greedy_triton(predicts, accept_index, accept_num, b.draft_tokens.to(dev),
+                                       b.retrieve_index.to(dev), b.retrieve_next_token.to(dev),
+                                       b.retrieve_next_sibling.to(dev), logits.argmax(-1).view(bs, w).to(dev))
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        return predicts.cpu(), accept_index.cpu(), accept_num.cpu()
+
+    prompts = [[1, 2, 3, 4], [0], [4, 4, 2, 1, 0, 3, 3]]
+    equal, committed, rounds = True, 0, 0
+    for seed in seeds:
+        toy = toy_mod.Toy(seed)
+        eng = toy_mod.Engine(st, toy, prompts)
+        outs = [[] for _ in prompts]
+        while min(len(o) for o in outs) < n:
+            for b, toks in enumerate(eng.round([8, 3, 1], 9, accept)):
+                outs[b].extend(toks)
+            rounds += 1
+        eng.check_state([p + o for p, o in zip(prompts, outs, strict=True)])
+        equal &= all(outs[b] == toy_mod.ar_greedy(toy, p, len(outs[b])) for b, p in enumerate(prompts))
+        committed += sum(len(o) for o in outs)
+    return {"equal_to_autoregressive": equal, "tokens_per_request_round": committed / (rounds * len(prompts))}
+
+
+def sampling_kernel():
+    """SGLang's JIT CUDA ``tree_speculative_sampling_target_only``; needs an installed sglang with its JIT
+    toolchain (tvm-ffi, flashinfer headers, nvcc)."""
+    try:
+        mod = importlib.import_module("sglang.kernels.ops.speculative.sampling")
+    except Exception as exc:  # ImportError, or the package's own import-time errors
+        raise Unavailable(f"sglang.kernels.ops.speculative.sampling is not importable: {exc!r}") from None
+    return mod.tree_speculative_sampling_target_only
+
+
+def run_step_loop_sampling_case(per: int = 2500, seed: int = 99) -> dict:
+    """The DDTREE step loop with SGLang's CUDA tree-sampling kernel doing the acceptance, per-request
+    temperature / top-k / top-p repeated over the tree rows: chi-square of the next three tokens against the
+    exact autoregressive distribution, per group, plus the greedy group (top-k 1) token for token."""
+    torch = _torch("cuda")
+    import ddtree_toy as toy_mod
+    from ddtree_support import chi_square, chi_square_critical
+
+    kernel = sampling_kernel()
+    st = ddtree_step_module()
+    dev = torch.device("cuda")
+    V = toy_mod.V
+    groups = [(0.7, V, 1.0), (1.4, V, 1.0), (1.0, 2, 1.0), (1.0, V, 0.75), (1.0, 1, 1.0)]
+
+    def factory(temps, top_ks, top_ps, gen):
+        def accept(tv, logits):
+            b = tv.batch
+            bs, w, spec = b.bs, b.width, b.num_spec_tokens()
+            probs = st.target_probs_reference(logits, temps, top_ks, top_ps, w).to(dev, torch.float32).contiguous()
+            predicts = torch.full((bs * w,), -1, dtype=torch.int32, device=dev)
+            accept_index = torch.full((bs, spec), -1, dtype=torch.int32, device=dev)
+            accept_num = torch.zeros((bs,), dtype=torch.int32, device=dev)
+            kernel(predicts=predicts, accept_index=accept_index, accept_token_num=accept_num,
+                   candidates=b.draft_tokens.to(dev), retrive_index=b.retrieve_index.to(dev),
+                   retrive_next_token=b.retrieve_next_token.to(dev),
+                   retrive_next_sibling=b.retrieve_next_sibling.to(dev),
+                   uniform_samples=torch.rand((bs, w), generator=gen).to(dev),
+                   uniform_samples_for_final_sampling=torch.rand((bs,), generator=gen).to(dev),
+                   target_probs=probs, draft_probs=torch.zeros_like(probs), threshold_single=1.0,
+                   threshold_acc=1.0, deterministic=True)
+            torch.cuda.synchronize()
+            return predicts.cpu(), accept_index.cpu(), accept_num.cpu()
+        return accept
+
+    toy = toy_mod.Toy(5)
+    prompt = [2, 0, 3]
+    codes, tokens_per_round = toy_mod.sample_three(st, toy, prompt, groups, per, seed, factory)
+    out = {"tokens_per_round": tokens_per_round, "groups": []}
+    ok = True
+    for g, (t, k, p) in enumerate(groups[:-1]):
+        stat, df = chi_square(codes[g * per: (g + 1) * per], toy_mod.exact_three(toy, prompt, t, k, p))
+        ok &= stat < chi_square_critical(df)
+        out["groups"].append({"temperature": t, "top_k": k, "top_p": p, "chi2": round(stat, 1), "df": df})
+    greedy = toy_mod.ar_greedy(toy, prompt, 3)
+    out["greedy_group_exact"] = set(codes[4 * per:].tolist()) == {greedy[0] * V * V + greedy[1] * V + greedy[2]}
+    out["ok"] = bool(ok and out["greedy_group_exact"])
+    return out
+
+
 def make_trees(dd, torch, bs: int, budget: int, depth: int, seed: int):
     g = torch.Generator().manual_seed(seed)
     trees = []
@@ -313,6 +447,17 @@ def main(argv: list[str]) -> int:
     good = r["predicts_equal"] and r["accept_index_equal"] and r["accept_num_equal"]
     ok &= good
     print(f"verify_tree_greedy_triton {r} {'OK' if good else 'FAIL'}")
+    r = run_step_loop_greedy_case(device="cpu" if interpret else "cuda")
+    good = r["equal_to_autoregressive"]
+    ok &= good
+    print(f"ddtree_step loop, greedy kernel {r} {'OK' if good else 'FAIL'}")
+    if not interpret:
+        try:
+            r = run_step_loop_sampling_case()
+            ok &= r["ok"]
+            print(f"ddtree_step loop, sampling kernel {r} {'OK' if r['ok'] else 'FAIL'}")
+        except Unavailable as exc:
+            print(f"ddtree_step loop, sampling kernel SKIP: {exc}")
     return 0 if ok else 1
 
 

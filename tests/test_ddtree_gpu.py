@@ -31,3 +31,15 @@ def test_sglang_triton_greedy_tree_verify_matches_reference():
     res = _run(harness.run_verify_greedy_case)
     assert res["predicts_equal"] and res["accept_index_equal"] and res["accept_num_equal"], res
     assert res["mean_accepted"] > 1.0, res
+
+
+def test_ddtree_step_loop_with_sglang_greedy_kernel_equals_autoregressive():
+    res = _run(harness.run_step_loop_greedy_case)
+    assert res["equal_to_autoregressive"], res
+    assert res["tokens_per_request_round"] > 1.3, res
+
+
+def test_ddtree_step_loop_with_sglang_sampling_kernel_keeps_the_target_distribution():
+    """Needs an installed sglang whose JIT kernels build here (tvm-ffi, flashinfer headers, nvcc); skips otherwise."""
+    res = _run(harness.run_step_loop_sampling_case)
+    assert res["ok"], res

@@ -31,4 +31,4 @@ def test_kernels_in_the_triton_interpreter():
                           env=env, cwd=GPU_TEST.parent)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = [ln for ln in proc.stdout.splitlines() if ln.endswith((" OK", " FAIL"))]
-    assert len(lines) == 5 and all(ln.endswith(" OK") for ln in lines), proc.stdout
+    assert len(lines) == 6 and all(ln.endswith(" OK") for ln in lines), proc.stdout
