@@ -147,10 +147,15 @@ def test_live_cli_check_then_fix_stops_the_stale_process(tmp_path: Path, doctor:
     if py is None:
         pytest.skip("no interpreter with CUDA torch")
     ready = tmp_path / "ready"
+    sel = ["--only", "gpu.idle", "--profile", "h200-tp8", "--tp", "1", "--state-dir", str(tmp_path / "state")]
+    # The fixer stops every process holding GPU memory: never run it while another one (this test runner,
+    # if an earlier test made a CUDA context in it) holds any.
+    before = json.loads(run_doctor("check", "--format", "json", *sel).stdout)["results"][0]
+    if before["status"] != "pass":
+        pytest.skip(f"GPU not idle before the test, fix would stop more than our child: {before['summary']}")
     code = ("import torch,time,pathlib,sys; x=torch.empty(2**30, dtype=torch.uint8, device='cuda:0'); "
             "torch.cuda.synchronize(); pathlib.Path(sys.argv[1]).write_text('1'); time.sleep(120)")
     child = subprocess.Popen([py, "-c", code, str(ready), "k26-cli-stale-marker"])
-    sel = ["--only", "gpu.idle", "--profile", "h200-tp8", "--tp", "1", "--state-dir", str(tmp_path / "state")]
     try:
         deadline = time.monotonic() + 90
         while not ready.exists() and time.monotonic() < deadline and child.poll() is None:
