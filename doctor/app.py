@@ -15,7 +15,7 @@ from doctor.facts import CollectOptions, FactStore, load_snapshot
 from doctor.registry import LOAD_ERRORS, Check, all_checks, plugin_errors
 from doctor.result import Result, Status, worst
 from doctor.runner import RunOutcome, select
-from doctor.settings import ConfigError, Settings, resolve
+from doctor.settings import ConfigError, Settings, profile_names, resolve
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NO_REPORT = 0, 1, 2, 3
 
@@ -36,9 +36,12 @@ def settings_from_flags(flags: dict[str, Any]) -> Settings:
             raise ConfigError(str(exc)) from None
         recorded = snap.get("options") or {}
         flags = dict(flags)
-        for key in ("model_path", "draft_model_path", "python"):
+        for key in ("model_path", "draft_model_path", "python", "tp"):
             if not flags.get(key) and recorded.get(key):
                 flags[key] = recorded[key]
+        rec_profile = (recorded.get("profile") or {}).get("name") if isinstance(recorded.get("profile"), dict) else None
+        if not flags.get("profile") and rec_profile in profile_names():
+            flags["profile"] = rec_profile
     settings = resolve(flags)
     settings.snapshot = snap
     return settings

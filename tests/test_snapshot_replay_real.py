@@ -1,0 +1,38 @@
+"""A real recording replays to the verdicts the live run gave on that host.
+
+``h200x1-all-facts.json`` is ``k26-doctor snapshot --profile h200-tp8 --tp 1`` on the lent 1x H200 machine
+(driver 580.159.04, torch 2.11.0+cu130, triton 3.6.0, Python 3.12.3); ``h200x1-all-facts.check.json`` is
+``k26-doctor check --profile h200-tp8 --tp 1 --format json`` run right after it on the same machine
+(bench/device_batch.sh). Replaying the facts here, with no GPU, must give the same verdict and the same
+one-line summary for every check."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import ROOT, run_doctor
+
+SNAP = ROOT / "tests" / "fixtures" / "snapshots" / "h200x1-all-facts.json"
+LIVE = ROOT / "tests" / "fixtures" / "snapshots" / "h200x1-all-facts.check.json"
+
+
+def test_real_h200_snapshot_replays_to_the_live_verdicts() -> None:
+    out = run_doctor("check", "--from-snapshot", str(SNAP), "--format", "json")
+    replay = json.loads(out.stdout)
+    live = json.loads(LIVE.read_text())
+    assert replay["doctor"]["profile"] == "h200-tp8" and replay["doctor"]["tp"] == 1, "recorded profile and TP"
+    got = {r["id"]: (r["status"], r["summary"]) for r in replay["results"]}
+    want = {r["id"]: (r["status"], r["summary"]) for r in live["results"]}
+    assert got == want
+    assert out.returncode == 1  # the lent machine has no SGLang and no model: those checks fail there too
+    assert want["gpu.arch"][0] == "pass" and want["triton.jit"][0] == "pass" and want["torch.arch"][0] == "pass"
+
+
+def test_real_snapshot_judged_under_another_profile() -> None:
+    """The same recorded H200 under the B300 profile: architecture and memory fail, named."""
+    out = json.loads(run_doctor("check", "--from-snapshot", str(SNAP), "--profile", "b300-tp8-ddtree", "--tp", "8",
+                                "--only", "gpu.*", "--format", "json").stdout)
+    by = {r["id"]: r for r in out["results"]}
+    assert by["gpu.arch"]["status"] == "fail" and "9.0" in by["gpu.arch"]["summary"]
+    assert by["gpu.count"]["status"] == "fail"
+    assert by["gpu.memory"]["status"] == "fail" and "260 GiB" in by["gpu.memory"]["summary"]
