@@ -183,6 +183,14 @@ _SERVER_ARGS_SCRIPT = textwrap.dedent(
         hook._handle_ddtree(bad)
     except ValueError as e:
         out["missing_budget"] = str(e)
+    small = server_args.ServerArgs(model_path="/m", speculative_algorithm="DDTREE", speculative_ddtree_budget=8,
+                                   speculative_draft_model_path="/d", speculative_dflash_block_size=16,
+                                   device="cuda")
+    try:
+        hook._handle_ddtree(small)
+        out["small_budget"] = "accepted"
+    except ValueError as e:
+        out["small_budget"] = str(e)
     print("RESULT " + json.dumps(out))
     """
 )
@@ -214,6 +222,8 @@ def test_server_args_parse_and_resolve_ddtree(tmp_path):
     assert out["resolved"] == [65, 16, 1, 1]
     assert out["resolution"].startswith("NotImplementedError: DDTREE: this revision")
     assert "--speculative-ddtree-budget" in out["missing_budget"]
+    # a verify width below the drafter block would let the draft block write past the per-step KV reservation
+    assert "below the DFlash block" in out["small_budget"], out["small_budget"]
 
 
 def test_the_patch_engines_generator_agrees_with_the_manifest(tmp_path):
