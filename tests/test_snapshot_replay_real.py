@@ -1,7 +1,7 @@
 """A real recording replays to the verdicts the live run gave on that host.
 
 ``h200x1-all-facts.json`` is ``k26-doctor snapshot --profile h200-tp8 --tp 1`` on the lent 1x H200 machine
-(driver 580.159.04, torch 2.11.0+cu130, triton 3.6.0, Python 3.12.3); ``h200x1-all-facts.check.json`` is
+(driver 580.159.04, torch 2.11.0+cu130, triton 3.6.0, Python 3.12.3); ``tests/fixtures/live/h200x1-check.json`` is
 ``k26-doctor check --profile h200-tp8 --tp 1 --format json`` run right after it on the same machine
 (bench/device_batch.sh). Replaying the facts here, with no GPU, must give the same verdict and the same
 one-line summary for every check."""
@@ -13,7 +13,7 @@ import json
 from conftest import ROOT, run_doctor
 
 SNAP = ROOT / "tests" / "fixtures" / "snapshots" / "h200x1-all-facts.json"
-LIVE = ROOT / "tests" / "fixtures" / "snapshots" / "h200x1-all-facts.check.json"
+LIVE = ROOT / "tests" / "fixtures" / "live" / "h200x1-check.json"
 
 
 def test_real_h200_snapshot_replays_to_the_live_verdicts() -> None:
