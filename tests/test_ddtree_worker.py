@@ -57,9 +57,16 @@ def test_prepare_verify_builds_the_tree_batch_and_mask(worker):
     assert torch.equal(mask, dd.build_verify_custom_mask(batch.tree_mask, prefix))
 
 
-def test_ddtree_stops_at_startup_in_this_revision(worker):
+def test_ddtree_stops_at_startup_in_this_revision(worker, monkeypatch):
+    monkeypatch.delenv(worker.UNVALIDATED_WORKER_ENV, raising=False)
     with pytest.raises(NotImplementedError, match="DFLASH"):
         worker.get_ddtree_worker_cls()
+    for value in ("", "0", "true", "yes"):  # only the exact opt-in opens the gate
+        monkeypatch.setenv(worker.UNVALIDATED_WORKER_ENV, value)
+        with pytest.raises(NotImplementedError, match="SGLANG_DDTREE_UNVALIDATED_WORKER=1"):
+            worker.check_ddtree_worker_available()
+    monkeypatch.setenv(worker.UNVALIDATED_WORKER_ENV, "1")
+    assert worker.check_ddtree_worker_available() is None
 
 
 def test_sampled_requests_never_fall_back_to_greedy(worker):
