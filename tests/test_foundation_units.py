@@ -188,3 +188,11 @@ def test_text_report_color_only_when_asked_and_no_color_wins(monkeypatch: pytest
     assert "\033[" not in plain
     assert "fix: do this" in plain
     assert "k26-doctor fix --only a.b" in plain and "--ignore a.b" in plain
+
+
+def test_readme_lists_every_registered_check() -> None:
+    from doctor.registry import all_checks
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    missing = [c.id for c in all_checks() if f"`{c.id}`" not in readme]
+    assert not missing, f"README's table of checks lacks {missing}"
