@@ -12,12 +12,12 @@ import difflib
 import os
 import shlex
 import signal
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from doctor import proc
+from doctor.fileio import atomic_write
 
 
 class ActionError(Exception):
@@ -162,39 +162,6 @@ def process_start_ticks(pid: int) -> int | None:
         return int(stat.rsplit(")", 1)[1].split()[19])
     except (IndexError, ValueError):
         return None
-
-
-def atomic_write(target: Path, data: bytes, mode: int = 0o644) -> None:
-    """Write through a temporary file in the same directory, fsync, rename, fsync the directory."""
-    target = Path(target)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".k26tmp", dir=str(target.parent))
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    fsync_dir(target.parent)
-
-
-def fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(str(path), os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def backup_file(target: Path, backup_dir: Path) -> Path:

@@ -21,10 +21,11 @@ from typing import Any
 
 from doctor.context import Context
 from doctor.facts import FactUnavailable
+from doctor.fileio import fsync_dir
 from doctor.registry import fixer
 from doctor.result import Result
 from doctor.weights.layout import HF_LOCAL_META_DIR
-from fixes.actions import Action, ActionError, RunCommand, WriteFile, fsync_dir
+from fixes.actions import Action, ActionError, RunCommand, WriteFile
 
 ASIDE_DIR = ".k26-doctor-aside"
 STAGING_DIR = ".k26-doctor-download"

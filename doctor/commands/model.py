@@ -47,7 +47,7 @@ def write_cmd(model_dir: str, output: str | None, from_hf_metadata: bool, force:
 
     Record only a download you trust (e.g. right after `hf download`, whose etags are the published
     sha256: use --from-hf-metadata to take those without trusting the bytes on disk)."""
-    from fixes.actions import atomic_write
+    from doctor.fileio import atomic_write
 
     target = output or os.path.join(model_dir, MANIFEST_NAME)
     if os.path.exists(target) and not force:
@@ -83,7 +83,7 @@ def write_cmd(model_dir: str, output: str | None, from_hf_metadata: bool, force:
         note = "hashed by k26-doctor"
         _rate(res)
     try:
-        atomic_write(__import__("pathlib").Path(target), manifest_text(files, note).encode(), 0o644)
+        atomic_write(target, manifest_text(files, note).encode(), 0o644)
     except OSError as exc:
         raise click.ClickException(f"cannot write {target}: {exc.strerror or exc}") from None
     click.echo(f"wrote {target} ({len(files)} files)")

@@ -13,6 +13,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from doctor.fileio import fsync_dir
+
 Hook = Callable[[str, str], None]
 TMP_SUFFIX = ".k26tmp"
 
@@ -20,19 +22,6 @@ TMP_SUFFIX = ".k26tmp"
 def _call(hook: Hook | None, event: str, path: Path) -> None:
     if hook is not None:
         hook(event, str(path))
-
-
-def fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(str(path), os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def read_or_none(path: Path) -> bytes | None:

@@ -15,7 +15,6 @@ import json
 import os
 import stat
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -23,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import IO, Any
 
+from doctor.fileio import atomic_write
 from doctor.weights.index import INDEX_NAME, SINGLE_NAME, read_index
 from doctor.weights.layout import file_state, read_hf_local_metadata
 from doctor.weights.manifest import MANIFEST_NAME, read_manifest
@@ -109,17 +109,7 @@ class VerifyCache:
             merged = self._load()
             merged.update(self.new)
             merged = _prune(merged)
-            fd, tmp = tempfile.mkstemp(prefix=".verify-cache.", dir=self.directory)
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                    json.dump({"version": CACHE_VERSION, "entries": merged}, fh)
-                os.replace(tmp, self.path)
-            except BaseException:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
-                raise
+            atomic_write(self.path, json.dumps({"version": CACHE_VERSION, "entries": merged}).encode(), 0o600)
             self.entries = merged
             self.new = {}
         except OSError as exc:
