@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from sglang_wheels import WHEELS, wheel_for  # noqa: F401 - wheel_for is used by the patch tests
 
-WHEELS = Path(os.environ.get("SGLANG_WHEELS", "/tmp/wheels"))
 FIXTURE_SETS = Path(__file__).resolve().parent / "fixtures" / "patchsets"
 _PRISTINE: dict[str, Path] = {}
 
@@ -30,23 +30,6 @@ class Venv:
     root: Path
     python: str
     site_packages: Path
-
-
-def wheel_for(version: str) -> Path:
-    """The released wheel: from ``$SGLANG_WHEELS`` (default /tmp/wheels), else ``pip download`` (CI has
-    network), else the test skips saying why."""
-    found = sorted(WHEELS.glob(f"sglang-{version}-*.whl"))
-    if not found:
-        cache = Path(os.environ.get("K26_TEST_WHEEL_CACHE", Path.home() / ".cache" / "k26-doctor-tests"))
-        found = sorted(cache.glob(f"sglang-{version}-*.whl"))
-        if not found:
-            cache.mkdir(parents=True, exist_ok=True)
-            res = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(cache),
-                                  f"sglang=={version}"], capture_output=True, text=True, timeout=600)
-            found = sorted(cache.glob(f"sglang-{version}-*.whl"))
-            if not found:
-                pytest.skip(f"no sglang {version} wheel in {WHEELS} and pip download failed: {res.stderr[-300:]}")
-    return found[0]
 
 
 def pip_venv(version: str, dest: Path) -> Venv:

@@ -20,14 +20,21 @@ VERSIONS = ("0.5.23", "0.5.13.post1")
 
 
 def wheel_for(version: str) -> Path:
+    """The released wheel: from ``$SGLANG_WHEELS`` (default /tmp/wheels), else a per-user cache, else
+    ``pip download`` into that cache (CI has network), else the test skips saying why."""
     found = sorted(WHEELS.glob(f"sglang-{version}-*.whl"))
+    if found:
+        return found[0]
+    cache = Path(os.environ.get("K26_TEST_WHEEL_CACHE", Path.home() / ".cache" / "k26-doctor-tests"))
+    found = sorted(cache.glob(f"sglang-{version}-*.whl"))
     if not found:
-        WHEELS.mkdir(parents=True, exist_ok=True)
-        res = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(WHEELS),
+        cache.mkdir(parents=True, exist_ok=True)
+        res = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(cache),
                               f"sglang=={version}"], capture_output=True, text=True, timeout=600)
-        found = sorted(WHEELS.glob(f"sglang-{version}-*.whl"))
+        found = sorted(cache.glob(f"sglang-{version}-*.whl"))
         if not found:
-            pytest.skip(f"sglang {version} wheel not in {WHEELS} and pip download failed: {res.stderr[-300:]}")
+            pytest.skip(f"no sglang {version} wheel in {WHEELS} or {cache}, and pip download failed: "
+                        f"{res.stderr[-300:]}")
     return found[0]
 
 
