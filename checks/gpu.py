@@ -62,6 +62,17 @@ def _group(ctx: Any, nvml: dict[str, Any]) -> list[dict[str, Any]]:
     return links.group(nvml, ctx.settings.world_size)
 
 
+def _tp_group(ctx: Any) -> tuple[dict[str, Any], list[dict[str, Any]], Result | None]:
+    """The fact and the GPUs of the TP group, or the result a check gives when there is none to judge."""
+    nvml, res = _nvml(ctx)
+    if res:
+        return {}, [], res
+    grp = _group(ctx, nvml)
+    if not grp:
+        return nvml, [], Result.skipped("no GPU visible (see gpu.count)")
+    return nvml, grp, None
+
+
 def _gpu(d: dict[str, Any]) -> str:
     """``GPU3`` (the CUDA index the service sees), with the NVML index when it differs."""
     cuda, idx = d.get("cuda_index"), d.get("index")
@@ -220,12 +231,9 @@ def gpu_arch(ctx: Any) -> Result:
     H200 9.0; RTX PRO 6000 Blackwell 12.0). Kernels, the Triton backend and the patches are chosen
     for one architecture; mixed GPUs in one TP group fail. A mismatch names the built-in profile
     made for the GPUs found. By hand: `nvidia-smi --query-gpu=name,compute_cap --format=csv`."""
-    nvml, res = _nvml(ctx)
+    _, grp, res = _tp_group(ctx)
     if res:
         return res
-    grp = _group(ctx, nvml)
-    if not grp:
-        return Result.skipped("no GPU visible (see gpu.count)")
     want_raw = ctx.expect("gpu.compute_capability")
     want = _cc(want_raw)
     if want is None:
@@ -273,12 +281,9 @@ def gpu_memory(ctx: Any) -> Result:
     memory against what the server will reserve (server.mem_fraction_static of the total). The
     free figures (details.per_gpu, details.free_min_bytes) feed model.fit. Memory held by other
     processes: see gpu.idle. By hand: `nvidia-smi --query-gpu=memory.total,memory.free --format=csv`."""
-    nvml, res = _nvml(ctx)
+    _, grp, res = _tp_group(ctx)
     if res:
         return res
-    grp = _group(ctx, nvml)
-    if not grp:
-        return Result.skipped("no GPU visible (see gpu.count)")
     per_gpu = []
     for d in grp:
         m = d.get("memory")
@@ -325,12 +330,9 @@ def gpu_idle(ctx: Any) -> Result:
     start is the usual culprit; the new server then fails to allocate, minutes into its start.
     Fixer: a plan to stop exactly those PIDs (verified to be the same processes, holding
     /dev/nvidia*), applied only with `fix --apply`. By hand: `nvidia-smi`, then `kill PID`."""
-    nvml, res = _nvml(ctx)
+    _, grp, res = _tp_group(ctx)
     if res:
         return res
-    grp = _group(ctx, nvml)
-    if not grp:
-        return Result.skipped("no GPU visible (see gpu.count)")
     unread = [f"{_gpu(d)}: {(d.get('errors') or {}).get('processes.compute', 'not read')}" for d in grp
               if not isinstance(d.get("processes"), list)]
     if len(unread) == len(grp):
@@ -375,12 +377,9 @@ def gpu_health(ctx: Any) -> Result:
     pending (the service needs whole GPUs) fail; hardware slowdown, thermal or power-brake clock
     events, persistence mode off and ECC off warn. Readings a GPU does not support (NotSupported)
     are listed, not judged. By hand: `nvidia-smi -q -d ECC,ROW_REMAPPER,PERFORMANCE`."""
-    nvml, res = _nvml(ctx)
+    _, grp, res = _tp_group(ctx)
     if res:
         return res
-    grp = _group(ctx, nvml)
-    if not grp:
-        return Result.skipped("no GPU visible (see gpu.count)")
     mig_allowed = bool(ctx.expect("gpu.mig_allowed", False))
     fails: list[str] = []
     warns: list[str] = []
@@ -559,12 +558,9 @@ def gpu_fabric(ctx: Any) -> Result:
     driver. GPUs without a fabric (NotSupported) skip. Fixer: `systemctl start
     nvidia-fabricmanager`. By hand: `systemctl status nvidia-fabricmanager`,
     `nvidia-smi -q | grep -A3 -i fabric`."""
-    nvml, res = _nvml(ctx)
+    nvml, grp, res = _tp_group(ctx)
     if res:
         return res
-    grp = _group(ctx, nvml)
-    if not grp:
-        return Result.skipped("no GPU visible (see gpu.count)")
     fm = nvml.get("fabric_manager") or {}
     per_gpu = {_gpu(d): d.get("fabric") for d in grp}
     details: dict[str, Any] = {"per_gpu": per_gpu, "fabric_manager": fm or None,
