@@ -44,16 +44,16 @@ def test_installed_console_script_runs(wheel: Path, tmp_path: Path) -> None:
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     py = venv / "bin" / "python"
-    # The dependencies come from the interpreter running the tests (no network needed): a .pth file.
+    res = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "-q", str(wheel)],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    # Then the dependencies, from the interpreter running the tests (no network needed): a .pth file. Only
+    # after the install, or pip would see this checkout's own distribution there and install nothing.
     import sysconfig
 
     purelib = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                              capture_output=True, text=True, check=True).stdout.strip()
     Path(purelib, "_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    res = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "-q", str(wheel)],
-                         capture_output=True,
-                         text=True, timeout=300)
-    assert res.returncode == 0, res.stderr
     where = subprocess.run([str(py), "-c", "import doctor; print(doctor.__file__)"], capture_output=True, text=True,
                            cwd=tmp_path)
     assert where.stdout.strip().startswith(str(venv)), where.stdout + where.stderr
