@@ -23,7 +23,9 @@ def test_real_h200_snapshot_replays_to_the_live_verdicts() -> None:
     assert replay["doctor"]["profile"] == "h200-tp8" and replay["doctor"]["tp"] == 1, "recorded profile and TP"
     got = {r["id"]: (r["status"], r["summary"]) for r in replay["results"]}
     want = {r["id"]: (r["status"], r["summary"]) for r in live["results"]}
-    assert got == want
+    # Checks added after the recording are judged from the same facts too; every recorded one must agree.
+    assert set(want) <= set(got)
+    assert {k: got[k] for k in want} == want
     assert out.returncode == 1  # the lent machine has no SGLang and no model: those checks fail there too
     assert want["gpu.arch"][0] == "pass" and want["triton.jit"][0] == "pass" and want["torch.arch"][0] == "pass"
 
