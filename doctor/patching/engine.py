@@ -19,7 +19,7 @@ Each file is at any moment either as it was or as planned: never in between.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -185,13 +185,7 @@ class Engine:
         plan.refusals.extend(self.check_diffs())
         if plan.refusals:
             return plan
-        chains = self.pset.chains()
-        for fs in ev.files:
-            chain = chains[fs.path]
-            positions = [i for i, _ in chain]
-            sel = [k for k, i in enumerate(positions) if i in wanted]
-            if not sel:
-                continue
+        for fs, chain, positions, sel in self._selected_chains(ev, wanted):
             goal = max(sel) + 1
             stage = fs.stage
             if stage is not None and stage >= goal:
@@ -264,13 +258,7 @@ class Engine:
         plan.refusals.extend(self.check_diffs())
         if plan.refusals:
             return plan
-        chains = self.pset.chains()
-        for fs in ev.files:
-            chain = chains[fs.path]
-            positions = [i for i, _ in chain]
-            sel = [k for k, i in enumerate(positions) if i in wanted]
-            if not sel:
-                continue
+        for fs, chain, positions, sel in self._selected_chains(ev, wanted):
             goal = min(sel)
             pristine_want = fs.record if (fs.in_record and fs.record) else fs.pristine
             if fs.state in (DRIFTED, MISSING):
@@ -333,6 +321,18 @@ class Engine:
             return None
         ids = [self.pset.patches[i].id for i, _ in chain[goal:]]
         return Change(fs.path, old, new, want[goal], True, f"{fs.state}: restore the stored original", st, ids)
+
+    def _selected_chains(self, ev: Evaluation,
+                         wanted: set[int]) -> Iterator[tuple[Any, list[Any], list[int], list[int]]]:
+        """Each file a selected patch touches: its status, its chain of (patch index, file entry), the
+        chain's patch indices, and the positions in the chain that are selected."""
+        chains = self.pset.chains()
+        for fs in ev.files:
+            chain = chains[fs.path]
+            positions = [i for i, _ in chain]
+            sel = [k for k, i in enumerate(positions) if i in wanted]
+            if sel:
+                yield fs, chain, positions, sel
 
     def _selection(self, only: Iterable[str] | None, plan: Plan) -> set[int]:
         ids = [p.id for p in self.pset.patches]
