@@ -233,6 +233,15 @@ class FlagTable:
     files: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
+    def add(self, opts: list[str], spec: dict[str, Any], action: str | None = None) -> None:
+        """Register ``opts`` with ``spec``; a BooleanOptionalAction also gets each ``--no-`` form."""
+        for opt in opts:
+            self.options[opt] = spec
+        if action == "BooleanOptionalAction":
+            for opt in opts:
+                if opt.startswith("--"):
+                    self.options["--no-" + opt[2:]] = dict(spec)
+
     def to_dict(self) -> dict[str, Any]:
         return {"schema": SCHEMA, "version": self.version, "style": self.style, "options": self.options,
                 "files": self.files, "notes": self.notes}
@@ -332,12 +341,7 @@ def _add_argument(table: FlagTable, call: ast.Call, sources: _Sources, mod: _Mod
     spec = _spec(dest, nargs=nargs, choices=choices, strict=strict,
                  type_name=type_name if type_name in ("int", "float") else None,
                  deprecated=deprecated, required=required)
-    for opt in opts:
-        table.options[opt] = spec
-    if action == "BooleanOptionalAction":
-        for opt in opts:
-            if opt.startswith("--"):
-                table.options["--no-" + opt[2:]] = dict(spec)
+    table.add(opts, spec, action)
 
 
 def _annotated_parts(annotation: ast.expr) -> list[ast.expr] | None:
@@ -410,13 +414,7 @@ def _field_flag(table: FlagTable, stmt: ast.AnnAssign, sources: _Sources, mod: _
                 if _const(k) == "nargs":
                     value = _const(v)
                     nargs = "*" if isinstance(value, _Unknown) else (1 if value is None else value)
-        spec = _spec(name, nargs=nargs, choices=choices, strict=strict)
-        for opt in opts:
-            table.options[opt] = spec
-        if action == "BooleanOptionalAction":
-            for opt in opts:
-                if opt.startswith("--"):
-                    table.options["--no-" + opt[2:]] = dict(spec)
+        table.add(opts, _spec(name, nargs=nargs, choices=choices, strict=strict), action)
         return
     head = _name_of(inner.value) if isinstance(inner, ast.Subscript) else _name_of(inner)
     if head == "Literal" and isinstance(inner, ast.Subscript):
@@ -438,9 +436,7 @@ def _field_flag(table: FlagTable, stmt: ast.AnnAssign, sources: _Sources, mod: _
         nargs = "*" if isinstance(value, _Unknown) else (1 if value is None else value)
     required = _const(meta.get("required")) is True or (
         _const(meta.get("required")) is not False and stmt.value is None and nargs != 0)
-    spec = _spec(name, nargs=nargs, choices=choices, strict=strict, type_name=type_name, required=required)
-    for opt in opts:
-        table.options[opt] = spec
+    table.add(opts, _spec(name, nargs=nargs, choices=choices, strict=strict, type_name=type_name, required=required))
 
 
 def _struct_fields(table: FlagTable, cls: ast.ClassDef, sources: _Sources, mod: _Module, resolver: _Choices) -> None:
