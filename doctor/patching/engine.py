@@ -433,15 +433,15 @@ class Engine:
 
     def apply(self, *, force: bool = False, only: Iterable[str] | None = None) -> Outcome:
         """Recover, plan and execute in one call (refusals raise ``EngineError``)."""
-        self.recover()
-        plan = self.plan_apply(force=force, only=only)
-        if not plan.ok:
-            raise EngineError("; ".join(plan.refusals))
-        return self.execute(plan)
+        return self._recover_plan_execute(self.plan_apply, force, only)
 
     def revert(self, *, force: bool = False, only: Iterable[str] | None = None) -> Outcome:
+        """The same for a revert."""
+        return self._recover_plan_execute(self.plan_revert, force, only)
+
+    def _recover_plan_execute(self, planner: Any, force: bool, only: Iterable[str] | None) -> Outcome:
         self.recover()
-        plan = self.plan_revert(force=force, only=only)
+        plan = planner(force=force, only=only)
         if not plan.ok:
             raise EngineError("; ".join(plan.refusals))
         return self.execute(plan)
