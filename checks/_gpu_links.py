@@ -26,27 +26,26 @@ def group(nvml: dict[str, Any], size: int) -> list[dict[str, Any]]:
     return [d for d in devices if isinstance(d, dict)][:size]
 
 
-def active_links(dev: dict[str, Any]) -> int | None:
+def _links(dev: dict[str, Any]) -> list[Any] | None:
+    """The GPU's link readings: [] on a PCIe card (NVLink NotSupported), None when not read."""
     nv = dev.get("nvlink")
     if not isinstance(nv, dict):
         return None
     if nv.get("supported") is False:
-        return 0
+        return []
     links = nv.get("links")
-    if not isinstance(links, list):
-        return None
-    return sum(1 for link in links if isinstance(link, dict) and link.get("active"))
+    return links if isinstance(links, list) else None
+
+
+def active_links(dev: dict[str, Any]) -> int | None:
+    links = _links(dev)
+    return None if links is None else sum(1 for link in links if isinstance(link, dict) and link.get("active"))
 
 
 def link_slots(dev: dict[str, Any]) -> int | None:
     """How many links the GPU has (active or not); 0 on a PCIe card."""
-    nv = dev.get("nvlink")
-    if not isinstance(nv, dict):
-        return None
-    if nv.get("supported") is False:
-        return 0
-    links = nv.get("links")
-    return len(links) if isinstance(links, list) else None
+    links = _links(dev)
+    return None if links is None else len(links)
 
 
 def _switched(dev: dict[str, Any]) -> bool:
