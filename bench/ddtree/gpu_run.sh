@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# One GPU-host session of the DDTree validation: unpack the payload (bench/ddtree/payload.py), apply the
+# repository's DDTree patch set to it with the product (k26-doctor patches apply), build the tiny
+# checkpoints, run the servers of PLAN and compare them. Everything it prints and writes lands in $OUT.
+# Usage: bash bench/ddtree/gpu_run.sh PLAN [BUDGET_S] [serve_check run options...]
+set -uo pipefail
+PLAN=${1:?plan}; BUDGET=${2:-480}; shift 2 || shift $#
+OUT=${OUT:-/tmp/ddtree-out}; mkdir -p "$OUT"
+SITE=/tmp/site
+if [ ! -d "$SITE/sglang" ]; then
+  mkdir -p "$SITE" && cat .payload/site.tar.xz.* | xz -d -T0 | tar -x -C "$SITE" || exit 3
+fi
+export PYTHONPATH=$SITE PYTHONUNBUFFERED=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+{
+  echo "== host"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  python3 -c "import torch,triton;print('torch',torch.__version__,'triton',triton.__version__)"
+  echo "== patch set (k26-doctor patches apply)"
+  python3 -m doctor patches apply --python python3 --set ddtree-0.5.23 --state-dir /tmp/k26state --yes | tail -3
+  python3 -m doctor patches status --python python3 --set ddtree-0.5.23 --state-dir /tmp/k26state | tail -1
+  python3 -c "import sgl_kernel, sglang; print('sgl_kernel', sgl_kernel.__version__, 'sglang', sglang.__version__)"
+  [ -d /tmp/tiny/qwen3 ] || python3 bench/ddtree/make_tiny.py /tmp/tiny
+  echo "== servers"
+  python3 bench/ddtree/serve_check.py run --plan "$PLAN" --out "$OUT/results.json" --budget-s "$BUDGET" "$@"
+  echo "== compare"
+  python3 bench/ddtree/serve_check.py compare "$OUT/results.json"
+} 2>&1 | tee "$OUT/session.txt"
+tar -czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls *.log 2>/dev/null) 2>/dev/null; rm -f "$OUT"/*.log "$OUT"/*.partial.json
