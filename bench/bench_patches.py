@@ -25,8 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from doctor.patching import generate, locate, manifest, record, udiff  # noqa: E402
-from doctor.patching.engine import Engine  # noqa: E402
+from doctor.sglang.patching import generate, locate, manifest, record, udiff  # noqa: E402
+from doctor.sglang.patching.engine import Engine  # noqa: E402
 
 
 def timed(fn, repeat: int) -> float:

@@ -22,10 +22,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from doctor.facts.sglang_flags import locate_sglang  # noqa: E402
-from doctor.launcher import build_server_args  # noqa: E402
-from doctor.settings import resolve  # noqa: E402
-from doctor.sglang_flags import read_flags, validate_args  # noqa: E402
+from doctor.core.settings import resolve  # noqa: E402
+from doctor.service.launcher import build_server_args  # noqa: E402
+from doctor.sglang.flag_reader import read_flags  # noqa: E402
+from doctor.sglang.flag_validator import validate_args  # noqa: E402
+from doctor.sglang.flags import locate_sglang  # noqa: E402
 
 
 def best(fn, repeat: int) -> float:

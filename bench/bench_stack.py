@@ -26,11 +26,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from doctor import registry  # noqa: E402
-from doctor import settings as doctor_settings  # noqa: E402
-from doctor.context import Context  # noqa: E402
-from doctor.facts import CollectOptions, FactStore, FactUnavailable  # noqa: E402
-from doctor.result import Result  # noqa: E402
+from doctor.core import registry  # noqa: E402
+from doctor.core import settings as doctor_settings  # noqa: E402
+from doctor.core.context import Context  # noqa: E402
+from doctor.core.result import Result  # noqa: E402
+from doctor.facts.store import CollectOptions, FactStore, FactUnavailable  # noqa: E402
 
 IDS = ("cuda.compat", "torch.arch", "stack.versions", "triton.jit", "triton.ptxas", "python.venv", "sglang.install")
 VENV = Path("/tmp/k26-bench-stack-venv")
@@ -57,8 +57,7 @@ def floor_once(python: str) -> float:
 
 
 def checks_once(python: str) -> tuple[float, dict[str, str], dict[str, float]]:
-    """All seven checks on a fresh FactStore, concurrently (as doctor.runner runs them)."""
-    registry.load(plugins=False)
+    """All seven checks on a fresh FactStore, concurrently (as doctor.core.runner runs them)."""
     st = doctor_settings.resolve({"python": python}, environ={})
     opts = CollectOptions(python=st.python, profile=st.profile, tp=st.tp, env=dict(os.environ))
     ctx = Context(st, FactStore(opts))
@@ -66,7 +65,7 @@ def checks_once(python: str) -> tuple[float, dict[str, str], dict[str, float]]:
 
     def one(cid: str) -> tuple[str, str]:
         try:
-            return cid, registry.CHECKS[cid].run(ctx).status.value
+            return cid, registry.load(plugins=False).checks[cid].run(ctx).status.value
         except FactUnavailable as exc:
             return cid, Result.errored(exc.reason).status.value
 

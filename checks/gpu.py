@@ -1,6 +1,6 @@
 """GPU host checks: driver, count, architecture, memory, idle, health, NVLink, NVSwitch fabric, and
 (with ``--deep``) measured GPU-to-GPU bandwidth. Pure functions of the facts ``nvml`` and
-``p2p_bandwidth`` (``doctor/facts/nvml.py``).
+``p2p_bandwidth`` (``doctor/gpu/facts.py``).
 
 TP8 over NVLink is the whole design of this deployment: on PCIe the same service ran TP8 at
 26 tok/s and EP8 at 65 tok/s (../shared/DEPLOYMENT.md), so a TP profile on a host without NVLink
@@ -13,10 +13,10 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from checks import _gpu_links as links
-from doctor.facts import FactUnavailable
-from doctor.registry import check
-from doctor.result import Remediation, Result
+from doctor.core.registry import check
+from doctor.core.result import Remediation, Result
+from doctor.facts.store import FactUnavailable
+from doctor.gpu import links
 
 GIB = 2**30
 EP_PROFILE = "rtxpro6000-ep8"
@@ -105,7 +105,7 @@ def _cc(value: Any) -> tuple[int, int] | None:
 
 def _profiles_for(cc: tuple[int, int], name: str | None) -> list[str]:
     """Built-in profiles made for this GPU (same compute capability; name first)."""
-    from doctor.settings import ConfigError, load_profile, profile_names
+    from doctor.core.settings import ConfigError, load_profile, profile_names
 
     hits: list[tuple[int, str]] = []
     for pname in profile_names():

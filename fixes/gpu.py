@@ -11,9 +11,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from checks import _gpu_links as links
-from doctor.registry import fixer
-from fixes.actions import Action, RunCommand, StopProcess, process_start_ticks
+from doctor.core.actions import Action, RunCommand, StopProcess, process_start_ticks
+from doctor.core.registry import fixer
+from doctor.gpu import links
 
 PROTECTED_PIDS = {0, 1}
 

@@ -19,13 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from doctor.context import Context
-from doctor.facts import FactUnavailable
-from doctor.fileio import fsync_dir
-from doctor.registry import fixer
-from doctor.result import Result
-from doctor.weights.layout import HF_LOCAL_META_DIR
-from fixes.actions import Action, ActionError, RunCommand, WriteFile
+from doctor.core.actions import Action, ActionError, RunCommand, WriteFile
+from doctor.core.context import Context
+from doctor.core.fileio import fsync_dir
+from doctor.core.registry import fixer
+from doctor.core.result import Result
+from doctor.facts.store import FactUnavailable
+from doctor.model.layout import HF_LOCAL_META_DIR
 
 ASIDE_DIR = ".k26-doctor-aside"
 STAGING_DIR = ".k26-doctor-download"

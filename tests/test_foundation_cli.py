@@ -240,7 +240,7 @@ def test_snapshot_redacts_secrets_and_replays(tmp_path: Path) -> None:
 
 
 def test_snapshot_missing_fact_skips() -> None:
-    from doctor.facts import SNAPSHOT_KIND
+    from doctor.facts.snapshot import SNAPSHOT_KIND
 
     path = Path(os.environ.get("TMPDIR", "/tmp")) / f"k26-empty-{os.getpid()}.json"
     path.write_text(json.dumps({"kind": SNAPSHOT_KIND, "schema_version": 1, "facts": {}}))

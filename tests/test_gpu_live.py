@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 
 from doctor import app
-from doctor.context import Context
-from doctor.facts import CollectOptions, FactStore
-from doctor.facts.nvml import collect_p2p_bandwidth
-from doctor.registry import FIXERS, load
-from doctor.result import Result, Status
-from doctor.settings import resolve
-from fixes.actions import StopProcess
+from doctor.core.actions import StopProcess
+from doctor.core.context import Context
+from doctor.core.registry import load
+from doctor.core.result import Result, Status
+from doctor.core.settings import resolve
+from doctor.facts.store import CollectOptions, FactStore
+from doctor.gpu.facts import collect_p2p_bandwidth
 
 pytestmark = pytest.mark.gpu
 DEFAULT_GPU = ["gpu.driver", "gpu.count", "gpu.arch", "gpu.memory", "gpu.idle", "gpu.health", "gpu.nvlink",
@@ -116,7 +116,7 @@ def test_live_stale_process_found_and_stopped_by_pid(tmp_path: Path) -> None:
         from checks.gpu import gpu_idle
         result: Result = gpu_idle(ctx)
         assert result.status is Status.FAIL and f"PID {child.pid}" in result.summary
-        actions = FIXERS["gpu.idle"].plan(ctx, result)
+        actions = load(plugins=False).fixers["gpu.idle"].plan(ctx, result)
         assert [a.pid for a in actions if isinstance(a, StopProcess)] == [child.pid]
         actions[0].grace_s = 5
         actions[0].apply(tmp_path)

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from doctor.facts import CollectOptions
-from doctor.facts.nvml import collect_p2p_bandwidth, world_size
-from doctor.proc import PROBES_DIR, run_probe
+from doctor.core.proc import PROBES_DIR, run_probe
+from doctor.facts.store import CollectOptions
+from doctor.gpu.facts import collect_p2p_bandwidth, world_size
 
 PYENV = Path("/root/.pyenv/versions")
 

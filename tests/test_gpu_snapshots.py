@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from doctor.facts import load_snapshot
+from doctor.facts.snapshot import load_snapshot
 
 SNAPS = Path(__file__).parent / "fixtures" / "snapshots"
 SHARED_REF = Path(__file__).resolve().parents[2] / "shared" / "reference" / "h200x2-nvml.json"

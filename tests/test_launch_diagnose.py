@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from conftest import run_doctor
 
-from doctor.diagnose import SignatureError, diagnose_lines, load_signatures
-from doctor.registry import all_checks
+from doctor.core.registry import load
+from doctor.service.diagnose import SignatureError, diagnose_lines, load_signatures
 
 REFERENCE = Path("/work/shared/reference/h200-triton-missing-python-h.txt")
 CONTRACT_IDS = {"gpu.driver", "gpu.count", "gpu.arch", "gpu.memory", "gpu.idle", "gpu.health", "gpu.nvlink",
@@ -31,7 +31,7 @@ def found(text: str) -> list[tuple[str, str | None]]:
 
 
 def test_every_signature_points_at_a_real_check() -> None:
-    known = CONTRACT_IDS | {c.id for c in all_checks()}
+    known = CONTRACT_IDS | {c.id for c in load(plugins=False).sorted_checks()}
     for sig in load_signatures():
         assert sig.check in known, (sig.id, sig.check)
 

@@ -13,13 +13,13 @@ import sglang_wheels
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from checks.launch import judge_flags
-from doctor.context import Context
-from doctor.facts import CollectOptions, FactStore
-from doctor.facts.sglang_flags import flags_fact
-from doctor.result import Status
-from doctor.settings import resolve
-from doctor.sglang_flags import FlagSourceError, FlagTable, read_flags, removed_flags, validate_args
+from doctor.core.context import Context
+from doctor.core.result import Status
+from doctor.core.settings import resolve
+from doctor.facts.store import CollectOptions, FactStore
+from doctor.sglang.flag_reader import FlagSourceError, FlagTable, read_flags
+from doctor.sglang.flag_validator import removed_flags, validate_args
+from doctor.sglang.flags import flags_fact, judge_flags
 
 
 @pytest.fixture(scope="session")
@@ -246,7 +246,7 @@ def _ctx(site: Path, **flags: object) -> Context:
 
 
 def test_check_fails_on_unpatched_sglang_and_points_at_the_patches(site_0523: Path) -> None:
-    from checks.launch import sglang_flags
+    from checks.sglang import sglang_flags
 
     res = sglang_flags(_ctx(site_0523))
     assert res.status is Status.FAIL
@@ -255,7 +255,7 @@ def test_check_fails_on_unpatched_sglang_and_points_at_the_patches(site_0523: Pa
 
 
 def test_check_passes_on_patched_sglang(site_0523_ddtree: Path) -> None:
-    from checks.launch import sglang_flags
+    from checks.sglang import sglang_flags
 
     res = sglang_flags(_ctx(site_0523_ddtree))
     assert res.status is Status.PASS, res.summary
@@ -263,7 +263,7 @@ def test_check_passes_on_patched_sglang(site_0523_ddtree: Path) -> None:
 
 
 def test_check_catches_a_removed_flag_in_the_config(site_0523_ddtree: Path, tmp_path: Path) -> None:
-    from checks.launch import sglang_flags
+    from checks.sglang import sglang_flags
 
     cfg = tmp_path / "c.toml"
     cfg.write_text('[server]\nargs = ["--cuda-graph-max-bs", "160", "--reasoning-parser", "kimi_k2"]\n')

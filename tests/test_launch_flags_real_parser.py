@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 import sglang_wheels
 
-from doctor.sglang_flags import read_flags, validate_args
+from doctor.sglang.flag_reader import read_flags
+from doctor.sglang.flag_validator import validate_args
 
 PYTHON = os.environ.get("K26_SGLANG_ARGS_PYTHON", sys.executable)
 

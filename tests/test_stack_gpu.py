@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from stack_support import make_ctx, run_check
 
-from doctor.facts.stack import collect_triton_build
-from doctor.result import Status
+from doctor.core.result import Status
+from doctor.stack.facts import collect_triton_build
 
 GPU_PYTHON = os.environ.get("K26_GPU_PYTHON", "/opt/torch/.venv/bin/python3")
 

@@ -16,13 +16,12 @@ from typing import Any
 
 import click
 
-from doctor.patching import locate, manifest, record
-from doctor.patching.engine import Engine, EngineError, Plan
-from doctor.patching.state import StateError
-from doctor.patching.status import APPLIED, Evaluation, evaluate
-from doctor.settings import ConfigError, Settings
-
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+from doctor.core.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from doctor.core.settings import ConfigError, Settings
+from doctor.sglang.patching import locate, manifest, record
+from doctor.sglang.patching.engine import Engine, EngineError, Plan
+from doctor.sglang.patching.state import StateError
+from doctor.sglang.patching.status import APPLIED, Evaluation, evaluate
 
 
 def target_options(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -56,10 +55,8 @@ def target_options(func: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _settings(flags: dict[str, Any]) -> Settings:
-    try:
-        from doctor.app import settings_from_flags
-    except ImportError:  # pragma: no cover - the lead's app module not present
-        from doctor.settings import resolve as settings_from_flags
+    from doctor.app import settings_from_flags
+
     return settings_from_flags(flags)
 
 
@@ -127,7 +124,7 @@ def status_cmd(settings: Settings, set_name: str, fmt: str, snapshot: str | None
 
 def _recorded(path: str) -> tuple[dict[str, Any], list[str]]:
     """The sglang_patches fact of a snapshot; usage errors (exit 2) when it is not there to judge."""
-    from doctor.facts import SnapshotError, load_snapshot
+    from doctor.facts.snapshot import SnapshotError, load_snapshot
 
     try:
         fact = load_snapshot(path)["facts"].get("sglang_patches")
@@ -315,7 +312,7 @@ def list_cmd(patches_dir: str | None) -> None:
 def make_manifest(set_dir: str, python: str | None, site_packages: str | None, name: str | None, spec: str | None,
                   description: str | None, check_only: bool) -> None:
     """(Re)generate SET_DIR/manifest.json from its diffs and a pristine install (hashes from RECORD)."""
-    from doctor.patching import generate as gen
+    from doctor.sglang.patching import generate as gen
 
     try:
         if site_packages:
