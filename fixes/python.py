@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from doctor.core.actions import Action, WriteFile
+from doctor.core.actions import Action, Plan, WriteFile
 from doctor.core.registry import fixer
 
 
@@ -35,15 +35,15 @@ def rewrite_shebang(text: str, new_interp: str) -> str | None:
 
 
 @fixer("python.venv.shebangs", "Rewrite console scripts' shebangs to this environment's interpreter")
-def fix_venv_shebangs(ctx: Any, result: Any) -> list[Action]:
+def fix_venv_shebangs(ctx: Any, result: Any) -> Plan:
     """One atomic rewrite per broken script, each backed up; the interpreter is <venv>/bin/python."""
     v = ctx.fact("venv")
     if not isinstance(v, dict) or not v.get("is_venv") or not v.get("root"):
-        return []
+        return Plan()
     root = Path(v["root"])
     new_interp = next((str(root / "bin" / n) for n in ("python", "python3") if (root / "bin" / n).exists()), None)
     if new_interp is None:
-        return []
+        return Plan()
     actions: list[Action] = []
     for s in v.get("scripts") or []:
         if s.get("exists") and s.get("inside"):
@@ -58,6 +58,6 @@ def fix_venv_shebangs(ctx: Any, result: Any) -> list[Action]:
             continue
         actions.append(WriteFile(f"{s['name']}: #!{s['interpreter']} -> #!{new_interp}",
                                  needs_root=not os.access(path.parent, os.W_OK), path=str(path), new_text=new))
-    return actions
+    return Plan(actions)
 
 

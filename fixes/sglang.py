@@ -10,11 +10,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from doctor.core.actions import Action, ActionError, backup_file
+from doctor.core.actions import Action, ActionError, Plan, backup_file
 from doctor.core.registry import fixer
 from doctor.sglang.facts import patches_dir_of
 from doctor.sglang.patching import locate, manifest
-from doctor.sglang.patching.engine import Engine, EngineError, Plan
+from doctor.sglang.patching.engine import Engine, EngineError
+from doctor.sglang.patching.engine import Plan as PatchPlan
 
 
 def engine_for(python: str, set_name: str, patches_dir: str | None, state_dir: str | None) -> Engine:
@@ -66,7 +67,8 @@ class ApplyPatchSet(Action):
         return msg + (f"; originals in {eng.state_dir or 'the state directory'} (history {out.history})")
 
 
-def action_for(plan: Plan, python: str, set_name: str, patches_dir: str | None, state_dir: str | None) -> ApplyPatchSet:
+def action_for(plan: PatchPlan, python: str, set_name: str, patches_dir: str | None,
+               state_dir: str | None) -> ApplyPatchSet:
     diff: list[str] = []
     for c in plan.changes:
         diff.extend(c.diff_lines())
@@ -77,12 +79,12 @@ def action_for(plan: Plan, python: str, set_name: str, patches_dir: str | None, 
 
 
 @fixer("sglang.patches.apply", "Apply the profile's SGLang patch set (transactional, with backups)")
-def plan_patches(ctx: Any, result: Any) -> list[Action]:
+def plan_patches(ctx: Any, result: Any) -> Plan:
     """Plan the apply; a set that cannot be applied safely (drift, wrong version) raises with the reason."""
     s = ctx.settings
     set_name = str(s.get("patches.set", "") or "")
     if not set_name:
-        return []
+        return Plan()
     patches_dir = s.patches_dir or patches_dir_of(ctx.facts.options)
     eng = engine_for(s.python, set_name, patches_dir, s.state_dir)
     if eng.status().journal:
@@ -91,5 +93,5 @@ def plan_patches(ctx: Any, result: Any) -> list[Action]:
     if not plan.ok:
         raise EngineError("; ".join(plan.refusals) + " (see `k26-doctor patches status`)")
     if not plan.changes:
-        return []
-    return [action_for(plan, s.python, set_name, patches_dir, s.state_dir)]
+        return Plan()
+    return Plan([action_for(plan, s.python, set_name, patches_dir, s.state_dir)])

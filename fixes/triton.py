@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from doctor.core.actions import Action, RunCommand, WriteFile
+from doctor.core.actions import Action, Plan, RunCommand, WriteFile
 from doctor.core.registry import fixer
 from doctor.host.facts import parse_env_file, writable_ancestor
 from doctor.stack.judging import gpu_ccs
@@ -51,19 +51,19 @@ def _fedora_devel(major_minor: str) -> str:
 
 
 @fixer("triton.jit.headers", "Install the system Python's headers and a C compiler", needs_root=True)
-def fix_triton_jit(ctx: Any, result: Any) -> list[Action]:
+def fix_triton_jit(ctx: Any, result: Any) -> Plan:
     """apt-get/dnf/yum (from /etc/os-release) for a system interpreter; nothing for pyenv/uv/conda."""
     build = ctx.fact("triton_build")
     if not isinstance(build, dict) or "stage" not in build:
-        return []
+        return Plan()
     need_cc = not build.get("cc_path")
     need_headers = not build.get("python_h")
     if not need_cc and not need_headers:
-        return []  # libcuda or a load problem: not a package this fixer knows
+        return Plan()  # libcuda or a load problem: not a package this fixer knows
     kind = interpreter_kind(ctx, build)
     if need_headers and kind["kind"] != "system":
-        return []  # the headers belong in that interpreter's own prefix: see the remediation
-    return package_plan(build.get("os_release") or {}, kind["major_minor"], need_headers, need_cc)
+        return Plan()  # the headers belong in that interpreter's own prefix: see the remediation
+    return Plan(package_plan(build.get("os_release") or {}, kind["major_minor"], need_headers, need_cc))
 
 
 # -- triton.ptxas: point Triton at a ptxas that knows the GPU ------------------------------------
@@ -86,25 +86,25 @@ def set_env_line(text: str, key: str, value: str) -> str:
 
 
 @fixer("triton.ptxas.env", "Point Triton at a ptxas that knows the GPU, in the service's environment file")
-def fix_triton_ptxas(ctx: Any, result: Any) -> list[Action]:
+def fix_triton_ptxas(ctx: Any, result: Any) -> Plan:
     """Write TRITON_PTXAS_PATH (or TRITON_PTXAS_BLACKWELL_PATH) into the profile's server.env_file."""
     fact = ctx.fact("ptxas")
     env_file = ctx.expect("server.env_file")
     if not isinstance(fact, dict) or not env_file:
-        return []
+        return Plan()
     ccs, _, _ = gpu_ccs(ctx)
     if not ccs:
-        return []
+        return Plan()
     good = good_ptxas(fact, [triton_arch(cc) for cc in ccs])
     if not good:
-        return []
+        return Plan()
     path = Path(os.path.expanduser(str(env_file)))
     try:
         old = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         old = ""
     except (OSError, UnicodeDecodeError):
-        return []  # unreadable: nothing can be planned safely
+        return Plan()  # unreadable: nothing can be planned safely
     text = old
     changed = []
     for var in sorted({ptxas_choice(fact, cc)["var"] for cc in ccs}):
@@ -112,7 +112,7 @@ def fix_triton_ptxas(ctx: Any, result: Any) -> list[Action]:
             text = set_env_line(text, var, good[0])
             changed.append(var)
     if not changed:
-        return []
+        return Plan()
     actions: list[Action] = []
     if not path.parent.is_dir():
         actions.append(RunCommand(f"create {path.parent}", needs_root=not writable_ancestor(path.parent)[1],
@@ -120,4 +120,4 @@ def fix_triton_ptxas(ctx: Any, result: Any) -> list[Action]:
     # an atomic write needs the directory: a temporary file beside the target, then a rename
     actions.append(WriteFile(f"set {', '.join(changed)}={good[0]} in {path}",
                              needs_root=not writable_ancestor(path.parent)[1], path=str(path), new_text=text))
-    return actions
+    return Plan(actions)

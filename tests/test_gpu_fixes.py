@@ -55,7 +55,7 @@ def test_idle_plan_stops_exactly_the_live_pid_and_applies(tmp_path: Path) -> Non
         actions = load(plugins=False).fixers["gpu.idle"].plan(ctx, result)
         assert [type(a) for a in actions] == [StopProcess] and actions[0].pid == child.pid
         assert actions[0].start_ticks == process_start_ticks(child.pid) and not actions[0].needs_root
-        notes = result.details["plan_notes"]  # the other 8 recorded PIDs do not exist here
+        notes = actions.notes  # the other 8 recorded PIDs do not exist here
         assert any("PID 41231: not planned" in n for n in notes)
         assert any("3912877" in n and "PID namespace" in n for n in notes)
         assert f"kill -TERM {child.pid}" in actions[0].details()[0]

@@ -20,7 +20,7 @@ import pytest
 from stack_support import make_ctx, run_check
 
 from doctor.core.result import Status
-from doctor.stack.facts import collect_triton_build
+from doctor.triton.facts import collect_triton_build
 
 GPU_PYTHON = os.environ.get("K26_GPU_PYTHON", "/opt/torch/.venv/bin/python3")
 

@@ -26,7 +26,7 @@ from stack_support import (
 from doctor.core.actions import new_backup_dir
 from doctor.core.result import Status
 from doctor.host.facts import parse_env_file
-from doctor.stack.facts import collect_ptxas, ptx_isa_for
+from doctor.triton.facts import collect_ptxas, ptx_isa_for
 from fixes.triton import fix_triton_ptxas, set_env_line
 
 

@@ -25,7 +25,7 @@ from stack_support import (
 )
 
 from doctor.core.result import Status
-from doctor.stack.facts import collect_triton_build
+from doctor.triton.facts import collect_triton_build
 from fixes.triton import fix_triton_jit, package_plan
 
 

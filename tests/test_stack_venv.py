@@ -16,8 +16,8 @@ from stack_support import make_ctx, make_venv, pyenv_python, run_check, workdir
 
 from doctor.core.actions import new_backup_dir
 from doctor.core.result import Status
-from doctor.stack.facts import read_shebang
-from fixes.triton import fix_venv_shebangs, rewrite_shebang
+from doctor.python.facts import read_shebang
+from fixes.python import fix_venv_shebangs, rewrite_shebang
 
 OTHER_MACHINE = "/home/builder/k26/.venv/bin/python3"
 

@@ -170,13 +170,13 @@ def test_sglang_jit_kernels_without_nvcc_warn():
 def test_a_hung_interpreter_is_a_clear_fail_within_the_deadline(tmp_path, monkeypatch):
     import time
 
-    from doctor.stack import facts as stack_facts
+    from doctor.stack import service_probe
 
     hang = tmp_path / "bin" / "python"
     hang.parent.mkdir()
     hang.write_text("#!/bin/sh\nsleep 60\n")
     hang.chmod(0o755)
-    monkeypatch.setattr(stack_facts, "STACK_PROBE_TIMEOUT", 1.0)
+    monkeypatch.setattr(service_probe, "STACK_PROBE_TIMEOUT", 1.0)
     start = time.monotonic()
     res = run_check("stack.versions", make_ctx(hang))
     assert time.monotonic() - start < 10

@@ -13,8 +13,10 @@ import os
 import shlex
 import signal
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from doctor.core import proc
 from doctor.core.fileio import atomic_write
@@ -99,26 +101,6 @@ class WriteFile(Action):
 
 
 @dataclass
-class MoveFile(Action):
-    """Move a file aside (never delete): e.g. a stale ``.aria2`` control file."""
-
-    src: str = ""
-    dst: str = ""
-
-    def details(self) -> list[str]:
-        return [f"$ mv {shlex.quote(self.src)} {shlex.quote(self.dst)}"]
-
-    def apply(self, backup_dir: Path) -> str:
-        if os.path.exists(self.dst):
-            raise ActionError(f"{self.dst} already exists; not overwriting it")
-        try:
-            os.rename(self.src, self.dst)
-        except OSError as exc:
-            raise ActionError(f"cannot move {self.src}: {exc.strerror or exc}") from None
-        return f"moved {self.src} -> {self.dst}"
-
-
-@dataclass
 class StopProcess(Action):
     """Stop one process by PID, after checking it is still the same process (start time)."""
 
@@ -186,3 +168,23 @@ def new_backup_dir(state_dir: str) -> Path:
         except OSError:
             continue
     raise ActionError(f"no writable state directory for backups ({state_dir}, ~/.local/state/k26-doctor)")
+
+
+class Plan(list):  # type: ignore[type-arg]
+    """What a fixer returns: its actions in order (a list of ``Action``) and ``notes``, what it chose
+    not to touch and why (shown with the plan). ``Plan()`` means nothing can be done automatically."""
+
+    def __init__(self, actions: Iterable[Action] = (), notes: Iterable[str] = ()) -> None:
+        super().__init__(actions)
+        self.notes: list[str] = [str(n) for n in notes]
+
+    @property
+    def actions(self) -> list[Action]:
+        return list(self)
+
+    @classmethod
+    def of(cls, value: Any) -> Plan:
+        """A fixer's answer as a ``Plan`` (a plugin's fixer may still return a plain list of actions)."""
+        if isinstance(value, Plan):
+            return value
+        return cls(value or ())

@@ -25,9 +25,5 @@ class Context:
         return self.settings.get(dotted, default)
 
     @property
-    def tp(self) -> int:
-        return self.settings.tp
-
-    @property
     def deep(self) -> bool:
         return self.settings.deep

@@ -13,24 +13,22 @@ from typing import Any
 
 import click
 
+from doctor.core.actions import Plan
 from doctor.core.result import Result, Status
 from doctor.core.settings import Settings
 
 
 @dataclass
-class Plan:
+class CheckPlan:
+    """One failing check, its fixer and the ``Plan`` (actions and notes) the fixer returned."""
+
     check_id: str
     fixer_id: str
     title: str
     result: Result
     actions: list[Any] = field(default_factory=list)
     error: str | None = None
-
-    @property
-    def notes(self) -> list[str]:
-        """A fixer explains what it left out (``result.details["plan_notes"]``)."""
-        notes = self.result.details.get("plan_notes") if isinstance(self.result.details, dict) else None
-        return [str(n) for n in notes] if isinstance(notes, list) else []
+    notes: list[str] = field(default_factory=list)  # what the fixer chose not to touch, and why
 
     def to_dict(self) -> dict[str, Any]:
         return {"check": self.check_id, "fixer": self.fixer_id, "title": self.title,
@@ -38,29 +36,29 @@ class Plan:
                 "actions": [a.to_dict() for a in self.actions], "notes": self.notes, "error": self.error}
 
 
-def make_plans(settings: Settings) -> tuple[list[Plan], Any]:
+def make_plans(settings: Settings) -> tuple[list[CheckPlan], Any]:
     """Run the checks; for each failing (or warning) check with a fixer, ask the fixer for its plan."""
     from doctor.app import registry_for, run
 
     registry = registry_for(settings)
     report, ctx = run(settings, registry=registry)
-    plans: list[Plan] = []
+    plans: list[CheckPlan] = []
     for res in report.results:
         if not res.fixer or (res.status not in (Status.FAIL, Status.ERROR, Status.WARN) and res.ignored is None):
             continue
         fx = registry.fixers.get(res.fixer)
         if fx is None:
-            plans.append(Plan(res.id, res.fixer, "?", res, error=f"fixer {res.fixer!r} is not registered"))
+            plans.append(CheckPlan(res.id, res.fixer, "?", res, error=f"fixer {res.fixer!r} is not registered"))
             continue
         try:
-            actions = list(fx.plan(ctx, res) or [])
-            plans.append(Plan(res.id, fx.id, fx.title, res, actions))
+            plan = Plan.of(fx.plan(ctx, res))
+            plans.append(CheckPlan(res.id, fx.id, fx.title, res, plan.actions, notes=plan.notes))
         except Exception as exc:  # a fixer that cannot plan says so; it never takes the run down
-            plans.append(Plan(res.id, fx.id, fx.title, res, error=f"cannot plan: {type(exc).__name__}: {exc}"))
+            plans.append(CheckPlan(res.id, fx.id, fx.title, res, error=f"cannot plan: {type(exc).__name__}: {exc}"))
     return plans, report
 
 
-def print_plans(plans: list[Plan], report: Any) -> None:
+def print_plans(plans: list[CheckPlan], report: Any) -> None:
     failing = [r for r in report.results if r.status.failed]
     if not plans:
         if failing:
@@ -87,7 +85,7 @@ def print_plans(plans: list[Plan], report: Any) -> None:
     click.echo("")
 
 
-def apply_plans(plans: list[Plan], settings: Settings, ask: bool, fmt: str = "text") -> int:
+def apply_plans(plans: list[CheckPlan], settings: Settings, ask: bool, fmt: str = "text") -> int:
     """Apply every action (asking first when ``ask``), then re-run the fixed checks; exit code."""
     from doctor.core.actions import ActionError, new_backup_dir
 
