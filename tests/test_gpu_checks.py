@@ -16,6 +16,7 @@ from doctor import app
 from doctor.core.context import Context
 from doctor.core.registry import load
 from doctor.core.result import Result, Status
+from doctor.core.runner import execute
 from doctor.core.settings import resolve
 from doctor.facts.store import CollectOptions, FactStore
 
@@ -303,7 +304,7 @@ def test_nvlink_unreadable_pair_is_an_error_not_a_pass() -> None:
 
 # -- bad facts never crash a check -----------------------------------------------------------------
 
-GPU_FUNCS = {c.id: c.run for c in load(plugins=False).sorted_checks() if c.id in GPU_IDS}
+GPU_CHECKS = {c.id: c for c in load(plugins=False).sorted_checks() if c.id in GPU_IDS}
 json_values = st.recursive(st.none() | st.booleans() | st.integers(-5, 2**40) | st.floats(allow_nan=False)
                            | st.text(max_size=8),
                            lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner,
@@ -328,9 +329,10 @@ def test_hostile_facts_never_raise(top: dict[str, Any], dev: dict[str, Any], bw:
     if isinstance(base.get("devices"), list) and base["devices"] and isinstance(base["devices"][0], dict):
         base["devices"][0].update(dev)
     ctx = _ctx(base, bw)
-    for cid, fn in GPU_FUNCS.items():
-        res = fn(ctx)
+    for cid, chk in GPU_CHECKS.items():
+        res = execute(chk, ctx)  # the runner: a malformed fact is a fail naming it, never a traceback
         assert isinstance(res, Result), cid
+        assert not res.summary.startswith("check crashed"), (cid, res.summary)
         json.dumps(res.details, default=str)
 
 
@@ -340,9 +342,10 @@ _BASE = nvml_of(healthy())
 @pytest.mark.parametrize("value", ["not a dict", 42, None, [], {"available": True, "devices": "x"}])
 def test_malformed_fact_fails_clearly(value: Any) -> None:
     ctx = _ctx(value, {"measured": False})
-    for cid, fn in GPU_FUNCS.items():
-        res = fn(ctx)
+    for cid, chk in GPU_CHECKS.items():
+        res = execute(chk, ctx)
         assert res.status in (Status.FAIL, Status.SKIP, Status.ERROR), (cid, res.summary)
+        assert not res.summary.startswith("check crashed"), (cid, res.summary)
 
 
 def test_direct_nvlink_bridge_counts_links_to_the_peer() -> None:

@@ -89,6 +89,7 @@ class Collector:
     description: str = ""
     source: str = BUILTIN
     module: str = ""
+    shape: Any = None  # the value's declared shape (doctor.facts.shape); None: not checked
 
 
 @dataclass(frozen=True)
@@ -142,12 +143,16 @@ def check(
 
 
 def collector(
-    name: str, *, timeout: float = 20.0, isolate: bool = False
+    name: str, *, timeout: float = 20.0, isolate: bool = False, shape: Any = None
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Declare a fact collector. ``func(opts: doctor.facts.store.CollectOptions) -> JSON value``."""
+    """Declare a fact collector. ``func(opts: doctor.facts.store.CollectOptions) -> JSON value``.
+
+    ``shape`` (``doctor.facts.shape``): what checks may rely on; a value without it is a ``MalformedFact``.
+    """
 
     def deco(func: Callable[..., Any]) -> Callable[..., Any]:
-        _mark(func, Collector(name, func, timeout, isolate, inspect.getdoc(func) or "", module=func.__module__))
+        _mark(func, Collector(name, func, timeout, isolate, inspect.getdoc(func) or "", module=func.__module__,
+                              shape=shape))
         return func
 
     return deco

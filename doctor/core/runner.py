@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from doctor.core.context import Context
 from doctor.core.registry import DEFAULT_TIMEOUT_S, Check
 from doctor.core.result import Remediation, Result, Status
-from doctor.facts.store import FactUnavailable
+from doctor.facts.store import FactUnavailable, MalformedFact
 
 
 @dataclass
@@ -69,6 +69,10 @@ def execute(chk: Check, ctx: Context, verbose: bool = False) -> Result:
         res = chk.run(ctx)
         if not isinstance(res, Result):
             res = Result.errored(f"check returned {type(res).__name__}, not a Result")
+    except MalformedFact as exc:  # one rule for every area: a value of the wrong shape is a clear fail
+        res = Result.failed(f"the fact {exc.name!r} is malformed: {exc.reason}",
+                            Remediation("Record the host again with `k26-doctor snapshot`, or check live."),
+                            fact=exc.name)
     except FactUnavailable as exc:
         status = Status.SKIP if exc.status == "skip" else Status.ERROR
         res = Result(status, f"cannot judge: {exc.reason} (fact {exc.name!r})", {"fact": exc.name})

@@ -54,6 +54,14 @@ class FactUnavailable(Exception):
         self.status = status
 
 
+class MalformedFact(FactUnavailable):
+    """A fact whose value does not have its collector's declared shape: the check that reads it fails,
+    naming the fact and where the value is wrong (``doctor.facts.shape``)."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        super().__init__(name, reason, status="fail")
+
+
 class FactStore:
     """Facts of one run: collected live on first use, or replayed from a snapshot."""
 
@@ -67,6 +75,7 @@ class FactStore:
         self._durations: dict[str, float] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
+        self._shaped: dict[str, MalformedFact | None] = {}  # shape verdict per fact, once
         if snapshot is not None:
             for name, value in (snapshot.get("facts") or {}).items():
                 if isinstance(value, dict) and "__error__" in value:
@@ -88,7 +97,23 @@ class FactStore:
         return self.snapshot is not None
 
     def get(self, name: str) -> Any:
-        """The fact's value; raises ``FactUnavailable`` if it cannot be had."""
+        """The fact's value; raises ``FactUnavailable`` if it cannot be had, ``MalformedFact`` if its value
+        does not have the shape its collector declares."""
+        value = self._get(name)
+        if name not in self._shaped:
+            coll = self.collectors.get(name)
+            if coll is not None and coll.shape is not None:
+                from doctor.facts.shape import problem
+
+                bad = problem(value, coll.shape)
+                self._shaped[name] = MalformedFact(name, bad) if bad else None
+            else:
+                self._shaped[name] = None
+        if self._shaped[name] is not None:
+            raise self._shaped[name]
+        return value
+
+    def _get(self, name: str) -> Any:
         if name in self._values:
             return self._values[name]
         if name in self._errors:
@@ -128,6 +153,7 @@ class FactStore:
     def seed(self, name: str, value: Any) -> None:
         """Provide a fact's value up front (a recorded reading mixed with live collection, e.g. in tests)."""
         self._errors.pop(name, None)
+        self._shaped.pop(name, None)
         self._values[name] = value
 
     def collect_all(self, names: list[str] | None = None) -> dict[str, Any]:

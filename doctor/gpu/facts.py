@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from doctor.core.registry import collector
+from doctor.facts.shape import NUM, opt
 
 # -- NVML constants, as ints (never pynvml's, see the module docstring) -------------------------
 
@@ -567,7 +568,33 @@ def _pynvml_version() -> str | None:
         return None
 
 
-@collector("nvml", timeout=15, isolate=True)
+# What the gpu checks rely on (doctor.facts.shape): a value without it fails "the fact 'nvml' is malformed".
+_NUMS = opt(NUM)
+DEVICE_SHAPE = {
+    "index": int, "cuda_index": opt(int), "lost": opt(bool), "name": opt(str), "uuid": opt(str),
+    "pci_bus_id": opt(str), "errors": opt(dict), "compute_capability": opt(([int], str)),
+    "memory": opt({"total": _NUMS, "free": _NUMS, "used": _NUMS}),
+    "pcie": opt({"gen_max": _NUMS, "width_max": _NUMS, "gen_current": _NUMS, "width_current": _NUMS}),
+    "mig_mode": opt({"current": opt(int), "pending": opt(int)}),
+    "ecc_mode": opt({"current": opt(int), "pending": opt(int)}),
+    "ecc_uncorrected": opt({"volatile": _NUMS, "aggregate": _NUMS}),
+    "row_remap": opt({"correctable": _NUMS, "uncorrectable": _NUMS, "pending": opt(bool), "failure": opt(bool)}),
+    "clock_event_names": opt([str]),
+    "processes": opt([{"pid": int, "used_memory": _NUMS, "cmdline": opt(str), "uid": opt(int)}]),
+    "nvlink": opt({"supported": opt(bool), "active": opt(int), "error": opt(str),
+                   "links": opt([{"link": opt(int), "active": opt(bool), "version": opt(int),
+                                  "remote_pci_bus_id": opt(str), "remote_type": opt((str, int))}])}),
+    "fabric": opt(dict),
+}
+NVML_SHAPE = {
+    "available": opt(bool), "error": opt(str), "driver_version": opt(str), "cuda_driver_version": opt(int),
+    "kernel_module_version": opt(str), "errors": opt(dict), "visible": opt(dict), "devices": opt([DEVICE_SHAPE]),
+    "pairs": opt([{"a": int, "b": int}]), "fabric_manager": opt(dict),
+}
+P2P_SHAPE = {"ok": opt(bool), "measured": opt(bool), "error": opt(str), "devices": opt([dict]), "pairs": opt([dict])}
+
+
+@collector("nvml", timeout=15, isolate=True, shape=NVML_SHAPE)
 def collect_nvml(opts: Any) -> dict[str, Any]:
     """NVIDIA driver, GPUs, health, processes, NVLink, NVSwitch fabric, through NVML (isolated)."""
     try:
@@ -604,7 +631,7 @@ def world_size(opts: Any) -> int:
         return max(1, int(opts.tp or 1))
 
 
-@collector("p2p_bandwidth", timeout=BANDWIDTH_PROBE_TIMEOUT_S + 10)
+@collector("p2p_bandwidth", timeout=BANDWIDTH_PROBE_TIMEOUT_S + 10, shape=P2P_SHAPE)
 def collect_p2p_bandwidth(opts: Any) -> dict[str, Any]:
     """GPU-to-GPU copy bandwidth of every pair of the TP group, measured with torch (only with --deep)."""
     if not opts.deep:
