@@ -47,19 +47,8 @@ def settings_from_flags(flags: dict[str, Any]) -> Settings:
     return settings
 
 
-def collect_options(settings: Settings) -> CollectOptions:
-    return CollectOptions(
-        python=settings.python,
-        model_path=settings.model_path,
-        draft_model_path=settings.draft_model_path,
-        tp=settings.tp,
-        deep=settings.deep,
-        profile=settings.profile,
-        verify_cache=settings.verify_cache,
-        verify_cache_dir=settings.verify_cache_dir,
-        patches_dir=settings.patches_dir,
-        state_dir=settings.state_dir,
-    )
+def collect_options(settings: Settings) -> Any:
+    return CollectOptions.from_settings(settings)
 
 
 def registry_for(settings: Settings) -> Registry:

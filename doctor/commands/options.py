@@ -14,46 +14,65 @@ import click
 
 from doctor.core.exitcodes import EXIT_NO_REPORT, EXIT_USAGE
 
+REPORT_OPTIONS = {
+    "fmt": lambda: click.option("--format", "fmt", type=click.Choice(["text", "json", "junit"]), default="text",
+                                show_default=True),
+    "output": lambda: click.option("--output", type=click.Path(dir_okay=False), default=None,
+                                   help="Write the report here."),
+}
+# Where the report flags sit among the setting flags in --help (after --deep, as CONTRACT.md lists them).
+REPORT_AFTER = "deep"
+
+
+def setting_option(f: Any) -> Callable[..., Any]:
+    """The click option of one ``Settings`` field, from its ``setting()`` metadata."""
+    from doctor.core.settings import key_of
+
+    meta, dest = f.metadata, key_of(f)
+    names = meta["flag"].split("/")
+    kind = meta["kind"]
+    if kind == "list":
+        return click.option(*names, dest, multiple=True, help=meta["help"])
+    if kind in ("bool", "not"):
+        return click.option(*names, dest, is_flag=True, default=None, help=meta["help"])
+    if kind == "count":
+        return click.option(*names, dest, count=True, help=meta["help"])
+    typ = {"posint": int, "posfloat": float}.get(kind)
+    if dest in ("config", "from_snapshot"):
+        typ = click.Path(dir_okay=False)
+    return click.option(*names, dest, type=typ, default=None, help=meta["help"])
+
+
+def settings_options(*only: str, report: bool = True) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Flags for every setting that has one (or only those whose key is in ``only``), collected into
+    ``flags`` for the command. Derived from ``doctor.core.settings.Settings``: a new setting is one field."""
+    from doctor.core.settings import key_of, setting_fields
+
+    chosen = [f for f in setting_fields() if f.metadata["flag"] and (not only or key_of(f) in only)]
+    options: list[tuple[str, Callable[..., Any]]] = []
+    for f in chosen:
+        options.append((key_of(f), setting_option(f)))
+        if report and key_of(f) == REPORT_AFTER:
+            options += [(k, make()) for k, make in REPORT_OPTIONS.items()]
+
+    def deco(func: Callable[..., Any]) -> Callable[..., Any]:
+        keys = [k for k, _ in options]
+
+        @functools.wraps(func)
+        def wrapper(**kwargs: Any) -> Any:
+            flags = {k: kwargs.pop(k) for k in keys if k in kwargs}
+            return func(flags=flags, **kwargs)
+
+        for _key, opt in reversed(options):
+            wrapper = opt(wrapper)
+        return wrapper
+
+    return deco
+
 
 def selection_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    """The flags shared by check, fix, launch (CONTRACT.md), collected into ``flags`` for the command."""
-    options = [
-        click.option("--config", "config", type=click.Path(dir_okay=False), default=None,
-                     help="TOML config (default $K26_DOCTOR_CONFIG, else /etc/k26-doctor/config.toml)."),
-        click.option("--profile", default=None, help="Deployment profile (default b300-tp8-ddtree)."),
-        click.option("--model-path", default=None, help="Target model directory."),
-        click.option("--draft-model-path", default=None, help="Draft (DFlash) model directory."),
-        click.option("--python", "python", default=None, help="The service's interpreter (default: this one)."),
-        click.option("--tp", type=int, default=None, help="Tensor-parallel size (default: the profile's)."),
-        click.option("--only", multiple=True, help="Only checks matching this glob (repeatable)."),
-        click.option("--skip", multiple=True, help="Skip checks matching this glob (repeatable)."),
-        click.option("--ignore", multiple=True, help="Report a failure of this check as warn (repeatable)."),
-        click.option("--deep", is_flag=True, default=None, help="Add the slow checks (hashing, bandwidth)."),
-        click.option("--format", "fmt", type=click.Choice(["text", "json", "junit"]), default="text",
-                     show_default=True),
-        click.option("--output", type=click.Path(dir_okay=False), default=None, help="Write the report here."),
-        click.option("--strict", is_flag=True, default=None, help="Warnings fail too."),
-        click.option("--timeout", type=float, default=None, help="Deadline per check, seconds."),
-        click.option("-v", "--verbose", count=True, help="Details and tracebacks."),
-        click.option("--from-snapshot", type=click.Path(dir_okay=False), default=None,
-                     help="Judge a recorded snapshot instead of this host."),
-        click.option("--patches-dir", default=None, help="A site directory of patch sets."),
-        click.option("--state-dir", default=None, help="Where backups, journals and locks live."),
-        click.option("--no-verify-cache", is_flag=True, default=None,
-                     help="--deep: hash every file again, ignoring the verification cache."),
-    ]
-
-    @functools.wraps(func)
-    def wrapper(**kwargs: Any) -> Any:
-        keys = ["config", "profile", "model_path", "draft_model_path", "python", "tp", "only", "skip", "ignore",
-                "deep", "fmt", "output", "strict", "timeout", "verbose", "from_snapshot", "patches_dir",
-                "state_dir", "no_verify_cache"]
-        flags = {k: kwargs.pop(k) for k in keys if k in kwargs}
-        return func(flags=flags, **kwargs)
-
-    for opt in reversed(options):
-        wrapper = opt(wrapper)
-    return wrapper
+    """The flags shared by check, fix, snapshot, launch (CONTRACT.md): every setting's flag plus the report's."""
+    return settings_options()(func)
 
 
 def guarded(func: Callable[..., Any]) -> Callable[..., Any]:

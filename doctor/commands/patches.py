@@ -16,6 +16,7 @@ from typing import Any
 
 import click
 
+from doctor.commands.options import settings_options
 from doctor.core.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from doctor.core.settings import ConfigError, Settings
 from doctor.sglang.patching import locate, manifest, record
@@ -25,22 +26,11 @@ from doctor.sglang.patching.status import APPLIED, Evaluation, evaluate
 
 
 def target_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    """The flags that pick the environment and the set (names as in the shared selection flags)."""
-    options = [
-        click.option("--config", "config", type=click.Path(dir_okay=False), default=None,
-                     help="TOML config (default $K26_DOCTOR_CONFIG, else /etc/k26-doctor/config.toml)."),
-        click.option("--profile", default=None, help="Deployment profile; its [patches] set is used."),
-        click.option("--python", "python", default=None, help="The service's interpreter (default: this one)."),
-        click.option("--patches-dir", default=None, help="A site directory of patch sets (<dir>/<set>/manifest.json)."),
-        click.option("--state-dir", default=None, help="Backups, journal and lock (default /var/lib/k26-doctor)."),
-        click.option("--set", "set_name", default=None, help="A patch set name or directory instead of the profile's."),
-        click.option("-v", "--verbose", count=True, help="Show the diffs."),
-    ]
+    """The setting flags that pick the environment and the set (derived from ``doctor.core.settings``),
+    plus ``--set``."""
 
     @functools.wraps(func)
-    def wrapper(**kwargs: Any) -> Any:
-        flags = {k: kwargs.pop(k) for k in ("config", "profile", "python", "patches_dir", "state_dir", "verbose")}
-        set_name = kwargs.pop("set_name")
+    def wrapper(flags: dict[str, Any], set_name: str | None, **kwargs: Any) -> Any:
         try:
             settings = _settings(flags)
             name = set_name if set_name is not None else str(settings.get("patches.set", "") or "")
@@ -49,9 +39,10 @@ def target_options(func: Callable[..., Any]) -> Callable[..., Any]:
             click.echo(f"k26-doctor: {exc}", err=True)
             sys.exit(EXIT_USAGE)
 
-    for opt in reversed(options):
-        wrapper = opt(wrapper)
-    return wrapper
+    wrapper = click.option("--set", "set_name", default=None,
+                           help="A patch set name or directory instead of the profile's.")(wrapper)
+    return settings_options("config", "profile", "python", "patches_dir", "state_dir", "verbose",
+                            report=False)(wrapper)
 
 
 def _settings(flags: dict[str, Any]) -> Settings:

@@ -21,7 +21,8 @@ from __future__ import annotations
 import copy
 import os
 import sys
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import MISSING, Field, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +35,7 @@ PROFILES_DIR = Path(__file__).resolve().parents[1] / "profiles"
 DEFAULT_PROFILE = "b300-tp8-ddtree"
 DEFAULT_CONFIG = "/etc/k26-doctor/config.toml"
 CONFIG_ENV = "K26_DOCTOR_CONFIG"
-DOCTOR_KEYS = {"profile", "python", "ignore", "skip", "only", "timeout", "patches_dir", "model_path",
-               "draft_model_path", "tp", "strict", "deep", "state_dir", "verify_cache_dir", "disable_plugins"}
+DEFAULT_STATE_DIR = "/var/lib/k26-doctor"
 
 
 class ConfigError(Exception):
@@ -75,31 +75,60 @@ def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def setting(default: Any = None, *, factory: Callable[[], Any] | None = None, key: str | None = None,
+            flag: str | None = None, help: str = "", kind: str = "str", config: bool = True, collect: bool = False,
+            profile_key: str | None = None) -> Any:
+    """A field of ``Settings`` and everything derived from it: its ``[doctor]`` config key (``config``), its
+    command-line flag (``flag``, ``help``), whether collectors see it (``collect``: a ``CollectOptions`` field),
+    how a value is checked (``kind``: str, path, bool, list, posint, posfloat, count, not) and the profile
+    table that gives its default (``profile_key``). Adding a setting is adding one such field."""
+    meta = {"key": key, "flag": flag, "help": help, "kind": kind, "config": config, "collect": collect,
+            "profile_key": profile_key, "setting": True}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
 @dataclass
 class Settings:
-    """Everything a run needs to know, resolved once."""
+    """Everything a run needs to know, resolved once (flags > config ``[doctor]`` > profile > default)."""
 
-    profile_name: str = DEFAULT_PROFILE
-    profile: dict[str, Any] = field(default_factory=dict)  # merged: profile < config tables
-    config_path: str | None = None
-    python: str = sys.executable
+    config_path: str | None = setting(key="config", config=False, flag="--config", help=(
+        "TOML config (default $K26_DOCTOR_CONFIG, else /etc/k26-doctor/config.toml)."))
+    profile_name: str = setting(DEFAULT_PROFILE, key="profile", flag="--profile",
+                                help=f"Deployment profile (default {DEFAULT_PROFILE}).")
+    model_path: str | None = setting(kind="path", flag="--model-path", help="Target model directory.",
+                                     collect=True, profile_key="model.path")
+    draft_model_path: str | None = setting(kind="path", flag="--draft-model-path", collect=True,
+                                           help="Draft (DFlash) model directory.", profile_key="drafter.path")
+    python: str = setting(sys.executable, kind="path", flag="--python", collect=True,
+                          help="The service's interpreter (default: this one).")
+    tp: int = setting(1, kind="posint", flag="--tp", collect=True, profile_key="parallel.tp",
+                      help="Tensor-parallel size (default: the profile's).")
+    only: list[str] = setting(factory=list, kind="list", flag="--only",  # noqa: RUF009 (a field)
+                              help="Only checks matching this glob (repeatable).")
+    skip: list[str] = setting(factory=list, kind="list", flag="--skip",  # noqa: RUF009 (a field)
+                              help="Skip checks matching this glob (repeatable).")
+    ignore: list[str] = setting(factory=list, kind="list", flag="--ignore",  # noqa: RUF009 (a field)
+                                help="Report a failure of this check as warn (repeatable).")
+    deep: bool = setting(False, kind="bool", flag="--deep", collect=True,
+                         help="Add the slow checks (hashing, bandwidth).")
+    strict: bool = setting(False, kind="bool", flag="--strict", help="Warnings fail too.")
+    timeout: float | None = setting(kind="posfloat", flag="--timeout", help="Deadline per check, seconds.")
+    verbose: int = setting(0, kind="count", config=False, flag="-v/--verbose", help="Details and tracebacks.")
+    from_snapshot: str | None = setting(config=False, flag="--from-snapshot",
+                                        help="Judge a recorded snapshot instead of this host.")
+    patches_dir: str | None = setting(flag="--patches-dir", collect=True, help="A site directory of patch sets.")
+    state_dir: str = setting(DEFAULT_STATE_DIR, flag="--state-dir", collect=True,
+                             help="Where backups, journals and locks live.")
+    verify_cache_dir: str | None = setting(collect=True)
+    verify_cache: bool = setting(True, key="no_verify_cache", kind="not", config=False, collect=True,
+                                 flag="--no-verify-cache",
+                                 help="--deep: hash every file again, ignoring the verification cache.")
+    disable_plugins: list[str] = setting(factory=list, kind="list")  # plugin entry points not loaded  # noqa: RUF009 (a field)
+    # Derived, not settings of their own:
+    profile: dict[str, Any] = field(default_factory=dict, metadata={"collect": True})  # profile < config tables
     python_given: bool = False
-    model_path: str | None = None
-    draft_model_path: str | None = None
-    tp: int = 1
-    only: list[str] = field(default_factory=list)
-    skip: list[str] = field(default_factory=list)
-    ignore: list[str] = field(default_factory=list)
-    deep: bool = False
-    strict: bool = False
-    timeout: float | None = None
-    verbose: int = 0
-    from_snapshot: str | None = None
-    patches_dir: str | None = None
-    state_dir: str = "/var/lib/k26-doctor"
-    verify_cache_dir: str | None = None
-    verify_cache: bool = True
-    disable_plugins: list[str] = field(default_factory=list)  # plugin entry-point names not loaded
     snapshot: dict[str, Any] | None = field(default=None, repr=False)  # with --from-snapshot
 
     def get(self, dotted: str, default: Any = None) -> Any:
@@ -117,8 +146,53 @@ class Settings:
         return self.tp * int(self.get("parallel.pp", 1) or 1) * int(self.get("parallel.dp", 1) or 1)
 
 
+def setting_fields() -> list[Field[Any]]:
+    """The fields of ``Settings`` that are settings, in the order their flags are shown."""
+    return [f for f in fields(Settings) if f.metadata.get("setting")]
+
+
+def key_of(f: Field[Any]) -> str:
+    return f.metadata.get("key") or f.name
+
+
+DOCTOR_KEYS = frozenset(key_of(f) for f in setting_fields() if f.metadata["config"])
+COLLECT_FIELDS = tuple(f.name for f in fields(Settings) if f.metadata.get("collect"))
+
+
+def _convert(f: Field[Any], value: Any) -> Any:
+    kind, name = f.metadata["kind"], key_of(f)
+    if value is None:
+        return None
+    if kind == "path":
+        return os.path.expanduser(str(value))
+    if kind == "bool":
+        return bool(value)
+    if kind == "posint":
+        try:
+            number = int(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{name} must be an integer, got {value!r}") from None
+        if number < 1:
+            raise ConfigError(f"{name} must be >= 1, got {number}")
+        return number
+    if kind == "posfloat":
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{name} must be a number of seconds, got {value!r}") from None
+        if number <= 0:
+            raise ConfigError(f"{name} must be positive")
+        return number
+    return value
+
+
 def resolve(flags: dict[str, Any], environ: dict[str, str] | None = None) -> Settings:
-    """Merge profile, config file and command-line flags (flags given as None are absent)."""
+    """Merge profile, config file and command-line flags (flags given as None are absent).
+
+    Every field made with ``setting()`` resolves the same way: the flag if given, else the
+    ``[doctor]`` key, else the profile's ``profile_key``, else the default; lists from the config and
+    the flags add up (an ignore in the config stays ignored).
+    """
     environ = dict(os.environ) if environ is None else environ
     config_path = flags.get("config") or environ.get(CONFIG_ENV) or None
     if config_path is None and os.path.isfile(DEFAULT_CONFIG):
@@ -146,51 +220,31 @@ def resolve(flags: dict[str, Any], environ: dict[str, str] | None = None) -> Set
 
     profile_name = pick("profile", DEFAULT_PROFILE)
     profile = deep_merge(load_profile(profile_name), config)
-    tp = pick("tp", profile.get("parallel", {}).get("tp", 1))
-    try:
-        tp = int(tp)
-    except (TypeError, ValueError):
-        raise ConfigError(f"tp must be an integer, got {tp!r}") from None
-    if tp < 1:
-        raise ConfigError(f"tp must be >= 1, got {tp}")
-    timeout = pick("timeout")
-    if timeout is not None:
-        try:
-            timeout = float(timeout)
-        except (TypeError, ValueError):
-            raise ConfigError(f"timeout must be a number of seconds, got {timeout!r}") from None
-        if timeout <= 0:
-            raise ConfigError("timeout must be positive")
-    python = pick("python")
-    model_path = pick("model_path", profile.get("model", {}).get("path"))
-    draft = pick("draft_model_path", profile.get("drafter", {}).get("path"))
-    # The lists from config and flags add up: an ignore in the config stays ignored.
-    def merged_list(name: str) -> list[str]:
-        items = list(doctor_cfg.get(name) or []) + list(flags.get(name) or [])
-        if not all(isinstance(i, str) for i in items):
-            raise ConfigError(f"{name} must be a list of check ids or globs")
-        return list(dict.fromkeys(items))
-
-    return Settings(
-        profile_name=str(profile.get("name", profile_name)),
-        profile=profile,
-        config_path=config_path,
-        python=os.path.expanduser(python) if python else sys.executable,
-        python_given=bool(python),
-        model_path=os.path.expanduser(model_path) if model_path else None,
-        draft_model_path=os.path.expanduser(draft) if draft else None,
-        tp=tp,
-        only=merged_list("only"),
-        skip=merged_list("skip"),
-        ignore=merged_list("ignore"),
-        deep=bool(pick("deep", False)),
-        strict=bool(pick("strict", False)),
-        timeout=timeout,
-        verbose=int(flags.get("verbose") or 0),
-        from_snapshot=flags.get("from_snapshot"),
-        patches_dir=pick("patches_dir"),
-        state_dir=pick("state_dir", "/var/lib/k26-doctor"),
-        verify_cache_dir=pick("verify_cache_dir"),
-        verify_cache=not bool(flags.get("no_verify_cache")),
-        disable_plugins=merged_list("disable_plugins"),
-    )
+    values: dict[str, Any] = {}
+    for f in setting_fields():
+        name, kind = key_of(f), f.metadata["kind"]
+        if f.name == "config_path":
+            values[f.name] = config_path
+        elif kind == "list":
+            items = list(doctor_cfg.get(name) or []) + list(flags.get(name) or [])
+            if not all(isinstance(i, str) for i in items):
+                raise ConfigError(f"{name} must be a list of check ids or globs")
+            values[f.name] = list(dict.fromkeys(items))
+        elif kind == "not":
+            values[f.name] = not bool(flags.get(name))
+        elif kind == "count":
+            values[f.name] = int(flags.get(name) or 0)
+        elif not f.metadata["config"]:
+            values[f.name] = flags.get(name)
+        else:
+            default = f.default if f.default is not MISSING else None
+            if f.metadata["profile_key"]:
+                node: Any = profile
+                for part in f.metadata["profile_key"].split("."):
+                    node = node.get(part) if isinstance(node, dict) else None
+                default = node if node is not None else default
+            values[f.name] = _convert(f, pick(name, default))
+    values["profile_name"] = str(profile.get("name", profile_name))
+    values["python_given"] = bool(pick("python"))
+    values["python"] = values["python"] or sys.executable
+    return Settings(profile=profile, **values)

@@ -3,8 +3,9 @@ the fact store before any check sees the value: a hand-edited or corrupt snapsho
 from another version, gives one clear ``fail`` naming the fact (``MalformedFact``) in every area,
 while a genuine bug in a check stays an ``error`` with its traceback.
 
-A spec is a Python type (or tuple of types; a tuple holding other specs: any one of them), ``opt(spec)`` (``None`` allowed), a dict ``{key: spec}``
-(keys optional, other keys allowed) or a one-element list ``[spec]`` (a list of such items).
+A spec is a Python type (or tuple of types; a tuple holding other specs: any one of them),
+``opt(spec)`` (``None`` allowed), a dict ``{key: spec}`` (keys optional, other keys allowed) or a
+one-element list ``[spec]`` (a list of such items).
 """
 
 from __future__ import annotations

@@ -4,40 +4,49 @@ or replayed from a snapshot; ``CollectOptions`` is what collectors may look at."
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 import traceback
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, field, fields, make_dataclass
 from typing import Any
 
 from doctor.core.registry import Collector
 from doctor.facts.isolation import collect_isolated
 
 
-@dataclass
-class CollectOptions:
-    """What collectors may look at: the resolved settings of this run (JSON-serialisable)."""
+def _collect_fields() -> list[tuple[str, Any, Any]]:
+    """``CollectOptions``' fields: the ``Settings`` fields marked ``collect=True``, plus ``env``."""
+    from doctor.core.settings import COLLECT_FIELDS, Settings
 
-    python: str = sys.executable
-    model_path: str | None = None
-    draft_model_path: str | None = None
-    tp: int = 1
-    deep: bool = False
-    profile: dict[str, Any] = field(default_factory=dict)
-    env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
-    verify_cache: bool = True
-    verify_cache_dir: str | None = None
-    patches_dir: str | None = None
-    state_dir: str | None = None
+    out: list[tuple[str, Any, Any]] = []
+    for f in fields(Settings):
+        if f.name in COLLECT_FIELDS:
+            default = (field(default_factory=f.default_factory) if f.default_factory is not MISSING
+                       else field(default=f.default))
+            out.append((f.name, f.type, default))
+    out.append(("env", "dict[str, str]", field(default_factory=lambda: dict(os.environ))))
+    return out
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> CollectOptions:
-        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-        return cls(**known)
+def _to_dict(self: Any) -> dict[str, Any]:
+    return asdict(self)
+
+
+def _from_dict(cls: Any, data: dict[str, Any]) -> Any:
+    return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+
+def _from_settings(cls: Any, settings: Any) -> Any:
+    return cls(**{name: getattr(settings, name) for name in cls.__dataclass_fields__ if name != "env"})
+
+
+# What collectors may look at: the settings marked ``collect=True`` in ``doctor.core.settings`` (one record
+# from flags and config to collectors; a new setting is declared there only) plus the service environment.
+CollectOptions = make_dataclass(
+    "CollectOptions", _collect_fields(),
+    namespace={"to_dict": _to_dict, "from_dict": classmethod(_from_dict), "from_settings": classmethod(_from_settings),
+               "__doc__": "What collectors may look at: the run's settings marked collect=True, and env."})
+CollectOptions.__module__ = __name__
 
 
 class FactUnavailable(Exception):
