@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from interpreters import pyenv_versions
 
 from doctor.core import registry
 from doctor.core import settings as doctor_settings
@@ -27,8 +28,8 @@ from doctor.core.context import Context
 from doctor.core.result import Result
 from doctor.facts.store import CollectOptions, FactStore, FactUnavailable
 
-PYENV = Path(os.environ.get("PYENV_ROOT", "/root/.pyenv")) / "versions"
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "h200x2-nvml.json"
+PYENV = pyenv_versions()
+REFERENCE = Path(__file__).resolve().parent / "fixtures" / "reference" / "h200x2-nvml.json"
 IDS = ("cuda.compat", "torch.arch", "stack.versions", "triton.jit", "triton.ptxas", "python.venv", "sglang.install")
 
 

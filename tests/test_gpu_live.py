@@ -80,7 +80,9 @@ def test_live_default_checks_judge_without_error() -> None:
 
 
 def _torch_python() -> str | None:
-    for py in (sys.executable, "/opt/torch/.venv/bin/python3"):
+    for py in (sys.executable, os.environ.get("K26_GPU_PYTHON")):
+        if not py:
+            continue
         try:
             if subprocess.run([py, "-c", "import torch; assert torch.cuda.is_available()"], capture_output=True,
                               timeout=120).returncode == 0:

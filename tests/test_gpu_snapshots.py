@@ -12,7 +12,7 @@ import pytest
 from doctor.facts.snapshot import load_snapshot
 
 SNAPS = Path(__file__).parent / "fixtures" / "snapshots"
-SHARED_REF = Path(__file__).resolve().parents[2] / "shared" / "reference" / "h200x2-nvml.json"
+SHARED_REF = Path(__file__).resolve().parent / "fixtures" / "reference" / "h200x2-nvml.json"
 
 
 def _scenarios() -> object:

@@ -12,6 +12,7 @@ import pytest
 import sglang_wheels
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from interpreters import find_python
 
 from doctor.core.context import Context
 from doctor.core.result import Status
@@ -218,8 +219,8 @@ def test_validate_agrees_with_argparse(t23: FlagTable, groups: list[tuple[str, l
 # -- the fact (probe under a real interpreter) and the check --------------------------------
 
 def _py(version: str) -> str:
-    path = f"/root/.pyenv/versions/{version}/bin/python"
-    return path if os.path.exists(path) else sys.executable
+    found = find_python(version)
+    return str(found) if found else sys.executable
 
 
 def test_fact_from_a_real_service_interpreter(site_0523: Path) -> None:

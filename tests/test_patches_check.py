@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import doctor_env, run_doctor
+from interpreters import find_python
 from patches_install import FIXTURE_SETS, Venv, fresh_venv, rewrite
 
 from checks.sglang import sglang_patches
@@ -253,8 +254,7 @@ def test_probe_runs_on_other_interpreters(tmp_path: Path) -> None:
     """The probe is stdlib-only for any service interpreter; without SGLang it says so, no traceback."""
     from doctor.sglang.patching import locate
 
-    pythons = [p for p in (Path(f"/root/.pyenv/versions/{v}/bin/python") for v in ("3.10.13", "3.12.1", "3.13.0"))
-               if p.exists()]
+    pythons = [p for p in (find_python(v) for v in ("3.10", "3.12", "3.13")) if p is not None]
     if not pythons:
         pytest.skip("no other interpreters (pyenv) on this host")
     for py in pythons:
