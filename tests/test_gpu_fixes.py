@@ -31,7 +31,6 @@ def snap(name: str) -> dict[str, Any]:
 
 
 def test_fixers_registered() -> None:
-    load()
     assert {"gpu.idle", "gpu.fabric"} <= set(load(plugins=False).fixers)
     assert load(plugins=False).fixers["gpu.fabric"].needs_root
 
@@ -51,7 +50,6 @@ def test_idle_plan_stops_exactly_the_live_pid_and_applies(tmp_path: Path) -> Non
                               "start_ticks": process_start_ticks(child.pid), "holds_nvidia_device": True}]
         ctx = ctx_for(doc)
         result = Result(Status.FAIL, "x")
-        load()
         actions = load(plugins=False).fixers["gpu.idle"].plan(ctx, result)
         assert [type(a) for a in actions] == [StopProcess] and actions[0].pid == child.pid
         assert actions[0].start_ticks == process_start_ticks(child.pid) and not actions[0].needs_root
@@ -99,7 +97,6 @@ def test_idle_refuses_reused_pid_and_no_device_evidence() -> None:
 
 
 def test_fabric_plan_only_when_fabric_is_down() -> None:
-    load()
     down = load(plugins=False).fixers["gpu.fabric"].plan(ctx_for(snap("b300x8-fabric-not-started.json")), None)
     assert len(down) == 1 and isinstance(down[0], RunCommand)
     assert down[0].argv == ["systemctl", "start", "nvidia-fabricmanager"] and down[0].needs_root

@@ -114,7 +114,6 @@ def test_live_stale_process_found_and_stopped_by_pid(tmp_path: Path) -> None:
         p = mine[0]
         assert "k26-stale-marker" in p["cmdline"] and p["used_memory"] >= 2**30
         assert p["holds_nvidia_device"] is True and p["start_ticks"]
-        load()
         from checks.gpu import gpu_idle
         result: Result = gpu_idle(ctx)
         assert result.status is Status.FAIL and f"PID {child.pid}" in result.summary

@@ -207,7 +207,6 @@ def test_check_cli_json_on_a_damaged_model(tmp_path, model):
 # -- fixer ----------------------------------------------------------------------------------------
 
 def _plan(ctx, check_id):
-    load()
     res = run(ctx, check_id)
     ctx.results[check_id] = res
     return res, load(plugins=False).fixers["model.redownload"].plan(ctx, res)
