@@ -119,6 +119,8 @@ def list_cmd(fmt: str) -> None:
 
     registry = load(collectors=False)
     checks = registry.sorted_checks()
+    for err in registry.plugin_errors:  # stderr, so JSON on stdout stays parseable
+        click.echo(f"plugin failed to load: {err}", err=True)
     if fmt == "json":
         click.echo(json.dumps([c.to_dict() for c in checks], indent=2))
         return
@@ -132,8 +134,6 @@ def list_cmd(fmt: str) -> None:
         if c.source != "builtin":
             extra.append(c.source)
         click.echo(f"{c.id.ljust(width)}  {c.title}" + (f"  [{', '.join(extra)}]" if extra else ""))
-    for err in registry.plugin_errors:
-        click.echo(f"plugin failed to load: {err}", err=True)
 
 
 @cli.command()
