@@ -36,16 +36,18 @@ IDS = ("cuda.compat", "torch.arch", "stack.versions", "triton.jit", "triton.ptxa
 VENV = Path("/tmp/k26-bench-stack-venv")
 
 
+# sglang wheels: $SGLANG_WHEELS, else the tests' per-user wheel cache (tests/sglang_wheels.py)
+WHEELS = os.environ.get("SGLANG_WHEELS") or str(Path.home() / ".cache" / "k26-doctor-tests")
+
 def ensure_venv() -> Path:
     py = VENV / "bin" / "python"
     if py.exists() and subprocess.run([str(py), "-c", "import torch"], capture_output=True).returncode == 0:
         return py
-    base = Path("/root/.pyenv/versions/3.11.7/bin/python3.11")
-    subprocess.run([str(base if base.exists() else sys.executable), "-m", "venv", str(VENV)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
     pip = [str(py), "-m", "pip", "install", "-q"]
     subprocess.run([*pip, "torch==2.13.0"], check=True)
     subprocess.run([*pip, "--no-deps", "triton==3.6.0"], check=True)
-    wheel = sorted(Path("/tmp/wheels").glob("sglang-0.5.23-*.whl"))
+    wheel = sorted(Path(WHEELS).glob("sglang-0.5.23-*.whl"))
     subprocess.run([*pip, "--no-deps", str(wheel[0]) if wheel else "sglang==0.5.23"], check=True)
     return py
 

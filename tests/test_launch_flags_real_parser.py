@@ -2,7 +2,7 @@
 
 The doctor never imports SGLang; this test does, in an interpreter with SGLang's dependencies
 (``$K26_SGLANG_ARGS_PYTHON``, default this one: torch, transformers, msgspec, psutil, ...; no GPU
-needed), to prove that what ``doctor.sglang_flags`` reads with ``ast`` is what SGLang's argparse
+needed), to prove that what ``doctor.sglang.flag_reader`` reads with ``ast`` is what SGLang's argparse
 accepts: the same option strings, destinations, arities, types and choices, and the same verdict
 on a set of command lines. Skips, naming the missing module, where the dependencies are absent.
 """

@@ -325,7 +325,7 @@ class Registry:
 
 
 @functools.lru_cache(maxsize=8)
-def _loaded(plugins: bool, disabled: tuple[str, ...], collectors: bool) -> Registry:
+def _build_default(plugins: bool, disabled: tuple[str, ...], collectors: bool) -> Registry:
     reg = Registry()
     reg.load_builtin(collectors)
     reg.validate()
@@ -337,4 +337,4 @@ def _loaded(plugins: bool, disabled: tuple[str, ...], collectors: bool) -> Regis
 def load(plugins: bool = True, disabled: Iterable[str] = (), collectors: bool = True) -> Registry:
     """The built-in registry (plus plugins not disabled), validated; built once per process and arguments."""
     names = tuple(sorted(set(disabled) | set(disabled_from_env()))) if plugins else ()
-    return _loaded(plugins, names, collectors)
+    return _build_default(plugins, names, collectors)

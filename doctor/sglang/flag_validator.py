@@ -4,8 +4,7 @@
 accepted by argparse, but fragile across releases), ambiguous prefixes (the "ambiguous option" error
 0.5.20 gave to ``--cuda-graph-max-bs``), value arity and statically known choices. Flags SGLang
 removed are named with their replacement from ``doctor/data/sglang_removed_flags.toml``.
-``judge_flags`` turns the ``sglang_flags`` fact and an argv into one verdict, shared by the
-``sglang.flags`` check and ``k26-doctor launch``.
+``doctor.sglang.flags.judge_flags`` turns its problems into the one verdict on an argv.
 """
 
 from __future__ import annotations
