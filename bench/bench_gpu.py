@@ -25,8 +25,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from doctor import app
-from doctor.facts import CollectOptions
-from doctor.facts.nvml import collect_p2p_bandwidth
+from doctor.facts.store import CollectOptions
+from doctor.gpu.facts import collect_p2p_bandwidth
 
 BASELINE = ("import pynvml\ntry:\n    pynvml.nvmlInit(); pynvml.nvmlDeviceGetCount(); pynvml.nvmlShutdown()\n"
             "except pynvml.NVMLError:\n    pass\n")

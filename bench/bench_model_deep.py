@@ -26,9 +26,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # the replica builder is a test fixture
 
-from doctor.weights.hashing import BLOCK, default_workers, verify_model_hashes  # noqa: E402
-from doctor.weights.replica import header_bytes, shard_name  # noqa: E402
+from model_replica import header_bytes, shard_name  # noqa: E402
+
+from doctor.model.hashing import BLOCK, default_workers, verify_model_hashes  # noqa: E402
 
 
 def build(directory: str, files: int, mib: int) -> list[str]:

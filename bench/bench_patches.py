@@ -5,7 +5,7 @@ irreducible work, reading and hashing those 10 files, so the ratio says what the
 (manifest load, RECORD parse, diff checks, journal lookup). The probe (a child interpreter
 that finds site-packages) and the whole CLI (`python -m doctor patches status`) are timed too.
 
-    python3 bench/bench_patches.py                       # unpacks the wheel from /tmp/wheels
+    python3 bench/bench_patches.py                       # unpacks the wheel from $SGLANG_WHEELS or the tests' cache
     python3 bench/bench_patches.py --python /opt/venv/bin/python   # an existing install (read only)
 """
 
@@ -25,9 +25,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from doctor.patching import generate, locate, manifest, record, udiff  # noqa: E402
-from doctor.patching.engine import Engine  # noqa: E402
+from doctor.sglang.patching import generate, locate, manifest, record, udiff  # noqa: E402
+from doctor.sglang.patching.engine import Engine  # noqa: E402
 
+# sglang wheels: $SGLANG_WHEELS, else the tests' per-user wheel cache (tests/sglang_wheels.py)
+WHEELS = os.environ.get("SGLANG_WHEELS") or str(Path.home() / ".cache" / "k26-doctor-tests")
 
 def timed(fn, repeat: int) -> float:
     runs = []
@@ -66,7 +68,7 @@ def make_set(set_dir: Path, installed: record.Installed, n: int = 10) -> list[st
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--python", help="an existing SGLang 0.5.23 install (only read)")
-    ap.add_argument("--wheels", default=os.environ.get("SGLANG_WHEELS", "/tmp/wheels"))
+    ap.add_argument("--wheels", default=WHEELS)
     ap.add_argument("--repeat", type=int, default=50)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmpd:

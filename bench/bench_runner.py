@@ -16,12 +16,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from doctor.context import Context
-from doctor.facts import CollectOptions, FactStore
-from doctor.registry import Check
-from doctor.result import Result
-from doctor.runner import execute, run_checks
-from doctor.settings import resolve
+from doctor.core.context import Context
+from doctor.core.registry import Check
+from doctor.core.result import Result
+from doctor.core.runner import execute, run_checks
+from doctor.core.settings import resolve
+from doctor.facts.store import CollectOptions, FactStore
 
 
 def main() -> None:

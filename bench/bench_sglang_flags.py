@@ -4,7 +4,7 @@ Baseline (measured in the same run): starting the service interpreter once (``py
 Measured: the probe that locates sglang in that interpreter, reading the flag table from the real
 sources (0.5.23: annotated fields; 0.5.13.post1: add_argument), and judging the profile's argv.
 
-    python bench/bench_sglang_flags.py [--wheels /tmp/wheels] [--repeat 5]
+    python bench/bench_sglang_flags.py [--wheels DIR] [--repeat 5]
 """
 
 from __future__ import annotations
@@ -22,11 +22,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from doctor.facts.sglang_flags import locate_sglang  # noqa: E402
-from doctor.launcher import build_server_args  # noqa: E402
-from doctor.settings import resolve  # noqa: E402
-from doctor.sglang_flags import read_flags, validate_args  # noqa: E402
+from doctor.core.settings import resolve  # noqa: E402
+from doctor.service.launcher import build_server_args  # noqa: E402
+from doctor.sglang.flag_reader import read_flags  # noqa: E402
+from doctor.sglang.flag_validator import validate_args  # noqa: E402
+from doctor.sglang.flags import locate_sglang  # noqa: E402
 
+# sglang wheels: $SGLANG_WHEELS, else the tests' per-user wheel cache (tests/sglang_wheels.py)
+WHEELS = os.environ.get("SGLANG_WHEELS") or str(Path.home() / ".cache" / "k26-doctor-tests")
 
 def best(fn, repeat: int) -> float:
     times = []
@@ -39,7 +42,8 @@ def best(fn, repeat: int) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--wheels", default="/tmp/wheels")
+    ap.add_argument("--wheels", default=WHEELS,
+                    help="directory with sglang wheels (default $SGLANG_WHEELS, else the tests' wheel cache)")
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args()
     base_min, base_med = best(lambda: subprocess.run([sys.executable, "-c", "pass"], check=True), args.repeat)

@@ -26,26 +26,28 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from doctor import registry  # noqa: E402
-from doctor import settings as doctor_settings  # noqa: E402
-from doctor.context import Context  # noqa: E402
-from doctor.facts import CollectOptions, FactStore, FactUnavailable  # noqa: E402
-from doctor.result import Result  # noqa: E402
+from doctor.core import registry  # noqa: E402
+from doctor.core import settings as doctor_settings  # noqa: E402
+from doctor.core.context import Context  # noqa: E402
+from doctor.core.result import Result  # noqa: E402
+from doctor.facts.store import CollectOptions, FactStore, FactUnavailable  # noqa: E402
 
 IDS = ("cuda.compat", "torch.arch", "stack.versions", "triton.jit", "triton.ptxas", "python.venv", "sglang.install")
 VENV = Path("/tmp/k26-bench-stack-venv")
 
 
+# sglang wheels: $SGLANG_WHEELS, else the tests' per-user wheel cache (tests/sglang_wheels.py)
+WHEELS = os.environ.get("SGLANG_WHEELS") or str(Path.home() / ".cache" / "k26-doctor-tests")
+
 def ensure_venv() -> Path:
     py = VENV / "bin" / "python"
     if py.exists() and subprocess.run([str(py), "-c", "import torch"], capture_output=True).returncode == 0:
         return py
-    base = Path("/root/.pyenv/versions/3.11.7/bin/python3.11")
-    subprocess.run([str(base if base.exists() else sys.executable), "-m", "venv", str(VENV)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
     pip = [str(py), "-m", "pip", "install", "-q"]
     subprocess.run([*pip, "torch==2.13.0"], check=True)
     subprocess.run([*pip, "--no-deps", "triton==3.6.0"], check=True)
-    wheel = sorted(Path("/tmp/wheels").glob("sglang-0.5.23-*.whl"))
+    wheel = sorted(Path(WHEELS).glob("sglang-0.5.23-*.whl"))
     subprocess.run([*pip, "--no-deps", str(wheel[0]) if wheel else "sglang==0.5.23"], check=True)
     return py
 
@@ -57,8 +59,7 @@ def floor_once(python: str) -> float:
 
 
 def checks_once(python: str) -> tuple[float, dict[str, str], dict[str, float]]:
-    """All seven checks on a fresh FactStore, concurrently (as doctor.runner runs them)."""
-    registry.load(plugins=False)
+    """All seven checks on a fresh FactStore, concurrently (as doctor.core.runner runs them)."""
     st = doctor_settings.resolve({"python": python}, environ={})
     opts = CollectOptions(python=st.python, profile=st.profile, tp=st.tp, env=dict(os.environ))
     ctx = Context(st, FactStore(opts))
@@ -66,7 +67,7 @@ def checks_once(python: str) -> tuple[float, dict[str, str], dict[str, float]]:
 
     def one(cid: str) -> tuple[str, str]:
         try:
-            return cid, registry.CHECKS[cid].run(ctx).status.value
+            return cid, registry.load(plugins=False).checks[cid].run(ctx).status.value
         except FactUnavailable as exc:
             return cid, Result.errored(exc.reason).status.value
 

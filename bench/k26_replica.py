@@ -2,7 +2,7 @@
 
     python bench/k26_replica.py DIR        # 64 shards, ~208k tensors, ~554 GiB apparent, ~50 MB on disk
 
-The builder itself is ``doctor.weights.replica.build_k26_replica`` (tests use it at small scale).
+The builder itself is ``tests/model_replica.py`` ``build_k26_replica`` (tests use it at small scale).
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # the replica builder is a test fixture, not shipped
 
-from doctor.weights.replica import K26Spec, build_k26_replica  # noqa: E402
+from model_replica import K26Spec, build_k26_replica  # noqa: E402
 
 
 def ensure_replica(directory: str, spec: K26Spec | None = None) -> dict[str, object]:

@@ -1,6 +1,6 @@
 """GPU host checks: driver, count, architecture, memory, idle, health, NVLink, NVSwitch fabric, and
 (with ``--deep``) measured GPU-to-GPU bandwidth. Pure functions of the facts ``nvml`` and
-``p2p_bandwidth`` (``doctor/facts/nvml.py``).
+``p2p_bandwidth`` (``doctor/gpu/facts.py``).
 
 TP8 over NVLink is the whole design of this deployment: on PCIe the same service ran TP8 at
 26 tok/s and EP8 at 65 tok/s (../shared/DEPLOYMENT.md), so a TP profile on a host without NVLink
@@ -9,14 +9,11 @@ is a failure that points at the EP profile.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from typing import Any
 
-from checks import _gpu_links as links
-from doctor.facts import FactUnavailable
-from doctor.registry import check
-from doctor.result import Remediation, Result
+from doctor.core.registry import check
+from doctor.core.result import Remediation, Result
+from doctor.gpu import links
 
 GIB = 2**30
 EP_PROFILE = "rtxpro6000-ep8"
@@ -30,22 +27,6 @@ SLOWDOWN_REASONS = {"hw_slowdown": "hardware slowdown", "hw_thermal_slowdown": "
 
 
 # -- shared ------------------------------------------------------------------------------------------
-
-def _guard(fn: Callable[[Any], Result]) -> Callable[[Any], Result]:
-    """A fact of the wrong shape (a hand-edited or corrupt snapshot) gives ``fail``, never a traceback."""
-
-    @functools.wraps(fn)
-    def wrapper(ctx: Any) -> Result:
-        try:
-            return fn(ctx)
-        except FactUnavailable:
-            raise
-        except (TypeError, AttributeError, KeyError, ValueError, IndexError, ZeroDivisionError) as exc:
-            return Result.failed(f"the GPU facts are malformed ({type(exc).__name__}: {exc})",
-                                 "Record the host again with `k26-doctor snapshot`, or check live.")
-
-    return wrapper
-
 
 def _nvml(ctx: Any) -> tuple[dict[str, Any] | None, Result | None]:
     """The fact, or the result a check gives when there is nothing to judge."""
@@ -105,7 +86,7 @@ def _cc(value: Any) -> tuple[int, int] | None:
 
 def _profiles_for(cc: tuple[int, int], name: str | None) -> list[str]:
     """Built-in profiles made for this GPU (same compute capability; name first)."""
-    from doctor.settings import ConfigError, load_profile, profile_names
+    from doctor.core.settings import ConfigError, load_profile, profile_names
 
     hits: list[tuple[int, str]] = []
     for pname in profile_names():
@@ -140,7 +121,6 @@ DRIVER_REMEDIES: dict[str, tuple[str, list[str]]] = {
 
 
 @check("gpu.driver", "NVIDIA driver and NVML load", needs=("nvml",), timeout=30)
-@_guard
 def gpu_driver(ctx: Any) -> Result:
     """Loads NVML (nvidia-ml-py) and reads the driver version, the CUDA version the driver supports
     and the number of GPUs. Nothing else on the GPU side can work without it. When NVML does not
@@ -182,7 +162,6 @@ def gpu_driver(ctx: Any) -> Result:
 # -- gpu.count ---------------------------------------------------------------------------------------
 
 @check("gpu.count", "GPUs visible vs the parallel size", needs=("nvml",), depends=("gpu.driver",))
-@_guard
 def gpu_count(ctx: Any) -> Result:
     """Counts the GPUs the service will see (all GPUs NVML sees, narrowed by the service's
     CUDA_VISIBLE_DEVICES, indices or GPU-/MIG- UUIDs, as CUDA reads it) against the profile's
@@ -225,7 +204,6 @@ def gpu_count(ctx: Any) -> Result:
 # -- gpu.arch ----------------------------------------------------------------------------------------
 
 @check("gpu.arch", "Compute capability of every GPU vs the profile", needs=("nvml",), depends=("gpu.driver",))
-@_guard
 def gpu_arch(ctx: Any) -> Result:
     """Compares each GPU's compute capability with the profile's (B300 is 10.3, sm_103; B200 10.0;
     H200 9.0; RTX PRO 6000 Blackwell 12.0). Kernels, the Triton backend and the patches are chosen
@@ -275,7 +253,6 @@ def gpu_arch(ctx: Any) -> Result:
 # -- gpu.memory --------------------------------------------------------------------------------------
 
 @check("gpu.memory", "Per-GPU memory total and free", needs=("nvml",), depends=("gpu.driver",))
-@_guard
 def gpu_memory(ctx: Any) -> Result:
     """Total memory of each GPU of the TP group against the profile's gpu.min_memory_gib, and free
     memory against what the server will reserve (server.mem_fraction_static of the total). The
@@ -323,7 +300,6 @@ def gpu_memory(ctx: Any) -> Result:
 # -- gpu.idle ----------------------------------------------------------------------------------------
 
 @check("gpu.idle", "No other process holds GPU memory", needs=("nvml",), depends=("gpu.driver",), fixer="gpu.idle")
-@_guard
 def gpu_idle(ctx: Any) -> Result:
     """Lists the processes that hold memory on the GPUs of the TP group (NVML's compute and
     graphics process lists): PID, command line from /proc, memory. A stale server from an earlier
@@ -370,7 +346,6 @@ def gpu_idle(ctx: Any) -> Result:
 # -- gpu.health --------------------------------------------------------------------------------------
 
 @check("gpu.health", "ECC, row remapping, MIG mode, clock-event reasons", needs=("nvml",), depends=("gpu.driver",))
-@_guard
 def gpu_health(ctx: Any) -> Result:
     """Per GPU of the TP group: a lost GPU, uncorrected ECC errors since the driver loaded, row
     remapping pending (needs a GPU reset) or failed (RMA), retired pages pending, MIG mode on or
@@ -453,7 +428,6 @@ def gpu_health(ctx: Any) -> Result:
 
 @check("gpu.nvlink", "NVLink P2P between every pair of the TP group; link counts equal", needs=("nvml",),
        depends=("gpu.driver",))
-@_guard
 def gpu_nvlink(ctx: Any) -> Result:
     """For every pair of GPUs in the TP group, NVLink P2P as NVML reports it
     (`nvmlDeviceGetP2PStatus` with the NVLINK index), and each GPU's active links
@@ -549,7 +523,6 @@ def gpu_nvlink(ctx: Any) -> Result:
 
 @check("gpu.fabric", "NVSwitch fabric state (fabric manager)", needs=("nvml",), depends=("gpu.driver",),
        fixer="gpu.fabric")
-@_guard
 def gpu_fabric(ctx: Any) -> Result:
     """On NVSwitch hosts (HGX) every GPU must be registered with the NVLink fabric before CUDA can
     use it: `nvmlDeviceGetGpuFabricInfoV` (or the older call) must say completed with success.
@@ -625,7 +598,6 @@ def gpu_fabric(ctx: Any) -> Result:
 
 @check("gpu.p2p_bandwidth", "Measured GPU-to-GPU copy bandwidth of every pair (--deep)",
        needs=("nvml", "p2p_bandwidth"), depends=("gpu.driver",), deep=True, timeout=300)
-@_guard
 def gpu_p2p_bandwidth(ctx: Any) -> Result:
     """With --deep: copies 256 MiB 20 times between every ordered pair of the TP group, with torch
     in the service's interpreter, and compares the one-direction rate with what the links should

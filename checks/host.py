@@ -8,9 +8,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from doctor.context import Context
-from doctor.registry import check
-from doctor.result import Remediation, Result
+from doctor.core.context import Context
+from doctor.core.registry import check
+from doctor.core.result import Remediation, Result
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -1,7 +1,7 @@
 """Model checks: shards, config, tokenizer, drafter, fit, and the deep sha256 tier.
 
 Everything here is a pure function of the facts ``model``, ``model.tensors``, ``drafter``,
-``model.hashes`` and ``nvml`` (doctor/facts/model.py, doctor/facts/nvml.py).
+``model.hashes`` and ``nvml`` (doctor/model/facts.py, doctor/gpu/facts.py).
 """
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import math
 import shlex
 from typing import Any
 
-from doctor.context import Context
-from doctor.facts import FactUnavailable
-from doctor.registry import check
-from doctor.result import Remediation, Result
-from doctor.weights.modelconfig import ConfigView, is_pos_int, json_data, read_config
+from doctor.core.context import Context
+from doctor.core.registry import check
+from doctor.core.result import Remediation, Result
+from doctor.facts.store import FactUnavailable
+from doctor.model.modelconfig import ConfigView, is_pos_int, json_data, read_config
 
 NO_MODEL_PATH = "no model path: pass --model-path or set [model] path"
 NO_DRAFT_PATH = "no draft model path: pass --draft-model-path or set [drafter] path"

@@ -3,24 +3,31 @@
 The B300 service's first start failed after 120 s because Triton could not compile ``cuda_utils.c``
 (no ``Python.h`` for the system Python; the venv had been copied from another machine). Each check
 here turns one such failure into a second of preflight: pure judgments over the facts of
-``doctor.facts.stack`` (and ``nvml`` for the driver and the GPUs).
+``doctor.stack.facts`` (and ``nvml`` for the driver and the GPUs).
 """
 
 from __future__ import annotations
 
-import os
-import re
 from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
-from doctor import compat
-from doctor.cuda_arch import best_match, cc_str, parse_cc
-from doctor.facts import FactUnavailable
-from doctor.registry import check
-from doctor.result import Remediation, Result
+from doctor.core.registry import check
+from doctor.core.result import Remediation, Result
+from doctor.facts.store import FactUnavailable
+from doctor.stack import compat
+from doctor.stack.cuda_arch import best_match, cc_str
+from doctor.stack.judging import (
+    gpu_ccs,
+    installed_dist,
+    norm,
+    parse_spec,
+    parse_version,
+    pip_install,
+    service_python,
+    stack_fact,
+)
 
 COMPONENTS = ("torch", "triton", "sglang", "sglang_kernel", "flashinfer")
 PIP_NAMES = {"torch": "torch", "triton": "triton", "sglang": "sglang", "sglang_kernel": "sglang-kernel",
@@ -28,75 +35,6 @@ PIP_NAMES = {"torch": "torch", "triton": "triton", "sglang": "sglang", "sglang_k
 
 
 # -- shared helpers ------------------------------------------------------------------------------
-
-def norm(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def _python(ctx: Any) -> str:
-    return str(ctx.settings.python)
-
-
-def _probe_failed(ctx: Any, fact: dict[str, Any], what: str) -> Result:
-    """A probe that could not run under the service interpreter: that is itself the finding."""
-    return Result.failed(
-        f"cannot {what} with {_python(ctx)}: {fact.get('error') or 'the probe failed'}",
-        Remediation("The service's interpreter must start and run a stdlib script; see python.venv.",
-                    [f"{_python(ctx)} -c 'import sys; print(sys.version)'"]),
-        python=_python(ctx), probe=fact)
-
-
-def _stack(ctx: Any) -> tuple[dict[str, Any] | None, Result | None]:
-    fact = ctx.fact("stack")
-    if not isinstance(fact, dict) or not fact.get("ok"):
-        return None, _probe_failed(ctx, fact if isinstance(fact, dict) else {}, "read the installed packages")
-    return fact, None
-
-
-def _installed(stack: dict[str, Any], component: str) -> dict[str, Any] | None:
-    dists = stack.get("distributions") or {}
-    for name in compat.distribution_names().get(component, [component]):
-        if norm(name) in dists:
-            return dists[norm(name)]
-    return None
-
-
-def _gpu_ccs(ctx: Any) -> tuple[list[tuple[int, int]], str, dict[str, Any]]:
-    """The compute capabilities to judge: every GPU NVML sees, else the profile's (and say which)."""
-    nvml: Any = None
-    why = ""
-    try:
-        nvml = ctx.fact("nvml")
-    except FactUnavailable as exc:
-        why = exc.reason
-    if isinstance(nvml, dict) and nvml.get("available") and nvml.get("devices"):
-        ccs = [parse_cc(d.get("compute_capability")) for d in nvml["devices"] if isinstance(d, dict)]
-        names = sorted({str(d.get("name")) for d in nvml["devices"] if isinstance(d, dict)})
-        ccs_ok = [c for c in ccs if c is not None]
-        if ccs_ok:
-            return sorted(set(ccs_ok)), f"{len(nvml['devices'])}x {', '.join(names)}", {"source": "nvml"}
-    if isinstance(nvml, dict) and not why:
-        why = nvml.get("error") or "NVML sees no GPU"
-    cc = parse_cc(ctx.expect("gpu.compute_capability"))
-    if cc is None:
-        return [], "", {"source": None, "nvml": why}
-    return [cc], f"the profile's GPU ({cc_str(cc)})", {"source": "profile", "nvml": why}
-
-
-def _version(text: Any) -> Version | None:
-    try:
-        return Version(str(text))
-    except (InvalidVersion, TypeError):
-        return None
-
-
-def _spec(text: Any) -> SpecifierSet | None:
-    if text in (None, ""):
-        return None
-    try:
-        return SpecifierSet(str(text))
-    except InvalidSpecifier:
-        return None
 
 
 # -- cuda.compat ---------------------------------------------------------------------------------
@@ -128,7 +66,7 @@ def cuda_compat(ctx: Any) -> Result:
     if not runtime:
         return Result.failed(f"torch {info.get('version')} is a CPU-only build (torch.version.cuda is None)",
                              Remediation("Install the CUDA build the profile expects.",
-                                         [_pip_install(ctx, "torch", "torch")]),
+                                         [pip_install(ctx, "torch", "torch")]),
                              torch=info.get("version"))
     driver = str(nvml.get("driver_version") or "")
     driver_cuda = compat.cuda_from_nvml(nvml.get("cuda_driver_version"))
@@ -147,7 +85,7 @@ def cuda_compat(ctx: Any) -> Result:
     fix = Remediation(
         f"Install NVIDIA driver >= {need or 'the one matching CUDA ' + runtime} (CUDA {runtime}), or a torch "
         f"built for CUDA {driver_cuda or 'your driver'}; on datacenter GPUs the cuda-compat package is a third way.",
-        ["nvidia-smi", f"{_python(ctx)} -c 'import torch; print(torch.version.cuda)'"])
+        ["nvidia-smi", f"{service_python(ctx)} -c 'import torch; print(torch.version.cuda)'"])
     # NVML's CUDA version is what the driver itself says it supports; the table is the fallback.
     if dc is not None:
         supported = rt[:2] <= dc[:2]
@@ -179,16 +117,11 @@ def cuda_compat(ctx: Any) -> Result:
 
 def _torch_unusable(ctx: Any, info: dict[str, Any]) -> Result:
     if info.get("missing_module") == "torch":
-        return Result.failed(f"torch is not installed in {_python(ctx)}",
-                             Remediation("Install the torch the profile pins.", [_pip_install(ctx, "torch", "torch")]))
-    return Result.failed(f"torch cannot be imported by {_python(ctx)}: {info.get('error') or 'probe failed'}",
+        return Result.failed(f"torch is not installed in {service_python(ctx)}",
+                             Remediation("Install the torch the profile pins.", [pip_install(ctx, "torch", "torch")]))
+    return Result.failed(f"torch cannot be imported by {service_python(ctx)}: {info.get('error') or 'probe failed'}",
                          Remediation("Reinstall torch in the service's environment.",
-                                     [_pip_install(ctx, "torch", "torch")]), probe=info)
-
-
-def _pip_install(ctx: Any, component: str, dist: str) -> str:
-    spec = ctx.expect(f"stack.{component}") or ""
-    return f"{_python(ctx)} -m pip install '{dist}{spec}'"
+                                     [pip_install(ctx, "torch", "torch")]), probe=info)
 
 
 # -- torch.arch ----------------------------------------------------------------------------------
@@ -198,7 +131,7 @@ def _pip_install(ctx: Any, component: str, dist: str) -> str:
 def torch_arch(ctx: Any) -> Result:
     """Matches the targets compiled into torch (``torch._C._cuda_getArchFlags()``, read in a child
     process) against every GPU's compute capability by CUDA's binary compatibility rules
-    (doctor/cuda_arch.py): an sm_XY cubin runs on sm_XZ with Z >= Y of the same major; arch-specific
+    (doctor/stack/cuda_arch.py): an sm_XY cubin runs on sm_XZ with Z >= Y of the same major; arch-specific
     ``a`` targets run only on their exact GPU; PTX (compute_XY) is JIT-compiled for anything newer.
 
     torch 2.11.0+cu130 has sm_100 and no sm_103: B300 (10.3) runs its sm_100 cubins, which is fine.
@@ -211,12 +144,12 @@ def torch_arch(ctx: Any) -> Result:
         return _torch_unusable(ctx, info if isinstance(info, dict) else {})
     if not info.get("cuda"):
         return Result.failed(f"torch {info.get('version')} is a CPU-only build: no GPU kernels at all",
-                             Remediation("Install the CUDA build of torch.", [_pip_install(ctx, "torch", "torch")]),
+                             Remediation("Install the CUDA build of torch.", [pip_install(ctx, "torch", "torch")]),
                              torch=info.get("version"))
     flags = [str(f) for f in info.get("arch_flags") or []]
     if not flags:
         return Result.failed(f"torch {info.get('version')} reports no compiled CUDA targets", torch=info.get("version"))
-    ccs, where, source = _gpu_ccs(ctx)
+    ccs, where, source = gpu_ccs(ctx)
     if not ccs:
         return Result.skipped("no GPU to judge: NVML sees none and the profile names no compute_capability",
                               **source)
@@ -235,7 +168,7 @@ def torch_arch(ctx: Any) -> Result:
         return Result.failed(
             f"torch {info.get('version')} (CUDA {info.get('cuda')}) has no kernels for {where}: "
             + "; ".join(m.note for m in bad.values()) + f" (has {' '.join(flags)})",
-            Remediation(text + ".", [_pip_install(ctx, "torch", "torch")]), **details)
+            Remediation(text + ".", [pip_install(ctx, "torch", "torch")]), **details)
     summary = f"torch {info.get('version')} on {where}: " + "; ".join(m.note for m in per_cc.values())
     if ctx.deep:
         deep = _judge_matmul(info, details)
@@ -279,7 +212,7 @@ def stack_versions(ctx: Any) -> Result:
     is a warning. Mismatched kernels load and then crash or silently miscompute. Fix by hand: install
     the pinned versions (the remediation lists the exact pip command).
     """
-    stack, err = _stack(ctx)
+    stack, err = stack_fact(ctx)
     if err:
         return err
     assert stack is not None
@@ -288,9 +221,9 @@ def stack_versions(ctx: Any) -> Result:
     warnings: list[str] = []
     versions: dict[str, Version | None] = {}
     for comp in COMPONENTS:
-        dist = _installed(stack, comp)
+        dist = installed_dist(stack, comp)
         want_text = ctx.expect(f"stack.{comp}")
-        want = _spec(want_text)
+        want = parse_spec(want_text)
         row: dict[str, Any] = {"installed": dist.get("version") if dist else None, "expected": want_text}
         rows[comp] = row
         if want_text and want is None:
@@ -301,7 +234,7 @@ def stack_versions(ctx: Any) -> Result:
             if want is not None:
                 problems.append(f"{PIP_NAMES[comp]} is not installed (profile: {want_text})")
             continue
-        ver = _version(dist.get("version"))
+        ver = parse_version(dist.get("version"))
         versions[comp] = ver
         if ver is None:
             problems.append(f"{dist.get('name')} has an invalid version {dist.get('version')!r}")
@@ -320,24 +253,17 @@ def stack_versions(ctx: Any) -> Result:
     dups = [d for d in stack.get("duplicates") or [] if norm(d.get("name", "")) in _stack_dist_names()]
     for d in dups:
         warnings.append(f"two copies of {d['name']} on sys.path ({d['shadowed_by']} imports, {d['version']} shadowed)")
-    details = {"components": rows, "unmet": unmet, "duplicates": dups, "python": _python(ctx),
+    details = {"components": rows, "unmet": unmet, "duplicates": dups, "python": service_python(ctx),
                "metadata_errors": stack.get("metadata_errors") or []}
     summary_versions = ", ".join(f"{PIP_NAMES[c]} {rows[c]['installed']}" for c in COMPONENTS if rows[c]["installed"])
     if problems:
-        cmd = f"{_python(ctx)} -m pip install " + " ".join(
+        cmd = f"{service_python(ctx)} -m pip install " + " ".join(
             f"'{PIP_NAMES[c]}{ctx.expect(f'stack.{c}')}'" for c in COMPONENTS if ctx.expect(f"stack.{c}"))
         return Result.failed("; ".join(problems), Remediation(
             "Install the versions the profile pins (they are tested together).", [cmd]), **details)
     if warnings:
         return Result.warned(f"{summary_versions}; " + "; ".join(warnings), **details)
     return Result.passed(summary_versions or "no stack package installed and none expected", **details)
-
-
-def _under(path: str, root: str) -> bool:
-    try:
-        return os.path.commonpath([os.path.abspath(path), os.path.abspath(root)]) == os.path.abspath(root)
-    except ValueError:
-        return False
 
 
 def _stack_dist_names() -> set[str]:
@@ -388,11 +314,11 @@ def _unmet_requirements(ctx: Any, stack: dict[str, Any]) -> list[dict[str, Any]]
             except Exception:  # an unknown marker variable: judge the requirement anyway
                 pass
             have = dists.get(target)
-            have_v = _version(have.get("version")) if have else None
+            have_v = parse_version(have.get("version")) if have else None
             if have_v is not None and req.specifier.contains(have_v, prereleases=True):
                 continue
             comp = by_dist.get(target, target)
-            want = _spec(ctx.expect(f"stack.{comp}"))
+            want = parse_spec(ctx.expect(f"stack.{comp}"))
             if have is None and want is not None:
                 continue  # reported once, as "not installed (profile: ...)"
             overridden = have_v is not None and want is not None and want.contains(have_v, prereleases=True)
@@ -407,73 +333,3 @@ def _unmet_requirements(ctx: Any, stack: dict[str, Any]) -> list[dict[str, Any]]
 
 # -- sglang.install ------------------------------------------------------------------------------
 
-@check("sglang.install", "SGLang importable from the service's interpreter, version as the profile pins",
-       needs=("stack", "sglang_import"), timeout=300)
-def sglang_install(ctx: Any) -> Result:
-    """Finds SGLang without importing it (package metadata and ``find_spec``), checks its version
-    against the profile's pin, then imports it in a child process of the service interpreter with a
-    deadline: a wheel can be installed yet unimportable because of a missing or mismatched dependency.
-    Finally asks whether DFlash's tree-sampling kernel is available: without it SGLang silently
-    verifies greedily (warn). Fix by hand: ``pip install 'sglang==<pin>'`` in the service's venv.
-    """
-    stack, err = _stack(ctx)
-    if err:
-        return err
-    assert stack is not None
-    dist = _installed(stack, "sglang")
-    pkg = (stack.get("packages") or {}).get("sglang") or {}
-    want_text = ctx.expect("stack.sglang")
-    install = Remediation("Install the SGLang the profile pins into the service's environment.",
-                          [_pip_install(ctx, "sglang", "sglang")])
-    if dist is None and not pkg.get("found"):
-        return Result.failed(f"SGLang is not installed in {_python(ctx)}", install)
-    details: dict[str, Any] = {"metadata_version": dist and dist.get("version"), "package_dirs": pkg.get("dirs"),
-                               "expected": want_text}
-    if dist is None:
-        return Result.failed(f"an sglang package is importable from {pkg.get('dirs')} but has no installed metadata "
-                             "(a source tree on sys.path?)", install, **details)
-    want = _spec(want_text)
-    ver = _version(dist.get("version"))
-    if want_text and want is None:
-        return Result.failed(f"the profile's stack.sglang {want_text!r} is not a version specifier", **details)
-    if ver is None or (want is not None and not want.contains(ver, prereleases=True)):
-        return Result.failed(f"sglang {dist.get('version')} installed, the profile pins {want_text}", install,
-                             **details)
-    warnings = []
-    loc = dist.get("location")
-    dirs = pkg.get("dirs") or []
-    if loc and dirs and not any(_under(d, loc) for d in dirs if d):
-        warnings.append(f"`import sglang` would load {dirs[0]}, not the installed {loc}")
-    imp = ctx.fact("sglang_import")
-    if not isinstance(imp, dict) or not imp.get("imported"):
-        imp = imp if isinstance(imp, dict) else {}
-        missing = imp.get("missing_module")
-        text = "Importing SGLang failed. "
-        cmds = [f"{_python(ctx)} -c 'import sglang'", f"{_python(ctx)} -m pip check"]
-        if missing:
-            text += f"The module {missing!r} is missing: install SGLang with its dependencies."
-            cmds.insert(0, _pip_install(ctx, "sglang", "sglang"))
-        shadow = f" ({'; '.join(warnings)})" if warnings else ""
-        return Result.failed(f"sglang {ver} is installed but `import sglang` fails: {imp.get('error')}{shadow}",
-                             Remediation(text, cmds), traceback_tail=imp.get("traceback_tail"), **details)
-    details["import_s"] = imp.get("import_s")
-    details["dflash"] = imp.get("dflash")
-    if imp.get("version") and str(imp.get("version")) != str(dist.get("version")):
-        warnings.append(f"sglang.__version__ is {imp.get('version')} but the metadata says {dist.get('version')}")
-    jit = stack.get("sglang_jit")
-    if isinstance(jit, dict):
-        details["jit_nvcc"] = jit
-        if not jit.get("exists"):
-            warnings.append(f"SGLang builds its JIT kernels (DFlash tree sampling among them) with nvcc at first use: "
-                            f"none at {jit.get('nvcc')} (via {jit.get('found_by')}); set CUDA_HOME or install the "
-                            "CUDA toolkit")
-    dflash = imp.get("dflash") or {}
-    if dflash.get("available") is False:
-        warnings.append("DFlash's tree-sampling kernel is unavailable: SGLang will verify greedily "
-                        "(temperature sampling ignored)")
-    elif dflash.get("available") is None:
-        warnings.append(f"cannot tell whether DFlash's sampling kernel is available: {dflash.get('error')}")
-    summary = f"sglang {ver} imports in {imp.get('import_s')}s from {dirs[0] if dirs else loc}"
-    if warnings:
-        return Result.warned(summary + "; " + "; ".join(warnings), **details)
-    return Result.passed(summary + "; DFlash sampling kernel available", **details)

@@ -9,15 +9,15 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from doctor import __version__
-from doctor import runner as _runner
-from doctor.context import Context
-from doctor.facts import CollectOptions, FactStore, load_snapshot
-from doctor.registry import LOAD_ERRORS, Check, all_checks, plugin_errors
-from doctor.result import Result, Status, worst
-from doctor.runner import RunOutcome, select
-from doctor.settings import ConfigError, Settings, profile_names, resolve
-
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NO_REPORT = 0, 1, 2, 3
+from doctor.core import runner as _runner
+from doctor.core.context import Context
+from doctor.core.exitcodes import EXIT_FAILED, EXIT_OK
+from doctor.core.registry import Check, Registry, load
+from doctor.core.result import Result, Status, worst
+from doctor.core.runner import RunOutcome, select
+from doctor.core.settings import ConfigError, Settings, profile_names, resolve
+from doctor.facts.snapshot import load_snapshot
+from doctor.facts.store import CollectOptions, FactStore
 
 
 def settings_from_flags(flags: dict[str, Any]) -> Settings:
@@ -28,7 +28,7 @@ def settings_from_flags(flags: dict[str, Any]) -> Settings:
     """
     snap = None
     if flags.get("from_snapshot"):
-        from doctor.facts import SnapshotError
+        from doctor.facts.snapshot import SnapshotError
 
         try:
             snap = load_snapshot(flags["from_snapshot"])
@@ -47,23 +47,19 @@ def settings_from_flags(flags: dict[str, Any]) -> Settings:
     return settings
 
 
-def collect_options(settings: Settings) -> CollectOptions:
-    return CollectOptions(
-        python=settings.python,
-        model_path=settings.model_path,
-        draft_model_path=settings.draft_model_path,
-        tp=settings.tp,
-        deep=settings.deep,
-        profile=settings.profile,
-        verify_cache=settings.verify_cache,
-        verify_cache_dir=settings.verify_cache_dir,
-        patches_dir=settings.patches_dir,
-        state_dir=settings.state_dir,
-    )
+def collect_options(settings: Settings) -> Any:
+    return CollectOptions.from_settings(settings)
 
 
-def make_context(settings: Settings) -> Context:
-    return Context(settings, FactStore(collect_options(settings), snapshot=settings.snapshot))
+def registry_for(settings: Settings) -> Registry:
+    """The validated registry of this run: built-in modules plus the plugins not disabled."""
+    return load(disabled=settings.disable_plugins)
+
+
+def make_context(settings: Settings, registry: Registry | None = None) -> Context:
+    reg = registry or registry_for(settings)
+    return Context(settings, FactStore(collect_options(settings), snapshot=settings.snapshot,
+                                       collectors=reg.collectors))
 
 
 @dataclass
@@ -122,20 +118,22 @@ class Report:
         }
 
 
-def selected_checks(settings: Settings) -> list[Check]:
-    return select(all_checks(), settings.only, settings.skip, settings.deep)
+def selected_checks(settings: Settings, registry: Registry | None = None) -> list[Check]:
+    reg = registry or registry_for(settings)
+    return select(reg.sorted_checks(), settings.only, settings.skip, settings.deep)
 
 
 def run(settings: Settings, on_result: Callable[[Result], None] | None = None,
-        checks: list[Check] | None = None) -> tuple[Report, Context]:
-    ctx = make_context(settings)
-    chosen = selected_checks(settings) if checks is None else checks
+        checks: list[Check] | None = None, registry: Registry | None = None) -> tuple[Report, Context]:
+    reg = registry or registry_for(settings)
+    ctx = make_context(settings, reg)
+    chosen = selected_checks(settings, reg) if checks is None else checks
     outcome = _runner.run_checks(chosen, ctx, on_result=on_result)
-    for module, why in sorted(LOAD_ERRORS.items()):  # fail closed: checks of that module are missing
+    for module, why in sorted(reg.load_errors.items()):  # fail closed: checks of that module are missing
         res = Result.errored(f"built-in module {module} failed to import: {why}")
         res.id, res.title = f"doctor.load.{module.replace('.', '_')}", f"Load {module}"
         outcome.results.append(res)
-    notes = [f"plugin failed to load: {e}" for e in plugin_errors()]
+    notes = [f"plugin failed to load: {e}" for e in reg.plugin_errors]
     if settings.from_snapshot:
         notes.append(f"judged from snapshot {settings.from_snapshot}, not the live host")
     return Report(settings, outcome, notes), ctx

@@ -6,19 +6,16 @@ load lazily, and nothing heavy is imported at module level.
 
 from __future__ import annotations
 
-import functools
 import importlib
 import json
 import sys
-import traceback
-from collections.abc import Callable
 from typing import Any
 
 import click
 
 from doctor import __version__
-
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NO_REPORT = 0, 1, 2, 3
+from doctor.commands.options import emit, guarded, selection_options, settings_from
+from doctor.core.exitcodes import EXIT_OK, EXIT_USAGE
 
 LAZY_COMMANDS = {
     "launch": "doctor.commands.launch:launch",
@@ -57,89 +54,6 @@ def _module_exists(module: str) -> bool:
         return False
 
 
-def selection_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    """The flags shared by check, fix, launch (CONTRACT.md), collected into ``flags`` for the command."""
-    options = [
-        click.option("--config", "config", type=click.Path(dir_okay=False), default=None,
-                     help="TOML config (default $K26_DOCTOR_CONFIG, else /etc/k26-doctor/config.toml)."),
-        click.option("--profile", default=None, help="Deployment profile (default b300-tp8-ddtree)."),
-        click.option("--model-path", default=None, help="Target model directory."),
-        click.option("--draft-model-path", default=None, help="Draft (DFlash) model directory."),
-        click.option("--python", "python", default=None, help="The service's interpreter (default: this one)."),
-        click.option("--tp", type=int, default=None, help="Tensor-parallel size (default: the profile's)."),
-        click.option("--only", multiple=True, help="Only checks matching this glob (repeatable)."),
-        click.option("--skip", multiple=True, help="Skip checks matching this glob (repeatable)."),
-        click.option("--ignore", multiple=True, help="Report a failure of this check as warn (repeatable)."),
-        click.option("--deep", is_flag=True, default=None, help="Add the slow checks (hashing, bandwidth)."),
-        click.option("--format", "fmt", type=click.Choice(["text", "json", "junit"]), default="text",
-                     show_default=True),
-        click.option("--output", type=click.Path(dir_okay=False), default=None, help="Write the report here."),
-        click.option("--strict", is_flag=True, default=None, help="Warnings fail too."),
-        click.option("--timeout", type=float, default=None, help="Deadline per check, seconds."),
-        click.option("-v", "--verbose", count=True, help="Details and tracebacks."),
-        click.option("--from-snapshot", type=click.Path(dir_okay=False), default=None,
-                     help="Judge a recorded snapshot instead of this host."),
-        click.option("--patches-dir", default=None, help="A site directory of patch sets."),
-        click.option("--state-dir", default=None, help="Where backups, journals and locks live."),
-        click.option("--no-verify-cache", is_flag=True, default=None,
-                     help="--deep: hash every file again, ignoring the verification cache."),
-    ]
-
-    @functools.wraps(func)
-    def wrapper(**kwargs: Any) -> Any:
-        keys = ["config", "profile", "model_path", "draft_model_path", "python", "tp", "only", "skip", "ignore",
-                "deep", "fmt", "output", "strict", "timeout", "verbose", "from_snapshot", "patches_dir",
-                "state_dir", "no_verify_cache"]
-        flags = {k: kwargs.pop(k) for k in keys if k in kwargs}
-        return func(flags=flags, **kwargs)
-
-    for opt in reversed(options):
-        wrapper = opt(wrapper)
-    return wrapper
-
-
-def guarded(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Exit codes per the contract: ConfigError -> 2; any unexpected crash -> 3 with one line."""
-
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from doctor.settings import ConfigError
-
-        try:
-            return func(*args, **kwargs)
-        except ConfigError as exc:
-            click.echo(f"k26-doctor: {exc}", err=True)
-            sys.exit(EXIT_USAGE)
-        except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit, KeyboardInterrupt):
-            raise
-        except Exception as exc:
-            click.echo(f"k26-doctor: internal error, no report: {type(exc).__name__}: {exc}", err=True)
-            if "-v" in sys.argv or "--verbose" in sys.argv:
-                traceback.print_exc()
-            sys.exit(EXIT_NO_REPORT)
-
-    return wrapper
-
-
-def settings_from(flags: dict[str, Any]) -> Any:
-    from doctor.app import settings_from_flags
-
-    return settings_from_flags({k: v for k, v in flags.items() if k not in ("fmt", "output")})
-
-
-def emit(report: Any, flags: dict[str, Any]) -> None:
-    from doctor.app import render
-
-    fmt, output = flags.get("fmt") or "text", flags.get("output")
-    if output:
-        with open(output, "w", encoding="utf-8") as fh:
-            render(report, fmt, flags.get("verbose") or 0, fh, color=False)
-        if fmt != "text":
-            render(report, "text", flags.get("verbose") or 0, sys.stdout)
-    else:
-        render(report, fmt, flags.get("verbose") or 0, sys.stdout)
-
-
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(__version__, prog_name="k26-doctor")
 def cli() -> None:
@@ -172,7 +86,7 @@ def check(flags: dict[str, Any]) -> None:
 @guarded
 def fix(flags: dict[str, Any], do_apply: bool, yes: bool) -> None:
     """Show (and with --apply, make) the changes that fix failing checks, then check again."""
-    from doctor.fixing import apply_plans, make_plans, print_plans
+    from doctor.core.fixing import apply_plans, make_plans, print_plans
 
     settings = settings_from(flags)
     if do_apply and not yes and not sys.stdin.isatty():
@@ -201,9 +115,12 @@ def fix(flags: dict[str, Any], do_apply: bool, yes: bool) -> None:
 @guarded
 def list_cmd(fmt: str) -> None:
     """Every registered check: id, title, tags, deep, fixer."""
-    from doctor.registry import all_checks, plugin_errors
+    from doctor.core.registry import load
 
-    checks = all_checks()
+    registry = load(collectors=False)
+    checks = registry.sorted_checks()
+    for err in registry.plugin_errors:  # stderr, so JSON on stdout stays parseable
+        click.echo(f"plugin failed to load: {err}", err=True)
     if fmt == "json":
         click.echo(json.dumps([c.to_dict() for c in checks], indent=2))
         return
@@ -217,8 +134,6 @@ def list_cmd(fmt: str) -> None:
         if c.source != "builtin":
             extra.append(c.source)
         click.echo(f"{c.id.ljust(width)}  {c.title}" + (f"  [{', '.join(extra)}]" if extra else ""))
-    for err in plugin_errors():
-        click.echo(f"plugin failed to load: {err}", err=True)
 
 
 @cli.command()
@@ -226,14 +141,14 @@ def list_cmd(fmt: str) -> None:
 @guarded
 def explain(check_id: str) -> None:
     """What a check looks at, why it matters, how to fix it by hand."""
-    from doctor.registry import CHECKS, FIXERS, load
+    from doctor.core.registry import load
 
-    load()
-    chk = CHECKS.get(check_id)
+    registry = load(collectors=False)
+    chk = registry.checks.get(check_id)
     if chk is None:
         import difflib
 
-        close = difflib.get_close_matches(check_id, list(CHECKS), n=3)
+        close = difflib.get_close_matches(check_id, list(registry.checks), n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else "; see `k26-doctor list`"
         click.echo(f"k26-doctor: no check {check_id!r}{hint}", err=True)
         sys.exit(EXIT_USAGE)
@@ -242,7 +157,7 @@ def explain(check_id: str) -> None:
                f"timeout: {chk.timeout or 'default'}   needs: {', '.join(chk.needs) or '-'}   "
                f"depends on: {', '.join(chk.depends) or '-'}")
     if chk.fixer:
-        fx = FIXERS.get(chk.fixer)
+        fx = registry.fixers.get(chk.fixer)
         click.echo(f"fixer: {chk.fixer}" + (f" — {fx.title}" if fx else " (not registered)"))
     click.echo("")
     click.echo(chk.explain or "(no explanation written)")
@@ -255,15 +170,16 @@ def explain(check_id: str) -> None:
 @guarded
 def snapshot(flags: dict[str, Any], note: str, facts: tuple[str, ...]) -> None:
     """JSON of every fact the checks read (GPUs, links, versions, paths), secrets redacted."""
-    from doctor.app import collect_options
-    from doctor.facts import FactStore, build_snapshot, load_collectors
+    from doctor.app import collect_options, registry_for
+    from doctor.facts.snapshot import build_snapshot
+    from doctor.facts.store import FactStore
 
     settings = settings_from(flags)
-    load_collectors()
-    store = FactStore(collect_options(settings))
-    unknown = [f for f in facts if f not in load_collectors()]
+    collectors = registry_for(settings).collectors
+    store = FactStore(collect_options(settings), collectors=collectors)
+    unknown = [f for f in facts if f not in collectors]
     if unknown:
-        known = ", ".join(sorted(load_collectors()))
+        known = ", ".join(sorted(collectors))
         raise click.BadParameter(f"unknown fact(s): {', '.join(unknown)}; known: {known}")
     snap = build_snapshot(store, note=note, names=list(facts) or None)
     text = json.dumps(snap, indent=1, default=str, ensure_ascii=False) + "\n"

@@ -3,7 +3,7 @@
 ``gpu.idle`` plans one ``StopProcess`` per PID that NVML reported on the TP group's GPUs, never
 a process name. A PID is planned only when it is still the process that was seen (same start
 time), it is in this PID namespace, and it holds /dev/nvidia* open; every other PID is left out
-with the reason in the plan's notes (``plan_notes``), so nothing unexpected is ever signalled.
+with the reason in the plan's notes (``Plan.notes``), so nothing unexpected is ever signalled.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from checks import _gpu_links as links
-from doctor.registry import fixer
-from fixes.actions import Action, RunCommand, StopProcess, process_start_ticks
+from doctor.core.actions import Action, Plan, RunCommand, StopProcess, process_start_ticks
+from doctor.core.registry import fixer
+from doctor.gpu import links
 
 PROTECTED_PIDS = {0, 1}
 
@@ -48,10 +48,10 @@ def idle_candidates(nvml: dict[str, Any], size: int, proc_start: Any = process_s
 
 
 @fixer("gpu.idle", "Stop the processes holding GPU memory (exact PIDs)")
-def plan_idle(ctx: Any, result: Any) -> list[Action]:
+def plan_idle(ctx: Any, result: Any) -> Plan:
     nvml = ctx.fact("nvml")
     if not isinstance(nvml, dict):
-        return []
+        return Plan()
     procs, refused = idle_candidates(nvml, ctx.settings.world_size)
     actions: list[Action] = []
     uid = os.getuid()
@@ -61,27 +61,22 @@ def plan_idle(ctx: Any, result: Any) -> list[Action]:
             summary=f"stop PID {p['pid']} ({cmd[:60]}), holding {_gib(p.get('used_memory'))} of GPU memory",
             needs_root=p.get("uid") not in (None, uid) and uid != 0,
             pid=p["pid"], start_ticks=p.get("start_ticks"), cmdline=cmd))
-    if result is not None and refused:
-        try:
-            result.details.setdefault("plan_notes", []).extend(refused)
-        except AttributeError:
-            pass
-    return actions
+    return Plan(actions, notes=refused)
 
 
 @fixer("gpu.fabric", "Start the NVIDIA fabric manager", needs_root=True)
-def plan_fabric(ctx: Any, result: Any) -> list[Action]:
+def plan_fabric(ctx: Any, result: Any) -> Plan:
     """Only when a GPU of the TP group says not started / in progress: anything else is not a
     fabric manager that is down, and starting it would not help."""
     nvml = ctx.fact("nvml")
     if not isinstance(nvml, dict):
-        return []
+        return Plan()
     down = [d for d in links.group(nvml, ctx.settings.world_size)
             if (d.get("fabric") or {}).get("state_name") in ("not_started", "in_progress")]
     if not down:
-        return []
-    return [RunCommand(summary="start nvidia-fabricmanager (it must be the driver's version)", needs_root=True,
-                       argv=["systemctl", "start", "nvidia-fabricmanager"], timeout=120.0)]
+        return Plan()
+    return Plan([RunCommand(summary="start nvidia-fabricmanager (it must be the driver's version)", needs_root=True,
+                       argv=["systemctl", "start", "nvidia-fabricmanager"], timeout=120.0)])
 
 
 def _gib(n: Any) -> str:

@@ -19,13 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from doctor.context import Context
-from doctor.facts import FactUnavailable
-from doctor.fileio import fsync_dir
-from doctor.registry import fixer
-from doctor.result import Result
-from doctor.weights.layout import HF_LOCAL_META_DIR
-from fixes.actions import Action, ActionError, RunCommand, WriteFile
+from doctor.core.actions import Action, ActionError, Plan, RunCommand, WriteFile
+from doctor.core.context import Context
+from doctor.core.fileio import fsync_dir
+from doctor.core.registry import fixer
+from doctor.core.result import Result
+from doctor.facts.store import FactUnavailable
+from doctor.model.layout import HF_LOCAL_META_DIR
 
 ASIDE_DIR = ".k26-doctor-aside"
 STAGING_DIR = ".k26-doctor-download"
@@ -124,7 +124,7 @@ def _files_from(result: Result) -> tuple[str | None, list[str], list[dict[str, A
 
 
 @fixer("model.redownload", "Re-download damaged model files (moved aside, never deleted)")
-def plan_redownload(ctx: Context, result: Result) -> list[Action]:
+def plan_redownload(ctx: Context, result: Result) -> Plan:
     """Plan for model.shards / model.shards.deep / model.drafter / model.drafter.deep.
 
     Order matters: the download goes to a staging directory first, so that a failed download (the
@@ -133,7 +133,7 @@ def plan_redownload(ctx: Context, result: Result) -> list[Action]:
     which = "drafter" if result.id.startswith("model.drafter") else "model"
     model_dir, files, leftovers = _files_from(result)
     if not model_dir:
-        return []
+        return Plan()
     try:
         fact = ctx.fact(which)
     except FactUnavailable:
@@ -163,10 +163,10 @@ def plan_redownload(ctx: Context, result: Result) -> list[Action]:
     fetch = list(dict.fromkeys(files))
     repo = ctx.expect(f"{which}.repo")
     if not fetch:
-        return stale + partial
+        return Plan(stale + partial)
     if not repo:
         # Nothing to download from: moving damaged files aside would only break more.
-        return stale
+        return Plan(stale)
     revision = _revision(fact) or "main"
     key = hashlib.sha256(os.path.abspath(model_dir).encode()).hexdigest()[:12]
     input_path = os.path.join(state_dir(ctx), "downloads", f"aria2-{os.path.basename(model_dir)}-{key}.txt")
@@ -189,7 +189,7 @@ def plan_redownload(ctx: Context, result: Result) -> list[Action]:
                                        + (" (the damaged one kept aside)" if os.path.lexists(
                                            os.path.join(model_dir, name)) else ""),
                                        model_dir=model_dir, name=name, staging=staging, aside=aside))
-    return actions
+    return Plan(actions)
 
 
 @dataclass

@@ -28,7 +28,7 @@ def nvidia_gpu_count() -> int:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if nvidia_gpu_count() > 0:
         return
-    skip = pytest.mark.skip(reason="needs an NVIDIA GPU with NVML (run on the lent H200 machine)")
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU with NVML")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)

@@ -9,7 +9,7 @@
   the torch reference in ``ddtree_utils``.
 
 No SGLang install is needed: the kernel files come from an installed ``sglang`` if there is one, else from
-the 0.5.23 wheel (``$K26_SGLANG_WHEEL``, ``<repo>/.whl``, ``/work/main/.whl``, ``/tmp/wheels``). They are
+the 0.5.23 wheel (``$K26_SGLANG_WHEEL``, ``<repo>/.whl``). They are
 loaded with their package ``__init__`` files skipped, and ``sglang.srt.utils`` -- imported by the kernels
 only for platform predicates (is_cuda, is_hip, gfx checks, SM count) -- answered from torch.
 

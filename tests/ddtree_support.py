@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SET_DIR = ROOT / "sglang_patches" / "ddtree-0.5.23"
 TOOL = ROOT / "sglang_patches" / "tools" / "patchset.py"
 WHEEL_GLOB = "sglang-0.5.23-*.whl"
-WHEEL_DIRS = (ROOT / ".whl", Path("/work/main/.whl"), Path("/tmp/wheels"))
+WHEEL_DIRS = (ROOT / ".whl",)
 
 
 def find_wheel() -> Path | None:
@@ -42,6 +42,10 @@ def require_wheel() -> Path:
     import pytest
 
     wheel = find_wheel()
+    if wheel is None:  # the tests' wheel cache, filled by `pip download` where there is network (CI)
+        from sglang_wheels import wheel_for
+
+        wheel = wheel_for("0.5.23")
     if wheel is None:
         pytest.skip(f"no {WHEEL_GLOB} (set K26_SGLANG_WHEEL or put it in one of {[str(d) for d in WHEEL_DIRS]})")
     return wheel

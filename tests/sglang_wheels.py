@@ -1,6 +1,6 @@
 """Real SGLang sources for tests: the released wheels, unpacked (sources only), never imported.
 
-The wheels live in ``$SGLANG_WHEELS`` (default ``/tmp/wheels``). When one is absent, CI fetches it
+The wheels live in ``$SGLANG_WHEELS`` or a per-user cache. When one is absent, CI fetches it
 with ``pip download --no-deps sglang==VERSION``; without network the tests that need it skip, saying so.
 """
 
@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 
-WHEELS = Path(os.environ.get("SGLANG_WHEELS", "/tmp/wheels"))
+WHEELS = Path(os.environ["SGLANG_WHEELS"]) if os.environ.get("SGLANG_WHEELS") else None
 VERSIONS = ("0.5.23", "0.5.13.post1")
 
 
 def wheel_for(version: str) -> Path:
-    """The released wheel: from ``$SGLANG_WHEELS`` (default /tmp/wheels), else a per-user cache, else
+    """The released wheel: from ``$SGLANG_WHEELS``, else a per-user cache, else
     ``pip download`` into that cache (CI has network), else the test skips saying why."""
-    found = sorted(WHEELS.glob(f"sglang-{version}-*.whl"))
+    found = sorted(WHEELS.glob(f"sglang-{version}-*.whl")) if WHEELS else []
     if found:
         return found[0]
     cache = Path(os.environ.get("K26_TEST_WHEEL_CACHE", Path.home() / ".cache" / "k26-doctor-tests"))

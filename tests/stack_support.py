@@ -20,15 +20,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from interpreters import pyenv_versions
 
-from doctor import registry
-from doctor import settings as doctor_settings
-from doctor.context import Context
-from doctor.facts import CollectOptions, FactStore, FactUnavailable
-from doctor.result import Result
+from doctor.core import registry
+from doctor.core import settings as doctor_settings
+from doctor.core.context import Context
+from doctor.core.result import Result
+from doctor.facts.store import CollectOptions, FactStore, FactUnavailable
 
-PYENV = Path(os.environ.get("PYENV_ROOT", "/root/.pyenv")) / "versions"
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "h200x2-nvml.json"
+PYENV = pyenv_versions()
+REFERENCE = Path(__file__).resolve().parent / "fixtures" / "reference" / "h200x2-nvml.json"
 IDS = ("cuda.compat", "torch.arch", "stack.versions", "triton.jit", "triton.ptxas", "python.venv", "sglang.install")
 
 
@@ -219,8 +220,7 @@ def make_ctx(python: str | os.PathLike[str], *, profile: str = "b300-tp8-ddtree"
 
 def run_check(check_id: str, ctx: Context) -> Result:
     """Run one check as the runner does: a FactUnavailable becomes skip/error, never a traceback."""
-    registry.load(plugins=False)
     try:
-        return registry.CHECKS[check_id].run(ctx)
+        return registry.load(plugins=False).checks[check_id].run(ctx)
     except FactUnavailable as exc:
         return Result.skipped(exc.reason) if exc.status == "skip" else Result.errored(exc.reason)

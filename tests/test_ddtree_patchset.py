@@ -227,9 +227,9 @@ def test_server_args_parse_and_resolve_ddtree(tmp_path):
 
 
 def test_the_patch_engines_generator_agrees_with_the_manifest(tmp_path):
-    """doctor.patching's own manifest generator, run on a pristine unpack, yields the same hashes."""
-    generate = pytest.importorskip("doctor.patching.generate")
-    record = pytest.importorskip("doctor.patching.record")
+    """doctor.sglang.patching's own manifest generator, run on a pristine unpack, yields the same hashes."""
+    generate = pytest.importorskip("doctor.sglang.patching.generate")
+    record = pytest.importorskip("doctor.sglang.patching.record")
     tool = patchset_tool()
     wheel = require_wheel()
     with zipfile.ZipFile(wheel) as zf:

@@ -173,6 +173,25 @@ def test_broken_plugin_is_reported_not_fatal(plugin_site: str) -> None:
     assert "misconfigured on purpose" in out.stdout
 
 
+def test_a_plugin_with_an_unresolved_reference_is_rejected_by_name(plugin_site: str) -> None:
+    out = run_doctor("list", "--format", "json", env=penv(plugin_site, SITE_UNRESOLVED="1"))
+    assert out.returncode == 0, out.stderr
+    ids = {c["id"] for c in json.loads(out.stdout)}
+    assert "host.env" in ids and not any(i.startswith("site.") for i in ids), "the plugin is rejected whole"
+    assert "plugin failed to load: site" in out.stderr
+    assert "check 'site.unresolved' names fixer 'site.no-such-fixer', which is not registered" in out.stderr
+
+
+def test_a_plugin_is_disabled_by_name_from_env_or_config(plugin_site: str, tmp_path: Path) -> None:
+    out = run_doctor("list", "--format", "json", env=penv(plugin_site, K26_DOCTOR_DISABLE_PLUGINS="site"))
+    assert not any(c["id"].startswith("site.") for c in json.loads(out.stdout))
+    cfg = tmp_path / "k26.toml"
+    cfg.write_text('[doctor]\ndisable_plugins = ["site"]\n')
+    out = run_doctor("check", "--only", "site.*", "--config", str(cfg), "--format", "json",
+                     env=penv(plugin_site, SITE_FAIL="1"))
+    assert out.returncode == 0 and json.loads(out.stdout)["results"] == []  # site.fail would fail if loaded
+
+
 @pytest.mark.parametrize("args,needle", [
     (["check", "--profile", "no-such-profile"], "unknown profile"),
     (["check", "--tp", "0"], "tp must be >= 1"),
@@ -240,7 +259,7 @@ def test_snapshot_redacts_secrets_and_replays(tmp_path: Path) -> None:
 
 
 def test_snapshot_missing_fact_skips() -> None:
-    from doctor.facts import SNAPSHOT_KIND
+    from doctor.facts.snapshot import SNAPSHOT_KIND
 
     path = Path(os.environ.get("TMPDIR", "/tmp")) / f"k26-empty-{os.getpid()}.json"
     path.write_text(json.dumps({"kind": SNAPSHOT_KIND, "schema_version": 1, "facts": {}}))

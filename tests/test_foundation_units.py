@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from doctor.context import Context
-from doctor.facts import CollectOptions, FactStore, FactUnavailable, redact
-from doctor.registry import Check
-from doctor.result import Result, Status
-from doctor.runner import matches, run_checks, select
-from doctor.settings import ConfigError, profile_names, resolve
+from doctor.core.context import Context
+from doctor.core.registry import Check
+from doctor.core.result import Result, Status
+from doctor.core.runner import matches, run_checks, select
+from doctor.core.settings import ConfigError, profile_names, resolve
+from doctor.facts.redaction import redact
+from doctor.facts.store import CollectOptions, FactStore, FactUnavailable
 
 
 def ctx_for(**flags: object) -> Context:
@@ -57,7 +58,7 @@ def test_config_errors() -> None:
 
 
 def test_secret_names_are_words_not_substrings() -> None:
-    from doctor.facts import is_secret_name
+    from doctor.facts.redaction import is_secret_name
 
     for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "DB_PASSWORD", "MY_SERVICE_API_KEY", "AWS_SECRET_ACCESS_KEY",
                  "OPENAI_KEY", "password", "api_key", "client_secret", "hf_token"):
@@ -123,8 +124,9 @@ def test_dependency_cycle_is_an_error_not_a_hang() -> None:
 
 
 def test_fact_store_collects_once_and_isolated_collector_hang_is_killed() -> None:
-    from doctor.registry import COLLECTORS, Collector
+    from doctor.core.registry import Collector, Registry
 
+    registry = Registry()  # this test's own registry: nothing global is edited
     calls = []
 
     def slow(opts: CollectOptions) -> dict:
@@ -132,8 +134,9 @@ def test_fact_store_collects_once_and_isolated_collector_hang_is_killed() -> Non
         time.sleep(0.2)
         return {"ok": True}
 
-    COLLECTORS["test.once"] = Collector("test.once", slow)
-    store = FactStore(CollectOptions())
+    registry.add(Collector("test.once", slow))
+    registry.add(Collector("test.hang", _hang_forever, timeout=1.0, isolate=True))
+    store = FactStore(CollectOptions(), collectors=registry.collectors)
     threads = [threading.Thread(target=store.get, args=("test.once",)) for _ in range(5)]
     for t in threads:
         t.start()
@@ -141,32 +144,23 @@ def test_fact_store_collects_once_and_isolated_collector_hang_is_killed() -> Non
         t.join()
     assert len(calls) == 1
     # An isolated collector runs in a child process killed at its deadline.
-    COLLECTORS["test.hang"] = Collector("test.hang", _hang_forever, timeout=1.0, isolate=True)
     t0 = time.monotonic()
     with pytest.raises(FactUnavailable) as err:
         store.get("test.hang")
     assert time.monotonic() - t0 < 8
     assert "hung and was killed" in err.value.reason
-    del COLLECTORS["test.once"], COLLECTORS["test.hang"]
 
 
-def _hang_forever(opts: CollectOptions) -> None:  # registered by the worker from this module
+def _hang_forever(opts: CollectOptions) -> None:  # the worker imports this module and calls it by name
     time.sleep(3600)
-
-
-# The worker imports the collector's module and looks it up by name: register it at import too.
-from doctor.registry import COLLECTORS as _C  # noqa: E402
-from doctor.registry import Collector as _Col  # noqa: E402
-
-_C.setdefault("test.hang", _Col("test.hang", _hang_forever, timeout=1.0, isolate=True))
 
 
 def test_text_report_color_only_when_asked_and_no_color_wins(monkeypatch: pytest.MonkeyPatch) -> None:
     import io
 
     from doctor.app import Report
+    from doctor.core.runner import RunOutcome
     from doctor.report.text import render_text, use_color
-    from doctor.runner import RunOutcome
 
     res = Result.failed("broken", "do this")
     res.id, res.title, res.fixer = "a.b", "t", "a.fix"
@@ -191,8 +185,8 @@ def test_text_report_color_only_when_asked_and_no_color_wins(monkeypatch: pytest
 
 
 def test_readme_lists_every_registered_check() -> None:
-    from doctor.registry import all_checks
+    from doctor.core.registry import load
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    missing = [c.id for c in all_checks() if f"`{c.id}`" not in readme]
+    missing = [c.id for c in load(plugins=False).sorted_checks() if f"`{c.id}`" not in readme]
     assert not missing, f"README's table of checks lacks {missing}"

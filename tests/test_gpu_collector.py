@@ -20,9 +20,10 @@ from typing import Any
 
 import pytest
 
-from doctor.facts import CollectOptions, FactStore, FactUnavailable, _collect_isolated
-from doctor.facts import nvml as nvml_mod
-from doctor.registry import COLLECTORS
+from doctor.core.registry import load
+from doctor.facts.isolation import collect_isolated
+from doctor.facts.store import CollectOptions, FactStore, FactUnavailable
+from doctor.gpu import facts as nvml_mod
 
 FAKE_DIR = Path(__file__).parent / "fixtures" / "fakenvml"
 UUIDS = ["GPU-0ee73c7c-ff49-1cbb-61c7-a88f2fc0f94f", "GPU-2503ab35-ae3f-bc62-f0c6-16605ecd596f"]
@@ -211,10 +212,7 @@ def test_kernel_module_version_parsed(tmp_path: Path) -> None:
 
 
 def test_collector_is_isolated_with_a_deadline() -> None:
-    import doctor.facts
-
-    doctor.facts.load_collectors()
-    coll = COLLECTORS["nvml"]
+    coll = load(plugins=False).collectors["nvml"]
     assert coll.isolate is True and coll.timeout <= 20
 
 
@@ -229,13 +227,10 @@ def _use_fake_in_children(tmp_path: Path, m: dict[str, Any], monkeypatch: pytest
 
 def test_hung_nvml_is_killed_at_the_deadline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _use_fake_in_children(tmp_path, machine(hang_init=True), monkeypatch)
-    import doctor.facts
-
-    doctor.facts.load_collectors()
-    coll = dataclasses.replace(COLLECTORS["nvml"], timeout=2.0)
+    coll = dataclasses.replace(load(plugins=False).collectors["nvml"], timeout=2.0)
     start = time.monotonic()
     with pytest.raises(FactUnavailable) as exc:
-        _collect_isolated(coll, CollectOptions(env={}))
+        collect_isolated(coll, CollectOptions(env={}))
     assert time.monotonic() - start < 10
     assert "hung and was killed after 2s" in exc.value.reason
 

@@ -10,12 +10,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from doctor.context import Context
-from doctor.facts import CollectOptions, FactStore
-from doctor.registry import FIXERS, load
-from doctor.result import Result, Status
-from doctor.settings import resolve
-from fixes.actions import RunCommand, StopProcess, process_start_ticks
+from doctor.core.actions import RunCommand, StopProcess, process_start_ticks
+from doctor.core.context import Context
+from doctor.core.registry import load
+from doctor.core.result import Result, Status
+from doctor.core.settings import resolve
+from doctor.facts.store import CollectOptions, FactStore
 from fixes.gpu import idle_candidates
 
 SNAPS = Path(__file__).parent / "fixtures" / "snapshots"
@@ -31,9 +31,8 @@ def snap(name: str) -> dict[str, Any]:
 
 
 def test_fixers_registered() -> None:
-    load()
-    assert {"gpu.idle", "gpu.fabric"} <= set(FIXERS)
-    assert FIXERS["gpu.fabric"].needs_root
+    assert {"gpu.idle", "gpu.fabric"} <= set(load(plugins=False).fixers)
+    assert load(plugins=False).fixers["gpu.fabric"].needs_root
 
 
 def test_idle_plan_stops_exactly_the_live_pid_and_applies(tmp_path: Path) -> None:
@@ -51,11 +50,10 @@ def test_idle_plan_stops_exactly_the_live_pid_and_applies(tmp_path: Path) -> Non
                               "start_ticks": process_start_ticks(child.pid), "holds_nvidia_device": True}]
         ctx = ctx_for(doc)
         result = Result(Status.FAIL, "x")
-        load()
-        actions = FIXERS["gpu.idle"].plan(ctx, result)
+        actions = load(plugins=False).fixers["gpu.idle"].plan(ctx, result)
         assert [type(a) for a in actions] == [StopProcess] and actions[0].pid == child.pid
         assert actions[0].start_ticks == process_start_ticks(child.pid) and not actions[0].needs_root
-        notes = result.details["plan_notes"]  # the other 8 recorded PIDs do not exist here
+        notes = actions.notes  # the other 8 recorded PIDs do not exist here
         assert any("PID 41231: not planned" in n for n in notes)
         assert any("3912877" in n and "PID namespace" in n for n in notes)
         assert f"kill -TERM {child.pid}" in actions[0].details()[0]
@@ -99,9 +97,8 @@ def test_idle_refuses_reused_pid_and_no_device_evidence() -> None:
 
 
 def test_fabric_plan_only_when_fabric_is_down() -> None:
-    load()
-    down = FIXERS["gpu.fabric"].plan(ctx_for(snap("b300x8-fabric-not-started.json")), None)
+    down = load(plugins=False).fixers["gpu.fabric"].plan(ctx_for(snap("b300x8-fabric-not-started.json")), None)
     assert len(down) == 1 and isinstance(down[0], RunCommand)
     assert down[0].argv == ["systemctl", "start", "nvidia-fabricmanager"] and down[0].needs_root
-    assert FIXERS["gpu.fabric"].plan(ctx_for(snap("b300x8-healthy.json")), None) == []
-    assert FIXERS["gpu.fabric"].plan(ctx_for(snap("h200x2-reference.json"), "h200-tp8"), None) == []
+    assert load(plugins=False).fixers["gpu.fabric"].plan(ctx_for(snap("b300x8-healthy.json")), None) == []
+    assert load(plugins=False).fixers["gpu.fabric"].plan(ctx_for(snap("h200x2-reference.json"), "h200-tp8"), None) == []

@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 
 from doctor import app
-from doctor.context import Context
-from doctor.facts import CollectOptions, FactStore
-from doctor.facts.nvml import collect_p2p_bandwidth
-from doctor.registry import FIXERS, load
-from doctor.result import Result, Status
-from doctor.settings import resolve
-from fixes.actions import StopProcess
+from doctor.core.actions import StopProcess
+from doctor.core.context import Context
+from doctor.core.registry import load
+from doctor.core.result import Result, Status
+from doctor.core.settings import resolve
+from doctor.facts.store import CollectOptions, FactStore
+from doctor.gpu.facts import collect_p2p_bandwidth
 
 pytestmark = pytest.mark.gpu
 DEFAULT_GPU = ["gpu.driver", "gpu.count", "gpu.arch", "gpu.memory", "gpu.idle", "gpu.health", "gpu.nvlink",
@@ -80,7 +80,9 @@ def test_live_default_checks_judge_without_error() -> None:
 
 
 def _torch_python() -> str | None:
-    for py in (sys.executable, "/opt/torch/.venv/bin/python3"):
+    for py in (sys.executable, os.environ.get("K26_GPU_PYTHON")):
+        if not py:
+            continue
         try:
             if subprocess.run([py, "-c", "import torch; assert torch.cuda.is_available()"], capture_output=True,
                               timeout=120).returncode == 0:
@@ -112,11 +114,10 @@ def test_live_stale_process_found_and_stopped_by_pid(tmp_path: Path) -> None:
         p = mine[0]
         assert "k26-stale-marker" in p["cmdline"] and p["used_memory"] >= 2**30
         assert p["holds_nvidia_device"] is True and p["start_ticks"]
-        load()
         from checks.gpu import gpu_idle
         result: Result = gpu_idle(ctx)
         assert result.status is Status.FAIL and f"PID {child.pid}" in result.summary
-        actions = FIXERS["gpu.idle"].plan(ctx, result)
+        actions = load(plugins=False).fixers["gpu.idle"].plan(ctx, result)
         assert [a.pid for a in actions if isinstance(a, StopProcess)] == [child.pid]
         actions[0].grace_s = 5
         actions[0].apply(tmp_path)

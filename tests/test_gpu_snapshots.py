@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from doctor.facts import load_snapshot
+from doctor.facts.snapshot import load_snapshot
 
 SNAPS = Path(__file__).parent / "fixtures" / "snapshots"
-SHARED_REF = Path(__file__).resolve().parents[2] / "shared" / "reference" / "h200x2-nvml.json"
+SHARED_REF = Path(__file__).resolve().parent / "fixtures" / "reference" / "h200x2-nvml.json"
 
 
 def _scenarios() -> object:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from doctor.facts.nvml import resolve_visible
+from doctor.gpu.facts import resolve_visible
 
 UUIDS = ["GPU-0ee73c7c-ff49-1cbb-61c7-a88f2fc0f94f", "GPU-2503ab35-ae3f-bc62-f0c6-16605ecd596f",
          "GPU-2503ffff-0000-0000-0000-000000000000", "GPU-9a0b1c2d-3e4f-5a6b-7c8d-9e0f1a2b3c4d"]

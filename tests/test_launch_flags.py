@@ -12,14 +12,15 @@ import pytest
 import sglang_wheels
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from interpreters import find_python
 
-from checks.launch import judge_flags
-from doctor.context import Context
-from doctor.facts import CollectOptions, FactStore
-from doctor.facts.sglang_flags import flags_fact
-from doctor.result import Status
-from doctor.settings import resolve
-from doctor.sglang_flags import FlagSourceError, FlagTable, read_flags, removed_flags, validate_args
+from doctor.core.context import Context
+from doctor.core.result import Status
+from doctor.core.settings import resolve
+from doctor.facts.store import CollectOptions, FactStore
+from doctor.sglang.flag_reader import FlagSourceError, FlagTable, read_flags
+from doctor.sglang.flag_validator import removed_flags, validate_args
+from doctor.sglang.flags import flags_fact, judge_flags
 
 
 @pytest.fixture(scope="session")
@@ -218,8 +219,8 @@ def test_validate_agrees_with_argparse(t23: FlagTable, groups: list[tuple[str, l
 # -- the fact (probe under a real interpreter) and the check --------------------------------
 
 def _py(version: str) -> str:
-    path = f"/root/.pyenv/versions/{version}/bin/python"
-    return path if os.path.exists(path) else sys.executable
+    found = find_python(version)
+    return str(found) if found else sys.executable
 
 
 def test_fact_from_a_real_service_interpreter(site_0523: Path) -> None:
@@ -246,7 +247,7 @@ def _ctx(site: Path, **flags: object) -> Context:
 
 
 def test_check_fails_on_unpatched_sglang_and_points_at_the_patches(site_0523: Path) -> None:
-    from checks.launch import sglang_flags
+    from checks.sglang import sglang_flags
 
     res = sglang_flags(_ctx(site_0523))
     assert res.status is Status.FAIL
@@ -255,7 +256,7 @@ def test_check_fails_on_unpatched_sglang_and_points_at_the_patches(site_0523: Pa
 
 
 def test_check_passes_on_patched_sglang(site_0523_ddtree: Path) -> None:
-    from checks.launch import sglang_flags
+    from checks.sglang import sglang_flags
 
     res = sglang_flags(_ctx(site_0523_ddtree))
     assert res.status is Status.PASS, res.summary
@@ -263,7 +264,7 @@ def test_check_passes_on_patched_sglang(site_0523_ddtree: Path) -> None:
 
 
 def test_check_catches_a_removed_flag_in_the_config(site_0523_ddtree: Path, tmp_path: Path) -> None:
-    from checks.launch import sglang_flags
+    from checks.sglang import sglang_flags
 
     cfg = tmp_path / "c.toml"
     cfg.write_text('[server]\nargs = ["--cuda-graph-max-bs", "160", "--reasoning-parser", "kimi_k2"]\n')

@@ -2,7 +2,7 @@
 
 The doctor never imports SGLang; this test does, in an interpreter with SGLang's dependencies
 (``$K26_SGLANG_ARGS_PYTHON``, default this one: torch, transformers, msgspec, psutil, ...; no GPU
-needed), to prove that what ``doctor.sglang_flags`` reads with ``ast`` is what SGLang's argparse
+needed), to prove that what ``doctor.sglang.flag_reader`` reads with ``ast`` is what SGLang's argparse
 accepts: the same option strings, destinations, arities, types and choices, and the same verdict
 on a set of command lines. Skips, naming the missing module, where the dependencies are absent.
 """
@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 import sglang_wheels
 
-from doctor.sglang_flags import read_flags, validate_args
+from doctor.sglang.flag_reader import read_flags
+from doctor.sglang.flag_validator import validate_args
 
 PYTHON = os.environ.get("K26_SGLANG_ARGS_PYTHON", sys.executable)
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from doctor.launcher import build_env, build_plan, build_server_args, merge_args, resolve_python
-from doctor.settings import ConfigError, resolve
+from doctor.core.settings import ConfigError, resolve
+from doctor.service.launcher import build_env, build_plan, build_server_args, merge_args, resolve_python
 
 
 def settings_with(tmp_path: Path, toml: str = "", **flags: object):

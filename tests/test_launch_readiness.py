@@ -9,7 +9,7 @@ import sys
 
 from sglang_stand_in import StandIn, free_port
 
-from doctor.readiness import READY, REFUSED, STARTING, health_url, probe, sd_notify, wait_ready
+from doctor.service.readiness import READY, REFUSED, STARTING, health_url, probe, sd_notify, wait_ready
 
 
 def test_health_url_reaches_wildcard_binds_on_loopback() -> None:

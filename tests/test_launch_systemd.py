@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from conftest import doctor_env, run_doctor
 
-from doctor.settings import resolve
-from doctor.systemd import CHECKS_S, GRAPH_CAPTURE_S, render_unit, start_timeout
+from doctor.core.settings import resolve
+from doctor.service.systemd import CHECKS_S, GRAPH_CAPTURE_S, render_unit, start_timeout
 
 ANALYZE = shutil.which("systemd-analyze")
 

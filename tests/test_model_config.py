@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "model"))
+from model_replica import K26Spec, k26_config
 from modelkit import SMALL, build, build_drafter, make_ctx, nvml_fact, run, tree_state
 
-from doctor.facts.model import collect_drafter, collect_model, collect_model_tensors
-from doctor.weights.modelconfig import read_config
-from doctor.weights.replica import K26Spec, k26_config
+from doctor.model.facts import collect_drafter, collect_model, collect_model_tensors
+from doctor.model.modelconfig import read_config
 
 
 @pytest.fixture
@@ -308,7 +308,7 @@ def test_full_k26_config_reads_back():
 def test_snapshot_redaction_keeps_the_verdicts(tmp_path, model):
     """Snapshots redact values under secret-looking keys (mask_token_id, num_key_value_heads, tokenizer_*):
     the model facts must replay to the same verdicts."""
-    from doctor.facts import redact
+    from doctor.facts.redaction import redact
 
     d = build_drafter(tmp_path)
     live = make_ctx(tmp_path, model, d)

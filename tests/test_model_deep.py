@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "model"))
+from model_replica import shard_name
 from modelkit import SMALL, build, make_ctx, run, tree_state
 
-from doctor.registry import FIXERS, load
-from doctor.weights.hashing import Progress, sha256_file, verify_model_hashes
-from doctor.weights.manifest import MANIFEST_NAME, manifest_text
-from doctor.weights.replica import shard_name
-from fixes.actions import RunCommand
+from doctor.core.actions import RunCommand
+from doctor.core.registry import load
+from doctor.model.hashing import Progress, sha256_file, verify_model_hashes
+from doctor.model.manifest import MANIFEST_NAME, manifest_text
 from fixes.model import MoveAside
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -207,10 +207,9 @@ def test_check_cli_json_on_a_damaged_model(tmp_path, model):
 # -- fixer ----------------------------------------------------------------------------------------
 
 def _plan(ctx, check_id):
-    load()
     res = run(ctx, check_id)
     ctx.results[check_id] = res
-    return res, FIXERS["model.redownload"].plan(ctx, res)
+    return res, load(plugins=False).fixers["model.redownload"].plan(ctx, res)
 
 
 def _damaged_with_metadata(model):
@@ -259,7 +258,7 @@ def test_fixer_plan_downloads_to_staging_then_moves(tmp_path, model):
 
 
 def test_failed_download_leaves_the_model_as_it_was(tmp_path, model):
-    from fixes.actions import ActionError
+    from doctor.core.actions import ActionError
 
     _damaged_with_metadata(model)
     ctx = make_ctx(tmp_path, model)

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "model"))
+from model_replica import K26Spec, shard_name
 from modelkit import build
 
-from doctor.weights import forked
-from doctor.weights.forked import map_forked
-from doctor.weights.replica import K26Spec, shard_name
-from doctor.weights.scan import clear_cache, scan_weights, tensor_summary
+from doctor.model import forked
+from doctor.model.forked import map_forked
+from doctor.model.scan import clear_cache, scan_weights, tensor_summary
 
 SPEC = K26Spec.small(shards=16)
 

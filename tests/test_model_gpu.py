@@ -28,7 +28,7 @@ def test_small_model_fits_on_the_live_gpus(tmp_path):
 def test_k26_sized_weights_on_one_live_gpu_do_not_fit(tmp_path):
     """The real K2.6 layout (a sparse replica: 64 shards, 208,544 tensors, 554 GiB apparent) against one
     real GPU at TP1: a clean fail naming the GPU."""
-    from doctor.weights.replica import K26Spec, build_k26_replica
+    from model_replica import K26Spec, build_k26_replica
 
     model = tmp_path / "k26"
     build_k26_replica(str(model), K26Spec())

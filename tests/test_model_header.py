@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from model_replica import header_bytes
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from doctor.weights.header import DTYPE_BITS, MAX_HEADER_BYTES, HeaderReport, read_header, validate_header_bytes
-from doctor.weights.replica import header_bytes
+from doctor.model.header import DTYPE_BITS, MAX_HEADER_BYTES, HeaderReport, read_header, validate_header_bytes
 
 
 def _raw(header: dict | bytes, data_len: int) -> bytes:

@@ -7,8 +7,8 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from doctor.weights.header import HeaderReport
-from doctor.weights.index import cross_check, parse_index_bytes, unsafe_path_reason
+from doctor.model.header import HeaderReport
+from doctor.model.index import cross_check, parse_index_bytes, unsafe_path_reason
 
 SAFE = st.builds(lambda d, n: f"{d}{n}.safetensors", st.sampled_from(["", "sub/", "a/b/"]),
                  st.text(alphabet="abcxyz019_-", min_size=1, max_size=6))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from doctor.weights.replica import K26Spec, k26_tensors, nbytes, plan_shards, shard_name
+from model_replica import K26Spec, k26_tensors, nbytes, plan_shards, shard_name
 
 
 def test_full_layout_counts():

@@ -15,9 +15,8 @@ import pytest
 from safetensors import safe_open
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "model"))
+from model_replica import shard_name
 from modelkit import SMALL, build, make_ctx, run, tree_state
-
-from doctor.weights.replica import shard_name
 
 S1, S2, S3 = (shard_name(i, SMALL.shards) for i in (1, 2, 3))
 
@@ -161,7 +160,7 @@ def test_unreadable_file_as_unprivileged_user(tmp_path):
             os.chmod(p, 0o755 if p.is_dir() else 0o644)
         os.chmod(model / S2, 0o000)
         root = str(Path(__file__).resolve().parents[1])
-        code = (f"import sys; sys.path.insert(0, {root!r}); from doctor.weights.scan import scan_weights; "
+        code = (f"import sys; sys.path.insert(0, {root!r}); from doctor.model.scan import scan_weights; "
                 f"import json; r = scan_weights({str(model)!r}); "
                 "print(json.dumps([s for s in r['shards'] if not s['ok']]))")
         # The pyenv interpreter lives under /root (0700); the system one is reachable for `nobody`.
@@ -257,7 +256,7 @@ def test_many_problems_are_all_named(tmp_path, model):
 
 def test_sparse_shard_warns(tmp_path):
     """A shard whose data are holes (an unfinished segmented download) is named; --deep decides."""
-    from doctor.weights.replica import write_sparse_safetensors
+    from model_replica import write_sparse_safetensors
 
     d = tmp_path / "sparse"
     d.mkdir()
@@ -326,9 +325,9 @@ def test_fast_path_agrees_with_full_cross_check(tmp_path_factory, how, seed):
     import random
     import tempfile
 
-    from doctor.weights.header import read_header
-    from doctor.weights.index import cross_check, read_index
-    from doctor.weights.scan import clear_cache, scan_weights
+    from doctor.model.header import read_header
+    from doctor.model.index import cross_check, read_index
+    from doctor.model.scan import clear_cache, scan_weights
 
     rnd = random.Random(seed)
     model = build(Path(tempfile.mkdtemp(dir=tmp_path_factory.getbasetemp())))

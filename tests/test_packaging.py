@@ -24,7 +24,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_wheel_carries_packages_and_data(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
-    for required in ("doctor/cli.py", "checks/host.py", "fixes/actions.py", "sglang_patches/__init__.py",
+    for required in ("doctor/cli.py", "checks/host.py", "doctor/core/actions.py", "sglang_patches/__init__.py",
                      "doctor/profiles/b300-tp8-ddtree.toml", "doctor/profiles/rtxpro6000-ep8.toml",
                      "doctor/report/report.schema.json", "doctor/data/env_rules.toml"):
         assert required in names, required

@@ -10,17 +10,18 @@ from pathlib import Path
 
 import pytest
 from conftest import doctor_env, run_doctor
+from interpreters import find_python
 from patches_install import FIXTURE_SETS, Venv, fresh_venv, rewrite
 
-from checks.patches import sglang_patches
+from checks.sglang import sglang_patches
 from doctor.app import make_context
-from doctor.facts import FactStore
-from doctor.patching import manifest, record
-from doctor.patching.engine import Engine, EngineError
-from doctor.patching.hashing import sha256_file
-from doctor.registry import FIXERS, load
-from doctor.result import Status
-from doctor.settings import resolve
+from doctor.core.registry import load
+from doctor.core.result import Status
+from doctor.core.settings import resolve
+from doctor.facts.store import FactStore
+from doctor.sglang.patching import manifest, record
+from doctor.sglang.patching.engine import Engine, EngineError
+from doctor.sglang.patching.hashing import sha256_file
 
 TRITON = "sglang/srt/layers/attention/triton_backend.py"
 
@@ -123,7 +124,7 @@ def test_fixer_plans_shows_diffs_and_applies(v523: Venv, tmp_path: Path) -> None
     load(plugins=False)
     settings = settings_for(tmp_path, v523.python)
     res, ctx = judge(settings)
-    fx = FIXERS["sglang.patches.apply"]
+    fx = load(plugins=False).fixers["sglang.patches.apply"]
     (action,) = fx.plan(ctx, res)
     text = "\n".join(action.details())
     assert "+# k26-doctor test patch 0002: near the top" in text and TRITON in text
@@ -142,14 +143,14 @@ def test_fixer_refuses_drift_and_a_changed_plan(v523: Venv, tmp_path: Path) -> N
     load(plugins=False)
     settings = settings_for(tmp_path, v523.python)
     res, ctx = judge(settings)
-    (action,) = FIXERS["sglang.patches.apply"].plan(ctx, res)
+    (action,) = load(plugins=False).fixers["sglang.patches.apply"].plan(ctx, res)
     rewrite(v523.site_packages / TRITON, b"# edited after the plan was shown\n")
-    from fixes.actions import ActionError
+    from doctor.core.actions import ActionError
 
     with pytest.raises(ActionError, match="drifted"):
         action.apply(tmp_path / "b")
     with pytest.raises(EngineError, match="drifted"):
-        FIXERS["sglang.patches.apply"].plan(*judge(settings)[::-1])
+        load(plugins=False).fixers["sglang.patches.apply"].plan(*judge(settings)[::-1])
 
 
 # -- the CLI, as users run it --------------------------------------------------------------------
@@ -251,10 +252,9 @@ def test_cli_asks_per_patch_on_a_terminal(v523: Venv, tmp_path: Path) -> None:
 
 def test_probe_runs_on_other_interpreters(tmp_path: Path) -> None:
     """The probe is stdlib-only for any service interpreter; without SGLang it says so, no traceback."""
-    from doctor.patching import locate
+    from doctor.sglang.patching import locate
 
-    pythons = [p for p in (Path(f"/root/.pyenv/versions/{v}/bin/python") for v in ("3.10.13", "3.12.1", "3.13.0"))
-               if p.exists()]
+    pythons = [p for p in (find_python(v) for v in ("3.10", "3.12", "3.13")) if p is not None]
     if not pythons:
         pytest.skip("no other interpreters (pyenv) on this host")
     for py in pythons:
@@ -283,7 +283,7 @@ def test_ddtree_set_round_trip_if_shipped(v523: Venv, tmp_path: Path) -> None:
 
 def test_site_patches_dir_from_the_config_reaches_the_check(v523: Venv, tmp_path: Path) -> None:
     """`[doctor] patches_dir` alone: judged when the run's CollectOptions carry it, else an honest error."""
-    from doctor.facts import CollectOptions
+    from doctor.facts.store import CollectOptions
 
     cfg = tmp_path / "site.toml"
     cfg.write_text(f'[doctor]\npython = "{v523.python}"\npatches_dir = "{FIXTURE_SETS}"\n\n'

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from patches_install import FIXTURE_SETS, Venv, fresh_venv, rewrite
 
-from doctor.patching import generate, manifest, record
-from doctor.patching.engine import Engine, EngineError
-from doctor.patching.hashing import sha256_file
-from doctor.patching.state import StateError, StateStore
-from doctor.patching.status import APPLIED, DRIFTED, MISSING, PARTIAL, PRISTINE
+from doctor.sglang.patching import generate, manifest, record
+from doctor.sglang.patching.engine import Engine, EngineError
+from doctor.sglang.patching.hashing import sha256_file
+from doctor.sglang.patching.state import StateError, StateStore
+from doctor.sglang.patching.status import APPLIED, DRIFTED, MISSING, PARTIAL, PRISTINE
 
 SPEC = "sglang/srt/speculative/spec_info.py"
 TRITON = "sglang/srt/layers/attention/triton_backend.py"
@@ -299,7 +299,7 @@ def test_a_patch_that_creates_a_package_directory(v523: Venv, tmp_path: Path) ->
     """New directories are made inside the transaction and removed again by a roll-back or revert."""
     d = tmp_path / "sets" / "newpkg"
     d.mkdir(parents=True)
-    from doctor.patching import udiff
+    from doctor.sglang.patching import udiff
 
     (d / "0001-newpkg.patch").write_bytes(udiff.make_diff("sglang/srt/k26pkg/sub/__init__.py", None, b"X = 1\n"))
     installed = record.installed_in(v523.site_packages)
@@ -344,7 +344,7 @@ def test_owner_kept_and_symlinks_refused(v523: Venv, tmp_path: Path) -> None:
 
 
 def test_bad_installs_are_clear_errors(v523: Venv, tmp_path: Path) -> None:
-    from doctor.patching import locate
+    from doctor.sglang.patching import locate
 
     dist = next(v523.site_packages.glob("sglang-*.dist-info"))
     rewrite(dist / "RECORD", b"\xff\xfe not utf-8")

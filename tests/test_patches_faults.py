@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 from patches_install import FIXTURE_SETS, Venv, fresh_venv, private_copy, rewrite
 
-from doctor.patching import manifest, record
-from doctor.patching.engine import Engine, EngineError
-from doctor.patching.fsio import TMP_SUFFIX
-from doctor.patching.hashing import sha256_file
-from doctor.patching.state import StateStore
+from doctor.core.fileio import TMP_SUFFIX
+from doctor.sglang.patching import manifest, record
+from doctor.sglang.patching.engine import Engine, EngineError
+from doctor.sglang.patching.hashing import sha256_file
+from doctor.sglang.patching.state import StateStore
 
 ROOT = Path(__file__).resolve().parents[1]
 TRITON = "sglang/srt/layers/attention/triton_backend.py"
@@ -130,8 +130,8 @@ def test_full_disk_that_stays_full_leaves_a_journal_that_the_next_run_recovers(v
 CHILD = r"""
 import os, signal, sys
 sys.path.insert(0, sys.argv[1])
-from doctor.patching import manifest, record
-from doctor.patching.engine import Engine
+from doctor.sglang.patching import manifest, record
+from doctor.sglang.patching.engine import Engine
 site, state, sets, op, k = sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], int(sys.argv[6])
 n = [0]
 def hook(event, path):

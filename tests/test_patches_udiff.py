@@ -11,9 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from patches_install import FIXTURE_SETS, fresh_venv, pristine_venv
 
-from doctor.patching import udiff
-from doctor.patching.hashing import hex_to_record, normalize_digest, record_to_hex, sha256_bytes
-from doctor.patching.manifest import load
+from doctor.sglang.patching import udiff
+from doctor.sglang.patching.hashing import hex_to_record, normalize_digest, record_to_hex, sha256_bytes
+from doctor.sglang.patching.manifest import load
 
 GNU_PATCH = shutil.which("patch")
 needs_gnu_patch = pytest.mark.skipif(GNU_PATCH is None, reason="GNU patch is not installed")

@@ -26,7 +26,7 @@ def test_real_h200_snapshot_replays_to_the_live_verdicts() -> None:
     # Checks added after the recording are judged from the same facts too; every recorded one must agree.
     assert set(want) <= set(got)
     assert {k: got[k] for k in want} == want
-    assert out.returncode == 1  # the lent machine has no SGLang and no model: those checks fail there too
+    assert out.returncode == 1  # the recorded machine had no SGLang and no model: those checks fail there too
     assert want["gpu.arch"][0] == "pass" and want["triton.jit"][0] == "pass" and want["torch.arch"][0] == "pass"
 
 

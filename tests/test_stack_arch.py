@@ -1,7 +1,7 @@
 """CUDA binary compatibility rules, the compat data, cuda.compat and torch.arch judged on recorded facts.
 
 The torch_info facts are what torch 2.11.0+cu130 really reported on the H200 reference host
-(../shared/reference/h200x2-nvml.json): sm_75..sm_120, no sm_103.
+(tests/fixtures/reference/h200x2-nvml.json): sm_75..sm_120, no sm_103.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from stack_support import NO_NVML, load_reference, make_ctx, nvml_fact, run_check
 
-from doctor import compat
-from doctor.cuda_arch import best_match, parse_cc, parse_target
-from doctor.result import Status
+from doctor.core.result import Status
+from doctor.stack import compat
+from doctor.stack.cuda_arch import best_match, parse_cc, parse_target
 
 TORCH_211 = ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]
 
@@ -186,7 +186,7 @@ def torch_python() -> str:
 
 
 def test_torch_info_probe_with_real_cpu_torch():
-    from doctor.facts.stack import collect_torch_info
+    from doctor.stack.facts import collect_torch_info
 
     ctx = make_ctx(torch_python(), facts={"nvml": NO_NVML})
     info = collect_torch_info(ctx.facts.options)

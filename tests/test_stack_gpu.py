@@ -1,8 +1,8 @@
-"""Stack checks on a real GPU host (the lent H200: Python 3.12, torch 2.11.0+cu130, triton 3.6.0).
+"""Stack checks on a real GPU host (recorded on an H200: Python 3.12, torch 2.11.0+cu130, triton 3.6.0).
 
 Run there with::
 
-    K26_GPU_PYTHON=/opt/torch/.venv/bin/python3 python3 -m pytest -q -m gpu tests/test_stack_gpu.py
+    K26_GPU_PYTHON=<venv with torch and triton>/bin/python3 python3 -m pytest -q -m gpu tests/test_stack_gpu.py
 
 ``test_b300_failure_reproduced_on_gpu`` moves the interpreter's ``Python.h`` aside for the duration
 of the test (restored in ``finally``), shows that a one-kernel Triton program fails exactly as the
@@ -19,14 +19,14 @@ from pathlib import Path
 import pytest
 from stack_support import make_ctx, run_check
 
-from doctor.facts.stack import collect_triton_build
-from doctor.result import Status
+from doctor.core.result import Status
+from doctor.triton.facts import collect_triton_build
 
-GPU_PYTHON = os.environ.get("K26_GPU_PYTHON", "/opt/torch/.venv/bin/python3")
+GPU_PYTHON = os.environ.get("K26_GPU_PYTHON", "")
 
 pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not os.path.exists(GPU_PYTHON), reason=f"{GPU_PYTHON} not present "
-                                 "(set K26_GPU_PYTHON to the venv with torch and triton)")]
+              pytest.mark.skipif(not GPU_PYTHON or not os.path.exists(GPU_PYTHON),
+                                 reason="set K26_GPU_PYTHON to the interpreter of a venv with torch and triton")]
 
 KERNEL = """
 import torch, triton, triton.language as tl

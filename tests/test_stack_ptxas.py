@@ -23,11 +23,11 @@ from stack_support import (
     workdir,
 )
 
-from doctor.facts.host import parse_env_file
-from doctor.facts.stack import collect_ptxas, ptx_isa_for
-from doctor.result import Status
-from fixes.actions import new_backup_dir
-from fixes.stack import fix_triton_ptxas, set_env_line
+from doctor.core.actions import new_backup_dir
+from doctor.core.result import Status
+from doctor.host.facts import parse_env_file
+from doctor.triton.facts import collect_ptxas, ptx_isa_for
+from fixes.triton import fix_triton_ptxas, set_env_line
 
 
 def ptxas_ctx(flavour, *, ccs=((10, 3),), env_file=None, extra_env=None, profile="b300-tp8-ddtree", nvml=True):

@@ -24,9 +24,9 @@ from stack_support import (
     workdir,
 )
 
-from doctor.facts.stack import collect_triton_build
-from doctor.result import Status
-from fixes.stack import fix_triton_jit, package_plan
+from doctor.core.result import Status
+from doctor.triton.facts import collect_triton_build
+from fixes.triton import fix_triton_jit, package_plan
 
 
 def libcuda_env() -> dict[str, str]:
@@ -154,7 +154,7 @@ def test_unknown_os_plans_nothing():
 @pytest.mark.parametrize("version", ["3.8.18", "3.9.18", "3.10.13", "3.11.7", "3.12.1", "3.13.0"])
 def test_probes_run_on_every_supported_service_python(version):
     """The service may run any Python >= 3.8: the stdlib-only probes must work on each."""
-    from doctor import proc
+    from doctor.core import proc
 
     python = str(pyenv_python(version))
     stack, res = proc.run_probe(python, "stack", timeout=60)

@@ -14,10 +14,10 @@ import subprocess
 import pytest
 from stack_support import make_ctx, make_venv, pyenv_python, run_check, workdir
 
-from doctor.facts.stack import read_shebang
-from doctor.result import Status
-from fixes.actions import new_backup_dir
-from fixes.stack import fix_venv_shebangs, rewrite_shebang
+from doctor.core.actions import new_backup_dir
+from doctor.core.result import Status
+from doctor.python.facts import read_shebang
+from fixes.python import fix_venv_shebangs, rewrite_shebang
 
 OTHER_MACHINE = "/home/builder/k26/.venv/bin/python3"
 

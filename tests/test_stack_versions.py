@@ -14,7 +14,7 @@ import pytest
 from sglang_wheels import wheel_for
 from stack_support import healthy_venv, make_ctx, nvml_fact, run_check, stack_site, workdir, write_dist
 
-from doctor.result import Status
+from doctor.core.result import Status
 
 
 def versions_ctx(site, **kw):
@@ -116,7 +116,7 @@ def test_real_sglang_metadata_pins_are_the_matrix():
     """The compat table's SGLang pins are what the released wheels declare."""
     from packaging.requirements import Requirement
 
-    from doctor import compat
+    from doctor.stack import compat
 
     for version in ("0.5.23", "0.5.13.post1"):
         meta = next(sglang_site(version).glob("sglang-*.dist-info/METADATA")).read_text()
@@ -170,13 +170,13 @@ def test_sglang_jit_kernels_without_nvcc_warn():
 def test_a_hung_interpreter_is_a_clear_fail_within_the_deadline(tmp_path, monkeypatch):
     import time
 
-    from doctor.facts import stack as stack_facts
+    from doctor.stack import service_probe
 
     hang = tmp_path / "bin" / "python"
     hang.parent.mkdir()
     hang.write_text("#!/bin/sh\nsleep 60\n")
     hang.chmod(0o755)
-    monkeypatch.setattr(stack_facts, "STACK_PROBE_TIMEOUT", 1.0)
+    monkeypatch.setattr(service_probe, "STACK_PROBE_TIMEOUT", 1.0)
     start = time.monotonic()
     res = run_check("stack.versions", make_ctx(hang))
     assert time.monotonic() - start < 10

@@ -18,7 +18,8 @@ from typing import Any
 
 import click
 
-from doctor.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, guarded, selection_options, settings_from
+from doctor.commands.options import guarded, selection_options, settings_from
+from doctor.core.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
 DEFAULT_WAIT_S = 1800.0
 
@@ -27,11 +28,11 @@ def _say(msg: str) -> None:
     click.echo(f"k26-doctor: {msg}", err=True)
 
 
-def _run_gate(settings: Any, flags: dict[str, Any]) -> bool:
-    """Run the selected checks; report to stderr (or --output); True when nothing failed."""
-    from doctor.app import render, run_checks
+def _run_gate(settings: Any, flags: dict[str, Any]) -> tuple[bool, Any]:
+    """Run the selected checks; report to stderr (or --output); (nothing failed, the run's context)."""
+    from doctor.app import render, run
 
-    report = run_checks(settings)
+    report, ctx = run(settings)
     fmt = flags.get("fmt") or "text"
     if flags.get("output"):
         with open(flags["output"], "w", encoding="utf-8") as fh:
@@ -41,17 +42,28 @@ def _run_gate(settings: Any, flags: dict[str, Any]) -> bool:
         bad = [r.id for r in report.results if r.status.failed]
         why = f"{len(bad)} check(s) failed: {', '.join(bad)}" if bad else "warnings under --strict"
         _say(f"not launching: {why}. Fix them (`k26-doctor fix`) or --ignore ID to accept a known failure.")
-        return False
-    return True
+        return False, ctx
+    return True, ctx
 
 
-def _flag_gate(plan: Any, settings: Any) -> bool:
-    """The server argv against the installed SGLang's flags; problems to stderr; True if accepted."""
-    from checks.launch import judge_flags
-    from doctor.facts.sglang_flags import flags_fact
-    from doctor.result import Status
+def _recorded_flags(ctx: Any, plan: Any) -> dict[str, Any] | None:
+    """The ``sglang_flags`` fact the check run already collected for this very interpreter, if any."""
+    if ctx is None or plan.argv[0] != ctx.settings.python or dict(plan.env) != ctx.facts.options.env:
+        return None
+    try:
+        fact = ctx.facts.get("sglang_flags") if "sglang_flags" in ctx.facts.collected() else None
+    except Exception:  # FactUnavailable: read it again below, with the service's environment
+        return None
+    return fact if isinstance(fact, dict) else None
 
-    fact = flags_fact(plan.argv[0], plan.env)
+
+def _flag_gate(plan: Any, settings: Any, ctx: Any = None) -> bool:
+    """The real server argv judged by ``doctor.sglang.flags.judge_flags`` (the one flag judgement);
+    the flag table is the one the check run read when it ran, else read now. True if accepted."""
+    from doctor.core.result import Status
+    from doctor.sglang.flags import flags_fact, judge_flags
+
+    fact = _recorded_flags(ctx, plan) or flags_fact(plan.argv[0], plan.env)
     result = judge_flags(fact, plan.server_args)
     for p in result.details.get("problems", []):
         _say(f"{p['severity']}: {p['message']}")
@@ -87,7 +99,7 @@ def launch(flags: dict[str, Any], dry_run: bool, no_check: bool, no_flag_check: 
 
     Extra server flags go after `--`: `k26-doctor launch -- --log-level debug`.
     """
-    from doctor.launcher import build_plan, exec_plan
+    from doctor.service.launcher import build_plan, exec_plan
 
     settings = settings_from(flags)
     if settings.from_snapshot:
@@ -102,9 +114,12 @@ def launch(flags: dict[str, Any], dry_run: bool, no_check: bool, no_flag_check: 
         if not no_flag_check and not _flag_gate(plan, settings):
             sys.exit(EXIT_FAILED)
         sys.exit(EXIT_OK)
-    if not no_check and not _run_gate(settings, flags):
-        sys.exit(EXIT_FAILED)
-    if not no_flag_check and not _flag_gate(plan, settings):
+    ctx = None
+    if not no_check:
+        ok, ctx = _run_gate(settings, flags)
+        if not ok:
+            sys.exit(EXIT_FAILED)
+    if not no_flag_check and not _flag_gate(plan, settings, ctx):
         sys.exit(EXIT_FAILED)
     for note in plan.notes:
         _say(note)
@@ -120,7 +135,7 @@ def launch(flags: dict[str, Any], dry_run: bool, no_check: bool, no_flag_check: 
 
 def _supervise(plan: Any, settings: Any, timeout: float, interval: float) -> int:
     """Run the server as a child: wait for readiness, notify systemd, forward signals, return its status."""
-    from doctor.readiness import health_url, sd_notify, wait_ready
+    from doctor.service.readiness import health_url, sd_notify, wait_ready
 
     try:
         child = subprocess.Popen(plan.argv, env=plan.env)
@@ -199,8 +214,8 @@ def systemd_unit(flags: dict[str, Any], user: str | None, start_timeout: float |
 
     Install: `k26-doctor systemd-unit --config /etc/k26-doctor/config.toml > /etc/systemd/system/UNIT`.
     """
-    from doctor.launcher import build_plan
-    from doctor.systemd import render_unit
+    from doctor.service.launcher import build_plan
+    from doctor.service.systemd import render_unit
 
     settings = settings_from(flags)
     build_plan(settings, list(server_args))  # the same validation launch will do: fail now, not at boot
@@ -233,8 +248,8 @@ def wait_ready(url: str | None, config: str | None, profile: str | None, timeout
 
     Exit 0 when ready, 1 on timeout or when --pid exits first.
     """
-    from doctor.readiness import health_url
-    from doctor.readiness import wait_ready as wait
+    from doctor.service.readiness import health_url
+    from doctor.service.readiness import wait_ready as wait
 
     if url is None:
         settings = settings_from({"config": config, "profile": profile})
@@ -264,7 +279,8 @@ def diagnose(logfile: str | None, unit: str | None, invocation: str | None, on_s
     """
     import json
 
-    from doctor.diagnose import (
+    from doctor.core.proc import run
+    from doctor.service.diagnose import (
         SignatureError,
         diagnose_lines,
         journal_argv,
@@ -272,7 +288,6 @@ def diagnose(logfile: str | None, unit: str | None, invocation: str | None, on_s
         read_log,
         render_text,
     )
-    from doctor.proc import run
 
     if on_service_failure and os.environ.get("SERVICE_RESULT", "success") == "success":
         sys.exit(EXIT_OK)

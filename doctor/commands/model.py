@@ -14,9 +14,9 @@ from typing import Any
 
 import click
 
-from doctor.weights.hashing import default_cache_dir, shard_names, verify_model_hashes
-from doctor.weights.layout import read_hf_local_metadata
-from doctor.weights.manifest import MANIFEST_NAME, manifest_text, read_manifest, sha256sum_text
+from doctor.model.hashing import default_cache_dir, shard_names, verify_model_hashes
+from doctor.model.layout import read_hf_local_metadata
+from doctor.model.manifest import MANIFEST_NAME, manifest_text, read_manifest, sha256sum_text
 
 
 def _cache_opts(func: Any) -> Any:
@@ -47,7 +47,7 @@ def write_cmd(model_dir: str, output: str | None, from_hf_metadata: bool, force:
 
     Record only a download you trust (e.g. right after `hf download`, whose etags are the published
     sha256: use --from-hf-metadata to take those without trusting the bytes on disk)."""
-    from doctor.fileio import atomic_write
+    from doctor.core.fileio import atomic_write
 
     target = output or os.path.join(model_dir, MANIFEST_NAME)
     if os.path.exists(target) and not force:

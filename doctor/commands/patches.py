@@ -16,32 +16,21 @@ from typing import Any
 
 import click
 
-from doctor.patching import locate, manifest, record
-from doctor.patching.engine import Engine, EngineError, Plan
-from doctor.patching.state import StateError
-from doctor.patching.status import APPLIED, Evaluation, evaluate
-from doctor.settings import ConfigError, Settings
-
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+from doctor.commands.options import settings_options
+from doctor.core.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from doctor.core.settings import ConfigError, Settings
+from doctor.sglang.patching import locate, manifest, record
+from doctor.sglang.patching.engine import Engine, EngineError, Plan
+from doctor.sglang.patching.state import StateError
+from doctor.sglang.patching.status import APPLIED, Evaluation, evaluate
 
 
 def target_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    """The flags that pick the environment and the set (names as in the shared selection flags)."""
-    options = [
-        click.option("--config", "config", type=click.Path(dir_okay=False), default=None,
-                     help="TOML config (default $K26_DOCTOR_CONFIG, else /etc/k26-doctor/config.toml)."),
-        click.option("--profile", default=None, help="Deployment profile; its [patches] set is used."),
-        click.option("--python", "python", default=None, help="The service's interpreter (default: this one)."),
-        click.option("--patches-dir", default=None, help="A site directory of patch sets (<dir>/<set>/manifest.json)."),
-        click.option("--state-dir", default=None, help="Backups, journal and lock (default /var/lib/k26-doctor)."),
-        click.option("--set", "set_name", default=None, help="A patch set name or directory instead of the profile's."),
-        click.option("-v", "--verbose", count=True, help="Show the diffs."),
-    ]
+    """The setting flags that pick the environment and the set (derived from ``doctor.core.settings``),
+    plus ``--set``."""
 
     @functools.wraps(func)
-    def wrapper(**kwargs: Any) -> Any:
-        flags = {k: kwargs.pop(k) for k in ("config", "profile", "python", "patches_dir", "state_dir", "verbose")}
-        set_name = kwargs.pop("set_name")
+    def wrapper(flags: dict[str, Any], set_name: str | None, **kwargs: Any) -> Any:
         try:
             settings = _settings(flags)
             name = set_name if set_name is not None else str(settings.get("patches.set", "") or "")
@@ -50,16 +39,15 @@ def target_options(func: Callable[..., Any]) -> Callable[..., Any]:
             click.echo(f"k26-doctor: {exc}", err=True)
             sys.exit(EXIT_USAGE)
 
-    for opt in reversed(options):
-        wrapper = opt(wrapper)
-    return wrapper
+    wrapper = click.option("--set", "set_name", default=None,
+                           help="A patch set name or directory instead of the profile's.")(wrapper)
+    return settings_options("config", "profile", "python", "patches_dir", "state_dir", "verbose",
+                            report=False)(wrapper)
 
 
 def _settings(flags: dict[str, Any]) -> Settings:
-    try:
-        from doctor.app import settings_from_flags
-    except ImportError:  # pragma: no cover - the lead's app module not present
-        from doctor.settings import resolve as settings_from_flags
+    from doctor.app import settings_from_flags
+
     return settings_from_flags(flags)
 
 
@@ -127,7 +115,7 @@ def status_cmd(settings: Settings, set_name: str, fmt: str, snapshot: str | None
 
 def _recorded(path: str) -> tuple[dict[str, Any], list[str]]:
     """The sglang_patches fact of a snapshot; usage errors (exit 2) when it is not there to judge."""
-    from doctor.facts import SnapshotError, load_snapshot
+    from doctor.facts.snapshot import SnapshotError, load_snapshot
 
     try:
         fact = load_snapshot(path)["facts"].get("sglang_patches")
@@ -315,7 +303,7 @@ def list_cmd(patches_dir: str | None) -> None:
 def make_manifest(set_dir: str, python: str | None, site_packages: str | None, name: str | None, spec: str | None,
                   description: str | None, check_only: bool) -> None:
     """(Re)generate SET_DIR/manifest.json from its diffs and a pristine install (hashes from RECORD)."""
-    from doctor.patching import generate as gen
+    from doctor.sglang.patching import generate as gen
 
     try:
         if site_packages:

@@ -1,7 +1,7 @@
 """Child-process side of an isolated collector: ``python -m doctor.facts.worker`` < request.
 
 Imports only the collector's own module, runs it, prints ``{"value": ...}`` or ``{"error": ...}``.
-The parent kills this process at the collector's deadline (see ``doctor.facts._collect_isolated``).
+The parent kills this process at the collector's deadline (see ``doctor.facts.isolation.collect_isolated``).
 """
 
 from __future__ import annotations
@@ -13,13 +13,11 @@ import sys
 
 def main() -> int:
     req = json.loads(sys.stdin.read())
-    from doctor.facts import CollectOptions
-    from doctor.registry import COLLECTORS
+    from doctor.facts.store import CollectOptions
 
-    importlib.import_module(req["module"])
-    coll = COLLECTORS[req["name"]]
+    func = getattr(importlib.import_module(req["module"]), req["func"])
     try:
-        value = coll.func(CollectOptions.from_dict(req["options"]))
+        value = func(CollectOptions.from_dict(req["options"]))
         out = {"value": value}
     except Exception as exc:  # reported as the fact's error, never a traceback on the terminal
         out = {"error": f"{type(exc).__name__}: {exc}"}

@@ -1,6 +1,6 @@
 """Measure GPU-to-GPU copy bandwidth with torch, in the service's interpreter (``--deep``).
 
-Run by ``doctor.facts.nvml.collect_p2p_bandwidth`` through ``doctor.proc.run_probe`` with a
+Run by ``doctor.gpu.facts.collect_p2p_bandwidth`` through ``doctor.core.proc.run_probe`` with a
 deadline. Standalone: stdlib at import time, torch imported inside ``main``; Python >= 3.8.
 
     p2p_bandwidth.py --devices 0,1,2,3 [--size-mib 256] [--iters 20] [--budget-s 120]

@@ -1,6 +1,8 @@
 """Probe: where the service's interpreter finds a distribution (default sglang), without importing it.
 
-Run by ``doctor.proc.run_probe`` under the service's ``--python``. Stdlib only, Python >= 3.8.
+The one way the doctor locates the service's SGLang: the patch engine (``doctor.sglang.patching.locate``)
+and the flag reader (``doctor.sglang.flags``) both read this probe's answer.
+Run by ``doctor.core.proc.run_probe`` under the service's ``--python``. Stdlib only, Python >= 3.8.
 ``importlib.util.find_spec`` on a top-level name locates the package without executing its
 ``__init__`` (which for SGLang would import torch). Prints one JSON object on the last line.
 
@@ -48,7 +50,14 @@ def main():
         "dist_infos": dist_infos(dist),
         "package_origin": None,
         "package_dirs": [],
+        "version": None,
     }
+    try:
+        from importlib import metadata
+
+        out["version"] = metadata.version(dist)
+    except Exception:  # PackageNotFoundError, broken metadata, Python < 3.8
+        pass
     try:
         import importlib.util
 

@@ -1,6 +1,6 @@
 """Probe: the service interpreter's Python, its build headers, and the ML stack's installed metadata.
 
-Runs under the service's interpreter (``doctor.proc.run_probe``), stdlib only, Python >= 3.8.
+Runs under the service's interpreter (``doctor.core.proc.run_probe``), stdlib only, Python >= 3.8.
 Imports nothing of torch/triton/sglang: versions and requirements come from ``importlib.metadata``,
 package locations from ``importlib.util.find_spec`` on top-level names (which only searches
 ``sys.path`` and executes nothing) and from plain file reads. Prints one JSON object.

@@ -12,6 +12,3 @@ SCHEMA_PATH = Path(__file__).with_name("report.schema.json")
 def dumps(report: Any) -> str:
     return json.dumps(report.to_dict(), indent=2, default=str, ensure_ascii=False)
 
-
-def schema() -> dict[str, Any]:
-    return json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))

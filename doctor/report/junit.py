@@ -7,7 +7,7 @@ import socket
 import xml.etree.ElementTree as ET
 from typing import Any
 
-from doctor.result import Status
+from doctor.core.result import Status
 
 
 def to_junit(report: Any) -> str:

@@ -11,7 +11,7 @@ import os
 import shlex
 from typing import IO, Any
 
-from doctor.result import Status
+from doctor.core.result import Status
 
 GLYPHS = {Status.PASS: "✔", Status.WARN: "!", Status.FAIL: "✘", Status.SKIP: "-", Status.ERROR: "‼"}
 ASCII_GLYPHS = {Status.PASS: "ok", Status.WARN: "!!", Status.FAIL: "XX", Status.SKIP: "--", Status.ERROR: "EE"}

@@ -1,19 +1,17 @@
-"""Build and check an SGLang patch set (``sglang_patches/<set>/``) against its wheel.
+"""Build and check an SGLang patch set (``sglang_patches/<set>/``) against its wheel: a thin command line
+over the doctor's patch engine (``doctor.sglang.patching``), so a set is hashed, applied and verified by
+the same code that applies it on a host.
 
-Why: the manifest's hashes must come from the wheel and the diffs, never from
-a hand edit. This script (stdlib + GNU ``patch`` and ``diff``) does three things:
+Why: the manifest's hashes must come from the wheel and the diffs, never from a hand edit.
 
-``diff``      write one unified diff (paths relative to site-packages,
-              ``a/...`` / ``b/...``, ``/dev/null`` for created files) from a
-              pristine tree and a modified tree;
-``hash``      fill every patch's ``files`` in ``manifest.json``: the paths each
-              diff touches, ``before`` = the sha256 RECORD lists (hex; ``null``
-              for a file the patch creates), ``after`` = sha256 after applying
-              the patches in order to a pristine unpack of the wheel;
-``verify``    unpack the wheel, apply each diff strictly (``patch -p1
-              --dry-run`` first, no fuzz), compare the ``after`` hashes, byte-
-              compile every patched file, revert in reverse order and compare
-              every file with RECORD again (created files must be gone).
+``hash``      unpack the files the set touches (and RECORD, METADATA) into a temporary site-packages
+              and regenerate ``manifest.json`` with ``doctor.sglang.patching.generate`` (``before`` =
+              RECORD's sha256, ``after`` = after applying the patches in order);
+``verify``    unpack, then with the engine: every ``before`` hash is the wheel's, the set applies
+              strictly (no fuzz) and gives every ``after`` hash, every patched file byte-compiles,
+              and reverting restores every file to RECORD (created files gone);
+``diff``      write one unified diff (paths relative to site-packages, ``a/...``/``b/...``,
+              ``/dev/null`` for created files) from a pristine tree and a modified tree.
 
 Usage::
 
@@ -24,207 +22,177 @@ Usage::
 
 from __future__ import annotations
 
-import base64
-import csv
-import hashlib
-import io
 import json
-import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import zipfile
 from pathlib import Path
 
-_DIFF_PATH = re.compile(r"^(---|\+\+\+) (\S+)")
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # run from a checkout: use this checkout's engine
+    sys.path.insert(0, str(ROOT))
 
-
-def sha256_hex(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+from doctor.sglang.patching import generate, udiff  # noqa: E402
+from doctor.sglang.patching import manifest as mf  # noqa: E402
+from doctor.sglang.patching.engine import Engine, EngineError  # noqa: E402
+from doctor.sglang.patching.hashing import record_to_hex, sha256_bytes  # noqa: E402
+from doctor.sglang.patching.record import Installed, installed_in, parse_record  # noqa: E402
+from doctor.sglang.patching.status import PRISTINE  # noqa: E402
 
 
 def record_hashes(wheel: Path) -> dict[str, str]:
-    """``path -> sha256 hex`` from the wheel's ``*.dist-info/RECORD`` (urlsafe base64 there)."""
+    """``path -> sha256 hex`` from the wheel's ``*.dist-info/RECORD``."""
     with zipfile.ZipFile(wheel) as zf:
         names = [n for n in zf.namelist() if n.endswith(".dist-info/RECORD")]
         if len(names) != 1:
             raise ValueError(f"{wheel}: expected one dist-info/RECORD, found {names}")
         text = zf.read(names[0]).decode("utf-8")
     out = {}
-    for row in csv.reader(io.StringIO(text)):
-        if len(row) < 2 or not row[1]:
-            continue
-        algo, _, b64 = row[1].partition("=")
-        if algo != "sha256":
-            continue
-        raw = base64.urlsafe_b64decode(b64 + "=" * (-len(b64) % 4))
-        out[row[0]] = raw.hex()
+    for path, field in parse_record(text).items():
+        digest = record_to_hex(field) if field else None
+        if digest:
+            out[path] = digest
     return out
 
 
 def unpack(wheel: Path, dest: Path, members: list[str] | None = None) -> None:
+    """Extract ``members`` (all when None) of ``wheel`` into ``dest``; a member the wheel lacks is skipped."""
     with zipfile.ZipFile(wheel) as zf:
-        if members is None:
-            zf.extractall(dest)
-        else:
-            names = set(zf.namelist())
-            for m in members:
-                if m in names:
-                    zf.extract(m, dest)
+        names = set(zf.namelist())
+        for name in sorted(names if members is None else set(members) & names):
+            zf.extract(name, dest)
+
+
+def load_manifest(set_dir: Path) -> dict:
+    return json.loads((Path(set_dir) / mf.MANIFEST_NAME).read_text())
 
 
 def diff_paths(diff_text: str) -> list[tuple[str, bool]]:
-    """(relative path, created) for every file a unified diff touches, in order."""
-    out: list[tuple[str, bool]] = []
-    old = None
-    for line in diff_text.splitlines():
-        m = _DIFF_PATH.match(line)
-        if not m:
-            continue
-        if m.group(1) == "---":
-            old = m.group(2)
-        else:
-            new = m.group(2)
-            if not new.startswith("b/"):
-                raise ValueError(f"diff target {new!r} does not start with b/")
-            created = old == "/dev/null"
-            if not created and old != "a/" + new[2:]:
-                raise ValueError(f"diff renames {old} -> {new}; not supported")
-            out.append((new[2:], created))
-    return out
-
-
-def run_patch(root: Path, diff: Path, *, reverse: bool = False, dry_run: bool = False) -> None:
-    argv = ["patch", "-p1", "--batch", "--fuzz=0", "--no-backup-if-mismatch", "-d", str(root), "-i",
-            str(Path(diff).resolve())]
-    if reverse:
-        argv.append("-R")
-    if dry_run:
-        argv.append("--dry-run")
-    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise RuntimeError(f"patch {'-R ' if reverse else ''}{diff.name} failed:\n{proc.stdout}{proc.stderr}")
+    """``(path, created)`` of every file a diff touches, paths relative to site-packages."""
+    return [(udiff.strip_prefix(sec.path), sec.creates) for sec in udiff.parse(diff_text.encode())]
 
 
 def touched_paths(set_dir: Path, manifest: dict) -> list[str]:
     """Every path the set's diffs touch (what an unpack for hashing needs)."""
     out: list[str] = []
     for patch in manifest["patches"]:
-        for rel, _ in diff_paths((set_dir / patch["diff"]).read_text()):
+        for rel, _ in diff_paths((Path(set_dir) / patch["diff"]).read_text()):
             if rel not in out:
                 out.append(rel)
     return out
 
 
-def load_manifest(set_dir: Path) -> dict:
-    return json.loads((set_dir / "manifest.json").read_text())
+def site_of(set_dir: Path, wheel: Path, dest: Path, *, whole: bool = False) -> Installed:
+    """A site-packages in ``dest`` holding the wheel's dist-info and the files the set touches (or all)."""
+    with zipfile.ZipFile(wheel) as zf:
+        meta = [n for n in zf.namelist() if n.endswith((".dist-info/RECORD", ".dist-info/METADATA"))]
+    unpack(wheel, dest, None if whole else touched_paths(set_dir, load_manifest(set_dir)) + meta)
+    return installed_in(dest)
 
 
 def cmd_hash(set_dir: Path, wheel: Path) -> int:
-    manifest = load_manifest(set_dir)
-    record = record_hashes(wheel)
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        unpack(wheel, root, touched_paths(set_dir, manifest))
-        for patch in manifest["patches"]:
-            diff = set_dir / patch["diff"]
-            files = []
-            for rel, created in diff_paths(diff.read_text()):
-                if created:
-                    before = None
-                else:
-                    if rel not in record:
-                        raise ValueError(f"{rel} is not in the wheel's RECORD")
-                    before = sha256_hex((root / rel).read_bytes())
-                files.append({"path": rel, "before": before})
-            run_patch(root, diff, dry_run=True)
-            run_patch(root, diff)
-            for f in files:
-                f["after"] = sha256_hex((root / f["path"]).read_bytes())
-            patch["files"] = files
-    # `before` of a file first touched by this set must be RECORD's hash.
-    seen: set[str] = set()
-    for patch in manifest["patches"]:
-        for f in patch["files"]:
-            if f["path"] not in seen and f["before"] is not None and f["before"] != record[f["path"]]:
-                raise ValueError(f"{f['path']}: unpacked file does not match RECORD")
-            seen.add(f["path"])
-    (set_dir / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-    print(f"wrote {set_dir / 'manifest.json'}: {sum(len(p['files']) for p in manifest['patches'])} files")
+        pset = generate.generate(set_dir, site_of(set_dir, wheel, Path(tmp)))
+    print(f"wrote {Path(set_dir) / mf.MANIFEST_NAME}: {sum(len(p.files) for p in pset.patches)} files")
     return 0
 
 
+def _engine(set_dir: Path, installed: Installed, state: Path) -> Engine:
+    pset = mf.load(Path(set_dir))
+    return Engine(pset, installed, state_dir=str(state), package_root=installed.site_packages)
+
+
 def verify(set_dir: Path, wheel: Path, workdir: Path | None = None) -> list[str]:
-    """Problems found (empty list: the set applies, compiles and reverts cleanly)."""
+    """Problems found (empty list: the set applies, compiles and reverts cleanly); a set the engine
+    cannot apply at all raises ``RuntimeError`` naming why."""
     problems: list[str] = []
     manifest = load_manifest(set_dir)
     record = record_hashes(wheel)
     own_tmp = workdir is None
-    root = Path(tempfile.mkdtemp(prefix="patchset-")) if own_tmp else workdir
+    work = Path(tempfile.mkdtemp(prefix="patchset-")) if own_tmp else Path(workdir)
     try:
-        unpack(wheel, root, touched_paths(set_dir, manifest))
+        site, state = work / "site", work / "state"
+        site.mkdir(parents=True, exist_ok=True)
+        installed = site_of(set_dir, wheel, site)
         for patch in manifest["patches"]:
-            diff = set_dir / patch["diff"]
             listed = [(f["path"], f["before"] is None) for f in patch["files"]]
-            if diff_paths(diff.read_text()) != listed:
+            if diff_paths((Path(set_dir) / patch["diff"]).read_text()) != listed:
                 problems.append(f"{patch['id']}: manifest files differ from the diff's files")
+        # The chain of diffs on the pristine files gives every manifest hash (the engine's udiff, strict).
+        current: dict[str, bytes | None] = {}
+        for patch in manifest["patches"]:
+            sections = udiff.parse((Path(set_dir) / patch["diff"]).read_bytes())
             for f in patch["files"]:
-                p = root / f["path"]
-                cur = sha256_hex(p.read_bytes()) if p.exists() else None
-                if cur != f["before"]:
+                if f["path"] not in current:
+                    p = site / f["path"]
+                    current[f["path"]] = p.read_bytes() if p.exists() else None
+                cur = current[f["path"]]
+                if (None if cur is None else sha256_bytes(cur)) != f["before"]:
                     problems.append(f"{patch['id']}: {f['path']} before-hash mismatch")
-            run_patch(root, diff, dry_run=True)
-            run_patch(root, diff)
-            for f in patch["files"]:
-                if sha256_hex((root / f["path"]).read_bytes()) != f["after"]:
+                sec = udiff.match_section(sections, f["path"])
+                if sec is None:
+                    continue
+                try:
+                    current[f["path"]] = udiff.apply(cur, sec)
+                except udiff.HunkMismatch as exc:
+                    raise RuntimeError(f"{patch['id']}: applying {patch['diff']} failed: {exc}") from None
+                after = current[f["path"]]
+                if (None if after is None else sha256_bytes(after)) != f["after"]:
                     problems.append(f"{patch['id']}: {f['path']} after-hash mismatch")
-        for patch in manifest["patches"]:
-            for f in patch["files"]:
-                if f["path"].endswith(".py"):
-                    try:
-                        compile((root / f["path"]).read_bytes(), f["path"], "exec", dont_inherit=True)
-                    except (SyntaxError, ValueError) as e:
-                        problems.append(f"{f['path']} does not compile: {e}")
-        for patch in reversed(manifest["patches"]):
-            run_patch(root, set_dir / patch["diff"], reverse=True, dry_run=True)
-            run_patch(root, set_dir / patch["diff"], reverse=True)
-        for patch in manifest["patches"]:
-            for f in patch["files"]:
-                p = root / f["path"]
-                if f["before"] is None and f["path"] not in record:
-                    if p.exists():
-                        problems.append(f"{f['path']} still exists after revert")
-                elif not p.exists() or sha256_hex(p.read_bytes()) != record.get(f["path"]):
-                    problems.append(f"{f['path']} does not match RECORD after revert")
+        if problems:
+            return problems
+        # Apply and revert for real, through the engine (journal, backups, verification).
+        engine = _engine(set_dir, installed, state)
+        try:
+            engine.apply()
+        except EngineError as exc:
+            raise RuntimeError(f"applying the set failed: {exc}") from None
+        for path, data in current.items():
+            if path.endswith(".py") and data is not None:
+                try:
+                    compile(data, path, "exec", dont_inherit=True)
+                except (SyntaxError, ValueError) as e:
+                    problems.append(f"{path} does not compile: {e}")
+        try:
+            engine.revert()
+        except EngineError as exc:
+            raise RuntimeError(f"reverting the set failed: {exc}") from None
+        if engine.status().overall != PRISTINE:
+            problems.append(f"after revert the set is {engine.status().overall}, not {PRISTINE}")
+        for path in current:
+            p = site / path
+            if path not in record:
+                if p.exists():
+                    problems.append(f"{path} still exists after revert")
+            elif not p.exists() or sha256_bytes(p.read_bytes()) != record[path]:
+                problems.append(f"{path} does not match RECORD after revert")
     finally:
         if own_tmp:
-            shutil.rmtree(root, ignore_errors=True)
+            shutil.rmtree(work, ignore_errors=True)
     return problems
 
 
 def apply_to(set_dir: Path, wheel: Path, dest: Path, *, whole: bool = False) -> None:
-    """Unpack ``wheel`` (only the touched files unless ``whole``) into ``dest`` and apply the set."""
-    unpack(wheel, dest, None if whole else touched_paths(set_dir, load_manifest(set_dir)))
-    for patch in load_manifest(set_dir)["patches"]:
-        run_patch(dest, set_dir / patch["diff"], dry_run=True)
-        run_patch(dest, set_dir / patch["diff"])
+    """Unpack ``wheel`` (only the touched files unless ``whole``) into ``dest`` and apply the set (engine)."""
+    installed = site_of(set_dir, wheel, dest, whole=whole)
+    with tempfile.TemporaryDirectory() as state:
+        try:
+            _engine(set_dir, installed, Path(state)).apply()
+        except EngineError as exc:
+            raise RuntimeError(f"applying the set failed: {exc}") from None
 
 
 def cmd_diff(pristine: Path, modified: Path, out: Path, rels: list[str]) -> int:
     chunks = []
     for rel in rels:
-        a = pristine / rel
-        b = modified / rel
-        argv = ["diff", "-u", "--label", "/dev/null" if not a.exists() else f"a/{rel}", "--label", f"b/{rel}",
-                str(a) if a.exists() else "/dev/null", str(b)]
-        proc = subprocess.run(argv, capture_output=True, text=True, check=False)
-        if proc.returncode not in (0, 1):
-            raise RuntimeError(proc.stderr)
-        if proc.returncode == 0:
+        a, b = pristine / rel, modified / rel
+        old = a.read_bytes() if a.exists() else None
+        new = b.read_bytes() if b.exists() else None
+        if old == new:
             raise ValueError(f"{rel}: no change")
-        chunks.append(proc.stdout)
-    out.write_text("".join(chunks))
+        chunks.append(udiff.make_diff(rel, old, new))
+    out.write_bytes(b"".join(chunks))
     print(f"wrote {out}")
     return 0
 

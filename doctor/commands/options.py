@@ -1,0 +1,119 @@
+"""What every command shares: the selection flags (derived from ``doctor.core.settings``), the exit-code
+guard, flags -> settings, and writing a report. Imported by ``doctor.cli`` and the area commands alike,
+so no command module imports the CLI module."""
+
+from __future__ import annotations
+
+import functools
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from doctor.core.exitcodes import EXIT_NO_REPORT, EXIT_USAGE
+
+REPORT_OPTIONS = {
+    "fmt": lambda: click.option("--format", "fmt", type=click.Choice(["text", "json", "junit"]), default="text",
+                                show_default=True),
+    "output": lambda: click.option("--output", type=click.Path(dir_okay=False), default=None,
+                                   help="Write the report here."),
+}
+# Where the report flags sit among the setting flags in --help (after --deep, as CONTRACT.md lists them).
+REPORT_AFTER = "deep"
+
+
+def setting_option(f: Any) -> Callable[..., Any]:
+    """The click option of one ``Settings`` field, from its ``setting()`` metadata."""
+    from doctor.core.settings import key_of
+
+    meta, dest = f.metadata, key_of(f)
+    names = meta["flag"].split("/")
+    kind = meta["kind"]
+    if kind == "list":
+        return click.option(*names, dest, multiple=True, help=meta["help"])
+    if kind in ("bool", "not"):
+        return click.option(*names, dest, is_flag=True, default=None, help=meta["help"])
+    if kind == "count":
+        return click.option(*names, dest, count=True, help=meta["help"])
+    typ = {"posint": int, "posfloat": float}.get(kind)
+    if dest in ("config", "from_snapshot"):
+        typ = click.Path(dir_okay=False)
+    return click.option(*names, dest, type=typ, default=None, help=meta["help"])
+
+
+def settings_options(*only: str, report: bool = True) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Flags for every setting that has one (or only those whose key is in ``only``), collected into
+    ``flags`` for the command. Derived from ``doctor.core.settings.Settings``: a new setting is one field."""
+    from doctor.core.settings import key_of, setting_fields
+
+    chosen = [f for f in setting_fields() if f.metadata["flag"] and (not only or key_of(f) in only)]
+    options: list[tuple[str, Callable[..., Any]]] = []
+    for f in chosen:
+        options.append((key_of(f), setting_option(f)))
+        if report and key_of(f) == REPORT_AFTER:
+            options += [(k, make()) for k, make in REPORT_OPTIONS.items()]
+
+    def deco(func: Callable[..., Any]) -> Callable[..., Any]:
+        keys = [k for k, _ in options]
+
+        @functools.wraps(func)
+        def wrapper(**kwargs: Any) -> Any:
+            flags = {k: kwargs.pop(k) for k in keys if k in kwargs}
+            return func(flags=flags, **kwargs)
+
+        for _key, opt in reversed(options):
+            wrapper = opt(wrapper)
+        return wrapper
+
+    return deco
+
+
+def selection_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """The flags shared by check, fix, snapshot, launch (CONTRACT.md): every setting's flag plus the report's."""
+    return settings_options()(func)
+
+
+def guarded(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Exit codes per the contract: ConfigError -> 2; any unexpected crash -> 3 with one line."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from doctor.core.settings import ConfigError
+
+        try:
+            return func(*args, **kwargs)
+        except ConfigError as exc:
+            click.echo(f"k26-doctor: {exc}", err=True)
+            sys.exit(EXIT_USAGE)
+        except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit, KeyboardInterrupt):
+            raise
+        except Exception as exc:
+            click.echo(f"k26-doctor: internal error, no report: {type(exc).__name__}: {exc}", err=True)
+            if "-v" in sys.argv or "--verbose" in sys.argv:
+                traceback.print_exc()
+            sys.exit(EXIT_NO_REPORT)
+
+    return wrapper
+
+
+def settings_from(flags: dict[str, Any]) -> Any:
+    from doctor.app import settings_from_flags
+
+    return settings_from_flags({k: v for k, v in flags.items() if k not in ("fmt", "output")})
+
+
+def emit(report: Any, flags: dict[str, Any]) -> None:
+    from doctor.app import render
+
+    fmt, output = flags.get("fmt") or "text", flags.get("output")
+    if output:
+        with open(output, "w", encoding="utf-8") as fh:
+            render(report, fmt, flags.get("verbose") or 0, fh, color=False)
+        if fmt != "text":
+            render(report, "text", flags.get("verbose") or 0, sys.stdout)
+    else:
+        render(report, fmt, flags.get("verbose") or 0, sys.stdout)
+
+

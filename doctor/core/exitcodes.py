@@ -1,0 +1,6 @@
+"""The exit codes of every ``k26-doctor`` command (CONTRACT.md): the one place they are defined."""
+
+EXIT_OK = 0  # every selected check passed (warnings allowed unless --strict)
+EXIT_FAILED = 1  # a check failed or errored, or an action failed
+EXIT_USAGE = 2  # invalid invocation or configuration
+EXIT_NO_REPORT = 3  # the doctor itself crashed: no report

@@ -1,0 +1,340 @@
+"""The check interface and the registry of checks, fact collectors and fixers.
+
+One small interface, kubeadm-style: a check is an id, a title, the facts it reads, and one
+function ``run(ctx) -> Result``. Authors mark functions with ``@check``, ``@collector`` and
+``@fixer``; the decorators only attach a declaration to the function (pluggy's hookimpl markers).
+A ``Registry`` object collects the declarations of the modules it loads:
+
+* built-in: every module of ``checks`` and ``fixes``, and each area's ``doctor/<area>/facts.py``;
+* plugins: the entry-point group ``k26_doctor.checks`` (an entry point names a module whose marked
+  functions are taken, or a ``Check`` object, or a callable returning an iterable of them).
+
+Loading validates, as pluggy validates hook implementations at registration: every ``fixer=``
+names a registered fixer, every ``depends=`` a registered check, every ``needs=`` a registered
+collector. A built-in inconsistency raises ``RegistryError`` naming the module; a plugin that does
+not resolve is rejected as a whole and reported by name (the doctor keeps running). Plugins are
+disabled by name with ``[doctor] disable_plugins = [...]`` or ``K26_DOCTOR_DISABLE_PLUGINS=a,b``.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import inspect
+import os
+import pkgutil
+import textwrap
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from doctor.core.context import Context
+    from doctor.core.result import Result
+
+ENTRY_POINT_GROUP = "k26_doctor.checks"
+DISABLE_ENV = "K26_DOCTOR_DISABLE_PLUGINS"
+DEFAULT_TIMEOUT_S = 30.0
+MARK = "__k26_doctor__"  # the attribute a decorator leaves on the function: its declarations
+BUILTIN = "builtin"
+
+
+@dataclass(frozen=True)
+class Check:
+    """One check. ``run`` must only read facts through ``ctx`` and must not change anything."""
+
+    id: str
+    title: str
+    run: Callable[[Context], Result]
+    needs: tuple[str, ...] = ()  # fact names (collectors)
+    tags: tuple[str, ...] = ()
+    deep: bool = False  # only with --deep
+    depends: tuple[str, ...] = ()  # check ids; if one fails, this one is skipped
+    timeout: float | None = None  # seconds; None: --timeout or DEFAULT_TIMEOUT_S
+    fixer: str | None = None  # fixer id
+    explain: str = ""  # what it looks at, why it matters, how to fix by hand
+    source: str = BUILTIN  # "builtin" or "plugin:<entry point name>"
+    module: str = ""  # the module that declared it (named by load errors)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "title": self.title,
+            "tags": list(self.tags),
+            "deep": self.deep,
+            "needs": list(self.needs),
+            "depends": list(self.depends),
+            "timeout_s": self.timeout,
+            "fixer": self.fixer,
+            "source": self.source,
+        }
+
+
+@dataclass(frozen=True)
+class Collector:
+    """Gathers one named fact (JSON-serialisable) from the live host.
+
+    ``isolate=True`` runs it in a child process of the doctor's interpreter that is killed at its
+    deadline: use it for anything that calls into a driver or C library that can hang (NVML).
+    A collector must not raise for expected conditions (no driver, missing file): it returns
+    what it saw, e.g. ``{"available": False, "error": "..."}``, and checks judge.
+    """
+
+    name: str
+    func: Callable[..., Any]
+    timeout: float = 20.0
+    isolate: bool = False
+    description: str = ""
+    source: str = BUILTIN
+    module: str = ""
+    shape: Any = None  # the value's declared shape (doctor.facts.shape); None: not checked
+
+
+@dataclass(frozen=True)
+class Fixer:
+    """Plans (and through its actions applies) the repair of one failing check.
+
+    ``plan(ctx, result)`` returns a ``doctor.core.actions.Plan`` (actions and notes): every change
+    it would make, shown before anything is done. No actions means nothing can be done automatically.
+    """
+
+    id: str
+    title: str
+    plan: Callable[..., Any]
+    needs_root: bool = False
+    source: str = BUILTIN
+    module: str = ""
+
+
+Item = Check | Collector | Fixer
+
+
+class RegistryError(Exception):
+    """A duplicate, malformed or unresolved registration; the message names the module or plugin."""
+
+
+def _mark(func: Callable[..., Any], item: Item) -> None:
+    marks = func.__dict__.setdefault(MARK, [])
+    marks.append(item)
+
+
+def check(
+    id: str,
+    title: str,
+    *,
+    needs: Iterable[str] = (),
+    tags: Iterable[str] = (),
+    deep: bool = False,
+    depends: Iterable[str] = (),
+    timeout: float | None = None,
+    fixer: str | None = None,
+) -> Callable[[Callable[[Context], Result]], Callable[[Context], Result]]:
+    """Declare ``func`` a check. Its docstring becomes ``k26-doctor explain ID``."""
+
+    def deco(func: Callable[[Context], Result]) -> Callable[[Context], Result]:
+        _mark(func, Check(id=id, title=title, run=func, needs=tuple(needs), tags=tuple(tags) or (id.split(".")[0],),
+                          deep=deep, depends=tuple(depends), timeout=timeout, fixer=fixer,
+                          explain=textwrap.dedent(inspect.getdoc(func) or "").strip(), module=func.__module__))
+        return func
+
+    return deco
+
+
+def collector(
+    name: str, *, timeout: float = 20.0, isolate: bool = False, shape: Any = None
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Declare a fact collector. ``func(opts: doctor.facts.store.CollectOptions) -> JSON value``.
+
+    ``shape`` (``doctor.facts.shape``): what checks may rely on; a value without it is a ``MalformedFact``.
+    """
+
+    def deco(func: Callable[..., Any]) -> Callable[..., Any]:
+        _mark(func, Collector(name, func, timeout, isolate, inspect.getdoc(func) or "", module=func.__module__,
+                              shape=shape))
+        return func
+
+    return deco
+
+
+def fixer(
+    id: str, title: str, *, needs_root: bool = False
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Declare a fixer: ``plan(ctx, result) -> doctor.core.actions.Plan``."""
+
+    def deco(func: Callable[..., Any]) -> Callable[..., Any]:
+        _mark(func, Fixer(id, title, func, needs_root, module=func.__module__))
+        return func
+
+    return deco
+
+
+def declarations(module: ModuleType) -> list[Item]:
+    """The checks, collectors and fixers a module's functions were marked with, in source order."""
+    out: list[Item] = []
+    for obj in vars(module).values():
+        if callable(obj) and getattr(obj, "__module__", None) == module.__name__:
+            out.extend(getattr(obj, MARK, ()))
+    return out
+
+
+def area_fact_modules() -> list[str]:
+    """``doctor.<area>.facts`` of every area package (the built-in collectors)."""
+    import doctor
+
+    names = []
+    for info in pkgutil.iter_modules(doctor.__path__):
+        if info.ispkg and importlib.util.find_spec(f"doctor.{info.name}.facts") is not None:
+            names.append(f"doctor.{info.name}.facts")
+    return sorted(names)
+
+
+def builtin_modules(collectors: bool = True) -> list[str]:
+    """Every built-in module that declares something: checks, fixes (and the areas' facts)."""
+    names = []
+    for pkg_name in ("checks", "fixes"):
+        pkg = importlib.import_module(pkg_name)
+        names += [f"{pkg_name}.{i.name}" for i in pkgutil.iter_modules(pkg.__path__) if not i.name.startswith("_")]
+    return names + (area_fact_modules() if collectors else [])
+
+
+def disabled_from_env(environ: dict[str, str] | None = None) -> tuple[str, ...]:
+    raw = (os.environ if environ is None else environ).get(DISABLE_ENV, "")
+    return tuple(n.strip() for n in raw.split(",") if n.strip())
+
+
+@dataclass
+class Registry:
+    """The checks, collectors and fixers of one doctor run (build one per test; never global)."""
+
+    checks: dict[str, Check] = field(default_factory=dict)
+    collectors: dict[str, Collector] = field(default_factory=dict)
+    fixers: dict[str, Fixer] = field(default_factory=dict)
+    load_errors: dict[str, str] = field(default_factory=dict)  # built-in module -> why it failed to import
+    plugin_errors: list[str] = field(default_factory=list)  # "name (value): why" of rejected plugins
+    disabled: tuple[str, ...] = ()  # plugin names not loaded
+
+    # -- adding ------------------------------------------------------------------------------------
+
+    def add(self, item: Item, source: str = BUILTIN) -> None:
+        """Add one declaration; a duplicate or a malformed id raises ``RegistryError``."""
+        if item.source != source and item.source == BUILTIN:
+            item = replace(item, source=source)
+        where = item.module or item.source
+        if isinstance(item, Check):
+            if not item.id or item.id != item.id.lower() or " " in item.id:
+                raise RegistryError(f"{where}: check id {item.id!r} must be lowercase and dotted")
+            old = self.checks.get(item.id)
+            if old is not None and old.run is not item.run:
+                raise RegistryError(f"check {item.id!r} registered twice ({old.module or old.source}, {where})")
+            self.checks[item.id] = item
+        elif isinstance(item, Collector):
+            old_c = self.collectors.get(item.name)
+            if old_c is not None and old_c.func is not item.func:
+                raise RegistryError(f"fact {item.name!r} has two collectors ({old_c.module}, {where})")
+            self.collectors[item.name] = item
+        elif isinstance(item, Fixer):
+            old_f = self.fixers.get(item.id)
+            if old_f is not None and old_f.plan is not item.plan:
+                raise RegistryError(f"fixer {item.id!r} registered twice ({old_f.module}, {where})")
+            self.fixers[item.id] = item
+        else:
+            raise RegistryError(f"{where}: {item!r} is not a Check, Collector or Fixer")
+
+    def add_module(self, module: ModuleType | str, source: str = BUILTIN) -> list[Item]:
+        """Add every declaration of ``module`` (imported by name if needed); returns them."""
+        mod = importlib.import_module(module) if isinstance(module, str) else module
+        items = declarations(mod)
+        for item in items:
+            self.add(item, source)
+        return items
+
+    # -- validation --------------------------------------------------------------------------------
+
+    def problems(self, items: Iterable[Item] | None = None) -> list[str]:
+        """Unresolved references of ``items`` (default: everything), each naming its module."""
+        out = []
+        for item in self.checks.values() if items is None else items:
+            if not isinstance(item, Check):
+                continue
+            where = item.module or item.source
+            if item.fixer is not None and item.fixer not in self.fixers:
+                out.append(f"{where}: check {item.id!r} names fixer {item.fixer!r}, which is not registered")
+            for dep in item.depends:
+                if dep not in self.checks:
+                    out.append(f"{where}: check {item.id!r} depends on {dep!r}, which is not a registered check")
+            if self.collectors:  # a registry loaded without collectors (``list``) cannot resolve needs
+                for need in item.needs:
+                    if need not in self.collectors:
+                        out.append(f"{where}: check {item.id!r} needs fact {need!r}, which no collector provides")
+        return out
+
+    def validate(self) -> None:
+        """Raise ``RegistryError`` listing every unresolved reference."""
+        bad = self.problems()
+        if bad:
+            raise RegistryError("; ".join(bad))
+
+    # -- loading -----------------------------------------------------------------------------------
+
+    def load_builtin(self, collectors: bool = True) -> None:
+        """Built-in modules; one that fails to import is recorded (its checks are missing: fail closed)."""
+        for name in builtin_modules(collectors):
+            try:
+                self.add_module(name)
+            except RegistryError:
+                raise
+            except Exception as exc:  # a broken module must fail the gate, not crash the doctor
+                self.load_errors[name] = f"{type(exc).__name__}: {exc}"
+
+    def load_plugins(self, disabled: Iterable[str] = ()) -> None:
+        """Entry points of ``k26_doctor.checks``, each validated on its own; a bad one is rejected whole."""
+        from importlib.metadata import entry_points
+
+        self.disabled = tuple(dict.fromkeys(list(self.disabled) + list(disabled)))
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            if ep.name in self.disabled:
+                continue
+            source = f"plugin:{ep.name}"
+            trial = Registry(dict(self.checks), dict(self.collectors), dict(self.fixers))
+            try:
+                obj = ep.load()
+                if inspect.ismodule(obj):
+                    items = trial.add_module(obj, source)
+                elif isinstance(obj, Check):
+                    items = [obj]
+                elif callable(obj):
+                    items = list(obj() or ())
+                else:
+                    raise RegistryError(f"entry point is {type(obj).__name__}, not a module, Check or callable")
+                if not inspect.ismodule(obj):
+                    for item in items:
+                        trial.add(item, source)
+                added = [trial.checks.get(getattr(i, "id", "")) or i for i in items]
+                bad = trial.problems(added)
+                if bad:
+                    raise RegistryError("; ".join(bad))
+            except Exception as exc:  # a broken plugin must not take the doctor down
+                self.plugin_errors.append(f"{ep.name} ({ep.value}): {type(exc).__name__}: {exc}")
+                continue
+            self.checks, self.collectors, self.fixers = trial.checks, trial.collectors, trial.fixers
+
+    def sorted_checks(self) -> list[Check]:
+        return sorted(self.checks.values(), key=lambda c: c.id)
+
+
+@functools.lru_cache(maxsize=8)
+def _build_default(plugins: bool, disabled: tuple[str, ...], collectors: bool) -> Registry:
+    reg = Registry()
+    reg.load_builtin(collectors)
+    reg.validate()
+    if plugins:
+        reg.load_plugins(disabled)
+    return reg
+
+
+def load(plugins: bool = True, disabled: Iterable[str] = (), collectors: bool = True) -> Registry:
+    """The built-in registry (plus plugins not disabled), validated; built once per process and arguments."""
+    names = tuple(sorted(set(disabled) | set(disabled_from_env()))) if plugins else ()
+    return _build_default(plugins, names, collectors)

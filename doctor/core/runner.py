@@ -1,0 +1,189 @@
+"""The concurrent runner: every check in its own thread, under its own deadline.
+
+Why threads and not a pool: a check past its deadline is abandoned (its thread is a daemon and is
+never joined), so one hung probe cannot hold up the run or the exit. Anything that can block in C
+(NVML, compilers, the service's interpreter) runs in a child process that ``doctor.core.proc`` kills at
+the deadline, so abandoned threads are only ever waiting on something already being torn down.
+
+Dependencies: a check whose dependency failed, errored or was skipped is ``skip`` with the reason.
+Ignores (``--ignore``, config): a failure is reported as ``warn`` with ``ignored`` set, never hidden.
+Ctrl-C: the run stops at once; unfinished checks become ``error`` ("interrupted") in a partial report.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import queue
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from doctor.core.context import Context
+from doctor.core.registry import DEFAULT_TIMEOUT_S, Check
+from doctor.core.result import Remediation, Result, Status
+from doctor.facts.store import FactUnavailable, MalformedFact
+
+
+@dataclass
+class RunOutcome:
+    results: list[Result]
+    duration_s: float
+    interrupted: bool = False
+    notes: list[str] = field(default_factory=list)
+
+
+def matches(check_id: str, patterns: Iterable[str]) -> bool:
+    """Glob match on ids; ``gpu`` also selects ``gpu.*`` (a prefix is an area)."""
+    for pat in patterns:
+        if fnmatch.fnmatchcase(check_id, pat) or (check_id.startswith(pat.rstrip(".") + ".") and "*" not in pat):
+            return True
+    return False
+
+
+def select(checks: Iterable[Check], only: list[str], skip: list[str], deep: bool) -> list[Check]:
+    """``--only``/``--skip`` globs; deep checks only with ``--deep`` (or when named by ``--only``)."""
+    chosen = []
+    for chk in checks:
+        if only and not matches(chk.id, only):
+            continue
+        if skip and matches(chk.id, skip):
+            continue
+        if chk.deep and not deep and not (only and any(p == chk.id for p in only)):
+            continue
+        chosen.append(chk)
+    return chosen
+
+
+def deadline_for(chk: Check, flag_timeout: float | None) -> float:
+    if flag_timeout is not None:
+        return flag_timeout
+    return chk.timeout if chk.timeout is not None else DEFAULT_TIMEOUT_S
+
+
+def execute(chk: Check, ctx: Context, verbose: bool = False) -> Result:
+    """Run one check in the current thread, turning every way it can go wrong into a result."""
+    start = time.monotonic()
+    try:
+        res = chk.run(ctx)
+        if not isinstance(res, Result):
+            res = Result.errored(f"check returned {type(res).__name__}, not a Result")
+    except MalformedFact as exc:  # one rule for every area: a value of the wrong shape is a clear fail
+        res = Result.failed(f"the fact {exc.name!r} is malformed: {exc.reason}",
+                            Remediation("Record the host again with `k26-doctor snapshot`, or check live."),
+                            fact=exc.name)
+    except FactUnavailable as exc:
+        status = Status.SKIP if exc.status == "skip" else Status.ERROR
+        res = Result(status, f"cannot judge: {exc.reason} (fact {exc.name!r})", {"fact": exc.name})
+    except Exception as exc:  # a crash becomes a result, flutter-doctor style
+        tb = traceback.format_exc()
+        res = Result.errored(f"check crashed: {type(exc).__name__}: {_one_line(str(exc))}")
+        res.traceback = tb
+    res.duration_s = time.monotonic() - start
+    return _stamp(res, chk)
+
+
+def _stamp(res: Result, chk: Check) -> Result:
+    res.id = chk.id
+    res.title = chk.title
+    res.fixer = chk.fixer if res.status in (Status.FAIL, Status.WARN, Status.ERROR) else None
+    return res
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def apply_ignores(res: Result, ignore: list[str]) -> Result:
+    if res.status.failed and ignore and matches(res.id, ignore):
+        res.ignored = res.status
+        res.status = Status.WARN
+        res.summary = f"[ignored {res.ignored.value}] {res.summary}"
+    return res
+
+
+def run_checks(
+    checks: list[Check],
+    ctx: Context,
+    *,
+    on_result: Callable[[Result], None] | None = None,
+) -> RunOutcome:
+    """Run ``checks`` concurrently, respecting dependencies and deadlines; never raises."""
+    settings = ctx.settings
+    started = time.monotonic()
+    by_id = {c.id: c for c in checks}
+    done: dict[str, Result] = {}
+    running: dict[str, float] = {}  # id -> deadline (monotonic)
+    results_q: queue.Queue[Result] = queue.Queue()
+    interrupted = False
+
+    def finish(res: Result) -> None:
+        apply_ignores(res, settings.ignore)
+        done[res.id] = res
+        ctx.results[res.id] = res
+        if on_result is not None:
+            on_result(res)
+
+    def worker(chk: Check) -> None:
+        results_q.put(execute(chk, ctx, settings.verbose > 0))
+
+    def blocked_by(chk: Check) -> tuple[bool, list[str]]:
+        deps = [d for d in chk.depends if d in by_id]
+        if any(d not in done for d in deps):
+            return True, []
+        bad = [d for d in deps if done[d].status in (Status.FAIL, Status.ERROR, Status.SKIP)
+               or done[d].ignored is not None]
+        return False, bad
+
+    pending = list(checks)
+    try:
+        while pending or running:
+            for chk in list(pending):
+                waiting, bad = blocked_by(chk)
+                if waiting:
+                    continue
+                pending.remove(chk)
+                if bad:
+                    why = ", ".join(f"{d} ({(done[d].ignored or done[d].status).value})" for d in bad)
+                    finish(_stamp(Result.skipped(f"skipped: depends on {why}", depends_on=bad), chk))
+                    continue
+                running[chk.id] = time.monotonic() + deadline_for(chk, settings.timeout)
+                threading.Thread(target=worker, args=(chk,), name=f"check:{chk.id}", daemon=True).start()
+            if not running:
+                if pending and all(blocked_by(c)[0] for c in pending):  # a cycle or a missing dep
+                    for chk in pending:
+                        finish(_stamp(Result.errored("dependency cycle among: " +
+                                                     ", ".join(c.id for c in pending)), chk))
+                    pending.clear()
+                continue
+            wait = max(0.0, min(running.values()) - time.monotonic())
+            try:
+                res = results_q.get(timeout=min(wait, 0.25) if wait > 0 else 0.001)
+            except queue.Empty:
+                res = None
+            if res is not None and res.id in running:
+                running.pop(res.id)
+                finish(res)
+            now = time.monotonic()
+            for cid, dl in list(running.items()):
+                if now >= dl:
+                    running.pop(cid)
+                    limit = deadline_for(by_id[cid], settings.timeout)
+                    late = Result.errored(
+                        f"timed out after {limit:g}s (abandoned; raise with --timeout if the host is slow)",
+                        timeout_s=limit)
+                    late.remediation = Remediation(
+                        "A probe did not answer in time: often a hung driver call or a stuck filesystem. "
+                        "Look at `nvidia-smi` and `dmesg`, or run this check alone with -v.")
+                    late.duration_s = limit
+                    finish(_stamp(late, by_id[cid]))
+    except KeyboardInterrupt:
+        interrupted = True
+        for cid in list(running) + [c.id for c in pending]:
+            if cid not in done:
+                res = Result.errored("interrupted (Ctrl-C) before it finished")
+                finish(_stamp(res, by_id[cid]))
+    ordered = [done[c.id] for c in checks if c.id in done]
+    return RunOutcome(ordered, time.monotonic() - started, interrupted)

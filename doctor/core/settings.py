@@ -1,0 +1,250 @@
+"""Profiles, the TOML config file and flags, merged into one ``Settings``: flags > config > profile.
+
+Profiles are data files shipped in ``doctor/profiles/``. A config file has the same tables as a
+profile (they override it key by key) plus a ``[doctor]`` table for the run itself::
+
+    [doctor]
+    profile = "b300-tp8-ddtree"
+    python = "/opt/k26/venv/bin/python"
+    ignore = ["gpu.health"]          # reported as warn, never hidden
+    skip = ["host.port"]
+    timeout = 30
+    patches_dir = "/etc/k26-doctor/patches"
+    disable_plugins = ["site"]       # plugin entry points not loaded (also $K26_DOCTOR_DISABLE_PLUGINS)
+
+    [model]
+    path = "/data/Kimi-K2.6"
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import MISSING, Field, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on py310 in tox
+    import tomli as tomllib
+
+PROFILES_DIR = Path(__file__).resolve().parents[1] / "profiles"
+DEFAULT_PROFILE = "b300-tp8-ddtree"
+DEFAULT_CONFIG = "/etc/k26-doctor/config.toml"
+CONFIG_ENV = "K26_DOCTOR_CONFIG"
+DEFAULT_STATE_DIR = "/var/lib/k26-doctor"
+
+
+class ConfigError(Exception):
+    """Invalid invocation or configuration: exit code 2."""
+
+
+def profile_names() -> list[str]:
+    return sorted(p.stem for p in PROFILES_DIR.glob("*.toml"))
+
+
+def load_profile(name: str) -> dict[str, Any]:
+    """A built-in profile by name, or a profile TOML file by path."""
+    path = Path(name) if name.endswith(".toml") else PROFILES_DIR / f"{name}.toml"
+    if not path.is_file():
+        raise ConfigError(f"unknown profile {name!r}; built-in profiles: {', '.join(profile_names())}")
+    return _read_toml(path, "profile")
+
+
+def _read_toml(path: Path, what: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{what} {path} is not valid TOML: {exc}") from None
+
+
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over`` wins key by key; tables merge, everything else (lists too) is replaced."""
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def setting(default: Any = None, *, factory: Callable[[], Any] | None = None, key: str | None = None,
+            flag: str | None = None, help: str = "", kind: str = "str", config: bool = True, collect: bool = False,
+            profile_key: str | None = None) -> Any:
+    """A field of ``Settings`` and everything derived from it: its ``[doctor]`` config key (``config``), its
+    command-line flag (``flag``, ``help``), whether collectors see it (``collect``: a ``CollectOptions`` field),
+    how a value is checked (``kind``: str, path, bool, list, posint, posfloat, count, not) and the profile
+    table that gives its default (``profile_key``). Adding a setting is adding one such field."""
+    meta = {"key": key, "flag": flag, "help": help, "kind": kind, "config": config, "collect": collect,
+            "profile_key": profile_key, "setting": True}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class Settings:
+    """Everything a run needs to know, resolved once (flags > config ``[doctor]`` > profile > default)."""
+
+    config_path: str | None = setting(key="config", config=False, flag="--config", help=(
+        "TOML config (default $K26_DOCTOR_CONFIG, else /etc/k26-doctor/config.toml)."))
+    profile_name: str = setting(DEFAULT_PROFILE, key="profile", flag="--profile",
+                                help=f"Deployment profile (default {DEFAULT_PROFILE}).")
+    model_path: str | None = setting(kind="path", flag="--model-path", help="Target model directory.",
+                                     collect=True, profile_key="model.path")
+    draft_model_path: str | None = setting(kind="path", flag="--draft-model-path", collect=True,
+                                           help="Draft (DFlash) model directory.", profile_key="drafter.path")
+    python: str = setting(sys.executable, kind="path", flag="--python", collect=True,
+                          help="The service's interpreter (default: this one).")
+    tp: int = setting(1, kind="posint", flag="--tp", collect=True, profile_key="parallel.tp",
+                      help="Tensor-parallel size (default: the profile's).")
+    only: list[str] = setting(factory=list, kind="list", flag="--only",  # noqa: RUF009 (a field)
+                              help="Only checks matching this glob (repeatable).")
+    skip: list[str] = setting(factory=list, kind="list", flag="--skip",  # noqa: RUF009 (a field)
+                              help="Skip checks matching this glob (repeatable).")
+    ignore: list[str] = setting(factory=list, kind="list", flag="--ignore",  # noqa: RUF009 (a field)
+                                help="Report a failure of this check as warn (repeatable).")
+    deep: bool = setting(False, kind="bool", flag="--deep", collect=True,
+                         help="Add the slow checks (hashing, bandwidth).")
+    strict: bool = setting(False, kind="bool", flag="--strict", help="Warnings fail too.")
+    timeout: float | None = setting(kind="posfloat", flag="--timeout", help="Deadline per check, seconds.")
+    verbose: int = setting(0, kind="count", config=False, flag="-v/--verbose", help="Details and tracebacks.")
+    from_snapshot: str | None = setting(config=False, flag="--from-snapshot",
+                                        help="Judge a recorded snapshot instead of this host.")
+    patches_dir: str | None = setting(flag="--patches-dir", collect=True, help="A site directory of patch sets.")
+    state_dir: str = setting(DEFAULT_STATE_DIR, flag="--state-dir", collect=True,
+                             help="Where backups, journals and locks live.")
+    verify_cache_dir: str | None = setting(collect=True)
+    verify_cache: bool = setting(True, key="no_verify_cache", kind="not", config=False, collect=True,
+                                 flag="--no-verify-cache",
+                                 help="--deep: hash every file again, ignoring the verification cache.")
+    disable_plugins: list[str] = setting(factory=list, kind="list")  # plugin entry points not loaded  # noqa: RUF009 (a field)
+    # Derived, not settings of their own:
+    profile: dict[str, Any] = field(default_factory=dict, metadata={"collect": True})  # profile < config tables
+    python_given: bool = False
+    snapshot: dict[str, Any] | None = field(default=None, repr=False)  # with --from-snapshot
+
+    def get(self, dotted: str, default: Any = None) -> Any:
+        """A profile value by dotted path, e.g. ``settings.get("gpu.compute_capability")``."""
+        node: Any = self.profile
+        for part in dotted.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return default
+            node = node[part]
+        return node
+
+    @property
+    def world_size(self) -> int:
+        """GPUs the service uses: TP x PP x DP (SGLang's EP runs inside the TP group)."""
+        return self.tp * int(self.get("parallel.pp", 1) or 1) * int(self.get("parallel.dp", 1) or 1)
+
+
+def setting_fields() -> list[Field[Any]]:
+    """The fields of ``Settings`` that are settings, in the order their flags are shown."""
+    return [f for f in fields(Settings) if f.metadata.get("setting")]
+
+
+def key_of(f: Field[Any]) -> str:
+    return f.metadata.get("key") or f.name
+
+
+DOCTOR_KEYS = frozenset(key_of(f) for f in setting_fields() if f.metadata["config"])
+COLLECT_FIELDS = tuple(f.name for f in fields(Settings) if f.metadata.get("collect"))
+
+
+def _convert(f: Field[Any], value: Any) -> Any:
+    kind, name = f.metadata["kind"], key_of(f)
+    if value is None:
+        return None
+    if kind == "path":
+        return os.path.expanduser(str(value))
+    if kind == "bool":
+        return bool(value)
+    if kind == "posint":
+        try:
+            number = int(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{name} must be an integer, got {value!r}") from None
+        if number < 1:
+            raise ConfigError(f"{name} must be >= 1, got {number}")
+        return number
+    if kind == "posfloat":
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{name} must be a number of seconds, got {value!r}") from None
+        if number <= 0:
+            raise ConfigError(f"{name} must be positive")
+        return number
+    return value
+
+
+def resolve(flags: dict[str, Any], environ: dict[str, str] | None = None) -> Settings:
+    """Merge profile, config file and command-line flags (flags given as None are absent).
+
+    Every field made with ``setting()`` resolves the same way: the flag if given, else the
+    ``[doctor]`` key, else the profile's ``profile_key``, else the default; lists from the config and
+    the flags add up (an ignore in the config stays ignored).
+    """
+    environ = dict(os.environ) if environ is None else environ
+    config_path = flags.get("config") or environ.get(CONFIG_ENV) or None
+    if config_path is None and os.path.isfile(DEFAULT_CONFIG):
+        config_path = DEFAULT_CONFIG
+    config: dict[str, Any] = {}
+    if config_path:
+        if not os.path.isfile(config_path):
+            raise ConfigError(f"config file {config_path} does not exist")
+        config = _read_toml(Path(config_path), "config file")
+    doctor_cfg = config.pop("doctor", {}) or {}
+    if not isinstance(doctor_cfg, dict):
+        raise ConfigError("[doctor] in the config file must be a table")
+    unknown = set(doctor_cfg) - DOCTOR_KEYS
+    if unknown:
+        raise ConfigError(f"unknown key(s) in [doctor]: {', '.join(sorted(unknown))}; "
+                          f"known: {', '.join(sorted(DOCTOR_KEYS))}")
+
+    def pick(name: str, default: Any = None) -> Any:
+        value = flags.get(name)
+        if value not in (None, (), []):
+            return value
+        if name in doctor_cfg:
+            return doctor_cfg[name]
+        return default
+
+    profile_name = pick("profile", DEFAULT_PROFILE)
+    profile = deep_merge(load_profile(profile_name), config)
+    values: dict[str, Any] = {}
+    for f in setting_fields():
+        name, kind = key_of(f), f.metadata["kind"]
+        if f.name == "config_path":
+            values[f.name] = config_path
+        elif kind == "list":
+            items = list(doctor_cfg.get(name) or []) + list(flags.get(name) or [])
+            if not all(isinstance(i, str) for i in items):
+                raise ConfigError(f"{name} must be a list of check ids or globs")
+            values[f.name] = list(dict.fromkeys(items))
+        elif kind == "not":
+            values[f.name] = not bool(flags.get(name))
+        elif kind == "count":
+            values[f.name] = int(flags.get(name) or 0)
+        elif not f.metadata["config"]:
+            values[f.name] = flags.get(name)
+        else:
+            default = f.default if f.default is not MISSING else None
+            if f.metadata["profile_key"]:
+                node: Any = profile
+                for part in f.metadata["profile_key"].split("."):
+                    node = node.get(part) if isinstance(node, dict) else None
+                default = node if node is not None else default
+            values[f.name] = _convert(f, pick(name, default))
+    values["profile_name"] = str(profile.get("name", profile_name))
+    values["python_given"] = bool(pick("python"))
+    values["python"] = values["python"] or sys.executable
+    return Settings(profile=profile, **values)

@@ -1,0 +1,197 @@
+"""The facts of one run: collected live on first use (a lock per fact, under the collector's deadline)
+or replayed from a snapshot; ``CollectOptions`` is what collectors may look at."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import traceback
+from dataclasses import MISSING, asdict, field, fields, make_dataclass
+from typing import Any
+
+from doctor.core.registry import Collector
+from doctor.facts.isolation import collect_isolated
+
+
+def _collect_fields() -> list[tuple[str, Any, Any]]:
+    """``CollectOptions``' fields: the ``Settings`` fields marked ``collect=True``, plus ``env``."""
+    from doctor.core.settings import COLLECT_FIELDS, Settings
+
+    out: list[tuple[str, Any, Any]] = []
+    for f in fields(Settings):
+        if f.name in COLLECT_FIELDS:
+            default = (field(default_factory=f.default_factory) if f.default_factory is not MISSING
+                       else field(default=f.default))
+            out.append((f.name, f.type, default))
+    out.append(("env", "dict[str, str]", field(default_factory=lambda: dict(os.environ))))
+    return out
+
+
+def _to_dict(self: Any) -> dict[str, Any]:
+    return asdict(self)
+
+
+def _from_dict(cls: Any, data: dict[str, Any]) -> Any:
+    return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+
+def _from_settings(cls: Any, settings: Any) -> Any:
+    return cls(**{name: getattr(settings, name) for name in cls.__dataclass_fields__ if name != "env"})
+
+
+# What collectors may look at: the settings marked ``collect=True`` in ``doctor.core.settings`` (one record
+# from flags and config to collectors; a new setting is declared there only) plus the service environment.
+CollectOptions = make_dataclass(
+    "CollectOptions", _collect_fields(),
+    namespace={"to_dict": _to_dict, "from_dict": classmethod(_from_dict), "from_settings": classmethod(_from_settings),
+               "__doc__": "What collectors may look at: the run's settings marked collect=True, and env."})
+CollectOptions.__module__ = __name__
+
+
+class FactUnavailable(Exception):
+    """A fact could not be had. ``status`` is what a check that needs it becomes.
+
+    ``skip`` when the fact is simply not there to judge (not in a snapshot); ``error`` when its
+    collector crashed or ran past its deadline (the gate fails closed).
+    """
+
+    def __init__(self, name: str, reason: str, status: str = "error") -> None:
+        super().__init__(f"fact {name!r}: {reason}")
+        self.name = name
+        self.reason = reason
+        self.status = status
+
+
+class MalformedFact(FactUnavailable):
+    """A fact whose value does not have its collector's declared shape: the check that reads it fails,
+    naming the fact and where the value is wrong (``doctor.facts.shape``)."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        super().__init__(name, reason, status="fail")
+
+
+class FactStore:
+    """Facts of one run: collected live on first use, or replayed from a snapshot."""
+
+    def __init__(self, options: CollectOptions, snapshot: dict[str, Any] | None = None,
+                 collectors: dict[str, Collector] | None = None) -> None:
+        self.options = options
+        self.snapshot = snapshot
+        self._collectors = collectors
+        self._values: dict[str, Any] = {}
+        self._errors: dict[str, FactUnavailable] = {}
+        self._durations: dict[str, float] = {}
+        self._locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
+        self._shaped: dict[str, MalformedFact | None] = {}  # shape verdict per fact, once
+        if snapshot is not None:
+            for name, value in (snapshot.get("facts") or {}).items():
+                if isinstance(value, dict) and "__error__" in value:
+                    self._errors[name] = FactUnavailable(name, f"recorded as failed: {value['__error__']}")
+                else:
+                    self._values[name] = value
+
+    @property
+    def collectors(self) -> dict[str, Collector]:
+        """The collectors this store runs: given, or the built-in registry's."""
+        if self._collectors is None:
+            from doctor.core.registry import load
+
+            self._collectors = load(plugins=False).collectors
+        return self._collectors
+
+    @property
+    def replaying(self) -> bool:
+        return self.snapshot is not None
+
+    def get(self, name: str) -> Any:
+        """The fact's value; raises ``FactUnavailable`` if it cannot be had, ``MalformedFact`` if its value
+        does not have the shape its collector declares."""
+        value = self._get(name)
+        if name not in self._shaped:
+            coll = self.collectors.get(name)
+            if coll is not None and coll.shape is not None:
+                from doctor.facts.shape import problem
+
+                bad = problem(value, coll.shape)
+                self._shaped[name] = MalformedFact(name, bad) if bad else None
+            else:
+                self._shaped[name] = None
+        if self._shaped[name] is not None:
+            raise self._shaped[name]
+        return value
+
+    def _get(self, name: str) -> Any:
+        if name in self._values:
+            return self._values[name]
+        if name in self._errors:
+            raise self._errors[name]
+        if self.snapshot is not None:
+            raise FactUnavailable(name, "not recorded in the snapshot", status="skip")
+        with self._guard:
+            lock = self._locks.setdefault(name, threading.Lock())
+        with lock:
+            if name in self._values:
+                return self._values[name]
+            if name in self._errors:
+                raise self._errors[name]
+            coll = self.collectors.get(name)
+            if coll is None:
+                raise FactUnavailable(name, "no collector registered for it")
+            start = time.monotonic()
+            try:
+                value = collect_isolated(coll, self.options) if coll.isolate else coll.func(self.options)
+            except FactUnavailable as exc:
+                self._errors[name] = exc
+                raise
+            except Exception as exc:
+                err = FactUnavailable(name, f"collector crashed: {type(exc).__name__}: {exc}")
+                err.__cause__ = exc
+                self._errors[name] = err
+                raise err from exc
+            finally:
+                self._durations[name] = time.monotonic() - start
+            self._values[name] = value
+            return value
+
+    def collected(self) -> set[str]:
+        """Names of the facts that have a value in this store (collected, replayed or seeded)."""
+        return set(self._values)
+
+    def seed(self, name: str, value: Any) -> None:
+        """Provide a fact's value up front (a recorded reading mixed with live collection, e.g. in tests)."""
+        self._errors.pop(name, None)
+        self._shaped.pop(name, None)
+        self._values[name] = value
+
+    def collect_all(self, names: list[str] | None = None) -> dict[str, Any]:
+        """Collect every fact (for ``snapshot``); failures are recorded, never raised."""
+        out: dict[str, Any] = {}
+        names = names if names is not None else sorted(self.collectors)
+        threads = [threading.Thread(target=self._quiet_get, args=(n,), daemon=True) for n in names]
+        for t in threads:
+            t.start()
+        longest = max((self.collectors[n].timeout for n in names if n in self.collectors), default=5)
+        deadline = time.monotonic() + longest + 5
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        for n in names:
+            if n in self._values:
+                out[n] = self._values[n]
+            elif n in self._errors:
+                out[n] = {"__error__": self._errors[n].reason}
+            else:
+                out[n] = {"__error__": "collector did not finish before the deadline"}
+        return out
+
+    def _quiet_get(self, name: str) -> None:
+        try:
+            self.get(name)
+        except FactUnavailable:
+            pass
+        except Exception:  # pragma: no cover - defensive
+            self._errors[name] = FactUnavailable(name, traceback.format_exc(limit=1))
+
+    def durations(self) -> dict[str, float]:
+        return dict(self._durations)

@@ -1,0 +1,191 @@
+"""Host facts: the service's environment, free space where it writes, the server port."""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+from doctor.core.registry import collector
+from doctor.facts.redaction import redact
+from doctor.facts.store import CollectOptions
+
+
+def service_environment(opts: CollectOptions) -> dict[str, str]:
+    """What the service will see: this environment, plus the profile's [server.env] (the launcher sets it)."""
+    env = dict(opts.env)
+    for key, value in ((opts.profile.get("server") or {}).get("env") or {}).items():
+        env.setdefault(str(key), str(value))
+    return env
+
+
+def parse_env_file(text: str) -> dict[str, str]:
+    """systemd EnvironmentFile syntax: KEY=VALUE lines, # comments, optional quotes."""
+    out: dict[str, str] = {}
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith(("#", ";")) or "=" not in line:
+            continue
+        key, value = line.split("=", 1)
+        key = key.strip()
+        if key.startswith("export "):
+            key = key[len("export "):].strip()
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+            value = value[1:-1]
+        out[key] = value
+    return out
+
+
+def service_env(opts: CollectOptions) -> tuple[dict[str, str], dict[str, Any]]:
+    """The environment the service gets and where it came from: this process's environment, the
+    profile's [server.env] (the launcher sets it), then the EnvironmentFile systemd applies last.
+
+    Every collector that runs something "as the service would" uses this one function.
+    """
+    env = service_environment(opts)
+    raw = (opts.profile.get("server") or {}).get("env_file") if isinstance(opts.profile, dict) else None
+    path = os.path.expanduser(raw) if isinstance(raw, str) and raw else None
+    info: dict[str, Any] = {"env_file": path, "env_file_state": None, "env_file_keys": [],
+                            "cuda_visible_devices_from": "environment" if "CUDA_VISIBLE_DEVICES" in env else None}
+    if path:
+        try:
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                extra = parse_env_file(fh.read(1_000_000))
+        except FileNotFoundError:
+            info["env_file_state"], info["env_file_error"] = "missing", "not present"
+        except OSError as exc:
+            info["env_file_error"] = exc.strerror or str(exc)
+            info["env_file_state"] = f"unreadable: {info['env_file_error']}"
+        else:
+            env.update(extra)
+            info["env_file_state"], info["env_file_keys"] = "read", sorted(extra)
+            if "CUDA_VISIBLE_DEVICES" in extra:
+                info["cuda_visible_devices_from"] = path
+    return env, info
+
+
+@collector("env", timeout=5)
+def collect_env(opts: CollectOptions) -> dict[str, Any]:
+    """The environment the service gets: process env + profile [server.env] + the env file, redacted."""
+    env, info = service_env(opts)
+    return {
+        "vars": redact(env),
+        "env_file": info["env_file"],
+        "env_file_state": info["env_file_state"],
+        "env_file_vars": info["env_file_keys"],
+    }
+
+
+def writable_ancestor(path: Path) -> tuple[Path, bool]:
+    p = path
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p, os.access(p, os.W_OK)
+
+
+def disk_targets(opts: CollectOptions) -> dict[str, str]:
+    """Where the service writes: the Triton cache, temp files, logs, profile [host] paths."""
+    env = service_environment(opts)
+    home = env.get("HOME") or str(Path.home())
+    targets = {
+        "triton_cache": env.get("TRITON_CACHE_DIR") or os.path.join(home, ".triton", "cache"),
+        "tmp": env.get("TMPDIR") or "/tmp",
+    }
+    for i, p in enumerate((opts.profile.get("host") or {}).get("paths") or []):
+        targets.setdefault(f"path{i}:{p}", os.path.expanduser(p.replace("~", home, 1) if p.startswith("~") else p))
+    if env.get("SGLANG_LOG_DIR"):
+        targets["sglang_logs"] = env["SGLANG_LOG_DIR"]
+    return targets
+
+
+@collector("disk", timeout=10)
+def collect_disk(opts: CollectOptions) -> dict[str, Any]:
+    """statvfs of each place the service writes (or its nearest existing parent)."""
+    out: dict[str, Any] = {}
+    for name, raw in disk_targets(opts).items():
+        path = Path(raw)
+        entry: dict[str, Any] = {"path": str(path)}
+        try:
+            probe, writable = writable_ancestor(path)
+            st = os.statvfs(probe)
+            entry.update({
+                "measured_at": str(probe),
+                "exists": path.exists(),
+                "writable": writable,
+                "free_bytes": st.f_bavail * st.f_frsize,
+                "total_bytes": st.f_blocks * st.f_frsize,
+                "free_inodes": st.f_favail,
+                "read_only_fs": bool(st.f_flag & os.ST_RDONLY),
+            })
+        except OSError as exc:
+            entry["error"] = f"{exc.strerror or exc}"
+        out[name] = entry
+    return out
+
+
+def _port_owner(port: int) -> list[dict[str, Any]]:
+    """Which processes listen on ``port`` (from /proc/net/tcp* inodes and /proc/*/fd); best effort."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            parts = line.split()
+            if len(parts) > 9 and parts[3] == "0A" and int(parts[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(parts[9])
+    owners = []
+    if not inodes:
+        return owners
+    for pid_dir in Path("/proc").iterdir():
+        if not pid_dir.name.isdigit():
+            continue
+        try:
+            for fd in (pid_dir / "fd").iterdir():
+                target = os.readlink(fd)
+                if target.startswith("socket:[") and target[8:-1] in inodes:
+                    cmd = (pid_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+                    owners.append({"pid": int(pid_dir.name), "cmdline": cmd[:300]})
+                    break
+        except OSError:
+            continue
+    return owners
+
+
+@collector("port", timeout=10)
+def collect_port(opts: CollectOptions) -> dict[str, Any]:
+    """Bind the server's host:port the way the server would (SO_REUSEADDR), then release it at once."""
+    server = opts.profile.get("server") or {}
+    host = str(server.get("host", "0.0.0.0"))
+    port = server.get("port", 30000)
+    out: dict[str, Any] = {"host": host, "port": port}
+    try:
+        port = int(port)
+        if not 0 < port < 65536:
+            raise ValueError
+    except (TypeError, ValueError):
+        out["error"] = f"invalid port {port!r}"
+        return out
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        out["error"] = f"cannot resolve host {host!r}: {exc}"
+        return out
+    family, _, _, _, addr = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        out["free"] = True
+    except OSError as exc:
+        out["free"] = False
+        out["errno"] = errno.errorcode.get(exc.errno or 0, str(exc.errno))
+        out["error"] = exc.strerror or str(exc)
+        out["owners"] = _port_owner(port) if exc.errno == errno.EADDRINUSE else []
+    finally:
+        sock.close()
+    return out

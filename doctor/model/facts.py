@@ -1,0 +1,188 @@
+"""Facts about the target model directory (``--model-path``) and the DFlash drafter (``--draft-model-path``).
+
+``model`` / ``drafter``: the directory as a loader will see it: per-shard header verdicts and counts
+(never the 208k tensor names), download leftovers, config.json, the tokenizer's files.
+``model.tensors``: the target's tensors folded into patterns (shapes, layers, experts per layer),
+what ``model.config`` and ``model.fit`` compare with config.json.
+``model.hashes``: the deep tier: sha256 of every shard against the expected digests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from typing import Any
+
+from doctor.core.registry import collector
+from doctor.model.hashing import verify_model_hashes
+from doctor.model.modelconfig import json_data
+from doctor.model.scan import scan_weights, tensor_summary
+
+MAX_JSON_BYTES = 4 * 1024 * 1024
+MAX_LISTED_FILES = 400
+TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json", "tokenizer.model", "tiktoken.model", "vocab.json",
+                   "merges.txt", "special_tokens_map.json", "chat_template.jinja", "chat_template.json",
+                   "generation_config.json")
+
+
+def read_json_file(path: str) -> dict[str, Any]:
+    """``{"present": bool, "text": the JSON}`` or ``{"present": ..., "error": why}``; never raises.
+
+    The JSON is kept as text, not as a parsed object: snapshot redaction blanks values under keys
+    that look secret, and configs are full of them (``mask_token_id``, ``num_key_value_heads``)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        if os.path.islink(path):
+            return {"present": True, "error": f"{os.path.basename(path)} is a dangling symlink"}
+        return {"present": False}
+    except OSError as exc:
+        return {"present": True, "error": f"cannot stat {os.path.basename(path)}: {exc.strerror or exc}"}
+    if not stat.S_ISREG(st.st_mode):
+        return {"present": True, "error": f"{os.path.basename(path)} is not a regular file"}
+    if st.st_size > MAX_JSON_BYTES:
+        return {"present": True, "error": f"{os.path.basename(path)} is {st.st_size} bytes: too large for a config"}
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read()
+    except OSError as exc:
+        return {"present": True, "error": f"cannot read {os.path.basename(path)}: {exc.strerror or exc}"}
+    try:
+        text = raw.decode("utf-8")
+        json.loads(text)
+        return {"present": True, "text": text}
+    except UnicodeDecodeError as exc:
+        return {"present": True, "error": f"{os.path.basename(path)} is not UTF-8 (byte {exc.start})"}
+    except json.JSONDecodeError as exc:
+        return {"present": True, "error": f"{os.path.basename(path)} is not valid JSON: {exc.msg} "
+                                          f"(line {exc.lineno}, column {exc.colno})"}
+    except RecursionError:
+        return {"present": True, "error": f"{os.path.basename(path)} is nested too deeply"}
+
+
+def list_files(model_dir: str) -> dict[str, Any]:
+    """Top-level entries other than shards: name -> {size, kind} (bounded)."""
+    out: dict[str, Any] = {}
+    count = 0
+    try:
+        with os.scandir(model_dir) as it:
+            for entry in it:
+                count += 1
+                if entry.name.endswith(".safetensors") or len(out) >= MAX_LISTED_FILES:
+                    continue
+                try:
+                    st = entry.stat(follow_symlinks=True)
+                    kind = "dir" if stat.S_ISDIR(st.st_mode) else "file" if stat.S_ISREG(st.st_mode) else "other"
+                    out[entry.name] = {"size": st.st_size if kind == "file" else None, "kind": kind}
+                except OSError:
+                    out[entry.name] = {"size": None, "kind": "dangling" if entry.is_symlink() else "unreadable"}
+    except OSError:
+        pass
+    return {"entries": out, "count": count}
+
+
+def tokenizer_facts(model_dir: str) -> dict[str, Any]:
+    """tokenizer_config.json (without the chat template's text) and which tokenizer files exist."""
+    cfg = read_json_file(os.path.join(model_dir, "tokenizer_config.json"))
+    data = json_data(cfg)
+    if isinstance(data, dict):
+        # Keep what is judged, not the template's text nor the special-token table.
+        tmpl = data.pop("chat_template", None)
+        data.pop("added_tokens_decoder", None)
+        cfg["text"] = json.dumps({k: v for k, v in data.items() if len(json.dumps(v, default=str)) < 4096})
+        cfg["chat_template"] = ({"kind": type(tmpl).__name__, "chars": len(json.dumps(tmpl))}
+                                if tmpl is not None else None)
+    present: dict[str, dict[str, Any]] = {}
+    for name in TOKENIZER_FILES:
+        p = os.path.join(model_dir, name)
+        try:
+            present[name] = {"size": os.stat(p).st_size}
+        except OSError:
+            if os.path.islink(p):
+                present[name] = {"dangling": True}
+    return {"tokenizer_config": cfg, "files": present}
+
+
+def describe_dir(path: str | None, *, what: str) -> dict[str, Any]:
+    """Everything the default tier judges about one model directory."""
+    if not path:
+        return {"given": False, "path": None}
+    out: dict[str, Any] = {"given": True, "path": path, "what": what}
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        out.update(exists=False, error="does not exist" + (" (dangling symlink)" if os.path.islink(path) else ""))
+        return out
+    except OSError as exc:
+        out.update(exists=False, error=f"cannot be accessed: {exc.strerror or exc}")
+        return out
+    out["exists"] = True
+    if not stat.S_ISDIR(st.st_mode):
+        out.update(is_dir=False, error="is not a directory")
+        return out
+    out["is_dir"] = True
+    if not os.access(path, os.R_OK | os.X_OK):
+        out.update(error="is not readable (permissions)")
+        return out
+    out["realpath"] = os.path.realpath(path)
+    out["weights"] = scan_weights(path)
+    out["config"] = read_json_file(os.path.join(path, "config.json"))
+    out["tokenizer"] = tokenizer_facts(path)
+    out["files"] = list_files(path)
+    return out
+
+
+def _summary_for(path: str | None) -> dict[str, Any]:
+    if not path or not os.path.isdir(path):
+        return {"given": bool(path), "summary": None}
+    from doctor.model.index import INDEX_NAME, SINGLE_NAME, read_index
+
+    if os.path.exists(os.path.join(path, INDEX_NAME)):
+        idx = read_index(os.path.join(path, INDEX_NAME))
+        names = idx.shards
+    else:
+        names = [SINGLE_NAME]
+    return {"given": True, "path": path, "summary": tensor_summary(path, names)}
+
+
+@collector("model", timeout=120)
+def collect_model(opts: Any) -> dict[str, Any]:
+    """The target model directory: shards (headers), index, leftovers, config.json, tokenizer files."""
+    return describe_dir(opts.model_path, what="model")
+
+
+@collector("drafter", timeout=60)
+def collect_drafter(opts: Any) -> dict[str, Any]:
+    """The draft model directory, as ``model``, plus its tensor summary (small)."""
+    out = describe_dir(opts.draft_model_path, what="drafter")
+    if out.get("weights"):
+        out["tensors"] = _summary_for(opts.draft_model_path).get("summary")
+    return out
+
+
+@collector("model.tensors", timeout=120)
+def collect_model_tensors(opts: Any) -> dict[str, Any]:
+    """The target's tensors folded into patterns: dtypes and shapes, layers, experts per MoE layer."""
+    return _summary_for(opts.model_path)
+
+
+@collector("model.hashes", timeout=6 * 3600)
+def collect_model_hashes(opts: Any) -> dict[str, Any]:
+    """sha256 of every shard of the target and the drafter (``--deep``), with the expected digests.
+
+    Without ``--deep`` (e.g. ``snapshot``) nothing is hashed: hours of reading are never a side effect."""
+    if not getattr(opts, "deep", False):
+        return {"collected": False, "reason": "not hashed without --deep"}
+    no_cache = os.environ.get("K26_DOCTOR_NO_VERIFY_CACHE", "") not in ("", "0") or not getattr(
+        opts, "verify_cache", True)
+    cache_dir = getattr(opts, "verify_cache_dir", None)
+    out: dict[str, Any] = {}
+    for key, path in (("model", opts.model_path), ("drafter", opts.draft_model_path)):
+        if not path:
+            out[key] = {"given": False}
+        elif not os.path.isdir(path):
+            out[key] = {"given": True, "path": path, "error": "not a directory"}
+        else:
+            out[key] = verify_model_hashes(path, use_cache=not no_cache, cache_dir=cache_dir)
+    return out

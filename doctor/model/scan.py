@@ -1,0 +1,337 @@
+"""Scan a model directory at metadata speed: index, every shard's header, leftovers, a tensor summary.
+
+The result is a JSON-ready dict (the ``model`` fact's ``weights`` part) small enough for a snapshot:
+per-shard verdicts and counts, and a tensor summary that folds the ~208k K2.6 tensor names into a
+few dozen patterns (``layers.#.mlp.experts.#.down_proj.weight_packed``) with their dtypes and shapes,
+the layer indices present and the experts per MoE layer, so that ``model.config`` can judge the
+config against the shards without the names themselves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import math
+import operator
+import os
+import re
+import threading
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from itertools import repeat
+from typing import Any
+
+from doctor.model.forked import map_forked, workers_for
+from doctor.model.header import DTYPE_BITS, HeaderReport, Problem, read_header
+from doctor.model.index import INDEX_NAME, SINGLE_NAME, Index, cross_check, index_summary, read_index
+from doctor.model.layout import file_state, find_leftovers, hf_cache_root, read_hf_local_metadata
+
+MAX_PROBLEMS_PER_SHARD = 8
+
+
+@contextlib.contextmanager
+def no_gc() -> Iterator[None]:
+    """Pause the cyclic garbage collector: parsed JSON has no cycles, yet 200k new dicts trigger
+    full collections that would double the parse time. On the way out, what survives (the parsed
+    headers kept for ``model.tensors``) is moved out of the collector's sight with ``gc.freeze``:
+    otherwise every later full collection of the run walks them again. Reference counting still
+    frees them as usual. Small models (tests, drafters) are not worth it."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if _cached_tensors() >= FREEZE_MIN_TENSORS:
+            gc.freeze()
+        if was:
+            gc.enable()
+
+
+def scan_weights(model_dir: str, *, workers: int = 8) -> dict[str, Any]:
+    """Everything ``model.shards`` judges, for the model directory ``model_dir``."""
+    with no_gc():
+        return _scan_weights(model_dir, workers)
+
+
+def _scan_weights(model_dir: str, workers: int) -> dict[str, Any]:
+    out: dict[str, Any] = {"layout": None, "index": None, "shards": [], "problems": [], "leftovers": [],
+                           "hf_cache": hf_cache_root(model_dir), "totals": {}}
+    idx_state = file_state(model_dir, INDEX_NAME)
+    single_state = file_state(model_dir, SINGLE_NAME)
+    index: Index | None = None
+    if idx_state.exists:
+        out["layout"] = "index"
+        if idx_state.dangling:
+            out["problems"].append(_p("index_dangling", f"{INDEX_NAME} is a dangling symlink (-> "
+                                      f"{idx_state.link_target})"))
+            names: list[str] = []
+        else:
+            index = read_index(idx_state.path)
+            out["index"] = index_summary(index)
+            out["index"]["path"] = INDEX_NAME
+            out["problems"].extend(p.to_dict() for p in index.problems)
+            names = list(index.shards)
+    elif single_state.exists:
+        out["layout"] = "single"
+        names = [SINGLE_NAME]
+    else:
+        out["layout"] = "none"
+        hint = ""
+        if os.path.isdir(os.path.join(model_dir, "snapshots")) and os.path.isdir(os.path.join(model_dir, "blobs")):
+            hint = " (this is a Hugging Face cache repository: point at its snapshots/<revision> directory)"
+        out["problems"].append(_p("index_missing", f"neither {INDEX_NAME} nor {SINGLE_NAME} is in {model_dir}{hint}"))
+        names = []
+        stray = _stray_shards(model_dir)
+        if stray:
+            out["stray_safetensors"] = stray[:100]
+
+    states = {n: file_state(model_dir, n) for n in names}
+    readable = [n for n, s in states.items() if s.exists and not s.dangling and s.error is None]
+    fast = _fast_index_scan(model_dir, index, readable, states) if index is not None and index.ok else None
+    if fast is not None and len(readable) == len(names) and all(v["ok"] for v in fast.values()):
+        return _fast_result(out, model_dir, index, names, states, fast)  # type: ignore[arg-type]
+    reports: dict[str, HeaderReport | None] = dict(zip(readable, read_headers(
+        [states[n].path for n in readable], workers=workers), strict=True))
+    for n in names:
+        reports.setdefault(n, None)
+
+    cc = cross_check(index, reports) if index is not None and index.ok else None
+    if cc is not None:
+        out["problems"].extend(p.to_dict() for p in cc.general)
+
+    for n in names:
+        st = states[n]
+        rec: dict[str, Any] = {"name": n, "size": st.size, "allocated": st.allocated}
+        if st.is_symlink:
+            rec["symlink"] = st.link_target
+        if st.blob_sha256:
+            rec["blob_sha256"] = st.blob_sha256
+        probs: list[Problem] = []
+        if not st.exists:
+            probs.append(Problem("missing", "is missing" + (f" ({st.error})" if st.error else "")))
+        elif st.dangling:
+            probs.append(Problem("dangling_symlink", f"is a dangling symlink (-> {st.link_target})"))
+        elif st.error:
+            probs.append(Problem("unreadable", f"cannot be read: {st.error}"))
+        rep = reports.get(n)
+        if rep is not None:
+            probs.extend(rep.problems)
+            rec.update(tensors=len(rep.tensors), data_bytes=rep.data_bytes, header_len=rep.header_len)
+            if rep.metadata:
+                rec["format"] = rep.metadata.get("format")
+        if cc is not None:
+            probs.extend(cc.per_shard.get(n, []))
+        meta = read_hf_local_metadata(model_dir, n)
+        if meta:
+            rec["hf_metadata"] = {k: meta.get(k) for k in ("commit", "etag", "timestamp")}
+        rec["ok"] = not probs
+        rec["problems"] = [p.to_dict() for p in probs[:MAX_PROBLEMS_PER_SHARD]]
+        out["shards"].append(rec)
+
+    out["leftovers"] = find_leftovers(model_dir, names)
+    valid = [r for r in reports.values() if r is not None and r.ok]
+    out["totals"] = {
+        "shards": len(names),
+        "shards_ok": sum(1 for s in out["shards"] if s["ok"]),
+        "tensors": sum(len(r.tensors) for r in valid),
+        "data_bytes": sum(r.data_bytes for r in valid),
+        "file_bytes": sum(s["size"] or 0 for s in out["shards"]),
+        "index_tensors": len(index.weight_map) if index is not None else None,
+    }
+    return out
+
+
+# Parsed headers of this process, by path, valid while (device, inode, size, mtime_ns) is unchanged:
+# ``model`` and ``model.tensors`` are two facts of one run, and parsing 208k tensors twice costs.
+_HEADER_CACHE: dict[str, tuple[tuple[int, int, int, int], HeaderReport]] = {}
+_CACHE_LOCK = threading.Lock()
+FREEZE_MIN_TENSORS = 20_000
+
+
+def _cached_tensors() -> int:
+    with _CACHE_LOCK:
+        return sum(len(rep.tensors) for _, rep in _HEADER_CACHE.values())
+
+
+def _identity(path: str) -> tuple[int, int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _read_cached(path: str) -> HeaderReport:
+    ident = _identity(path)
+    with _CACHE_LOCK:
+        hit = _HEADER_CACHE.get(path)
+    if hit is not None and ident is not None and hit[0] == ident:
+        return hit[1]
+    rep = read_header(path)
+    if ident is not None and _identity(path) == ident:
+        with _CACHE_LOCK:
+            _HEADER_CACHE[path] = (ident, rep)
+    return rep
+
+
+def read_headers(paths: list[str], *, workers: int = 8) -> list[HeaderReport]:
+    """Header reports for ``paths``. Threads overlap the reads on slow (network, cold) storage;
+    parsing holds the GIL, so on page-cached local disks one thread is as fast."""
+    if workers <= 1 or len(paths) <= 1:
+        return [_read_cached(p) for p in paths]
+    with ThreadPoolExecutor(max_workers=min(workers, len(paths))) as pool:
+        return list(pool.map(_read_cached, paths))
+
+
+def clear_cache() -> None:
+    with _CACHE_LOCK:
+        _HEADER_CACHE.clear()
+
+
+def tensor_summary(model_dir: str, shard_names: list[str]) -> dict[str, Any] | None:
+    """The tensor summary of the valid shards among ``shard_names`` (None when there is none)."""
+    paths = [p for p in (os.path.join(model_dir, n) for n in shard_names) if os.path.isfile(p)]
+
+    def part(path: str) -> dict[str, Any] | None:
+        rep = _read_cached(path)
+        return shard_summary(rep) if rep.ok else None
+
+    with no_gc():
+        parts = [p for p in map_forked(part, paths) if p is not None]
+        return merge_summaries(parts) if parts else None
+
+
+def shard_verdict(path: str, shard: str, weight_map: dict[str, str], indexed: int,
+                  cache: bool = False) -> dict[str, Any]:
+    """One shard's header verdict and whether its tensors are exactly those the index puts there
+    (same count, and the index maps each of them to this shard): small, JSON, computed in a child.
+    ``cache``: keep the parsed header for ``model.tensors`` (in-process runs only)."""
+    rep = _read_cached(path) if cache else read_header(path)
+    v: dict[str, Any] = {"ok": rep.ok, "tensors": len(rep.tensors), "data_bytes": rep.data_bytes,
+                         "header_len": rep.header_len, "format": (rep.metadata or {}).get("format")}
+    if rep.ok:
+        names = rep.tensors.keys()
+        # operator.eq, not shard.__eq__: the latter answers NotImplemented (truthy) for a name the
+        # index lacks (get -> None).
+        v["ok"] = len(names) == indexed and all(map(operator.eq, repeat(shard), map(weight_map.get, names)))
+    return v
+
+
+def _fast_index_scan(model_dir: str, index: Index, readable: list[str],
+                     states: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
+    """Verdicts for every readable shard, spread over forked children; None when it cannot help."""
+    if len(readable) < 2:
+        return None
+    indexed = Counter(index.weight_map.values())
+    wmap = index.weight_map
+    n_workers = workers_for(len(readable))
+    results = map_forked(lambda n: shard_verdict(states[n].path, n, wmap, indexed[n], cache=n_workers == 1),
+                         readable, workers=n_workers)
+    return dict(zip(readable, results, strict=True))
+
+
+def _fast_result(out: dict[str, Any], model_dir: str, index: Index, names: list[str], states: dict[str, Any],
+                 fast: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The usual case: every shard valid and exactly as indexed, so the index and the headers agree
+    tensor for tensor (each header tensor is indexed to its shard, and the counts match)."""
+    total = sum(v["data_bytes"] for v in fast.values())
+    if index.total_size is not None and index.total_size != total:
+        out["problems"].append(_p("total_size_mismatch", f"index metadata.total_size is {index.total_size} bytes, "
+                                  f"the shard headers hold {total} bytes of tensor data"))
+    for n in names:
+        st, v = states[n], fast[n]
+        rec: dict[str, Any] = {"name": n, "size": st.size, "allocated": st.allocated}
+        if st.is_symlink:
+            rec["symlink"] = st.link_target
+        if st.blob_sha256:
+            rec["blob_sha256"] = st.blob_sha256
+        rec.update(tensors=v["tensors"], data_bytes=v["data_bytes"], header_len=v["header_len"])
+        if v.get("format"):
+            rec["format"] = v["format"]
+        meta = read_hf_local_metadata(model_dir, n)
+        if meta:
+            rec["hf_metadata"] = {k: meta.get(k) for k in ("commit", "etag", "timestamp")}
+        rec["ok"] = True
+        rec["problems"] = []
+        out["shards"].append(rec)
+    out["leftovers"] = find_leftovers(model_dir, names)
+    out["totals"] = {"shards": len(names), "shards_ok": len(names), "tensors": sum(v["tensors"] for v in fast.values()),
+                     "data_bytes": total, "file_bytes": sum(s["size"] or 0 for s in out["shards"]),
+                     "index_tensors": len(index.weight_map)}
+    return out
+
+
+def _p(code: str, message: str) -> dict[str, str]:
+    return {"code": code, "message": message}
+
+
+def _stray_shards(model_dir: str) -> list[str]:
+    try:
+        return sorted(e for e in os.listdir(model_dir) if e.endswith(".safetensors"))
+    except OSError:
+        return []
+
+
+_NUM = re.compile(r"\.\d+(?=[.\n]|\Z)")
+_LAYER = re.compile(r"model\.layers\.(\d+)\.")
+_EXPERT = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.")
+
+
+def shard_summary(rep: HeaderReport) -> dict[str, Any]:
+    """One shard's share of the tensor summary (JSON): pattern/dtype/shape counts, layers, experts."""
+    names = list(rep.tensors)
+    if not names:
+        return {"counts": [], "layers": [], "pairs": []}
+    joined = "\n".join(names)
+    if "\n" in joined and joined.count("\n") != len(names) - 1:  # a name with a newline: fold slowly
+        patterns = [_NUM.sub(".#", n) for n in names]
+    else:
+        patterns = _NUM.sub(".#", joined).split("\n")
+    vals = rep.tensors.values()
+    counts = Counter(zip(patterns, [v["dtype"] for v in vals], [tuple(v["shape"]) for v in vals], strict=True))
+    return {"counts": [[p, d, list(s), n] for (p, d, s), n in counts.items()],
+            "layers": sorted(set(_LAYER.findall(joined))),
+            "pairs": sorted(set(_EXPERT.findall(joined)))}
+
+
+def summarize_tensors(reports: list[HeaderReport]) -> dict[str, Any]:
+    """Fold tensor names into patterns: shapes and bytes per pattern, layers, experts per layer.
+
+    Done with whole-shard regular expressions and C-level counting: ~208k names in a fraction of a
+    second. A name's numbers become ``#`` (``layers.#.mlp.experts.#.up_proj.weight_packed``).
+    """
+    return merge_summaries([shard_summary(r) for r in reports])
+
+
+def merge_summaries(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    counts: Counter[tuple[str, str, tuple[int, ...]]] = Counter()
+    layers: set[str] = set()
+    pairs: set[tuple[str, str]] = set()
+    for part in parts:
+        for pat, dtype, shape, n in part["counts"]:
+            counts[(pat, dtype, tuple(shape))] += n
+        layers.update(part["layers"])
+        pairs.update(tuple(x) for x in part["pairs"])
+    patterns_out: dict[str, dict[str, Any]] = {}
+    dtypes: Counter[str] = Counter()
+    dtype_bytes: Counter[str] = Counter()
+    for (pat, dtype, shape), n in sorted(counts.items()):
+        size = DTYPE_BITS[dtype] * math.prod(shape) // 8 * n
+        entry = patterns_out.setdefault(pat, {"shapes": {}, "bytes": 0, "count": 0})
+        entry["shapes"][f"{dtype}{list(shape)}"] = n
+        entry["bytes"] += size
+        entry["count"] += n
+        dtypes[dtype] += n
+        dtype_bytes[dtype] += size
+    experts: dict[int, set[int]] = defaultdict(set)
+    for layer, expert in pairs:
+        experts[int(layer)].add(int(expert))
+    return {
+        "patterns": patterns_out,
+        "layers": sorted(int(x) for x in layers),
+        "experts_per_layer": {str(k): len(v) for k, v in sorted(experts.items())},
+        "max_expert_id": {str(k): max(v) for k, v in sorted(experts.items())},
+        "dtypes": dict(dtypes),
+        "dtype_bytes": dict(dtype_bytes),
+    }

@@ -1,0 +1,70 @@
+"""Facts about the service's SGLang.
+
+``sglang_import``: SGLang imported for real under the service interpreter (probe ``sglang_import``),
+and whether DFlash's sampling kernel is available.
+``sglang_flags``: every flag the service's SGLang accepts, read from its sources (``doctor.sglang.flags``);
+the table is part of the fact, so a snapshot replays it.
+
+``sglang_patches``: where the service interpreter's SGLang lives (found by the probe
+``doctor/probes/site_packages.py``, which only reads ``sys.path``), its version and RECORD, and
+the sha256 of every file the profile's patch set touches (hashed here, in the doctor's process),
+plus any interrupted patch run's journal. ``checks.sglang`` judges it with
+``doctor.sglang.patching.status.evaluate``, so a snapshot replays the verdict.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from doctor.core.registry import collector
+from doctor.facts.store import CollectOptions
+from doctor.sglang.flags import flags_fact
+from doctor.sglang.patching import locate, manifest, status
+from doctor.stack.service_probe import probe_service
+
+
+def patches_dir_of(opts: Any) -> str | None:
+    """The site's patch-set directory: ``--patches-dir``/``[doctor] patches_dir`` when the options carry
+    it, else ``[patches] dir`` of the merged profile/config."""
+    return getattr(opts, "patches_dir", None) or ((opts.profile or {}).get("patches") or {}).get("dir") or None
+
+
+@collector("sglang_patches", timeout=40)
+def collect_sglang_patches(opts: Any) -> dict[str, Any]:
+    """The profile's SGLang patch set vs the installed files: hashes, RECORD, version, journal."""
+    set_name = str(((opts.profile or {}).get("patches") or {}).get("set") or "")
+    out: dict[str, Any] = {"python": opts.python, "set_name": set_name, "patches_dir": patches_dir_of(opts),
+                           "state_dir": getattr(opts, "state_dir", None)}
+    if not set_name:
+        out["no_set"] = True
+        return out
+    try:
+        pset = manifest.resolve(set_name, patches_dir_of(opts))
+    except manifest.ManifestError as exc:
+        out["set_error"] = str(exc)
+        return out
+    out["set"] = {"name": pset.name, "directory": str(pset.directory), "manifest": pset.to_dict()}
+    try:
+        found = locate.locate(opts.python)
+    except locate.LocateError as exc:
+        out["install_error"] = str(exc)
+        return out
+    obs = status.observe(pset, found.installed, getattr(opts, "state_dir", None), found.package_root)
+    out.update(obs)
+    out["probe"] = {k: found.probe.get(k) for k in ("python", "python_version", "prefix", "package_dirs")}
+    return out
+
+
+SGLANG_TIMEOUT = 240.0
+@collector("sglang_import", timeout=SGLANG_TIMEOUT + 5)
+def collect_sglang_import(opts: CollectOptions) -> dict[str, Any]:
+    """SGLang imported under the service interpreter; whether DFlash's sampling kernel is available."""
+    return probe_service(opts, "sglang_import", [], SGLANG_TIMEOUT)
+
+
+
+
+@collector("sglang_flags", timeout=45)
+def collect_sglang_flags(opts: CollectOptions) -> dict[str, Any]:
+    """The server flags the service interpreter's SGLang accepts (from its sources, not imported)."""
+    return flags_fact(opts.python, opts.env)

@@ -1,0 +1,101 @@
+"""The one judgement of a server argv: the flags the service's SGLang accepts (the ``sglang_flags`` fact)
+against the argv the launcher builds. The ``sglang.flags`` check and ``k26-doctor launch`` both call
+``judge_flags``; the fact comes from ``flags_fact`` (live) or a snapshot (replayed).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from doctor.core.proc import run_probe
+from doctor.core.result import Remediation, Result
+from doctor.sglang.flag_reader import FlagSourceError, FlagTable, read_flags
+from doctor.sglang.flag_validator import validate_args
+
+PROBE_TIMEOUT_S = 20.0
+# Flags that only the DDTree patch set adds to SGLang: an unknown one means the patches are missing.
+PATCH_FLAGS = ("--speculative-ddtree-",)
+
+
+def locate_sglang(python: str, env: dict[str, str] | None = None, timeout: float = PROBE_TIMEOUT_S
+                  ) -> dict[str, Any]:
+    """Where ``python`` imports sglang from (probe ``site_packages``, nothing imported): ``found``,
+    ``package_dir``, ``version``; ``probe_failed`` with ``error`` when the interpreter could not run it."""
+    data, res = run_probe(python, "site_packages", ["sglang"], timeout=timeout, env=env)
+    if data is None:
+        return {"found": False, "probe_failed": True, "error": res.why(), "python": python}
+    dirs = data.get("package_dirs") or []
+    out = {"python": data.get("python"), "python_version": data.get("python_version"), "found": bool(dirs),
+           "package_dir": dirs[0] if dirs else None, "origin": data.get("package_origin"),
+           "version": data.get("version")}
+    if data.get("spec_error"):
+        out["error"] = data["spec_error"]
+    elif not dirs and data.get("package_origin"):
+        out["error"] = f"sglang resolves to {data['package_origin']}, not a package directory"
+    return out
+
+
+def flags_fact(python: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """The ``sglang_flags`` fact: the flag table of the SGLang ``python`` would run, read from its sources."""
+    where = locate_sglang(python, env)
+    out: dict[str, Any] = {"python": python, "found": bool(where.get("found")), "version": where.get("version"),
+                           "package_dir": where.get("package_dir")}
+    if where.get("probe_failed"):
+        out["probe_error"] = where.get("error")
+        return out
+    if not where.get("found"):
+        out["error"] = where.get("error") or f"sglang is not importable from {python}"
+        return out
+    try:
+        table = read_flags(where["package_dir"], where.get("version"))
+    except FlagSourceError as exc:
+        out["error"] = str(exc)
+        return out
+    except Exception as exc:  # sources shaped in a way this reader does not expect: say so, don't crash
+        out["error"] = f"reading the flag definitions failed: {type(exc).__name__}: {exc}"
+        return out
+    out["table"] = table.to_dict()
+    return out
+
+
+def judge_flags(fact: dict[str, Any], args: list[str]) -> Result:
+    """The verdict on ``args`` given the ``sglang_flags`` fact (shared with ``k26-doctor launch``)."""
+    if fact.get("probe_error"):
+        return Result.errored(f"could not ask {fact.get('python')} where sglang is: {fact['probe_error']}")
+    if not fact.get("found"):
+        return Result.skipped(f"sglang is not importable from {fact.get('python')} (sglang.install judges that)")
+    if "table" not in fact:
+        return Result.errored(f"could not read SGLang's flags from {fact.get('package_dir')}: "
+                              f"{fact.get('error', 'no flag table')}")
+    try:
+        table = FlagTable.from_dict(fact["table"])
+    except FlagSourceError as exc:
+        return Result.errored(f"recorded flag table is unusable: {exc}")
+    problems = validate_args(table, args)
+    version = table.version or "?"
+    errors = [p for p in problems if p.severity == "error"]
+    warnings = [p for p in problems if p.severity == "warning"]
+    details = {"sglang_version": version, "package_dir": fact.get("package_dir"), "style": table.style,
+               "flags_known": len(table.options), "args": args, "problems": [p.to_dict() for p in problems]}
+    if errors:
+        commands = []
+        text = "SGLang's parser would exit with status 2 after its slow imports. "
+        replacements = [f"{p.flag} -> {p.replacement}" for p in errors if p.replacement]
+        if replacements:
+            text += "Replace: " + "; ".join(replacements) + ". "
+        if any(p.flag.startswith(PATCH_FLAGS) for p in errors):
+            text += ("The DDTree flags come from the profile's SGLang patch set: apply it to this "
+                     "interpreter's SGLang. ")
+            commands.append("k26-doctor patches status")
+            commands.append("k26-doctor patches apply")
+        text += "Edit [server] args in the config (or the flags after --) accordingly."
+        return Result.failed(f"{len(errors)} flag(s) SGLang {version} rejects: "
+                             + "; ".join(p.message for p in errors[:3]) + (" ..." if len(errors) > 3 else ""),
+                             Remediation(text, commands), **details)
+    if warnings:
+        return Result.warned(f"SGLang {version} accepts the command with {len(warnings)} warning(s): "
+                             + "; ".join(p.message for p in warnings[:3]),
+                             Remediation("Spell flags out and move off deprecated ones before an upgrade "
+                                         "removes them."), **details)
+    return Result.passed(f"all {sum(1 for a in args if a.startswith('-'))} flags accepted by SGLang {version} "
+                         f"(read from {table.style} sources)", **details)

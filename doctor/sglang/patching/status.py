@@ -1,0 +1,213 @@
+"""Where an installed SGLang stands against a patch set: per file, per patch, overall.
+
+Two halves, so that ``sglang.patches`` can judge a recorded snapshot: ``observe`` reads the host
+(hashes of the target files, RECORD, the journal) into a JSON document; ``evaluate`` is a pure
+function of that document. File states:
+
+- ``pristine``: matches the manifest's ``before`` (the RECORD hash), or absent for a file the set creates
+- ``applied``:  matches the post-image (the last ``after`` of its chain; absent if the set deletes it)
+- ``partial``:  matches an intermediate ``after`` (an earlier patch of a chain applied, not a later one)
+- ``drifted``:  exists with other bytes: edited by hand, another build, or a patch made for another version
+- ``missing``:  a file the set patches is not there
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from doctor.sglang.patching import manifest as mf
+from doctor.sglang.patching.hashing import sha256_file
+from doctor.sglang.patching.record import Installed
+from doctor.sglang.patching.state import StateError, StateStore, lock_holder
+
+PRISTINE, APPLIED, PARTIAL, DRIFTED, MISSING = "pristine", "applied", "partial", "drifted", "missing"
+
+
+def observe(pset: mf.PatchSet, installed: Installed, state_dir: str | None = None,
+            package_root: Path | None = None) -> dict[str, Any]:
+    """Hash every file the set touches and read RECORD and the journal: the fact ``sglang_patches``."""
+    root = Path(package_root or installed.site_packages)
+    files: dict[str, Any] = {}
+    for path in pset.chains():
+        listed, record = installed.record_hash(path)
+        entry: dict[str, Any] = {"sha256": None, "exists": False, "in_record": listed, "record": record}
+        try:
+            entry["sha256"] = sha256_file(root / path)
+            entry["exists"] = True
+        except FileNotFoundError:
+            pass
+        except IsADirectoryError:
+            entry["exists"] = True
+            entry["error"] = "is a directory"
+        except OSError as exc:
+            entry["exists"] = (root / path).exists()
+            entry["error"] = exc.strerror or str(exc)
+        files[path] = entry
+    journal: dict[str, Any] | None = None
+    journal_error = None
+    last_run: dict[str, Any] | None = None
+    for store in StateStore.existing(state_dir, installed.site_packages):
+        try:
+            doc = store.read_journal()
+            last = store.last_history()
+        except StateError as exc:
+            journal_error = str(exc)
+            continue
+        if last is not None and (last_run is None or str(last.get("finished")) > str(last_run.get("finished"))):
+            last_run = {k: last.get(k) for k in ("op", "set", "outcome", "started", "finished")}
+        if doc is not None:
+            journal = {"path": str(store.journal_path), "op": doc.get("op"), "set": doc.get("set"),
+                       "started": doc.get("started"), "pid": doc.get("pid"), "files": len(doc.get("files", [])),
+                       "running": lock_holder(store)}
+            break
+    return {
+        "site_packages": str(installed.site_packages),
+        "package_root": str(root),
+        "sglang": {"name": installed.name, "version": installed.version, "dist_info": str(installed.dist_info)},
+        "set": {"name": pset.name, "directory": str(pset.directory) if pset.directory else None,
+                "manifest": pset.to_dict()},
+        "files": files,
+        "journal": journal,
+        "journal_error": journal_error,
+        "last_run": last_run,
+    }
+
+
+@dataclass
+class FileStatus:
+    path: str
+    state: str
+    sha256: str | None
+    pristine: str | None  # first 'before'
+    target: str | None  # last 'after'
+    stage: int | None  # how many patches of its chain are applied (None: drifted/missing)
+    chain: list[str]  # patch ids touching it, in order
+    record: str | None = None
+    in_record: bool = False
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class PatchStatus:
+    id: str
+    description: str
+    state: str
+    files: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Evaluation:
+    """The verdict on one set: ``overall`` is applied/pristine/partial/drifted/missing, or why none applies."""
+
+    overall: str
+    set_name: str = ""
+    spec: str = ""
+    version: str | None = None
+    version_ok: bool = False
+    files: list[FileStatus] = field(default_factory=list)
+    patches: list[PatchStatus] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    journal: dict[str, Any] | None = None
+    last_run: dict[str, Any] | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.overall == APPLIED and self.version_ok and self.journal is None and not self.problems
+
+    def count(self, state: str) -> int:
+        return sum(1 for f in self.files if f.state == state)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"overall": self.overall, "ok": self.ok, "set": self.set_name, "sglang_spec": self.spec,
+                "sglang_version": self.version, "version_ok": self.version_ok,
+                "files": [f.to_dict() for f in self.files], "patches": [p.to_dict() for p in self.patches],
+                "problems": list(self.problems), "journal": self.journal, "last_run": self.last_run}
+
+
+def file_stage(chain: list[tuple[int, mf.FileChange]], digest: str | None, exists: bool) -> tuple[str, int | None]:
+    """(state, stage) of one file from its hash: stage k = the first k patches of its chain applied."""
+    hashes = [chain[0][1].before] + [c.after for _, c in chain]
+    current = digest if exists else None
+    # the last matching stage wins: a chain never repeats a hash (before != after per step)
+    matches = [k for k, h in enumerate(hashes) if h == current]
+    if matches:
+        k = matches[-1]
+        n = len(chain)
+        return (PRISTINE if k == 0 else APPLIED if k == n else PARTIAL), k
+    return (MISSING if not exists else DRIFTED), None
+
+
+def evaluate(obs: dict[str, Any]) -> Evaluation:
+    """Judge an observation (see ``observe``); a malformed document (a hand-edited snapshot) gives
+    ``overall == "invalid"`` with the reason, never an exception."""
+    if not isinstance(obs, dict) or not isinstance(obs.get("set") or {}, dict):
+        return Evaluation("invalid", problems=["the sglang_patches fact is not an object with a 'set'"])
+    try:
+        pset = mf.from_dict((obs.get("set") or {}).get("manifest"), origin="recorded manifest")
+    except mf.ManifestError as exc:
+        return Evaluation("invalid", problems=[str(exc)])
+    sg = obs.get("sglang") if isinstance(obs.get("sglang"), dict) else {}
+    version = sg.get("version")
+    ev = Evaluation("pristine", pset.name, pset.sglang, version, bool(version) and pset.supports(str(version)))
+    ev.journal = obs.get("journal") if isinstance(obs.get("journal"), dict) else None
+    ev.last_run = obs.get("last_run") if isinstance(obs.get("last_run"), dict) else None
+    if obs.get("journal_error"):
+        ev.problems.append(str(obs["journal_error"]))
+    if not ev.version_ok:
+        ev.problems.append(f"patch set {pset.name} is for sglang {pset.sglang}; installed: {version or 'unknown'}")
+    seen = obs.get("files") if isinstance(obs.get("files"), dict) else {}
+    chains = pset.chains()
+    for path, chain in chains.items():
+        entry = seen.get(path) if isinstance(seen.get(path), dict) else {}
+        digest, exists = entry.get("sha256"), bool(entry.get("exists"))
+        state, stage = file_stage(chain, digest, exists)
+        if entry.get("error") and state in (MISSING, DRIFTED):
+            state, note = DRIFTED if exists else MISSING, f"unreadable: {entry['error']}"
+        else:
+            note = ""
+        record, in_record = entry.get("record"), bool(entry.get("in_record"))
+        first = chain[0][1].before
+        if first is None and in_record:
+            note = "the set creates this file, but the installed wheel already has it (made for another version?)"
+            ev.problems.append(f"{path}: {note}")
+        elif first is not None and in_record and record and record != first:
+            note = "RECORD's hash differs from the manifest's 'before': this set was made for another build"
+            ev.problems.append(f"{path}: {note}")
+        elif state == DRIFTED and digest == record and record:
+            note = "matches RECORD (pristine for this install), but not the set's original"
+        elif state == DRIFTED:
+            note = note or "neither the original nor the patched bytes: edited by hand or another version"
+        ev.files.append(FileStatus(path, state, digest if exists else None, first, chain[-1][1].after, stage,
+                                   [pset.patches[i].id for i, _ in chain], record, in_record, note))
+    by_path = {f.path: f for f in ev.files}
+    for i, patch in enumerate(pset.patches):
+        states = []
+        for change in patch.files:
+            fs = by_path[change.path]
+            if fs.state in (DRIFTED, MISSING):
+                states.append(fs.state)
+                continue
+            pos = [j for j, _ in chains[change.path]].index(i)
+            states.append(APPLIED if (fs.stage or 0) > pos else PRISTINE)
+        ev.patches.append(PatchStatus(patch.id, patch.description, _combine(states), [c.path for c in patch.files]))
+    ev.overall = _combine([f.state for f in ev.files])
+    return ev
+
+
+def _combine(states: list[str]) -> str:
+    for bad in (DRIFTED, MISSING):
+        if bad in states:
+            return bad
+    if states and all(s == APPLIED for s in states):
+        return APPLIED
+    if all(s == PRISTINE for s in states):
+        return PRISTINE
+    return PARTIAL

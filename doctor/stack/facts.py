@@ -1,0 +1,51 @@
+"""Collectors for the service's Python stack: interpreter, packages, Triton's toolchain, torch, SGLang.
+
+Everything that needs the service's interpreter runs as a probe under it (``doctor/probes``), with
+a deadline; nothing here imports torch, triton or sglang. Facts (all JSON):
+
+* ``stack``: interpreter facts, installed distributions, package locations (probe ``stack``).
+* ``triton_build``: a Triton-style C extension build and load (probe ``cbuild``).
+* ``torch_info``: torch's CUDA runtime and compiled targets (probe ``torch_info``; ``--deep`` matmul).
+* ``sglang_import``: SGLang imported for real, DFlash kernel availability (probe ``sglang_import``).
+* ``ptxas``: every ptxas Triton could use, its CUDA release and the targets it accepts.
+* ``venv``: the environment's files read from outside (works even when the interpreter cannot start).
+
+The service's environment is ``opts.env`` plus the profile's ``server.env_file`` (what systemd gives
+the service), so a fix written to that file is seen by the next check.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from doctor.core.registry import collector
+from doctor.facts.store import CollectOptions
+from doctor.stack.service_probe import STACK_PROBE_TIMEOUT, probe_service, stack_probe
+
+TORCH_TIMEOUT = 120.0
+TORCH_DEEP_TIMEOUT = 300.0
+
+
+# -- the service's environment ------------------------------------------------------------------
+
+
+@collector("stack", timeout=STACK_PROBE_TIMEOUT + 5)
+def collect_stack(opts: CollectOptions) -> dict[str, Any]:
+    """The service interpreter, its include dir and Python.h, installed distributions and package paths."""
+    return stack_probe(opts)
+
+
+@collector("torch_info", timeout=TORCH_DEEP_TIMEOUT + 5)
+def collect_torch_info(opts: CollectOptions) -> dict[str, Any]:
+    """torch's version, CUDA runtime, compiled targets and GPUs; with --deep, a matmul per GPU."""
+    if opts.deep:
+        return probe_service(opts, "torch_info", ["--deep"], TORCH_DEEP_TIMEOUT)
+    return probe_service(opts, "torch_info", [], TORCH_TIMEOUT)
+
+
+# -- ptxas ---------------------------------------------------------------------------------------
+
+
+# -- the environment on disk ---------------------------------------------------------------------
+
+

@@ -1,0 +1,39 @@
+"""Probes under the service's interpreter, in the service's environment, with a deadline.
+
+``probe_service`` runs one stdlib probe of ``doctor/probes`` under ``opts.python`` with the
+environment the service gets (``doctor.host.facts.service_env``); ``stack_probe`` runs the ``stack``
+probe once per run for every fact that shares it (stack, ptxas).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from doctor.core import proc
+from doctor.facts.store import CollectOptions
+from doctor.host.facts import service_env
+
+STACK_PROBE_TIMEOUT = 30.0
+_memo_lock = threading.Lock()
+def probe_service(opts: CollectOptions, probe: str, args: list[str], timeout: float) -> dict[str, Any]:
+    env, env_info = service_env(opts)
+    data, res = proc.run_probe(opts.python, probe, args, timeout=timeout, env=env)
+    if data is None:
+        return {"ok": False, "error": res.why(), "timed_out": res.timed_out, "python": opts.python,
+                "stderr_tail": (res.stderr or "")[-2000:], "service_env": env_info}
+    data["probe_s"] = round(res.duration_s, 3)
+    data["service_env"] = env_info
+    return data
+
+
+def stack_probe(opts: CollectOptions) -> dict[str, Any]:
+    """The ``stack`` probe's result, run once per run (cached on ``opts``) for the facts that share it."""
+    with _memo_lock:
+        cell = opts.__dict__.setdefault("_k26_stack_probe", {"lock": threading.Lock()})
+    with cell["lock"]:
+        if "value" not in cell:
+            cell["value"] = probe_service(opts, "stack", [], STACK_PROBE_TIMEOUT)
+        return cell["value"]
+
+

@@ -1,0 +1,63 @@
+"""Fixers of the python area: console scripts' shebangs pointed at this environment's interpreter.
+
+Plans only (``doctor.core.actions``): one atomic rewrite per broken script, each backed up. A venv
+whose base interpreter is gone gets an empty plan: the check's remediation says what to do by hand.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from doctor.core.actions import Action, Plan, WriteFile
+from doctor.core.registry import fixer
+
+
+def rewrite_shebang(text: str, new_interp: str) -> str | None:
+    """The script with its Python interpreter replaced (plain ``#!`` or pip's ``/bin/sh`` exec form)."""
+    lines = text.split("\n")
+    if not lines or not lines[0].startswith("#!"):
+        return None
+    first = lines[0][2:].strip()
+    if first in ("/bin/sh", "/usr/bin/sh") and len(lines) > 1:
+        m = re.match(r"^'''exec' (\"[^\"]+\"|\S+)(.*)$", lines[1])
+        if not m:
+            return None
+        lines[1] = f"'''exec' \"{new_interp}\"{m.group(2)}"
+        return "\n".join(lines)
+    parts = first.split(None, 1)
+    if not parts:
+        return None
+    lines[0] = "#!" + new_interp + (" " + parts[1] if len(parts) > 1 else "")
+    return "\n".join(lines)
+
+
+@fixer("python.venv.shebangs", "Rewrite console scripts' shebangs to this environment's interpreter")
+def fix_venv_shebangs(ctx: Any, result: Any) -> Plan:
+    """One atomic rewrite per broken script, each backed up; the interpreter is <venv>/bin/python."""
+    v = ctx.fact("venv")
+    if not isinstance(v, dict) or not v.get("is_venv") or not v.get("root"):
+        return Plan()
+    root = Path(v["root"])
+    new_interp = next((str(root / "bin" / n) for n in ("python", "python3") if (root / "bin" / n).exists()), None)
+    if new_interp is None:
+        return Plan()
+    actions: list[Action] = []
+    for s in v.get("scripts") or []:
+        if s.get("exists") and s.get("inside"):
+            continue
+        path = root / "bin" / s["name"]
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        new = rewrite_shebang(text, new_interp)
+        if new is None or new == text:
+            continue
+        actions.append(WriteFile(f"{s['name']}: #!{s['interpreter']} -> #!{new_interp}",
+                                 needs_root=not os.access(path.parent, os.W_OK), path=str(path), new_text=new))
+    return Plan(actions)
+
+

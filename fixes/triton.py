@@ -1,0 +1,123 @@
+"""Fixers of the triton area: Python headers and a C compiler for Triton's JIT, Triton's ptxas.
+
+Each only plans (``doctor.core.actions``); ``k26-doctor fix --apply`` applies, with backups of every
+file, and re-runs the check. What cannot be repaired safely from here (a pyenv/uv/conda interpreter
+without headers, gets an empty plan: the check's remediation
+says what to do by hand.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+from doctor.core.actions import Action, Plan, RunCommand, WriteFile
+from doctor.core.registry import fixer
+from doctor.host.facts import parse_env_file, writable_ancestor
+from doctor.stack.judging import gpu_ccs
+from doctor.triton.toolchain import good_ptxas, interpreter_kind, os_family, ptxas_choice, triton_arch
+
+# -- triton.jit: headers and compiler ------------------------------------------------------------
+
+
+def package_plan(os_release: dict[str, str], major_minor: str, need_headers: bool, need_cc: bool,
+                 which: Any = shutil.which) -> list[Action]:
+    """The package-manager commands that install a system Python's headers and/or a C compiler."""
+    fam = os_family(os_release)
+    if fam == "debian":
+        pkgs = ([f"python{major_minor}-dev"] if need_headers else []) + (["build-essential"] if need_cc else [])
+        if not pkgs:
+            return []
+        env = {"DEBIAN_FRONTEND": "noninteractive"}
+        return [RunCommand("refresh the apt package lists", needs_root=True, argv=["apt-get", "update"], env=env),
+                RunCommand(f"install {' '.join(pkgs)}", needs_root=True,
+                           argv=["apt-get", "install", "-y", "--no-install-recommends", *pkgs], env=env)]
+    if fam == "fedora":
+        tool = "dnf" if which("dnf") else "yum"
+        pkgs = ([_fedora_devel(major_minor)] if need_headers else []) + (["gcc"] if need_cc else [])
+        if not pkgs:
+            return []
+        return [RunCommand(f"install {' '.join(pkgs)}", needs_root=True, argv=[tool, "install", "-y", *pkgs])]
+    return []
+
+
+def _fedora_devel(major_minor: str) -> str:
+    """``python3-devel`` for the distribution's default python3, ``python3.X-devel`` for the others."""
+    default = os.path.basename(os.path.realpath("/usr/bin/python3"))
+    return "python3-devel" if default == f"python{major_minor}" else f"python{major_minor}-devel"
+
+
+@fixer("triton.jit.headers", "Install the system Python's headers and a C compiler", needs_root=True)
+def fix_triton_jit(ctx: Any, result: Any) -> Plan:
+    """apt-get/dnf/yum (from /etc/os-release) for a system interpreter; nothing for pyenv/uv/conda."""
+    build = ctx.fact("triton_build")
+    if not isinstance(build, dict) or "stage" not in build:
+        return Plan()
+    need_cc = not build.get("cc_path")
+    need_headers = not build.get("python_h")
+    if not need_cc and not need_headers:
+        return Plan()  # libcuda or a load problem: not a package this fixer knows
+    kind = interpreter_kind(ctx, build)
+    if need_headers and kind["kind"] != "system":
+        return Plan()  # the headers belong in that interpreter's own prefix: see the remediation
+    return Plan(package_plan(build.get("os_release") or {}, kind["major_minor"], need_headers, need_cc))
+
+
+# -- triton.ptxas: point Triton at a ptxas that knows the GPU ------------------------------------
+
+def set_env_line(text: str, key: str, value: str) -> str:
+    """``text`` with ``key=value`` set: the existing assignment replaced in place, else appended."""
+    lines = text.splitlines()
+    out, done = [], False
+    pattern = re.compile(rf"^\s*(export\s+)?{re.escape(key)}\s*=")
+    for line in lines:
+        if pattern.match(line):
+            if not done:
+                out.append(f"{key}={value}")
+                done = True
+            continue  # a second assignment of the same key would win in systemd: drop it
+        out.append(line)
+    if not done:
+        out.append(f"{key}={value}")
+    return "\n".join(out) + "\n"
+
+
+@fixer("triton.ptxas.env", "Point Triton at a ptxas that knows the GPU, in the service's environment file")
+def fix_triton_ptxas(ctx: Any, result: Any) -> Plan:
+    """Write TRITON_PTXAS_PATH (or TRITON_PTXAS_BLACKWELL_PATH) into the profile's server.env_file."""
+    fact = ctx.fact("ptxas")
+    env_file = ctx.expect("server.env_file")
+    if not isinstance(fact, dict) or not env_file:
+        return Plan()
+    ccs, _, _ = gpu_ccs(ctx)
+    if not ccs:
+        return Plan()
+    good = good_ptxas(fact, [triton_arch(cc) for cc in ccs])
+    if not good:
+        return Plan()
+    path = Path(os.path.expanduser(str(env_file)))
+    try:
+        old = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        old = ""
+    except (OSError, UnicodeDecodeError):
+        return Plan()  # unreadable: nothing can be planned safely
+    text = old
+    changed = []
+    for var in sorted({ptxas_choice(fact, cc)["var"] for cc in ccs}):
+        if parse_env_file(text).get(var) != good[0]:
+            text = set_env_line(text, var, good[0])
+            changed.append(var)
+    if not changed:
+        return Plan()
+    actions: list[Action] = []
+    if not path.parent.is_dir():
+        actions.append(RunCommand(f"create {path.parent}", needs_root=not writable_ancestor(path.parent)[1],
+                                  argv=["mkdir", "-p", str(path.parent)]))
+    # an atomic write needs the directory: a temporary file beside the target, then a rename
+    actions.append(WriteFile(f"set {', '.join(changed)}={good[0]} in {path}",
+                             needs_root=not writable_ancestor(path.parent)[1], path=str(path), new_text=text))
+    return Plan(actions)

@@ -1,0 +1,106 @@
+"""The registry object: declarations collected per module, validated on load, plugins disabled by name;
+and the one settings record the config keys, flags and collector options derive from."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from doctor.core.registry import Check, Collector, Registry, RegistryError, check, collector, disabled_from_env, fixer
+from doctor.core.result import Result
+
+
+def _module(name: str) -> types.ModuleType:
+    """A module whose functions are marked like a plugin's (built in memory, imported by nobody)."""
+    mod = types.ModuleType(name)
+
+    def run(ctx):
+        return Result.passed("ok")
+
+    def collect(opts):
+        return {}
+
+    def plan(ctx, result):
+        return []
+
+    for fn in (run, collect, plan):
+        fn.__module__ = name
+    mod.run, mod.collect, mod.plan = run, collect, plan
+    return mod
+
+
+def test_a_module_is_loaded_with_every_reference_resolved() -> None:
+    mod = _module("site_ok")
+    check("site.a", "A", needs=("site.fact",), fixer="site.fix")(mod.run)
+    collector("site.fact")(mod.collect)
+    fixer("site.fix", "Fix")(mod.plan)
+    reg = Registry()
+    items = reg.add_module(mod)
+    assert {type(i).__name__ for i in items} == {"Check", "Collector", "Fixer"}
+    reg.validate()
+    assert reg.checks["site.a"].module == "site_ok" and reg.fixers["site.fix"].plan is mod.plan
+
+
+@pytest.mark.parametrize("kw, words", [
+    ({"fixer": "site.nofix"}, "names fixer 'site.nofix', which is not registered"),
+    ({"depends": ("site.none",)}, "depends on 'site.none', which is not a registered check"),
+    ({"needs": ("no.such.fact",)}, "needs fact 'no.such.fact', which no collector provides"),
+])
+def test_an_unresolved_reference_fails_loading_naming_the_module(kw: dict, words: str) -> None:
+    mod = _module("site_broken")
+    check("site.b", "B", **kw)(mod.run)
+    collector("site.other")(mod.collect)
+    reg = Registry()
+    reg.add_module(mod)
+    with pytest.raises(RegistryError) as err:
+        reg.validate()
+    assert "site_broken" in str(err.value) and words in str(err.value)
+
+
+def test_duplicates_are_refused_and_registries_are_independent() -> None:
+    a, b = Registry(), Registry()
+    a.add(Check("x.one", "One", run=lambda ctx: Result.passed("")))
+    with pytest.raises(RegistryError, match="registered twice"):
+        a.add(Check("x.one", "Other", run=lambda ctx: Result.passed("")))
+    with pytest.raises(RegistryError, match="lowercase"):
+        a.add(Check("X One", "Bad", run=lambda ctx: Result.passed("")))
+    b.add(Collector("x.fact", lambda opts: {}))
+    assert "x.one" not in b.checks and "x.fact" not in a.collectors
+
+
+def test_the_builtin_registry_resolves_and_every_area_has_checks() -> None:
+    from doctor.core.registry import load
+
+    reg = load(plugins=False)
+    assert reg.problems() == [] and reg.load_errors == {}
+    prefixes = {c.id.split(".")[0] for c in reg.checks.values()}
+    assert {"host", "gpu", "stack", "cuda", "torch", "triton", "python", "sglang", "model"} <= prefixes
+    for chk in reg.checks.values():  # a check lives in its area's module
+        area = {"cuda": "stack", "torch": "stack"}.get(chk.id.split(".")[0], chk.id.split(".")[0])
+        assert chk.module == f"checks.{area}", (chk.id, chk.module)
+    for fx in reg.fixers.values():
+        area = fx.id.split(".")[0]
+        assert fx.module == f"fixes.{area}", (fx.id, fx.module)
+
+
+def test_disabled_plugins_come_from_the_environment() -> None:
+    assert disabled_from_env({"K26_DOCTOR_DISABLE_PLUGINS": "site, other,,"}) == ("site", "other")
+    assert disabled_from_env({}) == ()
+
+
+def test_one_settings_record_gives_config_keys_flags_and_collector_options() -> None:
+    from click.testing import CliRunner
+
+    from doctor.cli import cli
+    from doctor.core.settings import COLLECT_FIELDS, DOCTOR_KEYS, key_of, setting_fields
+    from doctor.facts.store import CollectOptions
+
+    help_text = CliRunner().invoke(cli, ["check", "--help"]).output
+    for f in setting_fields():
+        if f.metadata["flag"]:
+            assert f.metadata["flag"].split("/")[-1] in help_text, f.name
+        if f.metadata["config"]:
+            assert key_of(f) in DOCTOR_KEYS
+    assert set(COLLECT_FIELDS) | {"env"} == set(CollectOptions.__dataclass_fields__)
+    assert "disable_plugins" in DOCTOR_KEYS
