@@ -1,15 +1,28 @@
 """Diagnosis of a failed start: known log signatures -> the check that catches it, and its fix.
 
-The signatures are data (``doctor/data/failure_signatures.toml``; a site adds its own file with
-``--signatures``). A log is scanned line by line; every signature found is reported once, with its
-first line and a little context, ordered by ``rank`` (likely root causes first) and position.
+The signatures are data (``doctor/data/failure_signatures.toml``, its schema documented at its top; a
+site adds its own file with ``--signatures``). Every signature found is reported once, with its first
+line, how often it occurred and a little context.
+
+Ranking: a failed start prints its cause once and its consequences many times (other ranks' NCCL
+errors, "Received sigquit", "RPCServer process died", wrappers that re-raise with advice). Signatures
+flagged ``consequence`` therefore never outrank a cause found in the same log; causes are ranked by
+first occurrence (``rank`` only breaks ties on one line); consequences follow, those that point at a
+check first. A line two signatures read differently is settled by ``suppresses`` (the specific reading
+wins) and ``context`` (a reading that needs nearby evidence, such as TCPStore next to EADDRINUSE).
+
+Speed: each pattern is searched over the whole log at once (the regex engine's own scan, in C), at most
+once per line, so a 50 MB journal costs a few passes over the text, not one Python call per line and
+pattern (bench/bench_diagnose.py).
 """
 
 from __future__ import annotations
 
 import re
 import sys
+from bisect import bisect_right
 from dataclasses import dataclass, field
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +34,10 @@ else:  # pragma: no cover - py310
 SIGNATURES_FILE = Path(__file__).with_name("data") / "failure_signatures.toml"
 MAX_LINE = 8192  # a pathological line (a tensor dump) is cut, not matched for minutes
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+_PLACEHOLDER = re.compile(r"\{(\w+)\}")
+_SAFE_VALUE = re.compile(r"[\w.:/@-]{1,64}")  # what a value read from a log may be to enter a command
+_KNOWN_KEYS = {"id", "title", "patterns", "check", "fix", "commands", "explain", "rank", "consequence", "unless",
+               "context", "context_before", "context_after", "context_skip", "suppresses", "defaults"}
 
 
 class SignatureError(Exception):
@@ -37,6 +54,14 @@ class Signature:
     commands: tuple[str, ...] = ()
     explain: str = ""
     rank: int = 50
+    consequence: bool = False
+    unless: tuple[re.Pattern[str], ...] = ()
+    context: tuple[re.Pattern[str], ...] = ()
+    context_before: int = 20
+    context_after: int = 3
+    context_skip: tuple[re.Pattern[str], ...] = ()
+    suppresses: tuple[str, ...] = ()
+    defaults: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass
@@ -46,12 +71,26 @@ class Finding:
     line: str
     count: int = 1
     context: list[str] = field(default_factory=list)
+    values: dict[str, str] = field(default_factory=dict)  # named groups of the first hit
+
+    def _fill(self, text: str) -> str:
+        known = dict(self.signature.defaults)
+        known.update(self.values)
+        return _PLACEHOLDER.sub(lambda m: known.get(m.group(1), m.group(0)), text)
+
+    @property
+    def fix(self) -> str:
+        return self._fill(self.signature.fix)
+
+    @property
+    def commands(self) -> list[str]:
+        return [self._fill(c) for c in self.signature.commands]
 
     def to_dict(self) -> dict[str, Any]:
         s = self.signature
-        return {"id": s.id, "title": s.title, "check": s.check, "line": self.line_no, "text": self.line,
-                "count": self.count, "context": self.context, "explain": s.explain,
-                "remediation": {"text": s.fix, "commands": list(s.commands)}}
+        return {"id": s.id, "title": s.title, "check": s.check, "consequence": s.consequence,
+                "line": self.line_no, "text": self.line, "count": self.count, "context": self.context,
+                "explain": s.explain, "remediation": {"text": self.fix, "commands": self.commands}}
 
 
 def load_signatures(paths: list[Path] | None = None) -> list[Signature]:
@@ -71,46 +110,136 @@ def load_signatures(paths: list[Path] | None = None) -> list[Signature]:
         for i, entry in enumerate(entries):
             sig = _signature(entry, f"{path} signature #{i + 1}")
             by_id[sig.id] = sig
+    for sig in by_id.values():
+        unknown = [s for s in sig.suppresses if s not in by_id]
+        if unknown:
+            raise SignatureError(f"signature {sig.id}: suppresses unknown signature(s) {', '.join(unknown)}")
     return list(by_id.values())
+
+
+def _patterns(value: Any, where: str, key: str) -> tuple[re.Pattern[str], ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
+        raise SignatureError(f"{where}: {key} must be a list of regular expressions")
+    compiled = []
+    for pat in value:
+        try:
+            compiled.append(re.compile(pat))
+        except re.error as exc:
+            raise SignatureError(f"{where}: bad pattern {pat!r}: {exc}") from None
+    return tuple(compiled)
+
+
+def _int(entry: dict[str, Any], key: str, default: int, where: str) -> int:
+    value = entry.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SignatureError(f"{where}: {key} must be an integer")
+    return value
 
 
 def _signature(entry: Any, where: str) -> Signature:
     if not isinstance(entry, dict) or not isinstance(entry.get("id"), str) or not entry.get("patterns"):
         raise SignatureError(f"{where}: needs id and patterns")
-    pats = entry["patterns"]
-    if isinstance(pats, str):
-        pats = [pats]
-    compiled = []
-    for pat in pats:
-        try:
-            compiled.append(re.compile(str(pat)))
-        except re.error as exc:
-            raise SignatureError(f"{where} ({entry['id']}): bad pattern {pat!r}: {exc}") from None
+    where = f"{where} ({entry['id']})"
+    unknown = sorted(set(entry) - _KNOWN_KEYS)
+    if unknown:
+        raise SignatureError(f"{where}: unknown key(s) {', '.join(unknown)}")
     commands = entry.get("commands") or []
     if not isinstance(commands, list):
-        raise SignatureError(f"{where} ({entry['id']}): commands must be a list")
-    try:
-        rank = int(entry.get("rank", 50))
-    except (TypeError, ValueError):
-        raise SignatureError(f"{where} ({entry['id']}): rank must be an integer") from None
-    return Signature(entry["id"], str(entry.get("title", entry["id"])), tuple(compiled),
-                     entry.get("check"), str(entry.get("fix", "")), tuple(str(c) for c in commands),
-                     str(entry.get("explain", "")), rank)
+        raise SignatureError(f"{where}: commands must be a list")
+    suppresses = entry.get("suppresses") or []
+    if not isinstance(suppresses, list) or not all(isinstance(s, str) for s in suppresses):
+        raise SignatureError(f"{where}: suppresses must be a list of signature ids")
+    defaults = entry.get("defaults") or {}
+    if not isinstance(defaults, dict):
+        raise SignatureError(f"{where}: defaults must be a table")
+    check = entry.get("check")
+    if check is not None and not isinstance(check, str):
+        raise SignatureError(f"{where}: check must be a check id")
+    return Signature(
+        entry["id"], str(entry.get("title", entry["id"])), _patterns(entry["patterns"], where, "patterns"),
+        check, str(entry.get("fix", "")), tuple(str(c) for c in commands), str(entry.get("explain", "")),
+        _int(entry, "rank", 50, where), bool(entry.get("consequence", False)),
+        _patterns(entry.get("unless"), where, "unless"), _patterns(entry.get("context"), where, "context"),
+        _int(entry, "context_before", 20, where), _int(entry, "context_after", 3, where),
+        _patterns(entry.get("context_skip"), where, "context_skip"), tuple(suppresses),
+        tuple((str(k), str(v)) for k, v in defaults.items()))
+
+
+def _has_context(sig: Signature, clean: list[str], idx: int) -> bool:
+    lo, hi = max(0, idx - sig.context_before), min(len(clean), idx + sig.context_after + 1)
+    for line in clean[lo:hi]:
+        if any(p.search(line) for p in sig.context_skip):
+            continue
+        if any(p.search(line) for p in sig.context):
+            return True
+    return False
+
+
+def _hits(sig: Signature, text: str, starts: list[int], clean: list[str]) -> dict[int, re.Match[str]]:
+    """The lines (0-based) where ``sig`` hits, with the first match on each; one search per line at most."""
+    hits: dict[int, re.Match[str]] = {}
+    for pat in sig.patterns:
+        pos = 0
+        while True:
+            m = pat.search(text, pos)
+            if m is None:
+                break
+            idx = bisect_right(starts, m.start()) - 1
+            pos = starts[idx + 1] if idx + 1 < len(starts) else len(text) + 1
+            if idx in hits:
+                continue
+            line = clean[idx]
+            if any(p.search(line) for p in sig.unless):
+                continue
+            if sig.context and not _has_context(sig, clean, idx):
+                continue
+            hits[idx] = m
+    return hits
+
+
+def order(findings: list[Finding]) -> list[Finding]:
+    """Causes by first occurrence (rank breaks ties on a line), then consequences: those naming a check
+    first, then by rank and line."""
+    causes = sorted((f for f in findings if not f.signature.consequence),
+                    key=lambda f: (f.line_no, f.signature.rank))
+    echoes = sorted((f for f in findings if f.signature.consequence),
+                    key=lambda f: (f.signature.check is None, f.signature.rank, f.line_no))
+    return causes + echoes
 
 
 def diagnose_lines(lines: list[str], signatures: list[Signature], context: int = 2) -> list[Finding]:
-    """Every signature that occurs in ``lines``: root-cause-first (rank), then by first line."""
+    """Every signature that occurs in ``lines``, the likely root cause first (see ``order``)."""
+    clean = [ln.rstrip("\r\n")[:MAX_LINE] for ln in lines]
+    text = "\n".join(clean)
+    if "\x1b" in text:
+        clean = [_ANSI.sub("", ln) for ln in clean]
+        text = "\n".join(clean)
+    starts = [0, *accumulate(len(ln) + 1 for ln in clean)][:len(clean)] or [0]
+    if not clean:
+        return []
+    per_line: dict[int, dict[str, re.Match[str]]] = {}
+    for sig in signatures:
+        for idx, m in _hits(sig, text, starts, clean).items():
+            per_line.setdefault(idx, {})[sig.id] = m
+    by_id = {s.id: s for s in signatures}
     found: dict[str, Finding] = {}
-    clean = [_ANSI.sub("", ln.rstrip("\r\n"))[:MAX_LINE] for ln in lines]
-    for no, line in enumerate(clean, 1):
-        for sig in signatures:
-            if any(p.search(line) for p in sig.patterns):
-                if sig.id in found:
-                    found[sig.id].count += 1
-                else:
-                    lo, hi = max(0, no - 1 - context), min(len(clean), no + context)
-                    found[sig.id] = Finding(sig, no, line.strip(), 1, clean[lo:hi])
-    return sorted(found.values(), key=lambda f: (f.signature.rank, f.line_no))
+    for idx in sorted(per_line):
+        ids = per_line[idx]
+        explained = {s for sid in ids for s in by_id[sid].suppresses}
+        for sid, m in ids.items():
+            if sid in explained:
+                continue
+            if sid in found:
+                found[sid].count += 1
+                continue
+            values = {k: v for k, v in m.groupdict().items() if v is not None and _SAFE_VALUE.fullmatch(v)}
+            lo, hi = max(0, idx - context), min(len(clean), idx + 1 + context)
+            found[sid] = Finding(by_id[sid], idx + 1, clean[idx].strip(), 1, clean[lo:hi], values)
+    return order(list(found.values()))
 
 
 def read_log(path: str) -> list[str]:
@@ -133,16 +262,23 @@ def render_text(findings: list[Finding], source: str) -> str:
     if not findings:
         return (f"{source}: no known failure signature found. Run `k26-doctor check` to judge the host, "
                 "or add a signature (--signatures FILE).\n")
-    out = [f"{source}: {len(findings)} known failure signature(s); the likely root cause first.", ""]
+    top = findings[0]
+    if top.signature.consequence:
+        head = (f"{source}: {len(findings)} known failure signature(s), all of them consequences of a failure "
+                "whose own message no signature knows; the most telling first.")
+    else:
+        head = f"{source}: {len(findings)} known failure signature(s); the likely root cause first."
+    out = [head, ""]
     for n, f in enumerate(findings, 1):
         s = f.signature
-        out.append(f"{n}. {s.title}  [{s.id}]" + (f"  -> check {s.check}" if s.check else ""))
+        label = "   (a consequence: it follows a failure elsewhere)" if s.consequence else ""
+        out.append(f"{n}. {s.title}  [{s.id}]" + (f"  -> check {s.check}" if s.check else "") + label)
         out.append(f"   line {f.line_no}" + (f" (and {f.count - 1} more)" if f.count > 1 else "") + f": {f.line[:300]}")
         if s.explain:
             out.append(f"   why: {s.explain}")
-        if s.fix:
-            out.append(f"   fix: {s.fix}")
-        for cmd in s.commands:
+        if f.fix:
+            out.append(f"   fix: {f.fix}")
+        for cmd in f.commands:
             out.append(f"     $ {cmd}")
         out.append("")
     return "\n".join(out)
