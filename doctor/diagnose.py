@@ -36,7 +36,7 @@ MAX_LINE = 8192  # a pathological line (a tensor dump) is cut, not matched for m
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _PLACEHOLDER = re.compile(r"\{(\w+)\}")
 _SAFE_VALUE = re.compile(r"[\w.:/@-]{1,64}")  # what a value read from a log may be to enter a command
-_KNOWN_KEYS = {"id", "title", "patterns", "check", "fix", "commands", "explain", "rank", "consequence", "unless",
+SIGNATURE_KEYS = {"id", "title", "patterns", "check", "fix", "commands", "explain", "rank", "consequence", "unless",
                "context", "context_before", "context_after", "context_skip", "suppresses", "defaults"}
 
 
@@ -144,7 +144,7 @@ def _signature(entry: Any, where: str) -> Signature:
     if not isinstance(entry, dict) or not isinstance(entry.get("id"), str) or not entry.get("patterns"):
         raise SignatureError(f"{where}: needs id and patterns")
     where = f"{where} ({entry['id']})"
-    unknown = sorted(set(entry) - _KNOWN_KEYS)
+    unknown = sorted(set(entry) - SIGNATURE_KEYS)
     if unknown:
         raise SignatureError(f"{where}: unknown key(s) {', '.join(unknown)}")
     commands = entry.get("commands") or []
