@@ -11,15 +11,22 @@ first occurrence (``rank`` only breaks ties on one line); consequences follow, t
 check first. A line two signatures read differently is settled by ``suppresses`` (the specific reading
 wins) and ``context`` (a reading that needs nearby evidence, such as TCPStore next to EADDRINUSE).
 
-Speed: each pattern is searched over the whole log at once (the regex engine's own scan, in C), at most
-once per line, so a 50 MB journal costs a few passes over the text, not one Python call per line and
-pattern (bench/bench_diagnose.py).
+Speed: a 50 MB journal must not cost a minute. From each pattern the matcher derives literals that any
+match must contain (``required_literals``); one pass finds the lines holding any of them (``grep -F``
+when the host has it, which scans for all of them at once; else ``str.find`` per literal), and the
+regular expressions then run on those lines only. A pattern with no usable literal is searched over the
+whole text (bench/bench_diagnose.py measures both).
 """
 
 from __future__ import annotations
 
+import functools
+import os
 import re
+import shutil
+import subprocess
 import sys
+import tempfile
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from itertools import accumulate
@@ -27,12 +34,19 @@ from pathlib import Path
 from typing import Any
 
 if sys.version_info >= (3, 11):
+    import re._parser as _sre_parse
+
     import tomllib
 else:  # pragma: no cover - py310
+    import sre_parse as _sre_parse
+
     import tomli as tomllib
 
 SIGNATURES_FILE = Path(__file__).with_name("data") / "failure_signatures.toml"
 MAX_LINE = 8192  # a pathological line (a tensor dump) is cut, not matched for minutes
+MIN_LITERAL = 8  # shorter literals select too many lines and slow grep's multi-string scan down
+GREP_TIMEOUT_S = 120
+GREP_MIN_CHARS = 1 << 20  # below this, starting grep costs more than searching in Python
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _PLACEHOLDER = re.compile(r"\{(\w+)\}")
 _SAFE_VALUE = re.compile(r"[\w.:/@-]{1,64}")  # what a value read from a log may be to enter a command
@@ -169,6 +183,121 @@ def _signature(entry: Any, where: str) -> Signature:
         tuple((str(k), str(v)) for k, v in defaults.items()))
 
 
+@functools.lru_cache(maxsize=4096)
+def required_literals(pattern: re.Pattern[str]) -> frozenset[str] | None:
+    """Strings of which every match of ``pattern`` contains at least one (lower-cased when the pattern
+    ignores case), or None when the pattern has none of at least ``MIN_LITERAL`` characters.
+
+    Read from the parsed pattern: a run of literal characters in the top-level sequence (or in a group,
+    or a repeat of at least one) is required; an alternation is required as the set of one literal per
+    branch, when every branch has one. The best candidate is the set whose shortest member is longest."""
+    try:
+        parsed = _sre_parse.parse(pattern.pattern, pattern.flags)
+    except Exception:  # a parser change across Python versions: fall back to a full scan
+        return None
+    found = _best_literals(list(parsed))
+    if found is None or min(len(x) for x in found) < MIN_LITERAL:
+        return None
+    if pattern.flags & re.IGNORECASE or "(?i" in pattern.pattern:
+        found = frozenset(x.lower() for x in found)
+    return found
+
+
+def _best_literals(items: list[Any]) -> frozenset[str] | None:
+    options: list[frozenset[str]] = []
+    run = ""
+    for op, av in items:
+        name = str(op)
+        if name == "LITERAL":
+            run += chr(av)
+            continue
+        if run:
+            options.append(frozenset([run]))
+            run = ""
+        if name == "SUBPATTERN":
+            sub = _best_literals(list(av[-1]))
+            if sub:
+                options.append(sub)
+        elif name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT") and av[0] >= 1:
+            sub = _best_literals(list(av[2]))
+            if sub:
+                options.append(sub)
+        elif name == "BRANCH":
+            alts = [_best_literals(list(alt)) for alt in av[1]]
+            if all(alts):
+                options.append(frozenset().union(*alts))  # type: ignore[arg-type]
+    if run:
+        options.append(frozenset([run]))
+    return max(options, key=lambda o: min(len(x) for x in o), default=None)
+
+
+def _line_index(text: str, starts: list[int], pos: int) -> int:
+    return bisect_right(starts, pos) - 1
+
+
+def _candidates_by_find(text: str, starts: list[int], literals: set[str], fold: bool) -> set[int]:
+    hay = text.lower() if fold else text
+    lines: set[int] = set()
+    for lit in literals:
+        pos = hay.find(lit)
+        while pos != -1:
+            idx = _line_index(hay, starts, pos)
+            lines.add(idx)
+            nxt = starts[idx + 1] if idx + 1 < len(starts) else len(hay)
+            pos = hay.find(lit, nxt)
+    return lines
+
+
+def _candidates_by_grep(text: str, literals: set[str], fold: bool) -> set[int] | None:
+    """0-based indices of the lines holding any literal, via one ``grep -F`` pass over a temporary copy
+    of the text (a file, not a pipe: feeding 50 MB through a pipe costs more than the scan); None if
+    grep is absent, the copy cannot be written (a full disk) or grep fails: the caller then searches
+    in Python."""
+    grep = shutil.which("grep")
+    if grep is None:
+        return None
+    if not literals:
+        return set()
+    try:
+        with tempfile.TemporaryDirectory(prefix="k26-diagnose-") as tmp:
+            pats, data = Path(tmp) / "literals", Path(tmp) / "log"
+            pats.write_text("\n".join(sorted(literals)) + "\n", encoding="utf-8")
+            data.write_bytes(text.encode("utf-8", errors="replace"))
+            argv = [grep, "-a", "-n", "-o", "-F", "-f", str(pats), *(["-i"] if fold else []), str(data)]
+            res = subprocess.run(argv, capture_output=True, timeout=GREP_TIMEOUT_S, check=False,
+                                 stdin=subprocess.DEVNULL, env={**os.environ, "LC_ALL": "C"})
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if res.returncode not in (0, 1):
+        return None
+    out: set[int] = set()
+    for row in res.stdout.split(b"\n"):
+        head = row.split(b":", 1)[0]
+        if head.isdigit():
+            out.add(int(head) - 1)
+    return out
+
+
+def candidate_lines(text: str, starts: list[int], plan: dict[re.Pattern[str], frozenset[str] | None],
+                    use_grep: bool = True) -> dict[re.Pattern[str], list[int] | None]:
+    """For each pattern with required literals, the sorted lines that hold one of them (None: scan all)."""
+    by_fold: dict[bool, set[str]] = {False: set(), True: set()}
+    for pat, lits in plan.items():
+        if lits:
+            by_fold[bool(pat.flags & re.IGNORECASE or "(?i" in pat.pattern)].update(lits)
+    hits: dict[bool, list[int]] = {}
+    use_grep = use_grep and len(text) >= GREP_MIN_CHARS
+    for fold, lits in by_fold.items():
+        if not lits:
+            continue
+        lines = _candidates_by_grep(text, lits, fold) if use_grep else None
+        if lines is None:
+            lines = _candidates_by_find(text, starts, lits, fold)
+        hits[fold] = sorted(lines)
+    return {pat: (hits[bool(pat.flags & re.IGNORECASE or "(?i" in pat.pattern)] if lits else None)
+            for pat, lits in plan.items()}
+
+
 def _has_context(sig: Signature, clean: list[str], idx: int) -> bool:
     lo, hi = max(0, idx - sig.context_before), min(len(clean), idx + sig.context_after + 1)
     for line in clean[lo:hi]:
@@ -179,25 +308,32 @@ def _has_context(sig: Signature, clean: list[str], idx: int) -> bool:
     return False
 
 
-def _hits(sig: Signature, text: str, starts: list[int], clean: list[str]) -> dict[int, re.Match[str]]:
+def _hits(sig: Signature, text: str, starts: list[int], clean: list[str],
+          candidates: dict[re.Pattern[str], list[int] | None]) -> dict[int, re.Match[str]]:
     """The lines (0-based) where ``sig`` hits, with the first match on each; one search per line at most."""
     hits: dict[int, re.Match[str]] = {}
+
+    def accept(idx: int, m: re.Match[str]) -> None:
+        line = clean[idx]
+        if any(p.search(line) for p in sig.unless):
+            return
+        if sig.context and not _has_context(sig, clean, idx):
+            return
+        hits[idx] = m
+
     for pat in sig.patterns:
+        lines = candidates.get(pat)
+        if lines is not None:  # only the lines that hold a literal every match needs
+            for idx in lines:
+                if idx not in hits and (m := pat.search(clean[idx])):
+                    accept(idx, m)
+            continue
         pos = 0
-        while True:
-            m = pat.search(text, pos)
-            if m is None:
-                break
-            idx = bisect_right(starts, m.start()) - 1
+        while (m := pat.search(text, pos)) is not None:
+            idx = _line_index(text, starts, m.start())
             pos = starts[idx + 1] if idx + 1 < len(starts) else len(text) + 1
-            if idx in hits:
-                continue
-            line = clean[idx]
-            if any(p.search(line) for p in sig.unless):
-                continue
-            if sig.context and not _has_context(sig, clean, idx):
-                continue
-            hits[idx] = m
+            if idx not in hits:
+                accept(idx, m)
     return hits
 
 
@@ -211,19 +347,27 @@ def order(findings: list[Finding]) -> list[Finding]:
     return causes + echoes
 
 
-def diagnose_lines(lines: list[str], signatures: list[Signature], context: int = 2) -> list[Finding]:
-    """Every signature that occurs in ``lines``, the likely root cause first (see ``order``)."""
-    clean = [ln.rstrip("\r\n")[:MAX_LINE] for ln in lines]
-    text = "\n".join(clean)
-    if "\x1b" in text:
-        clean = [_ANSI.sub("", ln) for ln in clean]
-        text = "\n".join(clean)
-    starts = [0, *accumulate(len(ln) + 1 for ln in clean)][:len(clean)] or [0]
+def diagnose_lines(lines: list[str], signatures: list[Signature], context: int = 2,
+                   use_grep: bool = True) -> list[Finding]:
+    """Every signature that occurs in ``lines``, the likely root cause first (see ``order``).
+
+    ``use_grep=False`` keeps the search in Python (the fallback when the host has no grep)."""
+    clean = list(lines)
     if not clean:
         return []
+    text = "\n".join(clean)  # the per-line clean-ups below run only when needed: a 50 MB log has 500k lines
+    if "\r" in text or text.count("\n") != len(clean) - 1:
+        clean = [ln.rstrip("\r\n") for ln in clean]
+        text = "\n".join(clean)
+    if max(map(len, clean)) > MAX_LINE or "\x1b" in text:
+        clean = [_ANSI.sub("", ln[:MAX_LINE]) for ln in clean]
+        text = "\n".join(clean)
+    starts = list(accumulate(map((1).__add__, map(len, clean)), initial=0))[:-1]
+    plan = {pat: required_literals(pat) for sig in signatures for pat in sig.patterns}
+    candidates = candidate_lines(text, starts, plan, use_grep)
     per_line: dict[int, dict[str, re.Match[str]]] = {}
     for sig in signatures:
-        for idx, m in _hits(sig, text, starts, clean).items():
+        for idx, m in _hits(sig, text, starts, clean, candidates).items():
             per_line.setdefault(idx, {})[sig.id] = m
     by_id = {s.id: s for s in signatures}
     found: dict[str, Finding] = {}

@@ -22,12 +22,20 @@ target but rejects an instruction is stack.kernels; EADDRINUSE on a rendezvous p
 from __future__ import annotations
 
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from doctor.diagnose import SIGNATURE_KEYS, SIGNATURES_FILE, diagnose_lines, load_signatures
+from doctor.diagnose import (
+    GREP_MIN_CHARS,
+    SIGNATURE_KEYS,
+    SIGNATURES_FILE,
+    diagnose_lines,
+    load_signatures,
+    required_literals,
+)
 from doctor.registry import all_checks
 
 FIXTURES = Path(__file__).parent / "fixtures" / "diagnose"
@@ -209,3 +217,38 @@ def test_patterns_are_general_not_copied_from_one_log() -> None:
     for sig in SIGS:
         for pat in (*sig.patterns, *sig.context):
             assert not specific.search(pat.pattern), (sig.id, pat.pattern)
+
+
+# -- the literal prefilter ------------------------------------------------------------------------------
+
+def test_required_literals_are_in_every_real_line_a_pattern_matches() -> None:
+    """The prefilter is sound on real data: each fixture line a pattern matches holds one of the literals
+    the matcher derived for that pattern (so restricting the regexes to those lines loses nothing)."""
+    lines = [ln for fx in ALL for ln in fx.body]
+    checked = 0
+    for sig in SIGS:
+        for pat in sig.patterns:
+            lits = required_literals(pat)
+            assert lits is not None, (sig.id, pat.pattern)  # every shipped pattern has one: none scans all
+            for line in lines:
+                if pat.search(line):
+                    hay = line.lower() if pat.flags & re.IGNORECASE else line
+                    assert any(lit in hay for lit in lits), (sig.id, pat.pattern, line)
+                    checked += 1
+    assert checked > len(ALL)
+
+
+def test_grep_and_python_prefilters_agree_on_a_large_log() -> None:
+    """Above GREP_MIN_CHARS the candidate lines come from one `grep -F` pass; below it, or without grep,
+    from str.find. Both must give the same findings on a log built from the real excerpts."""
+    assert shutil.which("grep"), "grep is part of every supported host and of CI"
+    noise = "[2026-11-29 10:00:00 TP3] Decode batch. #running-req: 12, #token: 40231, cuda graph: True"
+    lines: list[str] = []
+    for fx in ALL:
+        lines += [noise] * 300 + fx.body
+    assert sum(map(len, lines)) > GREP_MIN_CHARS
+    by_grep = diagnose_lines(lines, SIGS)
+    by_find = diagnose_lines(lines, SIGS, use_grep=False)
+    assert [(f.signature.id, f.line_no, f.count) for f in by_grep] == \
+           [(f.signature.id, f.line_no, f.count) for f in by_find]
+    assert len(by_grep) >= 25  # most signatures occur somewhere in the corpus
