@@ -198,9 +198,15 @@ def required_literals(pattern: re.Pattern[str]) -> frozenset[str] | None:
     found = _best_literals(list(parsed))
     if found is None or min(len(x) for x in found) < MIN_LITERAL:
         return None
-    if pattern.flags & re.IGNORECASE or "(?i" in pattern.pattern:
+    if _folds(pattern):
         found = frozenset(x.lower() for x in found)
     return found
+
+
+def _folds(pattern: re.Pattern[str]) -> bool:
+    """Whether any part of ``pattern`` ignores case: its literals are then searched lower-cased in the
+    lower-cased text (a superset of its matches, so nothing is lost)."""
+    return bool(pattern.flags & re.IGNORECASE) or "(?i" in pattern.pattern
 
 
 def _best_literals(items: list[Any]) -> frozenset[str] | None:
@@ -231,7 +237,7 @@ def _best_literals(items: list[Any]) -> frozenset[str] | None:
     return max(options, key=lambda o: min(len(x) for x in o), default=None)
 
 
-def _line_index(text: str, starts: list[int], pos: int) -> int:
+def _line_index(starts: list[int], pos: int) -> int:
     return bisect_right(starts, pos) - 1
 
 
@@ -241,7 +247,7 @@ def _candidates_by_find(text: str, starts: list[int], literals: set[str], fold: 
     for lit in literals:
         pos = hay.find(lit)
         while pos != -1:
-            idx = _line_index(hay, starts, pos)
+            idx = _line_index(starts, pos)
             lines.add(idx)
             nxt = starts[idx + 1] if idx + 1 < len(starts) else len(hay)
             pos = hay.find(lit, nxt)
@@ -284,7 +290,7 @@ def candidate_lines(text: str, starts: list[int], plan: dict[re.Pattern[str], fr
     by_fold: dict[bool, set[str]] = {False: set(), True: set()}
     for pat, lits in plan.items():
         if lits:
-            by_fold[bool(pat.flags & re.IGNORECASE or "(?i" in pat.pattern)].update(lits)
+            by_fold[_folds(pat)].update(lits)
     hits: dict[bool, list[int]] = {}
     use_grep = use_grep and len(text) >= GREP_MIN_CHARS
     for fold, lits in by_fold.items():
@@ -294,8 +300,7 @@ def candidate_lines(text: str, starts: list[int], plan: dict[re.Pattern[str], fr
         if lines is None:
             lines = _candidates_by_find(text, starts, lits, fold)
         hits[fold] = sorted(lines)
-    return {pat: (hits[bool(pat.flags & re.IGNORECASE or "(?i" in pat.pattern)] if lits else None)
-            for pat, lits in plan.items()}
+    return {pat: (hits[_folds(pat)] if lits else None) for pat, lits in plan.items()}
 
 
 def _has_context(sig: Signature, clean: list[str], idx: int) -> bool:
@@ -330,7 +335,7 @@ def _hits(sig: Signature, text: str, starts: list[int], clean: list[str],
             continue
         pos = 0
         while (m := pat.search(text, pos)) is not None:
-            idx = _line_index(text, starts, m.start())
+            idx = _line_index(starts, m.start())
             pos = starts[idx + 1] if idx + 1 < len(starts) else len(text) + 1
             if idx not in hits:
                 accept(idx, m)

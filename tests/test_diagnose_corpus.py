@@ -252,3 +252,22 @@ def test_grep_and_python_prefilters_agree_on_a_large_log() -> None:
     assert [(f.signature.id, f.line_no, f.count) for f in by_grep] == \
            [(f.signature.id, f.line_no, f.count) for f in by_find]
     assert len(by_grep) >= 25  # most signatures occur somewhere in the corpus
+
+
+@pytest.mark.parametrize("use_grep", [True, False])
+def test_site_patterns_that_ignore_case_or_have_no_literal(tmp_path: Path, use_grep: bool) -> None:
+    """A site file may ignore case (searched lower-cased) or have no literal to filter on (searched over
+    the whole text); both still find their line in a log above the grep threshold."""
+    site = tmp_path / "site.toml"
+    site.write_text("[[signature]]\nid = 'nfs'\npatterns = ['(?i)stale file handle']\ncheck = 'host.disk'\n"
+                    "fix = 'remount'\ncommands = ['mount -o remount /models']\n\n"
+                    "[[signature]]\nid = 'xid'\npatterns = ['Xid \\([^)]*\\): \\d+']\ncheck = 'gpu.health'\n"
+                    "fix = 'drain'\ncommands = ['nvidia-smi -q']\n")
+    sigs = load_signatures([site])
+    noise = "[2026-11-29 10:00:00 TP3] Decode batch. #running-req: 12, #token: 40231, cuda graph: True"
+    lines = [noise] * 20000 + ["OSError: [Errno 116] STALE FILE HANDLE: '/models/k26'"] + [noise] * 10 + \
+            ["NVRM: Xid (PCI:0000:18:00): 79, pid=1234, GPU has fallen off the bus."]
+    assert sum(map(len, lines)) > GREP_MIN_CHARS
+    assert required_literals(next(s for s in sigs if s.id == "xid").patterns[0]) is None
+    found = {f.signature.id: f.line_no for f in diagnose_lines(lines, sigs, use_grep=use_grep)}
+    assert found == {"nfs": 20001, "xid": 20012}
