@@ -9,6 +9,7 @@ tell systemd ``READY=1`` and supervise it.
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -275,7 +276,10 @@ def diagnose(logfile: str | None, unit: str | None, invocation: str | None, on_s
              signatures: tuple[str, ...], fmt: str) -> None:
     """Map a failed start's log (FILE, `-` for stdin, or --journal UNIT) to the checks that catch it.
 
-    Exit 0 when a known signature was found, 1 when none was, 2 on bad input.
+    Exit 0 when a known signature was found, 1 when none was, 2 on bad input: an unreadable file or
+    signatures, or a journal that cannot be read or has no lines for the unit (most often a misspelt
+    unit name). The likely root cause comes first; messages that only follow a failure (NCCL teardown,
+    "Received sigquit") never outrank a cause.
     """
     import json
 
@@ -306,6 +310,11 @@ def diagnose(logfile: str | None, unit: str | None, invocation: str | None, on_s
             _say(f"cannot read the journal of {unit}: {res.why()}")
             sys.exit(EXIT_USAGE)
         lines, source = res.stdout.splitlines(), f"journal of {unit}"
+        if not any(line.strip() and line.strip() != "-- No entries --" for line in lines):
+            which = f" (invocation {invocation})" if invocation else " since boot"
+            _say(f"the journal had no lines for {unit}{which}: check the unit name (systemctl list-units "
+                 f"{shlex.quote(unit)}) or pass the log file instead")
+            sys.exit(EXIT_USAGE)
     else:
         assert logfile is not None
         try:

@@ -1,26 +1,57 @@
 """Diagnosis of a failed start: known log signatures -> the check that catches it, and its fix.
 
-The signatures are data (``doctor/data/failure_signatures.toml``; a site adds its own file with
-``--signatures``). A log is scanned line by line; every signature found is reported once, with its
-first line and a little context, ordered by ``rank`` (likely root causes first) and position.
+The signatures are data (``doctor/data/failure_signatures.toml``, its schema documented at its top; a
+site adds its own file with ``--signatures``). Every signature found is reported once, with its first
+line, how often it occurred and a little context.
+
+Ranking: a failed start prints its cause once and its consequences many times (other ranks' NCCL
+errors, "Received sigquit", "RPCServer process died", wrappers that re-raise with advice). Signatures
+flagged ``consequence`` therefore never outrank a cause found in the same log; causes are ranked by
+first occurrence (``rank`` only breaks ties on one line); consequences follow, those that point at a
+check first. A line two signatures read differently is settled by ``suppresses`` (the specific reading
+wins) and ``context`` (a reading that needs nearby evidence, such as TCPStore next to EADDRINUSE).
+
+Speed: a 50 MB journal must not cost a minute. From each pattern the matcher derives literals that any
+match must contain (``required_literals``); one pass finds the lines holding any of them (``grep -F``
+when the host has it, which scans for all of them at once; else ``str.find`` per literal), and the
+regular expressions then run on those lines only. A pattern with no usable literal is searched over the
+whole text (bench/bench_diagnose.py measures both).
 """
 
 from __future__ import annotations
 
+import functools
+import os
 import re
+import shutil
+import subprocess
 import sys
+import tempfile
+from bisect import bisect_right
 from dataclasses import dataclass, field
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
 if sys.version_info >= (3, 11):
+    import re._parser as _sre_parse
+
     import tomllib
 else:  # pragma: no cover - py310
+    import sre_parse as _sre_parse
+
     import tomli as tomllib
 
 SIGNATURES_FILE = Path(__file__).resolve().parents[1] / "data" / "failure_signatures.toml"
 MAX_LINE = 8192  # a pathological line (a tensor dump) is cut, not matched for minutes
+MIN_LITERAL = 8  # shorter literals select too many lines and slow grep's multi-string scan down
+GREP_TIMEOUT_S = 120
+GREP_MIN_CHARS = 1 << 20  # below this, starting grep costs more than searching in Python
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+_PLACEHOLDER = re.compile(r"\{(\w+)\}")
+_SAFE_VALUE = re.compile(r"[\w.:/@-]{1,64}")  # what a value read from a log may be to enter a command
+SIGNATURE_KEYS = {"id", "title", "patterns", "check", "fix", "commands", "explain", "rank", "consequence", "unless",
+               "context", "context_before", "context_after", "context_skip", "suppresses", "defaults"}
 
 
 class SignatureError(Exception):
@@ -37,6 +68,14 @@ class Signature:
     commands: tuple[str, ...] = ()
     explain: str = ""
     rank: int = 50
+    consequence: bool = False
+    unless: tuple[re.Pattern[str], ...] = ()
+    context: tuple[re.Pattern[str], ...] = ()
+    context_before: int = 20
+    context_after: int = 3
+    context_skip: tuple[re.Pattern[str], ...] = ()
+    suppresses: tuple[str, ...] = ()
+    defaults: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass
@@ -46,12 +85,26 @@ class Finding:
     line: str
     count: int = 1
     context: list[str] = field(default_factory=list)
+    values: dict[str, str] = field(default_factory=dict)  # named groups of the first hit
+
+    def _fill(self, text: str) -> str:
+        known = dict(self.signature.defaults)
+        known.update(self.values)
+        return _PLACEHOLDER.sub(lambda m: known.get(m.group(1), m.group(0)), text)
+
+    @property
+    def fix(self) -> str:
+        return self._fill(self.signature.fix)
+
+    @property
+    def commands(self) -> list[str]:
+        return [self._fill(c) for c in self.signature.commands]
 
     def to_dict(self) -> dict[str, Any]:
         s = self.signature
-        return {"id": s.id, "title": s.title, "check": s.check, "line": self.line_no, "text": self.line,
-                "count": self.count, "context": self.context, "explain": s.explain,
-                "remediation": {"text": s.fix, "commands": list(s.commands)}}
+        return {"id": s.id, "title": s.title, "check": s.check, "consequence": s.consequence,
+                "line": self.line_no, "text": self.line, "count": self.count, "context": self.context,
+                "explain": s.explain, "remediation": {"text": self.fix, "commands": self.commands}}
 
 
 def load_signatures(paths: list[Path] | None = None) -> list[Signature]:
@@ -71,46 +124,271 @@ def load_signatures(paths: list[Path] | None = None) -> list[Signature]:
         for i, entry in enumerate(entries):
             sig = _signature(entry, f"{path} signature #{i + 1}")
             by_id[sig.id] = sig
+    for sig in by_id.values():
+        unknown = [s for s in sig.suppresses if s not in by_id]
+        if unknown:
+            raise SignatureError(f"signature {sig.id}: suppresses unknown signature(s) {', '.join(unknown)}")
     return list(by_id.values())
+
+
+def _patterns(value: Any, where: str, key: str) -> tuple[re.Pattern[str], ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
+        raise SignatureError(f"{where}: {key} must be a list of regular expressions")
+    compiled = []
+    for pat in value:
+        try:
+            compiled.append(re.compile(pat))
+        except re.error as exc:
+            raise SignatureError(f"{where}: bad pattern {pat!r}: {exc}") from None
+    return tuple(compiled)
+
+
+def _int(entry: dict[str, Any], key: str, default: int, where: str) -> int:
+    value = entry.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SignatureError(f"{where}: {key} must be an integer")
+    return value
 
 
 def _signature(entry: Any, where: str) -> Signature:
     if not isinstance(entry, dict) or not isinstance(entry.get("id"), str) or not entry.get("patterns"):
         raise SignatureError(f"{where}: needs id and patterns")
-    pats = entry["patterns"]
-    if isinstance(pats, str):
-        pats = [pats]
-    compiled = []
-    for pat in pats:
-        try:
-            compiled.append(re.compile(str(pat)))
-        except re.error as exc:
-            raise SignatureError(f"{where} ({entry['id']}): bad pattern {pat!r}: {exc}") from None
+    where = f"{where} ({entry['id']})"
+    unknown = sorted(set(entry) - SIGNATURE_KEYS)
+    if unknown:
+        raise SignatureError(f"{where}: unknown key(s) {', '.join(unknown)}")
     commands = entry.get("commands") or []
     if not isinstance(commands, list):
-        raise SignatureError(f"{where} ({entry['id']}): commands must be a list")
+        raise SignatureError(f"{where}: commands must be a list")
+    suppresses = entry.get("suppresses") or []
+    if not isinstance(suppresses, list) or not all(isinstance(s, str) for s in suppresses):
+        raise SignatureError(f"{where}: suppresses must be a list of signature ids")
+    defaults = entry.get("defaults") or {}
+    if not isinstance(defaults, dict):
+        raise SignatureError(f"{where}: defaults must be a table")
+    check = entry.get("check")
+    if check is not None and not isinstance(check, str):
+        raise SignatureError(f"{where}: check must be a check id")
+    return Signature(
+        entry["id"], str(entry.get("title", entry["id"])), _patterns(entry["patterns"], where, "patterns"),
+        check, str(entry.get("fix", "")), tuple(str(c) for c in commands), str(entry.get("explain", "")),
+        _int(entry, "rank", 50, where), bool(entry.get("consequence", False)),
+        _patterns(entry.get("unless"), where, "unless"), _patterns(entry.get("context"), where, "context"),
+        _int(entry, "context_before", 20, where), _int(entry, "context_after", 3, where),
+        _patterns(entry.get("context_skip"), where, "context_skip"), tuple(suppresses),
+        tuple((str(k), str(v)) for k, v in defaults.items()))
+
+
+@functools.lru_cache(maxsize=4096)
+def required_literals(pattern: re.Pattern[str]) -> frozenset[str] | None:
+    """Strings of which every match of ``pattern`` contains at least one (lower-cased when the pattern
+    ignores case), or None when the pattern has none of at least ``MIN_LITERAL`` characters.
+
+    Read from the parsed pattern: a run of literal characters in the top-level sequence (or in a group,
+    or a repeat of at least one) is required; an alternation is required as the set of one literal per
+    branch, when every branch has one. The best candidate is the set whose shortest member is longest."""
     try:
-        rank = int(entry.get("rank", 50))
-    except (TypeError, ValueError):
-        raise SignatureError(f"{where} ({entry['id']}): rank must be an integer") from None
-    return Signature(entry["id"], str(entry.get("title", entry["id"])), tuple(compiled),
-                     entry.get("check"), str(entry.get("fix", "")), tuple(str(c) for c in commands),
-                     str(entry.get("explain", "")), rank)
+        parsed = _sre_parse.parse(pattern.pattern, pattern.flags)
+    except Exception:  # a parser change across Python versions: fall back to a full scan
+        return None
+    found = _best_literals(list(parsed))
+    if found is None or min(len(x) for x in found) < MIN_LITERAL:
+        return None
+    if _folds(pattern):
+        found = frozenset(x.lower() for x in found)
+    return found
 
 
-def diagnose_lines(lines: list[str], signatures: list[Signature], context: int = 2) -> list[Finding]:
-    """Every signature that occurs in ``lines``: root-cause-first (rank), then by first line."""
+def _folds(pattern: re.Pattern[str]) -> bool:
+    """Whether any part of ``pattern`` ignores case: its literals are then searched lower-cased in the
+    lower-cased text (a superset of its matches, so nothing is lost)."""
+    return bool(pattern.flags & re.IGNORECASE) or "(?i" in pattern.pattern
+
+
+def _best_literals(items: list[Any]) -> frozenset[str] | None:
+    options: list[frozenset[str]] = []
+    run = ""
+    for op, av in items:
+        name = str(op)
+        if name == "LITERAL":
+            run += chr(av)
+            continue
+        if run:
+            options.append(frozenset([run]))
+            run = ""
+        if name == "SUBPATTERN":
+            sub = _best_literals(list(av[-1]))
+            if sub:
+                options.append(sub)
+        elif name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT") and av[0] >= 1:
+            sub = _best_literals(list(av[2]))
+            if sub:
+                options.append(sub)
+        elif name == "BRANCH":
+            alts = [_best_literals(list(alt)) for alt in av[1]]
+            if all(alts):
+                options.append(frozenset().union(*alts))  # type: ignore[arg-type]
+    if run:
+        options.append(frozenset([run]))
+    return max(options, key=lambda o: min(len(x) for x in o), default=None)
+
+
+def _line_index(starts: list[int], pos: int) -> int:
+    return bisect_right(starts, pos) - 1
+
+
+def _candidates_by_find(text: str, starts: list[int], literals: set[str], fold: bool) -> set[int]:
+    hay = text.lower() if fold else text
+    lines: set[int] = set()
+    for lit in literals:
+        pos = hay.find(lit)
+        while pos != -1:
+            idx = _line_index(starts, pos)
+            lines.add(idx)
+            nxt = starts[idx + 1] if idx + 1 < len(starts) else len(hay)
+            pos = hay.find(lit, nxt)
+    return lines
+
+
+def _candidates_by_grep(text: str, literals: set[str], fold: bool) -> set[int] | None:
+    """0-based indices of the lines holding any literal, via one ``grep -F`` pass over a temporary copy
+    of the text (a file, not a pipe: feeding 50 MB through a pipe costs more than the scan); None if
+    grep is absent, the copy cannot be written (a full disk) or grep fails: the caller then searches
+    in Python."""
+    grep = shutil.which("grep")
+    if grep is None:
+        return None
+    if not literals:
+        return set()
+    try:
+        with tempfile.TemporaryDirectory(prefix="k26-diagnose-") as tmp:
+            pats, data = Path(tmp) / "literals", Path(tmp) / "log"
+            pats.write_text("\n".join(sorted(literals)) + "\n", encoding="utf-8")
+            data.write_bytes(text.encode("utf-8", errors="replace"))
+            argv = [grep, "-a", "-n", "-o", "-F", "-f", str(pats), *(["-i"] if fold else []), str(data)]
+            res = subprocess.run(argv, capture_output=True, timeout=GREP_TIMEOUT_S, check=False,
+                                 stdin=subprocess.DEVNULL, env={**os.environ, "LC_ALL": "C"})
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if res.returncode not in (0, 1):
+        return None
+    out: set[int] = set()
+    for row in res.stdout.split(b"\n"):
+        head = row.split(b":", 1)[0]
+        if head.isdigit():
+            out.add(int(head) - 1)
+    return out
+
+
+def candidate_lines(text: str, starts: list[int], plan: dict[re.Pattern[str], frozenset[str] | None],
+                    use_grep: bool = True) -> dict[re.Pattern[str], list[int] | None]:
+    """For each pattern with required literals, the sorted lines that hold one of them (None: scan all)."""
+    by_fold: dict[bool, set[str]] = {False: set(), True: set()}
+    for pat, lits in plan.items():
+        if lits:
+            by_fold[_folds(pat)].update(lits)
+    hits: dict[bool, list[int]] = {}
+    use_grep = use_grep and len(text) >= GREP_MIN_CHARS
+    for fold, lits in by_fold.items():
+        if not lits:
+            continue
+        lines = _candidates_by_grep(text, lits, fold) if use_grep else None
+        if lines is None:
+            lines = _candidates_by_find(text, starts, lits, fold)
+        hits[fold] = sorted(lines)
+    return {pat: (hits[_folds(pat)] if lits else None) for pat, lits in plan.items()}
+
+
+def _has_context(sig: Signature, clean: list[str], idx: int) -> bool:
+    lo, hi = max(0, idx - sig.context_before), min(len(clean), idx + sig.context_after + 1)
+    for line in clean[lo:hi]:
+        if any(p.search(line) for p in sig.context_skip):
+            continue
+        if any(p.search(line) for p in sig.context):
+            return True
+    return False
+
+
+def _hits(sig: Signature, text: str, starts: list[int], clean: list[str],
+          candidates: dict[re.Pattern[str], list[int] | None]) -> dict[int, re.Match[str]]:
+    """The lines (0-based) where ``sig`` hits, with the first match on each; one search per line at most."""
+    hits: dict[int, re.Match[str]] = {}
+
+    def accept(idx: int, m: re.Match[str]) -> None:
+        line = clean[idx]
+        if any(p.search(line) for p in sig.unless):
+            return
+        if sig.context and not _has_context(sig, clean, idx):
+            return
+        hits[idx] = m
+
+    for pat in sig.patterns:
+        lines = candidates.get(pat)
+        if lines is not None:  # only the lines that hold a literal every match needs
+            for idx in lines:
+                if idx not in hits and (m := pat.search(clean[idx])):
+                    accept(idx, m)
+            continue
+        pos = 0
+        while (m := pat.search(text, pos)) is not None:
+            idx = _line_index(starts, m.start())
+            pos = starts[idx + 1] if idx + 1 < len(starts) else len(text) + 1
+            if idx not in hits:
+                accept(idx, m)
+    return hits
+
+
+def order(findings: list[Finding]) -> list[Finding]:
+    """Causes by first occurrence (rank breaks ties on a line), then consequences: those naming a check
+    first, then by rank and line."""
+    causes = sorted((f for f in findings if not f.signature.consequence),
+                    key=lambda f: (f.line_no, f.signature.rank))
+    echoes = sorted((f for f in findings if f.signature.consequence),
+                    key=lambda f: (f.signature.check is None, f.signature.rank, f.line_no))
+    return causes + echoes
+
+
+def diagnose_lines(lines: list[str], signatures: list[Signature], context: int = 2,
+                   use_grep: bool = True) -> list[Finding]:
+    """Every signature that occurs in ``lines``, the likely root cause first (see ``order``).
+
+    ``use_grep=False`` keeps the search in Python (the fallback when the host has no grep)."""
+    clean = list(lines)
+    if not clean:
+        return []
+    text = "\n".join(clean)  # the per-line clean-ups below run only when needed: a 50 MB log has 500k lines
+    if "\r" in text or text.count("\n") != len(clean) - 1:
+        clean = [ln.rstrip("\r\n") for ln in clean]
+        text = "\n".join(clean)
+    if max(map(len, clean)) > MAX_LINE or "\x1b" in text:
+        clean = [_ANSI.sub("", ln[:MAX_LINE]) for ln in clean]
+        text = "\n".join(clean)
+    starts = list(accumulate(map((1).__add__, map(len, clean)), initial=0))[:-1]
+    plan = {pat: required_literals(pat) for sig in signatures for pat in sig.patterns}
+    candidates = candidate_lines(text, starts, plan, use_grep)
+    per_line: dict[int, dict[str, re.Match[str]]] = {}
+    for sig in signatures:
+        for idx, m in _hits(sig, text, starts, clean, candidates).items():
+            per_line.setdefault(idx, {})[sig.id] = m
+    by_id = {s.id: s for s in signatures}
     found: dict[str, Finding] = {}
-    clean = [_ANSI.sub("", ln.rstrip("\r\n"))[:MAX_LINE] for ln in lines]
-    for no, line in enumerate(clean, 1):
-        for sig in signatures:
-            if any(p.search(line) for p in sig.patterns):
-                if sig.id in found:
-                    found[sig.id].count += 1
-                else:
-                    lo, hi = max(0, no - 1 - context), min(len(clean), no + context)
-                    found[sig.id] = Finding(sig, no, line.strip(), 1, clean[lo:hi])
-    return sorted(found.values(), key=lambda f: (f.signature.rank, f.line_no))
+    for idx in sorted(per_line):
+        ids = per_line[idx]
+        explained = {s for sid in ids for s in by_id[sid].suppresses}
+        for sid, m in ids.items():
+            if sid in explained:
+                continue
+            if sid in found:
+                found[sid].count += 1
+                continue
+            values = {k: v for k, v in m.groupdict().items() if v is not None and _SAFE_VALUE.fullmatch(v)}
+            lo, hi = max(0, idx - context), min(len(clean), idx + 1 + context)
+            found[sid] = Finding(by_id[sid], idx + 1, clean[idx].strip(), 1, clean[lo:hi], values)
+    return order(list(found.values()))
 
 
 def read_log(path: str) -> list[str]:
@@ -133,16 +411,23 @@ def render_text(findings: list[Finding], source: str) -> str:
     if not findings:
         return (f"{source}: no known failure signature found. Run `k26-doctor check` to judge the host, "
                 "or add a signature (--signatures FILE).\n")
-    out = [f"{source}: {len(findings)} known failure signature(s); the likely root cause first.", ""]
+    top = findings[0]
+    if top.signature.consequence:
+        head = (f"{source}: {len(findings)} known failure signature(s), all of them consequences of a failure "
+                "whose own message no signature knows; the most telling first.")
+    else:
+        head = f"{source}: {len(findings)} known failure signature(s); the likely root cause first."
+    out = [head, ""]
     for n, f in enumerate(findings, 1):
         s = f.signature
-        out.append(f"{n}. {s.title}  [{s.id}]" + (f"  -> check {s.check}" if s.check else ""))
+        label = "   (a consequence: it follows a failure elsewhere)" if s.consequence else ""
+        out.append(f"{n}. {s.title}  [{s.id}]" + (f"  -> check {s.check}" if s.check else "") + label)
         out.append(f"   line {f.line_no}" + (f" (and {f.count - 1} more)" if f.count > 1 else "") + f": {f.line[:300]}")
         if s.explain:
             out.append(f"   why: {s.explain}")
-        if s.fix:
-            out.append(f"   fix: {s.fix}")
-        for cmd in s.commands:
+        if f.fix:
+            out.append(f"   fix: {f.fix}")
+        for cmd in f.commands:
             out.append(f"     $ {cmd}")
         out.append("")
     return "\n".join(out)
