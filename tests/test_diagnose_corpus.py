@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from doctor.core.registry import load
 from doctor.service.diagnose import (
     GREP_MIN_CHARS,
     SIGNATURE_KEYS,
@@ -36,7 +37,6 @@ from doctor.service.diagnose import (
     load_signatures,
     required_literals,
 )
-from doctor.core.registry import load
 
 FIXTURES = Path(__file__).parent / "fixtures" / "diagnose"
 SOURCE = re.compile(r"https://github\.com/[\w.-]+/[\w.-]+/(?:issues|pull)/\d+")
@@ -91,7 +91,8 @@ def test_corpus_size_and_spread() -> None:
 def test_fixture_header(fx: Fixture) -> None:
     assert SOURCE.fullmatch(fx.header.get("source", "")), f"{fx.path.name}: no issue/PR URL in '# source:'"
     assert fx.header.get("title"), fx.path.name
-    assert fx.header.get("expect") in KNOWN_CHECKS | {c.id for c in load(plugins=False).sorted_checks()}, fx.header.get("expect")
+    registered = {c.id for c in load(plugins=False).sorted_checks()}
+    assert fx.header.get("expect") in KNOWN_CHECKS | registered, fx.header.get("expect")
     assert 1 <= len(fx.body) <= 80 and any(line.strip() for line in fx.body), fx.path.name
 
 
