@@ -70,6 +70,13 @@ def dsv3(out: Path, seed: int = 2) -> dict:
     model = DeepseekV3ForCausalLM(cfg)
     _scale_lm_head(model)
     model.to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
+    # Keys of DeepSeek-V3's (and Kimi K2's text) config.json that transformers' class does not write
+    # but SGLang's deepseek_v2.py reads; no MTP layer (none is saved).
+    path = out / "config.json"
+    config = json.loads(path.read_text())
+    config.update({"moe_layer_freq": 1, "topk_method": "noaux_tc", "scoring_func": "sigmoid", "ep_size": 1,
+                   "num_nextn_predict_layers": 0})
+    path.write_text(json.dumps(config, indent=1) + "\n")
     return {"layers": 4}
 
 

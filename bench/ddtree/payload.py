@@ -54,6 +54,10 @@ WHEELS = [
     "interegular", "blobfile", "pycryptodomex", "llguidance", "openai-harmony==0.0.4", "watchfiles",
     "zstandard", "uvloop", "python-dotenv", "httptools", "websockets",
 ]
+# SGLang's Llama/Qwen MLPs import the CuTe DSL (``cutlass``) on every CUDA start (DualGemm's mode
+# selection; the kernel itself is SM100-only). Its compiler library alone is 92 MB compressed, so it
+# travels as a second archive group, carried by a second call while the host is warm.
+CUTLASS = ["nvidia-cutlass-dsl==4.8.0", "nvidia-cutlass-dsl-libs-base==4.8.0", "nvidia-cutlass-dsl-libs-cu13==4.8.0"]
 PLATFORMS = ["manylinux_2_39_x86_64", "manylinux_2_34_x86_64", "manylinux_2_28_x86_64", "manylinux_2_27_x86_64",
              "manylinux_2_24_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64"]
 
@@ -159,18 +163,26 @@ def stage(site: Path, wheels: list[Path], kernel: Path, out: Path) -> dict:
     return dropped
 
 
-def pack(out: Path, part_mib: int = 60) -> list[Path]:
-    tar = out / "site.tar.xz"
+def unpack_wheels(wheels: list[Path], dest: Path) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    for whl in wheels:
+        with zipfile.ZipFile(whl) as zf:
+            zf.extractall(dest)
+
+
+def pack(src: Path, out: Path, group: str, part_mib: int = 60) -> list[Path]:
+    """``src`` as ``<group>.tar.xz.NN`` parts of at most ``part_mib`` MiB (one call carries 64 MiB)."""
+    tar = out / f"{group}.tar.xz"
     with tar.open("wb") as fh:  # xz -T0: every core; tarfile's xz is single-threaded
-        tarp = subprocess.Popen(["tar", "-C", str(out / "site"), "-cf", "-", "."], stdout=subprocess.PIPE)
+        tarp = subprocess.Popen(["tar", "-C", str(src), "-cf", "-", "."], stdout=subprocess.PIPE)
         subprocess.run(["xz", "-T0", "-6", "-c"], stdin=tarp.stdout, stdout=fh, check=True)
         if tarp.wait() != 0:
             sys.exit("payload: tar failed")
-    for old in out.glob("site.tar.xz.*"):
+    for old in out.glob(f"{group}.tar.xz.*"):
         old.unlink()
     parts, data, size = [], tar.read_bytes(), part_mib << 20
     for i in range(0, len(data), size):
-        p = out / f"site.tar.xz.{i // size:02d}"
+        p = out / f"{group}.tar.xz.{i // size:02d}"
         p.write_bytes(data[i:i + size])
         parts.append(p)
     tar.unlink()
@@ -188,6 +200,7 @@ def main() -> int:
     sg = download([SGLANG], cache / "sglang")
     kern = download([SGL_KERNEL], cache / "kernel")
     deps = download(WHEELS, cache / "deps")
+    cutlass = download(CUTLASS, cache / "cutlass")
     py312 = find_python312(args.python312)
     with tempfile.TemporaryDirectory(prefix="k26-payload-") as tmp:
         patched_sglang(sg[0], py312, Path(tmp))
@@ -195,13 +208,17 @@ def main() -> int:
         with zipfile.ZipFile(sg[0]) as zf:
             zf.extractall(pristine)
         dropped = stage(pristine, deps, kern[0], out)
-    parts = pack(out)
+    parts = pack(out / "site", out, "site")
     shutil.rmtree(out / "site")
+    unpack_wheels(cutlass, out / "cutlass")
+    parts += pack(out / "cutlass", out, "cutlass")
+    shutil.rmtree(out / "cutlass")
     manifest = {
         "what": "DDTree validation payload: SGLang 0.5.23 (pristine; apply " + PATCH_SET + " on the host), "
                 "sglang-kernel 0.4.5 (sm90), "
                 "server dependencies the GPU image lacks. NOT the production stack (torch 2.11, kernel 0.4.5).",
         "sglang": sg[0].name, "sglang_kernel": kern[0].name, "wheels": sorted(w.name for w in deps),
+        "cutlass": sorted(w.name for w in cutlass),
         "dropped": dropped,
         "parts": {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in parts},
         "bytes": sum(p.stat().st_size for p in parts),
