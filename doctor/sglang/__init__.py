@@ -1,0 +1,1 @@
+"""SGLang: what the installed server accepts, read from its sources and from the released history."""
