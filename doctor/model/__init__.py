@@ -1,0 +1,1 @@
+"""The model area: the target's and the drafter's files as the server will load them."""
