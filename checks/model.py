@@ -12,6 +12,7 @@ from typing import Any
 
 from doctor.context import Context
 from doctor.facts import FactUnavailable
+from doctor.model.tokenizer import TokenizerVerdict, judge_files, judge_load
 from doctor.registry import check
 from doctor.result import Remediation, Result
 from doctor.weights.modelconfig import ConfigView, is_pos_int, json_data, read_config
@@ -471,7 +472,7 @@ def _auto_map_modules(auto_map: Any) -> list[str]:
     return refs
 
 
-@check("model.tokenizer", "Tokenizer and chat template files the server needs", needs=("model",), timeout=120)
+@check("model.tokenizer", "Tokenizer and chat template files the server needs", needs=("model",), timeout=200)
 def model_tokenizer(ctx: Context) -> Result:
     """Looks for what the server's tokenizer loads: tokenizer_config.json (valid JSON), the vocabulary
     (tiktoken.model for TikToken tokenizers such as K2.6's, else tokenizer.json / tokenizer.model /
@@ -536,22 +537,47 @@ def model_tokenizer(ctx: Context) -> Result:
     if needs_trc and trc is False:
         problems.append("auto_map means the server needs --trust-remote-code, but the profile sets "
                         "model.trust_remote_code = false")
-    details = {"tokenizer_class": cls or None, "files": files, "auto_map": remote,
-               "trust_remote_code_required": needs_trc, "chat_template": has_template, "notes": notes}
+    details: dict[str, Any] = {"tokenizer_class": cls or None, "files": files, "auto_map": remote,
+                               "trust_remote_code_required": needs_trc, "chat_template": has_template, "notes": notes}
+    load = _tokenizer_load(ctx, fact)
+    details.update(load.details, loaded_as=load.loaded_as)
+    commands = _redownload_commands(ctx, fact, sorted(set(missing_mods)), "model.repo")
+    fix = "Download the missing tokenizer files from the model's repository."
+    if load.problems and not problems:
+        fix = load.problems[0].fix or fix
+    problems += [f.message for f in load.problems]
+    commands += [c for f in load.problems for c in f.commands if c not in commands]
     if problems:
         return Result.failed(f"tokenizer: {problems[0]}" + (f" (+{len(problems) - 1} more)" if len(problems) > 1
                                                              else ""),
-                             Remediation("Download the missing tokenizer files from the model's repository.",
-                                         _redownload_commands(ctx, fact, sorted(set(missing_mods)), "model.repo")),
-                             problems=problems, **details)
+                             Remediation(fix, commands), problems=problems, **details)
     summary = (f"{cls or 'tokenizer'}: " + ("tiktoken.model, " if tiktoken else "") + "chat template present"
                + ("; needs --trust-remote-code" + (" (profile sets it)" if trc else "") if needs_trc else ""))
+    if load.probe_error:
+        return Result.errored(f"{summary}; {load.probe_error}")
+    if load.not_judged:
+        return Result.skipped(f"{summary}; {load.not_judged}", **details)
+    summary += (f"; loads as {load.loaded_as} (transformers {load.details.get('transformers')}), "
+                f"{len(load.details.get('markers_checked') or [])} special tokens round-trip, chat template renders")
+    notes += [f.message for f in load.warnings]
     if needs_trc and trc is None:
         return Result.warned(summary + "; the profile does not say whether trust_remote_code is on",
                              "Set [model] trust_remote_code = true and pass --trust-remote-code.", **details)
     if notes:
-        return Result.warned(f"{summary}; {notes[0]}", None, **details)
+        rem = next((f.fix for f in load.warnings if f.fix), None)
+        return Result.warned(f"{summary}; {notes[0]}", rem, **details)
     return Result.passed(summary, **details)
+
+
+def _tokenizer_load(ctx: Context, fact: dict[str, Any]) -> TokenizerVerdict:
+    """The tokenizer loaded in the service's interpreter (fact ``model.tokenizer``), judged with the files."""
+    tok = _optional(ctx, "model.tokenizer")
+    if not isinstance(tok, dict) or not tok.get("given"):
+        return TokenizerVerdict(not_judged="the tokenizer load was not collected (fact model.tokenizer)")
+    view, _ = _config_view(fact)
+    verdict = judge_files(tok, view.int_field("vocab_size") if view else None, ctx.expect("model.repo"),
+                          named_reported=True)
+    return judge_load(tok, view.model_type if view else None, ctx.expect("model.repo"), verdict)
 
 
 # -- model.drafter --------------------------------------------------------------------------------
