@@ -12,9 +12,13 @@ from typing import Any
 
 from doctor.context import Context
 from doctor.facts import FactUnavailable
+from doctor.launcher import build_server_args
+from doctor.model.drafter import DraftFinding, judge_pairing, same_directory
+from doctor.model.remote_code import download_command
 from doctor.model.tokenizer import TokenizerVerdict, judge_files, judge_load
 from doctor.registry import check
 from doctor.result import Remediation, Result
+from doctor.settings import ConfigError
 from doctor.weights.modelconfig import ConfigView, is_pos_int, json_data, read_config
 
 NO_MODEL_PATH = "no model path: pass --model-path or set [model] path"
@@ -397,10 +401,13 @@ def model_config(ctx: Context) -> Result:
     under text_config or at the top level), that the config agrees with the shards (packed I32 expert
     weights [out, in/8], scales [out, in/group_size], experts per MoE layer = n_routed_experts, layers in
     the shards = num_hidden_layers), TP divisibility (attention heads; experts under EP; int4 groups per
-    rank), and the profile's expectations (e.g. 61 layers, 384 experts).
+    rank), the profile's expectations (e.g. 61 layers, 384 experts), and that every remote-code file that
+    auto_map names (config.json and tokenizer_config.json), and every file those import relatively, is there.
 
     Why: a config that disagrees with its weights fails at load after minutes, or loads and produces
-    garbage. Fix by hand: re-download config.json from the same revision as the shards."""
+    garbage; a missing remote-code file fails the import after the weights loaded. Fix by hand: re-download
+    config.json from the same revision as the shards; `hf download REPO --include FILE --local-dir DIR` for
+    a missing remote-code file."""
     fact = ctx.fact("model")
     early = _dir_problem(fact, "model")
     if early is not None:
@@ -436,6 +443,14 @@ def model_config(ctx: Context) -> Result:
         warnings.append("no valid shard headers to compare the config with (see model.shards)")
     problems += _tp_problems(ctx, view)
     problems += _profile_problems(ctx, view)
+    remote = fact.get("remote_code") or {}
+    code_missing = list(remote.get("missing") or [])
+    code_broken = [n for n, f in (remote.get("files") or {}).items() if f.get("error")]
+    for name in code_missing:
+        by = (remote.get("files") or {}).get(name, {}).get("needed_by")
+        problems.append(f"remote-code file {name} " + (f"(imported by {by}) " if by else "named by auto_map ")
+                        + "is missing: the server fails to import it after the weights load")
+    problems += [f"remote-code file {n} {remote['files'][n]['error']}" for n in code_broken]
     t = view.text
     desc = (f"{view.model_type}" + (f" (text {view.text_model_type})" if view.text_model_type
                                    and view.text_model_type != view.model_type else "")
@@ -450,11 +465,14 @@ def model_config(ctx: Context) -> Result:
                "quantization": q, "quantization_where": view.quant_where, "tp": ctx.settings.tp,
                "problems": problems, "warnings": warnings, "checked_against_shards": consistency_checked}
     if problems:
+        if (code_missing or code_broken) and len(problems) == len(code_missing) + len(code_broken):
+            fetch = download_command(ctx.expect("model.repo"), fact.get("path"), code_missing + code_broken)
+            rem = Remediation("Download the model's remote code (the revision of the rest of the model):", [fetch])
+        else:
+            rem = Remediation("Use the config.json of the same revision as the shards, and a TP size that divides "
+                              "the model.", _redownload_commands(ctx, fact, ["config.json"], "model.repo"))
         return Result.failed(f"config.json: {problems[0]}" + (f" (+{len(problems) - 1} more)" if len(problems) > 1
-                                                               else ""),
-                             Remediation("Use the config.json of the same revision as the shards, and a TP size "
-                                         "that divides the model.",
-                                         _redownload_commands(ctx, fact, ["config.json"], "model.repo")), **details)
+                                                               else ""), rem, **details)
     if warnings:
         return Result.warned(f"{desc}; {warnings[0]}", None, **details)
     return Result.passed(f"{desc}; consistent with the shards; TP {ctx.settings.tp} divides it", **details)
@@ -586,16 +604,28 @@ def _tokenizer_load(ctx: Context, fact: dict[str, Any]) -> TokenizerVerdict:
        needs=("drafter", "model"), fixer="model.redownload", timeout=120)
 def model_drafter(ctx: Context) -> Result:
     """The DFlash draft model: config.json valid (block_size >= 1; target_layer_ids integers within the
-    target's layers; mask_token_id inside the vocabulary; hidden size and vocabulary equal to the target's;
-    the profile's architectures), and its shards valid by the same validator as the target's
-    (model.shards).
+    target's layers and as many as the drafter's fc takes; mask_token_id inside the vocabulary; hidden size
+    and vocabulary equal to the target's; the profile's architectures, and ones SGLang runs under the
+    profile's --speculative-algorithm: no EAGLE3 drafter under DDTREE), its shards valid by the same validator
+    as the target's (model.shards), not the target's own directory; under DDTREE the drafter's block against
+    --speculative-ddtree-budget (budget >= block - 1) and --attention-backend triton; the attention backend
+    the DFlash draft will get (not an MLA-only one, which SGLang silently replaces).
 
-    Why: SGLang rejects an inconsistent drafter only after the target loaded (minutes). Fix by hand:
-    use the drafter trained for this target, downloaded whole."""
+    Why: SGLang rejects an inconsistent drafter only after the target loaded (minutes), or runs it on another
+    backend than asked. Fix by hand: use the drafter trained for this target, downloaded whole, at its own
+    path; the flags the result names."""
     fact = ctx.fact("drafter")
     early = _dir_problem(fact, "drafter")
     if early is not None:
         return early
+    if same_directory(fact, _optional(ctx, "model") or {}):
+        repo = ctx.expect("drafter.repo") or "<drafter repo>"
+        return Result.failed(f"the draft model path {fact.get('path')} is the target model's directory: the server "
+                             "would load the target itself as its drafter",
+                             Remediation("Point --draft-model-path ([drafter] path) at the drafter's own directory; "
+                                         "download it if it is not there:",
+                                         [shlex.join(["hf", "download", str(repo), "--local-dir", "<drafter dir>"])]),
+                             path=fact.get("path"), realpath=fact.get("realpath"))
     weights = judge_weights(ctx, fact, "drafter", "drafter.repo")
     problems: list[str] = []
     cfg = fact.get("config") or {}
@@ -656,12 +686,22 @@ def model_drafter(ctx: Context) -> Result:
             problems.append(f"vocab_size is {vocab!r}, the target's is {t_vocab}")
         details.update(block_size=bs, target_layer_ids=ids, mask_token_id=mtid, hidden_size=hs, vocab_size=vocab,
                        target_checked=tview is not None)
-    details["problems"] = problems
+    pairing = _pairing(ctx, d, tview, fact) if d else []
+    problems += [f.message for f in pairing if f.severity == "fail"]
+    warnings = [f.message for f in pairing if f.severity == "warn"]
+    details.update(problems=problems, warnings=warnings)
     if problems or weights.status.failed:
         first = problems[0] if problems else weights.summary
         n = len(problems) + (1 if weights.status.failed and problems else 0)
-        rem = weights.remediation or Remediation("Use the DFlash drafter trained for this target model.")
+        fixes = [f for f in pairing if f.severity == "fail"]
+        rem = weights.remediation or (Remediation(fixes[0].fix, [c for f in fixes for c in f.commands])
+                                      if fixes and len(fixes) == len(problems) else
+                                      Remediation("Use the DFlash drafter trained for this target model."))
         return Result.failed(f"drafter: {first}" + (f" (+{n - 1} more)" if n > 1 else ""), rem, **details)
+    if warnings:
+        fix = next(f.fix for f in pairing if f.severity == "warn")
+        return Result.warned(f"drafter: {warnings[0]}" + (f" (+{len(warnings) - 1} more)" if len(warnings) > 1 else ""),
+                             Remediation(fix), **details)
     note = "" if tview is not None else " (target config unavailable: consistency not checked)"
     name = ", ".join(d.get("architectures") or ["drafter"])
     if weights.status.value == "warn":
@@ -669,6 +709,20 @@ def model_drafter(ctx: Context) -> Result:
     summ = weights.summary.split(":")[0]
     res_cls = Result.passed if tview is not None else Result.warned
     return res_cls(f"{name}: {summ}, config consistent with the target{note}", **details)
+
+
+def _pairing(ctx: Context, draft: dict[str, Any], tview: ConfigView | None, fact: dict[str, Any]) -> list[DraftFinding]:
+    """The drafter against the target's config and the server command (doctor.model.drafter)."""
+    try:
+        args, _ = build_server_args(ctx.settings, placeholders=True)
+    except ConfigError:
+        args = []  # sglang.flags names the broken server settings
+    budget = ctx.expect("server.ddtree_budget")
+    return judge_pairing(draft, target_archs=tview.architectures if tview else [],
+                         target_is_mla=bool(tview and tview.int_field("kv_lora_rank")),
+                         target_hidden=tview.int_field("hidden_size") if tview else None,
+                         draft_tensors=fact.get("tensors"), algorithm=ctx.expect("server.speculative_algorithm"),
+                         server_args=args, budget=budget if type(budget) is int else None)
 
 
 # -- model.fit ------------------------------------------------------------------------------------
