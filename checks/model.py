@@ -496,10 +496,21 @@ def model_tokenizer(ctx: Context) -> Result:
     (tiktoken.model for TikToken tokenizers such as K2.6's, else tokenizer.json / tokenizer.model /
     vocab.json), a chat template (in tokenizer_config.json, chat_template.jinja or chat_template.json), and
     the remote-code modules that auto_map names (config.json and tokenizer_config.json). Says when
-    --trust-remote-code is required and fails when the profile turns it off.
+    --trust-remote-code is required and fails when the profile turns it off. tiktoken.model is read whole:
+    a valid BPE file (base64 token and rank per line, ranks 0..n-1), and n plus the remote code's reserved
+    special ids equal to config.json's vocabulary. Then, in the service's interpreter (--python), the
+    tokenizer is loaded as SGLang 0.5.23's get_tokenizer does (AutoTokenizer with trust_remote_code; the
+    declared class when transformers hands back its generic TokenizersBackend), every special token the
+    server's parsers split on (--reasoning-parser / --tool-call-parser kimi_k2: <think>, </think>, the
+    tool-call section markers) must be one token with tokenizer_config.json's id and decode back, and the
+    chat template must render a request with a tool. The remote code is checked against the installed
+    transformers (tokenization_kimi.py's bytes_to_unicode import, gone in transformers 5; releases that
+    route kimi_k25 to the generic backend). Without transformers there the load is not judged (skip).
 
     Why: a missing tokenizer file fails the start after the weights loaded; a missing chat template
-    breaks chat completions. Fix by hand: download the missing files from the model's repository."""
+    breaks chat completions; a tokenizer that loads with other special-token ids serves reasoning inside
+    the answer and unparsed tool calls, with no error anywhere. Fix by hand: download the missing files
+    from the model's repository; use the model's current remote code with the transformers SGLang pins."""
     fact = ctx.fact("model")
     early = _dir_problem(fact, "model")
     if early is not None:
