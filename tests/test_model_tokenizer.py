@@ -28,6 +28,10 @@ from doctor.model.tokenizer import parsers_from_args, required_markers
 from doctor.weights.replica import K26Spec
 
 SPEC = K26Spec.small(vocab_size=KIMI_VOCAB)
+# Same layout and special-token offsets, 4,096 ids: the scenarios that only need the scheme load in a
+# fraction of the time (transformers 5.4's generic backend converts the whole vocabulary twice).
+SMALL_VOCAB = 4096
+SPEC_SMALL = K26Spec.small(vocab_size=SMALL_VOCAB)
 PARSER_MARKERS = ["<think>", "</think>", "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>",
                   "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"]
 
@@ -102,15 +106,15 @@ def test_markers_come_from_the_profile_parsers() -> None:
 
 # -- the load, in real interpreters -------------------------------------------------------------
 
-def replica(root: Path, style: str) -> Path:
-    model = build(root, SPEC)
-    write_kimi_tokenizer(model, import_style=style)
+def replica(root: Path, style: str, spec: K26Spec = SPEC) -> Path:
+    model = build(root, spec)
+    write_kimi_tokenizer(model, import_style=style, vocab_size=spec.vocab_size)
     return model
 
 
-def judge(root: Path, model: Path, python: str):
+def judge(root: Path, model: Path, python: str, spec: K26Spec = SPEC):
     before = tree_state(model)
-    res = run(make_ctx(root, model, spec=SPEC, python=python), "model.tokenizer")
+    res = run(make_ctx(root, model, spec=spec, python=python), "model.tokenizer")
     assert tree_state(model) == before  # the load wrote nothing into the model directory
     return res
 
@@ -125,6 +129,18 @@ def portable(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 def k2_instruct_style(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("kimi-gpt2")
     return root, replica(root, "gpt2")
+
+
+@pytest.fixture(scope="module")
+def portable_small(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("kimi-portable-small")
+    return root, replica(root, "portable", SPEC_SMALL)
+
+
+@pytest.fixture(scope="module")
+def k2_instruct_style_small(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("kimi-gpt2-small")
+    return root, replica(root, "gpt2", SPEC_SMALL)
 
 
 @pytest.mark.parametrize("version", ["4.57.6", "5.19.0"])
@@ -158,22 +174,22 @@ def test_v4_only_remote_code_still_loads_on_transformers_4(k2_instruct_style: tu
     assert res.status.value == "pass", res.details.get("problems")
 
 
-def test_generic_backend_corrupts_the_think_tokens(k2_instruct_style: tuple[Path, Path]) -> None:
+def test_generic_backend_corrupts_the_think_tokens(k2_instruct_style_small: tuple[Path, Path]) -> None:
     """transformers 5.4.0 skips the remote class for kimi_k25; SGLang's fallback to the declared class
     cannot import this remote code there, so the generic backend stays, with other ids."""
-    root, model = k2_instruct_style
-    res = judge(root, model, transformers_python("5.4.0"))
+    root, model = k2_instruct_style_small
+    res = judge(root, model, transformers_python("5.4.0"), SPEC_SMALL)
     assert res.status.value == "fail"
     text = " | ".join(res.details["problems"])
     assert "loads as transformers' generic TokenizersBackend" in text
-    ids = special_ids()
+    ids = special_ids(SMALL_VOCAB)
     assert f"<think> encodes to [{ids['<think>'] - 3}], tokenizer_config.json says [{ids['<think>']}]" in text
     assert res.details["loaded_as"].endswith("TokenizersBackend")
 
 
-def test_sglang_fallback_recovers_the_remote_class_on_the_bad_release(portable: tuple[Path, Path]) -> None:
-    root, model = portable
-    res = judge(root, model, transformers_python("5.4.0"))
+def test_sglang_fallback_recovers_the_remote_class_on_the_bad_release(portable_small: tuple[Path, Path]) -> None:
+    root, model = portable_small
+    res = judge(root, model, transformers_python("5.4.0"), SPEC_SMALL)
     assert res.status.value == "warn", res.details.get("problems")
     assert res.details["loaded_as"].endswith(".TikTokenTokenizer")
     assert "plain AutoTokenizer gives the generic TokenizersBackend" in res.summary \
@@ -205,12 +221,12 @@ def test_vocabulary_and_config_from_different_revisions(tmp_path: Path) -> None:
 
 
 def test_a_missing_marker_fails_when_the_parser_needs_it(tmp_path: Path) -> None:
-    model = build(tmp_path, SPEC)
-    write_kimi_tokenizer(model)
+    model = build(tmp_path, SPEC_SMALL)
+    write_kimi_tokenizer(model, vocab_size=SMALL_VOCAB)
     cfg = json.loads((model / "tokenizer_config.json").read_text())
     cfg["added_tokens_decoder"] = {k: v for k, v in cfg["added_tokens_decoder"].items() if v["content"] != "</think>"}
     (model / "tokenizer_config.json").write_text(json.dumps(cfg))
-    res = judge(tmp_path, model, transformers_python("5.19.0"))
+    res = judge(tmp_path, model, transformers_python("5.19.0"), SPEC_SMALL)
     assert res.status.value == "fail"
     assert "</think> is not a special token of this tokenizer" in " | ".join(res.details["problems"])
 
@@ -232,13 +248,13 @@ def test_probe_deadline_is_an_error_not_a_pass(portable: tuple[Path, Path], tmp_
 
 
 def test_a_module_the_remote_code_imports_is_missing_from_the_service_env(tmp_path: Path) -> None:
-    model = build(tmp_path, SPEC)
-    write_kimi_tokenizer(model)
+    model = build(tmp_path, SPEC_SMALL)
+    write_kimi_tokenizer(model, vocab_size=SMALL_VOCAB)
     src = (model / "tokenization_kimi.py").read_text()
     src = src.replace("import tiktoken\n", "import tiktoken\nimport k26_absent\n", 1)
     (model / "tokenization_kimi.py").write_text(src)
     python = transformers_python("5.19.0")
-    res = judge(tmp_path, model, python)
+    res = judge(tmp_path, model, python, SPEC_SMALL)
     assert res.status.value == "fail"
     text = " | ".join(res.details["problems"])
     assert f"the remote code imports k26_absent, not installed in {python}" in text
