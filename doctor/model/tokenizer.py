@@ -282,7 +282,9 @@ def judge_load(fact: dict[str, Any], model_type: str | None, repo: str | None,
                                   + (f" (at {err['where']})" if err.get("where") else ""), fix))
         return v
     cls = load.get("class") or {}
-    v.loaded_as = f"{cls.get('module')}.{cls.get('name')}"
+    module = str(cls.get("module") or "")
+    v.loaded_as = (f"{cls.get('name')} (remote code {module.rsplit('.', 1)[-1]}.py)"
+                   if module.startswith("transformers_modules.") else f"{module}.{cls.get('name')}")
     first = steps[0].get("class", {}).get("name") if steps and steps[0].get("class") else None
     if cls.get("name") == GENERIC_BACKEND:
         v.problems.append(Finding(
