@@ -17,7 +17,9 @@ from typing import Any
 from doctor.core.registry import collector
 from doctor.model.hashing import verify_model_hashes
 from doctor.model.modelconfig import json_data
+from doctor.model.remote_code import auto_map_refs, scan_remote_code
 from doctor.model.scan import scan_weights, tensor_summary
+from doctor.model.tokenizer import tokenizer_fact
 
 MAX_JSON_BYTES = 4 * 1024 * 1024
 MAX_LISTED_FILES = 400
@@ -130,6 +132,9 @@ def describe_dir(path: str | None, *, what: str) -> dict[str, Any]:
     out["config"] = read_json_file(os.path.join(path, "config.json"))
     out["tokenizer"] = tokenizer_facts(path)
     out["files"] = list_files(path)
+    refs = [r for entry in (out["config"], out["tokenizer"]["tokenizer_config"]) for r in auto_map_refs(
+        json_data(entry).get("auto_map") if isinstance(json_data(entry), dict) else None)]
+    out["remote_code"] = scan_remote_code(path, list(dict.fromkeys(refs)))  # every auto_map file, both configs
     return out
 
 
@@ -150,6 +155,12 @@ def _summary_for(path: str | None) -> dict[str, Any]:
 def collect_model(opts: Any) -> dict[str, Any]:
     """The target model directory: shards (headers), index, leftovers, config.json, tokenizer files."""
     return describe_dir(opts.model_path, what="model")
+
+
+@collector("model.tokenizer", timeout=150)
+def collect_model_tokenizer(opts: Any) -> dict[str, Any]:
+    """The target's tokenizer loaded in the service's interpreter as SGLang loads it (doctor.model.tokenizer)."""
+    return tokenizer_fact(opts)
 
 
 @collector("drafter", timeout=60)
