@@ -219,8 +219,8 @@ def k26_config(spec: K26Spec) -> dict[str, Any]:
 
 def write_tokenizer_files(model_dir: str, vocab_size: int = 163840) -> None:
     """The files the server's tokenizer needs: a valid tiktoken.model and a tokenizer_config.json with Kimi's
-    special tokens (doctor.model.replica_tokenizer); placeholder remote code and a minimal chat template."""
-    from doctor.model.replica_tokenizer import write_kimi_vocab
+    special tokens (model_replica_tokenizer); placeholder remote code and a minimal chat template."""
+    from model_replica_tokenizer import write_kimi_vocab
 
     write_kimi_vocab(model_dir, vocab_size)
     files = {

@@ -21,10 +21,11 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "model"))
 from kimi_kit import KIMI_VOCAB, special_ids, tokenization_source, transformers_python, write_kimi_tokenizer
 from model_replica import K26Spec
+from model_replica_tokenizer import tiktoken_bpe_bytes
 from modelkit import build, make_ctx, run, tree_state
 
 from doctor.model.remote_code import analyse_source, scan_remote_code
-from doctor.model.tiktoken_bpe import read_tiktoken_bpe, tiktoken_bpe_bytes
+from doctor.model.tiktoken_bpe import read_tiktoken_bpe
 from doctor.model.tokenizer import parsers_from_args, required_markers
 
 SPEC = K26Spec.small(vocab_size=KIMI_VOCAB)

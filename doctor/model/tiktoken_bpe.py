@@ -1,4 +1,5 @@
-"""tiktoken BPE files (``tiktoken.model``): read and validated without tiktoken, written for replicas.
+"""tiktoken BPE files (``tiktoken.model``): read and validated without tiktoken (tests write them with
+``tests/model_replica_tokenizer.py``).
 
 The format, as ``tiktoken.load.load_tiktoken_bpe`` reads it: one ``<base64 token> <rank>`` per line.
 Kimi's remote tokenizer takes the number of ranks as the number of base tokens and puts its special
@@ -12,7 +13,6 @@ import base64
 import binascii
 import os
 import re
-from collections.abc import Iterator
 from typing import Any
 
 MAX_BYTES = 64 * 1024 * 1024
@@ -104,32 +104,3 @@ def _first_bad_lines(data: bytes) -> list[str]:
         if len(problems) >= MAX_PROBLEMS:
             break
     return problems or ["not a tiktoken BPE file"]
-
-
-def _tokens(n: int) -> Iterator[bytes]:
-    """``n`` tokens a byte-pair merge reaches: every byte, then two- and three-byte strings over a
-    printable alphabet, each longer one after its prefix."""
-    yield from (bytes([b]) for b in range(256))
-    alphabet = b" etaoinshrdlucmfwypvbgkjqxzETAOINSHRDLUCMFWYPVBGKJQXZ0123456789.,:;!?'\"-_()[]{}<>/\\|@#$%^&*+=~`"
-    made = 256
-    for a in alphabet:
-        for b in alphabet:
-            if made >= n:
-                return
-            yield bytes([a, b])
-            made += 1
-    for a in alphabet:
-        for b in alphabet:
-            for c in alphabet:
-                if made >= n:
-                    return
-                yield bytes([a, b, c])
-                made += 1
-    raise ValueError(f"this generator makes at most {made} tokens")
-
-
-def tiktoken_bpe_bytes(n: int) -> bytes:
-    """A valid tiktoken BPE file of ``n`` (>= 256) tokens."""
-    if n < 256:
-        raise ValueError("a byte-level BPE has at least the 256 single bytes")
-    return b"".join(base64.b64encode(tok) + b" %d\n" % rank for rank, tok in enumerate(_tokens(n)))

@@ -1,5 +1,5 @@
-"""Tokenizer files of the Kimi K2.x layout for replicas: a valid ``tiktoken.model`` and a
-tokenizer_config.json whose special tokens sit where Kimi's do.
+"""Tokenizer files of the Kimi K2.x layout for replicas (a test fixture, not shipped): a valid
+``tiktoken.model`` and a tokenizer_config.json whose special tokens sit where Kimi's do.
 
 Kimi K2.x has 163,584 base BPE tokens and 256 reserved ids after them (vocabulary 163,840); the
 named ones are listed in tokenizer_config.json's ``added_tokens_decoder``. A replica with another
@@ -9,11 +9,11 @@ is consistent in the same way as the real model.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+from collections.abc import Iterator
 from typing import Any
-
-from doctor.model.tiktoken_bpe import tiktoken_bpe_bytes
 
 RESERVED = 256
 # Offset from the first special id (163584 in Kimi K2.x) -> token. The tool-call markers and
@@ -27,6 +27,35 @@ KIMI_SPECIAL_OFFSETS = {
     22: "<think>", 23: "</think>", 254: "[UNK]", 255: "[PAD]",
 }
 _CACHE: dict[int, bytes] = {}
+
+
+def _tokens(n: int) -> Iterator[bytes]:
+    """``n`` tokens a byte-pair merge reaches: every byte, then two- and three-byte strings over a
+    printable alphabet, each longer one after its prefix."""
+    yield from (bytes([b]) for b in range(256))
+    alphabet = b" etaoinshrdlucmfwypvbgkjqxzETAOINSHRDLUCMFWYPVBGKJQXZ0123456789.,:;!?'\"-_()[]{}<>/\\|@#$%^&*+=~`"
+    made = 256
+    for a in alphabet:
+        for b in alphabet:
+            if made >= n:
+                return
+            yield bytes([a, b])
+            made += 1
+    for a in alphabet:
+        for b in alphabet:
+            for c in alphabet:
+                if made >= n:
+                    return
+                yield bytes([a, b, c])
+                made += 1
+    raise ValueError(f"this generator makes at most {made} tokens")
+
+
+def tiktoken_bpe_bytes(n: int) -> bytes:
+    """A valid tiktoken BPE file of ``n`` (>= 256) tokens."""
+    if n < 256:
+        raise ValueError("a byte-level BPE has at least the 256 single bytes")
+    return b"".join(base64.b64encode(tok) + b" %d\n" % rank for rank, tok in enumerate(_tokens(n)))
 
 
 def kimi_tokenizer_config(base: int) -> dict[str, Any]:
