@@ -14,7 +14,7 @@ from doctor.core.context import Context
 from doctor.core.registry import check
 from doctor.core.result import Remediation, Result
 from doctor.core.settings import ConfigError
-from doctor.facts.store import FactUnavailable
+from doctor.facts.store import FactUnavailable, MalformedFact
 from doctor.model.drafter import DraftFinding, judge_pairing, same_directory
 from doctor.model.modelconfig import ConfigView, is_pos_int, json_data, read_config
 from doctor.model.remote_code import download_command
@@ -124,8 +124,11 @@ def _is_sparse(shard: dict[str, Any]) -> bool:
 
 
 def _optional(ctx: Context, name: str) -> Any:
+    """The fact, or None when it is not there; a malformed one still fails the check (one rule, every area)."""
     try:
         return ctx.fact(name)
+    except MalformedFact:
+        raise
     except FactUnavailable:
         return None
 

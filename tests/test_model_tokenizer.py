@@ -261,3 +261,21 @@ def test_a_module_the_remote_code_imports_is_missing_from_the_service_env(tmp_pa
     assert f"the remote code imports k26_absent, not installed in {python}" in text
     assert "k26_absent" in text.split(" | ")[-1]  # transformers' own import check fails the load on it too
     assert f"{python} -m pip install k26_absent" in res.remediation.commands
+
+
+@pytest.mark.parametrize("bad, where", [
+    ({"given": True, "probe": "crashed"}, "probe: str, not an object"),
+    ({"given": True, "tiktoken": {"ok": True, "tokens": "3840"}}, "tiktoken.tokens: str, not int"),
+    ({"given": True, "probe": {"transformers_found": True, "load": {"ok": False, "steps": "x"}}},
+     "probe.load.steps: str, not a list"),
+])
+def test_a_malformed_replayed_load_fails_naming_the_fact(tmp_path: Path, bad: dict, where: str) -> None:
+    """A hand-edited or corrupt snapshot: the check fails naming the fact and the place, never crashes and
+    never skips as if the load had not been collected."""
+    model = build(tmp_path, SPEC_SMALL)
+    write_kimi_tokenizer(model, vocab_size=SMALL_VOCAB)
+    live = make_ctx(tmp_path, model, spec=SPEC_SMALL)
+    res = run(make_ctx(tmp_path, model, spec=SPEC_SMALL, facts={"model": live.fact("model"), "model.tokenizer": bad}),
+              "model.tokenizer")
+    assert res.status.value == "fail", res.summary
+    assert "model.tokenizer" in res.summary and where in res.summary
