@@ -7,7 +7,6 @@ with ``pip download --no-deps sglang==VERSION``; without network the tests that 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import zipfile
@@ -44,20 +43,28 @@ PARSER_PARTS = ("sglang/srt/arg_groups/", "sglang/srt/parser/", "sglang/srt/func
                 "sglang/srt/speculative/", "sglang/srt/model_executor/", "sglang/srt/entrypoints/")
 
 
-def unpack(version: str, dest: Path, whole: bool = False) -> Path:
-    """Unpack the wheel's parser sources (``whole``: every Python file) and metadata into ``dest``."""
+def unpack(version: str, dest: Path, whole: bool = False, also: tuple[str, ...] = ()) -> Path:
+    """Unpack the wheel's parser sources (``whole``: every Python file), the files ``also`` names and the
+    metadata into ``dest``."""
     with zipfile.ZipFile(wheel_for(version)) as zf:
         names = [n for n in zf.namelist()
                  if (n.endswith(".py") and (whole or n.startswith(PARSER_PARTS) or (n.count("/") == 2 and
                                             n.startswith("sglang/srt/"))))
-                 or n in ("sglang/__init__.py", "sglang/launch_server.py")
+                 or n in ("sglang/__init__.py", "sglang/launch_server.py") or n in also
                  or n.startswith(f"sglang-{version}.dist-info/")]
         zf.extractall(dest, names)
     return dest
 
 
 PATCH_SET = Path(__file__).resolve().parents[1] / "sglang_patches" / "ddtree-0.5.23"
+FLAG_PATCHES = ("0001-ddtree-utils.patch", "0002-ddtree-algorithm-and-flags.patch")
 _SITES: dict[str, Path] = {}
+
+
+def patched_files(patches: tuple[str, ...] = FLAG_PATCHES) -> tuple[str, ...]:
+    """The files of the wheel that ``patches`` change (their ``+++ b/`` lines)."""
+    return tuple(sorted({line[len("+++ b/"):].strip() for patch in patches
+                         for line in (PATCH_SET / patch).read_text().splitlines() if line.startswith("+++ b/")}))
 
 
 def site(version: str, factory: pytest.TempPathFactory) -> Path:
@@ -70,9 +77,9 @@ def site(version: str, factory: pytest.TempPathFactory) -> Path:
 def ddtree_site(factory: pytest.TempPathFactory) -> Path:
     """0.5.23 with the project's real DDTree patches applied (git apply, as a user would patch by hand)."""
     if "ddtree" not in _SITES:
-        dest = factory.mktemp("sglang-0.5.23-ddtree")
-        shutil.copytree(site("0.5.23", factory), dest, dirs_exist_ok=True)
-        for patch in ("0001-ddtree-utils.patch", "0002-ddtree-algorithm-and-flags.patch"):
+        # the parser's sources and every file the patches change (some lie outside the parser's parts)
+        dest = unpack("0.5.23", factory.mktemp("sglang-0.5.23-ddtree"), also=patched_files())
+        for patch in FLAG_PATCHES:
             res = subprocess.run(["git", "apply", "-p1", str(PATCH_SET / patch)], cwd=dest, capture_output=True,
                                  text=True, timeout=60)
             assert res.returncode == 0, f"{patch}: {res.stderr}"
