@@ -513,11 +513,19 @@ def model_tokenizer(ctx: Context) -> Result:
     Why: a missing tokenizer file fails the start after the weights loaded; a missing chat template
     breaks chat completions; a tokenizer that loads with other special-token ids serves reasoning inside
     the answer and unparsed tool calls, with no error anywhere. Fix by hand: download the missing files
-    from the model's repository; use the model's current remote code with the transformers SGLang pins."""
+    from the model's repository; use the model's current remote code with the transformers SGLang pins.
+    A server started with --skip-tokenizer-init loads no tokenizer: then there is nothing to judge (skip)."""
     fact = ctx.fact("model")
     early = _dir_problem(fact, "model")
     if early is not None:
         return early
+    try:
+        args, _ = build_server_args(ctx.settings, placeholders=True)
+    except ConfigError:
+        args = []
+    if "--skip-tokenizer-init" in args:
+        return Result.skipped("the server runs with --skip-tokenizer-init: it loads no tokenizer "
+                              "(requests carry input_ids)", server_flag="--skip-tokenizer-init")
     tok = fact.get("tokenizer") or {}
     files = tok.get("files") or {}
     listing = ((fact.get("files") or {}).get("entries") or {})

@@ -279,3 +279,21 @@ def test_a_malformed_replayed_load_fails_naming_the_fact(tmp_path: Path, bad: di
               "model.tokenizer")
     assert res.status.value == "fail", res.summary
     assert "model.tokenizer" in res.summary and where in res.summary
+
+
+def test_a_server_without_a_tokenizer_is_not_judged_on_one(tmp_path):
+    """--skip-tokenizer-init (the tiny DDTree validation servers, input_ids only): no tokenizer is loaded,
+    so a model directory without tokenizer files is not a failure; without the flag it is."""
+    from modelkit import make_ctx
+    from stack_support import run_check
+
+    from doctor.core.result import Status
+
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"]}')
+    ctx = make_ctx(tmp_path, model, tp=1)
+    assert run_check("model.tokenizer", ctx).status is Status.FAIL
+    ctx = make_ctx(tmp_path, model, tp=1, extra_toml='[server]\nargs = ["--skip-tokenizer-init"]\n')
+    res = run_check("model.tokenizer", ctx)
+    assert res.status is Status.SKIP and "--skip-tokenizer-init" in res.summary
