@@ -1,0 +1,5 @@
+"""The stack area's library: what the service's Python stack holds, read from its files.
+
+Modules here that the ``kernels`` probe imports under the service's interpreter (``elf``, ``fatbin``,
+``scan``) are stdlib only and Python 3.8 compatible; keep this ``__init__`` free of imports.
+"""
