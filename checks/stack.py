@@ -273,7 +273,7 @@ def _judge_matmul(info: dict[str, Any], details: dict[str, Any]) -> Result | Non
 def stack_versions(ctx: Any) -> Result:
     """Reads the installed versions from the service interpreter's package metadata (nothing is
     imported) and compares them with the profile's [stack] pins and the supported matrix
-    (doctor/data/compat.toml): torch pins its Triton (2.11.0 -> 3.6.0), SGLang 0.5.23 pins
+    (doctor/data/compat.toml): torch pins its Triton (2.14.1 -> ~=3.8.0), SGLang 0.5.23 pins
     sglang-kernel 0.4.10 and flashinfer-python 0.7.2. Then, like ``pip check``, evaluates the
     requirements these packages declare on each other; a requirement the profile deliberately overrides
     is a warning. Mismatched kernels load and then crash or silently miscompute. Fix by hand: install
@@ -349,7 +349,8 @@ def _matrix(versions: dict[str, Version | None], problems: list[str], rows: dict
     if torch_v is not None and triton_v is not None:
         pinned = compat.triton_for_torch(str(torch_v))
         rows["torch"]["pins_triton"] = pinned
-        if pinned and Version(pinned) != Version(triton_v.base_version):
+        spec = _spec(pinned if pinned and not pinned[0].isdigit() else f"=={pinned}")
+        if pinned and spec is not None and not spec.contains(Version(triton_v.base_version), prereleases=True):
             problems.append(f"torch {torch_v} pins triton {pinned}, installed {triton_v}")
     if sglang_v is not None:
         pins = compat.sglang_pins(str(sglang_v))

@@ -43,6 +43,26 @@ def fetch_wheel(project: str, version: str, pip_args: tuple[str, ...] = ()) -> P
     return found[0]
 
 
+def release_requires(project: str, version: str) -> list[str]:
+    """The ``Requires-Dist`` of a released wheel as the index serves its METADATA (``pip install --dry-run
+    --report``: no wheel download), kept in the cache once read. ``===``: never a local build (torch +cpu)."""
+    import json
+
+    stem = re.sub(r"[-_.]+", "_", project).lower()
+    cached = CACHE / "metadata" / f"{stem}-{version}.json"
+    if not cached.is_file():
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_suffix(".tmp")
+        res = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps", "--ignore-installed",
+                              "--quiet", "--report", str(tmp), f"{project}==={version}"], capture_output=True,
+                             text=True, timeout=600)
+        if res.returncode != 0 or not tmp.is_file():
+            pytest.skip(f"cannot read {project} {version}'s metadata with pip: {res.stderr[-300:]}")
+        tmp.replace(cached)
+    doc = json.loads(cached.read_text())
+    return list(doc["install"][0]["metadata"].get("requires_dist") or [])
+
+
 def wheel_for(version: str) -> Path:
     """SGLang's released wheel (the one pip picks for this interpreter)."""
     return fetch_wheel("sglang", version)

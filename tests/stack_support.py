@@ -118,13 +118,14 @@ def write_dist(site: Path, name: str, version: str, requires: list[str] = (), to
         (pkg / "__init__.py").write_text("raise ImportError('the stack probe must not import this')\n")
 
 
-def stack_site(dest: Path, *, torch: str = "2.11.0+cu130", triton: str | None = "3.6.0",
+def stack_site(dest: Path, *, torch: str = "2.14.1+cu130", triton: str | None = "3.8.0",
                sglang: str | None = "0.5.23", kernel: str | None = "0.4.10", flashinfer: str | None = "0.7.2",
-               torch_triton_pin: str = "3.6.0") -> Path:
-    """A site dir holding the stack's distributions (torch's Requires-Dist as its real wheel has it)."""
+               torch_triton_pin: str = "~=3.8.0") -> Path:
+    """A site dir holding the stack's distributions (their Requires-Dist as the real wheels have them)."""
     dest.mkdir(parents=True, exist_ok=True)
-    write_dist(dest, "torch", torch, [f'triton=={torch_triton_pin}; platform_system == "Linux"', "filelock",
-                                      'optree>=0.13.0; extra == "optree"'], top_level="torch")
+    pin = torch_triton_pin if not torch_triton_pin[0].isdigit() else f"=={torch_triton_pin}"
+    write_dist(dest, "torch", torch, [f'triton{pin}; platform_system == "Linux" and python_version < "3.15"',
+                                      "filelock", 'optree>=0.13.0; extra == "optree"'], top_level="torch")
     if triton:
         write_dist(dest, "triton", triton, ['importlib-metadata; python_version < "3.10"'], top_level="triton")
     if sglang:
@@ -132,7 +133,8 @@ def stack_site(dest: Path, *, torch: str = "2.11.0+cu130", triton: str | None = 
                                             "flashinfer_python[cu13]==0.7.2", "numpy",
                                             'av==16.1.0; platform_machine == "aarch64"'], top_level="sglang")
     if kernel:
-        write_dist(dest, "sglang-kernel", kernel, ["torch"], top_level="sgl_kernel")
+        write_dist(dest, "sglang-kernel", kernel, ["torch==2.14.1"] if kernel == "0.4.10" else [],
+                   top_level="sgl_kernel")
     if flashinfer:
         write_dist(dest, "flashinfer-python", flashinfer, ["torch", "numpy"], top_level="flashinfer")
     return dest
