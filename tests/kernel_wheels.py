@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from sglang_wheels import fetch_wheel, unpacked
+from stack_support import workdir
 
 PLATFORM = ("--only-binary=:all:", "--python-version", "3.11", "--platform", "manylinux_2_28_x86_64",
             "--platform", "manylinux2014_x86_64", "--platform", "manylinux_2_17_x86_64")
@@ -103,3 +104,47 @@ MISSING_0_4_10 = {
     "_ZNR5torch7Library4_defEOSt7variantIJN3c1012OperatorNameENS2_14FunctionSchemaEEEONS_11CppFunctionERKSt6vectorINS_"
     "10headeronly3TagESaISB_EE",
 }
+
+
+# -- fat binaries built by NVIDIA's tools, contents known ----------------------------------------------------
+
+KERNEL_PTX = ".version {isa}\n.target sm_{arch}\n.address_size 64\n.visible .entry k26_probe() {{ ret; }}\n"
+SASS = ["80", "90", "90a", "100", "100a", "100f", "103a", "103f", "120", "120a", "120f"]
+
+
+@functools.cache
+def built() -> Path:
+    """Cubins from ptxas and fat binaries from fatbinary (zstd by default, one LZ4, one uncompressed)."""
+    d = workdir() / "fatbins"
+    d.mkdir()
+    for arch in [*SASS, "87ptx"]:
+        isa, target = ("8.7", "90") if arch == "87ptx" else ("9.0", arch)
+        (d / f"k_{arch}.ptx").write_text(KERNEL_PTX.format(isa=isa, arch=target))
+        if arch != "87ptx":
+            subprocess.run([str(ptxas()), f"--gpu-name=sm_{arch}", str(d / f"k_{arch}.ptx"), "-o",
+                            str(d / f"k_{arch}.cubin")], check=True, timeout=120)
+    images = [f"--image3=kind=elf,sm={a},file={d / f'k_{a}.cubin'}" for a in SASS]
+    images += [f"--image3=kind=ptx,sm={sm},file={d / f'k_{src}.ptx'}"
+               for sm, src in (("90", "87ptx"), ("100f", "100f"), ("100a", "100a"))]
+    subprocess.run([str(fatbinary()), "--64", f"--create={d / 'all.fatbin'}", *images], check=True, timeout=120)
+    subprocess.run([str(fatbinary()), "--64", "--compress-mode=speed", "--compress-all", f"--create={d / 'lz4.fatbin'}",
+                    f"--image3=kind=elf,sm=90a,file={d / 'k_90a.cubin'}"], check=True, timeout=120)
+    subprocess.run([str(fatbinary()), "--64", "--compress=false", f"--create={d / 'plain.fatbin'}",
+                    f"--image3=kind=elf,sm=100a,file={d / 'k_100a.cubin'}",
+                    f"--image3=kind=elf,sm=90,file={d / 'k_90.cubin'}"], check=True, timeout=120)
+    return d
+
+
+def host_library(fatbins: list[Path], name: str) -> Path:
+    """A shared object built by gcc whose .nv_fatbin section holds these fat binaries, 8-aligned, in order."""
+    d = built()
+    src = d / f"{name}.c"
+    parts = []
+    for i, fb in enumerate(fatbins):
+        data = fb.read_bytes()
+        parts.append(f"__attribute__((section(\".nv_fatbin\"), aligned(8), used)) const unsigned char fb{i}[] = "
+                     f"{{{','.join(str(b) for b in data)}}};")
+    src.write_text("\n".join(parts) + "\nint k26_marker(void) { return 1; }\n")
+    out = d / f"{name}.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(out), str(src)], check=True, timeout=120)
+    return out

@@ -102,6 +102,26 @@ def fake_libcuda_dir() -> Path:
     return d
 
 
+LIBCUDA_C = """
+int cuDriverGetVersion(int *v) { *v = CUDA_VERSION; return 0; }
+int cuInit(unsigned int flags) { return CUINIT_RC; }
+"""
+
+
+@functools.cache
+def fake_libcuda(version: str, cuda: int = 13000, cuinit_rc: int = 0) -> Path:
+    """For cuda.libcuda: a directory holding libcuda.so.1 -> libcuda.so.VERSION, a real shared object (gcc)
+    whose soname is libcuda.so.1, reporting CUDA ``cuda`` and returning ``cuinit_rc`` from cuInit."""
+    d = workdir() / f"libcuda-{version}-{cuinit_rc}"
+    d.mkdir()
+    (d / "cuda.c").write_text(LIBCUDA_C)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", f"-DCUDA_VERSION={cuda}",
+                    f"-DCUINIT_RC={cuinit_rc}", "-o", str(d / f"libcuda.so.{version}"), str(d / "cuda.c")],
+                   check=True, timeout=60)
+    os.symlink(f"libcuda.so.{version}", d / "libcuda.so.1")
+    return d
+
+
 def write_dist(site: Path, name: str, version: str, requires: list[str] = (), top_level: str | None = None,
                metadata: str | None = None) -> None:
     """A real ``.dist-info`` (METADATA, RECORD, INSTALLER) and, if asked, an empty top-level package."""

@@ -7,17 +7,14 @@ binary built from known images). The reader keeps the ``f``: the comparison drop
 
 from __future__ import annotations
 
-import functools
 import os
 import random
-import subprocess
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kernel_wheels import cubin_site, cuobjdump_list, fatbinary, kernel_site, ptxas, torch_site
-from stack_support import workdir
+from kernel_wheels import built, cubin_site, cuobjdump_list, host_library, kernel_site, torch_site
 
 from doctor.stack import fatbin
 from doctor.stack.elf import ElfError, ElfFile
@@ -101,49 +98,7 @@ def test_flashinfer_cubins_agree_with_cuobjdump():
     assert {"sm_100", "sm_100a", "sm_103a"} <= seen
 
 
-# -- fat binaries built by NVIDIA's tools, contents known --------------------------------------------------
-
-KERNEL_PTX = ".version {isa}\n.target sm_{arch}\n.address_size 64\n.visible .entry k26_probe() {{ ret; }}\n"
-SASS = ["80", "90", "90a", "100", "100a", "100f", "103a", "103f", "120", "120a", "120f"]
-
-
-@functools.cache
-def built() -> Path:
-    """Cubins from ptxas and fat binaries from fatbinary (zstd by default, one LZ4, one uncompressed)."""
-    d = workdir() / "fatbins"
-    d.mkdir()
-    for arch in [*SASS, "87ptx"]:
-        isa, target = ("8.7", "90") if arch == "87ptx" else ("9.0", arch)
-        (d / f"k_{arch}.ptx").write_text(KERNEL_PTX.format(isa=isa, arch=target))
-        if arch != "87ptx":
-            subprocess.run([str(ptxas()), f"--gpu-name=sm_{arch}", str(d / f"k_{arch}.ptx"), "-o",
-                            str(d / f"k_{arch}.cubin")], check=True, timeout=120)
-    images = [f"--image3=kind=elf,sm={a},file={d / f'k_{a}.cubin'}" for a in SASS]
-    images += [f"--image3=kind=ptx,sm={sm},file={d / f'k_{src}.ptx'}"
-               for sm, src in (("90", "87ptx"), ("100f", "100f"), ("100a", "100a"))]
-    subprocess.run([str(fatbinary()), "--64", f"--create={d / 'all.fatbin'}", *images], check=True, timeout=120)
-    subprocess.run([str(fatbinary()), "--64", "--compress-mode=speed", "--compress-all", f"--create={d / 'lz4.fatbin'}",
-                    f"--image3=kind=elf,sm=90a,file={d / 'k_90a.cubin'}"], check=True, timeout=120)
-    subprocess.run([str(fatbinary()), "--64", "--compress=false", f"--create={d / 'plain.fatbin'}",
-                    f"--image3=kind=elf,sm=100a,file={d / 'k_100a.cubin'}",
-                    f"--image3=kind=elf,sm=90,file={d / 'k_90.cubin'}"], check=True, timeout=120)
-    return d
-
-
-def host_library(fatbins: list[Path], name: str) -> Path:
-    """A shared object built by gcc whose .nv_fatbin section holds these fat binaries, 8-aligned, in order."""
-    d = built()
-    src = d / f"{name}.c"
-    parts = []
-    for i, fb in enumerate(fatbins):
-        data = fb.read_bytes()
-        parts.append(f"__attribute__((section(\".nv_fatbin\"), aligned(8), used)) const unsigned char fb{i}[] = "
-                     f"{{{','.join(str(b) for b in data)}}};")
-    src.write_text("\n".join(parts) + "\nint k26_marker(void) { return 1; }\n")
-    out = d / f"{name}.so"
-    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(out), str(src)], check=True, timeout=120)
-    return out
-
+# -- fat binaries built by NVIDIA's tools (kernel_wheels.built), contents known -----------------------------
 
 def test_variants_read_from_a_fatbinary_built_fat_binary():
     lib = host_library([built() / "all.fatbin"], "variants")

@@ -3,15 +3,13 @@ LD_LIBRARY_PATH and the kernel module's version file given to the probe; then ju
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from stack_support import workdir
+from stack_support import fake_libcuda
 
 from doctor import proc
 from doctor.stack.libcuda import datacenter_gpu, judge
@@ -19,25 +17,6 @@ from doctor.stack.libcuda import datacenter_gpu, judge
 KMD = "580.159.04"
 OPEN_KMD = (f"NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  {KMD}  Release Build  "
             "(dvs-builder@U22-I3-AF03-09-1)  Wed Oct  1 10:00:00 UTC 2026\nGCC version:  gcc version 12.3.0\n")
-LIBCUDA_C = """
-int cuDriverGetVersion(int *v) { *v = CUDA_VERSION; return 0; }
-int cuInit(unsigned int flags) { return CUINIT_RC; }
-"""
-
-
-@functools.cache
-def fake_libcuda(version: str, cuda: int = 13000, cuinit_rc: int = 0) -> Path:
-    """A directory holding libcuda.so.1 -> libcuda.so.VERSION, a real shared object whose soname is libcuda.so.1."""
-    d = workdir() / f"libcuda-{version}-{cuinit_rc}"
-    d.mkdir()
-    (d / "cuda.c").write_text(LIBCUDA_C)
-    subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", f"-DCUDA_VERSION={cuda}",
-                    f"-DCUINIT_RC={cuinit_rc}", "-o", str(d / f"libcuda.so.{version}"), str(d / "cuda.c")],
-                   check=True, timeout=60)
-    os.symlink(f"libcuda.so.{version}", d / "libcuda.so.1")
-    return d
-
-
 def proc_version(tmp_path: Path, text: str = OPEN_KMD) -> Path:
     f = tmp_path / "version"
     f.write_text(text)

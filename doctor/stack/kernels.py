@@ -24,6 +24,7 @@ from typing import Any
 from doctor import compat
 from doctor.cuda_arch import cc_str, parse_target
 from doctor.stack.fatbin import arch_key
+from doctor.stack.verdict import Verdict
 
 # "sm90", "sm_100a", "_sm100f" and, inside CamelCase names, "fmhaSm103aKernel"; not "asm123".
 ARCH_TOKEN = re.compile(r"(?:(?<![A-Za-z0-9])[sS][mM]|(?<=[a-z])Sm)_?(\d{2,3})([af]?)(?![0-9])")
@@ -187,3 +188,155 @@ def torch_targets(fact: dict[str, Any]) -> tuple[list[str], str | None]:
         ptx.update(f.get("ptx") or [])
     targets = sorted(sass, key=arch_key) + ["compute_" + n[3:] for n in sorted(ptx, key=arch_key)]
     return targets, ", ".join(str(f.get("path")) for f in main) or None
+
+
+def required_packages() -> set[str]:
+    """Packages the server cannot start without (compat.toml ``[kernels] required``), normalized names."""
+    return {norm(n) for n in compat.load().get("kernels", {}).get("required", [])}
+
+
+def norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name or "").lower()
+
+
+def unmet_requirements(fact: dict[str, Any], markers: dict[str, str] | None) -> list[str]:
+    """Every installed distribution's ``Requires-Dist`` that the installed version of its target does not
+    meet (what ``pip check`` reports as a conflict; a requirement on something not installed is not judged)."""
+    from packaging.markers import default_environment
+    from packaging.requirements import Requirement
+    from packaging.version import InvalidVersion, Version
+
+    env = dict(markers or default_environment())
+    env["extra"] = ""
+    dists = fact.get("distributions") or {}
+    out = []
+    for key in sorted(dists):
+        dist = dists[key]
+        for text in dist.get("requires") or []:
+            try:
+                req = Requirement(text)
+                if req.marker is not None and not req.marker.evaluate(env):
+                    continue
+            except Exception:  # an unparsable requirement or an unknown marker variable: not judged
+                continue
+            have = dists.get(norm(req.name))
+            if have is None or not str(req.specifier):
+                continue
+            try:
+                ok = req.specifier.contains(Version(str(have.get("version"))), prereleases=True)
+            except InvalidVersion:
+                ok = False
+            if not ok:
+                out.append(f"{dist.get('name')} {dist.get('version')} requires {req.name}{req.specifier}, "
+                           f"installed {have.get('version')}")
+    return out
+
+
+def _kernel_for_torch(torch_version: str | None) -> list[str]:
+    """SGLang releases built for this torch and the sglang-kernel each pins (compat.toml), newest first."""
+    if not torch_version:
+        return []
+    base = compat.base_version(torch_version)
+    rows = [(v, p.get("sglang_kernel")) for v, p in compat.load().get("sglang", {}).items()
+            if isinstance(p, dict) and p.get("torch") == base and p.get("sglang_kernel")]
+    return [f"sglang {v} with sglang-kernel {k}" for v, k in rows]
+
+
+def _first(items: list[str], n: int = 3) -> str:
+    return "; ".join(items[:n]) + (f"; and {len(items) - n} more" if len(items) > n else "")
+
+
+def judge(fact: dict[str, Any], ccs: list[tuple[int, int]], where: str, driver_cuda: str | None,
+          markers: dict[str, str] | None, python: str) -> Verdict:
+    """The ``stack.kernels`` verdict: GPU code per package and GPU, the libtorch ABI, Requires-Dist pins."""
+    pkgs = kernel_packages(fact)
+    max_isa = driver_ptx_isa(driver_cuda)
+    required = required_packages()
+    fails: list[str] = []
+    warns: list[str] = []
+    notes: list[str] = []
+    commands: list[str] = []
+    fixes: list[str] = []
+    cover: dict[str, list[dict[str, Any]]] = {}
+    for p in pkgs:
+        label = f"{p.get('name')} {p.get('version')}"
+        for cc in ccs:
+            c = coverage(p, cc, max_isa)
+            cover.setdefault(label, []).append(c.to_dict())
+            is_required = norm(str(p.get("name"))) in required
+            archs = sorted({n for f in runtime_files(p) for n in f.get("sass") or []}, key=arch_key)
+            if c.status == "none" and (is_required or c.same_major):
+                (fails if is_required else warns).append(
+                    f"{label} has no code that runs on {c.cc} ({', '.join(archs[:8]) or 'PTX only'}"
+                    f"{', ...' if len(archs) > 8 else ''})" + (f": {c.notes[0]}" if c.notes else ""))
+            elif c.status == "none":
+                notes.append(f"{label} carries no code for {c.cc}: built for other GPUs")
+            elif c.status == "partial" and c.same_major:
+                warns.append(f"{label}: {len(c.same_major)} of {c.groups} kernel files have code for other "
+                             f"{cc[0]}.x GPUs but not {c.cc} (e.g. {c.same_major[0]})")
+            elif c.status == "partial":
+                notes.append(f"{label}: {len(c.without)} of {c.groups} kernel files not built for {cc[0]}.x "
+                             f"(e.g. {c.without[0]})")
+            if c.ptx_only:
+                warns.append(f"{label}: {len(c.ptx_only)} kernel files run on {c.cc} only by JIT-compiling PTX at "
+                             f"first use (e.g. {c.ptx_only[0]})")
+            if max_isa is None and c.ptx_only:
+                notes.append(f"the driver's PTX ISA is unknown: assumed it JIT-compiles {label}'s PTX")
+    if any(c["status"] == "none" for cs in cover.values() for c in cs) and fails:
+        fixes.append("Install builds of those packages with code for this GPU (a release built for its "
+                     "architecture), or run them on the GPUs they were built for.")
+    missing = abi_missing(fact)
+    torch_version = (fact.get("torch") or {}).get("version")
+    dists = fact.get("distributions") or {}
+    for label, files in missing.items():
+        count = len({s for syms in files.values() for s in syms})
+        first_file, syms = next(iter(sorted(files.items())))
+        fails.append(f"{label}: {len(files)} of its libraries need {count} torch symbol(s) torch {torch_version} "
+                     f"does not define (e.g. {syms[0]} in {first_file}): import fails with 'undefined symbol'")
+        name = label.rsplit(" ", 1)[0]
+        wants = [r for r in (dists.get(norm(name)) or {}).get("requires") or [] if norm(r).startswith("torch")]
+        if wants:
+            commands.append(f"{python} -m pip install '{wants[0].split(';')[0].replace(' ', '')}'")
+        built_for = _kernel_for_torch(torch_version)
+        fixes.append(f"{name} was built against another torch" + (f" ({wants[0].split(';')[0]})" if wants else "")
+                     + (f"; for torch {torch_version}: {', '.join(built_for[:3])}" if built_for else "") + ".")
+    for p in fact.get("packages") or []:
+        err = (p.get("abi") or {}).get("error")
+        if err:
+            warns.append(f"{p.get('name')} {p.get('version')}: libtorch ABI not checked: {err}")
+    malformed = [f"{p.get('name')}: {e.get('path')}: {e.get('error')}" for p in fact.get("packages") or []
+                 for e in p.get("errors") or [] if e.get("kind") == "malformed"]
+    unreadable = [f"{p.get('name')}: {e.get('path')}: {e.get('error')}" for p in fact.get("packages") or []
+                  for e in p.get("errors") or [] if e.get("kind") != "malformed"]
+    if malformed:
+        fails.append(f"{len(malformed)} broken shared object(s) or cubin(s): {_first(malformed, 2)}")
+        fixes.append("Reinstall the packages whose files are broken (pip install --force-reinstall --no-deps).")
+    if unreadable:
+        warns.append(f"{len(unreadable)} file(s) could not be read: {_first(unreadable, 2)}")
+    unmet = unmet_requirements(fact, markers)
+    if unmet:
+        warns.append(f"{len(unmet)} installed package(s) pin versions other than installed: {_first(unmet, 2)}")
+    details: dict[str, Any] = {
+        "packages": details_packages(fact), "gpus": where, "compute_capabilities": [f"{a}.{b}" for a, b in ccs],
+        "driver_cuda": driver_cuda, "driver_ptx_isa": f"{max_isa[0]}.{max_isa[1]}" if max_isa else None,
+        "coverage": cover, "abi_missing": missing, "unmet_requirements": unmet, "malformed": malformed,
+        "unreadable": unreadable, "notes": notes, "scan_s": fact.get("scan_s"), "files_read": fact.get("files_read"),
+        "torch": torch_version}
+    if not ccs:
+        notes.append("no GPU to judge the GPU code against: NVML sees none and the profile names no "
+                     "compute_capability")
+    if not pkgs:
+        fails.append("no installed package carries GPU code (no CUDA build of torch, no kernel package)")
+        fixes.append("Install the CUDA build of torch and the kernel packages the profile pins.")
+    if fails:
+        return Verdict("fail", _first(fails), " ".join(dict.fromkeys(fixes)), list(dict.fromkeys(commands)), details)
+    if warns:
+        return Verdict("warn", _first(warns), " ".join(dict.fromkeys(fixes)), list(dict.fromkeys(commands)), details)
+    if not ccs:
+        return Verdict("skip", f"{len(pkgs)} kernel packages read; " + notes[-1], details=details)
+    files = sum(len(runtime_files(p)) for p in pkgs)
+    checked = sum(len((p.get("abi") or {}).get("checked") or []) for p in fact.get("packages") or [])
+    abi_text = (f"the torch symbols of {checked} libraries resolve in torch {torch_version}" if checked
+                else "no library needs torch symbols")
+    return Verdict("pass", f"{len(pkgs)} kernel packages ({files} files with GPU code) run on {where}; {abi_text}",
+                   details=details)

@@ -21,22 +21,13 @@ from __future__ import annotations
 import os
 import re
 import shlex
-from dataclasses import dataclass, field
 from typing import Any
 
 from doctor import compat
+from doctor.stack.verdict import Verdict
 
 ERR_MISMATCH = 803
 ERR_COMPAT_UNSUPPORTED = 804
-
-
-@dataclass
-class Verdict:
-    status: str  # "pass" | "warn" | "fail" | "skip"
-    summary: str
-    fix: str = ""
-    commands: list[str] = field(default_factory=list)
-    details: dict[str, Any] = field(default_factory=dict)
 
 
 def datacenter_gpu(name: str) -> bool | None:
