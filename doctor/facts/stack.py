@@ -8,6 +8,8 @@ a deadline; nothing here imports torch, triton or sglang. Facts (all JSON):
 * ``torch_info``: torch's CUDA runtime and compiled targets (probe ``torch_info``; ``--deep`` matmul).
 * ``sglang_import``: SGLang imported for real, DFlash kernel availability (probe ``sglang_import``).
 * ``ptxas``: every ptxas Triton could use, its CUDA release and the targets it accepts.
+* ``kernels``: every package's GPU code (SASS/PTX) and libtorch ABI, read from the files (probe ``kernels``).
+* ``libcuda``: the libcuda.so.1 the service's loader resolves, the kernel module's version (probe ``libcuda``).
 * ``venv``: the environment's files read from outside (works even when the interpreter cannot start).
 
 The service's environment is ``opts.env`` plus the profile's ``server.env_file`` (what systemd gives
@@ -36,6 +38,8 @@ TORCH_TIMEOUT = 120.0
 TORCH_DEEP_TIMEOUT = 300.0
 SGLANG_TIMEOUT = 240.0
 PTXAS_TIMEOUT = 20.0
+KERNELS_TIMEOUT = 60.0
+LIBCUDA_TIMEOUT = 30.0
 MAX_SCRIPTS = 5000
 SHEBANG_BYTES = 1024
 
@@ -102,6 +106,18 @@ def collect_torch_info(opts: CollectOptions) -> dict[str, Any]:
 def collect_sglang_import(opts: CollectOptions) -> dict[str, Any]:
     """SGLang imported under the service interpreter; whether DFlash's sampling kernel is available."""
     return _probe(opts, "sglang_import", [], SGLANG_TIMEOUT)
+
+
+@collector("kernels", timeout=KERNELS_TIMEOUT + 5)
+def collect_kernels(opts: CollectOptions) -> dict[str, Any]:
+    """Every installed package's fat binaries and cubins (headers only) and the torch symbols its libraries need."""
+    return _probe(opts, "kernels", [], KERNELS_TIMEOUT)
+
+
+@collector("libcuda", timeout=LIBCUDA_TIMEOUT + 5)
+def collect_libcuda(opts: CollectOptions) -> dict[str, Any]:
+    """The libcuda.so.1 the service's loader resolves (path, version, cuInit) and the kernel module's version."""
+    return _probe(opts, "libcuda", [], LIBCUDA_TIMEOUT)
 
 
 # -- ptxas ---------------------------------------------------------------------------------------
