@@ -20,7 +20,9 @@ from doctor import compat
 from doctor.cuda_arch import best_match, cc_str, parse_cc
 from doctor.facts import FactUnavailable
 from doctor.registry import check
-from doctor.result import Remediation, Result
+from doctor.result import Remediation, Result, Status
+from doctor.stack import kernels, libcuda
+from doctor.stack.verdict import Verdict
 
 COMPONENTS = ("torch", "triton", "sglang", "sglang_kernel", "flashinfer")
 PIP_NAMES = {"torch": "torch", "triton": "triton", "sglang": "sglang", "sglang_kernel": "sglang-kernel",
@@ -264,6 +266,66 @@ def _judge_matmul(info: dict[str, Any], details: dict[str, Any]) -> Result | Non
                              f"{first.get('error') or 'wrong result, max abs error ' + str(first.get('max_abs_err'))}",
                              **details)
     return None
+
+
+# -- stack.kernels, cuda.libcuda (judged in doctor/stack/) -------------------------------------------
+
+def _result(v: Verdict) -> Result:
+    rem = Remediation(v.fix, v.commands) if (v.fix or v.commands) else None
+    status = {"pass": Status.PASS, "warn": Status.WARN, "fail": Status.FAIL, "skip": Status.SKIP}[v.status]
+    return Result(status, v.summary, v.details, rem)
+
+
+@check("stack.kernels", "GPU code (SASS/PTX) of every kernel package against every GPU; the libtorch ABI",
+       needs=("kernels", "nvml", "stack"), timeout=120)
+def stack_kernels(ctx: Any) -> Result:
+    """Reads every installed package's GPU code from its files (``.nv_fatbin`` of each shared object,
+    bare cubins; doctor/stack/fatbin.py, nothing imported) and judges it against every GPU's compute
+    capability by CUDA's rules: ``sm_100`` SASS runs on 10.3, ``sm_100a`` does not, ``sm_100f`` runs on
+    10.0 and 10.3, PTX JIT-compiles forward when the driver knows its ISA (doctor/stack/kernels.py).
+    A required package (torch, sgl-kernel) with no code for a GPU fails ("no kernel image is available");
+    kernels built for another GPU of the same generation only (flashinfer's sm_100a cubins on a B300) warn.
+    It also resolves each kernel library's undefined torch symbols against the installed torch's
+    libraries (a kernel built for another torch fails at import with "undefined symbol", after the
+    weights began loading) and reads every installed package's Requires-Dist pins. Fix by hand: install
+    the kernel builds made for the installed torch and GPU (the remediation names them).
+    """
+    fact = ctx.fact("kernels")
+    if not isinstance(fact, dict) or not fact.get("ok"):
+        return _probe_failed(ctx, fact if isinstance(fact, dict) else {}, "read the installed packages' binaries")
+    ccs, where, _source = _gpu_ccs(ctx)
+    nvml, stack = _optional(ctx, "nvml"), _optional(ctx, "stack")
+    driver_cuda = compat.cuda_from_nvml(nvml.get("cuda_driver_version")) if isinstance(nvml, dict) else None
+    markers = ((stack.get("python") or {}).get("markers") or None) if isinstance(stack, dict) else None
+    return _result(kernels.judge(fact, ccs, where, driver_cuda, markers, _python(ctx)))
+
+
+def _optional(ctx: Any, name: str) -> Any:
+    """A fact that only refines the judgement: None when it cannot be had."""
+    try:
+        return ctx.fact(name)
+    except FactUnavailable:
+        return None
+
+
+@check("cuda.libcuda", "The libcuda.so.1 the service loads against the kernel module; forward compatibility",
+       needs=("libcuda", "nvml"), timeout=60)
+def cuda_libcuda(ctx: Any) -> Result:
+    """Loads ``libcuda.so.1`` in a child of the service's interpreter, with the service's environment,
+    as torch does, and reads which file the loader mapped (``/proc/self/maps``) and its version (its real
+    file name), against the kernel module's (``/proc/driver/nvidia/version``); ``cuInit`` says what the
+    driver itself thinks. A different version is error 803 (a container's loader cache or an
+    LD_LIBRARY_PATH entry); a newer one is CUDA forward compatibility, which only data center GPUs
+    support (804 elsewhere). Fix by hand: the LD_LIBRARY_PATH value or ld.so.conf line the remediation
+    names, then ``ldconfig``.
+    """
+    fact = ctx.fact("libcuda")
+    if not isinstance(fact, dict) or not fact.get("ok"):
+        return _probe_failed(ctx, fact if isinstance(fact, dict) else {}, "load libcuda.so.1")
+    nvml = _optional(ctx, "nvml")
+    names = ([str(d.get("name")) for d in nvml.get("devices") or [] if isinstance(d, dict)]
+             if isinstance(nvml, dict) and nvml.get("available") else None)
+    return _result(libcuda.judge(fact, names))
 
 
 # -- stack.versions ------------------------------------------------------------------------------
