@@ -205,10 +205,15 @@ def torch_arch(ctx: Any) -> Result:
 
     torch 2.11.0+cu130 has sm_100 and no sm_103: B300 (10.3) runs its sm_100 cubins, which is fine.
     Without a compatible target torch fails with "no kernel image is available for execution on the
-    device". With --deep, a small matmul runs on every GPU. Fix by hand: install a torch wheel whose
-    CUDA build covers the GPU (cu128 or newer for Blackwell).
+    device". By default the targets are read from ``torch/lib/libtorch_cuda.so``'s fat binary and
+    ``torch/version.py`` (facts ``kernels`` and ``stack``: torch is not imported); arch-specific
+    ``sm_XYa`` kernels count only where no general target runs. With --deep (or a recording without
+    those facts) torch is imported in a child process and, with --deep, a small matmul runs on every
+    GPU. Fix by hand: install a torch wheel whose CUDA build covers the GPU (cu128 or newer for Blackwell).
     """
-    info = ctx.fact("torch_info")
+    info = None if ctx.deep else _torch_from_binaries(ctx)
+    if info is None:
+        info = ctx.fact("torch_info")
     if not isinstance(info, dict) or not info.get("ok"):
         return _torch_unusable(ctx, info if isinstance(info, dict) else {})
     if not info.get("cuda"):
@@ -222,8 +227,11 @@ def torch_arch(ctx: Any) -> Result:
     if not ccs:
         return Result.skipped("no GPU to judge: NVML sees none and the profile names no compute_capability",
                               **source)
-    per_cc = {cc_str(cc): best_match(flags, cc) for cc in ccs}
+    general = [f for f in flags if not f.endswith("a")]  # arch-specific extras are not torch's kernel set
+    per_cc = {cc_str(cc): best_match(general, cc) if best_match(general, cc).ok else best_match(flags, cc)
+              for cc in ccs}
     details: dict[str, Any] = {"torch": info.get("version"), "arch_flags": flags, "gpus": where, **source,
+                               "targets_from": info.get("targets_from", "torch._C._cuda_getArchFlags()"),
                                "match": {k: {"how": m.how, "target": m.target, "note": m.note}
                                          for k, m in per_cc.items()}}
     bad = {k: m for k, m in per_cc.items() if not m.ok}
@@ -250,6 +258,26 @@ def torch_arch(ctx: Any) -> Result:
         return Result.warned(summary, "Only PTX matches: every kernel is JIT-compiled at first use; install a torch "
                              "build with cubins for this GPU.", **details)
     return Result.passed(summary, **details)
+
+
+def _torch_from_binaries(ctx: Any) -> dict[str, Any] | None:
+    """torch's version, CUDA and targets from its files (no import), shaped as the ``torch_info`` fact; None
+    when those facts cannot be had (a recording made before they existed, a failed probe): then torch_info."""
+    try:
+        fact, stack = ctx.fact("kernels"), ctx.fact("stack")
+    except FactUnavailable:
+        return None
+    if not isinstance(fact, dict) or not fact.get("ok") or not isinstance(stack, dict) or not stack.get("ok"):
+        return None
+    if "torch" not in (fact.get("distributions") or {}):
+        return {"ok": False, "missing_module": "torch", "error": "torch is not installed"}
+    version_py = (stack.get("torch") or {}).get("version_py") or {}
+    if "cuda" not in version_py:  # torch/version.py unread: whether it is a CUDA build is unknown, not "no"
+        return None
+    targets, source = kernels.torch_targets(fact)
+    return {"ok": True, "version": version_py.get("__version__") or fact["distributions"]["torch"].get("version"),
+            "cuda": version_py.get("cuda"), "arch_flags": targets,
+            "targets_from": f"{source} (fat binary)" if source else "no torch CUDA library"}
 
 
 def _judge_matmul(info: dict[str, Any], details: dict[str, Any]) -> Result | None:

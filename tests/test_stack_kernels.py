@@ -119,6 +119,40 @@ def test_no_gpu_code_anywhere_fails(tmp_path):
     assert res.status is Status.FAIL and "no installed package carries GPU code" in res.summary
 
 
+# -- torch.arch from the binaries ---------------------------------------------------------------------------
+
+def test_torch_arch_reads_libtorch_cuda_without_importing_torch():
+    ctx = ctx_for(torch_site())
+    res = run_check("torch.arch", ctx)
+    assert res.status is Status.PASS, res.summary
+    assert res.summary == ("torch 2.11.0+cu130 on 8x NVIDIA B300 SXM6 AC: no sm_103; 10.3 runs the sm_100 cubins "
+                           "(binary compatible within major 10)")
+    assert res.details["targets_from"] == "torch/lib/libtorch_cuda.so (fat binary)"
+    assert "sm_103a" in res.details["arch_flags"]  # arch-specific extras are read, not counted as torch's set
+    assert "torch_info" not in ctx.facts._values  # torch was never imported
+
+
+def test_torch_arch_on_h200_reads_as_the_recorded_import_did():
+    res = run_check("torch.arch", ctx_for(torch_site(), nvml=H200))
+    assert res.summary == "torch 2.11.0+cu130 on 1x NVIDIA H200: has sm_90 for 9.0"  # the live H200 run's words
+
+
+def test_torch_arch_deep_imports_torch():
+    """--deep keeps the real import and matmul: here torch's Python files are absent, so the import fails."""
+    res = run_check("torch.arch", ctx_for(torch_site(), deep=True))
+    assert res.status is Status.FAIL and "torch cannot be imported" in res.summary
+
+
+def test_torch_arch_cpu_build_and_absent_torch(tmp_path):
+    cpu = tmp_path / "cpu"
+    write_dist(cpu, "torch", "2.13.0+cpu", top_level="torch")
+    (cpu / "torch" / "version.py").write_text("__version__ = '2.13.0+cpu'\ncuda: Optional[str] = None\n")
+    res = run_check("torch.arch", ctx_for(cpu))
+    assert res.status is Status.FAIL and "2.13.0+cpu is a CPU-only build" in res.summary
+    res = run_check("torch.arch", ctx_for(tmp_path / "empty"))
+    assert res.status is Status.FAIL and "torch is not installed" in res.summary
+
+
 # -- cuda.libcuda ------------------------------------------------------------------------------------------
 
 def test_cuda_libcuda_runs_the_probe_with_the_service_environment():
