@@ -20,7 +20,7 @@ header::
     u64 decompressed_size
 
 The ``a``/``f`` flags were established with NVIDIA's own ``fatbinary`` (CUDA 13.5: one image per
-``sm=90, 90a, 100, 100a, 100f, ...``, tests/test_stack_fatbin.py rebuilds them) and agree with
+``sm=90, 90a, 100, 100a, 100f, ...``; tests/kernel_wheels.py rebuilds them) and agree with
 ``cuobjdump``, which prints the arch-specific suffix for SASS and PTX but the family suffix only
 for PTX (an ``sm_100f`` cubin is listed as ``sm_100``). Only headers are read, never a payload,
 except the 64-byte ELF header of an uncompressed cubin whose fatbin entry says nothing about its
