@@ -22,21 +22,42 @@ def versions_ctx(site, **kw):
     return make_ctx(healthy_venv(), env={"PYTHONPATH": paths}, facts={"nvml": nvml_fact([(10, 3)])}, **kw)
 
 
-def test_profile_stack_passes_with_sglangs_torch_pin_as_a_warning(tmp_path):
+def test_profile_stack_passes(tmp_path):
     res = run_check("stack.versions", versions_ctx(stack_site(tmp_path / "site")))
-    assert res.status is Status.WARN, res.summary
-    assert "torch 2.11.0+cu130" in res.summary and "triton 3.6.0" in res.summary
-    assert "sglang 0.5.23 requires torch==2.14.1" in res.summary and "profile pins it deliberately" in res.summary
-    assert res.details["components"]["torch"]["pins_triton"] == "3.6.0"
+    assert res.status is Status.PASS, res.summary
+    assert "torch 2.14.1+cu130" in res.summary and "triton 3.8.0" in res.summary
+    assert "sglang-kernel 0.4.10" in res.summary
+    assert res.details["components"]["torch"]["pins_triton"] == "~=3.8.0" and res.details["unmet"] == []
+
+
+def test_sglangs_torch_pin_overridden_by_the_config_is_a_warning(tmp_path):
+    """The DDTree test stack (torch 2.11 + sglang-kernel 0.4.5 + sglang 0.5.23): pinned on purpose, not silent."""
+    site = stack_site(tmp_path / "site", torch="2.11.0+cu130", triton="3.6.0", torch_triton_pin="3.6.0",
+                      kernel="0.4.5")
+    ctx = versions_ctx(site)
+    ctx.settings.profile["stack"].update(torch="==2.11.0", triton="==3.6.0", sglang_kernel="==0.4.5")
+    res = run_check("stack.versions", ctx)
+    assert res.status is Status.FAIL and res.summary == "sglang 0.5.23 pins sglang-kernel 0.4.10, installed 0.4.5"
+    torch = [u for u in res.details["unmet"] if u["requirement"] == "torch==2.14.1"]
+    assert torch and torch[0]["overridden_by_profile"] and "profile pins it deliberately" in torch[0]["text"]
+
+
+def test_torch_older_than_the_profiles_pin_fails(tmp_path):
+    site = stack_site(tmp_path / "site", torch="2.11.0+cu130", triton="3.6.0", torch_triton_pin="3.6.0")
+    res = run_check("stack.versions", versions_ctx(site))
+    assert res.status is Status.FAIL
+    assert "torch 2.11.0+cu130 does not match the profile's ==2.14.1" in res.summary
+    assert "sglang 0.5.23 requires torch==2.14.1, installed 2.11.0+cu130" in res.summary
+    assert "'torch==2.14.1'" in res.remediation.commands[0]
 
 
 def test_torch_triton_pin_mismatch_fails(tmp_path):
     res = run_check("stack.versions", versions_ctx(stack_site(tmp_path / "site", triton="3.5.1")))
     assert res.status is Status.FAIL
-    assert "torch 2.11.0+cu130 pins triton 3.6.0, installed 3.5.1" in res.summary
-    assert "triton 3.5.1 does not match the profile's ==3.6.0" in res.summary
-    assert "torch 2.11.0+cu130 requires triton==3.6.0" in res.summary  # pip-check style, from Requires-Dist
-    assert "'triton==3.6.0'" in res.remediation.commands[0]
+    assert "torch 2.14.1+cu130 pins triton ~=3.8.0, installed 3.5.1" in res.summary
+    assert "triton 3.5.1 does not match the profile's ==3.8.0" in res.summary
+    assert "torch 2.14.1+cu130 requires triton~=3.8.0" in res.summary  # pip-check style, from Requires-Dist
+    assert "'triton==3.8.0'" in res.remediation.commands[0]
 
 
 def test_sglang_kernel_mismatch_fails(tmp_path):
@@ -61,7 +82,7 @@ def test_duplicate_copies_on_sys_path_warn(tmp_path):
     second = tmp_path / "b"
     write_dist(second, "triton", "3.5.1")
     res = run_check("stack.versions", versions_ctx(f"{first}:{second}"))
-    assert res.status is Status.WARN and "two copies of triton" in res.summary and "3.6.0 imports" in res.summary
+    assert res.status is Status.WARN and "two copies of triton" in res.summary and "3.8.0 imports" in res.summary
 
 
 def test_invalid_version_fails_without_traceback(tmp_path):
