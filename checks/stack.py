@@ -298,9 +298,11 @@ def stack_versions(ctx: Any) -> Result:
     imported) and compares them with the profile's [stack] pins and the supported matrix
     (doctor/data/compat.toml): torch pins its Triton (2.14.1 -> ~=3.8.0), SGLang 0.5.23 pins
     sglang-kernel 0.4.10 and flashinfer-python 0.7.2. Then, like ``pip check``, evaluates the
-    requirements these packages declare on each other; a requirement the profile deliberately overrides
-    is a warning. Mismatched kernels load and then crash or silently miscompute. Fix by hand: install
-    the pinned versions (the remediation lists the exact pip command).
+    requirements these packages declare on each other. A pin, the matrix's or a package's own, that the
+    profile deliberately overrides (the installed version is the one the profile pins) is a warning, the
+    same from either source; a package SGLang needs that is missing is named once. Mismatched kernels
+    load and then crash or silently miscompute. Fix by hand: install the pinned versions (the remediation
+    lists the exact pip command).
     """
     stack, err = stack_fact(ctx)
     if err:
@@ -334,8 +336,8 @@ def stack_versions(ctx: Any) -> Result:
             row["ok"] = False
         else:
             row["ok"] = True
-    _matrix(versions, problems, rows)
-    unmet = _unmet_requirements(ctx, stack)
+    missing = _matrix(versions, problems, warnings, rows)
+    unmet = _unmet_requirements(ctx, stack, set(missing))
     for item in unmet:
         (warnings if item["overridden_by_profile"] else problems).append(item["text"])
     for err in stack.get("metadata_errors") or []:
@@ -344,13 +346,16 @@ def stack_versions(ctx: Any) -> Result:
     for d in dups:
         warnings.append(f"two copies of {d['name']} on sys.path ({d['shadowed_by']} imports, {d['version']} shadowed)")
     details = {"components": rows, "unmet": unmet, "duplicates": dups, "python": service_python(ctx),
-               "metadata_errors": stack.get("metadata_errors") or []}
+               "metadata_errors": stack.get("metadata_errors") or [], "warnings": warnings}
     summary_versions = ", ".join(f"{PIP_NAMES[c]} {rows[c]['installed']}" for c in COMPONENTS if rows[c]["installed"])
     if problems:
-        cmd = f"{service_python(ctx)} -m pip install " + " ".join(
-            f"'{PIP_NAMES[c]}{ctx.expect(f'stack.{c}')}'" for c in COMPONENTS if ctx.expect(f"stack.{c}"))
+        specs = [f"'{PIP_NAMES[c]}{ctx.expect(f'stack.{c}')}'" for c in COMPONENTS if ctx.expect(f"stack.{c}")]
+        specs += [f"'{PIP_NAMES[c]}=={pin}'" for c, pin in missing.items()]
+        text = "Install the versions the profile pins (they are tested together)"
+        if missing:
+            text += " and what the installed SGLang needs that the profile does not pin"
         return Result.failed("; ".join(problems), Remediation(
-            "Install the versions the profile pins (they are tested together).", [cmd]), **details)
+            text + ".", [f"{service_python(ctx)} -m pip install " + " ".join(specs)]), **details)
     if warnings:
         return Result.warned(f"{summary_versions}; " + "; ".join(warnings), **details)
     return Result.passed(summary_versions or "no stack package installed and none expected", **details)
@@ -360,27 +365,43 @@ def _stack_dist_names() -> set[str]:
     return {norm(n) for names in compat.distribution_names().values() for n in names}
 
 
-def _matrix(versions: dict[str, Version | None], problems: list[str], rows: dict[str, Any]) -> None:
+def _matrix(versions: dict[str, Version | None], problems: list[str], warnings: list[str],
+            rows: dict[str, Any]) -> dict[str, str]:
+    """The supported matrix's pins (compat.toml) against the installed versions; a pin the profile deliberately
+    overrides is a warning, as in ``_unmet_requirements``. Returns the components SGLang pins that are missing
+    and the profile does not name, with SGLang's pin (named here once)."""
+
+    def judged(comp: str, text: str) -> None:
+        row = rows.get(comp) or {}
+        if row.get("expected") and row.get("ok"):
+            warnings.append(text + " (the profile pins it deliberately)")
+        else:
+            problems.append(text)
+
+    missing: dict[str, str] = {}
     torch_v, triton_v, sglang_v = versions.get("torch"), versions.get("triton"), versions.get("sglang")
     if torch_v is not None and triton_v is not None:
         pinned = compat.triton_for_torch(str(torch_v))
         rows["torch"]["pins_triton"] = pinned
         spec = parse_spec(pinned if pinned and not pinned[0].isdigit() else f"=={pinned}")
         if pinned and spec is not None and not spec.contains(Version(triton_v.base_version), prereleases=True):
-            problems.append(f"torch {torch_v} pins triton {pinned}, installed {triton_v}")
+            judged("triton", f"torch {torch_v} pins triton {pinned}, installed {triton_v}")
     if sglang_v is not None:
         pins = compat.sglang_pins(str(sglang_v))
         rows["sglang"]["pins"] = pins
         for comp, pinned in pins.items():
             have = versions.get(comp)
             if have is not None and Version(pinned) != have:
-                problems.append(f"sglang {sglang_v} pins {PIP_NAMES.get(comp, comp)} {pinned}, installed {have}")
+                judged(comp, f"sglang {sglang_v} pins {PIP_NAMES.get(comp, comp)} {pinned}, installed {have}")
             elif have is None and not rows.get(comp, {}).get("expected"):  # else already reported as missing
                 problems.append(f"sglang {sglang_v} needs {PIP_NAMES.get(comp, comp)} {pinned}, not installed")
+                missing[comp] = pinned
+    return missing
 
 
-def _unmet_requirements(ctx: Any, stack: dict[str, Any]) -> list[dict[str, Any]]:
-    """Requirements among the stack's own packages that the installed versions do not meet (pip check)."""
+def _unmet_requirements(ctx: Any, stack: dict[str, Any], named_missing: set[str]) -> list[dict[str, Any]]:
+    """Requirements among the stack's own packages that the installed versions do not meet (pip check);
+    ``named_missing``: components already reported missing by the matrix."""
     dists = stack.get("distributions") or {}
     names = _stack_dist_names()
     env = dict((stack.get("python") or {}).get("markers") or {})
@@ -410,8 +431,8 @@ def _unmet_requirements(ctx: Any, stack: dict[str, Any]) -> list[dict[str, Any]]
                 continue
             comp = by_dist.get(target, target)
             want = parse_spec(ctx.expect(f"stack.{comp}"))
-            if have is None and want is not None:
-                continue  # reported once, as "not installed (profile: ...)"
+            if have is None and (want is not None or comp in named_missing):
+                continue  # reported once, as "not installed (profile: ...)" or "sglang X needs ..., not installed"
             overridden = have_v is not None and want is not None and want.contains(have_v, prereleases=True)
             text_out = (f"{dist['name']} {dist['version']} requires {req}, installed "
                         f"{have.get('version') if have else 'nothing'}")
