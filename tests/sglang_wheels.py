@@ -117,7 +117,12 @@ def ddtree_site(factory: pytest.TempPathFactory) -> Path:
     if "ddtree" not in _SITES:
         dest = factory.mktemp("sglang-0.5.23-ddtree")
         shutil.copytree(site("0.5.23", factory), dest, dirs_exist_ok=True)
-        for patch in ("0001-ddtree-utils.patch", "0002-ddtree-algorithm-and-flags.patch"):
+        patches = ("0001-ddtree-utils.patch", "0002-ddtree-algorithm-and-flags.patch")
+        touched = {line[len("+++ b/"):].strip() for patch in patches
+                   for line in (PATCH_SET / patch).read_text().splitlines() if line.startswith("+++ b/")}
+        with zipfile.ZipFile(wheel_for("0.5.23")) as zf:  # the files the patches change, beyond the parser's parts
+            zf.extractall(dest, [n for n in zf.namelist() if n in touched and not (dest / n).exists()])
+        for patch in patches:
             res = subprocess.run(["git", "apply", "-p1", str(PATCH_SET / patch)], cwd=dest, capture_output=True,
                                  text=True, timeout=60)
             assert res.returncode == 0, f"{patch}: {res.stderr}"
