@@ -288,6 +288,21 @@ def test_bandwidth_wrong_data_and_failed_probe() -> None:
     assert judge(doc, "gpu.p2p_bandwidth").status is Status.SKIP
 
 
+def test_bandwidth_a_hung_pair_fails_that_pair_by_name() -> None:
+    """The probe's per-pair deadline killed the child of pair 2-5: the check fails naming it (not 'missing'),
+    and points at gpu.p2p; the other 27 pairs were measured."""
+    doc = healthy()
+    bw = doc["facts"]["p2p_bandwidth"]
+    bw["pairs"] = [p for p in bw["pairs"] if {p["src"], p["dst"]} != {2, 5}]
+    bw["failed_pairs"] = [{"a": 2, "b": 5, "timed_out": True, "seconds": 30.0,
+                           "error": "no answer within 30 s: killed"}]
+    res = judge(doc, "gpu.p2p_bandwidth")
+    assert res.status is Status.FAIL
+    assert res.summary == ("GPU-to-GPU copies did not complete for 1 pair(s): GPU2-GPU5 (hung: no answer within 30 s: "
+                           "killed)")
+    assert "gpu.p2p" in res.remediation.text and res.details["missing"] == [] and len(res.details["pairs"]) == 27
+
+
 def test_bandwidth_one_gpu_is_skipped() -> None:
     res = judge(healthy(), "gpu.p2p_bandwidth", tp=1)
     assert res.status is Status.SKIP and "no pair" in res.summary

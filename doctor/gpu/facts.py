@@ -591,7 +591,8 @@ NVML_SHAPE = {
     "kernel_module_version": opt(str), "errors": opt(dict), "visible": opt(dict), "devices": opt([DEVICE_SHAPE]),
     "pairs": opt([{"a": int, "b": int}]), "fabric_manager": opt(dict),
 }
-P2P_SHAPE = {"ok": opt(bool), "measured": opt(bool), "error": opt(str), "devices": opt([dict]), "pairs": opt([dict])}
+P2P_SHAPE = {"ok": opt(bool), "measured": opt(bool), "error": opt(str), "devices": opt([dict]), "pairs": opt([dict]),
+             "failed_pairs": opt([{"a": int, "b": int, "timed_out": opt(bool), "error": opt(str)}])}
 
 
 @collector("nvml", timeout=15, isolate=True, shape=NVML_SHAPE)
@@ -618,8 +619,12 @@ def service_env(opts: Any) -> tuple[dict[str, str], dict[str, Any]]:
 
 # -- measured bandwidth (--deep) -------------------------------------------------------------------
 
-BANDWIDTH_PROBE_TIMEOUT_S = 200.0
-BANDWIDTH_BUDGET_S = 120.0
+# Each pair runs in a child of its own under PAIR_TIMEOUT_S (a hung copy fails that pair, not the run); no new
+# pair starts after BANDWIDTH_BUDGET_S; the probe as a whole is killed at BANDWIDTH_PROBE_TIMEOUT_S.
+PAIR_TIMEOUT_S = 30.0
+SETUP_TIMEOUT_S = 60.0
+BANDWIDTH_BUDGET_S = 180.0
+BANDWIDTH_PROBE_TIMEOUT_S = SETUP_TIMEOUT_S + BANDWIDTH_BUDGET_S + PAIR_TIMEOUT_S + 20.0
 
 
 def world_size(opts: Any) -> int:
@@ -640,7 +645,8 @@ def collect_p2p_bandwidth(opts: Any) -> dict[str, Any]:
 
     n = world_size(opts)
     args = ["--devices", ",".join(str(i) for i in range(n)), "--size-mib", "256", "--iters", "20",
-            "--budget-s", str(BANDWIDTH_BUDGET_S)]
+            "--budget-s", str(BANDWIDTH_BUDGET_S), "--pair-timeout-s", str(PAIR_TIMEOUT_S),
+            "--setup-timeout-s", str(SETUP_TIMEOUT_S)]
     env, _ = service_env(opts)
     data, res = run_probe(opts.python, "p2p_bandwidth", args, timeout=BANDWIDTH_PROBE_TIMEOUT_S, env=env)
     if data is None:
