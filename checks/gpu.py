@@ -613,7 +613,12 @@ def _fabric_wait(ctx: Any) -> dict[str, Any] | None:
         raise
     except FactUnavailable:
         return None
-    return waited if isinstance(waited, dict) and waited.get("asked") else None
+    if not isinstance(waited, dict) or not waited.get("asked"):
+        return None
+    num = (int, float)
+    return {**waited, "waited_s": waited["waited_s"] if isinstance(waited.get("waited_s"), num) else 0.0,
+            "timeout_s": waited["timeout_s"] if isinstance(waited.get("timeout_s"), num) else 0.0,
+            "polls": waited["polls"] if isinstance(waited.get("polls"), int) else 1}
 
 
 
@@ -800,12 +805,12 @@ def gpu_p2p(ctx: Any) -> Result:
         return Result.passed(f"all {len(nv_pairs)} pair(s) use NVLink: ACS and the IOMMU do not affect NVLink P2P "
                              f"(PCIe readings in details)", **details)
     pcie = ctx.fact("pcie")
-    by_bdf = {g.get("bdf"): g for g in pcie.get("gpus") or [] if isinstance(g, dict)}
-    bridges = pcie.get("bridges") if isinstance(pcie.get("bridges"), dict) else {}
-    iommu = pcie.get("iommu") or {}
-    mode = iommu.get("mode") or "unknown"
+    by_bdf = {g.get("bdf"): g for g in pcie.get("gpus") or [] if isinstance(g, dict) and isinstance(g.get("bdf"), str)}
+    iommu = pcie.get("iommu") if isinstance(pcie.get("iommu"), dict) else {}
+    mode = iommu.get("mode") if iommu.get("mode") in ("passthrough", "translated", "off") else "unknown"
     redirect: dict[str, list[str]] = {}  # bridge -> pairs
     unread: dict[str, str] = {}
+    acs_of: dict[str, dict[str, Any]] = {}
     not_found, rows = [], []
     for a, b in pcie_pairs:
         name = f"{_gpu(a)}-{_gpu(b)}"
@@ -813,26 +818,25 @@ def gpu_p2p(ctx: Any) -> Result:
         if ga is None or gb is None:
             not_found.append(name)
             continue
-        path = pcie_mod.path_bridges(ga.get("upstream") or [], gb.get("upstream") or [])
+        path = pcie_mod.path_bridges(pcie_mod.gpu_upstream(ga), pcie_mod.gpu_upstream(gb))
         row: dict[str, Any] = {"pair": name, "bridges": path, "redirect": [], "unread": []}
         for br in path:
-            acs = (bridges.get(br) or {}).get("acs") or {}
-            if acs.get("redirects"):
+            acs = acs_of.setdefault(br, pcie_mod.bridge_acs(pcie, br))
+            if acs["redirects"]:
                 redirect.setdefault(br, []).append(name)
                 row["redirect"].append(br)
-            elif acs.get("present") is None:
-                unread[br] = str(acs.get("error") or "not read")
+            elif acs["present"] is None:
+                unread[br] = acs["error"] or "not read"
                 row["unread"].append(br)
         rows.append(row)
-    details.update(pairs=rows, iommu=iommu, bridges={br: bridges.get(br) for br in
-                                                     dict.fromkeys(x for r in rows for x in r["bridges"])})
+    details.update(pairs=rows, iommu=iommu, bridges=acs_of)
     problems, cmds = [], []
     if redirect:
         bits: set[str] = set()
         for br in redirect:
-            info = bridges.get(br) or {}
-            bits.update(pcie_mod.acs_names((info.get("acs") or {}).get("enabled") or {}, pcie_mod.REDIRECT_BITS))
-            cmd = pcie_mod.setpci_command(info)
+            bits.update(pcie_mod.acs_names(acs_of[br]["enabled"], pcie_mod.REDIRECT_BITS) or
+                        [n.replace("_", " ") for n in acs_of[br]["redirects"]])
+            cmd = pcie_mod.setpci_command(acs_of[br])
             if cmd:
                 cmds.append(cmd)
         hit = sorted({p for pairs in redirect.values() for p in pairs})
@@ -856,14 +860,13 @@ def gpu_p2p(ctx: Any) -> Result:
                              + "; ".join(problems),
                              Remediation(fix.strip(), cmds), **details)
     if not_found and len(not_found) == len(pcie_pairs):
-        return Result.skipped("the GPUs were not found in sysfs (" + "; ".join(pcie.get("errors") or [])
-                              + "): cannot read their PCIe path", **details)
+        errors = [str(e) for e in pcie.get("errors") or []] if isinstance(pcie.get("errors"), list) else []
+        return Result.skipped("the GPUs were not found in sysfs" + (f" ({'; '.join(errors)})" if errors else "")
+                              + ": cannot read their PCIe path", **details)
     if unread:
         why = next(iter(unread.values()))
         return Result.skipped(f"ACS of {len(unread)} bridge(s) on the PCIe P2P path not readable ({why}); IOMMU "
-                              f"{mode}", Remediation("Run the check as root to read the bridges' extended "
-                                                     "configuration space.", ["sudo k26-doctor check --only gpu.p2p"]),
-                              **details)
+                              f"{mode}; run `sudo k26-doctor check --only gpu.p2p` to judge it", **details)
     seen = len(details["bridges"])
     where = (f"no ACS redirect on the {seen} bridge(s) between them" if seen else
              "no PCIe bridge is visible between them (a virtual machine shows none of the host's bridges)")
@@ -877,17 +880,17 @@ def _pcie_readings(pcie: Any) -> dict[str, Any]:
     """A short account of the PCIe readings, for a verdict that did not need them."""
     if not isinstance(pcie, dict):
         return {}
-    bridges = pcie.get("bridges") if isinstance(pcie.get("bridges"), dict) else {}
-    return {"iommu": (pcie.get("iommu") or {}).get("mode"), "bridges": len(bridges),
-            "bridges_with_acs_redirect": sorted(b for b, info in bridges.items()
-                                                if ((info or {}).get("acs") or {}).get("redirects")),
-            "bridges_unread": sorted(b for b, info in bridges.items()
-                                     if ((info or {}).get("acs") or {}).get("present") is None)}
+    bridges = [str(b) for b in pcie["bridges"]] if isinstance(pcie.get("bridges"), dict) else []
+    acs = [pcie_mod.bridge_acs(pcie, b) for b in bridges]
+    iommu = pcie.get("iommu") if isinstance(pcie.get("iommu"), dict) else {}
+    return {"iommu": iommu.get("mode"), "bridges": len(bridges),
+            "bridges_with_acs_redirect": sorted(a["bdf"] for a in acs if a["redirects"]),
+            "bridges_unread": sorted(a["bdf"] for a in acs if a["present"] is None)}
 
 # -- gpu.p2p_bandwidth (--deep) ----------------------------------------------------------------------
 
 @check("gpu.p2p_bandwidth", "Measured GPU-to-GPU copy bandwidth of every pair (--deep)",
-       needs=("nvml", "p2p_bandwidth"), depends=("gpu.driver",), deep=True, timeout=300)
+       needs=("nvml", "p2p_bandwidth"), depends=("gpu.driver",), deep=True, timeout=330)
 def gpu_p2p_bandwidth(ctx: Any) -> Result:
     """With --deep: copies 256 MiB 20 times between every ordered pair of the TP group, with torch
     in the service's interpreter, and compares the one-direction rate with what the links should
@@ -896,6 +899,9 @@ def gpu_p2p_bandwidth(ctx: Any) -> Result:
     below 70% warns. Copy-engine copies on healthy links typically reach 80-90% of the link rate, a link down
     costs only 1/18 (gpu.nvlink catches that), while traffic falling back to PCIe or staged
     through the host reaches under 15% of NVLink: 50% separates the two with room for noise.
+    Each pair runs in a child process of its own under a deadline (30 s): a copy that never
+    completes (P2P through a root complex with ACS redirect or a translating IOMMU: see gpu.p2p)
+    fails that pair, named, instead of hanging the run.
     By hand: nvbandwidth, or `nvidia-smi nvlink -gt d` while copying."""
     nvml, res = _nvml(ctx)
     if res:
@@ -947,8 +953,24 @@ def gpu_p2p_bandwidth(ctx: Any) -> Result:
                 low.append(f"{name} {rate:.0f} GB/s ({frac:.0%} of {expect:.0f})")
             elif frac < warn_frac:
                 warn.append(f"{name} {rate:.0f} GB/s ({frac:.0%} of {expect:.0f})")
-    details.update(pairs=rows, min_fraction=min_frac, warn_fraction=warn_frac, missing=missing)
+    by_cuda = {d.get("cuda_index", i): _gpu(d) for i, d in enumerate(grp)}
+    failed = []
+    for f in bw.get("failed_pairs") or []:
+        if isinstance(f, dict) and isinstance(f.get("a"), int) and isinstance(f.get("b"), int):
+            name = f"{by_cuda.get(f['a'], 'GPU' + str(f['a']))}-{by_cuda.get(f['b'], 'GPU' + str(f['b']))}"
+            failed.append(f"{name} ({'hung: ' if f.get('timed_out') else ''}{f.get('error') or 'failed'})")
+            missing = [m for m in missing if m != name]
+    details.update(pairs=rows, min_fraction=min_frac, warn_fraction=warn_frac, missing=missing,
+                   failed_pairs=bw.get("failed_pairs") or [])
     cmds = ["nvidia-smi topo -m", "nvidia-smi nvlink -s", "nvidia-smi -q | grep -i -A3 fabric"]
+    if failed:
+        return Result.failed(f"GPU-to-GPU copies did not complete for {len(failed)} pair(s): " + ", ".join(failed[:6])
+                             + (" ..." if len(failed) > 6 else ""),
+                             Remediation("A copy that never completes is P2P routed through the root complex (ACS "
+                                         "redirect, an IOMMU translating DMA: see gpu.p2p) or a fabric that is not "
+                                         "up (gpu.fabric). Do not start the service: its first all-reduce would hang.",
+                                         ["k26-doctor check --only gpu.p2p --only 'gpu.fabric*' -v", *cmds]),
+                             **details)
     if corrupt:
         return Result.failed("GPU-to-GPU copies returned wrong data: " + ", ".join(corrupt),
                              Remediation("Do not run the service on these GPUs; check the kernel log for Xid errors.",

@@ -29,8 +29,9 @@ def ext_header(cap_id: int, version: int, next_off: int) -> bytes:
 
 
 def config_space(*, vendor: int, device: int, class_code: int, bridge: bool, port: str,
-                 acs_control: int | None = None, acs_capability: int = ACS_CAPS_ALL) -> bytes:
-    """4096 bytes of configuration space with a real capability chain (ACS only when ``acs_control`` is given)."""
+                 acs_control: int | None = None, acs_capability: int = ACS_CAPS_ALL, acs_at: int = ACS_AT) -> bytes:
+    """4096 bytes of configuration space with a real capability chain (ACS only when ``acs_control`` is given,
+    at ``acs_at``: 0x148 by default, anywhere after AER and before 0xF00)."""
     cfg = bytearray(4096)
     struct.pack_into("<HH", cfg, 0, vendor, device)
     struct.pack_into("<H", cfg, 0x06, 0x0010)  # status: capabilities list
@@ -41,11 +42,17 @@ def config_space(*, vendor: int, device: int, class_code: int, bridge: bool, por
     struct.pack_into("<H", cfg, 0x42, 0x0002 | PORT_TYPES[port] << 4)
     if acs_control is None:
         cfg[AER_AT:AER_AT + 4] = ext_header(0x0001, 2, SEC_AT)
-    else:
+        cfg[SEC_AT:SEC_AT + 4] = ext_header(0x0019, 1, 0)
+    elif acs_at == ACS_AT:
         cfg[AER_AT:AER_AT + 4] = ext_header(0x0001, 2, ACS_AT)
         cfg[ACS_AT:ACS_AT + 4] = ext_header(0x000D, 1, SEC_AT)
         struct.pack_into("<HH", cfg, ACS_AT + 4, acs_capability, acs_control)
-    cfg[SEC_AT:SEC_AT + 4] = ext_header(0x0019, 1, 0)
+        cfg[SEC_AT:SEC_AT + 4] = ext_header(0x0019, 1, 0)
+    else:  # AER -> Secondary PCIe -> ACS at the given offset, last
+        cfg[AER_AT:AER_AT + 4] = ext_header(0x0001, 2, SEC_AT)
+        cfg[SEC_AT:SEC_AT + 4] = ext_header(0x0019, 1, acs_at)
+        cfg[acs_at:acs_at + 4] = ext_header(0x000D, 1, 0)
+        struct.pack_into("<HH", cfg, acs_at + 4, acs_capability, acs_control)
     return bytes(cfg)
 
 

@@ -24,7 +24,7 @@ from typing import Any
 from doctor.gpu import links
 
 PENDING = ("not_started", "in_progress")
-POLL_INTERVAL_S = 5.0
+POLL_INTERVAL_S = 5.0  # at most; a short wait (--wait-fabric 20) polls every tenth of it, at least every 0.5 s
 REPORT_EVERY_S = 30.0
 
 
@@ -235,8 +235,9 @@ def wait_before_checks(ctx: Any, collectors: dict[str, Any], progress: Callable[
     seconds = getattr(ctx.settings, "wait_fabric", None)
     if coll is None or not seconds or ctx.facts.replaying:
         return None
-    result = wait_for_fabric(nvml_source(coll, ctx.facts.options), ctx.settings.world_size, float(seconds),
-                             progress=progress)
+    seconds = float(seconds)
+    result = wait_for_fabric(nvml_source(coll, ctx.facts.options), ctx.settings.world_size, seconds,
+                             interval_s=min(POLL_INTERVAL_S, max(0.5, seconds / 10)), progress=progress)
     if result.last_fact is not None and result.outcome != "no_answer":
         ctx.facts.seed("nvml", result.last_fact)
     ctx.facts.seed("fabric_wait", result.to_fact())

@@ -65,8 +65,9 @@ def ext_capabilities(config: bytes) -> tuple[list[tuple[int, int, int]], str | N
     """The extended capability list: ``[(offset, id, version)]`` and a problem with the list, if any.
 
     The list starts at 0x100; each header is ``id (16 bits) | version (4) | next offset (12)``; a
-    header of 0 (or all ones: no device) ends it at once. A next offset below 0x100, past the end, or
-    one already seen (a loop) ends the walk with the problem named, never an endless loop.
+    header of 0 ends it (no extended capability), all ones means the device did not answer. A next
+    offset below 0x100, past the end, or one already seen (a loop) ends the walk with the problem
+    named, never an endless loop.
     """
     if len(config) < EXT_CAP_START + 4:
         return [], f"the extended configuration space is not readable ({len(config)} bytes read)"
@@ -81,7 +82,9 @@ def ext_capabilities(config: bytes) -> tuple[list[tuple[int, int, int]], str | N
         seen.add(off)
         header = u32(config, off)
         assert header is not None
-        if header in (0, 0xFFFFFFFF):
+        if header == 0xFFFFFFFF:  # a device that does not answer reads as all ones
+            return caps, "the configuration space reads all ones: the device does not answer (gone or powered off)"
+        if header == 0:
             break
         caps.append((off, header & 0xFFFF, (header >> 16) & 0xF))
         off = (header >> 20) & 0xFFC
@@ -323,14 +326,13 @@ def path_bridges(upstream_a: list[str], upstream_b: list[str]) -> list[str]:
     return list(dict.fromkeys(upstream_a[k:] + upstream_b[k:]))
 
 
-def setpci_command(bridge: dict[str, Any]) -> str | None:
-    """``setpci`` that clears ACS control on this bridge, at the offset read from its configuration space
-    (the same register as ``ECAP_ACS+6.w``)."""
-    acs = bridge.get("acs") or {}
+def setpci_command(acs: dict[str, Any]) -> str | None:
+    """``setpci`` that clears ACS control on a bridge (``bridge_acs``), at the offset read from its configuration
+    space (the same register as ``ECAP_ACS+6.w``)."""
     off = acs.get("control_offset")
-    if not isinstance(off, int):
+    if not isinstance(off, int) or isinstance(off, bool) or not BDF_RE.match(str(acs.get("bdf"))):
         return None
-    return f"sudo setpci -s {bridge.get('bdf')} 0x{off:x}.w=0000"
+    return f"sudo setpci -s {acs['bdf']} 0x{off:x}.w=0000"
 
 
 def iommu_fix(vendor: str | None) -> tuple[str, list[str]]:
@@ -340,3 +342,26 @@ def iommu_fix(vendor: str | None) -> tuple[str, list[str]]:
             f"sudo sed -i 's/^GRUB_CMDLINE_LINUX=\"/&{params} /' /etc/default/grub && sudo update-grub   # Debian",
             "sudo reboot"]
     return params, cmds
+
+
+# -- reading a recorded fact (a snapshot may be hand-edited: every value is checked before use) -------
+
+def bridge_acs(fact: dict[str, Any], bdf: str) -> dict[str, Any]:
+    """The ACS reading of one bridge of a ``pcie`` fact, with every field of the type the judgement needs."""
+    bridges = fact.get("bridges") if isinstance(fact.get("bridges"), dict) else {}
+    info = bridges.get(bdf) if isinstance(bridges.get(bdf), dict) else {}
+    acs = info.get("acs") if isinstance(info.get("acs"), dict) else {}
+    present = acs.get("present") if isinstance(acs.get("present"), bool) else None
+    redirects = [r for r in acs.get("redirects") or [] if r in REDIRECT_BITS] \
+        if isinstance(acs.get("redirects"), list) else []
+    enabled = {k: bool(v) for k, v in acs["enabled"].items() if isinstance(k, str)} \
+        if isinstance(acs.get("enabled"), dict) else {}
+    off = acs.get("control_offset")
+    return {"bdf": bdf, "present": present, "redirects": redirects, "enabled": enabled,
+            "control_offset": off if isinstance(off, int) and not isinstance(off, bool) else None,
+            "error": str(acs["error"]) if acs.get("error") is not None else None}
+
+
+def gpu_upstream(gpu: dict[str, Any]) -> list[str]:
+    ups = gpu.get("upstream")
+    return [u for u in ups if isinstance(u, str)] if isinstance(ups, list) else []
