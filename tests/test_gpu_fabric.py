@@ -446,7 +446,7 @@ NV_KEYS = ["packages", "binary", "units", "pids", "ib_umad_loaded"]
 BASE_MISMATCH = snap("b300x8-fabric-manager-mismatch.json")
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(top=st.fixed_dictionaries({}, optional={k: JSON for k in SW_KEYS}),
        fm=st.fixed_dictionaries({}, optional={k: JSON for k in FM_KEYS}),
        nv=st.fixed_dictionaries({}, optional={k: JSON for k in NV_KEYS}), wait=JSON)

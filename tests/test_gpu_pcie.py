@@ -297,7 +297,7 @@ JSON = st.recursive(st.none() | st.booleans() | st.integers(-5, 2**20) | st.text
 BASE = snap("rtxpro6000x8-acs-redirect.json")
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(top=st.fixed_dictionaries({}, optional={k: JSON for k in ("gpus", "bridges", "iommu", "errors")}),
        gpu=st.fixed_dictionaries({}, optional={k: JSON for k in ("bdf", "upstream", "iommu_group_type")}),
        bridge=st.fixed_dictionaries({}, optional={k: JSON for k in ("acs", "bdf", "config_bytes")}),
