@@ -684,9 +684,8 @@ def gpu_fabric_manager(ctx: Any) -> Result:
                                  **details)
         why = fm.get("binary_error") or sw.get("packages_error") or "no binary, no package database"
         return Result.skipped(f"the fabric manager's version could not be read ({why})", **details)
-    wrong = {where: v for where, v in versions.items() if v != driver}
-    if wrong:
-        listing = ", ".join(f"{where} is {v}" for where, v in wrong.items())
+    listing = fabric_software.version_mismatch(versions, driver)
+    if listing:
         return Result.failed(
             f"fabric manager version differs from the driver {driver} ({listing}): it refuses to start, and the GPUs "
             f"stay 'In Progress'",
@@ -760,8 +759,12 @@ def gpu_fabric_nvlsm(ctx: Any) -> Result:
                    f"{(fm.get('unit') or {}).get('ActiveState') or 'not running'}")
     pending = fabric.readiness(nvml, ctx.settings.world_size).outcome in ("pending", "failed")
     summary = "NVLSM is installed but not running" + (f": {'; '.join(why)}" if why else "")
-    remedy = Remediation("Load ib_umad and start NVLSM (through its unit, or the fabric manager whose start script "
-                         "runs it); `k26-doctor fix --apply` plans exactly these.", start)
+    text = ("Load ib_umad and start NVLSM (through its unit, or the fabric manager whose start script runs it); "
+            "`k26-doctor fix --apply` plans exactly these.")
+    if fabric_software.version_mismatch(fabric_software.fm_versions(fm), nvml.get("driver_version")):
+        text = ("First align the fabric manager with the driver (see gpu.fabric.manager): it refuses to start, and "
+                "NVLSM with it. Then load ib_umad and start NVLSM through the fabric manager (or its own unit).")
+    remedy = Remediation(text, start)
     if pending:
         return Result.failed(summary + " (the fabric is not up)", remedy, **details)
     return Result.warned(summary + "; the fabric is up now, but link recovery needs NVLSM", remedy, **details)

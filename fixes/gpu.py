@@ -76,6 +76,13 @@ def plan_fabric(ctx: Any, result: Any) -> Plan:
             if (d.get("fabric") or {}).get("state_name") in ("not_started", "in_progress")]
     if not down:
         return Plan()
+    fm = nvml.get("fabric_manager") if isinstance(nvml.get("fabric_manager"), dict) else {}
+    wrong = fabric_software.version_mismatch({"installed": fm["version"]} if isinstance(fm.get("version"), str)
+                                             else {}, nvml.get("driver_version"))
+    if wrong:  # it would refuse to start: starting it is not a fix
+        return Plan(notes=[f"not starting nvidia-fabricmanager: its {wrong.replace('installed is', 'version is')}, "
+                           f"the driver {nvml.get('driver_version')}; it refuses to start until they are the same "
+                           f"(see gpu.fabric.manager for the exact package command)"])
     return Plan([RunCommand(summary="start nvidia-fabricmanager (it must be the driver's version)", needs_root=True,
                        argv=["systemctl", "start", "nvidia-fabricmanager"], timeout=120.0)])
 
@@ -94,6 +101,12 @@ def plan_nvlsm(ctx: Any, result: Any) -> Plan:
     if not isinstance(sw, dict):
         return Plan()
     nv, fm = sw.get("nvlsm") or {}, sw.get("fabric_manager") or {}
+    nvml = ctx.fact("nvml")
+    wrong = fabric_software.version_mismatch(fabric_software.fm_versions(fm),
+                                             nvml.get("driver_version") if isinstance(nvml, dict) else None)
+    if wrong:
+        return Plan(notes=[f"not starting NVLSM: the fabric manager that runs it differs from the driver ({wrong}) "
+                           f"and refuses to start; align it first (gpu.fabric.manager gives the exact command)"])
     if not nv.get("packages") and not nv.get("binary"):
         cmds = fabric_software.install_nvlsm_commands(sw.get("package_manager"))
         return Plan(notes=[f"nvlsm is not installed: install it by hand ({'; '.join(cmds)}), then run "

@@ -347,6 +347,18 @@ def test_version_mismatch_names_the_package_and_the_exact_command() -> None:
     assert nvlsm.status is Status.FAIL and "installed but not running" in nvlsm.summary
     assert "nvidia-fabricmanager.service (which starts it) is failed" in nvlsm.summary
     assert nvlsm.remediation.commands == ["sudo systemctl enable --now nvidia-fabricmanager.service"]
+    assert nvlsm.remediation.text.startswith("First align the fabric manager with the driver (see gpu.fabric.manager)")
+
+
+def test_no_fixer_starts_a_fabric_manager_of_another_version() -> None:
+    """It would refuse to start: the plans say why and change nothing; the check names the package command."""
+    from fixes.gpu import plan_fabric
+
+    doc = snap("b300x8-fabric-manager-mismatch.json")
+    for plan in (plan_fabric(ctx_for(doc), None), plan_nvlsm(ctx_for(doc), None)):
+        assert list(plan) == [] and "580.126.09" in plan.notes[0] and "gpu.fabric.manager" in plan.notes[0]
+    started = plan_fabric(ctx_for(snap("b300x8-fabric-not-started.json")), None)  # same version: start it
+    assert [a.argv for a in started] == [["systemctl", "start", "nvidia-fabricmanager"]]
 
 
 def test_missing_nvlsm_on_b300_fails_and_says_install_it() -> None:
@@ -406,9 +418,9 @@ def ctx_for(doc: dict[str, Any]) -> Context:
 
 
 def test_nvlsm_plan_loads_ib_umad_and_starts_its_unit() -> None:
-    doc = snap("b300x8-fabric-manager-mismatch.json")
+    doc = snap("b300x8-healthy.json")
     nv = doc["facts"]["fabric_software"]["nvlsm"]
-    nv["ib_umad_loaded"] = False
+    nv.update(ib_umad_loaded=False, pids=[])
     nv["units"]["nvlsm.service"].update(LoadState="loaded", ActiveState="inactive")
     plan = plan_nvlsm(ctx_for(doc), None)
     kinds = [(type(a).__name__, getattr(a, "argv", None) or getattr(a, "path", None)) for a in plan]

@@ -228,6 +228,14 @@ def fm_versions(fm: dict[str, Any]) -> dict[str, str]:
     return out
 
 
+def version_mismatch(versions: dict[str, str], driver: Any) -> str | None:
+    """``binary is 580.126.09`` when a fabric manager version read differs from the driver's, else None."""
+    if not isinstance(driver, str) or not driver:
+        return None
+    wrong = [f"{where} is {v}" for where, v in versions.items() if v != driver]
+    return ", ".join(wrong) or None
+
+
 def branch(driver: str) -> str:
     return driver.split(".", 1)[0]
 
