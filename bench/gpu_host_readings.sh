@@ -5,7 +5,8 @@
 #   bash bench/gpu_host_readings.sh [OUTDIR]
 # Environment: PY (the doctor's interpreter, default python3), SERVICE_PY (the service's, with torch, for the
 # --deep bandwidth probe; default PY), PROFILE (default h200-tp8), TP (default: the number of GPUs).
-# Writes OUTDIR/gpu-host-readings.txt and OUTDIR/gpu-check.json (default OUTDIR: $OUT or ./device-out).
+# Writes OUTDIR/gpu-host-readings.txt, OUTDIR/gpu-check.json and OUTDIR/gpu-readings-bench.json (default
+# OUTDIR: $OUT or ./device-out).
 set -u
 cd "$(dirname "$0")/.." || exit 2
 OUTDIR=${1:-${OUT:-./device-out}}
@@ -96,6 +97,9 @@ time timeout 180 "$PY" -m doctor check --profile "$PROFILE" --tp "$TP" --only 'g
 echo "rc=$?"
 "$PY" -c 'import json,sys; [print(r["status"].ljust(5), r["id"].ljust(20), r["summary"]) for r in
 json.load(open(sys.argv[1]))["results"]]' "$OUTDIR/gpu-check.json"
+
+step "cost of these readings against an isolated NVML reading (bench/bench_gpu_readings.py)"
+timeout 120 "$PY" bench/bench_gpu_readings.py --repeat 7 --output "$OUTDIR/gpu-readings-bench.json"
 
 step "fabric wait, bounded at 20 s: check --only gpu.fabric --wait-fabric 20"
 time timeout 60 "$PY" -m doctor check --profile "$PROFILE" --tp "$TP" --only gpu.fabric --skip 'gpu.fabric.*' \
