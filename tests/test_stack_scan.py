@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 
 from kernel_wheels import MISSING_0_4_10, cubin_site, kernel_site, torch_site
@@ -13,9 +14,9 @@ from stack_support import write_dist
 from doctor.core import proc
 
 
-def probe(*sites, args=()) -> dict:
+def probe(*sites, args=(), python: str = sys.executable) -> dict:
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": os.pathsep.join(str(s) for s in sites)}
-    data, res = proc.run_probe(sys.executable, "kernels", list(args), timeout=120, env=env)
+    data, res = proc.run_probe(python, "kernels", list(args), timeout=120, env=env)
     assert data is not None, res.why()
     assert data["ok"], data
     return data
@@ -55,8 +56,10 @@ def test_the_older_kernel_resolves_and_the_first_copy_on_sys_path_wins():
     assert kernel["abi"]["missing"] == {} and "sgl_kernel/sm90/common_ops.abi3.so" in kernel["abi"]["checked"]
 
 
-def test_without_torch_the_abi_cannot_be_judged():
-    kernel = by_name(probe(kernel_site()))["sglang-kernel"]
+def test_without_torch_the_abi_cannot_be_judged(tmp_path):
+    # a venv of its own: the test interpreter may have torch (CI installs it for the DDTree tests)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True, timeout=120)
+    kernel = by_name(probe(kernel_site(), python=str(tmp_path / "venv" / "bin" / "python")))["sglang-kernel"]
     assert "torch is not installed" in kernel["abi"]["error"]
 
 

@@ -82,9 +82,9 @@ def ddtree_ctx(site: Path):
 def test_ddtree_stack_under_its_profile_fails_only_on_the_missing_flashinfer(tmp_path):
     """The profile pins torch 2.11.0 and sglang-kernel 0.4.5 on purpose: SGLang 0.5.23's torch==2.14.1 and
     sglang-kernel 0.4.10 are warnings (from its Requires-Dist and from the matrix alike); flashinfer-python,
-    which SGLang 0.5.23 requires and the profile leaves out, is missing: the one failure, named once."""
+    which SGLang 0.5.23 requires and the profile pins too, is missing: the one failure, named once."""
     res = run_check("stack.versions", ddtree_ctx(ddtree_stack(tmp_path / "site", flashinfer=False)))
-    assert res.status is Status.FAIL and res.summary == "sglang 0.5.23 needs flashinfer-python 0.7.2, not installed"
+    assert res.status is Status.FAIL and res.summary == "flashinfer-python is not installed (profile: ==0.7.2)"
     assert "sglang 0.5.23 requires torch==2.14.1, installed 2.11.0 (the profile pins it deliberately)" \
         in res.details["warnings"]
     assert "sglang 0.5.23 pins sglang-kernel 0.4.10, installed 0.4.5 (the profile pins it deliberately)" \
