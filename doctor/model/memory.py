@@ -246,7 +246,9 @@ def server_shape(args: list[str], target: Geometry, *, gpu_gib: float, draft_blo
     if s.algorithm == "DDTREE":
         budget = v.get("ddtree_budget")
         s.draft_block = v.get("draft_block") or draft_block or 16
-        s.verify_width = (budget + 1) if budget else v.get("num_draft_tokens") or s.draft_block
+        # _handle_ddtree: speculative_num_draft_tokens = budget + 1; the target verifies
+        # max(num_draft_tokens, block) tokens per request (the patched spec_info).
+        s.verify_width = max((budget + 1) if budget else v.get("num_draft_tokens") or s.draft_block, s.draft_block)
         if not budget:
             s.notes.append("DDTREE without --speculative-ddtree-budget: SGLang refuses to start")
     elif s.algorithm in DFLASH_FAMILY:
