@@ -14,9 +14,12 @@ from doctor.core.context import Context
 from doctor.core.registry import check
 from doctor.core.result import Remediation, Result
 from doctor.core.settings import ConfigError
-from doctor.facts.store import FactUnavailable
+from doctor.facts.store import FactUnavailable, MalformedFact
 from doctor.model import memory
+from doctor.model.drafter import DraftFinding, judge_pairing, same_directory
 from doctor.model.modelconfig import ConfigView, is_pos_int, json_data, read_config
+from doctor.model.remote_code import download_command
+from doctor.model.tokenizer import TokenizerVerdict, judge_files, judge_load
 from doctor.service.launcher import build_server_args
 
 NO_MODEL_PATH = "no model path: pass --model-path or set [model] path"
@@ -122,8 +125,11 @@ def _is_sparse(shard: dict[str, Any]) -> bool:
 
 
 def _optional(ctx: Context, name: str) -> Any:
+    """The fact, or None when it is not there; a malformed one still fails the check (one rule, every area)."""
     try:
         return ctx.fact(name)
+    except MalformedFact:
+        raise
     except FactUnavailable:
         return None
 
@@ -399,10 +405,13 @@ def model_config(ctx: Context) -> Result:
     under text_config or at the top level), that the config agrees with the shards (packed I32 expert
     weights [out, in/8], scales [out, in/group_size], experts per MoE layer = n_routed_experts, layers in
     the shards = num_hidden_layers), TP divisibility (attention heads; experts under EP; int4 groups per
-    rank), and the profile's expectations (e.g. 61 layers, 384 experts).
+    rank), the profile's expectations (e.g. 61 layers, 384 experts), and that every remote-code file that
+    auto_map names (config.json and tokenizer_config.json), and every file those import relatively, is there.
 
     Why: a config that disagrees with its weights fails at load after minutes, or loads and produces
-    garbage. Fix by hand: re-download config.json from the same revision as the shards."""
+    garbage; a missing remote-code file fails the import after the weights loaded. Fix by hand: re-download
+    config.json from the same revision as the shards; `hf download REPO --include FILE --local-dir DIR` for
+    a missing remote-code file."""
     fact = ctx.fact("model")
     early = _dir_problem(fact, "model")
     if early is not None:
@@ -438,6 +447,14 @@ def model_config(ctx: Context) -> Result:
         warnings.append("no valid shard headers to compare the config with (see model.shards)")
     problems += _tp_problems(ctx, view)
     problems += _profile_problems(ctx, view)
+    remote = fact.get("remote_code") or {}
+    code_missing = list(remote.get("missing") or [])
+    code_broken = [n for n, f in (remote.get("files") or {}).items() if f.get("error")]
+    for name in code_missing:
+        by = (remote.get("files") or {}).get(name, {}).get("needed_by")
+        problems.append(f"remote-code file {name} " + (f"(imported by {by}) " if by else "named by auto_map ")
+                        + "is missing: the server fails to import it after the weights load")
+    problems += [f"remote-code file {n} {remote['files'][n]['error']}" for n in code_broken]
     t = view.text
     desc = (f"{view.model_type}" + (f" (text {view.text_model_type})" if view.text_model_type
                                    and view.text_model_type != view.model_type else "")
@@ -452,11 +469,14 @@ def model_config(ctx: Context) -> Result:
                "quantization": q, "quantization_where": view.quant_where, "tp": ctx.settings.tp,
                "problems": problems, "warnings": warnings, "checked_against_shards": consistency_checked}
     if problems:
+        if (code_missing or code_broken) and len(problems) == len(code_missing) + len(code_broken):
+            fetch = download_command(ctx.expect("model.repo"), fact.get("path"), code_missing + code_broken)
+            rem = Remediation("Download the model's remote code (the revision of the rest of the model):", [fetch])
+        else:
+            rem = Remediation("Use the config.json of the same revision as the shards, and a TP size that divides "
+                              "the model.", _redownload_commands(ctx, fact, ["config.json"], "model.repo"))
         return Result.failed(f"config.json: {problems[0]}" + (f" (+{len(problems) - 1} more)" if len(problems) > 1
-                                                               else ""),
-                             Remediation("Use the config.json of the same revision as the shards, and a TP size "
-                                         "that divides the model.",
-                                         _redownload_commands(ctx, fact, ["config.json"], "model.repo")), **details)
+                                                               else ""), rem, **details)
     if warnings:
         return Result.warned(f"{desc}; {warnings[0]}", None, **details)
     return Result.passed(f"{desc}; consistent with the shards; TP {ctx.settings.tp} divides it", **details)
@@ -474,20 +494,39 @@ def _auto_map_modules(auto_map: Any) -> list[str]:
     return refs
 
 
-@check("model.tokenizer", "Tokenizer and chat template files the server needs", needs=("model",), timeout=120)
+@check("model.tokenizer", "Tokenizer and chat template files the server needs", needs=("model",), timeout=200)
 def model_tokenizer(ctx: Context) -> Result:
     """Looks for what the server's tokenizer loads: tokenizer_config.json (valid JSON), the vocabulary
     (tiktoken.model for TikToken tokenizers such as K2.6's, else tokenizer.json / tokenizer.model /
     vocab.json), a chat template (in tokenizer_config.json, chat_template.jinja or chat_template.json), and
     the remote-code modules that auto_map names (config.json and tokenizer_config.json). Says when
-    --trust-remote-code is required and fails when the profile turns it off.
+    --trust-remote-code is required and fails when the profile turns it off. tiktoken.model is read whole:
+    a valid BPE file (base64 token and rank per line, ranks 0..n-1), and n plus the remote code's reserved
+    special ids equal to config.json's vocabulary. Then, in the service's interpreter (--python), the
+    tokenizer is loaded as SGLang 0.5.23's get_tokenizer does (AutoTokenizer with trust_remote_code; the
+    declared class when transformers hands back its generic TokenizersBackend), every special token the
+    server's parsers split on (--reasoning-parser / --tool-call-parser kimi_k2: <think>, </think>, the
+    tool-call section markers) must be one token with tokenizer_config.json's id and decode back, and the
+    chat template must render a request with a tool. The remote code is checked against the installed
+    transformers (tokenization_kimi.py's bytes_to_unicode import, gone in transformers 5; releases that
+    route kimi_k25 to the generic backend). Without transformers there the load is not judged (skip).
 
     Why: a missing tokenizer file fails the start after the weights loaded; a missing chat template
-    breaks chat completions. Fix by hand: download the missing files from the model's repository."""
+    breaks chat completions; a tokenizer that loads with other special-token ids serves reasoning inside
+    the answer and unparsed tool calls, with no error anywhere. Fix by hand: download the missing files
+    from the model's repository; use the model's current remote code with the transformers SGLang pins.
+    A server started with --skip-tokenizer-init loads no tokenizer: then there is nothing to judge (skip)."""
     fact = ctx.fact("model")
     early = _dir_problem(fact, "model")
     if early is not None:
         return early
+    try:
+        args, _ = build_server_args(ctx.settings, placeholders=True)
+    except ConfigError:
+        args = []
+    if "--skip-tokenizer-init" in args:
+        return Result.skipped("the server runs with --skip-tokenizer-init: it loads no tokenizer "
+                              "(requests carry input_ids)", server_flag="--skip-tokenizer-init")
     tok = fact.get("tokenizer") or {}
     files = tok.get("files") or {}
     listing = ((fact.get("files") or {}).get("entries") or {})
@@ -539,22 +578,47 @@ def model_tokenizer(ctx: Context) -> Result:
     if needs_trc and trc is False:
         problems.append("auto_map means the server needs --trust-remote-code, but the profile sets "
                         "model.trust_remote_code = false")
-    details = {"tokenizer_class": cls or None, "files": files, "auto_map": remote,
-               "trust_remote_code_required": needs_trc, "chat_template": has_template, "notes": notes}
+    details: dict[str, Any] = {"tokenizer_class": cls or None, "files": files, "auto_map": remote,
+                               "trust_remote_code_required": needs_trc, "chat_template": has_template, "notes": notes}
+    load = _tokenizer_load(ctx, fact)
+    details.update(load.details, loaded_as=load.loaded_as)
+    commands = _redownload_commands(ctx, fact, sorted(set(missing_mods)), "model.repo")
+    fix = "Download the missing tokenizer files from the model's repository."
+    if load.problems and not problems:
+        fix = load.problems[0].fix or fix
+    problems += [f.message for f in load.problems]
+    commands += [c for f in load.problems for c in f.commands if c not in commands]
     if problems:
         return Result.failed(f"tokenizer: {problems[0]}" + (f" (+{len(problems) - 1} more)" if len(problems) > 1
                                                              else ""),
-                             Remediation("Download the missing tokenizer files from the model's repository.",
-                                         _redownload_commands(ctx, fact, sorted(set(missing_mods)), "model.repo")),
-                             problems=problems, **details)
+                             Remediation(fix, commands), problems=problems, **details)
     summary = (f"{cls or 'tokenizer'}: " + ("tiktoken.model, " if tiktoken else "") + "chat template present"
                + ("; needs --trust-remote-code" + (" (profile sets it)" if trc else "") if needs_trc else ""))
+    if load.probe_error:
+        return Result.errored(f"{summary}; {load.probe_error}")
+    if load.not_judged:
+        return Result.skipped(f"{summary}; {load.not_judged}", **details)
+    summary += (f"; loads as {load.loaded_as} (transformers {load.details.get('transformers')}), "
+                f"{len(load.details.get('markers_checked') or [])} special tokens round-trip, chat template renders")
+    notes += [f.message for f in load.warnings]
     if needs_trc and trc is None:
         return Result.warned(summary + "; the profile does not say whether trust_remote_code is on",
                              "Set [model] trust_remote_code = true and pass --trust-remote-code.", **details)
     if notes:
-        return Result.warned(f"{summary}; {notes[0]}", None, **details)
+        rem = next((f.fix for f in load.warnings if f.fix), None)
+        return Result.warned(f"{summary}; {notes[0]}", rem, **details)
     return Result.passed(summary, **details)
+
+
+def _tokenizer_load(ctx: Context, fact: dict[str, Any]) -> TokenizerVerdict:
+    """The tokenizer loaded in the service's interpreter (fact ``model.tokenizer``), judged with the files."""
+    tok = _optional(ctx, "model.tokenizer")
+    if not isinstance(tok, dict) or not tok.get("given"):
+        return TokenizerVerdict(not_judged="the tokenizer load was not collected (fact model.tokenizer)")
+    view, _ = _config_view(fact)
+    verdict = judge_files(tok, view.int_field("vocab_size") if view else None, ctx.expect("model.repo"),
+                          named_reported=True)
+    return judge_load(tok, view.model_type if view else None, ctx.expect("model.repo"), verdict)
 
 
 # -- model.drafter --------------------------------------------------------------------------------
@@ -563,16 +627,28 @@ def model_tokenizer(ctx: Context) -> Result:
        needs=("drafter", "model"), fixer="model.redownload", timeout=120)
 def model_drafter(ctx: Context) -> Result:
     """The DFlash draft model: config.json valid (block_size >= 1; target_layer_ids integers within the
-    target's layers; mask_token_id inside the vocabulary; hidden size and vocabulary equal to the target's;
-    the profile's architectures), and its shards valid by the same validator as the target's
-    (model.shards).
+    target's layers and as many as the drafter's fc takes; mask_token_id inside the vocabulary; hidden size
+    and vocabulary equal to the target's; the profile's architectures, and ones SGLang runs under the
+    profile's --speculative-algorithm: no EAGLE3 drafter under DDTREE), its shards valid by the same validator
+    as the target's (model.shards), not the target's own directory; under DDTREE the drafter's block against
+    --speculative-ddtree-budget (budget >= block - 1) and --attention-backend triton; the attention backend
+    the DFlash draft will get (not an MLA-only one, which SGLang silently replaces).
 
-    Why: SGLang rejects an inconsistent drafter only after the target loaded (minutes). Fix by hand:
-    use the drafter trained for this target, downloaded whole."""
+    Why: SGLang rejects an inconsistent drafter only after the target loaded (minutes), or runs it on another
+    backend than asked. Fix by hand: use the drafter trained for this target, downloaded whole, at its own
+    path; the flags the result names."""
     fact = ctx.fact("drafter")
     early = _dir_problem(fact, "drafter")
     if early is not None:
         return early
+    if same_directory(fact, _optional(ctx, "model") or {}):
+        repo = ctx.expect("drafter.repo") or "<drafter repo>"
+        return Result.failed(f"the draft model path {fact.get('path')} is the target model's directory: the server "
+                             "would load the target itself as its drafter",
+                             Remediation("Point --draft-model-path ([drafter] path) at the drafter's own directory; "
+                                         "download it if it is not there:",
+                                         [shlex.join(["hf", "download", str(repo), "--local-dir", "<drafter dir>"])]),
+                             path=fact.get("path"), realpath=fact.get("realpath"))
     weights = judge_weights(ctx, fact, "drafter", "drafter.repo")
     problems: list[str] = []
     cfg = fact.get("config") or {}
@@ -633,12 +709,22 @@ def model_drafter(ctx: Context) -> Result:
             problems.append(f"vocab_size is {vocab!r}, the target's is {t_vocab}")
         details.update(block_size=bs, target_layer_ids=ids, mask_token_id=mtid, hidden_size=hs, vocab_size=vocab,
                        target_checked=tview is not None)
-    details["problems"] = problems
+    pairing = _pairing(ctx, d, tview, fact) if d else []
+    problems += [f.message for f in pairing if f.severity == "fail"]
+    warnings = [f.message for f in pairing if f.severity == "warn"]
+    details.update(problems=problems, warnings=warnings)
     if problems or weights.status.failed:
         first = problems[0] if problems else weights.summary
         n = len(problems) + (1 if weights.status.failed and problems else 0)
-        rem = weights.remediation or Remediation("Use the DFlash drafter trained for this target model.")
+        fixes = [f for f in pairing if f.severity == "fail"]
+        rem = weights.remediation or (Remediation(fixes[0].fix, [c for f in fixes for c in f.commands])
+                                      if fixes and len(fixes) == len(problems) else
+                                      Remediation("Use the DFlash drafter trained for this target model."))
         return Result.failed(f"drafter: {first}" + (f" (+{n - 1} more)" if n > 1 else ""), rem, **details)
+    if warnings:
+        fix = next(f.fix for f in pairing if f.severity == "warn")
+        return Result.warned(f"drafter: {warnings[0]}" + (f" (+{len(warnings) - 1} more)" if len(warnings) > 1 else ""),
+                             Remediation(fix), **details)
     note = "" if tview is not None else " (target config unavailable: consistency not checked)"
     name = ", ".join(d.get("architectures") or ["drafter"])
     if weights.status.value == "warn":
@@ -646,6 +732,20 @@ def model_drafter(ctx: Context) -> Result:
     summ = weights.summary.split(":")[0]
     res_cls = Result.passed if tview is not None else Result.warned
     return res_cls(f"{name}: {summ}, config consistent with the target{note}", **details)
+
+
+def _pairing(ctx: Context, draft: dict[str, Any], tview: ConfigView | None, fact: dict[str, Any]) -> list[DraftFinding]:
+    """The drafter against the target's config and the server command (doctor.model.drafter)."""
+    try:
+        args, _ = build_server_args(ctx.settings, placeholders=True)
+    except ConfigError:
+        args = []  # sglang.flags names the broken server settings
+    budget = ctx.expect("server.ddtree_budget")
+    return judge_pairing(draft, target_archs=tview.architectures if tview else [],
+                         target_is_mla=bool(tview and tview.int_field("kv_lora_rank")),
+                         target_hidden=tview.int_field("hidden_size") if tview else None,
+                         draft_tensors=fact.get("tensors"), algorithm=ctx.expect("server.speculative_algorithm"),
+                         server_args=args, budget=budget if type(budget) is int else None)
 
 
 # -- model.fit ------------------------------------------------------------------------------------

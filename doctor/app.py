@@ -124,10 +124,15 @@ def selected_checks(settings: Settings, registry: Registry | None = None) -> lis
 
 
 def run(settings: Settings, on_result: Callable[[Result], None] | None = None,
-        checks: list[Check] | None = None, registry: Registry | None = None) -> tuple[Report, Context]:
+        checks: list[Check] | None = None, registry: Registry | None = None,
+        progress: Callable[[str], None] | None = None) -> tuple[Report, Context]:
     reg = registry or registry_for(settings)
     ctx = make_context(settings, reg)
     chosen = selected_checks(settings, reg) if checks is None else checks
+    if settings.wait_fabric and settings.snapshot is None and any("nvml" in c.needs for c in chosen):
+        from doctor.gpu.fabric import wait_before_checks  # --wait-fabric / launch: fabric readiness first
+
+        wait_before_checks(ctx, reg.collectors, progress or _say_stderr)
     outcome = _runner.run_checks(chosen, ctx, on_result=on_result)
     for module, why in sorted(reg.load_errors.items()):  # fail closed: checks of that module are missing
         res = Result.errored(f"built-in module {module} failed to import: {why}")
@@ -137,6 +142,11 @@ def run(settings: Settings, on_result: Callable[[Result], None] | None = None,
     if settings.from_snapshot:
         notes.append(f"judged from snapshot {settings.from_snapshot}, not the live host")
     return Report(settings, outcome, notes), ctx
+
+
+def _say_stderr(msg: str) -> None:
+    sys.stderr.write(f"k26-doctor: {msg}\n")
+    sys.stderr.flush()
 
 
 def run_checks(settings: Settings) -> Report:

@@ -217,18 +217,13 @@ def k26_config(spec: K26Spec) -> dict[str, Any]:
     return cfg
 
 
-TOKENIZER_CONFIG = {
-    "tokenizer_class": "TikTokenTokenizer",
-    "auto_map": {"AutoTokenizer": ["tokenization_kimi.TikTokenTokenizer", None]},
-    "bos_token": "[BOS]", "eos_token": "[EOS]", "pad_token": "[PAD]", "model_max_length": 262144,
-}
+def write_tokenizer_files(model_dir: str, vocab_size: int = 163840) -> None:
+    """The files the server's tokenizer needs: a valid tiktoken.model and a tokenizer_config.json with Kimi's
+    special tokens (model_replica_tokenizer); placeholder remote code and a minimal chat template."""
+    from model_replica_tokenizer import write_kimi_vocab
 
-
-def write_tokenizer_files(model_dir: str) -> None:
-    """The files the server's tokenizer needs, with placeholder content (K2.6 ships these names)."""
+    write_kimi_vocab(model_dir, vocab_size)
     files = {
-        "tokenizer_config.json": json.dumps(TOKENIZER_CONFIG, indent=2),
-        "tiktoken.model": "IQ== 0\nIg== 1\n",
         "tokenization_kimi.py": "# placeholder for the remote-code tokenizer\n",
         "chat_template.jinja": "{% for m in messages %}{{ m['content'] }}{% endfor %}\n",
         "configuration_kimi_k25.py": "# placeholder for remote code\n",
@@ -259,7 +254,7 @@ def build_k26_replica(model_dir: str, spec: K26Spec | None = None, *, tokenizer:
     with open(os.path.join(model_dir, "config.json"), "w", encoding="utf-8") as fh:
         json.dump(k26_config(spec), fh, indent=2)
     if tokenizer:
-        write_tokenizer_files(model_dir)
+        write_tokenizer_files(model_dir, spec.vocab_size)
     return {"dir": model_dir, "shards": spec.shards, "tensors": len(weight_map), "data_bytes": total,
             "apparent_bytes": apparent}
 

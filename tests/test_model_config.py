@@ -161,9 +161,12 @@ def test_generic_model(tmp_path):
 
 # -- model.tokenizer ------------------------------------------------------------------------------
 
-def test_tokenizer_passes_and_says_remote_code(tmp_path, model):
+def test_tokenizer_files_pass_and_say_remote_code(tmp_path, model):
+    """The files are judged; the load is not (this interpreter has no transformers: see
+    test_model_tokenizer.py for the load in real ones), so the verdict is skip, never pass."""
     res = judge(tmp_path, model, "model.tokenizer")
-    assert res.status.value == "pass", res.summary
+    assert res.status.value == "skip", res.summary
+    assert "transformers is not importable" in res.summary
     assert "needs --trust-remote-code" in res.summary and res.details["trust_remote_code_required"]
 
 
@@ -253,7 +256,8 @@ def test_snapshot_redaction_keeps_the_verdicts(tmp_path, model):
     live = make_ctx(tmp_path, model, d)
     ids = ("model.shards", "model.config", "model.tokenizer", "model.drafter")
     verdicts = {i: run(live, i) for i in ids}
-    facts = {n: redact(json.loads(json.dumps(live.fact(n)))) for n in ("model", "model.tensors", "drafter")}
+    facts = {n: redact(json.loads(json.dumps(live.fact(n)))) for n in ("model", "model.tensors", "drafter",
+                                                                        "model.tokenizer")}
     replay = make_ctx(tmp_path, model, d, facts=facts)
     for i in ids:
         again = run(replay, i)

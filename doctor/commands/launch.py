@@ -103,6 +103,8 @@ def launch(flags: dict[str, Any], dry_run: bool, no_check: bool, no_flag_check: 
     from doctor.service.launcher import build_plan, exec_plan
 
     settings = settings_from(flags)
+    if settings.wait_fabric is None:  # the gate waits for fabric registration as the profile says
+        settings.wait_fabric = settings.fabric_wait_s
     if settings.from_snapshot:
         _say("cannot launch from a snapshot (it judges another host)")
         sys.exit(EXIT_USAGE)

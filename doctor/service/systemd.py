@@ -1,11 +1,12 @@
 """The systemd unit of the service: checked before every start, ready only when SGLang answers.
 
 * ``ExecStartPre=`` runs ``k26-doctor check`` (fast tier: no ``--deep``) with the same config and
-  profile, so a host that cannot serve never starts the server.
+  profile, so a host that cannot serve never starts the server; it first waits (``--wait-fabric``,
+  the profile's ``[gpu] fabric_wait_s``) for the NVSwitch fabric, which registers minutes after boot.
 * ``ExecStart=`` runs ``k26-doctor launch --no-check --wait``: no second check run (the flag check
   against SGLang's sources stays: it is cheap and judges the exact argv), the server as a child,
   ``READY=1`` to systemd (``Type=notify``) once ``/health`` answers 200, signals forwarded.
-* ``TimeoutStartSec=`` covers the checks, reading the weights (~595 GB) and CUDA graph capture.
+* ``TimeoutStartSec=`` covers the checks, the fabric wait, reading the weights (~595 GB) and CUDA graph capture.
 * ``Restart=on-failure`` with ``RestartPreventExitStatus=2 3``: 2 is an invalid configuration
   (the doctor's) or an argparse rejection (SGLang's), 3 a doctor that could not run; restarting
   cannot fix either. systemd tests that list against the main process only, so a failing
@@ -55,13 +56,21 @@ def start_timeout(settings: Settings, override: float | None = None) -> tuple[in
         return int(override), "given on the command line"
     size, how = weights_bytes(settings)
     load = size / MIN_READ_BYTES_PER_S
-    computed = CHECKS_S + load + GRAPH_CAPTURE_S
+    fabric = fabric_wait(settings)
+    computed = CHECKS_S + fabric + load + GRAPH_CAPTURE_S
     profile = settings.get("server.start_timeout_s")
     chosen = max(computed, float(profile or 0))
-    why = (f"checks {CHECKS_S}s + weights {size / 1e9:.0f} GB ({how}) at >= {MIN_READ_BYTES_PER_S / 1e9:g} GB/s "
+    why = (f"checks {CHECKS_S}s" + (f" + fabric wait {fabric:g}s" if fabric else "")
+           + f" + weights {size / 1e9:.0f} GB ({how}) at >= {MIN_READ_BYTES_PER_S / 1e9:g} GB/s "
            f"= {load:.0f}s + CUDA graphs/warm-up {GRAPH_CAPTURE_S}s = {computed:.0f}s"
            + (f"; profile start_timeout_s {profile}" if profile else ""))
     return int(math.ceil(chosen / 60.0) * 60), why
+
+
+def fabric_wait(settings: Settings) -> float:
+    """Seconds ExecStartPre waits for NVSwitch fabric registration: --wait-fabric, else [gpu] fabric_wait_s."""
+    value = settings.wait_fabric if settings.wait_fabric is not None else settings.fabric_wait_s
+    return float(value or 0)
 
 
 def doctor_command() -> list[str]:
@@ -110,9 +119,11 @@ def render_unit(settings: Settings, *, config: str | None, doctor: list[str] | N
     unit = str(settings.get("server.unit", DEFAULT_UNIT))
     env_file = settings.get("server.env_file")
     pre = [*doctor, "check", *sel, "--format", "text"]
+    if fabric_wait(settings):  # after boot the fabric takes minutes to register: wait, bounded, then judge
+        pre += ["--wait-fabric", f"{fabric_wait(settings):g}"]
     # The doctor gives up (and stops the server, exit 1) just before systemd would kill it: a clear
     # message in the journal instead of a bare "start operation timed out".
-    wait = max(60, timeout - CHECKS_S - (SMOKE_S if smoke else 0))
+    wait = max(60, int(timeout - CHECKS_S - fabric_wait(settings) - (SMOKE_S if smoke else 0)))
     start = [*doctor, "launch", *sel, "--no-check", "--wait", "--wait-timeout", str(wait)]
     if extra:
         start += ["--", *extra]
