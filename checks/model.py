@@ -15,6 +15,7 @@ from doctor.core.registry import check
 from doctor.core.result import Remediation, Result
 from doctor.core.settings import ConfigError
 from doctor.facts.store import FactUnavailable, MalformedFact
+from doctor.model import memory
 from doctor.model.drafter import DraftFinding, judge_pairing, same_directory
 from doctor.model.modelconfig import ConfigView, is_pos_int, json_data, read_config
 from doctor.model.remote_code import download_command
@@ -749,58 +750,55 @@ def _pairing(ctx: Context, draft: dict[str, Any], tview: ConfigView | None, fact
 
 # -- model.fit ------------------------------------------------------------------------------------
 
-REPLICATED_MARKERS = ("q_a_proj", "kv_a_proj_with_mqa", "layernorm", ".norm.", "norm.weight", ".mlp.gate.",
-                      "vision_tower.", "mm_projector.", "e_score_correction_bias")
-
-
 def split_bytes(summary: dict[str, Any] | None, total: int) -> tuple[int, int]:
-    """(sharded, replicated) bytes under TP: MLA's down projections, routers, norms and the vision tower
-    are replicated on every rank in SGLang; everything else is split."""
-    if not summary:
-        return total, 0
-    rep = 0
-    sharded = 0
-    for pat, v in (summary.get("patterns") or {}).items():
-        if any(m in pat for m in REPLICATED_MARKERS):
-            rep += v["bytes"]
-        else:
-            sharded += v["bytes"]
-    return sharded, rep
+    """(sharded, replicated) bytes of the target under TP (``doctor.model.memory.split_weights``)."""
+    w = memory.split_weights((summary or {}).get("patterns"), total, 1)
+    return w.sharded, w.replicated
 
 
 def kv_bytes_per_token(view: ConfigView | None, tp: int, kv_dtype: Any = None) -> int | None:
-    """KV cache bytes per token on one GPU. MLA (DeepSeek-V3/K2) caches one latent of kv_lora_rank +
-    qk_rope_head_dim per layer, the same on every TP rank; other models cache K and V per KV head,
-    split over TP."""
-    if view is None:
+    """KV cache bytes per token on one GPU (``doctor.model.memory.kv_cell``): MLA caches one latent of
+    kv_lora_rank + qk_rope_head_dim per layer on every TP rank; others K and V per KV head, split over TP."""
+    g = memory.geometry(view.text) if view is not None else None
+    if g is None:
         return None
-    elem = 1 if isinstance(kv_dtype, str) and "fp8" in kv_dtype else 2
-    layers = view.int_field("num_hidden_layers")
-    if not layers:
-        return None
-    lora, rope = view.int_field("kv_lora_rank"), view.int_field("qk_rope_head_dim")
-    if lora and rope:
-        return layers * (lora + rope) * elem
-    heads = view.int_field("num_key_value_heads") or view.int_field("num_attention_heads")
-    hidden, n_heads = view.int_field("hidden_size"), view.int_field("num_attention_heads")
-    head_dim = view.int_field("head_dim") or (hidden // n_heads if hidden and n_heads else None)
-    if not heads or not head_dim:
-        return None
-    return layers * 2 * max(1, heads // tp) * head_dim * elem
+    return memory.kv_cell(g, tp, 1 if isinstance(kv_dtype, str) and "fp8" in kv_dtype else 2)
 
 
-@check("model.fit", "Weights per GPU plus headroom fit in GPU memory", needs=("nvml", "model", "model.tensors",
-                                                                         "drafter"), timeout=120)
+def _fraction_given(args: list[str], ctx: Context) -> float | None:
+    f = memory.parse_server_args(args).get("mem_fraction")
+    if f is None:
+        f = ctx.expect("server.mem_fraction_static")
+    return float(f) if isinstance(f, (int, float)) and not isinstance(f, bool) and 0 < f <= 1 else None
+
+
+def _largest(items: dict[str, int], n: int = 3) -> str:
+    top = sorted(items.items(), key=lambda kv: -kv[1])[:n]
+    return ", ".join(f"{k} {_fmt_bytes(v)}" for k, v in top)
+
+
+@check("model.fit", "Weights per GPU plus headroom fit in GPU memory: the --mem-fraction-static window",
+       needs=("nvml", "model", "model.tensors", "drafter"), timeout=120)
 def model_fit(ctx: Context) -> Result:
-    """Estimates the weights each GPU holds under the profile's parallelism (TP-split tensors / TP plus
-    the tensors SGLang replicates on every rank: MLA down-projections, routers, norms, the vision tower)
-    plus the whole drafter (counted replicated, conservatively), and compares with the static memory pool
-    SGLang reserves (server.mem_fraction_static x total memory) and with free memory now. What remains of
-    the pool is the KV cache; what lies outside it holds CUDA graphs and activations.
+    """Computes, before a load that takes many minutes, the --mem-fraction-static values that work, as
+    SGLang 0.5.23 accounts memory (``doctor/model/memory.py``, constants in
+    ``doctor/data/sglang_memory.toml``): SGLang measures the free memory `pre` before loading, puts the
+    target's and the drafter's weights (TP-split tensors / TP, plus what every rank keeps whole: MLA's
+    down projections, routers, norms, the vision tower; the drafter's fc and norms) and the KV cache in
+    `pre x f`, and leaves `pre x (1 - f)` for the rest: the attention backend's CUDA-graph buffers (with
+    DDTree the verify width is budget + 1 tokens per request: Triton's graph logits, KV indices and tree
+    mask grow with max_bs x (budget + 1) x context), the graphs' logits buffer, prefill activations,
+    the request table, NCCL. f_min is where the KV cache holds what the profile asks (one request at the
+    full context, or `kv_tokens_per_request` for every running request; MLA: (kv_lora_rank +
+    qk_rope_head_dim) x layers x 2 bytes per token, plus the DFlash drafter's cell); f_max is where the
+    outside still fits. Fails when no value works or the weights do not fit; warns when the profile's
+    value lies outside the window; reports a recommended value (the largest that leaves the outside its
+    room, to 0.01).
 
-    Why: too little memory fails after minutes of loading, or leaves a KV cache too small to serve.
-    Fix by hand: more GPUs (a larger TP), a larger mem_fraction_static if the headroom allows, a smaller
-    drafter."""
+    Why: "raise or lower --mem-fraction-static?" is the question SGLang answers only after loading (and
+    with a large speculative verify width there may be no answer at all). Fix by hand: set
+    [server] mem_fraction_static to the recommended value; lower the context length, max running
+    requests, the CUDA graphs' max batch size or the DDTree budget; or use more GPUs."""
     try:
         nvml = ctx.fact("nvml")
     except FactUnavailable as exc:
@@ -819,64 +817,126 @@ def model_fit(ctx: Context) -> Result:
     total = totals.get("data_bytes") or 0
     if not total or totals.get("shards_ok") != totals.get("shards"):
         return Result.skipped("cannot size the weights: shards are not all valid (see model.shards)")
+    c = memory.constants()
     tp = ctx.settings.tp
     world = ctx.settings.world_size
     summary = (_optional(ctx, "model.tensors") or {}).get("summary")
-    sharded, replicated = split_bytes(summary, total)
+    target_w = memory.split_weights((summary or {}).get("patterns"), total, tp)
     draft = _optional(ctx, "drafter") or {}
-    draft_bytes = ((draft.get("weights") or {}).get("totals") or {}).get("data_bytes") or 0
-    per_gpu = math.ceil(sharded / tp) + replicated + draft_bytes
-    frac = ctx.expect("server.mem_fraction_static")
-    frac_note = ""
-    if not isinstance(frac, (int, float)) or not 0 < frac <= 1:
-        frac, frac_note = 0.85, " (mem_fraction_static not set: assuming 0.85)"
-    min_kv = float(ctx.expect("model.min_kv_cache_gib", 4)) * GIB
-    min_outside = float(ctx.expect("model.min_graph_headroom_gib", 2)) * GIB
-    used_devs = devices[:world]
+    draft_total = ((draft.get("weights") or {}).get("totals") or {}).get("data_bytes") or 0
+    draft_w = memory.split_weights((draft.get("tensors") or {}).get("patterns"), draft_total, tp, draft=True)
+    weights = target_w.per_gpu + (draft_w.per_gpu if draft_total else 0)
+    view, _ = _config_view(fact)
+    tgeom = memory.geometry(view.text) if view is not None else None
+    dcfg = json_data(draft.get("config")) if draft.get("given") else None
+    dgeom = memory.geometry(dcfg) if isinstance(dcfg, dict) else None
+    dflash = (dcfg.get("dflash_config") if isinstance(dcfg, dict) else None) or {}
+    block = dflash.get("block_size", (dcfg or {}).get("block_size") if isinstance(dcfg, dict) else None)
+    try:
+        args = build_server_args(ctx.settings, placeholders=True)[0]
+        args_note = None
+    except ConfigError as exc:
+        args, args_note = [], f"server arguments unreadable ({exc}): SGLang's defaults assumed"
+    used = devices[:world]
     rows = []
-    worst = None
-    for dev in used_devs:
+    overhead = memory.runtime_overhead(tp, int(ctx.expect("parallel.pp", 1) or 1), c)
+    for dev in used:
         mem = dev["memory"]
         tot, free = int(mem.get("total") or 0), int(mem.get("free") or 0)
-        pool = tot * frac
-        usable_now = free - tot * (1 - frac)
-        kv_total = pool - per_gpu
-        kv_now = usable_now - per_gpu
-        row = {"index": dev.get("index"), "name": dev.get("name"), "total": tot, "free": free,
-               "static_pool": int(pool), "kv_cache_bytes": int(kv_total), "kv_cache_bytes_now": int(kv_now),
-               "outside_pool": int(tot - pool)}
-        rows.append(row)
-        if worst is None or kv_now < worst["kv_cache_bytes_now"]:
-            worst = row
-    assert worst is not None
-    details = {"weights_total": total, "sharded": sharded, "replicated": replicated, "drafter": draft_bytes,
-               "per_gpu_weights": per_gpu, "tp": tp, "mem_fraction_static": frac, "devices": rows,
-               "min_kv_cache_bytes": int(min_kv)}
-    view, _ = _config_view(fact)
-    per_token = kv_bytes_per_token(view, tp, ctx.expect("server.kv_cache_dtype"))
-    tokens = ""
-    if per_token:
-        details["kv_bytes_per_token"] = per_token
-        details["kv_tokens"] = max(0, int(worst["kv_cache_bytes_now"] // per_token))
-        tokens = f" (~{details['kv_tokens']:,} tokens)"
+        rows.append({"index": dev.get("index"), "name": dev.get("name"), "total": tot, "free": free,
+                     "pre": max(0, free - overhead)})
+    worst = min(rows, key=lambda r: r["pre"])
     gpu = f"GPU {worst['index']} ({worst['name']}, {_fmt_bytes(worst['total'])})"
-    head = (f"{_fmt_bytes(per_gpu)} of weights per GPU (TP{tp}{' + drafter' if draft_bytes else ''})")
-    rem = Remediation("Use more GPUs (a larger TP/EP), a profile for larger GPUs, or raise mem_fraction_static "
-                      "if the headroom outside the pool allows.", ["nvidia-smi --query-gpu=index,memory.total,"
-                                                                   "memory.used --format=csv"])
-    if len(used_devs) < world:
-        details["note"] = f"only {len(used_devs)} GPUs visible for a world size of {world}"
-    if worst["kv_cache_bytes"] <= 0:
-        return Result.failed(f"{head} exceed the static pool {_fmt_bytes(worst['static_pool'])} "
-                             f"({frac:g} x {_fmt_bytes(worst['total'])}) of {gpu}{frac_note}", rem, **details)
-    if worst["kv_cache_bytes_now"] <= 0:
-        return Result.failed(f"{head}: {gpu} has only {_fmt_bytes(worst['free'])} free now; other processes hold "
-                             "memory (see gpu.idle)", rem, **details)
-    if worst["kv_cache_bytes_now"] < min_kv:
-        return Result.warned(f"{head} leave {_fmt_bytes(worst['kv_cache_bytes_now'])} for the KV cache on {gpu} "
-                             f"(want >= {_fmt_bytes(min_kv)}){frac_note}", rem, **details)
-    if worst["outside_pool"] < min_outside:
-        return Result.warned(f"{head} fit, but only {_fmt_bytes(worst['outside_pool'])} stays outside the pool for "
-                             f"CUDA graphs and activations (mem_fraction_static {frac:g})", rem, **details)
-    return Result.passed(f"{head} + {_fmt_bytes(worst['kv_cache_bytes_now'])} KV cache{tokens} fit in "
-                         f"{frac:g} x {_fmt_bytes(worst['total'])} on the tightest GPU{frac_note}", **details)
+    f = _fraction_given(args, ctx)
+    details: dict[str, Any] = {
+        "weights_total": total, "sharded": target_w.sharded, "replicated": target_w.replicated,
+        "drafter": draft_total, "drafter_per_gpu": draft_w.per_gpu if draft_total else 0,
+        "per_gpu_weights": weights, "tp": tp, "mem_fraction_static": f, "devices": rows,
+        "runtime_overhead": overhead, "pre": worst["pre"]}
+    notes = [n for n in (args_note,) if n]
+    if len(used) < world:
+        notes.append(f"only {len(used)} GPUs visible for a world size of {world}")
+    rem_more = Remediation("Use more GPUs (a larger TP), a profile for larger GPUs, or a smaller drafter.",
+                           ["nvidia-smi --query-gpu=index,memory.total,memory.used --format=csv"])
+    held = worst["total"] - worst["free"]
+    busy = f" (other processes hold {_fmt_bytes(held)} of it now: see gpu.idle)" if held > 2 * GIB else ""
+    if f is not None and weights >= worst["pre"] * f:
+        more = ", and even all of its free memory" if weights >= worst["pre"] else ""
+        return Result.failed(f"{_fmt_bytes(weights)} of weights per GPU (TP{tp}"
+                             f"{' + drafter' if draft_total else ''}) exceed the static pool "
+                             f"{_fmt_bytes(worst['pre'] * f)} ({f:g} x {_fmt_bytes(worst['pre'])} free now) of "
+                             f"{gpu}{more}{busy}", rem_more, notes=notes, **details)
+    if weights >= worst["pre"]:
+        return Result.failed(f"{_fmt_bytes(weights)} of weights per GPU exceed the {_fmt_bytes(worst['pre'])} "
+                             f"SGLang would find free on {gpu}{busy}", rem_more, notes=notes, **details)
+    if tgeom is None:
+        return Result.warned(f"{_fmt_bytes(weights)} of weights per GPU fit in {_fmt_bytes(worst['pre'])} on {gpu}; "
+                             "the KV cache and the graph buffers cannot be sized: config.json lacks the attention "
+                             "geometry (see model.config)", None, notes=notes, **details)
+    shape = memory.server_shape(args, tgeom, gpu_gib=min(r["total"] for r in rows) / GIB,
+                                draft_block=block if is_pos_int(block) else None, c=c)
+    notes += shape.notes
+    speculative_draft = shape.algorithm in memory.DFLASH_FAMILY and dgeom is not None
+    cell = memory.kv_cell(tgeom, tp, shape.kv_bytes) + (memory.kv_cell(dgeom, tp, shape.kv_bytes)
+                                                        if speculative_draft else 0)
+    requests = shape.max_running_requests
+    per_request = ctx.settings.kv_tokens_per_request
+    need = shape.context_len
+    if per_request and requests:
+        need = max(need, requests * per_request)
+    if requests and shape.algorithm != "NONE":
+        need += requests * 2 * shape.verify_width  # the per-step KV reservation of speculative decoding
+    min_kv = ctx.expect("model.min_kv_cache_gib")
+    if isinstance(min_kv, (int, float)) and not isinstance(min_kv, bool) and min_kv > 0:
+        need = max(need, math.ceil(min_kv * GIB / cell))
+    outside = memory.outside_pool(tgeom, shape, draft=dgeom if speculative_draft else None,
+                                  sms=memory.sm_count(worst["name"], c), c=c)
+    if not requests:
+        kv_guess = max(1, int(worst["pre"] * (f or 0.85) - weights) // cell)
+        requests = memory.auto_max_running(kv_guess, shape.context_len, c)
+    outside["request table"] = memory.req_to_token_bytes(shape, requests, c)
+    win = memory.window(pre=worst["pre"], weights=weights, cell=cell, need_tokens=need, outside=outside)
+    details.update(window=win.to_dict(), shape=vars(shape), kv_bytes_per_token=cell, kv_tokens_needed=need,
+                   sglang_reserve=memory.sglang_reserve(shape, tgeom.mla, c), recommended=win.recommended,
+                   f_min=win.f_min, f_max=win.f_max, notes=notes)
+    span = f"[{win.f_min:.3f}, {win.f_max:.3f}]"
+    what = (f"{_fmt_bytes(weights)} weights + KV for {need:,} tokens ({_fmt_bytes(win.need_kv)}) inside, "
+            f"{_fmt_bytes(sum(outside.values()))} outside ({_largest(outside)})")
+    set_cmd = (["# [server] mem_fraction_static = " + f"{win.recommended:g}"] if win.recommended else [])
+    if win.empty:
+        return Result.failed(
+            f"no --mem-fraction-static works on {gpu}: it needs >= {win.f_min:.3f} for {what.split(' inside')[0]} "
+            f"but <= {win.f_max:.3f} for {_fmt_bytes(sum(outside.values()))} outside the pool "
+            f"({_largest(outside)})",
+            Remediation("Lower the context length, --max-running-requests, the CUDA graphs' max batch size or the "
+                        "DDTree budget; or use more GPUs.",
+                        ["k26-doctor check --only model.fit -v --context-length N --max-running-requests R"]),
+            **details)
+    kv_at = win.kv_tokens(f) if f is not None else None
+    details["kv_tokens"] = kv_at
+    if f is None:
+        auto = memory.sglang_auto_fraction(shape, tgeom.mla, worst["total"], c)
+        details["sglang_auto_fraction"] = auto
+        verdict = (f"SGLang would pick {auto:.3f}: inside" if win.f_min <= auto <= win.f_max
+                   else f"SGLang would pick {auto:.3f}: outside it")
+        return Result.warned(f"window {span}, recommended {win.recommended:g}; mem_fraction_static not set, "
+                             f"{verdict} ({what})",
+                             Remediation("Set the fraction in the profile or config:", set_cmd), **details)
+    if f < win.f_min:
+        return Result.warned(f"mem_fraction_static {f:g} is below the window {span}: a KV cache of "
+                             f"{kv_at:,} tokens where {need:,} are needed (context {shape.context_len:,}"
+                             f"{', ' + str(requests) + ' requests' if per_request else ''}); "
+                             f"recommended {win.recommended:g} on {gpu}",
+                             Remediation("Raise it (or lower the context length):", set_cmd), **details)
+    if f > win.f_max:
+        left = worst["pre"] * (1 - f)
+        return Result.warned(f"mem_fraction_static {f:g} is above the window {span}: it leaves "
+                             f"{_fmt_bytes(left)} outside the pool where {_fmt_bytes(sum(outside.values()))} are "
+                             f"needed ({_largest(outside)}): out of memory at CUDA-graph capture or the first long "
+                             f"prefill; recommended {win.recommended:g} on {gpu}",
+                             Remediation("Lower it (or the CUDA graphs' max batch size / the DDTree budget):",
+                                         set_cmd), **details)
+    return Result.passed(f"mem_fraction_static {f:g} inside the window {span} (recommended {win.recommended:g}): "
+                         f"{_fmt_bytes(weights)} of weights per GPU + KV for {kv_at:,} tokens "
+                         f"({need:,} needed), {_fmt_bytes(worst['pre'] * (1 - f))} left outside for "
+                         f"{_fmt_bytes(sum(outside.values()))} on the tightest GPU", **details)

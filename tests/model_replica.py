@@ -297,3 +297,20 @@ def build_dflash_replica(model_dir: str, target: K26Spec | None = None, **kw: An
     with open(os.path.join(model_dir, "config.json"), "w", encoding="utf-8") as fh:
         json.dump(cfg, fh, indent=2)
     return {"dir": model_dir, "apparent_bytes": size, "tensors": len(tensors)}
+
+
+def k26_patterns(spec: K26Spec | None = None) -> tuple[dict[str, dict[str, int]], int]:
+    """The checkpoint's tensors folded into the tensor summary's patterns (layer and expert numbers as
+    ``#``) with their bytes, and the total: what ``model.tensors`` reports for the full layout, without
+    writing it."""
+    import re
+
+    num = re.compile(r"\.\d+(?=[.\n]|\Z)")
+    pats: dict[str, dict[str, int]] = {}
+    total = 0
+    for group in k26_tensors(spec or K26Spec()):
+        for name, dtype, shape in group:
+            n = nbytes(dtype, shape)
+            total += n
+            pats.setdefault(num.sub(".#", name), {"bytes": 0})["bytes"] += n
+    return pats, total

@@ -209,10 +209,11 @@ def _stop(child: subprocess.Popen[Any], grace: float = 30.0) -> None:
 @click.option("--doctor", "doctor_path", default=None,
               help="Command that runs k26-doctor in the unit, e.g. '/opt/k26/bin/k26-doctor' (default: this one).")
 @click.option("--no-diagnose", is_flag=True, help="No ExecStopPost diagnosis of a failed start.")
+@click.option("--smoke", is_flag=True, help="ExecStartPost: `k26-doctor smoke` once the server is ready.")
 @click.argument("server_args", nargs=-1, type=click.UNPROCESSED)
 @guarded
 def systemd_unit(flags: dict[str, Any], user: str | None, start_timeout: float | None, doctor_path: str | None,
-                 no_diagnose: bool, server_args: tuple[str, ...]) -> None:
+                 no_diagnose: bool, smoke: bool, server_args: tuple[str, ...]) -> None:
     """Print a systemd unit: ExecStartPre runs `k26-doctor check`, ExecStart launches the server.
 
     Install: `k26-doctor systemd-unit --config /etc/k26-doctor/config.toml > /etc/systemd/system/UNIT`.
@@ -228,7 +229,8 @@ def systemd_unit(flags: dict[str, Any], user: str | None, start_timeout: float |
     import shlex
 
     text = render_unit(settings, config=config, doctor=shlex.split(doctor_path) if doctor_path else None, user=user,
-                       timeout_override=start_timeout, extra=list(server_args), diagnose_on_failure=not no_diagnose)
+                       timeout_override=start_timeout, extra=list(server_args), diagnose_on_failure=not no_diagnose,
+                       smoke=smoke)
     if flags.get("output"):
         Path(flags["output"]).write_text(text, encoding="utf-8")
         _say(f"unit written to {flags['output']}")

@@ -130,6 +130,19 @@ class Settings:
         "(check: no wait unless given; launch: the profile's gpu.fabric_wait_s)."))
     fabric_wait_s: float = setting(0.0, kind="seconds", profile_key="gpu.fabric_wait_s")  # launch's and the unit's wait
     disable_plugins: list[str] = setting(factory=list, kind="list")  # plugin entry points not loaded  # noqa: RUF009 (a field)
+    # The server's shape that memory depends on (model.fit's window; the launcher passes them to SGLang):
+    context_length: int | None = setting(kind="posint", flag="--context-length", profile_key="server.context_length",
+                                         help="The server's --context-length (default: the model's).")
+    max_running_requests: int | None = setting(kind="posint", flag="--max-running-requests",
+                                               profile_key="server.max_running_requests",
+                                               help="The server's --max-running-requests.")
+    cuda_graph_max_bs: int | None = setting(kind="posint", flag="--cuda-graph-max-bs",
+                                            profile_key="server.cuda_graph_max_bs",
+                                            help="The server's decode CUDA graphs' max batch size.")
+    kv_tokens_per_request: int | None = setting(kind="posint", flag="--kv-tokens-per-request",
+                                                profile_key="server.kv_tokens_per_request",
+                                                help="model.fit: KV tokens every running request must find at "
+                                                     "once (default: one request at the full context).")
     # Derived, not settings of their own:
     profile: dict[str, Any] = field(default_factory=dict, metadata={"collect": True})  # profile < config tables
     python_given: bool = False

@@ -27,6 +27,7 @@ from doctor.core.settings import Settings
 WEIGHTS_BYTES_DEFAULT = 595e9 + 6.5e9  # Kimi K2.6 INT4 (~595 GB) + the DFlash drafter (~6.5 GB)
 MIN_READ_BYTES_PER_S = 1.0e9  # cold page cache, one NVMe namespace, TP8 ranks reading concurrently
 GRAPH_CAPTURE_S = 600  # CUDA graph capture + warm-up for every batch size, DDTree verify graphs
+SMOKE_S = 120  # ExecStartPost: k26-doctor smoke's deadline
 CHECKS_S = 180  # ExecStartPre: the fast check tier with its per-check deadlines
 DEFAULT_UNIT = "sglang-k26-ddtree.service"
 
@@ -110,8 +111,8 @@ def selection_args(settings: Settings, config: str | None) -> list[str]:
 
 def render_unit(settings: Settings, *, config: str | None, doctor: list[str] | None = None,
                 user: str | None = None, timeout_override: float | None = None,
-                extra: list[str] | None = None, diagnose_on_failure: bool = True) -> str:
-    """The unit file text."""
+                extra: list[str] | None = None, diagnose_on_failure: bool = True, smoke: bool = False) -> str:
+    """The unit file text; ``smoke``: an ``ExecStartPost`` running ``k26-doctor smoke`` once the server is ready."""
     doctor = doctor or doctor_command()
     sel = selection_args(settings, config)
     timeout, why = start_timeout(settings, timeout_override)
@@ -122,7 +123,7 @@ def render_unit(settings: Settings, *, config: str | None, doctor: list[str] | N
         pre += ["--wait-fabric", f"{fabric_wait(settings):g}"]
     # The doctor gives up (and stops the server, exit 1) just before systemd would kill it: a clear
     # message in the journal instead of a bare "start operation timed out".
-    wait = max(60, int(timeout - CHECKS_S - fabric_wait(settings)))
+    wait = max(60, int(timeout - CHECKS_S - fabric_wait(settings) - (SMOKE_S if smoke else 0)))
     start = [*doctor, "launch", *sel, "--no-check", "--wait", "--wait-timeout", str(wait)]
     if extra:
         start += ["--", *extra]
@@ -155,6 +156,12 @@ def render_unit(settings: Settings, *, config: str | None, doctor: list[str] | N
         f"ExecStartPre={_quote(pre)}",
         f"ExecStart={_quote(start)}",
     ]
+    if smoke:
+        post = [*doctor, "smoke", *(["--config", config] if config else []), "--profile", settings.profile_name,
+                "--timeout", str(SMOKE_S)]
+        lines.append("# After READY=1: real requests; an error, a timeout or a drafter that does not match the target")
+        lines.append("# (accept length ~1) fails the start.")
+        lines.append(f"ExecStartPost={_quote(post)}")
     if diagnose_on_failure:
         lines.append("# After a failed start, map the journal to the check that would have caught it.")
         lines.append(f"ExecStopPost=-{_quote([*doctor, 'diagnose', '--journal', '%n', '--on-service-failure'])}"
