@@ -1,7 +1,12 @@
 """Real SGLang sources for tests: the released wheels, unpacked (sources only), never imported.
 
-The wheels live in ``$SGLANG_WHEELS`` (default ``/tmp/wheels``). When one is absent, CI fetches it
-with ``pip download --no-deps sglang==VERSION``; without network the tests that need it skip, saying so.
+One place finds a release's wheel (``locate_wheel``): the directory ``$SGLANG_WHEELS`` if set, else the
+per-user cache ``$XDG_CACHE_HOME/k26-doctor-tests`` (``~/.cache/k26-doctor-tests``). A wheel absent there is
+fetched into that directory with ``pip download --no-deps sglang==VERSION`` (CI has PyPI). Without network
+a test that needs it skips, saying why -- except under CI (``$CI`` set), where a missing wheel is a failure:
+CI reaches PyPI, so a skip there would hide a test that never ran.
+
+Importable without pytest (tests/ddtree_gpu_harness.py runs as a plain script).
 """
 
 from __future__ import annotations
@@ -10,32 +15,70 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 
-import pytest
-
-WHEELS = Path(os.environ.get("SGLANG_WHEELS", "/tmp/wheels"))
 VERSIONS = ("0.5.23", "0.5.13.post1")
 
 
+def wheel_dir() -> Path:
+    """Where the wheels are looked for and downloaded to."""
+    env = os.environ.get("SGLANG_WHEELS")
+    if env:
+        return Path(env).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "k26-doctor-tests"
+
+
+WHEELS = wheel_dir()
+
+
+def _found(d: Path, version: str) -> Path | None:
+    hits = sorted(d.glob(f"sglang-{version}-*.whl"))
+    return hits[0] if hits else None
+
+
+def locate_wheel(version: str, download: bool = True) -> tuple[Path | None, str]:
+    """``(wheel, "")``, or ``(None, why)``: looked for in ``wheel_dir()``, else downloaded into it.
+
+    The download goes to a temporary directory beside the target and is moved in by rename, so a
+    concurrent or interrupted run never sees half a wheel.
+    """
+    d = wheel_dir()
+    hit = _found(d, version)
+    if hit is not None or not download:
+        return hit, "" if hit else f"no sglang {version} wheel in {d}"
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".download-", dir=d))
+    except OSError as exc:
+        return None, f"no sglang {version} wheel in {d}, and it cannot be written: {exc}"
+    try:
+        res = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(tmp),
+                              f"sglang=={version}"], capture_output=True, text=True, timeout=900)
+        got = _found(tmp, version)
+        if got is None:
+            return None, (f"no sglang {version} wheel in {d}, and pip download failed "
+                          f"(rc {res.returncode}): {res.stderr.strip()[-300:]}")
+        os.replace(got, d / got.name)
+    except subprocess.TimeoutExpired:
+        return None, f"no sglang {version} wheel in {d}, and pip download did not finish in 900 s"
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return _found(d, version), ""
+
+
 def wheel_for(version: str) -> Path:
-    """The released wheel: from ``$SGLANG_WHEELS`` (default /tmp/wheels), else a per-user cache, else
-    ``pip download`` into that cache (CI has network), else the test skips saying why."""
-    found = sorted(WHEELS.glob(f"sglang-{version}-*.whl"))
-    if found:
-        return found[0]
-    cache = Path(os.environ.get("K26_TEST_WHEEL_CACHE", Path.home() / ".cache" / "k26-doctor-tests"))
-    found = sorted(cache.glob(f"sglang-{version}-*.whl"))
-    if not found:
-        cache.mkdir(parents=True, exist_ok=True)
-        res = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(cache),
-                              f"sglang=={version}"], capture_output=True, text=True, timeout=600)
-        found = sorted(cache.glob(f"sglang-{version}-*.whl"))
-        if not found:
-            pytest.skip(f"no sglang {version} wheel in {WHEELS} or {cache}, and pip download failed: "
-                        f"{res.stderr[-300:]}")
-    return found[0]
+    """The released wheel, for a test: located (downloaded if need be), else skip -- fail under CI."""
+    import pytest
+
+    wheel, why = locate_wheel(version)
+    if wheel is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI reaches PyPI, so this must not skip: {why}")
+        pytest.skip(why)
+    return wheel
 
 
 # The parts of the package the server's parser definition lives in (and imports its choices from);
@@ -60,14 +103,14 @@ PATCH_SET = Path(__file__).resolve().parents[1] / "sglang_patches" / "ddtree-0.5
 _SITES: dict[str, Path] = {}
 
 
-def site(version: str, factory: pytest.TempPathFactory) -> Path:
+def site(version: str, factory) -> Path:
     """A site-packages holding the real sources of ``version``, unpacked once per session."""
     if version not in _SITES:
         _SITES[version] = unpack(version, factory.mktemp(f"sglang-{version}"))
     return _SITES[version]
 
 
-def ddtree_site(factory: pytest.TempPathFactory) -> Path:
+def ddtree_site(factory) -> Path:
     """0.5.23 with the project's real DDTree patches applied (git apply, as a user would patch by hand)."""
     if "ddtree" not in _SITES:
         dest = factory.mktemp("sglang-0.5.23-ddtree")
