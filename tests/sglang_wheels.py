@@ -34,46 +34,46 @@ def wheel_dir() -> Path:
 WHEELS = wheel_dir()
 
 
-def _found(d: Path, version: str) -> Path | None:
-    hits = sorted(d.glob(f"sglang-{version}-*.whl"))
+def _found(d: Path, version: str, package: str) -> Path | None:
+    hits = sorted(d.glob(f"{package.replace('-', '_')}-{version}-*.whl"))
     return hits[0] if hits else None
 
 
-def locate_wheel(version: str, download: bool = True) -> tuple[Path | None, str]:
+def locate_wheel(version: str, download: bool = True, package: str = "sglang") -> tuple[Path | None, str]:
     """``(wheel, "")``, or ``(None, why)``: looked for in ``wheel_dir()``, else downloaded into it.
 
     The download goes to a temporary directory beside the target and is moved in by rename, so a
     concurrent or interrupted run never sees half a wheel.
     """
     d = wheel_dir()
-    hit = _found(d, version)
+    hit = _found(d, version, package)
     if hit is not None or not download:
-        return hit, "" if hit else f"no sglang {version} wheel in {d}"
+        return hit, "" if hit else f"no {package} {version} wheel in {d}"
     try:
         d.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".download-", dir=d))
     except OSError as exc:
-        return None, f"no sglang {version} wheel in {d}, and it cannot be written: {exc}"
+        return None, f"no {package} {version} wheel in {d}, and it cannot be written: {exc}"
     try:
         res = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(tmp),
-                              f"sglang=={version}"], capture_output=True, text=True, timeout=900)
-        got = _found(tmp, version)
+                              f"{package}=={version}"], capture_output=True, text=True, timeout=900)
+        got = _found(tmp, version, package)
         if got is None:
-            return None, (f"no sglang {version} wheel in {d}, and pip download failed "
+            return None, (f"no {package} {version} wheel in {d}, and pip download failed "
                           f"(rc {res.returncode}): {res.stderr.strip()[-300:]}")
         os.replace(got, d / got.name)
     except subprocess.TimeoutExpired:
-        return None, f"no sglang {version} wheel in {d}, and pip download did not finish in 900 s"
+        return None, f"no {package} {version} wheel in {d}, and pip download did not finish in 900 s"
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return _found(d, version), ""
+    return _found(d, version, package), ""
 
 
-def wheel_for(version: str) -> Path:
+def wheel_for(version: str, package: str = "sglang") -> Path:
     """The released wheel, for a test: located (downloaded if need be), else skip -- fail under CI."""
     import pytest
 
-    wheel, why = locate_wheel(version)
+    wheel, why = locate_wheel(version, package=package)
     if wheel is None:
         if os.environ.get("CI"):
             pytest.fail(f"CI reaches PyPI, so this must not skip: {why}")
@@ -85,6 +85,17 @@ def wheel_for(version: str) -> Path:
 # the rest (models, kernels: most of the 2,000 files) only costs unpacking time.
 PARSER_PARTS = ("sglang/srt/arg_groups/", "sglang/srt/parser/", "sglang/srt/function_call/", "sglang/srt/utils/",
                 "sglang/srt/speculative/", "sglang/srt/model_executor/", "sglang/srt/entrypoints/")
+
+
+def pinned(version: str, dependency: str) -> str | None:
+    """The exact version sglang ``version`` pins ``dependency`` to (``Requires-Dist: dep==X``), if it does."""
+    with zipfile.ZipFile(wheel_for(version)) as zf:
+        meta = zf.read(f"sglang-{version}.dist-info/METADATA").decode()
+    for line in meta.splitlines():
+        head, _, spec = line.partition("Requires-Dist: ")
+        if not head and spec.split(";")[0].strip().lower().startswith(f"{dependency.lower()}=="):
+            return spec.split(";")[0].split("==", 1)[1].strip()
+    return None
 
 
 def unpack(version: str, dest: Path, whole: bool = False) -> Path:
