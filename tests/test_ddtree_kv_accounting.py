@@ -212,13 +212,15 @@ _PROBE = textwrap.dedent(
     '''
 )
 
-# Requests (prompt length, max_new_tokens) that finish well inside the context; rows: at most 4 running.
+# Requests (prompt length, max_new_tokens) that finish well inside the context; rows: at most 4 running. Narrow
+# windows commit fewer tokens a round, so they get shorter requests (the rounds run the Triton interpreter).
 _REQUESTS = [[3, 90], [40, 300], [200, 150], [1, 400], [120, 60], [17, 250], [300, 200], [9, 33]]
+_SHORT = [[3, 40], [40, 120], [200, 60], [1, 150], [120, 30], [9, 33]]
 
 
 def _cfg(width: int, block: int, overlap: bool, **kw) -> dict:
     base = dict(width=width, block=block, overlap=overlap, accept_max=width, context_len=4096, page_size=1,
-                pool_tokens=8192, rows=4, seed=width * 2 + overlap, requests=_REQUESTS)
+                pool_tokens=8192, rows=4, seed=width * 2 + overlap, requests=_SHORT if width < 32 else _REQUESTS)
     return base | kw
 
 
