@@ -285,3 +285,12 @@ def test_tiny_ddtree_servers_match_the_arithmetic():
                 assert sum(buffers.values()) / GIB <= verify[0], (name, sum(buffers.values()) / GIB, verify)
         checked += 1
     assert checked, "the DDTree logs had no SGLang memory lines"
+
+
+def test_runtime_overhead_is_what_the_h200_run_measured():
+    """NVML's free memory of the idle H200 (the recorded snapshot) less the runtime's own share is the
+    `pre` SGLang measured on that host at TP1 (bench/results/ddtree-h200-round1: 139.13 GiB)."""
+    snap = json.loads((Path(__file__).parent / "fixtures" / "snapshots" / "h200x1-real.json").read_text())
+    free = snap["facts"]["nvml"]["devices"][0]["memory"]["free"]
+    assert (free - memory.runtime_overhead(1)) / GIB == pytest.approx(139.13, abs=0.05)
+    assert memory.runtime_overhead(8) > memory.runtime_overhead(1)
