@@ -34,6 +34,9 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=15)
     args = ap.parse_args()
     env = dict(os.environ, PYTHONPATH=str(ROOT))
+    # As installed (pip writes bytecode): with PYTHONDONTWRITEBYTECODE set every module would be compiled
+    # from source on every start, which no installed doctor does.
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     py = sys.executable
     base = median_time([py, "-c", "pass"], args.runs, env)
     rows = [("python -c pass (baseline)", base)]
