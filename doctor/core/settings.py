@@ -159,11 +159,13 @@ DOCTOR_KEYS = frozenset(key_of(f) for f in setting_fields() if f.metadata["confi
 COLLECT_FIELDS = tuple(f.name for f in fields(Settings) if f.metadata.get("collect"))
 
 
-def _convert(f: Field[Any], value: Any) -> Any:
+def _convert(f: Field[Any], value: Any, source: str = "") -> Any:
     kind, name = f.metadata["kind"], key_of(f)
     if value is None:
         return None
     if kind == "path":
+        if not str(value).strip():  # an empty path given on purpose is a mistake, never "not set"
+            raise ConfigError(f"{source or name} is empty: give a path, or leave it out")
         return os.path.expanduser(str(value))
     if kind == "bool":
         return bool(value)
@@ -243,7 +245,15 @@ def resolve(flags: dict[str, Any], environ: dict[str, str] | None = None) -> Set
                 for part in f.metadata["profile_key"].split("."):
                     node = node.get(part) if isinstance(node, dict) else None
                 default = node if node is not None else default
-            values[f.name] = _convert(f, pick(name, default))
+            value = pick(name, default)
+            if flags.get(name) not in (None, (), []):
+                source = f.metadata["flag"] or name
+            elif name in doctor_cfg:
+                source = f"[doctor] {name} in {config_path}"
+            else:
+                source = f"[{f.metadata['profile_key'].replace('.', '] ', 1)} in the profile/config" if (
+                    f.metadata["profile_key"]) else name
+            values[f.name] = _convert(f, value, source)
     values["profile_name"] = str(profile.get("name", profile_name))
     values["python_given"] = bool(pick("python"))
     values["python"] = values["python"] or sys.executable
