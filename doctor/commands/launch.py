@@ -26,7 +26,9 @@ DEFAULT_WAIT_S = 1800.0
 
 
 def _say(msg: str) -> None:
-    click.echo(f"k26-doctor: {msg}", err=True)
+    from doctor.facts.redaction import redact_text
+
+    click.echo(f"k26-doctor: {redact_text(msg)}", err=True)
 
 
 def _run_gate(settings: Any, flags: dict[str, Any]) -> tuple[bool, Any]:
@@ -38,10 +40,10 @@ def _run_gate(settings: Any, flags: dict[str, Any]) -> tuple[bool, Any]:
     if flags.get("output"):
         with open(flags["output"], "w", encoding="utf-8") as fh:
             render(report, fmt, flags.get("verbose") or 0, fh, color=False)
-    render(report, "text" if fmt == "junit" else fmt, flags.get("verbose") or 0, sys.stderr)
-    if report.exit_code() != EXIT_OK:
-        bad = [r.id for r in report.results if r.status.failed]
-        why = f"{len(bad)} check(s) failed: {', '.join(bad)}" if bad else "warnings under --strict"
+    render(report, "text" if fmt == "junit" else fmt, flags.get("verbose") or 0, sys.stderr,
+           problems=bool(flags.get("problems")))
+    why = report.gate_refusal()  # a failure, or a check of the profile not judged for want of facts
+    if why is not None:
         _say(f"not launching: {why}. Fix them (`k26-doctor fix`) or --ignore ID to accept a known failure.")
         return False, ctx
     return True, ctx
@@ -110,7 +112,12 @@ def launch(flags: dict[str, Any], dry_run: bool, no_check: bool, no_flag_check: 
     if dry_run:
         for note in plan.notes:
             _say(note)
-        sys.stdout.write("\n".join(plan.argv) + "\n")
+        from doctor.facts.redaction import redact_argv
+
+        shown = redact_argv(plan.argv)
+        if shown != plan.argv:
+            _say("secret values (--api-key, URL credentials) are shown as <redacted>")
+        sys.stdout.write("\n".join(shown) + "\n")
         sys.stdout.flush()
         if not no_flag_check and not _flag_gate(plan, settings):
             sys.exit(EXIT_FAILED)
@@ -124,7 +131,9 @@ def launch(flags: dict[str, Any], dry_run: bool, no_check: bool, no_flag_check: 
         sys.exit(EXIT_FAILED)
     for note in plan.notes:
         _say(note)
-    _say("exec: " + " ".join(plan.argv))
+    from doctor.facts.redaction import redact_argv
+
+    _say("exec: " + shlex.join(redact_argv(plan.argv)))
     if not wait:
         try:
             exec_plan(plan)
