@@ -35,7 +35,8 @@ def _nvml(ctx: Any) -> tuple[dict[str, Any] | None, Result | None]:
         return None, Result.failed("the nvml fact is malformed (not an object with a devices list)",
                                    fact_type=type(nvml).__name__)
     if not nvml.get("available"):
-        return None, Result.skipped(f"NVML is not available: {nvml.get('error') or 'unknown reason'} (see gpu.driver)")
+        return None, Result.blocked(f"NVML is not available: {nvml.get('error') or 'unknown reason'} (see gpu.driver)",
+                                    "gpu.driver")
     return nvml, None
 
 
@@ -50,7 +51,7 @@ def _tp_group(ctx: Any) -> tuple[dict[str, Any], list[dict[str, Any]], Result | 
         return {}, [], res
     grp = _group(ctx, nvml)
     if not grp:
-        return nvml, [], Result.skipped("no GPU visible (see gpu.count)")
+        return nvml, [], Result.blocked("no GPU visible (see gpu.count)", "gpu.count")
     return nvml, grp, None
 
 
@@ -215,7 +216,8 @@ def gpu_arch(ctx: Any) -> Result:
     want_raw = ctx.expect("gpu.compute_capability")
     want = _cc(want_raw)
     if want is None:
-        return Result.skipped(f"the profile names no valid gpu.compute_capability ({want_raw!r})")
+        return Result.not_judged(f"the profile names no valid gpu.compute_capability ({want_raw!r})",
+                                 "Set [gpu] compute_capability (e.g. \"10.3\") in the profile or config.")
     seen = {_gpu(d): (d.get("name"), d.get("compute_capability")) for d in grp}
     details: dict[str, Any] = {"expected": f"{want[0]}.{want[1]}", "gpus": {
         k: {"name": n, "compute_capability": cc} for k, (n, cc) in seen.items()}}
@@ -312,7 +314,7 @@ def gpu_idle(ctx: Any) -> Result:
     unread = [f"{_gpu(d)}: {(d.get('errors') or {}).get('processes.compute', 'not read')}" for d in grp
               if not isinstance(d.get("processes"), list)]
     if len(unread) == len(grp):
-        return Result.skipped("process lists not available: " + ", ".join(unread))
+        return Result.not_judged("process lists not available: " + ", ".join(unread))
     procs: dict[int, dict[str, Any]] = {}
     for d in grp:
         for p in d.get("processes") or []:
@@ -416,7 +418,7 @@ def gpu_health(ctx: Any) -> Result:
         return Result.failed("; ".join(fails), Remediation("Reset or replace the GPUs named; see the kernel log for "
                                                            "Xid errors.", sorted(cmds)), **details)
     if judged == 0:
-        return Result.skipped("no health reading was available for any GPU", **details)
+        return Result.not_judged("no health reading was available for any GPU", **details)
     if warns:
         return Result.warned("; ".join(warns), Remediation("Not fatal, but slower or less safe.", sorted(cmds)),
                              **details)
@@ -670,7 +672,7 @@ def gpu_p2p_bandwidth(ctx: Any) -> Result:
     if not rows:
         return Result.errored("no pair of the TP group was measured", **details)
     if len(unjudged) == len(rows):
-        return Result.skipped("measured, but the links' expected rate is unknown: "
+        return Result.not_judged("measured, but the links' expected rate is unknown: "
                               + ", ".join(f"{r['pair']} {r['gb_per_s']:.0f} GB/s" for r in rows[:6]), **details)
     worst = min((r for r in rows if r["fraction"] is not None), key=lambda r: r["fraction"])
     summary = (f"{len(rows)} pair(s), lowest {worst['pair']} {worst['gb_per_s']:.0f} GB/s "

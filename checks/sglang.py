@@ -154,10 +154,12 @@ def sglang_patches(ctx: Context) -> Result:
                              Remediation("Fix the profile's [patches] set or point --patches-dir at the site's sets.",
                                          [status_cmd]), set=set_name)
     if fact.get("install_error"):
-        return Result.failed(f"SGLang install of {fact.get('python')} cannot be judged: {fact['install_error']}",
-                             Remediation("Install SGLang in the service's environment (see sglang.install), then "
-                                         "apply the patch set.", [patches_command(ctx, "apply")]),
-                             set=set_name, python=fact.get("python"))
+        res = Result.failed(f"SGLang install of {fact.get('python')} cannot be judged: {fact['install_error']}",
+                            Remediation("Install SGLang in the service's environment (see sglang.install), then "
+                                        "apply the patch set.", [patches_command(ctx, "apply")]),
+                            set=set_name, python=fact.get("python"))
+        res.cause = "sglang.install"
+        return res
     ev = evaluate(fact)
     details: dict[str, Any] = {"set": ev.set_name or set_name, "sglang_version": ev.version, "sglang_spec": ev.spec,
                                "site_packages": fact.get("site_packages"), "overall": ev.overall,

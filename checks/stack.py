@@ -55,10 +55,10 @@ def cuda_compat(ctx: Any) -> Result:
     try:
         nvml = ctx.fact("nvml")
     except FactUnavailable as exc:
-        return Result.skipped(f"no driver reading to compare with: {exc.reason}")
+        return Result.not_judged(f"no driver reading to compare with: {exc.reason}")
     if not isinstance(nvml, dict) or not nvml.get("available"):
         err = nvml.get("error") if isinstance(nvml, dict) else "no NVML fact"
-        return Result.skipped(f"NVML/driver unavailable ({err}); gpu.driver judges that")
+        return Result.blocked(f"NVML/driver unavailable ({err}); gpu.driver judges that", "gpu.driver")
     info = ctx.fact("torch_info")
     if not isinstance(info, dict) or not info.get("ok"):
         return _torch_unusable(ctx, info if isinstance(info, dict) else {})
@@ -151,7 +151,7 @@ def torch_arch(ctx: Any) -> Result:
         return Result.failed(f"torch {info.get('version')} reports no compiled CUDA targets", torch=info.get("version"))
     ccs, where, source = gpu_ccs(ctx)
     if not ccs:
-        return Result.skipped("no GPU to judge: NVML sees none and the profile names no compute_capability",
+        return Result.not_judged("no GPU to judge: NVML sees none and the profile names no compute_capability",
                               **source)
     per_cc = {cc_str(cc): best_match(flags, cc) for cc in ccs}
     details: dict[str, Any] = {"torch": info.get("version"), "arch_flags": flags, "gpus": where, **source,

@@ -136,10 +136,12 @@ def triton_ptxas(ctx: Any) -> Result:
     if not triton.get("dir"):
         if fact.get("error"):
             return Result.failed(f"cannot look for Triton's ptxas: {fact['error']}")
-        return Result.skipped(f"Triton is not installed in {service_python(ctx)}; stack.versions judges that")
+        return Result.blocked(f"Triton is not installed in {service_python(ctx)}; stack.versions judges that",
+                              "stack.versions")
     ccs, where, source = gpu_ccs(ctx)
     if not ccs:
-        return Result.skipped("no GPU to judge: NVML sees none and the profile names no compute_capability", **source)
+        return Result.not_judged("no GPU to judge: NVML sees none and the profile names no compute_capability",
+                                 **source)
     verdicts = []
     failures = []
     for cc in ccs:
