@@ -64,6 +64,69 @@ def _read_toml(path: Path, what: str) -> dict[str, Any]:
         raise ConfigError(f"{what} {path} is not valid TOML: {exc}") from None
 
 
+SCHEMA_PATH = Path(__file__).resolve().parents[1] / "data" / "config_schema.toml"
+KIND_WORDS = {"str": "a string", "bool": "true or false", "int": "an integer", "posint": "an integer >= 1",
+              "port": "a port number (1-65535)", "number": "a number >= 0", "fraction": "a number in (0, 1]",
+              "list_str": "a list of strings", "table_scalar": "a table of NAME = value (strings, numbers, booleans)",
+              "path": "a non-empty path", "spec": "a version specifier such as \"==2.11.0\""}
+
+
+def config_schema() -> dict[str, str]:
+    """Dotted key -> kind, from ``doctor/data/config_schema.toml``."""
+    return dict(_read_toml(SCHEMA_PATH, "config schema").get("keys") or {})
+
+
+def _kind_ok(kind: str, value: Any) -> bool:
+    is_int = isinstance(value, int) and not isinstance(value, bool)
+    is_num = (is_int or isinstance(value, float)) and not isinstance(value, bool)
+    if kind in ("str", "path", "spec"):
+        if not isinstance(value, str) or (kind == "path" and not value.strip()):
+            return False
+        if kind == "spec" and value:
+            from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+            try:
+                SpecifierSet(value)
+            except InvalidSpecifier:
+                return False
+        return True
+    if kind == "bool":
+        return isinstance(value, bool)
+    if kind == "int":
+        return is_int
+    if kind == "posint":
+        return is_int and value >= 1
+    if kind == "port":
+        return is_int and 1 <= value <= 65535
+    if kind == "number":
+        return is_num and value >= 0
+    if kind == "fraction":
+        return is_num and 0 < value <= 1
+    if kind == "list_str":
+        return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    if kind == "table_scalar":
+        return isinstance(value, dict) and all(isinstance(v, (str, int, float, bool)) for v in value.values())
+    return True
+
+
+def validate_profile(merged: dict[str, Any], config: dict[str, Any], config_path: str | None,
+                     profile_name: str) -> None:
+    """Every known key of the merged profile/config has a value of its kind; else ``ConfigError`` (exit 2)
+    naming the table, the key, the value and where it came from."""
+    for dotted, kind in config_schema().items():
+        node: Any = merged
+        from_config: Any = config
+        for part in dotted.split("."):
+            node = node.get(part, MISSING) if isinstance(node, dict) else MISSING
+            from_config = from_config.get(part, MISSING) if isinstance(from_config, dict) else MISSING
+        if node is MISSING or _kind_ok(kind, node):
+            continue
+        table, _, key = dotted.rpartition(".")
+        where = f"config file {config_path}" if from_config is not MISSING else f"profile {profile_name}"
+        raise ConfigError(f"invalid configuration: [{table}] {key} = {node!r} in the {where} must be "
+                          f"{KIND_WORDS.get(kind, kind)}")
+
+
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     """``over`` wins key by key; tables merge, everything else (lists too) is replaced."""
     out = copy.deepcopy(base)
@@ -222,6 +285,7 @@ def resolve(flags: dict[str, Any], environ: dict[str, str] | None = None) -> Set
 
     profile_name = pick("profile", DEFAULT_PROFILE)
     profile = deep_merge(load_profile(profile_name), config)
+    validate_profile(profile, config, config_path, str(profile_name))
     values: dict[str, Any] = {}
     for f in setting_fields():
         name, kind = key_of(f), f.metadata["kind"]
