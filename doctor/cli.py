@@ -24,6 +24,7 @@ LAZY_COMMANDS = {
     "wait-ready": "doctor.commands.launch:wait_ready",
     "patches": "doctor.commands.patches:patches",
     "manifest": "doctor.commands.model:manifest",
+    "env": "doctor.commands.env:env",
 }
 
 

@@ -211,31 +211,37 @@ def _stop(child: subprocess.Popen[Any], grace: float = 30.0) -> None:
 
 @click.command("systemd-unit", context_settings={"help_option_names": ["-h", "--help"]})
 @selection_options
-@click.option("--user", default=None, help="User= of the service.")
+@click.option("--user", default=None, help="User= of the service (default: [server] user, else sglang; never root "
+              "unless asked).")
+@click.option("--no-hardening", is_flag=True, help="Leave out the sandbox (User=, ProtectSystem=, DevicePolicy=...).")
 @click.option("--start-timeout", type=float, default=None, help="TimeoutStartSec in seconds (default: sized).")
 @click.option("--doctor", "doctor_path", default=None,
               help="Command that runs k26-doctor in the unit, e.g. '/opt/k26/bin/k26-doctor' (default: this one).")
 @click.option("--no-diagnose", is_flag=True, help="No ExecStopPost diagnosis of a failed start.")
 @click.argument("server_args", nargs=-1, type=click.UNPROCESSED)
 @guarded
-def systemd_unit(flags: dict[str, Any], user: str | None, start_timeout: float | None, doctor_path: str | None,
-                 no_diagnose: bool, server_args: tuple[str, ...]) -> None:
+def systemd_unit(flags: dict[str, Any], user: str | None, no_hardening: bool, start_timeout: float | None,
+                 doctor_path: str | None, no_diagnose: bool, server_args: tuple[str, ...]) -> None:
     """Print a systemd unit: ExecStartPre runs `k26-doctor check`, ExecStart launches the server.
 
     Install: `k26-doctor systemd-unit --config /etc/k26-doctor/config.toml > /etc/systemd/system/UNIT`.
     """
     from doctor.service.launcher import build_plan
-    from doctor.service.systemd import render_unit
+    from doctor.service.systemd import absolute, doctor_command, reachability_notes, render_unit, service_user
 
     settings = settings_from(flags)
     build_plan(settings, list(server_args))  # the same validation launch will do: fail now, not at boot
     config = settings.config_path
     if config:
         config = str(Path(config).resolve())
-    import shlex
-
-    text = render_unit(settings, config=config, doctor=shlex.split(doctor_path) if doctor_path else None, user=user,
-                       timeout_override=start_timeout, extra=list(server_args), diagnose_on_failure=not no_diagnose)
+    doctor = shlex.split(doctor_path) if doctor_path else None
+    if doctor and os.sep in doctor[0]:  # systemd runs it from /: a relative path must mean what it meant here
+        doctor[0] = absolute(doctor[0])
+    text = render_unit(settings, config=config, doctor=doctor, user=user, timeout_override=start_timeout,
+                       extra=list(server_args), diagnose_on_failure=not no_diagnose, harden=not no_hardening)
+    if not no_hardening:
+        for note in reachability_notes(settings, doctor or doctor_command(), service_user(settings, user)):
+            _say(f"note: {note}")
     if flags.get("output"):
         Path(flags["output"]).write_text(text, encoding="utf-8")
         _say(f"unit written to {flags['output']}")
@@ -258,12 +264,16 @@ def wait_ready(url: str | None, config: str | None, profile: str | None, timeout
 
     Exit 0 when ready, 1 on timeout or when --pid exits first.
     """
-    from doctor.service.readiness import health_url
+    from doctor.core.settings import ConfigError
+    from doctor.service.readiness import health_url, url_problem
     from doctor.service.readiness import wait_ready as wait
 
     if url is None:
         settings = settings_from({"config": config, "profile": profile})
         url = health_url(str(settings.get("server.host", "127.0.0.1")), int(settings.get("server.port", 30000)))
+    why = url_problem(url)
+    if why:
+        raise ConfigError(f"--url {url!r} {why}")
     if timeout <= 0 or interval <= 0:
         raise click.BadParameter("--timeout and --interval must be positive")
     outcome = wait(url, timeout, interval_s=interval, pid=pid, progress=None if quiet else sys.stderr)
