@@ -9,6 +9,7 @@ is a failure that points at the EP profile.
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 from doctor.core.registry import check
@@ -438,14 +439,23 @@ def gpu_nvlink(ctx: Any) -> Result:
     the profile's gpu.min_nvlinks. The PCIe topology level is not used to find NVLink (it says PHB
     for an NV18 pair). A host without NVLink under a TP profile fails with the measured advice: on
     PCIe this service ran TP8 at 26 tok/s and EP8 at 65 tok/s, so use the EP profile
-    (rtxpro6000-ep8). details.text is a matrix like `nvidia-smi topo -m`. By hand:
+    (rtxpro6000-ep8). details.matrix is a matrix like `nvidia-smi topo -m`, shown with a failure. By hand:
     `nvidia-smi topo -m`, `nvidia-smi nvlink -s`."""
+    res = nvlink_verdict(ctx)
+    rows = res.details.get("matrix")
+    if isinstance(rows, list) and rows:
+        res.exhibit = "\n".join(str(r) for r in rows)  # shown with a failure, once under -v
+    return res
+
+
+def nvlink_verdict(ctx: Any) -> Result:
+    """gpu.nvlink's verdict (the check adds the matrix as the result's exhibit)."""
     nvml, res = _nvml(ctx)
     if res:
         return res
     grp = _group(ctx, nvml)
     rows = links.matrix(nvml, grp)
-    details: dict[str, Any] = {"matrix": rows, "text": "\n".join(rows)}
+    details: dict[str, Any] = {"matrix": rows}
     if len(grp) < 2:
         return Result.skipped(f"{len(grp)} GPU in the TP group: no pair to link", **details)
     required = bool(ctx.expect("gpu.nvlink_required", True))
@@ -625,7 +635,7 @@ def gpu_p2p_bandwidth(ctx: Any) -> Result:
             return Result.skipped(str(reason), **details)
         return Result.failed(f"could not measure: {reason}",
                              Remediation("The service's torch must see the GPUs and copy between them.",
-                                         [f"{bw.get('python') or 'python3'} -c 'import torch; "
+                                         [f"{shlex.quote(str(bw.get('python') or 'python3'))} -c 'import torch; "
                                           f"print(torch.cuda.device_count())'"]), **details)
     if len(grp) < 2:
         return Result.skipped(f"{len(grp)} GPU in the TP group: no pair to measure", **details)

@@ -72,7 +72,8 @@ def sglang_install(ctx: Any) -> Result:
         imp = imp if isinstance(imp, dict) else {}
         missing = imp.get("missing_module")
         text = "Importing SGLang failed. "
-        cmds = [f"{service_python(ctx)} -c 'import sglang'", f"{service_python(ctx)} -m pip check"]
+        cmds = [shlex.join([service_python(ctx), "-c", "import sglang"]), shlex.join([service_python(ctx), "-m", "pip",
+                                                                                      "check"])]
         if missing:
             text += f"The module {missing!r} is missing: install SGLang with its dependencies."
             cmds.insert(0, pip_install(ctx, "sglang", "sglang"))

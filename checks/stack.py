@@ -8,6 +8,7 @@ here turns one such failure into a second of preflight: pure judgments over the 
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
@@ -85,7 +86,7 @@ def cuda_compat(ctx: Any) -> Result:
     fix = Remediation(
         f"Install NVIDIA driver >= {need or 'the one matching CUDA ' + runtime} (CUDA {runtime}), or a torch "
         f"built for CUDA {driver_cuda or 'your driver'}; on datacenter GPUs the cuda-compat package is a third way.",
-        ["nvidia-smi", f"{service_python(ctx)} -c 'import torch; print(torch.version.cuda)'"])
+        ["nvidia-smi", shlex.join([service_python(ctx), "-c", "import torch; print(torch.version.cuda)"])])
     # NVML's CUDA version is what the driver itself says it supports; the table is the fallback.
     if dc is not None:
         supported = rt[:2] <= dc[:2]
@@ -257,8 +258,8 @@ def stack_versions(ctx: Any) -> Result:
                "metadata_errors": stack.get("metadata_errors") or []}
     summary_versions = ", ".join(f"{PIP_NAMES[c]} {rows[c]['installed']}" for c in COMPONENTS if rows[c]["installed"])
     if problems:
-        cmd = f"{service_python(ctx)} -m pip install " + " ".join(
-            f"'{PIP_NAMES[c]}{ctx.expect(f'stack.{c}')}'" for c in COMPONENTS if ctx.expect(f"stack.{c}"))
+        cmd = shlex.join([service_python(ctx), "-m", "pip", "install", *(
+            f"{PIP_NAMES[c]}{ctx.expect(f'stack.{c}')}" for c in COMPONENTS if ctx.expect(f"stack.{c}"))])
         return Result.failed("; ".join(problems), Remediation(
             "Install the versions the profile pins (they are tested together).", [cmd]), **details)
     if warnings:
