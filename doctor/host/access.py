@@ -72,12 +72,18 @@ def access_fix(items: list[dict[str, Any]], need: str, user: dict[str, Any] | No
     dirs = [i for i in items if i.get("is_dir")]
     cmds: list[str] = []
     if need == "write":
-        targets = [i["path"] for i in items]
-        cmds.append(shlex.join(["sudo", "chown", f"{who}:", *targets]))
+        # A directory that does not exist yet is created for the user (never a chown of its parent, e.g. /var).
+        create = [i["target"] for i in items if i.get("target") and i.get("target") != i["path"]]
+        owned = [i["path"] for i in items if not i.get("target") or i.get("target") == i["path"]]
+        if create:
+            cmds.append(shlex.join(["sudo", "install", "-d", "-o", who, "-m", "0750", *create]))
+        if owned:
+            cmds.append(shlex.join(["sudo", "chown", f"{who}:", *owned]))
+            cmds.append(shlex.join(["sudo", "chmod", "u+rwx", *owned]))
         text = (f"{what.capitalize()} runs as {who} and cannot write here ("
-                + "; ".join(f"{i['path']} {describe(i)}" for i in items[:3])
-                + "). Give it the directory (or point the cache elsewhere in the service's environment file):")
-        cmds.append(shlex.join(["sudo", "chmod", "u+rwx", *targets]))
+                + "; ".join((f"{i['target']} does not exist and " if i.get("target") and i["target"] != i["path"]
+                             else "") + f"{i['path']} is {describe(i)}" for i in items[:3])
+                + "). Give it its directory (or point the cache elsewhere in the service's environment file):")
         return Remediation(text, cmds)
     if dirs:
         cmds.append(shlex.join(["sudo", "chmod", "a+rx", *[d["path"] for d in dirs]]))

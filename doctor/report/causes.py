@@ -54,7 +54,11 @@ def settle(results: list[Result], notices: list[Notice] | None = None) -> None:
         cause = by.get(res.cause)
         if cause is None or cause.status is Status.PASS:
             res.unjudged = True
-            res.summary += f" (not judged: {res.cause} " + ("was not run" if cause is None else "passed") + ")"
+            res.summary += f" ({res.cause} " + ("was not run" if cause is None else "passed") + ")"
+            if res.remediation is None:
+                res.remediation = Remediation(f"Run {res.cause} with it: it judges the cause.",
+                                              [shlex.join(["k26-doctor", "check", "--only", res.cause,
+                                                           "--only", res.id])])
 
 
 def root_of(res: Result, by: dict[str, Result], noticed: set[str]) -> str | None:
