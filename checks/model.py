@@ -770,6 +770,8 @@ def model_drafter(ctx: Context) -> Result:
     if weights.status.value == "warn":
         return Result.warned(f"{name}: {weights.summary}", weights.remediation, **details)
     summ = weights.summary.split(":")[0]
+    if weights.details.get("sparse_judged_by"):
+        summ += f" ({len(weights.details['sparse_shards'])} sparse, hashed by {weights.details['sparse_judged_by']})"
     res_cls = Result.passed if tview is not None else Result.warned
     return res_cls(f"{name}: {summ}, config consistent with the target{note}", **details)
 
