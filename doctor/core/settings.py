@@ -181,8 +181,9 @@ class Settings:
     verbose: int = setting(0, kind="count", config=False, flag="-v/--verbose", help="Details and tracebacks.")
     from_snapshot: str | None = setting(config=False, flag="--from-snapshot",
                                         help="Judge a recorded snapshot instead of this host.")
-    patches_dir: str | None = setting(flag="--patches-dir", collect=True, help="A site directory of patch sets.")
-    state_dir: str = setting(DEFAULT_STATE_DIR, flag="--state-dir", collect=True,
+    patches_dir: str | None = setting(kind="path", flag="--patches-dir", collect=True,
+                                      help="A site directory of patch sets.")
+    state_dir: str = setting(DEFAULT_STATE_DIR, kind="path", flag="--state-dir", collect=True,
                              help="Where backups, journals and locks live.")
     verify_cache_dir: str | None = setting(collect=True)
     verify_cache: bool = setting(True, key="no_verify_cache", kind="not", config=False, collect=True,
