@@ -45,6 +45,6 @@ else
   time timeout 60 "$PY" -m doctor check --only 'model.*' --model-path /tmp/k26-replica --profile h200-tp8 --tp 1 \
     --skip model.drafter -v 2>&1 | tail -30
   step "deep hashing on $(nproc) cores"
-  timeout 180 "$PY" bench/bench_model_deep.py --dir /tmp/k26-deep --files 32 --mib 128 --runs 2 2>&1 | tail -15
+  timeout 300 "$PY" bench/bench_model_deep.py --dir /tmp/k26-deep --files 32 --mib 128 --runs 5 2>&1 | tail -15
 fi
 step done

@@ -14,7 +14,9 @@ from typing import Any
 
 from doctor.core.registry import check
 from doctor.core.result import Remediation, Result
-from doctor.gpu import links
+from doctor.facts.store import FactUnavailable, MalformedFact
+from doctor.gpu import fabric, fabric_software, links
+from doctor.gpu import pcie as pcie_mod
 
 GIB = 2**30
 EP_PROFILE = "rtxpro6000-ep8"
@@ -540,9 +542,11 @@ def gpu_fabric(ctx: Any) -> Result:
     use it: `nvmlDeviceGetGpuFabricInfoV` (or the older call) must say completed with success.
     Not started or in progress means nvidia-fabricmanager is not running (or failed): CUDA then
     fails with "system not yet initialized". The fabric manager must be the same version as the
-    driver. GPUs without a fabric (NotSupported) skip. Fixer: `systemctl start
-    nvidia-fabricmanager`. By hand: `systemctl status nvidia-fabricmanager`,
-    `nvidia-smi -q | grep -A3 -i fabric`."""
+    driver (gpu.fabric.manager); NVLink 5 hosts also need NVLSM (gpu.fabric.nvlsm). GPUs without a
+    fabric (NotSupported) skip. Registration takes minutes after boot: `launch` and the unit's
+    ExecStartPre wait for it (the profile's gpu.fabric_wait_s), `check` reports the state it finds
+    unless given `--wait-fabric SECONDS`. Fixer: `systemctl start nvidia-fabricmanager`. By hand:
+    `systemctl status nvidia-fabricmanager`, `nvidia-smi -q | grep -A3 -i fabric`."""
     nvml, grp, res = _tp_group(ctx)
     if res:
         return res
@@ -550,6 +554,9 @@ def gpu_fabric(ctx: Any) -> Result:
     per_gpu = {_gpu(d): d.get("fabric") for d in grp}
     details: dict[str, Any] = {"per_gpu": per_gpu, "fabric_manager": fm or None,
                                "driver_version": nvml.get("driver_version")}
+    waited = _fabric_wait(ctx)
+    if waited:
+        details["fabric_wait"] = waited
     states: dict[str, list[str]] = {}
     unread: list[str] = []
     for d in grp:
@@ -574,7 +581,9 @@ def gpu_fabric(ctx: Any) -> Result:
         fm_ver = fm.get("version")
         if fm_ver and driver and fm_ver != driver:
             fix_text += f" Installed fabric manager is {fm_ver}, the driver {driver}: install the matching version."
-        return Result.failed("NVSwitch fabric not ready: " + "; ".join(parts)
+        after = (f" after waiting {waited.get('waited_s', 0):.0f} s (limit {waited.get('timeout_s', 0):g} s)"
+                 if waited else "")
+        return Result.failed(f"NVSwitch fabric not ready{after}: " + "; ".join(parts)
                              + (f" (nvidia-fabricmanager is {fm.get('systemctl_is_active')})"
                                 if fm.get("systemctl_is_active") else ""),
                              Remediation(fix_text, fix_cmds), **details)
@@ -603,13 +612,300 @@ def gpu_fabric(ctx: Any) -> Result:
                              Remediation("Check the fabric manager log and the NVLink error counters.",
                                          ["journalctl -u nvidia-fabricmanager -n 100", "nvidia-smi nvlink -e"]),
                              **details)
-    return Result.passed(f"NVSwitch fabric completed on all {len(grp)} GPU(s)", **details)
+    after = f" (after waiting {waited.get('waited_s', 0):.0f} s)" if waited and waited.get("polls", 1) > 1 else ""
+    return Result.passed(f"NVSwitch fabric completed on all {len(grp)} GPU(s){after}", **details)
 
+
+def _fabric_wait(ctx: Any) -> dict[str, Any] | None:
+    """The wait's record when this run waited for the fabric (``--wait-fabric``, ``launch``), else None. Old
+    snapshots have no such fact: that is "no wait", never a different verdict."""
+    try:
+        waited = ctx.fact("fabric_wait")
+    except MalformedFact:
+        raise
+    except FactUnavailable:
+        return None
+    if not isinstance(waited, dict) or not waited.get("asked"):
+        return None
+    num = (int, float)
+    return {**waited, "waited_s": waited["waited_s"] if isinstance(waited.get("waited_s"), num) else 0.0,
+            "timeout_s": waited["timeout_s"] if isinstance(waited.get("timeout_s"), num) else 0.0,
+            "polls": waited["polls"] if isinstance(waited.get("polls"), int) else 1}
+
+
+
+# -- gpu.fabric.manager / gpu.fabric.nvlsm -----------------------------------------------------------
+
+def _fabric_host(ctx: Any, what: str) -> tuple[dict[str, Any], Result | None]:
+    """The nvml fact when the fabric software is worth judging here, else the result that says why not."""
+    if not ctx.expect("gpu.nvswitch", False):
+        return {}, Result.skipped(f"the profile ({ctx.settings.profile_name}) expects no NVSwitch: no {what} to judge")
+    nvml, _, res = _tp_group(ctx)
+    if res:
+        return {}, res
+    if fabric.readiness(nvml, ctx.settings.world_size).outcome == "no_fabric":
+        return {}, Result.skipped(f"the GPUs report no NVSwitch fabric (NotSupported): no {what} runs here "
+                                  f"(see gpu.fabric)")
+    return nvml, None
+
+
+def _fm_running(fm: dict[str, Any], sw: dict[str, Any]) -> tuple[bool | None, str]:
+    """Is the fabric manager running: its unit active or its process seen; None when neither could be read."""
+    unit = fm.get("unit")
+    if fabric_software.unit_active(unit) or fm.get("pids"):
+        return True, "running" + (f" (PID {fm['pids'][0]})" if fm.get("pids") else "")
+    proc_seen = (sw.get("proc") or {}).get("readable") and (sw.get("proc") or {}).get("pid1") in ("systemd", "init")
+    if fabric_software.unit_loaded(unit):
+        return False, f"{fabric_software.FM_UNIT} is {unit.get('ActiveState')} ({unit.get('SubState')})"
+    if proc_seen:
+        return False, "no nv-fabricmanager process and no loaded nvidia-fabricmanager unit"
+    return None, "neither systemd nor the host's processes could be read"
+
+
+@check("gpu.fabric.manager", "Fabric manager installed, running, the driver's version (NVSwitch)",
+       needs=("nvml", "fabric_software"), depends=("gpu.driver",))
+def gpu_fabric_manager(ctx: Any) -> Result:
+    """On NVSwitch hosts (profile gpu.nvswitch = true) the fabric manager must be installed at exactly
+    the loaded driver's version: it checks the driver at start and refuses to run with another one,
+    and the GPUs then never leave "In Progress". Compares the version of `nv-fabricmanager
+    --version` and of its package (dpkg-query / rpm) with the driver's (NVML), and says which
+    package to align with the exact apt/dnf command; then that it runs (systemd unit or process).
+    Hosts whose GPUs report no fabric skip. By hand: `nv-fabricmanager --version`, `nvidia-smi`,
+    `dpkg -l 'nvidia-fabricmanager*'` or `rpm -qa 'nvidia-fabric*'`."""
+    nvml, res = _fabric_host(ctx, "fabric manager")
+    if res:
+        return res
+    sw = ctx.fact("fabric_software")
+    fm = sw.get("fabric_manager") or {}
+    driver = nvml.get("driver_version")
+    manager = sw.get("package_manager")
+    versions = fabric_software.fm_versions(fm)
+    details: dict[str, Any] = {"driver_version": driver, "versions": versions, "packages": fm.get("packages"),
+                               "binary": fm.get("binary"), "unit": fm.get("unit"), "pids": fm.get("pids"),
+                               "package_manager": manager}
+    if not isinstance(driver, str) or not driver:
+        return Result.blocked("the driver version was not read (see gpu.driver): nothing to compare the fabric "
+                              "manager with", "gpu.driver", **details)
+    align = fabric_software.align_commands(manager, fm.get("packages") or [], driver)
+    if not versions:
+        if manager and not sw.get("packages_error") and not fm.get("binary"):
+            return Result.failed(f"the fabric manager is not installed (no package, no nv-fabricmanager); this "
+                                 f"NVSwitch host needs the one of driver {driver}",
+                                 Remediation(f"Install the fabric manager of driver {driver} and start it.",
+                                             [*align, f"sudo systemctl enable --now {fabric_software.FM_UNIT}"]),
+                                 **details)
+        why = fm.get("binary_error") or sw.get("packages_error") or "no binary, no package database"
+        return Result.not_judged(f"the fabric manager's version could not be read ({why})", **details)
+    listing = fabric_software.version_mismatch(versions, driver)
+    if listing:
+        return Result.failed(
+            f"fabric manager version differs from the driver {driver} ({listing}): it refuses to start, and the GPUs "
+            f"stay 'In Progress'",
+            Remediation(f"Install the fabric manager of the loaded driver, {driver}, then restart it. (If the driver "
+                        f"is the one to change, install the driver of the fabric manager's version and reboot "
+                        f"instead: both must be the same version.)",
+                        [*align, f"sudo systemctl restart {fabric_software.FM_UNIT}",
+                         "nvidia-smi -q | grep -i -A3 fabric"]), **details)
+    running, how = _fm_running(fm, sw)
+    details["running"] = running
+    if running is False:
+        return Result.failed(f"fabric manager {driver} (the driver's version) is installed but not running: {how}",
+                             Remediation("Enable and start it; read its log if it stops again.",
+                                         [f"sudo systemctl enable --now {fabric_software.FM_UNIT}",
+                                          f"journalctl -u {fabric_software.FM_UNIT} -n 100"]), **details)
+    if running is None:
+        return Result.warned(f"fabric manager {driver}, the driver's version; whether it runs is unknown: {how}",
+                             **details)
+    return Result.passed(f"fabric manager {driver}, the driver's version ({', '.join(versions)}), {how}", **details)
+
+
+@check("gpu.fabric.nvlsm", "NVLSM (NVLink subnet manager) installed and running (NVLink 5)",
+       needs=("nvml", "fabric_software"), depends=("gpu.driver",), fixer="gpu.fabric.nvlsm")
+def gpu_fabric_nvlsm(ctx: Any) -> Result:
+    """NVLink 5 systems (HGX B200/B300: profile gpu.nvlink_generation = 5) program their NVSwitches
+    through NVLSM, the NVLink subnet manager (package `nvlsm`, /opt/nvidia/nvlsm/sbin/nvlsm, kernel
+    module ib_umad for the switches' management ports). The fabric manager's start script runs it
+    (some builds ship an `nvlsm` / `nvidia-nvlsm` unit instead). Without it the fabric manager
+    fails with NV_WARN_NOTHING_TO_DO, the GPUs stay "In Progress" and CUDA reports
+    CUDA_ERROR_SYSTEM_NOT_READY. Checks the package or binary, and the running process or unit
+    (read-only). Fixer: `modprobe ib_umad` and `systemctl enable --now` of the unit that runs it.
+    By hand: `pgrep -x nvlsm`, `dpkg -l nvlsm`, `journalctl -u nvidia-fabricmanager`."""
+    gen = ctx.expect("gpu.nvlink_generation")
+    if not isinstance(gen, int) or gen < 5:
+        return Result.skipped(f"NVLSM is needed on NVLink 5 NVSwitch hosts (B200/B300); profile "
+                              f"{ctx.settings.profile_name} is NVLink {gen if gen is not None else '(unset)'}")
+    nvml, res = _fabric_host(ctx, "NVLSM")
+    if res:
+        return res
+    sw = ctx.fact("fabric_software")
+    nv, fm = sw.get("nvlsm") or {}, sw.get("fabric_manager") or {}
+    manager = sw.get("package_manager")
+    pkgs = nv.get("packages") or []
+    units = nv.get("units") or {}
+    details: dict[str, Any] = {"packages": pkgs, "binary": nv.get("binary"), "pids": nv.get("pids"), "units": units,
+                               "ib_umad_loaded": nv.get("ib_umad_loaded"), "fabric_manager_unit": fm.get("unit")}
+    start = ["sudo " + " ".join(step) for step in fabric_software.nvlsm_start_plan(nv, fm)]
+    if not pkgs and not nv.get("binary"):
+        if not manager or sw.get("packages_error"):
+            return Result.not_judged(f"whether NVLSM is installed could not be read ({sw.get('packages_error')})",
+                                     **details)
+        return Result.failed(f"NVLSM is not installed (no {fabric_software.NVLSM_PACKAGE} package, no "
+                             f"{fabric_software.NVLSM_BINARY}): on NVLink 5 the fabric manager cannot bring up the "
+                             f"NVSwitches and CUDA reports 'system not ready'",
+                             Remediation("Install nvlsm, load ib_umad, restart the fabric manager (its start script "
+                                         "runs NVLSM).", [*fabric_software.install_nvlsm_commands(manager), *start]),
+                             **details)
+    version = pkgs[0].get("version") if pkgs else None
+    active_units = [u for u, info in units.items() if fabric_software.unit_active(info)]
+    if nv.get("pids") or active_units:
+        how = f"PID {nv['pids'][0]}" if nv.get("pids") else f"{active_units[0]} active"
+        return Result.passed(f"NVLSM {version or '(version unknown)'} running ({how})", **details)
+    proc = sw.get("proc") or {}
+    if not (proc.get("readable") and proc.get("pid1") in ("systemd", "init")) and not any(
+            fabric_software.unit_loaded(info) for info in units.values()):
+        return Result.not_judged("NVLSM is installed; whether it runs cannot be seen from here (this /proc does not "
+                                 "show the host's processes and no NVLSM unit is loaded)", **details)
+    why = [] if nv.get("ib_umad_loaded") else ["the ib_umad module is not loaded"]
+    if not fabric_software.unit_active(fm.get("unit")):
+        why.append(f"{fabric_software.FM_UNIT} (which starts it) is "
+                   f"{(fm.get('unit') or {}).get('ActiveState') or 'not running'}")
+    pending = fabric.readiness(nvml, ctx.settings.world_size).outcome in ("pending", "failed")
+    summary = "NVLSM is installed but not running" + (f": {'; '.join(why)}" if why else "")
+    text = ("Load ib_umad and start NVLSM (through its unit, or the fabric manager whose start script runs it); "
+            "`k26-doctor fix --apply` plans exactly these.")
+    if fabric_software.version_mismatch(fabric_software.fm_versions(fm), nvml.get("driver_version")):
+        text = ("First align the fabric manager with the driver (see gpu.fabric.manager): it refuses to start, and "
+                "NVLSM with it. Then load ib_umad and start NVLSM through the fabric manager (or its own unit).")
+    remedy = Remediation(text, start)
+    if pending:
+        return Result.failed(summary + " (the fabric is not up)", remedy, **details)
+    return Result.warned(summary + "; the fabric is up now, but link recovery needs NVLSM", remedy, **details)
+
+
+# -- gpu.p2p -------------------------------------------------------------------------------------------
+
+@check("gpu.p2p", "P2P path: ACS redirect on the PCIe bridges, IOMMU translation (PCIe pairs)",
+       needs=("nvml", "pcie"), depends=("gpu.driver",))
+def gpu_p2p(ctx: Any) -> Result:
+    """Why P2P over PCIe hangs or crawls while `nvidia-smi topo -p2p r` says OK: ACS (Access Control
+    Services) P2P Request/Completion Redirect or Egress Control on a switch or root port between two
+    GPUs sends their traffic up to the root complex, and an IOMMU that translates DMA (not
+    passthrough) sits in that path; NCCL's first all-reduce then hangs. Reads the ACS Control
+    register of every bridge above each GPU (sysfs configuration space: root needed for the extended
+    space) and the IOMMU mode (the GPUs' IOMMU group type, /sys/class/iommu, the kernel command
+    line). Only pairs whose P2P goes over PCIe are judged: NVLink P2P never crosses PCIe, so ACS and
+    the IOMMU do not matter for an NVLink pair. Fix: `setpci -s BDF ECAP_ACS+6.w=0000` on each
+    bridge named (the exact offset is given; not kept across reboots: set it from a boot unit or in
+    the BIOS), and `iommu=pt` (`intel_iommu=on iommu=pt` on Intel) on the kernel command line. By
+    hand: `sudo lspci -vvv | grep -i acsctl`, `cat /proc/cmdline`."""
+    nvml, grp, res = _tp_group(ctx)
+    if res:
+        return res
+    if len(grp) < 2:
+        return Result.skipped(f"{len(grp)} GPU in the TP group: no pair", **{})
+    nv_pairs, pcie_pairs = [], []
+    for i, a in enumerate(grp):
+        for b in grp[i + 1:]:
+            pair = links.find_pair(nvml, a.get("index"), b.get("index"))
+            (nv_pairs if (pair or {}).get("p2p_nvlink") == "ok" else pcie_pairs).append((a, b))
+    details: dict[str, Any] = {"nvlink_pairs": len(nv_pairs), "pcie_pairs": [f"{_gpu(a)}-{_gpu(b)}"
+                                                                             for a, b in pcie_pairs]}
+    if not pcie_pairs:
+        try:
+            details["readings"] = _pcie_readings(ctx.fact("pcie"))
+        except MalformedFact:
+            raise
+        except FactUnavailable as exc:
+            details["readings"] = f"not read: {exc.reason}"
+        return Result.passed(f"all {len(nv_pairs)} pair(s) use NVLink: ACS and the IOMMU do not affect NVLink P2P "
+                             f"(PCIe readings in details)", **details)
+    pcie = ctx.fact("pcie")
+    by_bdf = {g.get("bdf"): g for g in pcie.get("gpus") or [] if isinstance(g, dict) and isinstance(g.get("bdf"), str)}
+    iommu = pcie.get("iommu") if isinstance(pcie.get("iommu"), dict) else {}
+    mode = iommu.get("mode") if iommu.get("mode") in ("passthrough", "translated", "off") else "unknown"
+    redirect: dict[str, list[str]] = {}  # bridge -> pairs
+    unread: dict[str, str] = {}
+    acs_of: dict[str, dict[str, Any]] = {}
+    not_found, rows = [], []
+    for a, b in pcie_pairs:
+        name = f"{_gpu(a)}-{_gpu(b)}"
+        ga, gb = (by_bdf.get(pcie_mod.norm_bdf(d.get("pci_bus_id") or "")) for d in (a, b))
+        if ga is None or gb is None:
+            not_found.append(name)
+            continue
+        path = pcie_mod.path_bridges(pcie_mod.gpu_upstream(ga), pcie_mod.gpu_upstream(gb))
+        row: dict[str, Any] = {"pair": name, "bridges": path, "redirect": [], "unread": []}
+        for br in path:
+            acs = acs_of.setdefault(br, pcie_mod.bridge_acs(pcie, br))
+            if acs["redirects"]:
+                redirect.setdefault(br, []).append(name)
+                row["redirect"].append(br)
+            elif acs["present"] is None:
+                unread[br] = acs["error"] or "not read"
+                row["unread"].append(br)
+        rows.append(row)
+    details.update(pairs=rows, iommu=iommu, bridges=acs_of)
+    problems, cmds = [], []
+    if redirect:
+        bits: set[str] = set()
+        for br in redirect:
+            bits.update(pcie_mod.acs_names(acs_of[br]["enabled"], pcie_mod.REDIRECT_BITS) or
+                        [n.replace("_", " ") for n in acs_of[br]["redirects"]])
+            cmd = pcie_mod.setpci_command(acs_of[br])
+            if cmd:
+                cmds.append(cmd)
+        hit = sorted({p for pairs in redirect.values() for p in pairs})
+        names = list(redirect)
+        problems.append(f"ACS {' + '.join(sorted(bits))} on {len(names)} bridge(s) ({', '.join(names[:4])}"
+                        f"{' ...' if len(names) > 4 else ''}) under {len(hit)} pair(s)")
+        details["redirecting_bridges"] = redirect
+    if mode == "translated":
+        problems.append(f"the IOMMU translates the GPUs' DMA ({iommu.get('why')})")
+        cmds += pcie_mod.iommu_fix(iommu.get("vendor"))[1]
+    if problems:
+        fix = ("P2P over PCIe then goes through the root complex: the first all-reduce hangs or crawls although "
+               "`nvidia-smi topo -p2p r` says OK. ")
+        if redirect:
+            fix += ("Clear ACS control on the bridges named (setpci at the ACS capability's control register, "
+                    "ECAP_ACS+6; lost at reboot: run it from a boot unit, or disable ACS in the BIOS). ")
+        if mode == "translated":
+            fix += f"Put the IOMMU in passthrough: add `{pcie_mod.iommu_fix(iommu.get('vendor'))[0]}` to the kernel " \
+                   f"command line and reboot."
+        return Result.failed(f"P2P of {len(pcie_pairs)} PCIe pair(s) goes through the root complex: "
+                             + "; ".join(problems),
+                             Remediation(fix.strip(), cmds), **details)
+    if not_found and len(not_found) == len(pcie_pairs):
+        errors = [str(e) for e in pcie.get("errors") or []] if isinstance(pcie.get("errors"), list) else []
+        return Result.not_judged("the GPUs were not found in sysfs" + (f" ({'; '.join(errors)})" if errors else "")
+                              + ": cannot read their PCIe path", **details)
+    if unread:
+        why = next(iter(unread.values()))
+        return Result.not_judged(f"ACS of {len(unread)} bridge(s) on the PCIe P2P path not readable ({why}); IOMMU "
+                              f"{mode}; run `sudo k26-doctor check --only gpu.p2p` to judge it", **details)
+    seen = len(details["bridges"])
+    where = (f"no ACS redirect on the {seen} bridge(s) between them" if seen else
+             "no PCIe bridge is visible between them (a virtual machine shows none of the host's bridges)")
+    if mode == "unknown":
+        return Result.warned(f"{len(pcie_pairs)} PCIe pair(s): {where}, but the IOMMU mode is unknown "
+                             f"({iommu.get('why')})", **details)
+    return Result.passed(f"{len(pcie_pairs)} PCIe pair(s): {where}; IOMMU {mode}", **details)
+
+
+def _pcie_readings(pcie: Any) -> dict[str, Any]:
+    """A short account of the PCIe readings, for a verdict that did not need them."""
+    if not isinstance(pcie, dict):
+        return {}
+    bridges = [str(b) for b in pcie["bridges"]] if isinstance(pcie.get("bridges"), dict) else []
+    acs = [pcie_mod.bridge_acs(pcie, b) for b in bridges]
+    iommu = pcie.get("iommu") if isinstance(pcie.get("iommu"), dict) else {}
+    return {"iommu": iommu.get("mode"), "bridges": len(bridges),
+            "bridges_with_acs_redirect": sorted(a["bdf"] for a in acs if a["redirects"]),
+            "bridges_unread": sorted(a["bdf"] for a in acs if a["present"] is None)}
 
 # -- gpu.p2p_bandwidth (--deep) ----------------------------------------------------------------------
 
 @check("gpu.p2p_bandwidth", "Measured GPU-to-GPU copy bandwidth of every pair (--deep)",
-       needs=("nvml", "p2p_bandwidth"), depends=("gpu.driver",), deep=True, timeout=300)
+       needs=("nvml", "p2p_bandwidth"), depends=("gpu.driver",), deep=True, timeout=330)
 def gpu_p2p_bandwidth(ctx: Any) -> Result:
     """With --deep: copies 256 MiB 20 times between every ordered pair of the TP group, with torch
     in the service's interpreter, and compares the one-direction rate with what the links should
@@ -618,6 +914,9 @@ def gpu_p2p_bandwidth(ctx: Any) -> Result:
     below 70% warns. Copy-engine copies on healthy links typically reach 80-90% of the link rate, a link down
     costs only 1/18 (gpu.nvlink catches that), while traffic falling back to PCIe or staged
     through the host reaches under 15% of NVLink: 50% separates the two with room for noise.
+    Each pair runs in a child process of its own under a deadline (30 s): a copy that never
+    completes (P2P through a root complex with ACS redirect or a translating IOMMU: see gpu.p2p)
+    fails that pair, named, instead of hanging the run.
     By hand: nvbandwidth, or `nvidia-smi nvlink -gt d` while copying."""
     nvml, res = _nvml(ctx)
     if res:
@@ -669,8 +968,24 @@ def gpu_p2p_bandwidth(ctx: Any) -> Result:
                 low.append(f"{name} {rate:.0f} GB/s ({frac:.0%} of {expect:.0f})")
             elif frac < warn_frac:
                 warn.append(f"{name} {rate:.0f} GB/s ({frac:.0%} of {expect:.0f})")
-    details.update(pairs=rows, min_fraction=min_frac, warn_fraction=warn_frac, missing=missing)
+    by_cuda = {d.get("cuda_index", i): _gpu(d) for i, d in enumerate(grp)}
+    failed = []
+    for f in bw.get("failed_pairs") or []:
+        if isinstance(f, dict) and isinstance(f.get("a"), int) and isinstance(f.get("b"), int):
+            name = f"{by_cuda.get(f['a'], 'GPU' + str(f['a']))}-{by_cuda.get(f['b'], 'GPU' + str(f['b']))}"
+            failed.append(f"{name} ({'hung: ' if f.get('timed_out') else ''}{f.get('error') or 'failed'})")
+            missing = [m for m in missing if m != name]
+    details.update(pairs=rows, min_fraction=min_frac, warn_fraction=warn_frac, missing=missing,
+                   failed_pairs=bw.get("failed_pairs") or [])
     cmds = ["nvidia-smi topo -m", "nvidia-smi nvlink -s", "nvidia-smi -q | grep -i -A3 fabric"]
+    if failed:
+        return Result.failed(f"GPU-to-GPU copies did not complete for {len(failed)} pair(s): " + ", ".join(failed[:6])
+                             + (" ..." if len(failed) > 6 else ""),
+                             Remediation("A copy that never completes is P2P routed through the root complex (ACS "
+                                         "redirect, an IOMMU translating DMA: see gpu.p2p) or a fabric that is not "
+                                         "up (gpu.fabric). Do not start the service: its first all-reduce would hang.",
+                                         ["k26-doctor check --only gpu.p2p --only 'gpu.fabric*' -v", *cmds]),
+                             **details)
     if corrupt:
         return Result.failed("GPU-to-GPU copies returned wrong data: " + ", ".join(corrupt),
                              Remediation("Do not run the service on these GPUs; check the kernel log for Xid errors.",

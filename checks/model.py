@@ -13,9 +13,15 @@ from typing import Any
 from doctor.core.context import Context
 from doctor.core.registry import check
 from doctor.core.result import Remediation, Result
-from doctor.facts.store import FactUnavailable
+from doctor.core.settings import ConfigError
+from doctor.facts.store import FactUnavailable, MalformedFact
 from doctor.host.access import access_fix, describe
+from doctor.model import memory
+from doctor.model.drafter import DraftFinding, judge_pairing, same_directory
 from doctor.model.modelconfig import ConfigView, is_pos_int, json_data, read_config
+from doctor.model.remote_code import download_command
+from doctor.model.tokenizer import TokenizerVerdict, judge_files, judge_load
+from doctor.service.launcher import build_server_args
 
 NO_MODEL_PATH = "no model path: pass --model-path or set [model] path"
 NO_DRAFT_PATH = "no draft model path: pass --draft-model-path or set [drafter] path"
@@ -208,8 +214,11 @@ def _is_sparse(shard: dict[str, Any]) -> bool:
 
 
 def _optional(ctx: Context, name: str) -> Any:
+    """The fact, or None when it is not there; a malformed one still fails the check (one rule, every area)."""
     try:
         return ctx.fact(name)
+    except MalformedFact:
+        raise
     except FactUnavailable:
         return None
 
@@ -496,10 +505,13 @@ def model_config(ctx: Context) -> Result:
     under text_config or at the top level), that the config agrees with the shards (packed I32 expert
     weights [out, in/8], scales [out, in/group_size], experts per MoE layer = n_routed_experts, layers in
     the shards = num_hidden_layers), TP divisibility (attention heads; experts under EP; int4 groups per
-    rank), and the profile's expectations (e.g. 61 layers, 384 experts).
+    rank), the profile's expectations (e.g. 61 layers, 384 experts), and that every remote-code file that
+    auto_map names (config.json and tokenizer_config.json), and every file those import relatively, is there.
 
     Why: a config that disagrees with its weights fails at load after minutes, or loads and produces
-    garbage. Fix by hand: re-download config.json from the same revision as the shards."""
+    garbage; a missing remote-code file fails the import after the weights loaded. Fix by hand: re-download
+    config.json from the same revision as the shards; `hf download REPO --include FILE --local-dir DIR` for
+    a missing remote-code file."""
     fact = ctx.fact("model")
     early = _dir_problem(ctx, fact, "model", cause="model.shards")
     if early is not None:
@@ -544,8 +556,17 @@ def model_config(ctx: Context) -> Result:
         warnings.append("no valid shard headers to compare the config with (see model.shards)")
     tp_problems = _tp_problems(ctx, view)
     profile_problems = _profile_problems(ctx, view)
+    remote = fact.get("remote_code") or {}
+    code_missing = list(remote.get("missing") or [])
+    code_broken = [n for n, f in (remote.get("files") or {}).items() if f.get("error")]
+    code_problems: list[str] = []
+    for name in code_missing:
+        by = (remote.get("files") or {}).get(name, {}).get("needed_by")
+        code_problems.append(f"remote-code file {name} " + (f"(imported by {by}) " if by else "named by auto_map ")
+                             + "is missing: the server fails to import it after the weights load")
+    code_problems += [f"remote-code file {n} {remote['files'][n]['error']}" for n in code_broken]
     config_problems = list(problems)
-    problems = config_problems + tp_problems + profile_problems
+    problems = config_problems + tp_problems + profile_problems + code_problems
     t = view.text
     desc = (f"{view.model_type}" + (f" (text {view.text_model_type})" if view.text_model_type
                                    and view.text_model_type != view.model_type else "")
@@ -562,6 +583,9 @@ def model_config(ctx: Context) -> Result:
     if problems:
         texts: list[str] = []
         commands: list[str] = []
+        if code_problems:
+            texts.append("Download the model's remote code (the revision of the rest of the model).")
+            commands.append(download_command(ctx.expect("model.repo"), fact.get("path"), code_missing + code_broken))
         if config_problems:
             texts.append("Use the config.json of the same revision as the shards.")
             commands += _redownload_commands(ctx, fact, ["config.json"], "model.repo")
@@ -600,20 +624,39 @@ def _auto_map_modules(auto_map: Any) -> list[str]:
     return refs
 
 
-@check("model.tokenizer", "Tokenizer and chat template files the server needs", needs=("model",), timeout=120)
+@check("model.tokenizer", "Tokenizer and chat template files the server needs", needs=("model",), timeout=200)
 def model_tokenizer(ctx: Context) -> Result:
     """Looks for what the server's tokenizer loads: tokenizer_config.json (valid JSON), the vocabulary
     (tiktoken.model for TikToken tokenizers such as K2.6's, else tokenizer.json / tokenizer.model /
     vocab.json), a chat template (in tokenizer_config.json, chat_template.jinja or chat_template.json), and
     the remote-code modules that auto_map names (config.json and tokenizer_config.json). Says when
-    --trust-remote-code is required and fails when the profile turns it off.
+    --trust-remote-code is required and fails when the profile turns it off. tiktoken.model is read whole:
+    a valid BPE file (base64 token and rank per line, ranks 0..n-1), and n plus the remote code's reserved
+    special ids equal to config.json's vocabulary. Then, in the service's interpreter (--python), the
+    tokenizer is loaded as SGLang 0.5.23's get_tokenizer does (AutoTokenizer with trust_remote_code; the
+    declared class when transformers hands back its generic TokenizersBackend), every special token the
+    server's parsers split on (--reasoning-parser / --tool-call-parser kimi_k2: <think>, </think>, the
+    tool-call section markers) must be one token with tokenizer_config.json's id and decode back, and the
+    chat template must render a request with a tool. The remote code is checked against the installed
+    transformers (tokenization_kimi.py's bytes_to_unicode import, gone in transformers 5; releases that
+    route kimi_k25 to the generic backend). Without transformers there the load is not judged (skip).
 
     Why: a missing tokenizer file fails the start after the weights loaded; a missing chat template
-    breaks chat completions. Fix by hand: download the missing files from the model's repository."""
+    breaks chat completions; a tokenizer that loads with other special-token ids serves reasoning inside
+    the answer and unparsed tool calls, with no error anywhere. Fix by hand: download the missing files
+    from the model's repository; use the model's current remote code with the transformers SGLang pins.
+    A server started with --skip-tokenizer-init loads no tokenizer: then there is nothing to judge (skip)."""
     fact = ctx.fact("model")
     early = _dir_problem(ctx, fact, "model", cause="model.shards")
     if early is not None:
         return early
+    try:
+        args, _ = build_server_args(ctx.settings, placeholders=True)
+    except ConfigError:
+        args = []
+    if "--skip-tokenizer-init" in args:
+        return Result.skipped("the server runs with --skip-tokenizer-init: it loads no tokenizer "
+                              "(requests carry input_ids)", server_flag="--skip-tokenizer-init")
     tok = fact.get("tokenizer") or {}
     files = tok.get("files") or {}
     listing = ((fact.get("files") or {}).get("entries") or {})
@@ -665,22 +708,47 @@ def model_tokenizer(ctx: Context) -> Result:
     if needs_trc and trc is False:
         problems.append("auto_map means the server needs --trust-remote-code, but the profile sets "
                         "model.trust_remote_code = false")
-    details = {"tokenizer_class": cls or None, "files": files, "auto_map": remote,
-               "trust_remote_code_required": needs_trc, "chat_template": has_template, "notes": notes}
+    details: dict[str, Any] = {"tokenizer_class": cls or None, "files": files, "auto_map": remote,
+                               "trust_remote_code_required": needs_trc, "chat_template": has_template, "notes": notes}
+    load = _tokenizer_load(ctx, fact)
+    details.update(load.details, loaded_as=load.loaded_as)
+    commands = _redownload_commands(ctx, fact, sorted(set(missing_mods)), "model.repo")
+    fix = "Download the missing tokenizer files from the model's repository."
+    if load.problems and not problems:
+        fix = load.problems[0].fix or fix
+    problems += [f.message for f in load.problems]
+    commands += [c for f in load.problems for c in f.commands if c not in commands]
     if problems:
         return Result.failed(f"tokenizer: {problems[0]}" + (f" (+{len(problems) - 1} more)" if len(problems) > 1
                                                              else ""),
-                             Remediation("Download the missing tokenizer files from the model's repository.",
-                                         _redownload_commands(ctx, fact, sorted(set(missing_mods)), "model.repo")),
-                             problems=problems, **details)
+                             Remediation(fix, commands), problems=problems, **details)
     summary = (f"{cls or 'tokenizer'}: " + ("tiktoken.model, " if tiktoken else "") + "chat template present"
                + ("; needs --trust-remote-code" + (" (profile sets it)" if trc else "") if needs_trc else ""))
+    if load.probe_error:
+        return Result.errored(f"{summary}; {load.probe_error}")
+    if load.not_judged:
+        return Result.not_judged(f"{summary}; {load.not_judged}", **details)
+    summary += (f"; loads as {load.loaded_as} (transformers {load.details.get('transformers')}), "
+                f"{len(load.details.get('markers_checked') or [])} special tokens round-trip, chat template renders")
+    notes += [f.message for f in load.warnings]
     if needs_trc and trc is None:
         return Result.warned(summary + "; the profile does not say whether trust_remote_code is on",
                              "Set [model] trust_remote_code = true and pass --trust-remote-code.", **details)
     if notes:
-        return Result.warned(f"{summary}; {notes[0]}", None, **details)
+        rem = next((f.fix for f in load.warnings if f.fix), None)
+        return Result.warned(f"{summary}; {notes[0]}", rem, **details)
     return Result.passed(summary, **details)
+
+
+def _tokenizer_load(ctx: Context, fact: dict[str, Any]) -> TokenizerVerdict:
+    """The tokenizer loaded in the service's interpreter (fact ``model.tokenizer``), judged with the files."""
+    tok = _optional(ctx, "model.tokenizer")
+    if not isinstance(tok, dict) or not tok.get("given"):
+        return TokenizerVerdict(not_judged="the tokenizer load was not collected (fact model.tokenizer)")
+    view, _ = _config_view(fact)
+    verdict = judge_files(tok, view.int_field("vocab_size") if view else None, ctx.expect("model.repo"),
+                          named_reported=True)
+    return judge_load(tok, view.model_type if view else None, ctx.expect("model.repo"), verdict)
 
 
 # -- model.drafter --------------------------------------------------------------------------------
@@ -689,16 +757,28 @@ def model_tokenizer(ctx: Context) -> Result:
        needs=("drafter", "model"), fixer="model.redownload", timeout=120)
 def model_drafter(ctx: Context) -> Result:
     """The DFlash draft model: config.json valid (block_size >= 1; target_layer_ids integers within the
-    target's layers; mask_token_id inside the vocabulary; hidden size and vocabulary equal to the target's;
-    the profile's architectures), and its shards valid by the same validator as the target's
-    (model.shards).
+    target's layers and as many as the drafter's fc takes; mask_token_id inside the vocabulary; hidden size
+    and vocabulary equal to the target's; the profile's architectures, and ones SGLang runs under the
+    profile's --speculative-algorithm: no EAGLE3 drafter under DDTREE), its shards valid by the same validator
+    as the target's (model.shards), not the target's own directory; under DDTREE the drafter's block against
+    --speculative-ddtree-budget (budget >= block - 1) and --attention-backend triton; the attention backend
+    the DFlash draft will get (not an MLA-only one, which SGLang silently replaces).
 
-    Why: SGLang rejects an inconsistent drafter only after the target loaded (minutes). Fix by hand:
-    use the drafter trained for this target, downloaded whole."""
+    Why: SGLang rejects an inconsistent drafter only after the target loaded (minutes), or runs it on another
+    backend than asked. Fix by hand: use the drafter trained for this target, downloaded whole, at its own
+    path; the flags the result names."""
     fact = ctx.fact("drafter")
     early = _dir_problem(ctx, fact, "drafter")
     if early is not None:
         return early
+    if same_directory(fact, _optional(ctx, "model") or {}):
+        repo = ctx.expect("drafter.repo") or "<drafter repo>"
+        return Result.failed(f"the draft model path {fact.get('path')} is the target model's directory: the server "
+                             "would load the target itself as its drafter",
+                             Remediation("Point --draft-model-path ([drafter] path) at the drafter's own directory; "
+                                         "download it if it is not there:",
+                                         [shlex.join(["hf", "download", str(repo), "--local-dir", "<drafter dir>"])]),
+                             path=fact.get("path"), realpath=fact.get("realpath"))
     weights = judge_weights(ctx, fact, "drafter", "drafter.repo")
     problems: list[str] = []
     cfg = fact.get("config") or {}
@@ -759,12 +839,22 @@ def model_drafter(ctx: Context) -> Result:
             problems.append(f"vocab_size is {vocab!r}, the target's is {t_vocab}")
         details.update(block_size=bs, target_layer_ids=ids, mask_token_id=mtid, hidden_size=hs, vocab_size=vocab,
                        target_checked=tview is not None)
-    details["problems"] = problems
+    pairing = _pairing(ctx, d, tview, fact) if d else []
+    problems += [f.message for f in pairing if f.severity == "fail"]
+    warnings = [f.message for f in pairing if f.severity == "warn"]
+    details.update(problems=problems, warnings=warnings)
     if problems or weights.status.failed:
         first = problems[0] if problems else weights.summary
         n = len(problems) + (1 if weights.status.failed and problems else 0)
-        rem = weights.remediation or Remediation("Use the DFlash drafter trained for this target model.")
+        fixes = [f for f in pairing if f.severity == "fail"]
+        rem = weights.remediation or (Remediation(fixes[0].fix, [c for f in fixes for c in f.commands])
+                                      if fixes and len(fixes) == len(problems) else
+                                      Remediation("Use the DFlash drafter trained for this target model."))
         return Result.failed(f"drafter: {first}" + (f" (+{n - 1} more)" if n > 1 else ""), rem, **details)
+    if warnings:
+        fix = next(f.fix for f in pairing if f.severity == "warn")
+        return Result.warned(f"drafter: {warnings[0]}" + (f" (+{len(warnings) - 1} more)" if len(warnings) > 1 else ""),
+                             Remediation(fix), **details)
     note = "" if tview is not None else " (target config unavailable: consistency not checked)"
     name = ", ".join(d.get("architectures") or ["drafter"])
     if weights.status.value == "warn":
@@ -776,60 +866,71 @@ def model_drafter(ctx: Context) -> Result:
     return res_cls(f"{name}: {summ}, config consistent with the target{note}", **details)
 
 
+def _pairing(ctx: Context, draft: dict[str, Any], tview: ConfigView | None, fact: dict[str, Any]) -> list[DraftFinding]:
+    """The drafter against the target's config and the server command (doctor.model.drafter)."""
+    try:
+        args, _ = build_server_args(ctx.settings, placeholders=True)
+    except ConfigError:
+        args = []  # sglang.flags names the broken server settings
+    budget = ctx.expect("server.ddtree_budget")
+    return judge_pairing(draft, target_archs=tview.architectures if tview else [],
+                         target_is_mla=bool(tview and tview.int_field("kv_lora_rank")),
+                         target_hidden=tview.int_field("hidden_size") if tview else None,
+                         draft_tensors=fact.get("tensors"), algorithm=ctx.expect("server.speculative_algorithm"),
+                         server_args=args, budget=budget if type(budget) is int else None)
+
+
 # -- model.fit ------------------------------------------------------------------------------------
 
-REPLICATED_MARKERS = ("q_a_proj", "kv_a_proj_with_mqa", "layernorm", ".norm.", "norm.weight", ".mlp.gate.",
-                      "vision_tower.", "mm_projector.", "e_score_correction_bias")
-
-
 def split_bytes(summary: dict[str, Any] | None, total: int) -> tuple[int, int]:
-    """(sharded, replicated) bytes under TP: MLA's down projections, routers, norms and the vision tower
-    are replicated on every rank in SGLang; everything else is split."""
-    if not summary:
-        return total, 0
-    rep = 0
-    sharded = 0
-    for pat, v in (summary.get("patterns") or {}).items():
-        if any(m in pat for m in REPLICATED_MARKERS):
-            rep += v["bytes"]
-        else:
-            sharded += v["bytes"]
-    return sharded, rep
+    """(sharded, replicated) bytes of the target under TP (``doctor.model.memory.split_weights``)."""
+    w = memory.split_weights((summary or {}).get("patterns"), total, 1)
+    return w.sharded, w.replicated
 
 
 def kv_bytes_per_token(view: ConfigView | None, tp: int, kv_dtype: Any = None) -> int | None:
-    """KV cache bytes per token on one GPU. MLA (DeepSeek-V3/K2) caches one latent of kv_lora_rank +
-    qk_rope_head_dim per layer, the same on every TP rank; other models cache K and V per KV head,
-    split over TP."""
-    if view is None:
+    """KV cache bytes per token on one GPU (``doctor.model.memory.kv_cell``): MLA caches one latent of
+    kv_lora_rank + qk_rope_head_dim per layer on every TP rank; others K and V per KV head, split over TP."""
+    g = memory.geometry(view.text) if view is not None else None
+    if g is None:
         return None
-    elem = 1 if isinstance(kv_dtype, str) and "fp8" in kv_dtype else 2
-    layers = view.int_field("num_hidden_layers")
-    if not layers:
-        return None
-    lora, rope = view.int_field("kv_lora_rank"), view.int_field("qk_rope_head_dim")
-    if lora and rope:
-        return layers * (lora + rope) * elem
-    heads = view.int_field("num_key_value_heads") or view.int_field("num_attention_heads")
-    hidden, n_heads = view.int_field("hidden_size"), view.int_field("num_attention_heads")
-    head_dim = view.int_field("head_dim") or (hidden // n_heads if hidden and n_heads else None)
-    if not heads or not head_dim:
-        return None
-    return layers * 2 * max(1, heads // tp) * head_dim * elem
+    return memory.kv_cell(g, tp, 1 if isinstance(kv_dtype, str) and "fp8" in kv_dtype else 2)
 
 
-@check("model.fit", "Weights per GPU plus headroom fit in GPU memory", needs=("nvml", "model", "model.tensors",
-                                                                         "drafter"), timeout=120)
+def _fraction_given(args: list[str], ctx: Context) -> float | None:
+    f = memory.parse_server_args(args).get("mem_fraction")
+    if f is None:
+        f = ctx.expect("server.mem_fraction_static")
+    return float(f) if isinstance(f, (int, float)) and not isinstance(f, bool) and 0 < f <= 1 else None
+
+
+def _largest(items: dict[str, int], n: int = 3) -> str:
+    top = sorted(items.items(), key=lambda kv: -kv[1])[:n]
+    return ", ".join(f"{k} {_fmt_bytes(v)}" for k, v in top)
+
+
+@check("model.fit", "Weights per GPU plus headroom fit in GPU memory: the --mem-fraction-static window",
+       needs=("nvml", "model", "model.tensors", "drafter"), timeout=120)
 def model_fit(ctx: Context) -> Result:
-    """Estimates the weights each GPU holds under the profile's parallelism (TP-split tensors / TP plus
-    the tensors SGLang replicates on every rank: MLA down-projections, routers, norms, the vision tower)
-    plus the whole drafter (counted replicated, conservatively), and compares with the static memory pool
-    SGLang reserves (server.mem_fraction_static x total memory) and with free memory now. What remains of
-    the pool is the KV cache; what lies outside it holds CUDA graphs and activations.
+    """Computes, before a load that takes many minutes, the --mem-fraction-static values that work, as
+    SGLang 0.5.23 accounts memory (``doctor/model/memory.py``, constants in
+    ``doctor/data/sglang_memory.toml``): SGLang measures the free memory `pre` before loading, puts the
+    target's and the drafter's weights (TP-split tensors / TP, plus what every rank keeps whole: MLA's
+    down projections, routers, norms, the vision tower; the drafter's fc and norms) and the KV cache in
+    `pre x f`, and leaves `pre x (1 - f)` for the rest: the attention backend's CUDA-graph buffers (with
+    DDTree the verify width is budget + 1 tokens per request: Triton's graph logits, KV indices and tree
+    mask grow with max_bs x (budget + 1) x context), the graphs' logits buffer, prefill activations,
+    the request table, NCCL. f_min is where the KV cache holds what the profile asks (one request at the
+    full context, or `kv_tokens_per_request` for every running request; MLA: (kv_lora_rank +
+    qk_rope_head_dim) x layers x 2 bytes per token, plus the DFlash drafter's cell); f_max is where the
+    outside still fits. Fails when no value works or the weights do not fit; warns when the profile's
+    value lies outside the window; reports a recommended value (the largest that leaves the outside its
+    room, to 0.01).
 
-    Why: too little memory fails after minutes of loading, or leaves a KV cache too small to serve.
-    Fix by hand: more GPUs (a larger TP), a larger mem_fraction_static if the headroom allows, a smaller
-    drafter."""
+    Why: "raise or lower --mem-fraction-static?" is the question SGLang answers only after loading (and
+    with a large speculative verify width there may be no answer at all). Fix by hand: set
+    [server] mem_fraction_static to the recommended value; lower the context length, max running
+    requests, the CUDA graphs' max batch size or the DDTree budget; or use more GPUs."""
     try:
         nvml = ctx.fact("nvml")
     except FactUnavailable as exc:
@@ -848,64 +949,126 @@ def model_fit(ctx: Context) -> Result:
     total = totals.get("data_bytes") or 0
     if not total or totals.get("shards_ok") != totals.get("shards"):
         return Result.blocked("cannot size the weights: shards are not all valid (see model.shards)", "model.shards")
+    c = memory.constants()
     tp = ctx.settings.tp
     world = ctx.settings.world_size
     summary = (_optional(ctx, "model.tensors") or {}).get("summary")
-    sharded, replicated = split_bytes(summary, total)
+    target_w = memory.split_weights((summary or {}).get("patterns"), total, tp)
     draft = _optional(ctx, "drafter") or {}
-    draft_bytes = ((draft.get("weights") or {}).get("totals") or {}).get("data_bytes") or 0
-    per_gpu = math.ceil(sharded / tp) + replicated + draft_bytes
-    frac = ctx.expect("server.mem_fraction_static")
-    frac_note = ""
-    if not isinstance(frac, (int, float)) or not 0 < frac <= 1:
-        frac, frac_note = 0.85, " (mem_fraction_static not set: assuming 0.85)"
-    min_kv = float(ctx.expect("model.min_kv_cache_gib", 4)) * GIB
-    min_outside = float(ctx.expect("model.min_graph_headroom_gib", 2)) * GIB
-    used_devs = devices[:world]
+    draft_total = ((draft.get("weights") or {}).get("totals") or {}).get("data_bytes") or 0
+    draft_w = memory.split_weights((draft.get("tensors") or {}).get("patterns"), draft_total, tp, draft=True)
+    weights = target_w.per_gpu + (draft_w.per_gpu if draft_total else 0)
+    view, _ = _config_view(fact)
+    tgeom = memory.geometry(view.text) if view is not None else None
+    dcfg = json_data(draft.get("config")) if draft.get("given") else None
+    dgeom = memory.geometry(dcfg) if isinstance(dcfg, dict) else None
+    dflash = (dcfg.get("dflash_config") if isinstance(dcfg, dict) else None) or {}
+    block = dflash.get("block_size", (dcfg or {}).get("block_size") if isinstance(dcfg, dict) else None)
+    try:
+        args = build_server_args(ctx.settings, placeholders=True)[0]
+        args_note = None
+    except ConfigError as exc:
+        args, args_note = [], f"server arguments unreadable ({exc}): SGLang's defaults assumed"
+    used = devices[:world]
     rows = []
-    worst = None
-    for dev in used_devs:
+    overhead = memory.runtime_overhead(tp, int(ctx.expect("parallel.pp", 1) or 1), c)
+    for dev in used:
         mem = dev["memory"]
         tot, free = int(mem.get("total") or 0), int(mem.get("free") or 0)
-        pool = tot * frac
-        usable_now = free - tot * (1 - frac)
-        kv_total = pool - per_gpu
-        kv_now = usable_now - per_gpu
-        row = {"index": dev.get("index"), "name": dev.get("name"), "total": tot, "free": free,
-               "static_pool": int(pool), "kv_cache_bytes": int(kv_total), "kv_cache_bytes_now": int(kv_now),
-               "outside_pool": int(tot - pool)}
-        rows.append(row)
-        if worst is None or kv_now < worst["kv_cache_bytes_now"]:
-            worst = row
-    assert worst is not None
-    details = {"weights_total": total, "sharded": sharded, "replicated": replicated, "drafter": draft_bytes,
-               "per_gpu_weights": per_gpu, "tp": tp, "mem_fraction_static": frac, "devices": rows,
-               "min_kv_cache_bytes": int(min_kv)}
-    view, _ = _config_view(fact)
-    per_token = kv_bytes_per_token(view, tp, ctx.expect("server.kv_cache_dtype"))
-    tokens = ""
-    if per_token:
-        details["kv_bytes_per_token"] = per_token
-        details["kv_tokens"] = max(0, int(worst["kv_cache_bytes_now"] // per_token))
-        tokens = f" (~{details['kv_tokens']:,} tokens)"
+        rows.append({"index": dev.get("index"), "name": dev.get("name"), "total": tot, "free": free,
+                     "pre": max(0, free - overhead)})
+    worst = min(rows, key=lambda r: r["pre"])
     gpu = f"GPU {worst['index']} ({worst['name']}, {_fmt_bytes(worst['total'])})"
-    head = (f"{_fmt_bytes(per_gpu)} of weights per GPU (TP{tp}{' + drafter' if draft_bytes else ''})")
-    rem = Remediation("Use more GPUs (a larger TP/EP), a profile for larger GPUs, or raise mem_fraction_static "
-                      "if the headroom outside the pool allows.", ["nvidia-smi --query-gpu=index,memory.total,"
-                                                                   "memory.used --format=csv"])
-    if len(used_devs) < world:
-        details["note"] = f"only {len(used_devs)} GPUs visible for a world size of {world}"
-    if worst["kv_cache_bytes"] <= 0:
-        return Result.failed(f"{head} exceed the static pool {_fmt_bytes(worst['static_pool'])} "
-                             f"({frac:g} x {_fmt_bytes(worst['total'])}) of {gpu}{frac_note}", rem, **details)
-    if worst["kv_cache_bytes_now"] <= 0:
-        return Result.failed(f"{head}: {gpu} has only {_fmt_bytes(worst['free'])} free now; other processes hold "
-                             "memory (see gpu.idle)", rem, **details)
-    if worst["kv_cache_bytes_now"] < min_kv:
-        return Result.warned(f"{head} leave {_fmt_bytes(worst['kv_cache_bytes_now'])} for the KV cache on {gpu} "
-                             f"(want >= {_fmt_bytes(min_kv)}){frac_note}", rem, **details)
-    if worst["outside_pool"] < min_outside:
-        return Result.warned(f"{head} fit, but only {_fmt_bytes(worst['outside_pool'])} stays outside the pool for "
-                             f"CUDA graphs and activations (mem_fraction_static {frac:g})", rem, **details)
-    return Result.passed(f"{head} + {_fmt_bytes(worst['kv_cache_bytes_now'])} KV cache{tokens} fit in "
-                         f"{frac:g} x {_fmt_bytes(worst['total'])} on the tightest GPU{frac_note}", **details)
+    f = _fraction_given(args, ctx)
+    details: dict[str, Any] = {
+        "weights_total": total, "sharded": target_w.sharded, "replicated": target_w.replicated,
+        "drafter": draft_total, "drafter_per_gpu": draft_w.per_gpu if draft_total else 0,
+        "per_gpu_weights": weights, "tp": tp, "mem_fraction_static": f, "devices": rows,
+        "runtime_overhead": overhead, "pre": worst["pre"]}
+    notes = [n for n in (args_note,) if n]
+    if len(used) < world:
+        notes.append(f"only {len(used)} GPUs visible for a world size of {world}")
+    rem_more = Remediation("Use more GPUs (a larger TP), a profile for larger GPUs, or a smaller drafter.",
+                           ["nvidia-smi --query-gpu=index,memory.total,memory.used --format=csv"])
+    held = worst["total"] - worst["free"]
+    busy = f" (other processes hold {_fmt_bytes(held)} of it now: see gpu.idle)" if held > 2 * GIB else ""
+    if f is not None and weights >= worst["pre"] * f:
+        more = ", and even all of its free memory" if weights >= worst["pre"] else ""
+        return Result.failed(f"{_fmt_bytes(weights)} of weights per GPU (TP{tp}"
+                             f"{' + drafter' if draft_total else ''}) exceed the static pool "
+                             f"{_fmt_bytes(worst['pre'] * f)} ({f:g} x {_fmt_bytes(worst['pre'])} free now) of "
+                             f"{gpu}{more}{busy}", rem_more, notes=notes, **details)
+    if weights >= worst["pre"]:
+        return Result.failed(f"{_fmt_bytes(weights)} of weights per GPU exceed the {_fmt_bytes(worst['pre'])} "
+                             f"SGLang would find free on {gpu}{busy}", rem_more, notes=notes, **details)
+    if tgeom is None:
+        return Result.warned(f"{_fmt_bytes(weights)} of weights per GPU fit in {_fmt_bytes(worst['pre'])} on {gpu}; "
+                             "the KV cache and the graph buffers cannot be sized: config.json lacks the attention "
+                             "geometry (see model.config)", None, notes=notes, **details)
+    shape = memory.server_shape(args, tgeom, gpu_gib=min(r["total"] for r in rows) / GIB,
+                                draft_block=block if is_pos_int(block) else None, c=c)
+    notes += shape.notes
+    speculative_draft = shape.algorithm in memory.DFLASH_FAMILY and dgeom is not None
+    cell = memory.kv_cell(tgeom, tp, shape.kv_bytes) + (memory.kv_cell(dgeom, tp, shape.kv_bytes)
+                                                        if speculative_draft else 0)
+    requests = shape.max_running_requests
+    per_request = ctx.settings.kv_tokens_per_request
+    need = shape.context_len
+    if per_request and requests:
+        need = max(need, requests * per_request)
+    if requests and shape.algorithm != "NONE":
+        need += requests * 2 * shape.verify_width  # the per-step KV reservation of speculative decoding
+    min_kv = ctx.expect("model.min_kv_cache_gib")
+    if isinstance(min_kv, (int, float)) and not isinstance(min_kv, bool) and min_kv > 0:
+        need = max(need, math.ceil(min_kv * GIB / cell))
+    outside = memory.outside_pool(tgeom, shape, draft=dgeom if speculative_draft else None,
+                                  sms=memory.sm_count(worst["name"], c), c=c)
+    if not requests:
+        kv_guess = max(1, int(worst["pre"] * (f or 0.85) - weights) // cell)
+        requests = memory.auto_max_running(kv_guess, shape.context_len, c)
+    outside["request table"] = memory.req_to_token_bytes(shape, requests, c)
+    win = memory.window(pre=worst["pre"], weights=weights, cell=cell, need_tokens=need, outside=outside)
+    details.update(window=win.to_dict(), shape=vars(shape), kv_bytes_per_token=cell, kv_tokens_needed=need,
+                   sglang_reserve=memory.sglang_reserve(shape, tgeom.mla, c), recommended=win.recommended,
+                   f_min=win.f_min, f_max=win.f_max, notes=notes)
+    span = f"[{win.f_min:.3f}, {win.f_max:.3f}]"
+    what = (f"{_fmt_bytes(weights)} weights + KV for {need:,} tokens ({_fmt_bytes(win.need_kv)}) inside, "
+            f"{_fmt_bytes(sum(outside.values()))} outside ({_largest(outside)})")
+    set_cmd = (["# [server] mem_fraction_static = " + f"{win.recommended:g}"] if win.recommended else [])
+    if win.empty:
+        return Result.failed(
+            f"no --mem-fraction-static works on {gpu}: it needs >= {win.f_min:.3f} for {what.split(' inside')[0]} "
+            f"but <= {win.f_max:.3f} for {_fmt_bytes(sum(outside.values()))} outside the pool "
+            f"({_largest(outside)})",
+            Remediation("Lower the context length, --max-running-requests, the CUDA graphs' max batch size or the "
+                        "DDTree budget; or use more GPUs.",
+                        ["k26-doctor check --only model.fit -v --context-length N --max-running-requests R"]),
+            **details)
+    kv_at = win.kv_tokens(f) if f is not None else None
+    details["kv_tokens"] = kv_at
+    if f is None:
+        auto = memory.sglang_auto_fraction(shape, tgeom.mla, worst["total"], c)
+        details["sglang_auto_fraction"] = auto
+        verdict = (f"SGLang would pick {auto:.3f}: inside" if win.f_min <= auto <= win.f_max
+                   else f"SGLang would pick {auto:.3f}: outside it")
+        return Result.warned(f"window {span}, recommended {win.recommended:g}; mem_fraction_static not set, "
+                             f"{verdict} ({what})",
+                             Remediation("Set the fraction in the profile or config:", set_cmd), **details)
+    if f < win.f_min:
+        return Result.warned(f"mem_fraction_static {f:g} is below the window {span}: a KV cache of "
+                             f"{kv_at:,} tokens where {need:,} are needed (context {shape.context_len:,}"
+                             f"{', ' + str(requests) + ' requests' if per_request else ''}); "
+                             f"recommended {win.recommended:g} on {gpu}",
+                             Remediation("Raise it (or lower the context length):", set_cmd), **details)
+    if f > win.f_max:
+        left = worst["pre"] * (1 - f)
+        return Result.warned(f"mem_fraction_static {f:g} is above the window {span}: it leaves "
+                             f"{_fmt_bytes(left)} outside the pool where {_fmt_bytes(sum(outside.values()))} are "
+                             f"needed ({_largest(outside)}): out of memory at CUDA-graph capture or the first long "
+                             f"prefill; recommended {win.recommended:g} on {gpu}",
+                             Remediation("Lower it (or the CUDA graphs' max batch size / the DDTree budget):",
+                                         set_cmd), **details)
+    return Result.passed(f"mem_fraction_static {f:g} inside the window {span} (recommended {win.recommended:g}): "
+                         f"{_fmt_bytes(weights)} of weights per GPU + KV for {kv_at:,} tokens "
+                         f"({need:,} needed), {_fmt_bytes(worst['pre'] * (1 - f))} left outside for "
+                         f"{_fmt_bytes(sum(outside.values()))} on the tightest GPU", **details)

@@ -18,6 +18,7 @@ from doctor.core.settings import ConfigError
 from doctor.service.launcher import build_server_args
 from doctor.sglang.flags import judge_flags
 from doctor.sglang.patching.status import APPLIED, DRIFTED, MISSING, PARTIAL, PRISTINE, evaluate
+from doctor.sglang.runtime import runtime_problems
 from doctor.stack.judging import (
     installed_dist,
     is_under,
@@ -36,8 +37,11 @@ def sglang_install(ctx: Any) -> Result:
     """Finds SGLang without importing it (package metadata and ``find_spec``), checks its version
     against the profile's pin, then imports it in a child process of the service interpreter with a
     deadline: a wheel can be installed yet unimportable because of a missing or mismatched dependency.
-    Finally asks whether DFlash's tree-sampling kernel is available: without it SGLang silently
-    verifies greedily (warn). Fix by hand: ``pip install 'sglang==<pin>'`` in the service's venv.
+    Then what the server imports at start beyond ``import sglang`` (``doctor/data/sglang_runtime.toml``,
+    each rule seen stopping a real server): FlashInfer and its JIT sources for DFLASH/DDTREE verify, the
+    CuTe DSL for Llama/Qwen-family MLPs. Finally asks whether DFlash's tree-sampling kernel is
+    available: without it SGLang silently verifies greedily (warn). Fix by hand: ``pip install
+    'sglang==<pin>'`` (and what the failure names) in the service's venv.
     """
     stack, err = stack_fact(ctx)
     if err:
@@ -91,6 +95,15 @@ def sglang_install(ctx: Any) -> Result:
             warnings.append(f"SGLang builds its JIT kernels (DFlash tree sampling among them) with nvcc at first use: "
                             f"none at {jit.get('nvcc')} (via {jit.get('found_by')}); set CUDA_HOME or install the "
                             "CUDA toolkit")
+    fails, runtime_warns, runtime_cmds = runtime_problems(
+        imp.get("runtime"), algorithm=ctx.expect("server.speculative_algorithm"),
+        architectures=ctx.expect("model.architectures"), flashinfer_pin=ctx.expect("stack.flashinfer"))
+    details["runtime"] = imp.get("runtime")
+    if fails:
+        return Result.failed(f"sglang {ver} imports, but the server would stop at start: " + "; ".join(fails),
+                             Remediation("Install what the server imports at start into the service's "
+                                         "environment.", runtime_cmds), **details)
+    warnings.extend(runtime_warns)
     dflash = imp.get("dflash") or {}
     if dflash.get("available") is False:
         warnings.append("DFlash's tree-sampling kernel is unavailable: SGLang will verify greedily "

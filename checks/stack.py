@@ -15,9 +15,9 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import Version
 
 from doctor.core.registry import check
-from doctor.core.result import Remediation, Result
+from doctor.core.result import Remediation, Result, Status
 from doctor.facts.store import FactUnavailable
-from doctor.stack import compat
+from doctor.stack import compat, kernels, libcuda
 from doctor.stack.cuda_arch import best_match, cc_str
 from doctor.stack.judging import (
     gpu_ccs,
@@ -26,9 +26,11 @@ from doctor.stack.judging import (
     parse_spec,
     parse_version,
     pip_install,
+    probe_failed,
     service_python,
     stack_fact,
 )
+from doctor.stack.verdict import Verdict
 
 COMPONENTS = ("torch", "triton", "sglang", "sglang_kernel", "flashinfer")
 PIP_NAMES = {"torch": "torch", "triton": "triton", "sglang": "sglang", "sglang_kernel": "sglang-kernel",
@@ -137,10 +139,15 @@ def torch_arch(ctx: Any) -> Result:
 
     torch 2.11.0+cu130 has sm_100 and no sm_103: B300 (10.3) runs its sm_100 cubins, which is fine.
     Without a compatible target torch fails with "no kernel image is available for execution on the
-    device". With --deep, a small matmul runs on every GPU. Fix by hand: install a torch wheel whose
-    CUDA build covers the GPU (cu128 or newer for Blackwell).
+    device". By default the targets are read from ``torch/lib/libtorch_cuda.so``'s fat binary and
+    ``torch/version.py`` (facts ``kernels`` and ``stack``: torch is not imported); arch-specific
+    ``sm_XYa`` kernels count only where no general target runs. With --deep (or a recording without
+    those facts) torch is imported in a child process and, with --deep, a small matmul runs on every
+    GPU. Fix by hand: install a torch wheel whose CUDA build covers the GPU (cu128 or newer for Blackwell).
     """
-    info = ctx.fact("torch_info")
+    info = None if ctx.deep else _torch_from_binaries(ctx)
+    if info is None:
+        info = ctx.fact("torch_info")
     if not isinstance(info, dict) or not info.get("ok"):
         return _torch_unusable(ctx, info if isinstance(info, dict) else {})
     if not info.get("cuda"):
@@ -154,8 +161,11 @@ def torch_arch(ctx: Any) -> Result:
     if not ccs:
         return Result.not_judged("no GPU to judge: NVML sees none and the profile names no compute_capability",
                               **source)
-    per_cc = {cc_str(cc): best_match(flags, cc) for cc in ccs}
+    general = [f for f in flags if not f.endswith("a")]  # arch-specific extras are not torch's kernel set
+    per_cc = {cc_str(cc): best_match(general, cc) if best_match(general, cc).ok else best_match(flags, cc)
+              for cc in ccs}
     details: dict[str, Any] = {"torch": info.get("version"), "arch_flags": flags, "gpus": where, **source,
+                               "targets_from": info.get("targets_from", "torch._C._cuda_getArchFlags()"),
                                "match": {k: {"how": m.how, "target": m.target, "note": m.note}
                                          for k, m in per_cc.items()}}
     bad = {k: m for k, m in per_cc.items() if not m.ok}
@@ -184,6 +194,26 @@ def torch_arch(ctx: Any) -> Result:
     return Result.passed(summary, **details)
 
 
+def _torch_from_binaries(ctx: Any) -> dict[str, Any] | None:
+    """torch's version, CUDA and targets from its files (no import), shaped as the ``torch_info`` fact; None
+    when those facts cannot be had (a recording made before they existed, a failed probe): then torch_info."""
+    try:
+        fact, stack = ctx.fact("kernels"), ctx.fact("stack")
+    except FactUnavailable:
+        return None
+    if not isinstance(fact, dict) or not fact.get("ok") or not isinstance(stack, dict) or not stack.get("ok"):
+        return None
+    if "torch" not in (fact.get("distributions") or {}):
+        return {"ok": False, "missing_module": "torch", "error": "torch is not installed"}
+    version_py = (stack.get("torch") or {}).get("version_py") or {}
+    if "cuda" not in version_py:  # torch/version.py unread: whether it is a CUDA build is unknown, not "no"
+        return None
+    targets, source = kernels.torch_targets(fact)
+    return {"ok": True, "version": version_py.get("__version__") or fact["distributions"]["torch"].get("version"),
+            "cuda": version_py.get("cuda"), "arch_flags": targets,
+            "targets_from": f"{source} (fat binary)" if source else "no torch CUDA library"}
+
+
 def _judge_matmul(info: dict[str, Any], details: dict[str, Any]) -> Result | None:
     runs = info.get("matmul")
     if runs is None:
@@ -200,6 +230,68 @@ def _judge_matmul(info: dict[str, Any], details: dict[str, Any]) -> Result | Non
     return None
 
 
+# -- stack.kernels, cuda.libcuda (judged in doctor/stack/) -------------------------------------------
+
+def _result(v: Verdict) -> Result:
+    rem = Remediation(v.fix, v.commands) if (v.fix or v.commands) else None
+    status = {"pass": Status.PASS, "warn": Status.WARN, "fail": Status.FAIL, "skip": Status.SKIP}[v.status]
+    res = Result(status, v.summary, v.details, rem)
+    res.cause, res.unjudged = v.cause, v.unjudged and status is Status.SKIP
+    return res
+
+
+@check("stack.kernels", "GPU code (SASS/PTX) of every kernel package against every GPU; the libtorch ABI",
+       needs=("kernels", "nvml", "stack"), timeout=120)
+def stack_kernels(ctx: Any) -> Result:
+    """Reads every installed package's GPU code from its files (``.nv_fatbin`` of each shared object,
+    bare cubins; doctor/stack/fatbin.py, nothing imported) and judges it against every GPU's compute
+    capability by CUDA's rules: ``sm_100`` SASS runs on 10.3, ``sm_100a`` does not, ``sm_100f`` runs on
+    10.0 and 10.3, PTX JIT-compiles forward when the driver knows its ISA (doctor/stack/kernels.py).
+    A required package (torch, sgl-kernel) with no code for a GPU fails ("no kernel image is available");
+    kernels built for another GPU of the same generation only (flashinfer's sm_100a cubins on a B300) warn.
+    It also resolves each kernel library's undefined torch symbols against the installed torch's
+    libraries (a kernel built for another torch fails at import with "undefined symbol", after the
+    weights began loading) and reads every installed package's Requires-Dist pins. Fix by hand: install
+    the kernel builds made for the installed torch and GPU (the remediation names them).
+    """
+    fact = ctx.fact("kernels")
+    if not isinstance(fact, dict) or not fact.get("ok"):
+        return probe_failed(ctx, fact if isinstance(fact, dict) else {}, "read the installed packages' binaries")
+    ccs, where, _source = gpu_ccs(ctx)
+    nvml, stack = _optional(ctx, "nvml"), _optional(ctx, "stack")
+    driver_cuda = compat.cuda_from_nvml(nvml.get("cuda_driver_version")) if isinstance(nvml, dict) else None
+    markers = ((stack.get("python") or {}).get("markers") or None) if isinstance(stack, dict) else None
+    return _result(kernels.judge(fact, ccs, where, driver_cuda, markers, service_python(ctx)))
+
+
+def _optional(ctx: Any, name: str) -> Any:
+    """A fact that only refines the judgement: None when it cannot be had."""
+    try:
+        return ctx.fact(name)
+    except FactUnavailable:
+        return None
+
+
+@check("cuda.libcuda", "The libcuda.so.1 the service loads against the kernel module; forward compatibility",
+       needs=("libcuda", "nvml"), timeout=60)
+def cuda_libcuda(ctx: Any) -> Result:
+    """Loads ``libcuda.so.1`` in a child of the service's interpreter, with the service's environment,
+    as torch does, and reads which file the loader mapped (``/proc/self/maps``) and its version (its real
+    file name), against the kernel module's (``/proc/driver/nvidia/version``); ``cuInit`` says what the
+    driver itself thinks. A different version is error 803 (a container's loader cache or an
+    LD_LIBRARY_PATH entry); a newer one is CUDA forward compatibility, which only data center GPUs
+    support (804 elsewhere). Fix by hand: the LD_LIBRARY_PATH value or ld.so.conf line the remediation
+    names, then ``ldconfig``.
+    """
+    fact = ctx.fact("libcuda")
+    if not isinstance(fact, dict) or not fact.get("ok"):
+        return probe_failed(ctx, fact if isinstance(fact, dict) else {}, "load libcuda.so.1")
+    nvml = _optional(ctx, "nvml")
+    names = ([str(d.get("name")) for d in nvml.get("devices") or [] if isinstance(d, dict)]
+             if isinstance(nvml, dict) and nvml.get("available") else None)
+    return _result(libcuda.judge(fact, names))
+
+
 # -- stack.versions ------------------------------------------------------------------------------
 
 @check("stack.versions", "torch / triton / sglang / sglang-kernel / flashinfer against the supported matrix",
@@ -207,11 +299,13 @@ def _judge_matmul(info: dict[str, Any], details: dict[str, Any]) -> Result | Non
 def stack_versions(ctx: Any) -> Result:
     """Reads the installed versions from the service interpreter's package metadata (nothing is
     imported) and compares them with the profile's [stack] pins and the supported matrix
-    (doctor/data/compat.toml): torch pins its Triton (2.11.0 -> 3.6.0), SGLang 0.5.23 pins
+    (doctor/data/compat.toml): torch pins its Triton (2.14.1 -> ~=3.8.0), SGLang 0.5.23 pins
     sglang-kernel 0.4.10 and flashinfer-python 0.7.2. Then, like ``pip check``, evaluates the
-    requirements these packages declare on each other; a requirement the profile deliberately overrides
-    is a warning. Mismatched kernels load and then crash or silently miscompute. Fix by hand: install
-    the pinned versions (the remediation lists the exact pip command).
+    requirements these packages declare on each other. A pin, the matrix's or a package's own, that the
+    profile deliberately overrides (the installed version is the one the profile pins) is a warning, the
+    same from either source; a package SGLang needs that is missing is named once. Mismatched kernels
+    load and then crash or silently miscompute. Fix by hand: install the pinned versions (the remediation
+    lists the exact pip command).
     """
     stack, err = stack_fact(ctx)
     if err:
@@ -245,8 +339,8 @@ def stack_versions(ctx: Any) -> Result:
             row["ok"] = False
         else:
             row["ok"] = True
-    _matrix(versions, problems, rows)
-    unmet = _unmet_requirements(ctx, stack)
+    missing = _matrix(versions, problems, warnings, rows)
+    unmet = _unmet_requirements(ctx, stack, set(missing))
     for item in unmet:
         (warnings if item["overridden_by_profile"] else problems).append(item["text"])
     for err in stack.get("metadata_errors") or []:
@@ -255,13 +349,16 @@ def stack_versions(ctx: Any) -> Result:
     for d in dups:
         warnings.append(f"two copies of {d['name']} on sys.path ({d['shadowed_by']} imports, {d['version']} shadowed)")
     details = {"components": rows, "unmet": unmet, "duplicates": dups, "python": service_python(ctx),
-               "metadata_errors": stack.get("metadata_errors") or []}
+               "metadata_errors": stack.get("metadata_errors") or [], "warnings": warnings}
     summary_versions = ", ".join(f"{PIP_NAMES[c]} {rows[c]['installed']}" for c in COMPONENTS if rows[c]["installed"])
     if problems:
-        cmd = shlex.join([service_python(ctx), "-m", "pip", "install", *(
-            f"{PIP_NAMES[c]}{ctx.expect(f'stack.{c}')}" for c in COMPONENTS if ctx.expect(f"stack.{c}"))])
+        specs = [f"{PIP_NAMES[c]}{ctx.expect(f'stack.{c}')}" for c in COMPONENTS if ctx.expect(f"stack.{c}")]
+        specs += [f"{PIP_NAMES[c]}=={pin}" for c, pin in missing.items()]
+        text = "Install the versions the profile pins (they are tested together)"
+        if missing:
+            text += " and what the installed SGLang needs that the profile does not pin"
         return Result.failed("; ".join(problems), Remediation(
-            "Install the versions the profile pins (they are tested together).", [cmd]), **details)
+            text + ".", [shlex.join([service_python(ctx), "-m", "pip", "install", *specs])]), **details)
     if warnings:
         return Result.warned(f"{summary_versions}; " + "; ".join(warnings), **details)
     return Result.passed(summary_versions or "no stack package installed and none expected", **details)
@@ -271,26 +368,43 @@ def _stack_dist_names() -> set[str]:
     return {norm(n) for names in compat.distribution_names().values() for n in names}
 
 
-def _matrix(versions: dict[str, Version | None], problems: list[str], rows: dict[str, Any]) -> None:
+def _matrix(versions: dict[str, Version | None], problems: list[str], warnings: list[str],
+            rows: dict[str, Any]) -> dict[str, str]:
+    """The supported matrix's pins (compat.toml) against the installed versions; a pin the profile deliberately
+    overrides is a warning, as in ``_unmet_requirements``. Returns the components SGLang pins that are missing
+    and the profile does not name, with SGLang's pin (named here once)."""
+
+    def judged(comp: str, text: str) -> None:
+        row = rows.get(comp) or {}
+        if row.get("expected") and row.get("ok"):
+            warnings.append(text + " (the profile pins it deliberately)")
+        else:
+            problems.append(text)
+
+    missing: dict[str, str] = {}
     torch_v, triton_v, sglang_v = versions.get("torch"), versions.get("triton"), versions.get("sglang")
     if torch_v is not None and triton_v is not None:
         pinned = compat.triton_for_torch(str(torch_v))
         rows["torch"]["pins_triton"] = pinned
-        if pinned and Version(pinned) != Version(triton_v.base_version):
-            problems.append(f"torch {torch_v} pins triton {pinned}, installed {triton_v}")
+        spec = parse_spec(pinned if pinned and not pinned[0].isdigit() else f"=={pinned}")
+        if pinned and spec is not None and not spec.contains(Version(triton_v.base_version), prereleases=True):
+            judged("triton", f"torch {torch_v} pins triton {pinned}, installed {triton_v}")
     if sglang_v is not None:
         pins = compat.sglang_pins(str(sglang_v))
         rows["sglang"]["pins"] = pins
         for comp, pinned in pins.items():
             have = versions.get(comp)
             if have is not None and Version(pinned) != have:
-                problems.append(f"sglang {sglang_v} pins {PIP_NAMES.get(comp, comp)} {pinned}, installed {have}")
+                judged(comp, f"sglang {sglang_v} pins {PIP_NAMES.get(comp, comp)} {pinned}, installed {have}")
             elif have is None and not rows.get(comp, {}).get("expected"):  # else already reported as missing
                 problems.append(f"sglang {sglang_v} needs {PIP_NAMES.get(comp, comp)} {pinned}, not installed")
+                missing[comp] = pinned
+    return missing
 
 
-def _unmet_requirements(ctx: Any, stack: dict[str, Any]) -> list[dict[str, Any]]:
-    """Requirements among the stack's own packages that the installed versions do not meet (pip check)."""
+def _unmet_requirements(ctx: Any, stack: dict[str, Any], named_missing: set[str]) -> list[dict[str, Any]]:
+    """Requirements among the stack's own packages that the installed versions do not meet (pip check);
+    ``named_missing``: components already reported missing by the matrix."""
     dists = stack.get("distributions") or {}
     names = _stack_dist_names()
     env = dict((stack.get("python") or {}).get("markers") or {})
@@ -320,8 +434,8 @@ def _unmet_requirements(ctx: Any, stack: dict[str, Any]) -> list[dict[str, Any]]
                 continue
             comp = by_dist.get(target, target)
             want = parse_spec(ctx.expect(f"stack.{comp}"))
-            if have is None and want is not None:
-                continue  # reported once, as "not installed (profile: ...)"
+            if have is None and (want is not None or comp in named_missing):
+                continue  # reported once, as "not installed (profile: ...)" or "sglang X needs ..., not installed"
             overridden = have_v is not None and want is not None and want.contains(have_v, prereleases=True)
             text_out = (f"{dist['name']} {dist['version']} requires {req}, installed "
                         f"{have.get('version') if have else 'nothing'}")

@@ -211,12 +211,17 @@ def plugin_id(name: str) -> str:
 
 
 def run(settings: Settings, on_result: Callable[[Result], None] | None = None,
-        checks: list[Check] | None = None, registry: Registry | None = None) -> tuple[Report, Context]:
+        checks: list[Check] | None = None, registry: Registry | None = None,
+        progress: Callable[[str], None] | None = None) -> tuple[Report, Context]:
     reg = registry or registry_for(settings)
     chosen = selected_checks(settings, reg) if checks is None else checks
     if any(c.deep for c in chosen) and not settings.deep:  # a deep check named by --only runs as with --deep
         settings = replace(settings, deep=True)
     ctx = make_context(settings, reg)
+    if settings.wait_fabric and settings.snapshot is None and any("nvml" in c.needs for c in chosen):
+        from doctor.gpu.fabric import wait_before_checks  # --wait-fabric / launch: fabric readiness first
+
+        wait_before_checks(ctx, reg.collectors, progress or _say_stderr)
     outcome = _runner.run_checks(chosen, ctx, on_result=on_result)
     for module, why in sorted(reg.load_errors.items()):  # fail closed: checks of that module are missing
         res = Result.errored(f"built-in module {module} failed to import: {why}")
@@ -237,6 +242,11 @@ def run(settings: Settings, on_result: Callable[[Result], None] | None = None,
     if settings.from_snapshot:
         notes.append(f"judged from snapshot {settings.from_snapshot}, not the live host")
     return Report(settings, outcome, notes, notices, ctx, reg), ctx
+
+
+def _say_stderr(msg: str) -> None:
+    sys.stderr.write(f"k26-doctor: {msg}\n")
+    sys.stderr.flush()
 
 
 def run_checks(settings: Settings) -> Report:

@@ -25,6 +25,7 @@ LAZY_COMMANDS = {
     "patches": "doctor.commands.patches:patches",
     "manifest": "doctor.commands.model:manifest",
     "env": "doctor.commands.env:env",
+    "smoke": "doctor.commands.smoke:smoke",
 }
 
 

@@ -1,4 +1,5 @@
-"""Fixers of the GPU checks: stop the stale processes ``gpu.idle`` found; start the fabric manager.
+"""Fixers of the GPU checks: stop the stale processes ``gpu.idle`` found; start the fabric manager; get NVLSM
+running (``gpu.fabric.nvlsm``: ib_umad, then the unit that runs it; a missing package is left to the operator).
 
 ``gpu.idle`` plans one ``StopProcess`` per PID that NVML reported on the TP group's GPUs, never
 a process name. A PID is planned only when it is still the process that was seen (same start
@@ -11,9 +12,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from doctor.core.actions import Action, Plan, RunCommand, StopProcess, process_start_ticks
+from doctor.core.actions import Action, Plan, RunCommand, StopProcess, WriteFile, process_start_ticks
 from doctor.core.registry import fixer
-from doctor.gpu import links
+from doctor.gpu import fabric_software, links
 
 PROTECTED_PIDS = {0, 1}
 
@@ -75,8 +76,52 @@ def plan_fabric(ctx: Any, result: Any) -> Plan:
             if (d.get("fabric") or {}).get("state_name") in ("not_started", "in_progress")]
     if not down:
         return Plan()
+    fm = nvml.get("fabric_manager") if isinstance(nvml.get("fabric_manager"), dict) else {}
+    wrong = fabric_software.version_mismatch({"installed": fm["version"]} if isinstance(fm.get("version"), str)
+                                             else {}, nvml.get("driver_version"))
+    if wrong:  # it would refuse to start: starting it is not a fix
+        return Plan(notes=[f"not starting nvidia-fabricmanager: its {wrong.replace('installed is', 'version is')}, "
+                           f"the driver {nvml.get('driver_version')}; it refuses to start until they are the same "
+                           f"(see gpu.fabric.manager for the exact package command)"])
     return Plan([RunCommand(summary="start nvidia-fabricmanager (it must be the driver's version)", needs_root=True,
                        argv=["systemctl", "start", "nvidia-fabricmanager"], timeout=120.0)])
+
+
+MODULES_LOAD_IB_UMAD = "/etc/modules-load.d/ib_umad.conf"
+
+
+@fixer("gpu.fabric.nvlsm", "Load ib_umad and start NVLSM (its unit, or the fabric manager that runs it)",
+       needs_root=True)
+def plan_nvlsm(ctx: Any, result: Any) -> Plan:
+    """Only when NVLSM is installed and not running: ``modprobe ib_umad`` (kept across reboots in
+    modules-load.d), then ``systemctl enable --now`` of its own unit when this build ships one, else of the
+    fabric manager (restarted if already active: its start script runs NVLSM). Installing the package is
+    not planned: the plan's notes give the command."""
+    sw = ctx.fact("fabric_software")
+    if not isinstance(sw, dict):
+        return Plan()
+    nv, fm = sw.get("nvlsm") or {}, sw.get("fabric_manager") or {}
+    nvml = ctx.fact("nvml")
+    wrong = fabric_software.version_mismatch(fabric_software.fm_versions(fm),
+                                             nvml.get("driver_version") if isinstance(nvml, dict) else None)
+    if wrong:
+        return Plan(notes=[f"not starting NVLSM: the fabric manager that runs it differs from the driver ({wrong}) "
+                           f"and refuses to start; align it first (gpu.fabric.manager gives the exact command)"])
+    if not nv.get("packages") and not nv.get("binary"):
+        cmds = fabric_software.install_nvlsm_commands(sw.get("package_manager"))
+        return Plan(notes=[f"nvlsm is not installed: install it by hand ({'; '.join(cmds)}), then run "
+                           f"`k26-doctor fix` again (packages are not installed automatically)"])
+    if nv.get("pids") or any(fabric_software.unit_active(u) for u in (nv.get("units") or {}).values()):
+        return Plan()
+    actions: list[Action] = []
+    for argv in fabric_software.nvlsm_start_plan(nv, fm):
+        what = {"modprobe": "load the ib_umad module (NVLSM reaches the NVSwitches through it)",
+                "systemctl": f"{' '.join(argv[1:-1])} {argv[-1]}"}[argv[0]]
+        actions.append(RunCommand(summary=what, needs_root=True, argv=argv, timeout=120.0))
+        if argv[0] == "modprobe":
+            actions.append(WriteFile(summary="load ib_umad at every boot", needs_root=True,
+                                     path=MODULES_LOAD_IB_UMAD, new_text=fabric_software.IB_UMAD + "\n"))
+    return Plan(actions)
 
 
 def _gib(n: Any) -> str:

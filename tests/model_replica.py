@@ -217,18 +217,13 @@ def k26_config(spec: K26Spec) -> dict[str, Any]:
     return cfg
 
 
-TOKENIZER_CONFIG = {
-    "tokenizer_class": "TikTokenTokenizer",
-    "auto_map": {"AutoTokenizer": ["tokenization_kimi.TikTokenTokenizer", None]},
-    "bos_token": "[BOS]", "eos_token": "[EOS]", "pad_token": "[PAD]", "model_max_length": 262144,
-}
+def write_tokenizer_files(model_dir: str, vocab_size: int = 163840) -> None:
+    """The files the server's tokenizer needs: a valid tiktoken.model and a tokenizer_config.json with Kimi's
+    special tokens (model_replica_tokenizer); placeholder remote code and a minimal chat template."""
+    from model_replica_tokenizer import write_kimi_vocab
 
-
-def write_tokenizer_files(model_dir: str) -> None:
-    """The files the server's tokenizer needs, with placeholder content (K2.6 ships these names)."""
+    write_kimi_vocab(model_dir, vocab_size)
     files = {
-        "tokenizer_config.json": json.dumps(TOKENIZER_CONFIG, indent=2),
-        "tiktoken.model": "IQ== 0\nIg== 1\n",
         "tokenization_kimi.py": "# placeholder for the remote-code tokenizer\n",
         "chat_template.jinja": "{% for m in messages %}{{ m['content'] }}{% endfor %}\n",
         "configuration_kimi_k25.py": "# placeholder for remote code\n",
@@ -259,7 +254,7 @@ def build_k26_replica(model_dir: str, spec: K26Spec | None = None, *, tokenizer:
     with open(os.path.join(model_dir, "config.json"), "w", encoding="utf-8") as fh:
         json.dump(k26_config(spec), fh, indent=2)
     if tokenizer:
-        write_tokenizer_files(model_dir)
+        write_tokenizer_files(model_dir, spec.vocab_size)
     return {"dir": model_dir, "shards": spec.shards, "tensors": len(weight_map), "data_bytes": total,
             "apparent_bytes": apparent}
 
@@ -302,3 +297,20 @@ def build_dflash_replica(model_dir: str, target: K26Spec | None = None, **kw: An
     with open(os.path.join(model_dir, "config.json"), "w", encoding="utf-8") as fh:
         json.dump(cfg, fh, indent=2)
     return {"dir": model_dir, "apparent_bytes": size, "tensors": len(tensors)}
+
+
+def k26_patterns(spec: K26Spec | None = None) -> tuple[dict[str, dict[str, int]], int]:
+    """The checkpoint's tensors folded into the tensor summary's patterns (layer and expert numbers as
+    ``#``) with their bytes, and the total: what ``model.tensors`` reports for the full layout, without
+    writing it."""
+    import re
+
+    num = re.compile(r"\.\d+(?=[.\n]|\Z)")
+    pats: dict[str, dict[str, int]] = {}
+    total = 0
+    for group in k26_tensors(spec or K26Spec()):
+        for name, dtype, shape in group:
+            n = nbytes(dtype, shape)
+            total += n
+            pats.setdefault(num.sub(".#", name), {"bytes": 0})["bytes"] += n
+    return pats, total

@@ -13,7 +13,6 @@ import functools
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import zipfile
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Any
 
 import pytest
 from interpreters import pyenv_versions
+from sglang_wheels import fetch_wheel
 
 from doctor.core import registry
 from doctor.core import settings as doctor_settings
@@ -103,6 +103,26 @@ def fake_libcuda_dir() -> Path:
     return d
 
 
+LIBCUDA_C = """
+int cuDriverGetVersion(int *v) { *v = CUDA_VERSION; return 0; }
+int cuInit(unsigned int flags) { return CUINIT_RC; }
+"""
+
+
+@functools.cache
+def fake_libcuda(version: str, cuda: int = 13000, cuinit_rc: int = 0) -> Path:
+    """For cuda.libcuda: a directory holding libcuda.so.1 -> libcuda.so.VERSION, a real shared object (gcc)
+    whose soname is libcuda.so.1, reporting CUDA ``cuda`` and returning ``cuinit_rc`` from cuInit."""
+    d = workdir() / f"libcuda-{version}-{cuinit_rc}"
+    d.mkdir()
+    (d / "cuda.c").write_text(LIBCUDA_C)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", f"-DCUDA_VERSION={cuda}",
+                    f"-DCUINIT_RC={cuinit_rc}", "-o", str(d / f"libcuda.so.{version}"), str(d / "cuda.c")],
+                   check=True, timeout=60)
+    os.symlink(f"libcuda.so.{version}", d / "libcuda.so.1")
+    return d
+
+
 def write_dist(site: Path, name: str, version: str, requires: list[str] = (), top_level: str | None = None,
                metadata: str | None = None) -> None:
     """A real ``.dist-info`` (METADATA, RECORD, INSTALLER) and, if asked, an empty top-level package."""
@@ -119,13 +139,14 @@ def write_dist(site: Path, name: str, version: str, requires: list[str] = (), to
         (pkg / "__init__.py").write_text("raise ImportError('the stack probe must not import this')\n")
 
 
-def stack_site(dest: Path, *, torch: str = "2.11.0+cu130", triton: str | None = "3.6.0",
+def stack_site(dest: Path, *, torch: str = "2.14.1+cu130", triton: str | None = "3.8.0",
                sglang: str | None = "0.5.23", kernel: str | None = "0.4.10", flashinfer: str | None = "0.7.2",
-               torch_triton_pin: str = "3.6.0") -> Path:
-    """A site dir holding the stack's distributions (torch's Requires-Dist as its real wheel has it)."""
+               torch_triton_pin: str = "~=3.8.0") -> Path:
+    """A site dir holding the stack's distributions (their Requires-Dist as the real wheels have them)."""
     dest.mkdir(parents=True, exist_ok=True)
-    write_dist(dest, "torch", torch, [f'triton=={torch_triton_pin}; platform_system == "Linux"', "filelock",
-                                      'optree>=0.13.0; extra == "optree"'], top_level="torch")
+    pin = torch_triton_pin if not torch_triton_pin[0].isdigit() else f"=={torch_triton_pin}"
+    write_dist(dest, "torch", torch, [f'triton{pin}; platform_system == "Linux" and python_version < "3.15"',
+                                      "filelock", 'optree>=0.13.0; extra == "optree"'], top_level="torch")
     if triton:
         write_dist(dest, "triton", triton, ['importlib-metadata; python_version < "3.10"'], top_level="triton")
     if sglang:
@@ -133,7 +154,8 @@ def stack_site(dest: Path, *, torch: str = "2.11.0+cu130", triton: str | None = 
                                             "flashinfer_python[cu13]==0.7.2", "numpy",
                                             'av==16.1.0; platform_machine == "aarch64"'], top_level="sglang")
     if kernel:
-        write_dist(dest, "sglang-kernel", kernel, ["torch"], top_level="sgl_kernel")
+        write_dist(dest, "sglang-kernel", kernel, ["torch==2.14.1"] if kernel == "0.4.10" else [],
+                   top_level="sgl_kernel")
     if flashinfer:
         write_dist(dest, "flashinfer-python", flashinfer, ["torch", "numpy"], top_level="flashinfer")
     return dest
@@ -141,20 +163,8 @@ def stack_site(dest: Path, *, torch: str = "2.11.0+cu130", triton: str | None = 
 
 @functools.cache
 def triton_wheel() -> Path:
-    """Triton 3.6.0's wheel (its real ptxas binaries), from $K26_TRITON_WHEEL, a local dir, or pip download."""
-    for cand in (os.environ.get("K26_TRITON_WHEEL"),):
-        if cand and Path(cand).is_file():
-            return Path(cand)
-    cache = Path(os.environ.get("K26_TEST_CACHE", "/tmp/k26-doctor-test-cache"))
-    found = sorted(cache.glob("triton-3.6.0-*.whl"))
-    if not found:
-        cache.mkdir(parents=True, exist_ok=True)
-        res = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(cache),
-                              "triton==3.6.0"], capture_output=True, text=True, timeout=600)
-        found = sorted(cache.glob("triton-3.6.0-*.whl"))
-        if not found:
-            pytest.skip(f"triton 3.6.0 wheel unavailable: {res.stderr[-300:]}")
-    return found[0]
+    """Triton 3.6.0's wheel (its real ptxas binaries), found like every test wheel (``sglang_wheels.fetch_wheel``)."""
+    return fetch_wheel("triton", "3.6.0")
 
 
 @functools.cache

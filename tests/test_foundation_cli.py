@@ -132,11 +132,16 @@ def test_timeout_flag_overrides_the_check_deadline(plugin_site: str) -> None:
     assert json.loads(out.stdout)["results"][0]["status"] == "pass"
 
 
-def test_ctrl_c_ends_promptly_with_a_partial_report(plugin_site: str) -> None:
+def test_ctrl_c_ends_promptly_with_a_partial_report(plugin_site: str, tmp_path: Path) -> None:
+    started = tmp_path / "started"
     proc = subprocess.Popen([sys.executable, "-m", "doctor", "check", "--only", "site.*", "--timeout", "120"],
-                            env=penv(plugin_site, SITE_HANG="100"), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    time.sleep(2.0)
+                            env=penv(plugin_site, SITE_HANG="100", SITE_STARTED=str(started)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120  # the checks are running once site.hang has started (however slow the host)
+    while not started.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert started.exists(), "site.hang never started"
+    time.sleep(0.5)  # let the quick checks finish: they must be in the partial report
     t0 = time.monotonic()
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=20)

@@ -22,7 +22,7 @@ from doctor.facts.store import CollectOptions, FactStore
 
 SNAPS = Path(__file__).parent / "fixtures" / "snapshots"
 GPU_IDS = ["gpu.arch", "gpu.count", "gpu.driver", "gpu.fabric", "gpu.health", "gpu.idle", "gpu.memory",
-           "gpu.nvlink", "gpu.p2p_bandwidth"]
+           "gpu.nvlink", "gpu.p2p_bandwidth", "gpu.fabric.manager", "gpu.fabric.nvlsm", "gpu.p2p"]
 P, W, F, S, E = "pass", "warn", "fail", "skip", "error"
 
 
@@ -42,31 +42,37 @@ def results(snapshot: str | dict[str, Any], profile: str, tp: int | None = None)
     return {r.id: r for r in report.results}
 
 
-#               driver count arch memory idle health nvlink fabric p2p_bandwidth
+#               driver count arch memory idle health nvlink fabric p2p_bandwidth | fabric.manager fabric.nvlsm p2p
 def row(driver: str, count: str, arch: str, memory: str, idle: str, health: str, nvlink: str, fabric: str,
-        bw: str) -> dict[str, str]:
+        bw: str, fm: str, nvlsm: str, p2p: str) -> dict[str, str]:
     return {"gpu.driver": driver, "gpu.count": count, "gpu.arch": arch, "gpu.memory": memory, "gpu.idle": idle,
-            "gpu.health": health, "gpu.nvlink": nvlink, "gpu.fabric": fabric, "gpu.p2p_bandwidth": bw}
+            "gpu.health": health, "gpu.nvlink": nvlink, "gpu.fabric": fabric, "gpu.p2p_bandwidth": bw,
+            "gpu.fabric.manager": fm, "gpu.fabric.nvlsm": nvlsm, "gpu.p2p": p2p}
 
 
+# The first nine columns are the verdicts these snapshots gave before the fabric software and PCIe facts existed:
+# a snapshot without the new facts must judge the old checks the same, and the new ones "cannot judge" (skip).
 VERDICTS = [
     # real 2x H200 (converted): 2 of 8 GPUs; the recording's fabric read failed (TypeError) -> error
-    ("h200x2-reference.json", "h200-tp8", None, row(P, F, P, P, P, P, P, E, S)),
-    ("h200x2-reference.json", "h200-tp8", 2, row(P, P, P, P, P, P, P, E, S)),
-    ("h200x2-reference.json", "b300-tp8-ddtree", 2, row(P, P, F, F, P, P, P, E, S)),
-    ("b300x8-healthy.json", "b300-tp8-ddtree", None, row(P, P, P, P, P, P, P, P, P)),
-    ("b300x8-link-down.json", "b300-tp8-ddtree", None, row(P, P, P, P, P, P, F, P, P)),
-    ("b300x8-fabric-not-started.json", "b300-tp8-ddtree", None, row(P, P, P, P, P, P, F, F, F)),
-    ("b300x8-stale-process.json", "b300-tp8-ddtree", None, row(P, P, P, W, F, P, P, P, P)),
-    ("rtxpro6000x8-pcie.json", "b300-tp8-ddtree", None, row(P, P, F, F, P, P, F, S, W)),
-    ("rtxpro6000x8-pcie.json", "rtxpro6000-ep8", None, row(P, P, P, P, P, P, P, S, W)),
-    ("h200x8.json", "h200-tp8", None, row(P, P, P, P, P, P, P, P, P)),
-    ("h200x8.json", "b300-tp8-ddtree", None, row(P, P, F, F, P, P, P, P, P)),
+    ("h200x2-reference.json", "h200-tp8", None, row(P, F, P, P, P, P, P, E, S, S, S, P)),
+    ("h200x2-reference.json", "h200-tp8", 2, row(P, P, P, P, P, P, P, E, S, S, S, P)),
+    ("h200x2-reference.json", "b300-tp8-ddtree", 2, row(P, P, F, F, P, P, P, E, S, S, S, P)),
+    ("b300x8-healthy.json", "b300-tp8-ddtree", None, row(P, P, P, P, P, P, P, P, P, P, P, P)),
+    ("b300x8-link-down.json", "b300-tp8-ddtree", None, row(P, P, P, P, P, P, F, P, P, S, S, P)),
+    ("b300x8-fabric-not-started.json", "b300-tp8-ddtree", None, row(P, P, P, P, P, P, F, F, F, S, S, S)),
+    ("b300x8-fabric-in-progress.json", "b300-tp8-ddtree", None, row(P, P, P, P, P, P, F, F, S, P, F, S)),
+    ("b300x8-fabric-manager-mismatch.json", "b300-tp8-ddtree", None, row(P, P, P, P, P, P, F, F, S, F, F, S)),
+    ("b300x8-stale-process.json", "b300-tp8-ddtree", None, row(P, P, P, W, F, P, P, P, P, S, S, P)),
+    ("rtxpro6000x8-pcie.json", "b300-tp8-ddtree", None, row(P, P, F, F, P, P, F, S, W, S, S, P)),
+    ("rtxpro6000x8-pcie.json", "rtxpro6000-ep8", None, row(P, P, P, P, P, P, P, S, W, S, S, P)),
+    ("rtxpro6000x8-acs-redirect.json", "rtxpro6000-ep8", None, row(P, P, P, P, P, P, P, S, W, S, S, F)),
+    ("h200x8.json", "h200-tp8", None, row(P, P, P, P, P, P, P, P, P, P, S, P)),
+    ("h200x8.json", "b300-tp8-ddtree", None, row(P, P, F, F, P, P, P, P, P, P, F, P)),
 ]
 if (SNAPS / "h200x1-real.json").exists():
     VERDICTS += [
-        ("h200x1-real.json", "h200-tp8", None, row(P, F, P, P, P, P, S, S, S)),
-        ("h200x1-real.json", "h200-tp8", 1, row(P, P, P, P, P, P, S, S, S)),
+        ("h200x1-real.json", "h200-tp8", None, row(P, F, P, P, P, P, S, S, S, S, S, S)),
+        ("h200x1-real.json", "h200-tp8", 1, row(P, P, P, P, P, P, S, S, S, S, S, S)),
     ]
 
 
@@ -83,6 +89,7 @@ def test_all_gpu_checks_registered() -> None:
     assert checks["gpu.idle"].fixer == "gpu.idle" and checks["gpu.fabric"].fixer == "gpu.fabric"
     for cid in GPU_IDS:
         assert "nvml" in checks[cid].needs and checks[cid].explain
+    assert checks["gpu.fabric.nvlsm"].fixer == "gpu.fabric.nvlsm" and "pcie" in checks["gpu.p2p"].needs
 
 
 def test_nvlink_matrix_like_nvidia_smi() -> None:
@@ -279,6 +286,21 @@ def test_bandwidth_wrong_data_and_failed_probe() -> None:
     assert judge(doc, "gpu.p2p_bandwidth").status is Status.ERROR
     doc["facts"]["p2p_bandwidth"] = {"measured": False, "reason": "measured only with --deep"}
     assert judge(doc, "gpu.p2p_bandwidth").status is Status.SKIP
+
+
+def test_bandwidth_a_hung_pair_fails_that_pair_by_name() -> None:
+    """The probe's per-pair deadline killed the child of pair 2-5: the check fails naming it (not 'missing'),
+    and points at gpu.p2p; the other 27 pairs were measured."""
+    doc = healthy()
+    bw = doc["facts"]["p2p_bandwidth"]
+    bw["pairs"] = [p for p in bw["pairs"] if {p["src"], p["dst"]} != {2, 5}]
+    bw["failed_pairs"] = [{"a": 2, "b": 5, "timed_out": True, "seconds": 30.0,
+                           "error": "no answer within 30 s: killed"}]
+    res = judge(doc, "gpu.p2p_bandwidth")
+    assert res.status is Status.FAIL
+    assert res.summary == ("GPU-to-GPU copies did not complete for 1 pair(s): GPU2-GPU5 (hung: no answer within 30 s: "
+                           "killed)")
+    assert "gpu.p2p" in res.remediation.text and res.details["missing"] == [] and len(res.details["pairs"]) == 27
 
 
 def test_bandwidth_one_gpu_is_skipped() -> None:

@@ -4,6 +4,7 @@ twice, restart policy, start timeout, environment file. Its command lines are ru
 
 from __future__ import annotations
 
+import math
 import os
 import shlex
 import shutil
@@ -15,7 +16,14 @@ import pytest
 from conftest import doctor_env, run_doctor
 
 from doctor.core.settings import resolve
-from doctor.service.systemd import CHECKS_S, GRAPH_CAPTURE_S, render_unit, start_timeout
+from doctor.service.systemd import (
+    CHECKS_S,
+    GRAPH_CAPTURE_S,
+    MIN_READ_BYTES_PER_S,
+    WEIGHTS_BYTES_DEFAULT,
+    render_unit,
+    start_timeout,
+)
 
 ANALYZE = shutil.which("systemd-analyze")
 
@@ -72,6 +80,7 @@ def test_unit_shape(cfg: Path, tmp_path: Path) -> None:
     svc = unit["Service"]
     pre, start = command(svc["ExecStartPre"][0]), command(svc["ExecStart"][0])
     assert pre[:4] == [sys.executable, "-m", "doctor", "check"] and "--deep" not in pre
+    assert pre[pre.index("--wait-fabric") + 1] == "600" and "--wait-fabric" not in start  # [gpu] fabric_wait_s
     assert start[3] == "launch" and "--no-check" in start and "--wait" in start
     for argv in (pre, start):  # the same config and profile on both sides
         assert argv[argv.index("--config") + 1] == str(cfg)
@@ -126,9 +135,15 @@ def test_start_timeout_grows_with_the_weights(tmp_path: Path) -> None:
     settings = resolve({"model_path": str(model), "draft_model_path": str(tmp_path / "none")}, environ={})
     seconds, why = start_timeout(settings)
     assert seconds >= CHECKS_S + 2100 + GRAPH_CAPTURE_S and "measured from the shards" in why
-    small = resolve({"model_path": str(tmp_path / "absent")}, environ={})
-    assert start_timeout(small)[0] == 1800  # the profile's floor; nominal K2.6 sizing is below it
+    small = resolve({"model_path": str(tmp_path / "absent"), "profile": "rtxpro6000-ep8"}, environ={})
+    assert start_timeout(small)[0] == 1800  # the profile's floor; nominal K2.6 sizing (no fabric wait) is below it
     assert start_timeout(small, 600)[0] == 600
+    # An NVSwitch profile waits up to [gpu] fabric_wait_s for the fabric in ExecStartPre: the start timeout covers it.
+    hgx = resolve({"model_path": str(tmp_path / "absent")}, environ={})
+    seconds, why = start_timeout(hgx)
+    assert hgx.fabric_wait_s == 600 and "fabric wait 600s" in why
+    assert seconds == math.ceil((CHECKS_S + 600 + WEIGHTS_BYTES_DEFAULT / MIN_READ_BYTES_PER_S + GRAPH_CAPTURE_S)
+                                / 60) * 60
 
 
 def test_render_without_config_carries_the_paths(tmp_path: Path) -> None:

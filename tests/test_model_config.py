@@ -10,9 +10,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "model"))
 from model_replica import K26Spec, k26_config
-from modelkit import SMALL, build, build_drafter, make_ctx, nvml_fact, run, tree_state
+from modelkit import SMALL, build, build_drafter, make_ctx, run, tree_state
 
-from doctor.model.facts import collect_drafter, collect_model, collect_model_tensors
 from doctor.model.modelconfig import read_config
 
 
@@ -162,9 +161,12 @@ def test_generic_model(tmp_path):
 
 # -- model.tokenizer ------------------------------------------------------------------------------
 
-def test_tokenizer_passes_and_says_remote_code(tmp_path, model):
+def test_tokenizer_files_pass_and_say_remote_code(tmp_path, model):
+    """The files are judged; the load is not (this interpreter has no transformers: see
+    test_model_tokenizer.py for the load in real ones), so the verdict is skip, never pass."""
     res = judge(tmp_path, model, "model.tokenizer")
-    assert res.status.value == "pass", res.summary
+    assert res.status.value == "skip", res.summary
+    assert "transformers is not importable" in res.summary
     assert "needs --trust-remote-code" in res.summary and res.details["trust_remote_code_required"]
 
 
@@ -243,67 +245,7 @@ def test_drafter_shards_use_the_same_validator(tmp_path, model):
     assert res.status.value == "fail" and "model.safetensors" in res.summary and "truncated" in res.summary
 
 
-# -- model.fit ------------------------------------------------------------------------------------
-
-K26_BYTES = 595_138_725_088  # the full replica's tensor data (bench/k26 layout)
-
-
-def fit_facts(tmp_path, n_gpus, free_fraction=None, drafter_bytes=5_725_431_888):
-    """Facts of a K2.6-sized model (the full layout's totals and replicated share) on reference H200s."""
-    model = build(tmp_path)
-    opts = make_ctx(tmp_path, model).facts.options
-    m = collect_model(opts)
-    m["weights"]["totals"]["data_bytes"] = K26_BYTES
-    tensors = collect_model_tensors(opts)
-    tensors["summary"]["patterns"] = {
-        "language_model.model.layers.#.mlp.experts.#.up_proj.weight_packed": {"bytes": K26_BYTES - 3_000_000_000},
-        "language_model.model.layers.#.self_attn.q_a_proj.weight": {"bytes": 1_500_000_000},
-        "vision_tower.encoder.blocks.#.mlp.fc0.weight": {"bytes": 1_500_000_000}}
-    d = collect_drafter(opts)
-    d["weights"] = {"totals": {"data_bytes": drafter_bytes}}
-    return {"nvml": nvml_fact(n_gpus, free_fraction=free_fraction), "model": m, "model.tensors": tensors,
-            "drafter": d}, model
-
-
-def test_fit_k26_on_two_h200_fails(tmp_path):
-    facts, model = fit_facts(tmp_path, 2)
-    res = run(make_ctx(tmp_path, model, tp=2, facts=facts, profile="h200-tp8"), "model.fit")
-    assert res.status.value == "fail", res.summary
-    assert "exceed the static pool" in res.summary and "NVIDIA H200" in res.summary
-    assert res.details["per_gpu_weights"] > 140 * 1024 ** 3
-
-
-def test_fit_k26_on_eight_h200_passes(tmp_path):
-    facts, model = fit_facts(tmp_path, 8)
-    res = run(make_ctx(tmp_path, model, tp=8, facts=facts, profile="h200-tp8"), "model.fit")
-    assert res.status.value == "pass", res.summary
-    per = res.details["per_gpu_weights"]
-    assert (K26_BYTES - 3e9) / 8 + 3e9 + 5_725_431_888 == pytest.approx(per, abs=8)
-    assert res.details["devices"][0]["total"] == 150754820096
-
-
-def test_fit_busy_gpus_fail(tmp_path):
-    facts, model = fit_facts(tmp_path, 8, free_fraction=0.4)
-    res = run(make_ctx(tmp_path, model, tp=8, facts=facts, profile="h200-tp8"), "model.fit")
-    assert res.status.value == "fail" and "free now" in res.summary
-
-
-def test_fit_tight_kv_warns(tmp_path):
-    facts, model = fit_facts(tmp_path, 8)
-    ctx = make_ctx(tmp_path, model, tp=8, facts=facts, profile="h200-tp8")
-    ctx.settings.profile["model"]["min_kv_cache_gib"] = 60
-    res = run(ctx, "model.fit")
-    assert res.status.value == "warn" and "for the KV cache" in res.summary
-
-
-def test_fit_without_gpu_facts_skips(tmp_path):
-    facts, model = fit_facts(tmp_path, 8)
-    facts["nvml"] = {"available": False, "error": "NVML library not found", "devices": []}
-    res = run(make_ctx(tmp_path, model, facts=facts), "model.fit")
-    assert res.status.value == "skip" and "NVML library not found" in res.summary
-    del facts["nvml"]
-    res = run(make_ctx(tmp_path, model, facts=facts), "model.fit")
-    assert res.status.value == "skip"
+# -- model.fit: tests/test_model_fit.py (the window), tests/test_model_memory.py (the arithmetic) --------
 
 
 def test_full_k26_config_reads_back():
@@ -321,7 +263,8 @@ def test_snapshot_redaction_keeps_the_verdicts(tmp_path, model):
     live = make_ctx(tmp_path, model, d)
     ids = ("model.shards", "model.config", "model.tokenizer", "model.drafter")
     verdicts = {i: run(live, i) for i in ids}
-    facts = {n: redact(json.loads(json.dumps(live.fact(n)))) for n in ("model", "model.tensors", "drafter")}
+    facts = {n: redact(json.loads(json.dumps(live.fact(n)))) for n in ("model", "model.tensors", "drafter",
+                                                                        "model.tokenizer")}
     replay = make_ctx(tmp_path, model, d, facts=facts)
     for i in ids:
         again = run(replay, i)
@@ -337,11 +280,3 @@ def test_kv_bytes_per_token():
     llama = read_config({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
                          "num_attention_heads": 8, "num_key_value_heads": 8, "vocab_size": 10})
     assert kv_bytes_per_token(llama, 2) == 2 * 2 * 4 * 8 * 2
-
-
-def test_fit_reports_kv_tokens(tmp_path):
-    facts, model = fit_facts(tmp_path, 8)
-    res = run(make_ctx(tmp_path, model, tp=8, facts=facts, profile="h200-tp8"), "model.fit")
-    worst = min(d["kv_cache_bytes_now"] for d in res.details["devices"])
-    assert res.details["kv_tokens"] == worst // res.details["kv_bytes_per_token"] > 0
-    assert f"~{res.details['kv_tokens']:,} tokens" in res.summary

@@ -100,7 +100,7 @@ def test_torch_arch_fails_when_nothing_runs():
                                                  "nvml": nvml_fact([(10, 3)])})
     res = run_check("torch.arch", ctx)
     assert res.status is Status.FAIL and "no kernels" in res.summary
-    assert res.remediation and "torch==2.11.0" in res.remediation.commands[0]
+    assert res.remediation and "torch==2.14.1" in res.remediation.commands[0]
     assert "Blackwell Ultra (B300, GB300) (10.3) needs a torch built with CUDA >= 12.9" in res.remediation.text
 
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 import functools
 import shlex
 import zipfile
+from pathlib import Path
 
 import pytest
-from sglang_wheels import wheel_for
+from sglang_wheels import release_requires, wheel_for
 from stack_support import healthy_venv, make_ctx, nvml_fact, run_check, stack_site, workdir, write_dist
 
 from doctor.core.result import Status
@@ -23,21 +24,100 @@ def versions_ctx(site, **kw):
     return make_ctx(healthy_venv(), env={"PYTHONPATH": paths}, facts={"nvml": nvml_fact([(10, 3)])}, **kw)
 
 
-def test_profile_stack_passes_with_sglangs_torch_pin_as_a_warning(tmp_path):
+def test_profile_stack_passes(tmp_path):
     res = run_check("stack.versions", versions_ctx(stack_site(tmp_path / "site")))
+    assert res.status is Status.PASS, res.summary
+    assert "torch 2.14.1+cu130" in res.summary and "triton 3.8.0" in res.summary
+    assert "sglang-kernel 0.4.10" in res.summary
+    assert res.details["components"]["torch"]["pins_triton"] == "~=3.8.0" and res.details["unmet"] == []
+
+
+def test_sglangs_torch_pin_overridden_by_the_config_is_a_warning(tmp_path):
+    """The DDTree test stack (torch 2.11 + sglang-kernel 0.4.5 + sglang 0.5.23): pinned on purpose, not silent."""
+    site = stack_site(tmp_path / "site", torch="2.11.0+cu130", triton="3.6.0", torch_triton_pin="3.6.0",
+                      kernel="0.4.5")
+    ctx = versions_ctx(site)
+    ctx.settings.profile["stack"].update(torch="==2.11.0", triton="==3.6.0", sglang_kernel="==0.4.5")
+    res = run_check("stack.versions", ctx)
     assert res.status is Status.WARN, res.summary
-    assert "torch 2.11.0+cu130" in res.summary and "triton 3.6.0" in res.summary
-    assert "sglang 0.5.23 requires torch==2.14.1" in res.summary and "profile pins it deliberately" in res.summary
-    assert res.details["components"]["torch"]["pins_triton"] == "3.6.0"
+    assert "sglang 0.5.23 pins sglang-kernel 0.4.10, installed 0.4.5 (the profile pins it deliberately)" in res.summary
+    assert "sglang 0.5.23 requires torch==2.14.1, installed 2.11.0+cu130 (the profile pins it deliberately)" \
+        in res.summary
+    torch = [u for u in res.details["unmet"] if u["requirement"] == "torch==2.14.1"]
+    assert torch and torch[0]["overridden_by_profile"] and "profile pins it deliberately" in torch[0]["text"]
+
+
+def test_a_matrix_pin_the_profile_does_not_override_still_fails(tmp_path):
+    """The profile pins torch and sglang-kernel but not triton: torch's triton pin is not overridden."""
+    site = stack_site(tmp_path / "site", torch="2.11.0+cu130", triton="3.5.1", torch_triton_pin="3.6.0",
+                      kernel="0.4.5")
+    ctx = versions_ctx(site)
+    ctx.settings.profile["stack"].update(torch="==2.11.0", triton="", sglang_kernel="==0.4.5")
+    res = run_check("stack.versions", ctx)
+    assert res.status is Status.FAIL and "torch 2.11.0+cu130 pins triton 3.6.0, installed 3.5.1" in res.summary
+    assert "sglang 0.5.23 pins sglang-kernel 0.4.10, installed 0.4.5 (the profile pins it deliberately)" \
+        in res.details["warnings"]
+
+
+# -- the DDTree validation stack under its own profile (real metadata, the real profile file) ------------
+
+DDTREE_PROFILE = Path(__file__).resolve().parents[1] / "bench" / "ddtree" / "profiles" / "h200-tiny-ddtree.toml"
+
+
+def ddtree_stack(dest: Path, flashinfer: bool) -> Path:
+    """torch 2.11.0, triton 3.6.0, sglang-kernel 0.4.5 (and flashinfer-python 0.7.2) with the Requires-Dist their
+    releases declare, SGLang 0.5.23's own dist-info from its wheel: the GPU host's validation stack."""
+    for name, version in (("torch", "2.11.0"), ("triton", "3.6.0"), ("sglang-kernel", "0.4.5"),
+                          *((("flashinfer-python", "0.7.2"),) if flashinfer else ())):
+        write_dist(dest, name, version, release_requires(name, version))
+    with zipfile.ZipFile(wheel_for("0.5.23")) as zf:
+        zf.extractall(dest, [n for n in zf.namelist() if n.startswith("sglang-0.5.23.dist-info/")])
+    return dest
+
+
+def ddtree_ctx(site: Path):
+    return make_ctx(healthy_venv(), profile=str(DDTREE_PROFILE), env={"PYTHONPATH": str(site)},
+                    facts={"nvml": nvml_fact([(9, 0)], name="NVIDIA H200")})
+
+
+def test_ddtree_stack_under_its_profile_fails_only_on_the_missing_flashinfer(tmp_path):
+    """The profile pins torch 2.11.0 and sglang-kernel 0.4.5 on purpose: SGLang 0.5.23's torch==2.14.1 and
+    sglang-kernel 0.4.10 are warnings (from its Requires-Dist and from the matrix alike); flashinfer-python,
+    which SGLang 0.5.23 requires and the profile pins too, is missing: the one failure, named once."""
+    res = run_check("stack.versions", ddtree_ctx(ddtree_stack(tmp_path / "site", flashinfer=False)))
+    assert res.status is Status.FAIL and res.summary == "flashinfer-python is not installed (profile: ==0.7.2)"
+    assert "sglang 0.5.23 requires torch==2.14.1, installed 2.11.0 (the profile pins it deliberately)" \
+        in res.details["warnings"]
+    assert "sglang 0.5.23 pins sglang-kernel 0.4.10, installed 0.4.5 (the profile pins it deliberately)" \
+        in res.details["warnings"]
+    words = shlex.split(res.remediation.commands[0])
+    assert "flashinfer-python==0.7.2" in words and "torch==2.11.0" in words and "sglang-kernel==0.4.5" in words
+
+
+def test_ddtree_stack_with_flashinfer_warns_naming_sglangs_torch_pin(tmp_path):
+    res = run_check("stack.versions", ddtree_ctx(ddtree_stack(tmp_path / "site", flashinfer=True)))
+    assert res.status is Status.WARN, res.summary
+    assert "sglang 0.5.23 requires torch==2.14.1, installed 2.11.0 (the profile pins it deliberately)" in res.summary
+    assert "torch 2.11.0, triton 3.6.0, sglang 0.5.23, sglang-kernel 0.4.5, flashinfer-python 0.7.2" in res.summary
+    assert all(u["overridden_by_profile"] for u in res.details["unmet"]), res.details["unmet"]
+
+
+def test_torch_older_than_the_profiles_pin_fails(tmp_path):
+    site = stack_site(tmp_path / "site", torch="2.11.0+cu130", triton="3.6.0", torch_triton_pin="3.6.0")
+    res = run_check("stack.versions", versions_ctx(site))
+    assert res.status is Status.FAIL
+    assert "torch 2.11.0+cu130 does not match the profile's ==2.14.1" in res.summary
+    assert "sglang 0.5.23 requires torch==2.14.1, installed 2.11.0+cu130" in res.summary
+    assert "torch==2.14.1" in shlex.split(res.remediation.commands[0])
 
 
 def test_torch_triton_pin_mismatch_fails(tmp_path):
     res = run_check("stack.versions", versions_ctx(stack_site(tmp_path / "site", triton="3.5.1")))
     assert res.status is Status.FAIL
-    assert "torch 2.11.0+cu130 pins triton 3.6.0, installed 3.5.1" in res.summary
-    assert "triton 3.5.1 does not match the profile's ==3.6.0" in res.summary
-    assert "torch 2.11.0+cu130 requires triton==3.6.0" in res.summary  # pip-check style, from Requires-Dist
-    assert "triton==3.6.0" in shlex.split(res.remediation.commands[0])
+    assert "torch 2.14.1+cu130 pins triton ~=3.8.0, installed 3.5.1" in res.summary
+    assert "triton 3.5.1 does not match the profile's ==3.8.0" in res.summary
+    assert "torch 2.14.1+cu130 requires triton~=3.8.0" in res.summary  # pip-check style, from Requires-Dist
+    assert "triton==3.8.0" in shlex.split(res.remediation.commands[0])
 
 
 def test_sglang_kernel_mismatch_fails(tmp_path):
@@ -62,7 +142,7 @@ def test_duplicate_copies_on_sys_path_warn(tmp_path):
     second = tmp_path / "b"
     write_dist(second, "triton", "3.5.1")
     res = run_check("stack.versions", versions_ctx(f"{first}:{second}"))
-    assert res.status is Status.WARN and "two copies of triton" in res.summary and "3.6.0 imports" in res.summary
+    assert res.status is Status.WARN and "two copies of triton" in res.summary and "3.8.0 imports" in res.summary
 
 
 def test_invalid_version_fails_without_traceback(tmp_path):

@@ -6,11 +6,27 @@
 set -uo pipefail
 PLAN=${1:?plan}; BUDGET=${2:-480}; shift 2 || shift $#
 OUT=${OUT:-/tmp/ddtree-out}; mkdir -p "$OUT"
-SITE=/tmp/site
-if [ ! -d "$SITE/sglang" ]; then
-  mkdir -p "$SITE" && cat .payload/site.tar.xz.* | xz -d -T0 | tar -x -C "$SITE" || exit 3
-fi
-export PYTHONPATH=$SITE PYTHONUNBUFFERED=1
+SITE=/tmp/site PARTS=/tmp/payload-parts
+# Archive groups (site, flashinfer, cutlass) may come over several calls while the host is warm: parts
+# collect in $PARTS and a group is unpacked once all its parts (listed in .payload/manifest.json) are here.
+mkdir -p "$SITE" "$PARTS"
+cp -n .payload/*.tar.xz.* "$PARTS"/ 2>/dev/null
+for group in site flashinfer cutlass; do
+  [ -e "$SITE/.unpacked-$group" ] && continue
+  want=$(python3 -c "import json,sys;print(sum(1 for p in json.load(open('.payload/manifest.json'))['parts'] if p.startswith('$group.')))" 2>/dev/null || echo 0)
+  have=$(ls "$PARTS"/$group.tar.xz.* 2>/dev/null | wc -l)
+  if [ "$want" -gt 0 ] && [ "$have" -eq "$want" ]; then
+    cat "$PARTS"/$group.tar.xz.* | xz -d -T0 | tar -x -C "$SITE" && touch "$SITE/.unpacked-$group" && echo "unpacked $group"
+  else
+    echo "payload group $group: $have of $want parts here"
+  fi
+done
+[ -e "$SITE/.unpacked-site" ] || { echo "no SGLang payload on this host"; exit 3; }
+# The CuTe DSL's wheel puts its packages on sys.path with a .pth file, which PYTHONPATH entries do not read.
+export PYTHONPATH=$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages PYTHONUNBUFFERED=1
+# The Rust radix-tree core in the 0.5.23 wheel is built against torch 2.14 and misreads tensor dtypes
+# under torch 2.11 ("insert value must be an int64 tensor, got Int"): SGLang's Python tree core instead.
+export SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python
 # sglang-kernel 0.4.5 (the newest whose sm90 library resolves against torch 2.11) is below the 0.4.9 SGLang
 # 0.5.23 asks for: SGLang's own switch skips that check on this test stack.
 export SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1

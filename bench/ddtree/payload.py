@@ -58,6 +58,10 @@ WHEELS = [
 # selection; the kernel itself is SM100-only). Its compiler library alone is 92 MB compressed, so it
 # travels as a second archive group, carried by a second call while the host is warm.
 CUTLASS = ["nvidia-cutlass-dsl==4.8.0", "nvidia-cutlass-dsl-libs-base==4.8.0", "nvidia-cutlass-dsl-libs-cu13==4.8.0"]
+# FlashInfer on CUDA: DFLASH/DDTREE verify renormalises with it, and once it is importable SGLang JIT-compiles
+# other FlashInfer modules too (norm, ...), which need its CUDA sources, CUTLASS and CCCL headers: the whole
+# wheel travels, as its own archive group (a trimmed copy failed on the host: "norm.cu ... missing").
+FLASHINFER = "flashinfer-python==0.7.2"
 PLATFORMS = ["manylinux_2_39_x86_64", "manylinux_2_34_x86_64", "manylinux_2_28_x86_64", "manylinux_2_27_x86_64",
              "manylinux_2_24_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64"]
 
@@ -201,6 +205,7 @@ def main() -> int:
     kern = download([SGL_KERNEL], cache / "kernel")
     deps = download(WHEELS, cache / "deps")
     cutlass = download(CUTLASS, cache / "cutlass")
+    flashinfer = download([FLASHINFER], cache / "flashinfer")
     py312 = find_python312(args.python312)
     with tempfile.TemporaryDirectory(prefix="k26-payload-") as tmp:
         patched_sglang(sg[0], py312, Path(tmp))
@@ -213,12 +218,15 @@ def main() -> int:
     unpack_wheels(cutlass, out / "cutlass")
     parts += pack(out / "cutlass", out, "cutlass")
     shutil.rmtree(out / "cutlass")
+    unpack_wheels(flashinfer, out / "flashinfer")
+    parts += pack(out / "flashinfer", out, "flashinfer")
+    shutil.rmtree(out / "flashinfer")
     manifest = {
         "what": "DDTree validation payload: SGLang 0.5.23 (pristine; apply " + PATCH_SET + " on the host), "
                 "sglang-kernel 0.4.5 (sm90), "
                 "server dependencies the GPU image lacks. NOT the production stack (torch 2.11, kernel 0.4.5).",
         "sglang": sg[0].name, "sglang_kernel": kern[0].name, "wheels": sorted(w.name for w in deps),
-        "cutlass": sorted(w.name for w in cutlass),
+        "cutlass": sorted(w.name for w in cutlass), "flashinfer": flashinfer[0].name,
         "dropped": dropped,
         "parts": {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in parts},
         "bytes": sum(p.stat().st_size for p in parts),

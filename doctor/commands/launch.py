@@ -105,6 +105,8 @@ def launch(flags: dict[str, Any], dry_run: bool, no_check: bool, no_flag_check: 
     from doctor.service.launcher import build_plan, exec_plan
 
     settings = settings_from(flags)
+    if settings.wait_fabric is None:  # the gate waits for fabric registration as the profile says
+        settings.wait_fabric = settings.fabric_wait_s
     if settings.from_snapshot:
         _say("cannot launch from a snapshot (it judges another host)")
         sys.exit(EXIT_USAGE)
@@ -218,10 +220,11 @@ def _stop(child: subprocess.Popen[Any], grace: float = 30.0) -> None:
 @click.option("--doctor", "doctor_path", default=None,
               help="Command that runs k26-doctor in the unit, e.g. '/opt/k26/bin/k26-doctor' (default: this one).")
 @click.option("--no-diagnose", is_flag=True, help="No ExecStopPost diagnosis of a failed start.")
+@click.option("--smoke", is_flag=True, help="ExecStartPost: `k26-doctor smoke` once the server is ready.")
 @click.argument("server_args", nargs=-1, type=click.UNPROCESSED)
 @guarded
 def systemd_unit(flags: dict[str, Any], user: str | None, no_hardening: bool, start_timeout: float | None,
-                 doctor_path: str | None, no_diagnose: bool, server_args: tuple[str, ...]) -> None:
+                 doctor_path: str | None, no_diagnose: bool, smoke: bool, server_args: tuple[str, ...]) -> None:
     """Print a systemd unit: ExecStartPre runs `k26-doctor check`, ExecStart launches the server.
 
     Install: `k26-doctor systemd-unit --config /etc/k26-doctor/config.toml > /etc/systemd/system/UNIT`.
@@ -238,7 +241,8 @@ def systemd_unit(flags: dict[str, Any], user: str | None, no_hardening: bool, st
     if doctor and os.sep in doctor[0]:  # systemd runs it from /: a relative path must mean what it meant here
         doctor[0] = absolute(doctor[0])
     text = render_unit(settings, config=config, doctor=doctor, user=user, timeout_override=start_timeout,
-                       extra=list(server_args), diagnose_on_failure=not no_diagnose, harden=not no_hardening)
+                       extra=list(server_args), diagnose_on_failure=not no_diagnose, harden=not no_hardening,
+                       smoke=smoke)
     if not no_hardening:
         for note in reachability_notes(settings, doctor or doctor_command(), service_user(settings, user)):
             _say(f"note: {note}")

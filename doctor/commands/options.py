@@ -39,7 +39,7 @@ def setting_option(f: Any) -> Callable[..., Any]:
         return click.option(*names, dest, is_flag=True, default=None, help=meta["help"])
     if kind == "count":
         return click.option(*names, dest, count=True, help=meta["help"])
-    typ = {"posint": int, "posfloat": float}.get(kind)
+    typ = {"posint": int, "posfloat": float, "seconds": float}.get(kind)
     if dest in ("config", "from_snapshot"):
         typ = click.Path(dir_okay=False)
     return click.option(*names, dest, type=typ, default=None, help=meta["help"])

@@ -143,8 +143,8 @@ def setting(default: Any = None, *, factory: Callable[[], Any] | None = None, ke
             profile_key: str | None = None) -> Any:
     """A field of ``Settings`` and everything derived from it: its ``[doctor]`` config key (``config``), its
     command-line flag (``flag``, ``help``), whether collectors see it (``collect``: a ``CollectOptions`` field),
-    how a value is checked (``kind``: str, path, bool, list, posint, posfloat, count, not) and the profile
-    table that gives its default (``profile_key``). Adding a setting is adding one such field."""
+    how a value is checked (``kind``: str, path, bool, list, posint, posfloat, seconds (>= 0), count, not) and
+    the profile table that gives its default (``profile_key``). Adding a setting is adding one such field."""
     meta = {"key": key, "flag": flag, "help": help, "kind": kind, "config": config, "collect": collect,
             "profile_key": profile_key, "setting": True}
     if factory is not None:
@@ -189,7 +189,24 @@ class Settings:
     verify_cache: bool = setting(True, key="no_verify_cache", kind="not", config=False, collect=True,
                                  flag="--no-verify-cache",
                                  help="--deep: hash every file again, ignoring the verification cache.")
+    wait_fabric: float | None = setting(kind="seconds", flag="--wait-fabric", help=(
+        "Before judging, wait up to SECONDS for every GPU of the TP group to finish NVSwitch fabric registration "
+        "(check: no wait unless given; launch: the profile's gpu.fabric_wait_s)."))
+    fabric_wait_s: float = setting(0.0, kind="seconds", profile_key="gpu.fabric_wait_s")  # launch's and the unit's wait
     disable_plugins: list[str] = setting(factory=list, kind="list")  # plugin entry points not loaded  # noqa: RUF009 (a field)
+    # The server's shape that memory depends on (model.fit's window; the launcher passes them to SGLang):
+    context_length: int | None = setting(kind="posint", flag="--context-length", profile_key="server.context_length",
+                                         help="The server's --context-length (default: the model's).")
+    max_running_requests: int | None = setting(kind="posint", flag="--max-running-requests",
+                                               profile_key="server.max_running_requests",
+                                               help="The server's --max-running-requests.")
+    cuda_graph_max_bs: int | None = setting(kind="posint", flag="--cuda-graph-max-bs",
+                                            profile_key="server.cuda_graph_max_bs",
+                                            help="The server's decode CUDA graphs' max batch size.")
+    kv_tokens_per_request: int | None = setting(kind="posint", flag="--kv-tokens-per-request",
+                                                profile_key="server.kv_tokens_per_request",
+                                                help="model.fit: KV tokens every running request must find at "
+                                                     "once (default: one request at the full context).")
     # Derived, not settings of their own:
     profile: dict[str, Any] = field(default_factory=dict, metadata={"collect": True})  # profile < config tables
     python_given: bool = False
@@ -240,6 +257,14 @@ def _convert(f: Field[Any], value: Any, source: str = "") -> Any:
             raise ConfigError(f"{name} must be an integer, got {value!r}") from None
         if number < 1:
             raise ConfigError(f"{name} must be >= 1, got {number}")
+        return number
+    if kind == "seconds":
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{name} must be a number of seconds, got {value!r}") from None
+        if not number >= 0 or number == float("inf"):
+            raise ConfigError(f"{name} must be a number of seconds >= 0, got {value!r}")
         return number
     if kind == "posfloat":
         try:

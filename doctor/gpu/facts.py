@@ -591,7 +591,8 @@ NVML_SHAPE = {
     "kernel_module_version": opt(str), "errors": opt(dict), "visible": opt(dict), "devices": opt([DEVICE_SHAPE]),
     "pairs": opt([{"a": int, "b": int}]), "fabric_manager": opt(dict),
 }
-P2P_SHAPE = {"ok": opt(bool), "measured": opt(bool), "error": opt(str), "devices": opt([dict]), "pairs": opt([dict])}
+P2P_SHAPE = {"ok": opt(bool), "measured": opt(bool), "error": opt(str), "devices": opt([dict]), "pairs": opt([dict]),
+             "failed_pairs": opt([{"a": int, "b": int, "timed_out": opt(bool), "error": opt(str)}])}
 
 
 @collector("nvml", timeout=15, isolate=True, shape=NVML_SHAPE)
@@ -618,8 +619,12 @@ def service_env(opts: Any) -> tuple[dict[str, str], dict[str, Any]]:
 
 # -- measured bandwidth (--deep) -------------------------------------------------------------------
 
-BANDWIDTH_PROBE_TIMEOUT_S = 200.0
-BANDWIDTH_BUDGET_S = 120.0
+# Each pair runs in a child of its own under PAIR_TIMEOUT_S (a hung copy fails that pair, not the run); no new
+# pair starts after BANDWIDTH_BUDGET_S; the probe as a whole is killed at BANDWIDTH_PROBE_TIMEOUT_S.
+PAIR_TIMEOUT_S = 30.0
+SETUP_TIMEOUT_S = 60.0
+BANDWIDTH_BUDGET_S = 180.0
+BANDWIDTH_PROBE_TIMEOUT_S = SETUP_TIMEOUT_S + BANDWIDTH_BUDGET_S + PAIR_TIMEOUT_S + 20.0
 
 
 def world_size(opts: Any) -> int:
@@ -640,7 +645,8 @@ def collect_p2p_bandwidth(opts: Any) -> dict[str, Any]:
 
     n = world_size(opts)
     args = ["--devices", ",".join(str(i) for i in range(n)), "--size-mib", "256", "--iters", "20",
-            "--budget-s", str(BANDWIDTH_BUDGET_S)]
+            "--budget-s", str(BANDWIDTH_BUDGET_S), "--pair-timeout-s", str(PAIR_TIMEOUT_S),
+            "--setup-timeout-s", str(SETUP_TIMEOUT_S)]
     env, _ = service_env(opts)
     data, res = run_probe(opts.python, "p2p_bandwidth", args, timeout=BANDWIDTH_PROBE_TIMEOUT_S, env=env)
     if data is None:
@@ -653,3 +659,53 @@ def collect_p2p_bandwidth(opts: Any) -> dict[str, Any]:
     if not data["measured"]:
         data["reason"] = data.get("error") or "the probe measured nothing"
     return data
+
+
+# -- fabric readiness, fabric software, PCIe P2P path -----------------------------------------------
+
+FABRIC_WAIT_SHAPE = {"asked": opt(bool), "outcome": opt(str), "timeout_s": opt(NUM), "waited_s": opt(NUM),
+                     "polls": opt(int), "state": opt(str), "verdict": opt(str), "history": opt([dict])}
+
+
+@collector("fabric_wait", timeout=5, shape=FABRIC_WAIT_SHAPE)
+def collect_fabric_wait(opts: Any) -> dict[str, Any]:
+    """How long the run waited for the NVSwitch fabric before judging (``doctor.gpu.fabric``). The wait itself
+    runs before the checks (``--wait-fabric SECONDS``; ``launch``: the profile's gpu.fabric_wait_s) and
+    records its outcome here; this collector answers when no wait was asked."""
+    return {"asked": False, "reason": "no wait asked: check reports the state it finds (--wait-fabric SECONDS waits)"}
+
+
+_PKG = [{"name": str, "version": opt(str), "upstream": opt(str)}]
+FABRIC_SOFTWARE_SHAPE = {
+    "package_manager": opt(str), "packages_error": opt(str),
+    "fabric_manager": opt({"binary": opt(str), "binary_version": opt(str), "packages": opt(_PKG),
+                           "unit": opt(dict), "pids": opt([int])}),
+    "nvlsm": opt({"packages": opt(_PKG), "binary": opt(str), "units": opt(dict), "pids": opt([int]),
+                  "ib_umad_loaded": opt(bool)}),
+    "systemd": opt(dict), "proc": opt(dict),
+}
+
+
+@collector("fabric_software", timeout=30, shape=FABRIC_SOFTWARE_SHAPE)
+def collect_fabric_software(opts: Any) -> dict[str, Any]:
+    """The fabric manager's version (binary and package), unit and process, and NVLSM's package, binary,
+    unit, process and ib_umad (``doctor.gpu.fabric_software``; read-only, each command under a deadline)."""
+    from doctor.gpu.fabric_software import read_fabric_software
+
+    return read_fabric_software()
+
+
+PCIE_SHAPE = {
+    "gpus": opt([{"bdf": str, "upstream": opt([str]), "iommu_group": opt(str), "iommu_group_type": opt(str)}]),
+    "bridges": opt(dict), "iommu": opt({"mode": opt(str), "units": opt([str]), "cmdline": opt(dict)}),
+    "errors": opt([str]),
+}
+
+
+@collector("pcie", timeout=15, shape=PCIE_SHAPE)
+def collect_pcie(opts: Any) -> dict[str, Any]:
+    """Each NVIDIA GPU's upstream PCIe bridges with their ACS control (from the configuration space in sysfs)
+    and the IOMMU mode (``doctor.gpu.pcie``; read-only)."""
+    from doctor.gpu.pcie import read_pcie
+
+    return read_pcie()

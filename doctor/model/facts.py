@@ -4,6 +4,8 @@
 (never the 208k tensor names), download leftovers, config.json, the tokenizer's files.
 ``model.tensors``: the target's tensors folded into patterns (shapes, layers, experts per layer),
 what ``model.config`` and ``model.fit`` compare with config.json.
+``model.tokenizer``: the tokenizer's files, its remote code, and its load in the service's interpreter
+(``doctor.model.tokenizer``), what ``model.tokenizer`` judges.
 ``model.hashes``: the deep tier: sha256 of every shard against the expected digests.
 """
 
@@ -15,10 +17,13 @@ import stat
 from typing import Any
 
 from doctor.core.registry import collector
+from doctor.facts.shape import opt
 from doctor.host.access import current_user, ownership
 from doctor.model.hashing import verify_model_hashes
 from doctor.model.modelconfig import json_data
+from doctor.model.remote_code import auto_map_refs, scan_remote_code
 from doctor.model.scan import scan_weights, tensor_summary
+from doctor.model.tokenizer import tokenizer_fact
 
 MAX_JSON_BYTES = 4 * 1024 * 1024
 MAX_LISTED_FILES = 400
@@ -132,6 +137,9 @@ def describe_dir(path: str | None, *, what: str) -> dict[str, Any]:
     out["config"] = read_json_file(os.path.join(path, "config.json"))
     out["tokenizer"] = tokenizer_facts(path)
     out["files"] = list_files(path)
+    refs = [r for entry in (out["config"], out["tokenizer"]["tokenizer_config"]) for r in auto_map_refs(
+        json_data(entry).get("auto_map") if isinstance(json_data(entry), dict) else None)]
+    out["remote_code"] = scan_remote_code(path, list(dict.fromkeys(refs)))  # every auto_map file, both configs
     return out
 
 
@@ -152,6 +160,25 @@ def _summary_for(path: str | None) -> dict[str, Any]:
 def collect_model(opts: Any) -> dict[str, Any]:
     """The target model directory: shards (headers), index, leftovers, config.json, tokenizer files."""
     return describe_dir(opts.model_path, what="model")
+
+
+_ERROR = opt({"type": opt(str), "message": opt(str)})
+TOKENIZER_SHAPE = {
+    "given": bool, "path": opt(str), "error": opt(str), "special_tokens": opt(dict), "tokenizer_class": opt(str),
+    "tiktoken": opt({"ok": opt(bool), "tokens": opt(int), "problems": opt([str])}),
+    "remote_code": opt({"files": opt(dict), "missing": opt([str])}), "parsers": opt(dict),
+    "trust_remote_code": opt(bool),
+    "probe": opt({"probe_failed": opt(bool), "python": opt(str), "versions": opt(dict), "missing_imports": opt([str]),
+                  "transformers_found": opt(bool),
+                  "load": opt({"ok": opt(bool), "steps": opt([dict]), "class": opt(dict), "import_error": _ERROR}),
+                  "markers": opt(dict), "chat_template": opt(dict)}),
+}
+
+
+@collector("model.tokenizer", timeout=150, shape=TOKENIZER_SHAPE)
+def collect_model_tokenizer(opts: Any) -> dict[str, Any]:
+    """The target's tokenizer loaded in the service's interpreter as SGLang loads it (doctor.model.tokenizer)."""
+    return tokenizer_fact(opts)
 
 
 @collector("drafter", timeout=60)

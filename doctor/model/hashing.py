@@ -2,24 +2,31 @@
 
 Expected digests, in this order: a manifest k26-doctor wrote (``k26-doctor manifest write``),
 huggingface_hub's ``--local-dir`` metadata (the etag of an LFS file is its sha256), the Hugging Face
-cache's blob names (``blobs/<sha256>``). Files are hashed in parallel threads (``hashlib`` and
-``readinto`` release the GIL on large buffers) in large blocks. A verification cache, keyed by
-(device, inode, size, mtime_ns, ctime_ns) and kept outside the model directory, lets a restart
-re-hash only what changed.
+cache's blob names (``blobs/<sha256>``). Files are hashed in parallel, one file per worker process
+(``doctor/model/sha256_worker.py``: stdlib only, the page cache hashed through a memory map, no GIL
+shared), a file at a time from one queue, largest first; splitting a file is not possible for one
+sha256. Where a worker cannot start or dies, the same loop runs in a thread of this process
+(``readinto`` into one reused buffer): the digests are the same bytes either way. A verification
+cache, keyed by (device, inode, size, mtime_ns, ctime_ns) and kept outside the model directory, lets
+a restart re-hash only what changed.
 """
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 import os
+import signal
 import stat
+import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO, Any
 
 from doctor.core.fileio import atomic_write
@@ -27,7 +34,8 @@ from doctor.model.index import INDEX_NAME, SINGLE_NAME, read_index
 from doctor.model.layout import file_state, read_hf_local_metadata
 from doctor.model.manifest import MANIFEST_NAME, read_manifest
 
-BLOCK = 8 * 1024 * 1024
+BLOCK = 1024 * 1024  # the in-process read loop: large enough for the GIL, small enough for the CPU caches
+WORKER = Path(__file__).with_name("sha256_worker.py")
 CACHE_FILE = "verify-cache.json"
 CACHE_VERSION = 1
 
@@ -191,8 +199,10 @@ class HashJob:
 
 
 def hash_files(jobs: list[HashJob], *, workers: int | None = None, cache: VerifyCache | None = None,
-               progress: Progress | None = None) -> dict[str, dict[str, Any]]:
-    """sha256 per job name: ``{"sha256", "cached", "seconds"}`` or ``{"error"}``; largest files first."""
+               progress: Progress | None = None, processes: bool | None = None) -> dict[str, dict[str, Any]]:
+    """sha256 per job name: ``{"sha256", "cached", "seconds"}`` or ``{"error"}``; largest files first.
+
+    ``processes``: hash in worker processes (default: when more than one worker runs), else in threads."""
     results: dict[str, dict[str, Any]] = {}
     todo: list[HashJob] = []
     for job in jobs:
@@ -204,17 +214,26 @@ def hash_files(jobs: list[HashJob], *, workers: int | None = None, cache: Verify
                 progress.file_done()
         else:
             todo.append(job)
+    if not todo:
+        return results
     todo.sort(key=lambda j: -j.st.st_size)
+    queue = collections.deque(todo)
+    lock = threading.Lock()
+    n = max(1, min(workers or default_workers(), len(todo)))
+    use_processes = n > 1 if processes is None else processes
+    add = progress.add if progress is not None else None
 
-    def one(job: HashJob) -> tuple[str, dict[str, Any]]:
-        t0 = time.monotonic()
-        try:
-            digest = sha256_file(job.path, progress.add if progress is not None else None)
-        except OSError as exc:
-            return job.name, {"error": f"cannot read: {exc.strerror or exc}"}
-        finally:
-            if progress is not None:
-                progress.file_done()
+    interrupted = threading.Event()
+
+    def take() -> HashJob | None:
+        with lock:
+            return queue.popleft() if queue and not interrupted.is_set() else None
+
+    def finish(job: HashJob, t0: float, digest: str | None, error: str | None) -> tuple[str, dict[str, Any]]:
+        if progress is not None:
+            progress.file_done()
+        if error is not None or digest is None:
+            return job.name, {"error": error or "no digest"}
         try:
             after = os.stat(job.path)
         except OSError:
@@ -226,12 +245,101 @@ def hash_files(jobs: list[HashJob], *, workers: int | None = None, cache: Verify
             cache.put(job.st, job.path, digest)
         return job.name, res
 
-    n = workers or default_workers()
-    if todo:
-        with ThreadPoolExecutor(max_workers=max(1, min(n, len(todo)))) as pool:
-            for name, res in pool.map(one, todo):
-                results[name] = res
+    def in_thread(job: HashJob) -> tuple[str, dict[str, Any]]:
+        t0 = time.monotonic()
+        try:
+            digest = sha256_file(job.path, add)
+        except OSError as exc:
+            return finish(job, t0, None, f"cannot read: {exc.strerror or exc}")
+        return finish(job, t0, digest, None)
+
+    def slot() -> list[tuple[str, dict[str, Any]]]:
+        """One worker process (or, failing that, this thread) taking jobs until the queue is empty."""
+        out: list[tuple[str, dict[str, Any]]] = []
+        worker = WorkerProcess.start() if use_processes else None
+        try:
+            while (job := take()) is not None:
+                if worker is not None:
+                    t0 = time.monotonic()
+                    answer = worker.hash(job.path, add)
+                    if answer is not None:
+                        out.append(finish(job, t0, answer.get("sha256"), answer.get("error")))
+                        continue
+                    if worker.close() == -signal.SIGINT:  # Ctrl-C reached the worker: stop, don't go on here
+                        interrupted.set()
+                        worker = None
+                        out.append((job.name, {"error": "hashing interrupted"}))
+                        break
+                    worker = None  # it died (e.g. SIGBUS: the file shrank under its map): read it here
+                out.append(in_thread(job))
+        finally:
+            if worker is not None:
+                worker.close()
+        return out
+
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        for part in pool.map(lambda _: slot(), range(n)):
+            results.update(part)
+    for job in todo:  # left in the queue by an interrupt
+        results.setdefault(job.name, {"error": "hashing interrupted"})
     return results
+
+
+class WorkerProcess:
+    """One ``sha256_worker.py`` child: a path in, progress and a digest out (see its docstring)."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.proc = proc
+
+    @classmethod
+    def start(cls) -> WorkerProcess | None:
+        try:
+            proc = subprocess.Popen([sys.executable, "-I", "-S", str(WORKER)], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                    encoding="utf-8", errors="replace", bufsize=1, close_fds=True)
+        except OSError:
+            return None
+        return cls(proc)
+
+    def hash(self, path: str, on_bytes: Callable[[int], None] | None) -> dict[str, Any] | None:
+        """The worker's answer for ``path``, or None when the worker is gone."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        try:
+            self.proc.stdin.write(json.dumps(path) + "\n")
+            self.proc.stdin.flush()
+            for line in self.proc.stdout:
+                try:
+                    doc = json.loads(line)
+                except ValueError:
+                    return None
+                if not isinstance(doc, dict):
+                    return None
+                if "p" in doc:
+                    if on_bytes is not None and isinstance(doc["p"], int):
+                        on_bytes(doc["p"])
+                    continue
+                return doc
+        except (OSError, ValueError):
+            return None
+        return None
+
+    def close(self) -> int | None:
+        """End of input ends the worker; one that does not end promptly is killed. Its exit status;
+        never raises."""
+        try:
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        finally:
+            if self.proc.stdout is not None:
+                self.proc.stdout.close()
+        return self.proc.returncode
 
 
 def shard_names(model_dir: str) -> tuple[list[str], str | None]:

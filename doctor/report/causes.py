@@ -22,6 +22,7 @@ from typing import Any
 from doctor.core.result import Remediation, Result, Status
 
 PYTHON_NOTICE = "doctor.python"
+INSTALL_AREAS = ("stack.", "torch.", "sglang.", "triton.")  # checks of what is installed in the service's venv
 
 
 @dataclass
@@ -126,9 +127,12 @@ def interpreter_notice(settings: Any, facts: Any, results: list[Result]) -> Noti
     markers = {f"{shlex.quote(python)} -m pip", f"{python} -m pip"}
     for res in results:
         rem = res.remediation
-        if res.status is Status.PASS or rem is None or not any(m in c for c in rem.commands for m in markers):
+        if res.status is Status.PASS or rem is None:
             continue
-        res.cause = PYTHON_NOTICE  # a fix that would install into the doctor's own environment
+        installs = any(m in c for c in rem.commands for m in markers) or (
+            res.id.startswith(INSTALL_AREAS) and rem.text.startswith("Install"))
+        if installs:
+            res.cause = PYTHON_NOTICE  # a fix that would install into the doctor's own environment
     root = roots(results, [notice])
     for res in results:
         if root.get(res.id) == PYTHON_NOTICE or res.cause == PYTHON_NOTICE:

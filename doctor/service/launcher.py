@@ -5,7 +5,8 @@ and the systemd unit all agree on what will run::
 
     <python> -m sglang.launch_server --model-path M --tp-size N --trust-remote-code
         --speculative-algorithm DDTREE --speculative-draft-model-path D --speculative-ddtree-budget B
-        --attention-backend triton --mem-fraction-static F --host H --port P
+        --attention-backend triton --mem-fraction-static F [--context-length C] [--max-running-requests R]
+        [--cuda-graph-max-bs-decode B] --host H --port P
         <profile [server] args> <anything after -- on the command line>
 
 A flag given later (profile ``args``, then the command line) replaces the same flag built from the
@@ -148,6 +149,11 @@ def build_server_args(settings: Settings, extra: list[str] | tuple[str, ...] = (
     mem = _number(settings, "server.mem_fraction_static", float, 0.0, 1.0)
     if mem is not None:
         args += ["--mem-fraction-static", f"{mem:g}"]
+    for flag, value in (("--context-length", settings.context_length),
+                        ("--max-running-requests", settings.max_running_requests),
+                        ("--cuda-graph-max-bs-decode", settings.cuda_graph_max_bs)):
+        if value is not None:
+            args += [flag, str(value)]
     host = settings.get("server.host", "127.0.0.1")
     port = _number(settings, "server.port", int, 1, 65535) or 30000
     args += ["--host", str(host), "--port", str(port)]

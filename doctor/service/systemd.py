@@ -1,11 +1,12 @@
 """The systemd unit of the service: checked before every start, ready only when SGLang answers.
 
 * ``ExecStartPre=`` runs ``k26-doctor check`` (fast tier: no ``--deep``) with the same config and
-  profile, so a host that cannot serve never starts the server.
+  profile, so a host that cannot serve never starts the server; it first waits (``--wait-fabric``,
+  the profile's ``[gpu] fabric_wait_s``) for the NVSwitch fabric, which registers minutes after boot.
 * ``ExecStart=`` runs ``k26-doctor launch --no-check --wait``: no second check run (the flag check
   against SGLang's sources stays: it is cheap and judges the exact argv), the server as a child,
   ``READY=1`` to systemd (``Type=notify``) once ``/health`` answers 200, signals forwarded.
-* ``TimeoutStartSec=`` covers the checks, reading the weights (~595 GB) and CUDA graph capture.
+* ``TimeoutStartSec=`` covers the checks, the fabric wait, reading the weights (~595 GB) and CUDA graph capture.
 * ``Restart=on-failure`` with ``RestartPreventExitStatus=2 3``: 2 is an invalid configuration
   (the doctor's) or an argparse rejection (SGLang's), 3 a doctor that could not run; restarting
   cannot fix either. systemd tests that list against the main process only, so a failing
@@ -35,6 +36,7 @@ from doctor.core.settings import Settings
 WEIGHTS_BYTES_DEFAULT = 595e9 + 6.5e9  # Kimi K2.6 INT4 (~595 GB) + the DFlash drafter (~6.5 GB)
 MIN_READ_BYTES_PER_S = 1.0e9  # cold page cache, one NVMe namespace, TP8 ranks reading concurrently
 GRAPH_CAPTURE_S = 600  # CUDA graph capture + warm-up for every batch size, DDTree verify graphs
+SMOKE_S = 120  # ExecStartPost: k26-doctor smoke's deadline
 CHECKS_S = 180  # ExecStartPre: the fast check tier with its per-check deadlines
 DEFAULT_UNIT = "sglang-k26-ddtree.service"
 DEFAULT_USER = "sglang"
@@ -68,13 +70,21 @@ def start_timeout(settings: Settings, override: float | None = None) -> tuple[in
         return int(override), "given on the command line"
     size, how = weights_bytes(settings)
     load = size / MIN_READ_BYTES_PER_S
-    computed = CHECKS_S + load + GRAPH_CAPTURE_S
+    fabric = fabric_wait(settings)
+    computed = CHECKS_S + fabric + load + GRAPH_CAPTURE_S
     profile = settings.get("server.start_timeout_s")
     chosen = max(computed, float(profile or 0))
-    why = (f"checks {CHECKS_S}s + weights {size / 1e9:.0f} GB ({how}) at >= {MIN_READ_BYTES_PER_S / 1e9:g} GB/s "
+    why = (f"checks {CHECKS_S}s" + (f" + fabric wait {fabric:g}s" if fabric else "")
+           + f" + weights {size / 1e9:.0f} GB ({how}) at >= {MIN_READ_BYTES_PER_S / 1e9:g} GB/s "
            f"= {load:.0f}s + CUDA graphs/warm-up {GRAPH_CAPTURE_S}s = {computed:.0f}s"
            + (f"; profile start_timeout_s {profile}" if profile else ""))
     return int(math.ceil(chosen / 60.0) * 60), why
+
+
+def fabric_wait(settings: Settings) -> float:
+    """Seconds ExecStartPre waits for NVSwitch fabric registration: --wait-fabric, else [gpu] fabric_wait_s."""
+    value = settings.wait_fabric if settings.wait_fabric is not None else settings.fabric_wait_s
+    return float(value or 0)
 
 
 def doctor_command() -> list[str]:
@@ -260,17 +270,21 @@ def service_user(settings: Settings, user: str | None) -> str:
 
 def render_unit(settings: Settings, *, config: str | None, doctor: list[str] | None = None,
                 user: str | None = None, timeout_override: float | None = None,
-                extra: list[str] | None = None, diagnose_on_failure: bool = True, harden: bool = True) -> str:
-    """The unit file text."""
+                extra: list[str] | None = None, diagnose_on_failure: bool = True, harden: bool = True,
+                smoke: bool = False) -> str:
+    """The unit file text; ``smoke``: an ``ExecStartPost`` running ``k26-doctor smoke`` once the server is ready;
+    ``harden``: the sandbox (``hardening_lines``)."""
     doctor = doctor or doctor_command()
     sel = selection_args(settings, config)
     timeout, why = start_timeout(settings, timeout_override)
     unit = str(settings.get("server.unit", DEFAULT_UNIT))
     env_file = settings.get("server.env_file")
     pre = [*doctor, "check", *sel, "--format", "text"]
+    if fabric_wait(settings):  # after boot the fabric takes minutes to register: wait, bounded, then judge
+        pre += ["--wait-fabric", f"{fabric_wait(settings):g}"]
     # The doctor gives up (and stops the server, exit 1) just before systemd would kill it: a clear
     # message in the journal instead of a bare "start operation timed out".
-    wait = max(60, timeout - CHECKS_S)
+    wait = max(60, int(timeout - CHECKS_S - fabric_wait(settings) - (SMOKE_S if smoke else 0)))
     start = [*doctor, "launch", *sel, "--no-check", "--wait", "--wait-timeout", str(wait)]
     if extra:
         start += ["--", *extra]
@@ -305,6 +319,12 @@ def render_unit(settings: Settings, *, config: str | None, doctor: list[str] | N
         f"ExecStartPre={_quote(pre)}",
         f"ExecStart={_quote(start)}",
     ]
+    if smoke:
+        post = [*doctor, "smoke", *(["--config", config] if config else []), "--profile", settings.profile_name,
+                "--timeout", str(SMOKE_S)]
+        lines.append("# After READY=1: real requests; an error, a timeout or a drafter that does not match the target")
+        lines.append("# (accept length ~1) fails the start.")
+        lines.append(f"ExecStartPost={_quote(post)}")
     if diagnose_on_failure:
         lines.append("# After a failed start, map the journal to the check that would have caught it.")
         lines.append(f"ExecStopPost=-{_quote([*doctor, 'diagnose', '--journal', '%n', '--on-service-failure'])}"

@@ -2,8 +2,9 @@
 
 ``validate_args`` replays: exact option strings, ``--opt=value``, unique prefixes (``allow_abbrev``;
 accepted by argparse, but fragile across releases), ambiguous prefixes (the "ambiguous option" error
-0.5.20 gave to ``--cuda-graph-max-bs``), value arity and statically known choices. Flags SGLang
-removed are named with their replacement from ``doctor/data/sglang_removed_flags.toml``.
+0.5.20 gave to ``--cuda-graph-max-bs``), value arity and statically known choices. A rejected flag is
+explained by ``doctor.sglang.flag_history`` (removed, with its replacement from
+``doctor/data/sglang_removed_flags.toml``; added later; an underscore or a typo; a vLLM spelling; a fork's).
 ``doctor.sglang.flags.judge_flags`` turns its problems into the one verdict on an argv.
 """
 
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from doctor.sglang.flag_history import explain_abbreviation, explain_unknown
 from doctor.sglang.flag_reader import FlagTable
 
 if sys.version_info >= (3, 11):
@@ -65,18 +67,6 @@ def _arity_ok(nargs: Any, count: int) -> bool:
     return True
 
 
-def _removed_message(flag: str, info: dict[str, Any], version: str | None) -> tuple[str, str | None]:
-    when = (f" in SGLang {info['removed_in']}" if info.get("removed_in") else
-            f" (present in {info['present_in']}, absent in {info['absent_in']})" if info.get("absent_in") else "")
-    repl = info.get("replacement")
-    text = f"{flag} was removed{when}"
-    if repl:
-        text += f"; use {repl}"
-    if info.get("note"):
-        text += f" ({info['note']})"
-    return text, repl
-
-
 def validate_args(table: FlagTable, argv: list[str], removed: dict[str, dict[str, Any]] | None = None
                   ) -> list[FlagProblem]:
     """What argparse (``allow_abbrev=True``, as SGLang's parser) would say about ``argv``, and more.
@@ -105,19 +95,23 @@ def validate_args(table: FlagTable, argv: list[str], removed: dict[str, dict[str
         name, eq, inline = arg.partition("=")
         spec = opts.get(name)
         shown = name
+        if spec is None:
+            why = explain_unknown(name, opts, table.version, removed=removed)
         if spec is None and name.startswith("--"):
             matches = sorted(o for o in opts if o.startswith(name))
-            if name in removed:
-                msg, repl = _removed_message(name, removed[name], table.version)
+            if name in removed or (why.kind == "removed" and len(matches) > 1):
+                msg = why.message
                 if len(matches) > 1:
                     msg += f"; argparse fails with 'ambiguous option: {name} could match {', '.join(matches)}'"
-                problems.append(FlagProblem("error", name, msg, repl))
+                problems.append(FlagProblem("error", name, msg, why.replacement))
                 i = _skip_values(argv, i, eq)
                 continue
             if len(matches) == 1:
                 spec = opts[matches[0]]
+                then = explain_abbreviation(name, matches[0], table.version)
                 problems.append(FlagProblem("warning", name, f"{name} is accepted only as an abbreviation of "
-                                            f"{matches[0]}; spell it out", matches[0]))
+                                            f"{matches[0]}; spell it out" + (f" ({then})" if then else ""),
+                                            matches[0]))
                 shown = matches[0]
             elif len(matches) > 1:
                 problems.append(FlagProblem("error", name, f"ambiguous option: {name} could match "
@@ -125,12 +119,7 @@ def validate_args(table: FlagTable, argv: list[str], removed: dict[str, dict[str
                 i = _skip_values(argv, i, eq)
                 continue
         if spec is None:
-            if name in removed:
-                msg, repl = _removed_message(name, removed[name], table.version)
-                problems.append(FlagProblem("error", name, msg, repl))
-            else:
-                problems.append(FlagProblem("error", name, f"unrecognized argument {name}: the installed SGLang"
-                                            f"{' ' + table.version if table.version else ''} has no such flag"))
+            problems.append(FlagProblem("error", name, why.message, why.replacement))
             i = _skip_values(argv, i, eq)
             continue
         values: list[str] = []

@@ -59,13 +59,21 @@ def minor_compat_min_driver(cuda: str) -> str | None:
 
 
 def triton_for_torch(torch_version: str) -> str | None:
-    """The Triton release a torch release pins (``"2.11.0+cu130"`` -> ``"3.6.0"``)."""
+    """The Triton a torch release pins: a version (``"2.11.0+cu130"`` -> ``"3.6.0"``) or a specifier
+    (``"2.14.1"`` -> ``"~=3.8.0"``)."""
     return load().get("torch", {}).get("triton", {}).get(base_version(torch_version))
 
 
 def sglang_pins(sglang_version: str) -> dict[str, str]:
-    """``{"sglang_kernel": "0.4.10", "flashinfer": "0.7.2"}`` for a known SGLang release, else {}."""
-    return dict(load().get("sglang", {}).get(sglang_version, {}) or {})
+    """The kernel packages a known SGLang release pins, ``{"sglang_kernel": "0.4.10", "flashinfer": "0.7.2"}``,
+    else {} (its torch pin: ``sglang_torch``)."""
+    pins = load().get("sglang", {}).get(sglang_version, {}) or {}
+    return {k: v for k, v in pins.items() if k != "torch"}
+
+
+def sglang_torch(sglang_version: str) -> str | None:
+    """The torch a known SGLang release pins (``"0.5.23"`` -> ``"2.14.1"``): its kernels are built for it."""
+    return (load().get("sglang", {}).get(sglang_version, {}) or {}).get("torch")
 
 
 def distribution_names() -> dict[str, list[str]]:

@@ -8,6 +8,8 @@ a deadline; nothing here imports torch, triton or sglang. Facts (all JSON):
 * ``torch_info``: torch's CUDA runtime and compiled targets (probe ``torch_info``; ``--deep`` matmul).
 * ``sglang_import``: SGLang imported for real, DFlash kernel availability (probe ``sglang_import``).
 * ``ptxas``: every ptxas Triton could use, its CUDA release and the targets it accepts.
+* ``kernels``: every package's GPU code (SASS/PTX) and libtorch ABI, read from the files (probe ``kernels``).
+* ``libcuda``: the libcuda.so.1 the service's loader resolves, the kernel module's version (probe ``libcuda``).
 * ``venv``: the environment's files read from outside (works even when the interpreter cannot start).
 
 The service's environment is ``opts.env`` plus the profile's ``server.env_file`` (what systemd gives
@@ -24,6 +26,8 @@ from doctor.stack.service_probe import STACK_PROBE_TIMEOUT, probe_service, stack
 
 TORCH_TIMEOUT = 120.0
 TORCH_DEEP_TIMEOUT = 300.0
+KERNELS_TIMEOUT = 60.0
+LIBCUDA_TIMEOUT = 30.0
 
 
 # -- the service's environment ------------------------------------------------------------------
@@ -41,6 +45,18 @@ def collect_torch_info(opts: CollectOptions) -> dict[str, Any]:
     if opts.deep:
         return probe_service(opts, "torch_info", ["--deep"], TORCH_DEEP_TIMEOUT)
     return probe_service(opts, "torch_info", [], TORCH_TIMEOUT)
+
+
+@collector("kernels", timeout=KERNELS_TIMEOUT + 5)
+def collect_kernels(opts: CollectOptions) -> dict[str, Any]:
+    """Every installed package's fat binaries and cubins (headers only) and the torch symbols its libraries need."""
+    return probe_service(opts, "kernels", [], KERNELS_TIMEOUT)
+
+
+@collector("libcuda", timeout=LIBCUDA_TIMEOUT + 5)
+def collect_libcuda(opts: CollectOptions) -> dict[str, Any]:
+    """The libcuda.so.1 the service's loader resolves (path, version, cuInit) and the kernel module's version."""
+    return probe_service(opts, "libcuda", [], LIBCUDA_TIMEOUT)
 
 
 # -- ptxas ---------------------------------------------------------------------------------------

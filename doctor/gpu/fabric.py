@@ -1,0 +1,244 @@
+"""NVSwitch fabric readiness: the state of every GPU of the TP group, and waiting for it.
+
+On an HGX host every GPU must register with the NVLink fabric before CUDA can use it; the fabric
+manager does that after boot, and it takes minutes (on NVLink 5 systems NVLSM must first bring up
+the switches). A GPU says ``not_started`` (fabric manager not running), ``in_progress``, then
+``completed`` with a status (``Success``, or the error that stopped it). A GPU without a fabric
+says ``not_supported``.
+
+``readiness(nvml, size)`` judges one reading of the ``nvml`` fact; ``wait_for_fabric(source, ...)``
+polls a fact source until every GPU of the TP group is completed with success or the time runs
+out. The source is any callable returning an ``nvml`` fact: the real one collects it again in an
+isolated child process with a deadline (``nvml_source``), a test feeds recorded facts. The wait
+prints progress and ends with a verdict that names the state and the fix; ``launch`` and the
+unit's ``ExecStartPre`` wait (``[gpu] fabric_wait_s``), ``check`` only with ``--wait-fabric SECONDS``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from doctor.gpu import links
+
+PENDING = ("not_started", "in_progress")
+POLL_INTERVAL_S = 5.0  # at most; a short wait (--wait-fabric 20) polls every tenth of it, at least every 0.5 s
+REPORT_EVERY_S = 30.0
+
+
+@dataclass
+class Readiness:
+    """One reading of the fabric state of the TP group."""
+
+    outcome: str  # ready | pending | failed | no_fabric | mixed | unreadable | unavailable | no_gpu | no_answer
+    states: dict[str, str] = field(default_factory=dict)  # "GPU0" -> "in_progress" / "completed" / "completed:..."
+    pending: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)  # "GPU3: NotSupported" (completed with an error)
+    unread: list[str] = field(default_factory=list)
+    fabric_manager: str | None = None  # systemctl is-active of nvidia-fabricmanager, when read
+    error: str | None = None
+
+    def describe(self) -> str:
+        """``in progress on GPU0-GPU7`` style, for progress lines and verdicts."""
+        if self.outcome == "unavailable":
+            return f"NVML is not available ({self.error})"
+        groups: dict[str, list[str]] = {}
+        for gpu, state in self.states.items():
+            groups.setdefault(state, []).append(gpu)
+        parts = [f"{state.replace('_', ' ')} on {span(gpus)}" for state, gpus in groups.items()]
+        if self.unread:
+            parts.append("not read on " + ", ".join(self.unread))
+        text = "; ".join(parts) or "no GPU"
+        if self.fabric_manager:
+            text += f" (nvidia-fabricmanager is {self.fabric_manager})"
+        return text
+
+
+def span(gpus: list[str]) -> str:
+    """``GPU0-GPU7`` for a contiguous run, else a list."""
+    nums = []
+    for g in gpus:
+        tail = g[3:] if g.startswith("GPU") else ""
+        if not tail.isdigit():
+            return ", ".join(gpus)
+        nums.append(int(tail))
+    if len(nums) > 2 and nums == list(range(nums[0], nums[0] + len(nums))):
+        return f"GPU{nums[0]}-GPU{nums[-1]}"
+    return ", ".join(gpus)
+
+
+def gpu_name(d: dict[str, Any]) -> str:
+    cuda, idx = d.get("cuda_index"), d.get("index")
+    return f"GPU{cuda}" if cuda == idx or cuda is None else f"GPU{cuda} (NVML {idx})"
+
+
+def readiness(nvml: Any, size: int) -> Readiness:
+    """Judge one ``nvml`` fact: is every GPU of the first ``size`` registered with the fabric?"""
+    if not isinstance(nvml, dict):
+        return Readiness("unreadable", error=f"the nvml fact is {type(nvml).__name__}, not an object")
+    if not nvml.get("available"):
+        return Readiness("unavailable", error=str(nvml.get("error") or "unknown reason"))
+    grp = links.group(nvml, size)
+    fm = nvml.get("fabric_manager") if isinstance(nvml.get("fabric_manager"), dict) else {}
+    out = Readiness("ready", fabric_manager=fm.get("systemctl_is_active"))
+    if not grp:
+        out.outcome = "no_gpu"
+        return out
+    unsupported = 0
+    for d in grp:
+        g = gpu_name(d)
+        f = d.get("fabric")
+        state = f.get("state_name") if isinstance(f, dict) else None
+        if state is None:
+            err = f.get("error") if isinstance(f, dict) else None
+            if err and str(err).startswith("NotSupported"):
+                unsupported += 1
+                out.states[g] = "not_supported"
+            else:
+                out.unread.append(f"{g} ({err or 'not read'})")
+            continue
+        status = f.get("status")
+        if state == "completed" and status not in (0, None):
+            out.states[g] = "completed with an error"
+            out.failed.append(f"{g}: {f.get('status_name') or status}")
+            continue
+        out.states[g] = str(state)
+        if state in PENDING:
+            out.pending.append(g)
+        elif state == "not_supported":
+            unsupported += 1
+    if out.failed:
+        out.outcome = "failed"
+    elif out.pending:
+        out.outcome = "pending"
+    elif out.unread:
+        out.outcome = "unreadable"
+    elif unsupported == len(grp):
+        out.outcome = "no_fabric"
+    elif unsupported:
+        out.outcome = "mixed"
+    return out
+
+
+# What ends a wait: these do not change by waiting longer. A poll that got no answer at all (the collector
+# hung or failed: ``no_answer``) is tried again.
+FINAL = ("ready", "failed", "no_fabric", "mixed", "unavailable", "no_gpu", "unreadable")
+
+
+@dataclass
+class FabricWait:
+    """How a wait for the fabric ended (``to_fact()`` is the ``fabric_wait`` fact)."""
+
+    outcome: str  # ready | timeout | failed | no_fabric | mixed | unavailable | no_gpu | unreadable | no_answer
+    timeout_s: float
+    waited_s: float
+    polls: int
+    last: Readiness
+    last_fact: Any = None
+    history: list[dict[str, Any]] = field(default_factory=list)  # each change of state: {"t": s, "state": text}
+    poll_errors: list[str] = field(default_factory=list)
+
+    def verdict(self) -> str:
+        """One line: the state reached and, when it is not ready, the fix."""
+        took = f"{self.waited_s:.0f} s"
+        if self.outcome == "ready":
+            return f"NVSwitch fabric completed on {len(self.last.states)} GPU(s) after {took}"
+        if self.outcome == "timeout":
+            return (f"NVSwitch fabric not ready after {took} (limit {self.timeout_s:g} s): {self.last.describe()}. "
+                    + FIX_PENDING)
+        if self.outcome == "failed":
+            return (f"NVSwitch fabric registration failed: {', '.join(self.last.failed)}. Read "
+                    f"`journalctl -u nvidia-fabricmanager -n 100`, then `sudo systemctl restart nvidia-fabricmanager`")
+        if self.outcome == "no_fabric":
+            return "no NVSwitch fabric on these GPUs (NotSupported): nothing to wait for"
+        if self.outcome == "no_answer":
+            last = self.poll_errors[-1] if self.poll_errors else "no answer"
+            return f"the fabric state could not be read within {took} ({self.polls} tries): {last}"
+        return f"fabric wait ended ({self.outcome}): {self.last.describe()}"
+
+    def to_fact(self) -> dict[str, Any]:
+        return {"asked": True, "outcome": self.outcome, "timeout_s": self.timeout_s,
+                "waited_s": round(self.waited_s, 3), "polls": self.polls, "state": self.last.describe(),
+                "history": self.history, "poll_errors": self.poll_errors[-5:], "verdict": self.verdict()}
+
+
+FIX_PENDING = ("Fix: start the fabric manager at the driver's version and let it finish "
+               "(`sudo systemctl enable --now nvidia-fabricmanager`, `journalctl -u nvidia-fabricmanager`); "
+               "on NVLink 5 (B200/B300) NVLSM must run too (see gpu.fabric.nvlsm); "
+               "`nvidia-smi -q | grep -A3 -i fabric` shows the state")
+
+
+def wait_for_fabric(source: Callable[[], Any], size: int, timeout_s: float, *,
+                    interval_s: float = POLL_INTERVAL_S, report_every_s: float = REPORT_EVERY_S,
+                    progress: Callable[[str], None] | None = None,
+                    clock: Callable[[], float] = time.monotonic,
+                    sleep: Callable[[float], None] = time.sleep) -> FabricWait:
+    """Poll ``source()`` (an ``nvml`` fact each call; it may raise) until the TP group's fabric is ready, a
+    state that waiting cannot change is reached, or ``timeout_s`` has passed. Never raises for what the
+    source returns or raises; a poll that fails is recorded and the next one tried."""
+    say = progress or (lambda _msg: None)
+    start = clock()
+    deadline = start + max(0.0, float(timeout_s))
+    polls = 0
+    history: list[dict[str, Any]] = []
+    errors: list[str] = []
+    last = Readiness("no_answer", error="not read yet")
+    last_fact: Any = None
+    last_text, last_report = None, start
+    while True:
+        polls += 1
+        try:
+            fact = source()
+            last_fact = fact
+            last = readiness(fact, size)
+        except Exception as exc:  # FactUnavailable (a hung or failed collector), anything else alike
+            errors.append(f"{type(exc).__name__}: {exc}")
+            last = Readiness("no_answer", error=errors[-1])
+        now = clock()
+        text = last.describe() if last.states or last.outcome == "unavailable" else f"not read ({last.error})"
+        if text != last_text:
+            history.append({"t": round(now - start, 3), "state": text})
+        if last.outcome in FINAL:
+            outcome = last.outcome
+            break
+        if now >= deadline:
+            outcome = "timeout" if last.outcome == "pending" else last.outcome
+            break
+        if text != last_text or now - last_report >= report_every_s:
+            say(f"waiting for the NVSwitch fabric ({now - start:.0f} s of {timeout_s:g} s): {text}")
+            last_report = now
+        last_text = text
+        sleep(max(0.0, min(interval_s, deadline - now)))
+    result = FabricWait(outcome, float(timeout_s), clock() - start, polls, last, last_fact, history, errors)
+    if polls > 1 or outcome != "no_fabric":
+        say(result.verdict())
+    return result
+
+
+def nvml_source(collector: Any, options: Any) -> Callable[[], Any]:
+    """The real source: the ``nvml`` collector run again in its isolated child process, under its deadline."""
+    from doctor.facts.isolation import collect_isolated
+
+    def read() -> Any:
+        return collect_isolated(collector, options)
+
+    return read
+
+
+def wait_before_checks(ctx: Any, collectors: dict[str, Any], progress: Callable[[str], None] | None = None
+                       ) -> FabricWait | None:
+    """Wait for the fabric as ``ctx.settings.wait_fabric`` asks, before the checks run; the last reading becomes
+    the run's ``nvml`` fact and the outcome its ``fabric_wait`` fact, so ``gpu.fabric`` judges what the wait saw."""
+    coll = collectors.get("nvml")
+    seconds = getattr(ctx.settings, "wait_fabric", None)
+    if coll is None or not seconds or ctx.facts.replaying:
+        return None
+    seconds = float(seconds)
+    result = wait_for_fabric(nvml_source(coll, ctx.facts.options), ctx.settings.world_size, seconds,
+                             interval_s=min(POLL_INTERVAL_S, max(0.5, seconds / 10)), progress=progress)
+    if result.last_fact is not None and result.outcome != "no_answer":
+        ctx.facts.seed("nvml", result.last_fact)
+    ctx.facts.seed("fabric_wait", result.to_fact())
+    return result

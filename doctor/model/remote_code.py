@@ -1,0 +1,145 @@
+"""The model's remote code (``auto_map`` in config.json and tokenizer_config.json), read, never run.
+
+With ``--trust-remote-code`` transformers copies every Python file ``auto_map`` names into its module
+cache, with the files those import relatively (``from .tool_declaration_ts import ...``), then
+imports them: a missing file fails the start after the weights loaded, and so does an absolute import
+the service's environment lacks (transformers' ``check_imports``) or one a newer transformers no
+longer provides (``bytes_to_unicode`` from the GPT-2 tokenizer module, gone in transformers 5). This
+module finds all of that with ``ast``; the tokenizer probe then checks the imports against the
+service's interpreter.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - py310
+    import tomli as tomllib
+
+COMPAT_FILE = Path(__file__).resolve().parents[1] / "data" / "tokenizer_compat.toml"
+MAX_SOURCE_BYTES = 2 * 1024 * 1024
+MAX_FILES = 32
+
+
+@functools.lru_cache(maxsize=2)
+def compat_table(path: Path = COMPAT_FILE) -> dict[str, Any]:
+    with open(path, "rb") as fh:
+        return tomllib.load(fh)
+
+
+def auto_map_refs(auto_map: Any) -> list[str]:
+    """``"module.Class"`` references of an ``auto_map`` (lists hold [slow, fast]; ``None`` entries skipped)."""
+    refs: list[str] = []
+    if isinstance(auto_map, dict):
+        for value in auto_map.values():
+            for ref in value if isinstance(value, list) else [value]:
+                if isinstance(ref, str) and "." in ref and ref not in refs:
+                    refs.append(ref)
+    return refs
+
+
+def module_file(ref: str) -> str | None:
+    """``"tokenization_kimi.TikTokenTokenizer"`` -> ``"tokenization_kimi.py"``; ``None`` for code in another
+    repository (``"org/repo--module.Class"``)."""
+    if "--" in ref:
+        return None
+    module = ref.rsplit(".", 1)[0]
+    return module.replace(".", "/") + ".py"
+
+
+def _guarded(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
+    """Inside a ``try`` (transformers' import check strips try/except blocks too)."""
+    while node in parents:
+        node = parents[node]
+        if isinstance(node, ast.Try):
+            return True
+    return False
+
+
+def analyse_source(text: str) -> dict[str, Any]:
+    """Relative imports (sibling files), absolute top-level imports outside ``try``, imports the compat
+    table knows a transformers release removed, and a tokenizer's ``num_reserved_special_tokens``."""
+    tree = ast.parse(text)
+    parents = {child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)}
+    relative: list[str] = []
+    imports: set[str] = set()
+    moved: list[dict[str, Any]] = []
+    known = {(m["module"], m["name"]): m for m in compat_table().get("moved_imports", [])}
+    reserved = None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                names = [node.module] if node.module else [a.name for a in node.names]
+                relative += [n.replace(".", "/") + ".py" for n in names if n]
+                continue
+            if node.module and not _guarded(node, parents):
+                imports.add(node.module.split(".")[0])
+                for alias in node.names:
+                    hit = known.get((node.module, alias.name))
+                    if hit:
+                        moved.append({"module": node.module, "name": alias.name, "line": node.lineno,
+                                      "gone_from": hit["gone_from"], "now_in": hit.get("now_in")})
+        elif isinstance(node, ast.Import) and not _guarded(node, parents):
+            imports.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ClassDef):
+            for stmt in node.body:
+                names = [t.id for t in stmt.targets if isinstance(t, ast.Name)] if isinstance(stmt, ast.Assign) else []
+                if "num_reserved_special_tokens" in names and isinstance(stmt.value, ast.Constant) \
+                        and type(stmt.value.value) is int:
+                    reserved = stmt.value.value
+    return {"relative": sorted(set(relative)), "imports": sorted(imports), "moved": moved,
+            "num_reserved_special_tokens": reserved}
+
+
+def scan_remote_code(model_dir: str, refs: list[str]) -> dict[str, Any]:
+    """Every file ``refs`` name and, transitively, the files they import relatively; never raises."""
+    out: dict[str, Any] = {"refs": list(refs), "external": [r for r in refs if "--" in r], "files": {},
+                           "missing": []}
+    queue = [f for f in (module_file(r) for r in refs) if f]
+    needed_by: dict[str, str | None] = dict.fromkeys(queue)
+    while queue and len(out["files"]) < MAX_FILES:
+        name = queue.pop(0)
+        if name in out["files"]:
+            continue
+        path = os.path.join(model_dir, name)
+        rec: dict[str, Any] = {"needed_by": needed_by.get(name)}
+        out["files"][name] = rec
+        try:
+            size = os.path.getsize(path)
+        except OSError:
+            rec["present"] = False
+            out["missing"].append(name)
+            continue
+        rec["present"] = True
+        if size > MAX_SOURCE_BYTES:
+            rec["error"] = f"{size} bytes: too large to be read as source"
+            continue
+        try:
+            with open(path, encoding="utf-8", errors="strict") as fh:
+                rec.update(analyse_source(fh.read()))
+        except (OSError, UnicodeDecodeError, SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+            rec["error"] = f"not readable Python: {type(exc).__name__}: {exc}"
+            continue
+        for sibling in rec.get("relative", []):
+            if sibling not in out["files"] and sibling not in queue:
+                needed_by.setdefault(sibling, name)
+                queue.append(sibling)
+    return out
+
+
+def download_command(repo: str | None, model_dir: str | None, files: list[str]) -> str:
+    """``hf download REPO --include F ... --local-dir DIR`` for ``files`` (a placeholder repo when the
+    profile names none)."""
+    argv = ["hf", "download", repo or "<model repo>"]
+    for name in files:
+        argv += ["--include", name]
+    argv += ["--local-dir", str(model_dir or "<model dir>")]
+    return shlex.join(argv)

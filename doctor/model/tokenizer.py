@@ -1,0 +1,359 @@
+"""The tokenizer as the server will load it: its files, its remote code, and a load in the service's
+interpreter (``doctor/probes/tokenizer.py``), judged here.
+
+SGLang loads the tokenizer after the weights (minutes into a start) and splits the model's output on
+special tokens: with ``--reasoning-parser kimi_k2`` on ``<think>``/``</think>``, with
+``--tool-call-parser kimi_k2`` on the tool-call section markers. A tokenizer that loads but gives those
+markers other ids, splits them into pieces or decodes them to something else serves answers with the
+reasoning inside and tool calls unparsed, without any error. So the fact holds, beside the files:
+
+* ``tiktoken.model`` read and validated (``doctor.model.tiktoken_bpe``), its size against the
+  vocabulary in config.json and the reserved special ids of the remote code;
+* tokenizer_config.json's special tokens (``added_tokens_decoder``: the ids the model was trained with);
+* the remote code (``doctor.model.remote_code``): files present, imports;
+* the probe's load, step by step as SGLang does it, each marker encoded, looked up and decoded, and the
+  chat template rendered.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from doctor.core.proc import run_probe
+from doctor.model.remote_code import auto_map_refs, compat_table, download_command, scan_remote_code
+from doctor.model.tiktoken_bpe import read_tiktoken_bpe
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - py310
+    import tomli as tomllib
+
+MARKERS_FILE = Path(__file__).resolve().parents[1] / "data" / "tokenizer_markers.toml"
+PROBE_TIMEOUT_S = 120.0
+MAX_JSON_BYTES = 8 * 1024 * 1024
+MAX_SPECIAL_PROBED = 64
+GENERIC_BACKEND = "TokenizersBackend"
+
+
+@functools.lru_cache(maxsize=2)
+def parser_markers(path: Path = MARKERS_FILE) -> dict[str, dict[str, list[str]]]:
+    """``{"reasoning_parser": {"kimi_k2": [...]}, "tool_call_parser": {...}}``."""
+    with open(path, "rb") as fh:
+        data = tomllib.load(fh)
+    return {kind: {name: list(v.get("markers") or []) for name, v in table.items()}
+            for kind, table in data.items() if isinstance(table, dict)}
+
+
+def parsers_from_args(args: list[Any]) -> dict[str, str]:
+    """``--reasoning-parser X`` / ``--tool-call-parser=Y`` in a server argv."""
+    out: dict[str, str] = {}
+    items = [str(a) for a in args]
+    for i, arg in enumerate(items):
+        name, eq, value = arg.partition("=")
+        key = {"--reasoning-parser": "reasoning_parser", "--tool-call-parser": "tool_call_parser"}.get(name)
+        if key:
+            if eq:
+                out[key] = value
+            elif i + 1 < len(items):
+                out[key] = items[i + 1]
+    return out
+
+
+def required_markers(parsers: dict[str, str]) -> dict[str, list[str]]:
+    """Marker -> the parsers that split on it."""
+    table = parser_markers()
+    out: dict[str, list[str]] = {}
+    for kind, name in parsers.items():
+        for marker in table.get(kind, {}).get(name, []):
+            out.setdefault(marker, []).append(f"--{kind.replace('_', '-')} {name}")
+    return out
+
+
+def _read_json(path: str) -> tuple[Any, str | None]:
+    try:
+        if os.path.getsize(path) > MAX_JSON_BYTES:
+            return None, f"{os.path.basename(path)} is too large"
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh), None
+    except FileNotFoundError:
+        return None, None
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        return None, f"{os.path.basename(path)}: {exc}"
+
+
+def special_tokens(tokenizer_config: Any) -> dict[str, int]:
+    """``added_tokens_decoder`` as ``{content: id}``."""
+    out: dict[str, int] = {}
+    decoder = tokenizer_config.get("added_tokens_decoder") if isinstance(tokenizer_config, dict) else None
+    for key, entry in (decoder or {}).items():
+        content = entry.get("content") if isinstance(entry, dict) else None
+        try:
+            tid = int(key)
+        except (TypeError, ValueError):
+            continue
+        if isinstance(content, str):
+            out[content] = tid
+    return out
+
+
+def tokenizer_fact(opts: Any) -> dict[str, Any]:
+    """Files, remote code and the probe's load of the target model's tokenizer (``opts``: CollectOptions)."""
+    path = opts.model_path
+    if not path:
+        return {"given": False}
+    if not os.path.isdir(path):
+        return {"given": True, "path": path, "error": "is not a directory"}
+    out: dict[str, Any] = {"given": True, "path": path}
+    tc, err = _read_json(os.path.join(path, "tokenizer_config.json"))
+    out["tokenizer_config_error"] = err
+    out["special_tokens"] = special_tokens(tc)
+    out["tokenizer_class"] = tc.get("tokenizer_class") if isinstance(tc, dict) else None
+    vocab = os.path.join(path, "tiktoken.model")
+    out["tiktoken"] = read_tiktoken_bpe(vocab) if os.path.lexists(vocab) else None
+    refs = auto_map_refs(tc.get("auto_map") if isinstance(tc, dict) else None)
+    out["remote_code"] = scan_remote_code(path, refs)
+    profile = opts.profile if isinstance(getattr(opts, "profile", None), dict) else {}
+    server_args = (profile.get("server") or {}).get("args") or []
+    out["parsers"] = parsers_from_args(server_args if isinstance(server_args, list) else [])
+    trust = (profile.get("model") or {}).get("trust_remote_code", True) is not False
+    out["trust_remote_code"] = trust
+    markers = list(required_markers(out["parsers"]))
+    for content in sorted(out["special_tokens"], key=out["special_tokens"].get):
+        if content not in markers and len(markers) < MAX_SPECIAL_PROBED:
+            markers.append(content)
+    imports = sorted({m for f in out["remote_code"]["files"].values() for m in f.get("imports", [])})
+    args = ["--model", path, "--trust-remote-code", "1" if trust else "0", "--markers", json.dumps(markers),
+            "--imports", json.dumps(imports)]
+    data, res = run_probe(opts.python, "tokenizer", args, timeout=PROBE_TIMEOUT_S, env=getattr(opts, "env", None))
+    out["probe"] = data if data is not None else {"probe_failed": True, "error": res.why(), "python": opts.python}
+    return out
+
+
+# -- judging ---------------------------------------------------------------------------------------
+
+@dataclass
+class Finding:
+    message: str
+    fix: str = ""
+    commands: list[str] = field(default_factory=list)
+
+
+@dataclass
+class TokenizerVerdict:
+    """What the load and the files say. ``not_judged``: why the load could not be judged (no transformers);
+    ``probe_error``: the probe itself failed (crash, deadline)."""
+
+    problems: list[Finding] = field(default_factory=list)
+    warnings: list[Finding] = field(default_factory=list)
+    not_judged: str | None = None
+    probe_error: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+    loaded_as: str | None = None
+
+
+def _version(text: Any) -> Version | None:
+    try:
+        return Version(str(text)) if text else None
+    except InvalidVersion:
+        return None
+
+
+def _in_range(version: Version | None, spec: str) -> bool:
+    try:
+        return version is not None and version in SpecifierSet(spec)
+    except InvalidSpecifier:
+        return False
+
+
+def judge_files(fact: dict[str, Any], vocab_size: int | None, repo: str | None, *,
+                named_reported: bool = False) -> TokenizerVerdict:
+    """The file-level part: tiktoken.model valid and as large as the vocabulary says, the special tokens
+    inside the reserved ids, remote-code files present (``named_reported``: leave out the files auto_map
+    names itself, which the caller reports)."""
+    v = TokenizerVerdict()
+    path = fact.get("path")
+    tk = fact.get("tiktoken")
+    remote = fact.get("remote_code") or {}
+    reserved = next((f.get("num_reserved_special_tokens") for f in (remote.get("files") or {}).values()
+                     if f.get("num_reserved_special_tokens")), None)
+    redo = functools.partial(download_command, repo, path)
+    if tk is not None and not tk.get("ok"):
+        v.problems.append(Finding("tiktoken.model: " + "; ".join(tk.get("problems") or ["invalid"]),
+                                  "Re-download tiktoken.model from the model's repository.",
+                                  [redo(["tiktoken.model"])]))
+    elif tk is not None:
+        base = tk["tokens"]
+        specials = fact.get("special_tokens") or {}
+        v.details["base_tokens"] = base
+        if vocab_size and reserved and base + reserved != vocab_size:
+            v.problems.append(Finding(
+                f"tiktoken.model has {base:,} tokens; with the remote code's {reserved} reserved special ids the "
+                f"vocabulary is {base + reserved:,}, config.json says {vocab_size:,}: every special token's id moves",
+                "tiktoken.model and config.json come from different revisions: re-download both.",
+                [redo(["tiktoken.model", "config.json", "tokenizer_config.json"])]))
+        limit = base + (reserved or 256)
+        outside = sorted((tid, tok) for tok, tid in specials.items() if not base <= tid < limit)
+        if outside and reserved:
+            shown = ", ".join(f"{tok} ({tid})" for tid, tok in outside[:4])
+            v.problems.append(Finding(
+                f"tokenizer_config.json gives {len(outside)} special token(s) ids outside the reserved range "
+                f"{base}..{limit - 1} after tiktoken.model's tokens: {shown}",
+                "tokenizer_config.json and tiktoken.model come from different revisions: re-download both.",
+                [redo(["tiktoken.model", "tokenizer_config.json"])]))
+    for name in remote.get("missing") or []:
+        by = (remote.get("files") or {}).get(name, {}).get("needed_by")
+        if by or not named_reported:
+            v.problems.append(Finding(f"remote-code module {name} " + (f"(imported by {by}) " if by else
+                                                                       "named by auto_map ") + "is missing",
+                                      "Download it from the model's repository (the same revision):", [redo([name])]))
+    for name, rec in (remote.get("files") or {}).items():
+        if rec.get("error"):
+            v.problems.append(Finding(f"{name}: {rec['error']}", "Re-download it from the model's repository.",
+                                      [redo([name])]))
+    return v
+
+
+def judge_load(fact: dict[str, Any], model_type: str | None, repo: str | None,
+               verdict: TokenizerVerdict | None = None) -> TokenizerVerdict:
+    """The load part: what the probe saw, against tokenizer_config.json's ids and the parsers' markers."""
+    v = verdict or TokenizerVerdict()
+    path = fact.get("path")
+    probe = fact.get("probe") or {}
+    redo = functools.partial(download_command, repo, path)
+    if probe.get("probe_failed"):
+        v.probe_error = f"the tokenizer probe under {probe.get('python')} failed: {probe.get('error')}"
+        return v
+    versions = probe.get("versions") or {}
+    tf_version = _version(versions.get("transformers"))
+    v.details.update(transformers=versions.get("transformers"), tiktoken=versions.get("tiktoken"),
+                     python=probe.get("python"))
+    remote = fact.get("remote_code") or {}
+    for name, rec in (remote.get("files") or {}).items():
+        for hit in rec.get("moved") or []:
+            if tf_version is not None and tf_version >= Version(hit["gone_from"]):
+                v.problems.append(Finding(
+                    f"{name} line {hit['line']} imports {hit['name']} from {hit['module']}, which transformers "
+                    f"{hit['gone_from']} and later no longer have (installed: {tf_version}); the tokenizer cannot load",
+                    f"Use the model repository's current {name} (it must import {hit['name']} from "
+                    f"{hit.get('now_in')} when the old place is gone), or a transformers older than "
+                    f"{hit['gone_from']} if the installed SGLang allows it.", [redo([name])]))
+    for rule in compat_table().get("backend_routing", []):
+        if model_type in rule.get("model_types", []) and _in_range(tf_version, rule.get("transformers", "")):
+            v.warnings.append(Finding(
+                f"transformers {tf_version} routes model type {model_type} past its remote tokenizer to the generic "
+                f"{GENERIC_BACKEND}, whose special-token ids are wrong", rule.get("fix", "")))
+    missing_mods = probe.get("missing_imports") or []
+    if not probe.get("transformers_found"):
+        others = [m for m in missing_mods if m != "transformers"]
+        v.not_judged = (f"transformers is not importable from {probe.get('python')}: the tokenizer load was not "
+                        "tried (SGLang cannot start there either; sglang.install judges the install)"
+                        + (f"; the remote code also imports {', '.join(others)}, missing there" if others else ""))
+        return v
+    if missing_mods:
+        v.problems.append(Finding(
+            f"the remote code imports {', '.join(missing_mods)}, not installed in {probe.get('python')}",
+            "Install them into the service's environment:",
+            [f"{shlex.quote(str(probe.get('python')))} -m pip install {' '.join(missing_mods)}"]))
+    load = probe.get("load") or {}
+    steps = load.get("steps") or []
+    v.details["load_steps"] = steps
+    if load.get("import_error"):
+        err = load["import_error"]
+        v.problems.append(Finding(f"import transformers fails in {probe.get('python')}: {err['type']}: "
+                                  f"{err['message']}", "Repair the service environment's transformers install."))
+        return v
+    if not load.get("ok"):
+        err = next((s["error"] for s in reversed(steps) if s.get("error")), {"type": "?", "message": "no tokenizer"})
+        text = f"{err['type']}: {err['message']}"
+        fix = "Fix what the error names; the server fails the same way, after the weights loaded."
+        if "trust_remote_code" in err["message"] or "requires you to execute" in err["message"]:
+            fix = "The tokenizer is remote code: pass --trust-remote-code (profile [model] trust_remote_code = true)."
+        v.problems.append(Finding(f"loading the tokenizer as SGLang does fails: {text}"
+                                  + (f" (at {err['where']})" if err.get("where") else ""), fix))
+        return v
+    cls = load.get("class") or {}
+    module = str(cls.get("module") or "")
+    v.loaded_as = (f"{cls.get('name')} (remote code {module.rsplit('.', 1)[-1]}.py)"
+                   if module.startswith("transformers_modules.") else f"{module}.{cls.get('name')}")
+    first = steps[0].get("class", {}).get("name") if steps and steps[0].get("class") else None
+    if cls.get("name") == GENERIC_BACKEND:
+        v.problems.append(Finding(
+            f"the tokenizer loads as transformers' generic {GENERIC_BACKEND}, not the model's "
+            f"{fact.get('tokenizer_class') or 'tokenizer class'}: special-token ids differ from the model's",
+            "Use a transformers release that honours the remote tokenizer (see the warnings), and keep "
+            "--trust-remote-code."))
+    elif first == GENERIC_BACKEND:
+        v.warnings.append(Finding(
+            f"plain AutoTokenizer gives the generic {GENERIC_BACKEND} here; SGLang's loader falls back to "
+            f"{cls.get('name')}, but other tools that load this model with AutoTokenizer get wrong ids"))
+    _judge_markers(fact, probe, v)
+    _judge_template(probe, v)
+    return v
+
+
+def _judge_markers(fact: dict[str, Any], probe: dict[str, Any], v: TokenizerVerdict) -> None:
+    required = required_markers(fact.get("parsers") or {})
+    specials = fact.get("special_tokens") or {}
+    seen = probe.get("markers") or {}
+    bad_required: list[str] = []
+    bad_other: list[str] = []
+    for marker, rec in seen.items():
+        want = specials.get(marker)
+        ids, plain = rec.get("ids"), rec.get("ids_plain")
+        why = None
+        if rec.get("encode_error") or rec.get("lookup_error"):
+            why = (rec.get("encode_error") or rec.get("lookup_error"))["message"]
+        elif want is not None and (ids != [want] or (plain is not None and plain != [want])):
+            why = f"encodes to {ids if ids != [want] else plain}, tokenizer_config.json says [{want}]"
+        elif want is None and (not ids or len(ids) != 1):
+            why = f"is not one token (encodes to {ids})"
+        elif rec.get("decoded") != marker:
+            why = f"decodes to {rec.get('decoded')!r}"
+        if why:
+            (bad_required if marker in required else bad_other).append(f"{marker} {why}")
+    for marker in required:
+        if marker not in specials:
+            bad_required.append(f"{marker} is not a special token of this tokenizer (tokenizer_config.json)")
+    v.details["markers_checked"] = sorted(seen)
+    v.details["markers_required"] = required
+    if bad_required:
+        parsers = sorted({p for m in required for p in required[m]})
+        v.problems.append(Finding(
+            f"{len(bad_required)} marker(s) the server's parsers ({', '.join(parsers)}) rely on are wrong: "
+            + "; ".join(bad_required[:3]) + (" ..." if len(bad_required) > 3 else ""),
+            "The tokenizer files and the remote code must be the model's, with a transformers that loads them "
+            "as the model's class."))
+    if bad_other:
+        v.warnings.append(Finding(f"{len(bad_other)} other special token(s) do not round-trip: "
+                                  + "; ".join(bad_other[:3]) + (" ..." if len(bad_other) > 3 else "")))
+
+
+def _judge_template(probe: dict[str, Any], v: TokenizerVerdict) -> None:
+    tmpl = probe.get("chat_template") or {}
+    v.details["chat_template"] = {k: tmpl.get(k) for k in ("present", "with_tools", "chars", "tokens", "round_trip")}
+    if not tmpl.get("present"):
+        v.problems.append(Finding("the loaded tokenizer has no chat template: /v1/chat/completions fails",
+                                  "Download chat_template.jinja (or tokenizer_config.json with chat_template)."))
+        return
+    if tmpl.get("error"):
+        err = tmpl["error"]
+        v.problems.append(Finding(f"the chat template does not render: {err['type']}: {err['message']}",
+                                  "Re-download the chat template from the model's repository."))
+        return
+    if not tmpl.get("has_user_text"):
+        v.problems.append(Finding("the rendered chat template does not contain the user's message"))
+    if tmpl.get("mentions_tools") and not tmpl.get("has_tool"):
+        why = tmpl.get("tools_error", {}).get("message") if tmpl.get("tools_error") else "the tool is not in the prompt"
+        v.warnings.append(Finding(f"the chat template names tools but a request with a tool renders without it: {why}"))
+    if tmpl.get("round_trip") is False:
+        v.warnings.append(Finding("the rendered prompt does not decode back to the same text"))

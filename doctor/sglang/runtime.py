@@ -1,0 +1,69 @@
+"""What an SGLang server imports at start beyond ``import sglang``: the judgement of the ``runtime`` part of
+the ``sglang_import`` fact against ``doctor/data/sglang_runtime.toml``.
+
+Each rule there was found by starting real SGLang 0.5.23 servers: a DFLASH or DDTREE server on CUDA
+stops in its sampling rehearsal without FlashInfer, and again when FlashInfer lacks the sources its JIT
+compiles; a Llama/Qwen-family model stops without the CuTe DSL. ``import sglang`` succeeds in each case,
+so ``sglang.install`` must look further.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - py310
+    import tomli as tomllib
+
+DATA_FILE = Path(__file__).resolve().parents[1] / "data" / "sglang_runtime.toml"
+
+
+@functools.lru_cache(maxsize=2)
+def rules(path: str | None = None) -> dict[str, Any]:
+    with open(path or DATA_FILE, "rb") as fh:
+        return tomllib.load(fh)
+
+
+def runtime_problems(runtime: Any, *, algorithm: str | None, architectures: list[str] | None,
+                     flashinfer_pin: str | None = None) -> tuple[list[str], list[str], list[str]]:
+    """(failures, warnings, fix commands) for the server the profile will start.
+
+    ``runtime`` is the probe's ``runtime`` object; absent (an older snapshot) means nothing to judge here.
+    """
+    fails: list[str] = []
+    warns: list[str] = []
+    cmds: list[str] = []
+    if not isinstance(runtime, dict):
+        return fails, warns, cmds
+    r = rules()
+    fi_rule, cute_rule = r["flashinfer"], r["cute_dsl"]
+    algo = (algorithm or "").upper()
+    fi = runtime.get("flashinfer") if isinstance(runtime.get("flashinfer"), dict) else {}
+    if algo in fi_rule["algorithms"]:
+        missing_dirs = [d for d, ok in (fi.get("jit_dirs") or {}).items() if not ok]
+        why = (f"{algo} verify on CUDA renormalises with {fi_rule['module']} and SGLang JIT-compiles "
+               "FlashInfer's modules from its sources at start")
+        pin = f"=={flashinfer_pin.lstrip('=')}" if flashinfer_pin else ""
+        if not fi.get("importable"):
+            fails.append(f"{why}, but `import {fi_rule['module']}` fails: {fi.get('error') or 'not installed'}")
+            cmds.append(f"pip install '{fi_rule['pip']}{pin}'")
+        elif missing_dirs:
+            fails.append(f"{why}, but the FlashInfer at {fi.get('package_dir')} lacks "
+                         f"{', '.join(missing_dirs)} (a trimmed or partial install)")
+            cmds.append(f"pip install --force-reinstall --no-deps '{fi_rule['pip']}{pin}'")
+    cute = runtime.get("cute_dsl") if isinstance(runtime.get("cute_dsl"), dict) else {}
+    if cute and not cute.get("found"):
+        archs = set(architectures or [])
+        hit = sorted(archs & set(cute_rule["architectures"]))
+        text = (f"the CuTe DSL (`{cute_rule['module']}`) is not importable"
+                + (f": {cute['error']}" if cute.get("error") else ""))
+        if hit:
+            fails.append(f"{text}; {', '.join(hit)} builds SGLang's DualGemm MLP, which imports it on every CUDA start")
+            cmds.append(f"pip install '{cute_rule['pip']}'")
+        else:
+            warns.append(f"{text} (SGLang requires it; this model's start does not import it)")
+    return fails, warns, cmds

@@ -1,0 +1,152 @@
+"""Judging the libcuda.so.1 the service loads against the NVIDIA kernel module (facts: probe ``libcuda``).
+
+The user-mode driver (libcuda) must match the kernel module exactly, with one exception: CUDA
+forward compatibility (NVIDIA, "CUDA Compatibility": the ``cuda-compat-X-Y`` package), a *newer*
+libcuda on an older kernel module, supported only on NVIDIA data center GPUs (and select NGC-ready
+RTX server SKUs, Jetson). Everything else fails at the first CUDA call:
+
+* 803 ``cudaErrorSystemDriverMismatch`` ("system has unsupported display driver / cuda driver
+  combination"): a container's loader cache or an ``LD_LIBRARY_PATH`` entry resolves a libcuda of
+  another driver than the kernel module;
+* 804 ``cudaErrorCompatNotSupportedOnDevice`` ("forward compatibility was attempted on non supported
+  HW"): the forward-compatibility libcuda on a GPU that cannot use it.
+
+``judge`` returns a ``Verdict`` (status, one-line summary, fix text and commands, details) that the
+``cuda.libcuda`` check turns into its Result; the fix names the exact ``LD_LIBRARY_PATH`` value or
+``ld.so.conf`` line to change and ``ldconfig``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from typing import Any
+
+from doctor.stack import compat
+from doctor.stack.verdict import Verdict
+
+ERR_MISMATCH = 803
+ERR_COMPAT_UNSUPPORTED = 804
+
+
+def datacenter_gpu(name: str) -> bool | None:
+    """Whether a GPU (NVML name) is one forward compatibility supports; None when the table does not say."""
+    table = compat.load().get("forward_compat", {})
+    for pattern in table.get("supported", []):
+        if re.search(pattern, name, re.IGNORECASE):
+            return True
+    for pattern in table.get("unsupported", []):
+        if re.search(pattern, name, re.IGNORECASE):
+            return False
+    return None
+
+
+def _where(fact: dict[str, Any], path: str) -> tuple[str, str, list[str]]:
+    """How the loader found ``path`` and how to stop it: (origin, fix text, commands)."""
+    directory = os.path.dirname(path)
+    real_dir = os.path.dirname(os.path.realpath(path))
+    entries = [d for d in str(fact.get("ld_library_path") or "").split(os.pathsep) if d]
+    hits = [d for d in entries if os.path.normpath(d) in (os.path.normpath(directory), real_dir)]
+    if hits:
+        rest = [d for d in entries if d not in hits]
+        value = os.pathsep.join(rest)
+        cmd = f"export LD_LIBRARY_PATH={shlex.quote(value)}" if rest else "unset LD_LIBRARY_PATH"
+        return (f"LD_LIBRARY_PATH entry {hits[0]}",
+                f"Remove {hits[0]} from the service's LD_LIBRARY_PATH (the unit's Environment/EnvironmentFile, or "
+                f"the profile's [server.env]) so the loader falls back to the driver's own libcuda.", [cmd])
+    for entry in fact.get("ldconfig") or []:
+        if entry.get("path") == path or entry.get("realpath") == os.path.realpath(path):
+            conf = entry.get("conf")
+            if conf:
+                line = os.path.dirname(str(entry.get("path")))
+                return (f"the loader cache, from {conf}",
+                        f"Remove the line {line} from {conf} (or the file itself), then rebuild the loader cache.",
+                        [f"sudo sed -i '\\#^{line}/*$#d' {shlex.quote(conf)}", "sudo ldconfig",
+                         "ldconfig -p | grep libcuda.so.1"])
+            return ("the loader cache", "Rebuild the loader cache so it names the driver's libcuda; if a directory "
+                    "holding another libcuda is listed under /etc/ld.so.conf.d, remove it first.",
+                    ["sudo ldconfig", "ldconfig -p | grep libcuda.so.1"])
+    return (directory, f"Remove or replace {path}: it is not the driver's libcuda.", [f"ls -l {shlex.quote(path)}"])
+
+
+def judge(fact: dict[str, Any], gpu_names: list[str] | None) -> Verdict:
+    """The verdict on one ``libcuda`` fact; ``gpu_names`` from NVML, None when NVML could not be read."""
+    kmd = fact.get("kernel_module") or {}
+    res = fact.get("resolved") or {}
+    kmd_v = kmd.get("version")
+    lib_v = res.get("version")
+    path = res.get("path") or res.get("realpath")
+    cu_init = res.get("cu_init")
+    details: dict[str, Any] = {"kernel_module": kmd_v, "libcuda": path, "libcuda_version": lib_v,
+                               "cu_init": cu_init, "ld_library_path": fact.get("ld_library_path"),
+                               "driver_cuda": (res.get("driver_get_version") or {}).get("cuda"),
+                               "compat_dirs": fact.get("compat_dirs"), "gpus": gpu_names}
+    matching = sorted({str(c.get("path")) for c in _candidates(fact) if kmd_v and c.get("version") == kmd_v})
+    details["matching_candidates"] = matching
+    if not res.get("loaded"):
+        if not kmd.get("present"):
+            return Verdict("skip", "no NVIDIA driver here: no kernel module (/proc/driver/nvidia/version) and no "
+                           "libcuda.so.1; gpu.driver judges the driver", details=details, cause="gpu.driver")
+        return Verdict("fail", f"the NVIDIA kernel module {kmd_v or '?'} is loaded but the service's loader finds no "
+                       f"libcuda.so.1: {res.get('error')}",
+                       "Install the driver's user-space libraries of the same version (e.g. libnvidia-compute-"
+                       f"{(kmd_v or 'BRANCH').split('.')[0]}), or make their directory known to the loader.",
+                       ["ldconfig -p | grep libcuda", "cat /proc/driver/nvidia/version"], details)
+    if not lib_v:
+        return Verdict("warn", f"the service loads {path or 'a libcuda.so.1'} whose file name carries no driver "
+                       f"version; cannot compare it with the kernel module {kmd_v or '?'}", details=details)
+    origin, fix, commands = _where(fact, str(path))
+    details["origin"] = origin
+    if matching:
+        fix += f" The libcuda matching the kernel module is {matching[0]}."
+    if cu_init in (ERR_MISMATCH, ERR_COMPAT_UNSUPPORTED) or (kmd_v and lib_v != kmd_v):
+        return _mismatch(kmd_v, lib_v, str(path), origin, cu_init, gpu_names, fix, commands, details)
+    if not kmd_v:
+        return Verdict("warn", f"the service loads libcuda {lib_v} ({path}); the kernel module's version is unreadable "
+                       f"({kmd.get('error') or kmd.get('text') or 'no version'})", details=details)
+    others = sorted({f"{c.get('path')} ({c.get('version')})" for c in _candidates(fact)
+                     if c.get("version") and c.get("version") != kmd_v})
+    details["other_versions"] = others
+    summary = f"libcuda.so.1 -> {path} ({lib_v}) matches the kernel module {kmd_v}"
+    if others:
+        return Verdict("warn", summary + f"; other libcuda on the search path: {', '.join(others)}",
+                       "Not loaded now, but a change of LD_LIBRARY_PATH or the loader cache would pick them up.",
+                       details=details)
+    return Verdict("pass", summary, details=details)
+
+
+def _candidates(fact: dict[str, Any]) -> list[dict[str, Any]]:
+    return [c for key in ("ld_library_path_candidates", "ldconfig", "compat_dirs") for c in fact.get(key) or []
+            if isinstance(c, dict)]
+
+
+def _mismatch(kmd_v: str | None, lib_v: str, path: str, origin: str, cu_init: Any, gpu_names: list[str] | None,
+              fix: str, commands: list[str], details: dict[str, Any]) -> Verdict:
+    newer = bool(kmd_v) and (compat.version_tuple(lib_v) or ()) > (compat.version_tuple(kmd_v) or ())
+    if cu_init == ERR_MISMATCH or (not newer and cu_init != ERR_COMPAT_UNSUPPORTED):
+        return Verdict("fail", f"error {ERR_MISMATCH} (system has unsupported display driver / cuda driver "
+                       f"combination): the service loads libcuda {lib_v} ({path}, via {origin}) on kernel module "
+                       f"{kmd_v or '?'}"
+                       + (f"; cuInit returned {cu_init}" if cu_init not in (None, 0) else ""),
+                       fix, commands, details)
+    unsupported = [n for n in gpu_names or [] if datacenter_gpu(n) is False]
+    unknown = [n for n in gpu_names or [] if datacenter_gpu(n) is None]
+    details["forward_compat"] = {"unsupported_gpus": unsupported, "unknown_gpus": unknown}
+    if cu_init == ERR_COMPAT_UNSUPPORTED or unsupported:
+        who = ", ".join(sorted(set(unsupported))) or "this GPU"
+        return Verdict("fail", f"error {ERR_COMPAT_UNSUPPORTED} (forward compatibility was attempted on non supported "
+                       f"HW): the service loads the forward-compatibility libcuda {lib_v} ({path}, via {origin}) on "
+                       f"kernel module {kmd_v or '?'}, and {who} cannot use it",
+                       fix + " Forward compatibility works only on NVIDIA data center GPUs: upgrade the driver "
+                       "instead.",
+                       commands, details)
+    summary = (f"forward compatibility: libcuda {lib_v} ({path}, via {origin}) on kernel module {kmd_v}"
+               + (f", cuInit {cu_init}" if cu_init is not None else ""))
+    if gpu_names is None or unknown or cu_init is None:
+        why = "NVML could not name the GPUs" if gpu_names is None else (
+            f"the table does not know {', '.join(sorted(set(unknown)))}" if unknown else "cuInit was not run")
+        return Verdict("warn", summary + f"; only data center GPUs support it and {why}",
+                       "Check the GPU is in NVIDIA's forward-compatibility support list, or upgrade the driver.",
+                       commands, details)
+    return Verdict("pass", summary + f", supported on {', '.join(sorted(set(gpu_names)))}", details=details)

@@ -1,0 +1,86 @@
+"""Revision 3 of the DDTree glue, on the patched 0.5.23 sources: what the review found and the fixes do.
+
+* requests DDTREE cannot serve get an error response at admission (the scheduler's hunk calls
+  ``ddtree_unsupported_request``) instead of a RuntimeError that stopped the batch;
+* the worker's support checks run after the attention backends exist, not in ``__init__``, where the
+  target's ``kv_index_translator`` does not exist yet (the scheduler builds the speculative worker before
+  the memory pools) and DFlash has not set ``_need_mamba_verify_commit``;
+* every rank builds the tree from rank 0's top-k;
+* the sampled verify's full-vocabulary matrices live in the graph-pool borrow the start-up rehearsal sizes.
+
+The function runs for real (torch, CPU); the placement rules are read from the patched sources' AST, where
+running them needs a GPU server.
+"""
+
+from __future__ import annotations
+
+import ast
+import types
+
+import pytest
+
+pytest.importorskip("torch")
+
+from ddtree_support import patched_tree
+from test_ddtree_worker import worker  # noqa: F401  (the fixture: patched ddtree_worker.py loaded)
+
+
+def req(return_logprob=False, **sampling):
+    params = dict.fromkeys(("json_schema", "regex", "ebnf", "structural_tag"))
+    params.update(sampling)
+    return types.SimpleNamespace(return_logprob=return_logprob, sampling_params=types.SimpleNamespace(**params))
+
+
+@pytest.mark.parametrize("kind", ["json_schema", "regex", "ebnf", "structural_tag"])
+def test_constrained_requests_are_refused_with_a_reason(worker, kind):  # noqa: F811
+    msg = worker.ddtree_unsupported_request(req(**{kind: "x"}))
+    assert msg and "constrained decoding" in msg and kind in msg
+
+
+def test_logprob_requests_are_refused_and_plain_ones_pass(worker):  # noqa: F811
+    assert "return_logprob" in worker.ddtree_unsupported_request(req(return_logprob=True))
+    assert worker.ddtree_unsupported_request(req()) is None
+
+
+def tree(rel: str) -> ast.Module:
+    return ast.parse((patched_tree() / rel).read_text())
+
+
+def method(module: ast.Module, cls: str, name: str) -> ast.FunctionDef:
+    for node in ast.walk(module):
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name == name:
+                    return item
+    raise AssertionError(f"{cls}.{name} not found")
+
+
+def calls(fn: ast.AST) -> list[str]:
+    return [ast.unparse(n.func) for n in ast.walk(fn) if isinstance(n, ast.Call)]
+
+
+def test_support_checks_run_after_the_attention_backends_not_in_init():
+    mod = tree("sglang/srt/speculative/ddtree_worker_v2.py")
+    assert "self._check_supported" not in calls(method(mod, "DDTreeWorkerV2", "__init__"))
+    body = calls(method(mod, "DDTreeWorkerV2", "init_attention_backends"))
+    assert body.index("super().init_attention_backends") < body.index("self._check_supported")
+
+
+def test_the_scheduler_refuses_at_admission():
+    mod = tree("sglang/srt/managers/scheduler.py")
+    fn = method(mod, "Scheduler", "_handle_generate_request")
+    src = ast.unparse(fn)
+    assert "ddtree_unsupported_request(req)" in src and "self.spec_algorithm.is_ddtree()" in src
+    # before the grammar queue takes the request
+    assert src.index("ddtree_unsupported_request(req)") < src.index("process_req_with_grammar")
+
+
+def test_trees_come_from_rank_zeros_topk_and_sampled_matrices_are_borrowed():
+    src = ast.unparse(method(tree("sglang/srt/speculative/ddtree_worker_v2.py"), "DDTreeWorkerV2",
+                             "forward_batch_generation"))
+    assert src.index("tp_group.broadcast(lp, src=0)") < src.index("build_tree_verify(")
+    assert src.index("tp_group.broadcast(ids, src=0)") < src.index("build_tree_verify(")
+    accept = ast.unparse(next(n for n in tree("sglang/srt/speculative/ddtree_worker.py").body
+                              if isinstance(n, ast.FunctionDef) and n.name == "ddtree_accept"))
+    borrow = accept.index("borrow_graph_pool(")
+    assert borrow < accept.index("build_speculative_verify_target_probs(") < accept.index("del target_probs")
