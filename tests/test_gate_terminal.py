@@ -55,7 +55,8 @@ def test_an_ascii_terminal_gets_ascii_glyphs_and_the_verdict() -> None:
                           "gpu"], capture_output=True, env=env, timeout=120)
     text = out.stdout.decode("ascii")  # every byte is ASCII
     assert out.returncode == 1 and "Traceback" not in out.stderr.decode()
-    assert "XX gpu.nvlink" in text and "ok gpu.driver" in text and text.rstrip().splitlines()[-3].startswith("FAIL:")
+    assert "XX gpu.nvlink" in text and "ok gpu.driver" in text
+    assert any(ln.startswith("FAIL: ") for ln in text.splitlines())
     assert "k26-doctor | profile" in text
     js = subprocess.run([sys.executable, "-m", "doctor", "check", "--from-snapshot", str(LINK_DOWN), "--only", "gpu",
                          "--format", "json"], capture_output=True, env=env, timeout=120)
@@ -154,7 +155,8 @@ def test_one_root_line_when_one_cause_fails_many_checks(tmp_path: Path) -> None:
 
 
 def test_problems_view_hides_passes_and_not_applicable() -> None:
-    out = run_doctor("check", "--from-snapshot", str(LINK_DOWN), "--only", "gpu", "--problems")
+    out = run_doctor("check", "--from-snapshot", str(LINK_DOWN), "--only", "gpu", "--skip", "gpu.fabric.*",
+                     "--problems")  # (the fabric software readings postdate this snapshot: not judged)
     assert out.returncode == 1
     shown = [ln.split()[1] for ln in out.stdout.splitlines() if ln[:1] in ("✔", "✘", "!", "-", "‼")
              and len(ln.split()) > 1]
