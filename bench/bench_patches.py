@@ -5,7 +5,7 @@ irreducible work, reading and hashing those 10 files, so the ratio says what the
 (manifest load, RECORD parse, diff checks, journal lookup). The probe (a child interpreter
 that finds site-packages) and the whole CLI (`python -m doctor patches status`) are timed too.
 
-    python3 bench/bench_patches.py                       # unpacks the wheel from $SGLANG_WHEELS or the tests' cache
+    python3 bench/bench_patches.py                       # the wheel as the tests find it (tests/sglang_wheels.py)
     python3 bench/bench_patches.py --python /opt/venv/bin/python   # an existing install (read only)
 """
 
@@ -24,12 +24,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from sglang_wheels import locate_wheel, wheel_dir  # noqa: E402
 
 from doctor.sglang.patching import generate, locate, manifest, record, udiff  # noqa: E402
 from doctor.sglang.patching.engine import Engine  # noqa: E402
 
-# sglang wheels: $SGLANG_WHEELS, else the tests' per-user wheel cache (tests/sglang_wheels.py)
-WHEELS = os.environ.get("SGLANG_WHEELS") or str(Path.home() / ".cache" / "k26-doctor-tests")
 
 def timed(fn, repeat: int) -> float:
     runs = []
@@ -42,6 +43,11 @@ def timed(fn, repeat: int) -> float:
 
 def install(tmp: Path, wheels: Path) -> str:
     found = sorted(wheels.glob("sglang-0.5.23-*.whl"))
+    if not found and wheels == wheel_dir():  # the tests' place: download into it as they do
+        wheel, why = locate_wheel("0.5.23")
+        if wheel is None:
+            sys.exit(f"{why}; pass --python of an install")
+        found = [wheel]
     if not found:
         sys.exit(f"no sglang-0.5.23 wheel in {wheels}; pass --python of an install")
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp / "venv")], check=True)
@@ -68,7 +74,7 @@ def make_set(set_dir: Path, installed: record.Installed, n: int = 10) -> list[st
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--python", help="an existing SGLang 0.5.23 install (only read)")
-    ap.add_argument("--wheels", default=WHEELS)
+    ap.add_argument("--wheels", default=str(wheel_dir()), help="directory of sglang wheels (default: as the tests)")
     ap.add_argument("--repeat", type=int, default=50)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmpd:

@@ -1027,19 +1027,23 @@ def model_fit(ctx: Context) -> Result:
         kv_guess = max(1, int(worst["pre"] * (f or 0.85) - weights) // cell)
         requests = memory.auto_max_running(kv_guess, shape.context_len, c)
     outside["request table"] = memory.req_to_token_bytes(shape, requests, c)
-    win = memory.window(pre=worst["pre"], weights=weights, cell=cell, need_tokens=need, outside=outside)
+    win = memory.window(pre=worst["pre"], weights=weights, cell=cell, need_tokens=need, outside=outside,
+                        per_token_outside=int(c["eager"]["bytes_per_kv_token"]))
     details.update(window=win.to_dict(), shape=vars(shape), kv_bytes_per_token=cell, kv_tokens_needed=need,
                    sglang_reserve=memory.sglang_reserve(shape, tgeom.mla, c), recommended=win.recommended,
                    f_min=win.f_min, f_max=win.f_max, notes=notes)
     span = f"[{win.f_min:.3f}, {win.f_max:.3f}]"
+    f_out = f if f is not None else win.f_max
+    outside_now = dict(outside, **{"static input buffers": win.outside_at(f_out) - sum(outside.values())})
+    details["window"]["outside_at_f"] = outside_now
     what = (f"{_fmt_bytes(weights)} weights + KV for {need:,} tokens ({_fmt_bytes(win.need_kv)}) inside, "
-            f"{_fmt_bytes(sum(outside.values()))} outside ({_largest(outside)})")
+            f"{_fmt_bytes(win.outside_at(f_out))} outside ({_largest(outside_now)})")
     set_cmd = (["# [server] mem_fraction_static = " + f"{win.recommended:g}"] if win.recommended else [])
     if win.empty:
         return Result.failed(
             f"no --mem-fraction-static works on {gpu}: it needs >= {win.f_min:.3f} for {what.split(' inside')[0]} "
-            f"but <= {win.f_max:.3f} for {_fmt_bytes(sum(outside.values()))} outside the pool "
-            f"({_largest(outside)})",
+            f"but <= {win.f_max:.3f} for {_fmt_bytes(win.outside_at(win.f_max))} outside the pool "
+            f"({_largest(outside_now)})",
             Remediation("Lower the context length, --max-running-requests, the CUDA graphs' max batch size or the "
                         "DDTree budget; or use more GPUs.",
                         ["k26-doctor check --only model.fit -v --context-length N --max-running-requests R"]),
@@ -1063,12 +1067,12 @@ def model_fit(ctx: Context) -> Result:
     if f > win.f_max:
         left = worst["pre"] * (1 - f)
         return Result.warned(f"mem_fraction_static {f:g} is above the window {span}: it leaves "
-                             f"{_fmt_bytes(left)} outside the pool where {_fmt_bytes(sum(outside.values()))} are "
-                             f"needed ({_largest(outside)}): out of memory at CUDA-graph capture or the first long "
+                             f"{_fmt_bytes(left)} outside the pool where {_fmt_bytes(win.outside_at(f))} are "
+                             f"needed ({_largest(outside_now)}): out of memory at CUDA-graph capture or the first long "
                              f"prefill; recommended {win.recommended:g} on {gpu}",
                              Remediation("Lower it (or the CUDA graphs' max batch size / the DDTree budget):",
                                          set_cmd), **details)
     return Result.passed(f"mem_fraction_static {f:g} inside the window {span} (recommended {win.recommended:g}): "
                          f"{_fmt_bytes(weights)} of weights per GPU + KV for {kv_at:,} tokens "
                          f"({need:,} needed), {_fmt_bytes(worst['pre'] * (1 - f))} left outside for "
-                         f"{_fmt_bytes(sum(outside.values()))} on the tightest GPU", **details)
+                         f"{_fmt_bytes(win.outside_at(f))} on the tightest GPU", **details)

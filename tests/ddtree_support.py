@@ -1,4 +1,4 @@
-"""Shared helpers of the DDTree patch-set tests: find the SGLang 0.5.23 wheel, apply the set, load modules.
+"""Shared helpers of the DDTree patch-set tests: the SGLang 0.5.23 wheel, the set applied, modules loaded.
 
 The patched modules are loaded straight from a temporary unpack of the wheel with the patch set applied
 (``importlib.util.spec_from_file_location``): importing the ``sglang`` package would pull its heavy
@@ -9,46 +9,31 @@ from __future__ import annotations
 
 import atexit
 import functools
-import glob
 import importlib.util
 import math
-import os
 import shutil
 import sys
 import tempfile
 from pathlib import Path
 from types import ModuleType
 
+import sglang_wheels
+
 ROOT = Path(__file__).resolve().parents[1]
 SET_DIR = ROOT / "sglang_patches" / "ddtree-0.5.23"
 TOOL = ROOT / "sglang_patches" / "tools" / "patchset.py"
-WHEEL_GLOB = "sglang-0.5.23-*.whl"
-WHEEL_DIRS = (ROOT / ".whl",)
+VERSION = "0.5.23"
 
 
 def find_wheel() -> Path | None:
-    """``$K26_SGLANG_WHEEL``, else the first sglang 0.5.23 wheel in the usual places."""
-    env = os.environ.get("K26_SGLANG_WHEEL")
-    if env:
-        return Path(env) if Path(env).is_file() else None
-    for d in WHEEL_DIRS:
-        hits = sorted(glob.glob(str(d / WHEEL_GLOB)))
-        if hits:
-            return Path(hits[0])
-    return None
+    """The sglang 0.5.23 wheel (``sglang_wheels.locate_wheel``: ``$SGLANG_WHEELS`` or the per-user cache,
+    downloaded there when absent), or None."""
+    return sglang_wheels.locate_wheel(VERSION)[0]
 
 
 def require_wheel() -> Path:
-    import pytest
-
-    wheel = find_wheel()
-    if wheel is None:  # the tests' wheel cache, filled by `pip download` where there is network (CI)
-        from sglang_wheels import wheel_for
-
-        wheel = wheel_for("0.5.23")
-    if wheel is None:
-        pytest.skip(f"no {WHEEL_GLOB} (set K26_SGLANG_WHEEL or put it in one of {[str(d) for d in WHEEL_DIRS]})")
-    return wheel
+    """The wheel, for a test: skips saying why without it (fails under CI, which reaches PyPI)."""
+    return sglang_wheels.wheel_for(VERSION)
 
 
 @functools.lru_cache(maxsize=1)

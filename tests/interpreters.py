@@ -5,8 +5,12 @@ Looks in pyenv's versions (``$PYENV_ROOT``, else ``~/.pyenv``) and on ``PATH`` (
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 
@@ -26,3 +30,14 @@ def find_python(version: str) -> Path | None:
     minor = ".".join(version.split(".")[:2])
     found = shutil.which(f"python{minor}")
     return Path(found) if found else None
+
+
+@functools.lru_cache(maxsize=1)
+def bare_python() -> Path:
+    """A venv of the running interpreter without its site-packages, made once per test session.
+
+    For probes that must see an interpreter without torch, transformers or SGLang's dependencies: the test
+    interpreter has them under CI (.ci/run installs them for the DDTree tests)."""
+    d = Path(tempfile.mkdtemp(prefix="k26-bare-venv-"))
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(d)], check=True, timeout=300)
+    return d / "bin" / "python"

@@ -1,9 +1,13 @@
 """Released wheels for tests: SGLang's sources (unpacked, never imported) and binary wheels' files.
 
-A wheel is taken from ``$SGLANG_WHEELS`` when that directory is set, else from a per-user cache
-(``$K26_TEST_WHEEL_CACHE``, default ``~/.cache/k26-doctor-tests``), else fetched once into that cache
-with ``pip download --no-deps`` (CI has network); without network the tests that need it skip,
-saying so.
+One place finds a release's wheel (``locate_wheel``): the directory ``$SGLANG_WHEELS`` if set, else the
+per-user cache ``$K26_TEST_WHEEL_CACHE`` (default ``~/.cache/k26-doctor-tests``). A wheel absent there is
+fetched into that directory with ``pip download --no-deps`` (CI has PyPI), through a temporary directory
+and a rename, so an interrupted run never leaves half a wheel. Without network a test that needs it skips,
+saying why -- except under CI (``$CI`` set), where a missing wheel is a failure: CI reaches PyPI, so a skip
+there would hide a test that never ran.
+
+Importable without pytest (tests/ddtree_gpu_harness.py runs as a plain script).
 """
 
 from __future__ import annotations
@@ -13,34 +17,81 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 
-import pytest
-
-WHEELS = Path(os.environ["SGLANG_WHEELS"]) if os.environ.get("SGLANG_WHEELS") else None
-CACHE = Path(os.environ.get("K26_TEST_WHEEL_CACHE", Path.home() / ".cache" / "k26-doctor-tests"))
 VERSIONS = ("0.5.23", "0.5.13.post1")
 
 
+def wheel_dir() -> Path:
+    """Where the wheels are looked for and downloaded to."""
+    env = os.environ.get("SGLANG_WHEELS")
+    if env:
+        return Path(env).expanduser()
+    return Path(os.environ.get("K26_TEST_WHEEL_CACHE") or Path.home() / ".cache" / "k26-doctor-tests")
+
+
+WHEELS = wheel_dir()
+CACHE = Path(os.environ.get("K26_TEST_WHEEL_CACHE") or Path.home() / ".cache" / "k26-doctor-tests")
+
+
+def _stem(project: str) -> str:
+    return re.sub(r"[-_.]+", "_", project).lower()
+
+
+def _found(d: Path, version: str, project: str) -> Path | None:
+    hits = sorted(d.glob(f"{_stem(project)}-{version}-*.whl")) if d.is_dir() else []
+    return hits[0] if hits else None
+
+
+def locate_wheel(version: str, download: bool = True, package: str = "sglang",
+                 pip_args: tuple[str, ...] = ()) -> tuple[Path | None, str]:
+    """``(wheel, "")``, or ``(None, why)``: looked for in ``wheel_dir()`` and the cache, else downloaded into
+    the cache (``pip_args`` pick one platform's wheel, e.g. ``--platform``)."""
+    for d in dict.fromkeys((wheel_dir(), CACHE)):
+        hit = _found(d, version, package)
+        if hit is not None:
+            return hit, ""
+    d = CACHE
+    if not download:
+        return None, f"no {package} {version} wheel in {wheel_dir()} or {d}"
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".download-", dir=d))
+    except OSError as exc:
+        return None, f"no {package} {version} wheel in {d}, and it cannot be written: {exc}"
+    try:
+        res = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(tmp), *pip_args,
+                              f"{package}=={version}"], capture_output=True, text=True, timeout=1800)
+        got = _found(tmp, version, package)
+        if got is None:
+            return None, (f"no {package} {version} wheel in {d}, and pip download failed "
+                          f"(rc {res.returncode}): {res.stderr.strip()[-300:]}")
+        os.replace(got, d / got.name)
+    except subprocess.TimeoutExpired:
+        return None, f"no {package} {version} wheel in {d}, and pip download did not finish in 1800 s"
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return _found(d, version, package), ""
+
+
 def fetch_wheel(project: str, version: str, pip_args: tuple[str, ...] = ()) -> Path:
-    """The released wheel of ``project==version``: from ``$SGLANG_WHEELS``, the per-user cache, or
-    ``pip download`` into that cache (``pip_args`` pick one platform's wheel, e.g. ``--platform``);
-    else the test skips saying why."""
-    stem = re.sub(r"[-_.]+", "_", project).lower()
-    pattern = f"{stem}-{version}-*.whl"
-    for where in (WHEELS, CACHE):
-        found = sorted(where.glob(pattern)) if where is not None and where.is_dir() else []
-        if found:
-            return found[0]
-    CACHE.mkdir(parents=True, exist_ok=True)
-    res = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(CACHE), *pip_args,
-                          f"{project}=={version}"], capture_output=True, text=True, timeout=1800)
-    found = sorted(CACHE.glob(pattern))
-    if not found:
-        pytest.skip(f"no {project} {version} wheel in {WHEELS or '$SGLANG_WHEELS (unset)'} or {CACHE}, and pip "
-                    f"download failed: {res.stderr[-300:]}")
-    return found[0]
+    """The released wheel of ``project==version``, for a test: located (downloaded if need be), else skip --
+    fail under CI."""
+    import pytest
+
+    wheel, why = locate_wheel(version, package=project, pip_args=pip_args)
+    if wheel is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI reaches PyPI, so this must not skip: {why}")
+        pytest.skip(why)
+    return wheel
+
+
+def wheel_for(version: str, package: str = "sglang") -> Path:
+    """SGLang's released wheel (the one pip picks for this interpreter)."""
+    return fetch_wheel(package, version)
 
 
 def release_requires(project: str, version: str) -> list[str]:
@@ -57,15 +108,12 @@ def release_requires(project: str, version: str) -> list[str]:
                               "--quiet", "--report", str(tmp), f"{project}==={version}"], capture_output=True,
                              text=True, timeout=600)
         if res.returncode != 0 or not tmp.is_file():
+            import pytest
+
             pytest.skip(f"cannot read {project} {version}'s metadata with pip: {res.stderr[-300:]}")
         tmp.replace(cached)
     doc = json.loads(cached.read_text())
     return list(doc["install"][0]["metadata"].get("requires_dist") or [])
-
-
-def wheel_for(version: str) -> Path:
-    """SGLang's released wheel (the one pip picks for this interpreter)."""
-    return fetch_wheel("sglang", version)
 
 
 def unpacked(wheel: Path, keep) -> Path:
@@ -88,6 +136,17 @@ def unpacked(wheel: Path, keep) -> Path:
 PARSER_PARTS = ("sglang/srt/arg_groups/", "sglang/srt/parser/", "sglang/srt/function_call/", "sglang/srt/utils/",
                 "sglang/srt/speculative/", "sglang/srt/model_executor/", "sglang/srt/entrypoints/",
                 "sglang/srt/managers/scheduler.py")  # the patch set hooks the scheduler too
+
+
+def pinned(version: str, dependency: str) -> str | None:
+    """The exact version sglang ``version`` pins ``dependency`` to (``Requires-Dist: dep==X``), if it does."""
+    with zipfile.ZipFile(wheel_for(version)) as zf:
+        meta = zf.read(f"sglang-{version}.dist-info/METADATA").decode()
+    for line in meta.splitlines():
+        head, _, spec = line.partition("Requires-Dist: ")
+        if not head and spec.split(";")[0].strip().lower().startswith(f"{dependency.lower()}=="):
+            return spec.split(";")[0].split("==", 1)[1].strip()
+    return None
 
 
 def unpack(version: str, dest: Path, whole: bool = False, also: tuple[str, ...] = ()) -> Path:
@@ -114,14 +173,14 @@ def patched_files(patches: tuple[str, ...] = FLAG_PATCHES) -> tuple[str, ...]:
                          for line in (PATCH_SET / patch).read_text().splitlines() if line.startswith("+++ b/")}))
 
 
-def site(version: str, factory: pytest.TempPathFactory) -> Path:
+def site(version: str, factory) -> Path:
     """A site-packages holding the real sources of ``version``, unpacked once per session."""
     if version not in _SITES:
         _SITES[version] = unpack(version, factory.mktemp(f"sglang-{version}"))
     return _SITES[version]
 
 
-def ddtree_site(factory: pytest.TempPathFactory) -> Path:
+def ddtree_site(factory) -> Path:
     """0.5.23 with the project's real DDTree patches applied (git apply, as a user would patch by hand)."""
     if "ddtree" not in _SITES:
         # the parser's sources and every file the patches change (some lie outside the parser's parts)

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from ddtree_support import find_wheel
+from ddtree_support import require_wheel
 
 GPU_TEST = Path(__file__).resolve().parent / "ddtree_gpu_harness.py"
 
@@ -24,8 +24,7 @@ def test_kernels_in_the_triton_interpreter():
     probe = subprocess.run([python, "-c", "import torch, triton"], capture_output=True, text=True, timeout=120)
     if probe.returncode != 0:
         pytest.skip(f"{python} cannot import torch and triton: {probe.stderr.strip().splitlines()[-1:]}")
-    if find_wheel() is None:
-        pytest.skip("no sglang 0.5.23 wheel for the kernel sources")
+    require_wheel()  # the kernel sources (located, or downloaded, before the interpreter child looks)
     env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
     proc = subprocess.run([python, str(GPU_TEST), "--interpret"], capture_output=True, text=True, timeout=600,
                           env=env, cwd=GPU_TEST.parent)

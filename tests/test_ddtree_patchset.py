@@ -168,7 +168,8 @@ _SERVER_ARGS_SCRIPT = textwrap.dedent(
                    spec_info.SpeculativeAlgorithm.DFLASH.is_ddtree()]
     out["target_width"] = algo.get_num_tokens_per_req_for_target_verify(65, False)
     sa = server_args.ServerArgs(model_path="/m", speculative_algorithm="DDTREE", speculative_ddtree_budget=64,
-                                speculative_draft_model_path="/d", speculative_dflash_block_size=16, device="cuda")
+                                speculative_draft_model_path="/d", speculative_dflash_block_size=16, device="cuda",
+                                attention_backend="triton")
     try:
         hook._handle_ddtree(sa)
         out["resolution"] = "completed"
@@ -185,12 +186,27 @@ _SERVER_ARGS_SCRIPT = textwrap.dedent(
         out["missing_budget"] = str(e)
     small = server_args.ServerArgs(model_path="/m", speculative_algorithm="DDTREE", speculative_ddtree_budget=8,
                                    speculative_draft_model_path="/d", speculative_dflash_block_size=16,
-                                   device="cuda")
+                                   device="cuda", attention_backend="triton")
     try:
         hook._handle_ddtree(small)
         out["small_budget"] = "accepted"
     except ValueError as e:
         out["small_budget"] = str(e)
+    # what was not validated is refused at argument resolution, naming the flag
+    refused = {}
+    for name, extra in (("auto backend", {}), ("flashinfer", {"attention_backend": "flashinfer"}),
+                        ("pp", {"attention_backend": "triton", "pp_size": 2}),
+                        ("tbo", {"attention_backend": "triton", "enable_two_batch_overlap": True}),
+                        ("pd", {"attention_backend": "triton", "disaggregation_mode": "decode"})):
+        args = server_args.ServerArgs(model_path="/m", speculative_algorithm="DDTREE", speculative_ddtree_budget=64,
+                                      speculative_draft_model_path="/d", speculative_dflash_block_size=16,
+                                      device="cuda", **extra)
+        try:
+            hook._handle_ddtree(args)
+            refused[name] = "accepted"
+        except (ValueError, NotImplementedError) as e:
+            refused[name] = f"{type(e).__name__}: {e}"
+    out["refused"] = refused
     print("RESULT " + json.dumps(out))
     """
 )
@@ -224,6 +240,13 @@ def test_server_args_parse_and_resolve_ddtree(tmp_path):
     assert "--speculative-ddtree-budget" in out["missing_budget"]
     # a verify width below the drafter block would let the draft block write past the per-step KV reservation
     assert "below the DFlash block" in out["small_budget"], out["small_budget"]
+    refused = out["refused"]
+    assert "--attention-backend (auto)" in refused["auto backend"]
+    assert "--attention-backend flashinfer" in refused["flashinfer"]
+    assert "pp_size == 1" in refused.pop("pp")  # SGLang's DFlash resolution refuses PP before DDTREE's own check
+    assert "--enable-two-batch-overlap" in refused["tbo"]
+    assert "PD disaggregation (--disaggregation-mode decode)" in refused["pd"]
+    assert all(v.startswith("ValueError: DDTREE was not validated with:") for v in refused.values()), refused
 
 
 def test_the_patch_engines_generator_agrees_with_the_manifest(tmp_path):

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from interpreters import bare_python
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "model"))
 from model_replica import K26Spec, k26_config
@@ -162,9 +163,9 @@ def test_generic_model(tmp_path):
 # -- model.tokenizer ------------------------------------------------------------------------------
 
 def test_tokenizer_files_pass_and_say_remote_code(tmp_path, model):
-    """The files are judged; the load is not (this interpreter has no transformers: see
+    """The files are judged; the load is not (the service interpreter here has no transformers: see
     test_model_tokenizer.py for the load in real ones), so the verdict is skip, never pass."""
-    res = judge(tmp_path, model, "model.tokenizer")
+    res = judge(tmp_path, model, "model.tokenizer", python=str(bare_python()))
     assert res.status.value == "skip", res.summary
     assert "transformers is not importable" in res.summary
     assert "needs --trust-remote-code" in res.summary and res.details["trust_remote_code_required"]

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from interpreters import bare_python
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "model"))
 from kimi_kit import KIMI_VOCAB, special_ids, tokenization_source, transformers_python, write_kimi_tokenizer
@@ -201,13 +202,13 @@ def test_sglang_fallback_recovers_the_remote_class_on_the_bad_release(portable_s
 def test_without_transformers_the_load_is_not_judged_but_files_are(portable: tuple[Path, Path],
                                                                     tmp_path: Path) -> None:
     root, model = portable
-    res = judge(root, model, sys.executable)  # the doctor's own interpreter has no transformers
+    res = judge(root, model, str(bare_python()))  # an interpreter without transformers
     assert res.status.value == "skip" and "transformers is not importable" in res.summary
     broken = build(tmp_path, SPEC)
     write_kimi_tokenizer(broken)
     with open(broken / "tiktoken.model", "r+b") as fh:
         fh.truncate(1_000_000)
-    res = run(make_ctx(tmp_path, broken, spec=SPEC, python=sys.executable), "model.tokenizer")
+    res = run(make_ctx(tmp_path, broken, spec=SPEC, python=str(bare_python())), "model.tokenizer")
     assert res.status.value == "fail" and "tiktoken.model" in res.summary
     assert any("--include tiktoken.model" in c for c in res.remediation.commands)
 

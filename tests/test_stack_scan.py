@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 
+from interpreters import bare_python
 from kernel_wheels import MISSING_0_4_10, cubin_site, kernel_site, torch_site
 from stack_support import write_dist
 
@@ -27,7 +27,8 @@ def by_name(data: dict) -> dict:
 
 
 def test_real_stack_scanned_from_the_service_interpreter():
-    data = probe(torch_site(), kernel_site(), cubin_site())
+    # an interpreter that sees only these sites (the test interpreter may have its own torch: CI installs one)
+    data = probe(torch_site(), kernel_site(), cubin_site(), python=str(bare_python()))
     pkgs = by_name(data)
     assert set(pkgs) == {"torch", "sglang-kernel", "flashinfer-cubin"}
     torch = pkgs["torch"]
@@ -56,10 +57,9 @@ def test_the_older_kernel_resolves_and_the_first_copy_on_sys_path_wins():
     assert kernel["abi"]["missing"] == {} and "sgl_kernel/sm90/common_ops.abi3.so" in kernel["abi"]["checked"]
 
 
-def test_without_torch_the_abi_cannot_be_judged(tmp_path):
-    # a venv of its own: the test interpreter may have torch (CI installs it for the DDTree tests)
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True, timeout=120)
-    kernel = by_name(probe(kernel_site(), python=str(tmp_path / "venv" / "bin" / "python")))["sglang-kernel"]
+def test_without_torch_the_abi_cannot_be_judged():
+    # an interpreter without torch of its own (the test interpreter has one under CI)
+    kernel = by_name(probe(kernel_site(), python=str(bare_python())))["sglang-kernel"]
     assert "torch is not installed" in kernel["abi"]["error"]
 
 

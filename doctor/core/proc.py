@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -121,7 +123,15 @@ def run_probe(
     # service would see it, but never write bytecode next to the service's files.
     run_env = dict(os.environ if env is None else env)
     run_env["PYTHONDONTWRITEBYTECODE"] = "1"
-    res = run([python, str(script), *(args or [])], timeout, env=run_env)
+    # What the service's libraries leave in the temporary directory when imported (torch's inductor
+    # cache directory, Triton's build directories) goes to a directory of the probe's own, removed after:
+    # `check` leaves nothing behind.
+    scratch = tempfile.mkdtemp(prefix="k26-probe-", dir=run_env.get("TMPDIR") or None)
+    run_env["TMPDIR"] = scratch
+    try:
+        res = run([python, str(script), *(args or [])], timeout, env=run_env)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     if not res.ok:
         return None, res
     for line in reversed(res.stdout.strip().splitlines()):

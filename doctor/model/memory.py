@@ -423,7 +423,8 @@ class Window:
     weights: int  # target + drafter on this GPU
     cell: int  # KV bytes per token (target + draft)
     need_tokens: int
-    outside: dict[str, int]
+    outside: dict[str, int]  # fixed bytes outside the pool, by item
+    per_token_outside: int  # bytes outside the pool per KV token (the eager runner's static buffers)
     f_min: float
     f_max: float
     recommended: float | None
@@ -440,6 +441,10 @@ class Window:
         """max_total_num_tokens SGLang would allocate at ``f`` (0 when the weights do not fit)."""
         return max(0, int(self.pre * f - self.weights) // self.cell) if self.cell else 0
 
+    def outside_at(self, f: float) -> int:
+        """Everything allocated outside the pool when the pool is sized at ``f``."""
+        return sum(self.outside.values()) + self.per_token_outside * self.kv_tokens(f)
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["outside_total"] = sum(self.outside.values())
@@ -447,17 +452,23 @@ class Window:
         return d
 
 
-def window(*, pre: int, weights: int, cell: int, need_tokens: int, outside: dict[str, int]) -> Window:
-    """f_min: weights and the needed KV inside ``pre x f``; f_max: what lies outside fits in ``pre x (1-f)``;
-    recommended: the largest value that still leaves the outside its room (more KV never hurts), to 0.01."""
+def window(*, pre: int, weights: int, cell: int, need_tokens: int, outside: dict[str, int],
+           per_token_outside: int = 0) -> Window:
+    """f_min: weights and the needed KV inside ``pre x f``; f_max: what lies outside fits in ``pre x (1-f)``
+    (some of it grows with the pool: ``per_token_outside`` bytes per KV token, so f_max solves
+    ``C + e (pre f - W) / cell = pre (1 - f)``); recommended: the largest value that still leaves the outside
+    its room (more KV never hurts), to 0.01."""
     pre = max(1, int(pre))
+    fixed = sum(outside.values())
     f_min = (weights + need_tokens * cell) / pre
-    f_max = 1.0 - sum(outside.values()) / pre
+    e = per_token_outside / cell if cell else 0.0
+    f_max = (pre - fixed + e * weights) / (pre * (1 + e))
     rec = math.floor(f_max * 100) / 100
     if rec < f_min:
         rec = math.floor(f_max * 1000) / 1000
     recommended = rec if f_min <= rec <= f_max and rec > 0 else None
-    return Window(pre, weights, cell, need_tokens, outside, round(f_min, 4), round(f_max, 4), recommended)
+    return Window(pre, weights, cell, need_tokens, outside, per_token_outside, round(f_min, 4), round(f_max, 4),
+                  recommended)
 
 
 # -- SGLang's own start-up lines ------------------------------------------------------------------------
@@ -473,8 +484,24 @@ LOG_PATTERNS = {
     "summary": re.compile(r"max_total_num_tokens=(\d+),.*?max_running_requests=(\d+),.*?context_len=(\d+),"
                           r".*?available_gpu_mem=" + _NUM + " GB"),
     "dist_end": re.compile(r"Init torch distributed ends\..*?mem usage=" + _NUM + " GB"),
+    "capture_begin": re.compile(r"Capture (?:[\w ]+ )?(?:CUDA|cuda) graph begin\..*?avail mem=" + _NUM + " GB"),
+    "capture_end": re.compile(r"Capture ([\w ]+ )?(?:CUDA|cuda) graph end\..*?mem usage=" + _NUM
+                              + r" GB[.,] avail mem=" + _NUM + " GB"),
 }
 _RANK = re.compile(r"\bTP(\d+)\b")
+
+
+def _value(text: str | None) -> Any:
+    """A log field: int, float, or the text itself (a phase name)."""
+    if text is None:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        try:
+            return float(text)
+        except ValueError:
+            return text
 
 
 def parse_startup_log(lines: list[str], rank: int = 0) -> dict[str, Any]:
@@ -489,7 +516,7 @@ def parse_startup_log(lines: list[str], rank: int = 0) -> dict[str, Any]:
         for key, rx in LOG_PATTERNS.items():
             m = rx.search(line)
             if m:
-                vals = tuple(float(x) if x is not None and "." in x else (int(x) if x else None) for x in m.groups())
+                vals = tuple(_value(x) for x in m.groups())
                 out[key].append(vals)
                 if key == "kv_mha":
                     out["kv"].append((int(vals[0]), float(vals[1]) + float(vals[2])))
@@ -517,4 +544,6 @@ def startup_figures(lines: list[str]) -> dict[str, Any]:
         "pool_end": [float(x[0]) for x in first["pool_end"]],
         "summary": first["summary"][0] if first["summary"] else None,
         "dist_usage": [float(x[0]) for x in first["dist_end"]],
+        "capture_begin": [float(x[0]) for x in first["capture_begin"]],
+        "capture_end": [(str(x[0] or "").strip(), float(x[1]), float(x[2])) for x in first["capture_end"]],
     }
