@@ -9,6 +9,7 @@ is a failure that points at the EP profile.
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 from doctor.core.registry import check
@@ -37,7 +38,8 @@ def _nvml(ctx: Any) -> tuple[dict[str, Any] | None, Result | None]:
         return None, Result.failed("the nvml fact is malformed (not an object with a devices list)",
                                    fact_type=type(nvml).__name__)
     if not nvml.get("available"):
-        return None, Result.skipped(f"NVML is not available: {nvml.get('error') or 'unknown reason'} (see gpu.driver)")
+        return None, Result.blocked(f"NVML is not available: {nvml.get('error') or 'unknown reason'} (see gpu.driver)",
+                                    "gpu.driver")
     return nvml, None
 
 
@@ -52,7 +54,7 @@ def _tp_group(ctx: Any) -> tuple[dict[str, Any], list[dict[str, Any]], Result | 
         return {}, [], res
     grp = _group(ctx, nvml)
     if not grp:
-        return nvml, [], Result.skipped("no GPU visible (see gpu.count)")
+        return nvml, [], Result.blocked("no GPU visible (see gpu.count)", "gpu.count")
     return nvml, grp, None
 
 
@@ -217,7 +219,8 @@ def gpu_arch(ctx: Any) -> Result:
     want_raw = ctx.expect("gpu.compute_capability")
     want = _cc(want_raw)
     if want is None:
-        return Result.skipped(f"the profile names no valid gpu.compute_capability ({want_raw!r})")
+        return Result.not_judged(f"the profile names no valid gpu.compute_capability ({want_raw!r})",
+                                 "Set [gpu] compute_capability (e.g. \"10.3\") in the profile or config.")
     seen = {_gpu(d): (d.get("name"), d.get("compute_capability")) for d in grp}
     details: dict[str, Any] = {"expected": f"{want[0]}.{want[1]}", "gpus": {
         k: {"name": n, "compute_capability": cc} for k, (n, cc) in seen.items()}}
@@ -314,7 +317,7 @@ def gpu_idle(ctx: Any) -> Result:
     unread = [f"{_gpu(d)}: {(d.get('errors') or {}).get('processes.compute', 'not read')}" for d in grp
               if not isinstance(d.get("processes"), list)]
     if len(unread) == len(grp):
-        return Result.skipped("process lists not available: " + ", ".join(unread))
+        return Result.not_judged("process lists not available: " + ", ".join(unread))
     procs: dict[int, dict[str, Any]] = {}
     for d in grp:
         for p in d.get("processes") or []:
@@ -418,7 +421,7 @@ def gpu_health(ctx: Any) -> Result:
         return Result.failed("; ".join(fails), Remediation("Reset or replace the GPUs named; see the kernel log for "
                                                            "Xid errors.", sorted(cmds)), **details)
     if judged == 0:
-        return Result.skipped("no health reading was available for any GPU", **details)
+        return Result.not_judged("no health reading was available for any GPU", **details)
     if warns:
         return Result.warned("; ".join(warns), Remediation("Not fatal, but slower or less safe.", sorted(cmds)),
                              **details)
@@ -438,14 +441,23 @@ def gpu_nvlink(ctx: Any) -> Result:
     the profile's gpu.min_nvlinks. The PCIe topology level is not used to find NVLink (it says PHB
     for an NV18 pair). A host without NVLink under a TP profile fails with the measured advice: on
     PCIe this service ran TP8 at 26 tok/s and EP8 at 65 tok/s, so use the EP profile
-    (rtxpro6000-ep8). details.text is a matrix like `nvidia-smi topo -m`. By hand:
+    (rtxpro6000-ep8). details.matrix is a matrix like `nvidia-smi topo -m`, shown with a failure. By hand:
     `nvidia-smi topo -m`, `nvidia-smi nvlink -s`."""
+    res = nvlink_verdict(ctx)
+    rows = res.details.get("matrix")
+    if isinstance(rows, list) and rows:
+        res.exhibit = "\n".join(str(r) for r in rows)  # shown with a failure, once under -v
+    return res
+
+
+def nvlink_verdict(ctx: Any) -> Result:
+    """gpu.nvlink's verdict (the check adds the matrix as the result's exhibit)."""
     nvml, res = _nvml(ctx)
     if res:
         return res
     grp = _group(ctx, nvml)
     rows = links.matrix(nvml, grp)
-    details: dict[str, Any] = {"matrix": rows, "text": "\n".join(rows)}
+    details: dict[str, Any] = {"matrix": rows}
     if len(grp) < 2:
         return Result.skipped(f"{len(grp)} GPU in the TP group: no pair to link", **details)
     required = bool(ctx.expect("gpu.nvlink_required", True))
@@ -672,8 +684,8 @@ def gpu_fabric_manager(ctx: Any) -> Result:
                                "binary": fm.get("binary"), "unit": fm.get("unit"), "pids": fm.get("pids"),
                                "package_manager": manager}
     if not isinstance(driver, str) or not driver:
-        return Result.skipped("the driver version was not read (see gpu.driver): nothing to compare the fabric "
-                              "manager with", **details)
+        return Result.blocked("the driver version was not read (see gpu.driver): nothing to compare the fabric "
+                              "manager with", "gpu.driver", **details)
     align = fabric_software.align_commands(manager, fm.get("packages") or [], driver)
     if not versions:
         if manager and not sw.get("packages_error") and not fm.get("binary"):
@@ -683,7 +695,7 @@ def gpu_fabric_manager(ctx: Any) -> Result:
                                              [*align, f"sudo systemctl enable --now {fabric_software.FM_UNIT}"]),
                                  **details)
         why = fm.get("binary_error") or sw.get("packages_error") or "no binary, no package database"
-        return Result.skipped(f"the fabric manager's version could not be read ({why})", **details)
+        return Result.not_judged(f"the fabric manager's version could not be read ({why})", **details)
     listing = fabric_software.version_mismatch(versions, driver)
     if listing:
         return Result.failed(
@@ -735,8 +747,8 @@ def gpu_fabric_nvlsm(ctx: Any) -> Result:
     start = ["sudo " + " ".join(step) for step in fabric_software.nvlsm_start_plan(nv, fm)]
     if not pkgs and not nv.get("binary"):
         if not manager or sw.get("packages_error"):
-            return Result.skipped(f"whether NVLSM is installed could not be read ({sw.get('packages_error')})",
-                                  **details)
+            return Result.not_judged(f"whether NVLSM is installed could not be read ({sw.get('packages_error')})",
+                                     **details)
         return Result.failed(f"NVLSM is not installed (no {fabric_software.NVLSM_PACKAGE} package, no "
                              f"{fabric_software.NVLSM_BINARY}): on NVLink 5 the fabric manager cannot bring up the "
                              f"NVSwitches and CUDA reports 'system not ready'",
@@ -751,8 +763,8 @@ def gpu_fabric_nvlsm(ctx: Any) -> Result:
     proc = sw.get("proc") or {}
     if not (proc.get("readable") and proc.get("pid1") in ("systemd", "init")) and not any(
             fabric_software.unit_loaded(info) for info in units.values()):
-        return Result.skipped("NVLSM is installed; whether it runs cannot be seen from here (this /proc does not show "
-                              "the host's processes and no NVLSM unit is loaded)", **details)
+        return Result.not_judged("NVLSM is installed; whether it runs cannot be seen from here (this /proc does not "
+                                 "show the host's processes and no NVLSM unit is loaded)", **details)
     why = [] if nv.get("ib_umad_loaded") else ["the ib_umad module is not loaded"]
     if not fabric_software.unit_active(fm.get("unit")):
         why.append(f"{fabric_software.FM_UNIT} (which starts it) is "
@@ -864,11 +876,11 @@ def gpu_p2p(ctx: Any) -> Result:
                              Remediation(fix.strip(), cmds), **details)
     if not_found and len(not_found) == len(pcie_pairs):
         errors = [str(e) for e in pcie.get("errors") or []] if isinstance(pcie.get("errors"), list) else []
-        return Result.skipped("the GPUs were not found in sysfs" + (f" ({'; '.join(errors)})" if errors else "")
+        return Result.not_judged("the GPUs were not found in sysfs" + (f" ({'; '.join(errors)})" if errors else "")
                               + ": cannot read their PCIe path", **details)
     if unread:
         why = next(iter(unread.values()))
-        return Result.skipped(f"ACS of {len(unread)} bridge(s) on the PCIe P2P path not readable ({why}); IOMMU "
+        return Result.not_judged(f"ACS of {len(unread)} bridge(s) on the PCIe P2P path not readable ({why}); IOMMU "
                               f"{mode}; run `sudo k26-doctor check --only gpu.p2p` to judge it", **details)
     seen = len(details["bridges"])
     where = (f"no ACS redirect on the {seen} bridge(s) between them" if seen else
@@ -922,7 +934,7 @@ def gpu_p2p_bandwidth(ctx: Any) -> Result:
             return Result.skipped(str(reason), **details)
         return Result.failed(f"could not measure: {reason}",
                              Remediation("The service's torch must see the GPUs and copy between them.",
-                                         [f"{bw.get('python') or 'python3'} -c 'import torch; "
+                                         [f"{shlex.quote(str(bw.get('python') or 'python3'))} -c 'import torch; "
                                           f"print(torch.cuda.device_count())'"]), **details)
     if len(grp) < 2:
         return Result.skipped(f"{len(grp)} GPU in the TP group: no pair to measure", **details)
@@ -985,7 +997,7 @@ def gpu_p2p_bandwidth(ctx: Any) -> Result:
     if not rows:
         return Result.errored("no pair of the TP group was measured", **details)
     if len(unjudged) == len(rows):
-        return Result.skipped("measured, but the links' expected rate is unknown: "
+        return Result.not_judged("measured, but the links' expected rate is unknown: "
                               + ", ".join(f"{r['pair']} {r['gb_per_s']:.0f} GB/s" for r in rows[:6]), **details)
     worst = min((r for r in rows if r["fraction"] is not None), key=lambda r: r["fraction"])
     summary = (f"{len(rows)} pair(s), lowest {worst['pair']} {worst['gb_per_s']:.0f} GB/s "

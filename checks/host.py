@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 import sys
 from functools import lru_cache
 from pathlib import Path
@@ -11,6 +12,10 @@ from typing import Any
 from doctor.core.context import Context
 from doctor.core.registry import check
 from doctor.core.result import Remediation, Result
+from doctor.core.settings import ConfigError
+from doctor.host.access import access_fix, describe
+from doctor.host.exposure import exposure
+from doctor.service.launcher import build_server_args
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -34,6 +39,8 @@ def host_disk(ctx: Context) -> Result:
     disk: dict[str, Any] = ctx.fact("disk")
     need = float(ctx.expect("host.min_free_gib", 20)) * GIB
     bad, warn, rows = [], [], {}
+    denied: list[dict[str, Any]] = []
+    user = None
     seen_fs: set[str] = set()
     for name, e in disk.items():
         if "error" in e:
@@ -42,16 +49,28 @@ def host_disk(ctx: Context) -> Result:
         free = e["free_bytes"]
         rows[name] = f"{e['path']}: {free / GIB:.1f} GiB free" + ("" if e["writable"] else " (not writable)")
         if e.get("read_only_fs") or not e["writable"]:
-            bad.append(f"{e['path']} is not writable" + (" (read-only filesystem)" if e.get("read_only_fs") else ""))
+            access = e.get("access")
+            if access and not e.get("read_only_fs"):
+                denied.append(dict(access, target=e["path"]))
+                user = user or e.get("user")
+            bad.append(f"{e['path']} is not writable" + (" (read-only filesystem)" if e.get("read_only_fs") else
+                                                         f" ({describe(access)})" if access else ""))
         elif free < need and e["measured_at"] not in seen_fs:
             bad.append(f"{e['path']}: {free / GIB:.1f} GiB free < {need / GIB:g} GiB")
         elif free < 2 * need:
             warn.append(f"{e['path']}: {free / GIB:.1f} GiB free")
         seen_fs.add(e["measured_at"])
     if bad:
-        return Result.failed("; ".join(bad), Remediation(
-            "Free space or point the cache elsewhere (TRITON_CACHE_DIR, TMPDIR) in the service's environment file.",
-            [f"df -h {' '.join(sorted({e['path'] for e in disk.values()}))}"]), paths=rows)
+        df = shlex.join(["df", "-h", *sorted({str(e["path"]) for e in disk.values()})])
+        if denied and len(denied) == len(bad):  # only permissions: a chown/chmod, never "free space"
+            return Result.failed("; ".join(bad), access_fix(denied, "write", user), paths=rows,
+                                 access=denied)
+        rem = Remediation("Free space or point the cache elsewhere (TRITON_CACHE_DIR, TMPDIR) in the service's "
+                          "environment file.", [df])
+        if denied:
+            fix = access_fix(denied, "write", user)
+            rem = Remediation(rem.text + " " + fix.text, rem.commands + fix.commands)
+        return Result.failed("; ".join(bad), rem, paths=rows, access=denied)
     if warn:
         return Result.warned("low space: " + "; ".join(warn), None, paths=rows, min_free_gib=need / GIB)
     return Result.passed(f"{len(disk)} locations writable, >= {need / GIB:g} GiB free each", paths=rows)
@@ -154,3 +173,37 @@ def host_env(ctx: Context) -> Result:
     if warns:
         return Result.warned("; ".join(warns), " ".join(f"{h['name']}: {h['why']}." for h in hits), **details)
     return Result.passed(f"none of {len(env_rules())} known-bad settings present", **details)
+
+
+@check("host.exposure", "The server listening beyond loopback without an API key")
+def host_exposure(ctx: Context) -> Result:
+    """Reads the server arguments the launcher will use (the profile's [server] host, api_key and args):
+    a server bound beyond loopback (0.0.0.0, ::, a routable address or a host name) without --api-key
+    serves the model to anyone who can reach the port.
+
+    Why: SGLang's HTTP API has no authentication unless --api-key is given; the profiles bind 0.0.0.0
+    so that other hosts can reach it. Fix by hand: require a key ([server] api_key in the config, which
+    the launcher passes as --api-key; keep that file mode 0640), or bind 127.0.0.1 behind a reverse proxy
+    that authenticates ([server] host = "127.0.0.1")."""
+    try:
+        args, _ = build_server_args(ctx.settings, placeholders=True)
+    except ConfigError as exc:
+        return Result.failed(f"the server arguments cannot be built: {exc}",
+                             "Fix the [server] table of the config (see `k26-doctor launch --dry-run`).")
+    seen = exposure(args)
+    where = f"{seen['host']}:{seen['port']}"
+    details = dict(seen, source="profile/config [server] host, api_key, args")
+    if seen["scope"] == "loopback":
+        return Result.passed(f"{where}: loopback only" + ("; API key required" if seen["api_key"] else ""),
+                             **details)
+    reach = "every interface" if seen["scope"] == "all" else f"{seen['host']} (beyond loopback)"
+    if seen["api_key"]:
+        return Result.passed(f"{where}: listens on {reach}; API key required", **details)
+    config = ctx.settings.config_path or "/etc/k26-doctor/config.toml"
+    return Result.warned(
+        f"{where}: listens on {reach} without --api-key: anyone who can reach port {seen['port']} can use the model",
+        Remediation(f"Require a key: [server] api_key = \"...\" in {config} (the launcher passes --api-key; keep "
+                    "the file mode 0640, group of the service's user), or bind loopback behind an authenticating "
+                    "reverse proxy: [server] host = \"127.0.0.1\".",
+                    ["openssl rand -hex 32    # a key for [server] api_key",
+                     shlex.join(["sudo", "chmod", "0640", config])]), **details)

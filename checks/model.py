@@ -15,6 +15,7 @@ from doctor.core.registry import check
 from doctor.core.result import Remediation, Result
 from doctor.core.settings import ConfigError
 from doctor.facts.store import FactUnavailable, MalformedFact
+from doctor.host.access import access_fix, describe
 from doctor.model import memory
 from doctor.model.drafter import DraftFinding, judge_pairing, same_directory
 from doctor.model.modelconfig import ConfigView, is_pos_int, json_data, read_config
@@ -32,17 +33,37 @@ LEFTOVER_WHAT = {"aria2": "aria2 control file: that download did not finish",
 
 # -- shared -----------------------------------------------------------------------------------------
 
-def _dir_problem(fact: dict[str, Any], what: str) -> Result | None:
-    """skip/fail for a directory fact that cannot be judged further, else None."""
-    if not fact.get("given"):
-        return Result.skipped(NO_MODEL_PATH if what == "model" else NO_DRAFT_PATH)
+def drafter_required(ctx: Context) -> bool:
+    """The profile's server drafts (DFLASH, DDTREE, ...): a draft model is then a required input."""
+    return bool(ctx.expect("server.speculative_algorithm"))
+
+
+def _dir_problem(ctx: Context, fact: dict[str, Any], what: str, cause: str | None = None) -> Result | None:
+    """The result for a directory fact that cannot be judged further, else None.
+
+    A required directory that is not given, or that cannot be read, fails (an empty or missing input
+    is never a pass). Checks other than the one that judges the directory itself (model.shards for the
+    target) name that one as their ``cause``, so the report says it once."""
     path = fact.get("path")
-    if fact.get("error"):
-        return Result.failed(f"{what} path {path} {fact['error']}",
-                             Remediation(f"Point --{'model' if what == 'model' else 'draft-model'}-path at the "
-                                         "downloaded model directory.", [f"ls -la {shlex.quote(str(path))}"]),
-                             path=path)
-    return None
+    flag = "--model-path" if what == "model" else "--draft-model-path"
+    if not fact.get("given"):
+        if what == "drafter" and not drafter_required(ctx):
+            return Result.skipped(f"profile {ctx.settings.profile_name} uses no draft model")
+        res = Result.failed(NO_MODEL_PATH if what == "model" else NO_DRAFT_PATH,
+                            Remediation(f"Give {flag} DIR, or set it once in the config ([{what}] path = \"DIR\")."))
+    elif fact.get("error"):
+        access = fact.get("access")
+        if access and "permission" in str(fact["error"]):
+            res = Result.failed(f"{what} path {path} {fact['error']}: {describe(access)}",
+                                access_fix([access], "read", fact.get("user")), path=path, access=access)
+        else:
+            res = Result.failed(f"{what} path {path} {fact['error']}",
+                                Remediation(f"Point {flag} at the downloaded model directory.",
+                                            [shlex.join(["ls", "-la", str(path)])]), path=path)
+    else:
+        return None
+    res.cause = cause
+    return res
 
 
 def _fmt_bytes(n: float | None) -> str:
@@ -61,12 +82,55 @@ def _redownload_commands(ctx: Context, fact: dict[str, Any], files: list[str], r
     return [shlex.join(["hf", "download", str(repo), *files, "--local-dir", str(path), "--force-download"])]
 
 
+DEEP_CHECKS = {"model": ("model.shards.deep", "--model-path"), "drafter": ("model.drafter.deep", "--draft-model-path")}
+MANIFEST_FILE = "k26-doctor.manifest.json"
+
+
+def deep_command(what: str, path: Any) -> str:
+    """The command that hashes this directory's shards: the deep check of *this* directory, with its own flag."""
+    check_id, flag = DEEP_CHECKS[what]
+    return shlex.join(["k26-doctor", "check", "--deep", "--only", check_id, flag, str(path)])
+
+
+def has_reference(fact: dict[str, Any], shard: dict[str, Any]) -> bool:
+    """Whether a published sha256 for ``shard`` is recorded here (what the deep check compares with): a
+    k26-doctor manifest, huggingface_hub's local-dir metadata (an LFS etag), or an HF cache blob name."""
+    if MANIFEST_FILE in ((fact.get("files") or {}).get("entries") or {}):
+        return True
+    etag = str((shard.get("hf_metadata") or {}).get("etag") or "")
+    return bool(shard.get("blob_sha256") or (len(etag) == 64 and all(c in "0123456789abcdef" for c in etag)))
+
+
+def settle_commands(ctx: Context, fact: dict[str, Any], what: str, names: list[str]) -> list[str]:
+    """What settles shards that have no published digest recorded: ``hf download`` into the same directory
+    hashes the files already there against the Hub's sha256, records it and fetches only what differs;
+    then the deep check; a manifest only for a download verified another way."""
+    path = str(fact.get("path") or "MODEL_DIR")
+    repo = ctx.expect(f"{what}.repo")
+    cmds = []
+    if repo:
+        cmds.append(shlex.join(["hf", "download", str(repo), *names, "--local-dir", path]))
+    else:
+        cmds.append(f"# set [{what}] repo in the config: `hf download REPO FILES --local-dir DIR` then records "
+                    "the published sha256")
+    cmds.append(deep_command(what, path))
+    cmds.append(shlex.join(["k26-doctor", "manifest", "write", path]) + "    # only for a download verified "
+                "another way")
+    return cmds
+
+
 def judge_weights(ctx: Context, fact: dict[str, Any], what: str, repo_key: str) -> Result:
-    """model.shards and the shard part of model.drafter: one verdict over the ``weights`` of a dir fact."""
+    """model.shards and the shard part of model.drafter: one verdict over the ``weights`` of a dir fact.
+
+    Every fix fits its cause: damaged files are downloaded again; files the service's user cannot read
+    need a chmod/chown (named with owner and mode), never a download; sparse files are hashed by the
+    deep check of the same directory (under ``--deep`` that check judges them, so no warning here)."""
     w = fact.get("weights") or {}
     path = fact.get("path")
     totals = w.get("totals") or {}
     bad = sorted((s for s in w.get("shards", []) if not s.get("ok")), key=lambda s: s["name"])
+    denied = [s for s in bad if s.get("problems") and all(p.get("code") == "permission" for p in s["problems"])]
+    damaged = [s for s in bad if s not in denied]
     general = list(w.get("problems") or [])
     leftovers = list(w.get("leftovers") or [])
     lines: list[str] = []
@@ -74,7 +138,8 @@ def judge_weights(ctx: Context, fact: dict[str, Any], what: str, repo_key: str) 
         lines.append(p["message"])
     for s in bad:
         probs = s.get("problems") or [{"code": "?", "message": "invalid"}]
-        lines.append(f"{s['name']}: " + "; ".join(p["message"] for p in probs))
+        lines.append(f"{s['name']}: " + "; ".join(p["message"] for p in probs)
+                     + (f" ({describe(s['access'])})" if s in denied and s.get("access") else ""))
     for lo in leftovers:
         lines.append(f"{lo['path']}: {LEFTOVER_WHAT.get(lo['kind'], 'download leftover')}")
     details: dict[str, Any] = {
@@ -82,36 +147,60 @@ def judge_weights(ctx: Context, fact: dict[str, Any], what: str, repo_key: str) 
         "bad_shards": [{"name": s["name"], "problems": s.get("problems")} for s in bad],
         "problems": general, "leftovers": leftovers,
     }
+    if denied:
+        details["unreadable"] = [{"name": s["name"], "access": s.get("access")} for s in denied]
     if w.get("stray_safetensors"):
         details["stray_safetensors"] = w["stray_safetensors"]
-    sparse = sorted(s["name"] for s in w.get("shards", []) if s.get("ok") and _is_sparse(s))
+    sparse_shards = [s for s in w.get("shards", []) if s.get("ok") and _is_sparse(s)]
+    sparse = sorted(s["name"] for s in sparse_shards)
     if sparse:
         details["sparse_shards"] = sparse
-    if not lines and sparse:
-        return Result.warned(
-            f"{len(sparse)} shard(s) are sparse files (holes where data should be): {', '.join(sparse[:3])}"
-            + ("..." if len(sparse) > 3 else "") + "; an interrupted aria2/segmented download leaves holes",
-            Remediation("Hash them against the published digests:", [f"k26-doctor check --deep --only "
-                                                                      f"model.shards --model-path {path}"]),
-            **details)
+    deep_id = DEEP_CHECKS[what][0]
+    if not lines and sparse and ctx.deep and deep_id in ctx.selected:
+        details["sparse_judged_by"] = deep_id
+    elif not lines and sparse:
+        shown = ", ".join(sparse[:3]) + ("..." if len(sparse) > 3 else "")
+        head = (f"{len(sparse)} shard(s) are sparse files (holes where data should be): {shown}; an interrupted "
+                "aria2/segmented download leaves holes")
+        if all(has_reference(fact, s) for s in sparse_shards):
+            rem = Remediation("Hash them against the published sha256 recorded here:", [deep_command(what, path)])
+        else:
+            rem = Remediation("No published sha256 is recorded here to hash them against (no manifest, no "
+                              "huggingface_hub metadata). `hf download` into the same directory hashes the files "
+                              "already there against the Hub's sha256, records it, and fetches only what differs:",
+                              settle_commands(ctx, fact, what, sparse))
+        return Result.warned(head, rem, **details)
     if not lines:
         n = totals.get("shards", 0)
+        note = f"; {len(sparse)} sparse, hashed by {deep_id}" if sparse else ""
         return Result.passed(f"{n} shard{'s' if n != 1 else ''}, {totals.get('tensors', 0):,} tensors, "
                              f"{_fmt_bytes(totals.get('data_bytes'))}: headers valid"
                              + (", index consistent" if w.get("layout") == "index" else "")
-                             + ", no partial downloads", **details)
-    redo = sorted({s["name"] for s in bad} | {lo["for"] for lo in leftovers if lo.get("for")})
+                             + ", no partial downloads" + note, **details)
+    redo = sorted({s["name"] for s in damaged} | {lo["for"] for lo in leftovers if lo.get("for")})
     codes = {p.get("code") for p in general}
     if codes & {"index_missing", "index_invalid", "index_dangling"}:
         redo = ["model.safetensors.index.json", *redo]
     details["redownload"] = redo
     first = lines[0]
     more = f" (+{len(lines) - 1} more)" if len(lines) > 1 else ""
-    head = (f"{len(bad)} of {totals.get('shards', 0)} shards damaged: " if bad else "")
+    reader = (fact.get("user") or {}).get("user") or "this user"
+    n_shards = totals.get("shards", 0)
+    head = ""
+    if damaged:
+        head = f"{len(damaged)} of {n_shards} shards damaged" + (f", {len(denied)} unreadable by {reader}"
+                                                                   if denied else "") + ": "
+    elif denied:
+        head = f"{len(denied)} of {n_shards} shards unreadable by {reader}: "
     text = ("Re-download the damaged files (never mix revisions). `k26-doctor fix` plans it; by hand:"
-            if redo else "Fix the index or path by hand:")
-    return Result.failed(head + first + more, Remediation(text, _redownload_commands(ctx, fact, redo, repo_key)),
-                         **details)
+            if redo else "Fix the index or path by hand:" if (general or leftovers or damaged) else "")
+    commands = _redownload_commands(ctx, fact, redo, repo_key)
+    if denied:
+        access = access_fix([s["access"] for s in denied if s.get("access")] or [{"path": str(path), "is_dir": True}],
+                            "read", fact.get("user"))
+        text = (text + " " if text else "") + access.text
+        commands += access.commands
+    return Result.failed(head + first + more, Remediation(text, commands), **details)
 
 
 SPARSE_MIN_BYTES = 64 * 1024 ** 2
@@ -151,7 +240,7 @@ def model_shards(ctx: Context) -> Result:
     Fix by hand: re-download the named files, e.g. `hf download REPO FILES --local-dir DIR --force-download`,
     or resume them with aria2 (`k26-doctor fix` writes the input file); then run `--deep` to hash them."""
     fact = ctx.fact("model")
-    early = _dir_problem(fact, "model")
+    early = _dir_problem(ctx, fact, "model")
     if early is not None:
         return early
     return judge_weights(ctx, fact, "model", "model.repo")
@@ -165,7 +254,9 @@ def judge_hashes(ctx: Context, which: str) -> Result:
         return Result.skipped(f"shards {facts.get('reason', 'not hashed')}: run with --deep")
     fact = (facts or {}).get(which) or {"given": False}
     if not fact.get("given"):
-        return Result.skipped(NO_MODEL_PATH if which == "model" else NO_DRAFT_PATH)
+        if which == "drafter" and not drafter_required(ctx):
+            return Result.skipped(f"profile {ctx.settings.profile_name} uses no draft model")
+        return Result.failed(NO_MODEL_PATH if which == "model" else NO_DRAFT_PATH)
     if fact.get("error"):
         return Result.failed(f"{which} path {fact.get('path')} {fact['error']}")
     files = fact.get("files") or []
@@ -202,17 +293,18 @@ def judge_hashes(ctx: Context, which: str) -> Result:
     speed = f" at {rate / GIB:.2f} GiB/s" if rate else ""
     cached = (fact.get("cache") or {}).get("hits") or 0
     tail = f" ({hashed} hashed{speed}, {cached} from the verification cache)"
+    settle = Remediation(
+        "What settles it is a published sha256: `hf download` into the same directory hashes the files already "
+        "there against the Hub's sha256, records it (.cache/huggingface) and fetches only what differs; then "
+        "run this check again. Without network: a manifest written where the download verified "
+        "(`k26-doctor manifest write DIR` there, copied here).",
+        settle_commands(ctx, fact, which, details["unverified"] if len(details["unverified"]) <= 8 else []))
     if by["no_reference"] and not by["match"]:
-        return Result.skipped(f"{len(files)} files hashed but nothing to compare with: no k26-doctor manifest, "
-                              "no huggingface_hub metadata, not a Hugging Face cache; record one with "
-                              f"`k26-doctor manifest write {fact.get('path')}` after a verified download" + tail,
-                              **details)
+        return Result.not_judged(f"{len(files)} files hashed but nothing to compare with: no k26-doctor manifest, "
+                                 "no huggingface_hub metadata, not a Hugging Face cache" + tail, settle, **details)
     if by["no_reference"]:
         return Result.warned(f"{len(by['match'])} files match, {len(by['no_reference'])} have no reference "
-                             f"digest: {', '.join(details['unverified'][:5])}" + tail,
-                             Remediation("Record the digests of a verified download:",
-                                         [f"k26-doctor manifest write {shlex.quote(str(fact.get('path')))}"]),
-                             **details)
+                             f"digest: {', '.join(details['unverified'][:5])}" + tail, settle, **details)
     return Result.passed(f"all {len(by['match'])} files match their sha256" + tail, **details)
 
 
@@ -348,9 +440,17 @@ def _ranges(nums: list[int]) -> str:
     return ", ".join(out[:10]) + (" ..." if len(out) > 10 else "")
 
 
-def _tp_problems(ctx: Context, view: ConfigView) -> list[str]:
+TP_CANDIDATES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+
+
+def working_tp_sizes(ctx: Context, view: ConfigView) -> list[int]:
+    """TP sizes (up to 64) that divide this model under the profile's EP: heads, experts, int4 groups."""
+    return sorted(t for t in TP_CANDIDATES if not _tp_problems(ctx, view, t))
+
+
+def _tp_problems(ctx: Context, view: ConfigView, tp: int | None = None) -> list[str]:
     out: list[str] = []
-    tp = ctx.settings.tp
+    tp = ctx.settings.tp if tp is None else tp
     ep = ctx.expect("parallel.ep", 1)
     ep = ep if type(ep) is int and ep > 0 else 1
     heads = view.int_field("num_attention_heads")
@@ -413,7 +513,7 @@ def model_config(ctx: Context) -> Result:
     config.json from the same revision as the shards; `hf download REPO --include FILE --local-dir DIR` for
     a missing remote-code file."""
     fact = ctx.fact("model")
-    early = _dir_problem(fact, "model")
+    early = _dir_problem(ctx, fact, "model", cause="model.shards")
     if early is not None:
         return early
     view, err = _config_view(fact)
@@ -432,6 +532,15 @@ def model_config(ctx: Context) -> Result:
     tensors = _optional(ctx, "model.tensors")
     summary = (tensors or {}).get("summary")
     consistency_checked = False
+    totals = (fact.get("weights") or {}).get("totals") or {}
+    unvalidated = (totals.get("shards") or 0) - (totals.get("shards_ok") or 0)
+    not_compared = None
+    if unvalidated > 0:
+        # The summary holds only the shards that validated: judged against it, a damaged shard would look
+        # like missing layers or experts, and the fix would wrongly be a new config.json.
+        not_compared = (f"not compared with the shards: {unvalidated} of {totals.get('shards')} shard(s) did not "
+                        "validate (see model.shards)")
+        summary = None
     if summary and not problems:
         consistency_checked = True
         problems += _layer_problems(view, summary)
@@ -443,18 +552,21 @@ def model_config(ctx: Context) -> Result:
                 for shp in v["shapes"]:
                     if not shp.endswith(f", {hs}]"):
                         problems.append(f"{pat} is {shp}, config hidden_size is {hs}")
-    elif not summary:
+    elif not summary and not not_compared:
         warnings.append("no valid shard headers to compare the config with (see model.shards)")
-    problems += _tp_problems(ctx, view)
-    problems += _profile_problems(ctx, view)
+    tp_problems = _tp_problems(ctx, view)
+    profile_problems = _profile_problems(ctx, view)
     remote = fact.get("remote_code") or {}
     code_missing = list(remote.get("missing") or [])
     code_broken = [n for n, f in (remote.get("files") or {}).items() if f.get("error")]
+    code_problems: list[str] = []
     for name in code_missing:
         by = (remote.get("files") or {}).get(name, {}).get("needed_by")
-        problems.append(f"remote-code file {name} " + (f"(imported by {by}) " if by else "named by auto_map ")
-                        + "is missing: the server fails to import it after the weights load")
-    problems += [f"remote-code file {n} {remote['files'][n]['error']}" for n in code_broken]
+        code_problems.append(f"remote-code file {name} " + (f"(imported by {by}) " if by else "named by auto_map ")
+                             + "is missing: the server fails to import it after the weights load")
+    code_problems += [f"remote-code file {n} {remote['files'][n]['error']}" for n in code_broken]
+    config_problems = list(problems)
+    problems = config_problems + tp_problems + profile_problems + code_problems
     t = view.text
     desc = (f"{view.model_type}" + (f" (text {view.text_model_type})" if view.text_model_type
                                    and view.text_model_type != view.model_type else "")
@@ -469,14 +581,32 @@ def model_config(ctx: Context) -> Result:
                "quantization": q, "quantization_where": view.quant_where, "tp": ctx.settings.tp,
                "problems": problems, "warnings": warnings, "checked_against_shards": consistency_checked}
     if problems:
-        if (code_missing or code_broken) and len(problems) == len(code_missing) + len(code_broken):
-            fetch = download_command(ctx.expect("model.repo"), fact.get("path"), code_missing + code_broken)
-            rem = Remediation("Download the model's remote code (the revision of the rest of the model):", [fetch])
-        else:
-            rem = Remediation("Use the config.json of the same revision as the shards, and a TP size that divides "
-                              "the model.", _redownload_commands(ctx, fact, ["config.json"], "model.repo"))
+        texts: list[str] = []
+        commands: list[str] = []
+        if code_problems:
+            texts.append("Download the model's remote code (the revision of the rest of the model).")
+            commands.append(download_command(ctx.expect("model.repo"), fact.get("path"), code_missing + code_broken))
+        if config_problems:
+            texts.append("Use the config.json of the same revision as the shards.")
+            commands += _redownload_commands(ctx, fact, ["config.json"], "model.repo")
+        if tp_problems:
+            sizes = working_tp_sizes(ctx, view)
+            details["working_tp_sizes"] = sizes
+            want = int(ctx.expect("parallel.tp", 0) or 0)
+            pick = want if want in sizes else max((s for s in sizes if s <= ctx.settings.tp), default=None)
+            texts.append(f"TP {ctx.settings.tp} does not divide this model; TP sizes that do: "
+                         + (", ".join(map(str, sizes)) if sizes else "none up to 64") + ".")
+            if pick:
+                commands.append(f"k26-doctor check --tp {pick}")
+        if profile_problems:
+            texts.append(f"This is not the model profile {ctx.settings.profile_name} serves: point --model-path at "
+                         "that model, or use a profile made for this one.")
         return Result.failed(f"config.json: {problems[0]}" + (f" (+{len(problems) - 1} more)" if len(problems) > 1
-                                                               else ""), rem, **details)
+                                                               else ""),
+                             Remediation(" ".join(texts), commands), **details)
+    if not_compared:
+        details["not_compared"] = not_compared
+        return Result.blocked(f"{desc}; TP {ctx.settings.tp} divides it; {not_compared}", "model.shards", **details)
     if warnings:
         return Result.warned(f"{desc}; {warnings[0]}", None, **details)
     return Result.passed(f"{desc}; consistent with the shards; TP {ctx.settings.tp} divides it", **details)
@@ -517,7 +647,7 @@ def model_tokenizer(ctx: Context) -> Result:
     from the model's repository; use the model's current remote code with the transformers SGLang pins.
     A server started with --skip-tokenizer-init loads no tokenizer: then there is nothing to judge (skip)."""
     fact = ctx.fact("model")
-    early = _dir_problem(fact, "model")
+    early = _dir_problem(ctx, fact, "model", cause="model.shards")
     if early is not None:
         return early
     try:
@@ -597,7 +727,7 @@ def model_tokenizer(ctx: Context) -> Result:
     if load.probe_error:
         return Result.errored(f"{summary}; {load.probe_error}")
     if load.not_judged:
-        return Result.skipped(f"{summary}; {load.not_judged}", **details)
+        return Result.not_judged(f"{summary}; {load.not_judged}", **details)
     summary += (f"; loads as {load.loaded_as} (transformers {load.details.get('transformers')}), "
                 f"{len(load.details.get('markers_checked') or [])} special tokens round-trip, chat template renders")
     notes += [f.message for f in load.warnings]
@@ -638,7 +768,7 @@ def model_drafter(ctx: Context) -> Result:
     backend than asked. Fix by hand: use the drafter trained for this target, downloaded whole, at its own
     path; the flags the result names."""
     fact = ctx.fact("drafter")
-    early = _dir_problem(fact, "drafter")
+    early = _dir_problem(ctx, fact, "drafter")
     if early is not None:
         return early
     if same_directory(fact, _optional(ctx, "model") or {}):
@@ -730,6 +860,8 @@ def model_drafter(ctx: Context) -> Result:
     if weights.status.value == "warn":
         return Result.warned(f"{name}: {weights.summary}", weights.remediation, **details)
     summ = weights.summary.split(":")[0]
+    if weights.details.get("sparse_judged_by"):
+        summ += f" ({len(weights.details['sparse_shards'])} sparse, hashed by {weights.details['sparse_judged_by']})"
     res_cls = Result.passed if tview is not None else Result.warned
     return res_cls(f"{name}: {summ}, config consistent with the target{note}", **details)
 
@@ -802,21 +934,21 @@ def model_fit(ctx: Context) -> Result:
     try:
         nvml = ctx.fact("nvml")
     except FactUnavailable as exc:
-        return Result.skipped(f"no GPU facts: {exc.reason}")
+        return Result.not_judged(f"no GPU facts: {exc.reason}")
     if not isinstance(nvml, dict) or not nvml.get("available"):
         why = (nvml or {}).get("error") if isinstance(nvml, dict) else None
-        return Result.skipped(f"no GPU facts (NVML unavailable{': ' + why if why else ''})")
+        return Result.blocked(f"no GPU facts (NVML unavailable{': ' + why if why else ''})", "gpu.driver")
     devices = [d for d in nvml.get("devices") or [] if isinstance(d, dict) and isinstance(d.get("memory"), dict)]
     if not devices:
-        return Result.skipped("NVML reports no GPU memory (no visible GPUs)")
+        return Result.blocked("NVML reports no GPU memory (no visible GPUs)", "gpu.count")
     fact = ctx.fact("model")
-    early = _dir_problem(fact, "model")
+    early = _dir_problem(ctx, fact, "model", cause="model.shards")
     if early is not None:
         return early
     totals = (fact.get("weights") or {}).get("totals") or {}
     total = totals.get("data_bytes") or 0
     if not total or totals.get("shards_ok") != totals.get("shards"):
-        return Result.skipped("cannot size the weights: shards are not all valid (see model.shards)")
+        return Result.blocked("cannot size the weights: shards are not all valid (see model.shards)", "model.shards")
     c = memory.constants()
     tp = ctx.settings.tp
     world = ctx.settings.world_size

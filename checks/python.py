@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 from typing import Any
 
 from doctor.core.registry import check
@@ -81,8 +82,11 @@ def python_venv(ctx: Any) -> Result:
         root = v.get("root") or "<venv>"
         home_cmd = []
         if v.get("is_venv") and not v.get("home_exists"):
-            home_cmd = [f"# recreate on this machine: python3.X -m venv --clear {root} && {root}/bin/pip install -r "
-                        "requirements.txt", f"# or set 'home' in {root}/pyvenv.cfg to this machine's python3.X bin dir"]
+            q = shlex.quote(str(root))
+            pip = shlex.quote(f"{root}/bin/pip")
+            home_cmd = [f"# recreate on this machine: python3.X -m venv --clear {q} && {pip} install -r "
+                        "requirements.txt", f"# or set 'home' in {shlex.quote(f'{root}/pyvenv.cfg')} to this machine's "
+                        "python3.X bin dir"]
         return Result.failed("; ".join(problems), Remediation(
             "The environment does not belong to this machine as it stands. Recreate it here, or repair it: "
             "`k26-doctor fix --apply` rewrites broken shebangs (with backups).", home_cmd), **details)

@@ -76,7 +76,8 @@ def sglang_install(ctx: Any) -> Result:
         imp = imp if isinstance(imp, dict) else {}
         missing = imp.get("missing_module")
         text = "Importing SGLang failed. "
-        cmds = [f"{service_python(ctx)} -c 'import sglang'", f"{service_python(ctx)} -m pip check"]
+        cmds = [shlex.join([service_python(ctx), "-c", "import sglang"]), shlex.join([service_python(ctx), "-m", "pip",
+                                                                                      "check"])]
         if missing:
             text += f"The module {missing!r} is missing: install SGLang with its dependencies."
             cmds.insert(0, pip_install(ctx, "sglang", "sglang"))
@@ -167,10 +168,12 @@ def sglang_patches(ctx: Context) -> Result:
                              Remediation("Fix the profile's [patches] set or point --patches-dir at the site's sets.",
                                          [status_cmd]), set=set_name)
     if fact.get("install_error"):
-        return Result.failed(f"SGLang install of {fact.get('python')} cannot be judged: {fact['install_error']}",
-                             Remediation("Install SGLang in the service's environment (see sglang.install), then "
-                                         "apply the patch set.", [patches_command(ctx, "apply")]),
-                             set=set_name, python=fact.get("python"))
+        res = Result.failed(f"SGLang install of {fact.get('python')} cannot be judged: {fact['install_error']}",
+                            Remediation("Install SGLang in the service's environment (see sglang.install), then "
+                                        "apply the patch set.", [patches_command(ctx, "apply")]),
+                            set=set_name, python=fact.get("python"))
+        res.cause = "sglang.install"
+        return res
     ev = evaluate(fact)
     details: dict[str, Any] = {"set": ev.set_name or set_name, "sglang_version": ev.version, "sglang_spec": ev.spec,
                                "site_packages": fact.get("site_packages"), "overall": ev.overall,

@@ -8,6 +8,7 @@ here turns one such failure into a second of preflight: pure judgments over the 
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
@@ -57,10 +58,10 @@ def cuda_compat(ctx: Any) -> Result:
     try:
         nvml = ctx.fact("nvml")
     except FactUnavailable as exc:
-        return Result.skipped(f"no driver reading to compare with: {exc.reason}")
+        return Result.not_judged(f"no driver reading to compare with: {exc.reason}")
     if not isinstance(nvml, dict) or not nvml.get("available"):
         err = nvml.get("error") if isinstance(nvml, dict) else "no NVML fact"
-        return Result.skipped(f"NVML/driver unavailable ({err}); gpu.driver judges that")
+        return Result.blocked(f"NVML/driver unavailable ({err}); gpu.driver judges that", "gpu.driver")
     info = ctx.fact("torch_info")
     if not isinstance(info, dict) or not info.get("ok"):
         return _torch_unusable(ctx, info if isinstance(info, dict) else {})
@@ -87,7 +88,7 @@ def cuda_compat(ctx: Any) -> Result:
     fix = Remediation(
         f"Install NVIDIA driver >= {need or 'the one matching CUDA ' + runtime} (CUDA {runtime}), or a torch "
         f"built for CUDA {driver_cuda or 'your driver'}; on datacenter GPUs the cuda-compat package is a third way.",
-        ["nvidia-smi", f"{service_python(ctx)} -c 'import torch; print(torch.version.cuda)'"])
+        ["nvidia-smi", shlex.join([service_python(ctx), "-c", "import torch; print(torch.version.cuda)"])])
     # NVML's CUDA version is what the driver itself says it supports; the table is the fallback.
     if dc is not None:
         supported = rt[:2] <= dc[:2]
@@ -158,7 +159,7 @@ def torch_arch(ctx: Any) -> Result:
         return Result.failed(f"torch {info.get('version')} reports no compiled CUDA targets", torch=info.get("version"))
     ccs, where, source = gpu_ccs(ctx)
     if not ccs:
-        return Result.skipped("no GPU to judge: NVML sees none and the profile names no compute_capability",
+        return Result.not_judged("no GPU to judge: NVML sees none and the profile names no compute_capability",
                               **source)
     general = [f for f in flags if not f.endswith("a")]  # arch-specific extras are not torch's kernel set
     per_cc = {cc_str(cc): best_match(general, cc) if best_match(general, cc).ok else best_match(flags, cc)
@@ -234,7 +235,9 @@ def _judge_matmul(info: dict[str, Any], details: dict[str, Any]) -> Result | Non
 def _result(v: Verdict) -> Result:
     rem = Remediation(v.fix, v.commands) if (v.fix or v.commands) else None
     status = {"pass": Status.PASS, "warn": Status.WARN, "fail": Status.FAIL, "skip": Status.SKIP}[v.status]
-    return Result(status, v.summary, v.details, rem)
+    res = Result(status, v.summary, v.details, rem)
+    res.cause, res.unjudged = v.cause, v.unjudged and status is Status.SKIP
+    return res
 
 
 @check("stack.kernels", "GPU code (SASS/PTX) of every kernel package against every GPU; the libtorch ABI",
@@ -349,13 +352,13 @@ def stack_versions(ctx: Any) -> Result:
                "metadata_errors": stack.get("metadata_errors") or [], "warnings": warnings}
     summary_versions = ", ".join(f"{PIP_NAMES[c]} {rows[c]['installed']}" for c in COMPONENTS if rows[c]["installed"])
     if problems:
-        specs = [f"'{PIP_NAMES[c]}{ctx.expect(f'stack.{c}')}'" for c in COMPONENTS if ctx.expect(f"stack.{c}")]
-        specs += [f"'{PIP_NAMES[c]}=={pin}'" for c, pin in missing.items()]
+        specs = [f"{PIP_NAMES[c]}{ctx.expect(f'stack.{c}')}" for c in COMPONENTS if ctx.expect(f"stack.{c}")]
+        specs += [f"{PIP_NAMES[c]}=={pin}" for c, pin in missing.items()]
         text = "Install the versions the profile pins (they are tested together)"
         if missing:
             text += " and what the installed SGLang needs that the profile does not pin"
         return Result.failed("; ".join(problems), Remediation(
-            text + ".", [f"{service_python(ctx)} -m pip install " + " ".join(specs)]), **details)
+            text + ".", [shlex.join([service_python(ctx), "-m", "pip", "install", *specs])]), **details)
     if warnings:
         return Result.warned(f"{summary_versions}; " + "; ".join(warnings), **details)
     return Result.passed(summary_versions or "no stack package installed and none expected", **details)

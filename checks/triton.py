@@ -9,6 +9,7 @@ the facts of ``doctor.stack.facts`` (``triton_build``, ``ptxas``).
 from __future__ import annotations
 
 import os
+import shlex
 from typing import Any
 
 from doctor.core.registry import check
@@ -136,10 +137,12 @@ def triton_ptxas(ctx: Any) -> Result:
     if not triton.get("dir"):
         if fact.get("error"):
             return Result.failed(f"cannot look for Triton's ptxas: {fact['error']}")
-        return Result.skipped(f"Triton is not installed in {service_python(ctx)}; stack.versions judges that")
+        return Result.blocked(f"Triton is not installed in {service_python(ctx)}; stack.versions judges that",
+                              "stack.versions")
     ccs, where, source = gpu_ccs(ctx)
     if not ccs:
-        return Result.skipped("no GPU to judge: NVML sees none and the profile names no compute_capability", **source)
+        return Result.not_judged("no GPU to judge: NVML sees none and the profile names no compute_capability",
+                                 **source)
     verdicts = []
     failures = []
     for cc in ccs:
@@ -170,7 +173,7 @@ def triton_ptxas(ctx: Any) -> Result:
                "candidates": fact.get("candidates")}
     if failures:
         need = {compat.ptxas_min_cuda(v["arch"]) for v in verdicts if not v.get("knows")} - {None}
-        cmds = [f"{service_python(ctx)} -m pip install 'triton>=3.6'"]
+        cmds = [shlex.join([service_python(ctx), "-m", "pip", "install", "triton>=3.6"])]
         var = verdicts[0]["var"]
         if good:
             cmds.append(f"echo '{var}={good[0]}' >> {ctx.expect('server.env_file') or '<service env file>'}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import IO, Any
 
 from doctor import __version__
@@ -13,11 +13,12 @@ from doctor.core import runner as _runner
 from doctor.core.context import Context
 from doctor.core.exitcodes import EXIT_FAILED, EXIT_OK
 from doctor.core.registry import Check, Registry, load
-from doctor.core.result import Result, Status, worst
+from doctor.core.result import Remediation, Result, Status, worst
 from doctor.core.runner import RunOutcome, select
 from doctor.core.settings import ConfigError, Settings, profile_names, resolve
 from doctor.facts.snapshot import load_snapshot
 from doctor.facts.store import CollectOptions, FactStore
+from doctor.report.causes import Notice, interpreter_notice, settle
 
 
 def settings_from_flags(flags: dict[str, Any]) -> Settings:
@@ -67,6 +68,29 @@ class Report:
     settings: Settings
     outcome: RunOutcome
     notes: list[str] = field(default_factory=list)
+    notices: list[Notice] = field(default_factory=list)  # said once at the top (doctor.report.causes)
+    context: Context | None = field(default=None, repr=False)
+    registry: Registry | None = field(default=None, repr=False)
+    _fixable: list[str] | None = field(default=None, repr=False)
+
+    def fixable(self) -> list[str]:
+        """The failing (or warning) checks whose fixer would change something now: the footer offers
+        only these (a fixer with nothing to do is not a fix). Planning reads; it changes nothing."""
+        if self._fixable is None:
+            from doctor.core.fixing import plan_for
+
+            out = []
+            for res in self.results:
+                if not res.fixer or not (res.status.failed or res.status is Status.WARN):
+                    continue
+                if self.context is None or self.registry is None:
+                    out.append(res.id)
+                    continue
+                plan = plan_for(self.registry, self.context, res)
+                if plan.actions:
+                    out.append(res.id)
+            self._fixable = out
+        return self._fixable
 
     @property
     def results(self) -> list[Result]:
@@ -82,26 +106,50 @@ class Report:
             counts[r.status.value] += 1
         return counts
 
+    @property
+    def unjudged(self) -> list[Result]:
+        """Checks skipped for want of facts (not because a dependency failed): never a pass for the gate."""
+        return [r for r in self.results if r.status is Status.SKIP and r.unjudged]
+
     def exit_code(self, strict: bool | None = None) -> int:
         strict = self.settings.strict if strict is None else strict
         if any(r.status.failed for r in self.results) or self.outcome.interrupted:
             return EXIT_FAILED
-        if strict and any(r.status is Status.WARN for r in self.results):
+        if strict and (any(r.status is Status.WARN for r in self.results) or self.unjudged):
             return EXIT_FAILED
         return EXIT_OK
 
+    def gate_refusal(self) -> str | None:
+        """Why ``launch`` must not start the server, or None: a failure, a warning under ``--strict``, or
+        a check of the profile that could not be judged for want of facts (even without ``--strict``)."""
+        bad = [r.id for r in self.results if r.status.failed]
+        if bad or self.outcome.interrupted:
+            return f"{len(bad)} check(s) failed: {', '.join(bad)}" if bad else "the run was interrupted"
+        if self.unjudged:
+            ids = [r.id for r in self.unjudged]
+            return (f"{len(ids)} check(s) could not be judged for want of facts: {', '.join(ids)} "
+                    "(--ignore ID accepts that knowingly)")
+        if self.exit_code() != EXIT_OK:
+            return "warnings under --strict"
+        return None
+
+    def verdict(self) -> Status:
+        """The overall status as reported: ``--strict`` turns warnings and unjudged checks into a failure."""
+        status = self.status
+        if self.settings.strict and (status is Status.WARN or self.unjudged):
+            status = Status.FAIL
+        return status
+
     def to_dict(self) -> dict[str, Any]:
         """The JSON report (CONTRACT.md); ``doctor/report/report.schema.json`` describes it."""
-        status = self.status
-        if self.settings.strict and status is Status.WARN:
-            status = Status.FAIL
         return {
             "schema_version": 1,
             "summary": {
-                "status": status.value,
+                "status": self.verdict().value,
                 "counts": self.counts(),
                 "duration_s": round(self.outcome.duration_s, 4),
                 "interrupted": self.outcome.interrupted,
+                "unjudged": [r.id for r in self.unjudged],
             },
             "results": [r.to_dict() for r in self.results],
             "doctor": {
@@ -114,21 +162,62 @@ class Report:
                 "deep": self.settings.deep,
                 "strict": self.settings.strict,
                 "notes": self.notes,
+                "notices": [n.to_dict() for n in self.notices],
             },
         }
 
 
 def selected_checks(settings: Settings, registry: Registry | None = None) -> list[Check]:
+    """The checks of this run. A selection that names nothing registered, or that runs no check at all,
+    is an invalid invocation (``ConfigError``): nothing checked is never a pass."""
     reg = registry or registry_for(settings)
-    return select(reg.sorted_checks(), settings.only, settings.skip, settings.deep)
+    validate_selection(settings, reg)
+    chosen = select(reg.sorted_checks(), settings.only, settings.skip, settings.deep)
+    if not chosen:
+        deep = [c.id for c in reg.sorted_checks() if c.deep and _runner.matches(c.id, settings.only or ["*"])
+                and not _runner.matches(c.id, settings.skip)]
+        hint = f"; {', '.join(deep)} run only with --deep" if deep and not settings.deep else ""
+        raise ConfigError("the selection runs no check (--only " + " ".join(settings.only or ["*"])
+                          + (" --skip " + " ".join(settings.skip) if settings.skip else "") + f"){hint}")
+    return chosen
+
+
+def validate_selection(settings: Settings, registry: Registry) -> None:
+    """Every ``--only``/``--skip``/``--ignore`` pattern (flags and ``[doctor]`` lists) matches a registered
+    check; else ``ConfigError`` with the closest ids (a typo must not turn into a run that checks nothing)."""
+    ids = list(registry.checks)
+    for what, patterns in (("--only", settings.only), ("--skip", settings.skip), ("--ignore", settings.ignore)):
+        for pat in patterns:
+            if any(_runner.matches(i, [pat]) for i in ids):
+                continue
+            raise ConfigError(f"{what} {pat!r} matches no registered check{_suggest(pat, registry)}")
+
+
+def _suggest(pattern: str, registry: Registry) -> str:
+    import difflib
+
+    ids = sorted(registry.checks)
+    areas = sorted({i.split(".")[0] for i in ids})
+    close = difflib.get_close_matches(pattern.rstrip("*").rstrip("."), ids + areas, n=3, cutoff=0.6)
+    hint = f"; did you mean {', '.join(close)}?" if close else "; see `k26-doctor list`"
+    if registry.plugin_failures:
+        hint += f" (plugin(s) that failed to load: {', '.join(sorted(registry.plugin_failures))})"
+    return hint
+
+
+def plugin_id(name: str) -> str:
+    """The result id under which a plugin that failed to load is reported: ``doctor.plugin.<name>``."""
+    return "doctor.plugin." + ("".join(c if c.isalnum() else "_" for c in name.lower()) or "unnamed")
 
 
 def run(settings: Settings, on_result: Callable[[Result], None] | None = None,
         checks: list[Check] | None = None, registry: Registry | None = None,
         progress: Callable[[str], None] | None = None) -> tuple[Report, Context]:
     reg = registry or registry_for(settings)
-    ctx = make_context(settings, reg)
     chosen = selected_checks(settings, reg) if checks is None else checks
+    if any(c.deep for c in chosen) and not settings.deep:  # a deep check named by --only runs as with --deep
+        settings = replace(settings, deep=True)
+    ctx = make_context(settings, reg)
     if settings.wait_fabric and settings.snapshot is None and any("nvml" in c.needs for c in chosen):
         from doctor.gpu.fabric import wait_before_checks  # --wait-fabric / launch: fabric readiness first
 
@@ -138,10 +227,21 @@ def run(settings: Settings, on_result: Callable[[Result], None] | None = None,
         res = Result.errored(f"built-in module {module} failed to import: {why}")
         res.id, res.title = f"doctor.load.{module.replace('.', '_')}", f"Load {module}"
         outcome.results.append(res)
-    notes = [f"plugin failed to load: {e}" for e in reg.plugin_errors]
+    for name, (why, tb) in sorted(reg.plugin_failures.items()):  # site policy that did not load: fail closed
+        res = Result.errored(f"site plugin {name!r} failed to load ({why}); its checks did not run",
+                             plugin=name)
+        res.remediation = Remediation(
+            "Its checks are site policy: the run fails closed. The import error is shown with -v. Fix the "
+            f"plugin's installation, or turn it off knowingly: [doctor] disable_plugins = [\"{name}\"] in the "
+            f"config, or K26_DOCTOR_DISABLE_PLUGINS={name} in the environment.")
+        res.id, res.title, res.traceback = plugin_id(name), f"Load site plugin {name}", tb
+        outcome.results.append(res)
+    notices = [n for n in [interpreter_notice(settings, ctx.facts, outcome.results)] if n is not None]
+    settle(outcome.results, notices)
+    notes: list[str] = []
     if settings.from_snapshot:
         notes.append(f"judged from snapshot {settings.from_snapshot}, not the live host")
-    return Report(settings, outcome, notes), ctx
+    return Report(settings, outcome, notes, notices, ctx, reg), ctx
 
 
 def _say_stderr(msg: str) -> None:
@@ -155,13 +255,14 @@ def run_checks(settings: Settings) -> Report:
 
 
 def render(report: Report, fmt: str, verbose: int = 0, stream: IO[str] | None = None,
-           color: bool | None = None) -> None:
+           color: bool | None = None, problems: bool = False) -> None:
     """Write the report in ``text``, ``json`` or ``junit`` to ``stream`` (stdout by default)."""
     stream = stream or sys.stdout
     if fmt == "json":
         from doctor.report.json_report import dumps
+        from doctor.report.text import utf8_capable
 
-        stream.write(dumps(report) + "\n")
+        stream.write(dumps(report, ascii_only=not utf8_capable(stream)) + "\n")
     elif fmt == "junit":
         from doctor.report.junit import to_junit
 
@@ -169,6 +270,6 @@ def render(report: Report, fmt: str, verbose: int = 0, stream: IO[str] | None = 
     elif fmt == "text":
         from doctor.report.text import render_text
 
-        stream.write(render_text(report, verbose=verbose, color=color, stream=stream))
+        stream.write(render_text(report, verbose=verbose, color=color, stream=stream, problems=problems))
     else:  # pragma: no cover - click validates choices
         raise ConfigError(f"unknown format {fmt!r}")

@@ -14,8 +14,8 @@ from typing import Any
 import click
 
 from doctor import __version__
-from doctor.commands.options import emit, guarded, selection_options, settings_from
-from doctor.core.exitcodes import EXIT_OK, EXIT_USAGE
+from doctor.commands.options import emit, guarded, quiet_stdout, selection_options, settings_from
+from doctor.core.exitcodes import EXIT_OK, EXIT_SIGPIPE, EXIT_USAGE
 
 LAZY_COMMANDS = {
     "launch": "doctor.commands.launch:launch",
@@ -24,6 +24,7 @@ LAZY_COMMANDS = {
     "wait-ready": "doctor.commands.launch:wait_ready",
     "patches": "doctor.commands.patches:patches",
     "manifest": "doctor.commands.model:manifest",
+    "env": "doctor.commands.env:env",
     "smoke": "doctor.commands.smoke:smoke",
 }
 
@@ -192,12 +193,28 @@ def snapshot(flags: dict[str, Any], note: str, facts: tuple[str, ...]) -> None:
         sys.stdout.write(text)
 
 
+def tolerate_terminal() -> None:
+    """A terminal or pipe that cannot encode UTF-8 (``PYTHONIOENCODING=ascii``, a C locale): replace what it
+    cannot show instead of dying with UnicodeEncodeError before the verdict (the reports pick ASCII glyphs)."""
+    for stream in (sys.stdout, sys.stderr):
+        enc = (getattr(stream, "encoding", None) or "").lower().replace("-", "").replace("_", "")
+        if enc and not enc.startswith("utf") and hasattr(stream, "reconfigure"):
+            try:
+                stream.reconfigure(errors="backslashreplace")
+            except (ValueError, OSError):  # pragma: no cover - a stream that cannot be reconfigured
+                pass
+
+
 def main() -> None:
+    tolerate_terminal()
     try:
         cli(prog_name="k26-doctor")
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         sys.exit(130)
+    except BrokenPipeError:  # the reader went away (`k26-doctor list | head -1`): nothing left to say
+        quiet_stdout()
+        sys.exit(EXIT_SIGPIPE)
 
 
 if __name__ == "__main__":  # pragma: no cover

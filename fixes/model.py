@@ -134,6 +134,11 @@ def plan_redownload(ctx: Context, result: Result) -> Plan:
     model_dir, files, leftovers = _files_from(result)
     if not model_dir:
         return Plan()
+    target = ctx.settings.model_path
+    if which == "drafter" and target and os.path.realpath(model_dir) == os.path.realpath(target):
+        # The "drafter" is the target model: downloading the drafter's files into it would mix two models.
+        return Plan(notes=[f"--draft-model-path {model_dir} is the target model's directory: point it at the "
+                           "DFlash drafter instead; nothing is downloaded"])
     try:
         fact = ctx.fact(which)
     except FactUnavailable:

@@ -134,7 +134,8 @@ def unpacked(wheel: Path, keep) -> Path:
 # The parts of the package the server's parser definition lives in (and imports its choices from);
 # the rest (models, kernels: most of the 2,000 files) only costs unpacking time.
 PARSER_PARTS = ("sglang/srt/arg_groups/", "sglang/srt/parser/", "sglang/srt/function_call/", "sglang/srt/utils/",
-                "sglang/srt/speculative/", "sglang/srt/model_executor/", "sglang/srt/entrypoints/")
+                "sglang/srt/speculative/", "sglang/srt/model_executor/", "sglang/srt/entrypoints/",
+                "sglang/srt/managers/scheduler.py")  # the patch set hooks the scheduler too
 
 
 def pinned(version: str, dependency: str) -> str | None:

@@ -171,11 +171,27 @@ def test_output_file_and_text_glyphs(plugin_site: str, tmp_path: Path) -> None:
     assert "site.ok" in out.stdout and "\033[" not in out.stdout  # NO_COLOR / not a terminal
 
 
-def test_broken_plugin_is_reported_not_fatal(plugin_site: str) -> None:
-    out = run_doctor("check", "--only", "host.env", env=penv(plugin_site, SITE_BROKEN="1"))
-    assert "plugin failed to load: site" in out.stdout
-    assert "site policy misconfigured" not in out.stdout  # the message is the plugin's own
-    assert "misconfigured on purpose" in out.stdout
+def test_broken_plugin_fails_closed_with_the_import_error_under_v(plugin_site: str) -> None:
+    """A site plugin is site policy: when it cannot load, check (and launch) fail closed, naming it."""
+    env = penv(plugin_site, SITE_BROKEN="1")
+    out = run_doctor("check", "--only", "host.env", env=env)
+    assert out.returncode == 1, out.stdout
+    assert "doctor.plugin.site" in out.stdout and "site plugin 'site' failed to load" in out.stdout
+    assert "misconfigured on purpose" in out.stdout  # the message is the plugin's own
+    assert "Traceback" not in out.stdout
+    assert "--ignore doctor.plugin.site" not in out.stdout  # not a check id: --ignore would refuse it
+    verbose = run_doctor("check", "--only", "host.env", "-v", env=env)
+    assert "Traceback (most recent call last)" in verbose.stdout and "ImportError" in verbose.stdout
+    js = json.loads(run_doctor("check", "--only", "host.env", "--format", "json", env=env).stdout)
+    assert js["summary"]["status"] == "fail"
+    assert {r["id"]: r["status"] for r in js["results"]}["doctor.plugin.site"] == "error"
+    jsonschema.validate(js, schema())
+    launch = run_doctor("launch", "--only", "host.env", "--model-path", "/nonexistent", "--no-flag-check",
+                        env=env)
+    assert launch.returncode == 1 and "not launching" in launch.stderr
+    disabled = run_doctor("check", "--only", "host.env", env=penv(plugin_site, SITE_BROKEN="1",
+                                                                  K26_DOCTOR_DISABLE_PLUGINS="site"))
+    assert disabled.returncode == 0, disabled.stdout  # turned off knowingly, by name
 
 
 def test_a_plugin_with_an_unresolved_reference_is_rejected_by_name(plugin_site: str) -> None:
@@ -192,9 +208,12 @@ def test_a_plugin_is_disabled_by_name_from_env_or_config(plugin_site: str, tmp_p
     assert not any(c["id"].startswith("site.") for c in json.loads(out.stdout))
     cfg = tmp_path / "k26.toml"
     cfg.write_text('[doctor]\ndisable_plugins = ["site"]\n')
-    out = run_doctor("check", "--only", "site.*", "--config", str(cfg), "--format", "json",
+    out = run_doctor("check", "--only", "host.env", "--config", str(cfg), "--format", "json",
                      env=penv(plugin_site, SITE_FAIL="1"))
-    assert out.returncode == 0 and json.loads(out.stdout)["results"] == []  # site.fail would fail if loaded
+    ids = [r["id"] for r in json.loads(out.stdout)["results"]]
+    assert out.returncode == 0 and ids == ["host.env"]  # site.fail would fail if loaded
+    out = run_doctor("check", "--only", "site.*", "--config", str(cfg), env=penv(plugin_site, SITE_FAIL="1"))
+    assert out.returncode == 2 and "matches no registered check" in out.stderr  # nothing checked: not a pass
 
 
 @pytest.mark.parametrize("args,needle", [

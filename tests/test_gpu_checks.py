@@ -98,7 +98,7 @@ def test_nvlink_matrix_like_nvidia_smi() -> None:
     assert rows[0].split() == [f"GPU{i}" for i in range(8)] + ["NVLinks"]
     assert rows[1].split() == ["GPU0", "X"] + ["NV18"] * 7 + ["18/18"]
     assert rows[8].split() == ["GPU7"] + ["NV18"] * 7 + ["X", "18/18"]
-    assert res.details["text"] == "\n".join(rows)
+    assert res.exhibit == "\n".join(rows)
     ref = results("h200x2-reference.json", "h200-tp8", 2)["gpu.nvlink"]
     assert ref.details["matrix"][1].split() == ["GPU0", "X", "NV18", "18/18"]  # NVML topology said PHB (30)
 

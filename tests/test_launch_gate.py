@@ -114,7 +114,7 @@ def test_a_flag_sglang_rejects_means_no_exec(tmp_path: Path, plain_sglang: Path,
 def test_invalid_configuration_exits_2(tmp_path: Path, ddtree_sglang: Path) -> None:
     py, mark = fake_python(tmp_path), tmp_path / "mark"
     res = run_doctor("launch", *common(tmp_path, py, 70000), "--dry-run", env=env_for(ddtree_sglang, mark))
-    assert res.returncode == 2 and "server.port" in res.stderr
+    assert res.returncode == 2 and "[server] port = 70000" in res.stderr
     res = run_doctor("launch", "--config", str(config(tmp_path, 1234)), "--model-path", "", "--python", str(py),
                      "--draft-model-path", "", "--profile", str(tmp_path / "nope.toml"),
                      env=env_for(ddtree_sglang, mark))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -58,30 +59,37 @@ def test_parallel_and_no_remote_code(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("toml, fragment", [
-    ("[server]\nport = 0\n", "server.port"),
-    ("[server]\nport = 'x'\n", "server.port"),
-    ("[server]\nmem_fraction_static = 1.5\n", "server.mem_fraction_static"),
-    ("[server]\nddtree_budget = 2.5\n", "server.ddtree_budget"),
-    ("[server]\nargs = '--foo'\n", "server.args"),
-    ("[server]\nargs = ['--port', 1]\n", "server.args"),
-    ("[server.env]\nX = ['a']\n", "[server.env] X"),
+    ("[server]\nport = 0\n", "[server] port = 0"),
+    ("[server]\nport = 'x'\n", "[server] port = 'x'"),
+    ("[server]\nmem_fraction_static = 1.5\n", "[server] mem_fraction_static = 1.5"),
+    ("[server]\nddtree_budget = 2.5\n", "[server] ddtree_budget = 2.5"),
+    ("[server]\nargs = '--foo'\n", "[server] args = '--foo'"),
+    ("[server]\nargs = ['--port', 1]\n", "[server] args = ['--port', 1]"),
+    ("[server.env]\nX = ['a']\n", "[server] env = {"),
 ])
 def test_invalid_server_settings(tmp_path: Path, toml: str, fragment: str) -> None:
-    with pytest.raises(ConfigError, match=fragment.replace(".", r"\.").replace("[", r"\[").replace("]", r"\]")):
+    """Invalid configuration is found when the config is loaded (exit 2), not minutes later."""
+    with pytest.raises(ConfigError, match=re.escape(fragment)) as err:
         build_plan(settings_with(tmp_path, toml), environ={})
+    assert str(err.value).startswith("invalid configuration: ") and "in the config file" in str(err.value)
 
 
 def test_missing_paths(tmp_path: Path) -> None:
     cfg = tmp_path / "c.toml"
-    cfg.write_text('[model]\npath = ""\n[drafter]\npath = ""\n')
+    cfg.write_text('[model]\npath = ""\n')
+    with pytest.raises(ConfigError, match=re.escape("[model] path = '' in the config file")):
+        resolve({"config": str(cfg)}, environ={})  # an empty path is a mistake, never "not set"
+    cfg.write_text("")
     s = resolve({"config": str(cfg)}, environ={})
+    s.model_path = s.draft_model_path = None
     with pytest.raises(ConfigError, match="no model path"):
         build_server_args(s)
     args, _ = build_server_args(s, placeholders=True)
     assert "<model-path>" in args and "<draft-model-path>" in args
-    cfg.write_text('[drafter]\npath = ""\n')
+    s = resolve({"config": str(cfg)}, environ={})
+    s.draft_model_path = None
     with pytest.raises(ConfigError, match="needs a draft model"):
-        build_server_args(resolve({"config": str(cfg)}, environ={}))
+        build_server_args(s)
 
 
 def test_environment_precedence(tmp_path: Path) -> None:

@@ -89,7 +89,7 @@ def test_unit_shape(cfg: Path, tmp_path: Path) -> None:
     assert svc["Restart"] == ["on-failure"]
     assert svc["RestartPreventExitStatus"] == ["2 3"]
     assert svc["EnvironmentFile"] == ["-/etc/k26-doctor/sglang-k26.env"]
-    assert svc["Environment"][0] == f"K26_DOCTOR_CONFIG={cfg}"
+    assert f"K26_DOCTOR_CONFIG={cfg}" in svc["Environment"]
     timeout = int(svc["TimeoutStartSec"][0])
     assert timeout >= CHECKS_S + 595 + GRAPH_CAPTURE_S and timeout % 60 == 0
     assert int(start[start.index("--wait-timeout") + 1]) < timeout
@@ -166,5 +166,5 @@ def test_cli_output_file_and_bad_config(tmp_path: Path, cfg: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text("[server]\nport = 'http'\n")
     res = run_doctor("systemd-unit", "--config", str(bad))
-    assert res.returncode == 2 and "server.port" in res.stderr
+    assert res.returncode == 2 and "[server] port = 'http'" in res.stderr
     assert os.path.exists(out)

@@ -205,9 +205,16 @@ def test_drafter_passes(tmp_path, model):
     assert res.status.value == "pass", res.details
 
 
-def test_no_drafter_skips(tmp_path, model):
+def test_no_drafter_fails_when_the_profile_drafts(tmp_path, model):
+    """The profile speculates (DDTREE): a draft model is a required input, and a missing one is a failure."""
     res = run(make_ctx(tmp_path, model, None), "model.drafter")
-    assert res.status.value == "skip" and "--draft-model-path" in res.summary
+    assert res.status.value == "fail" and "--draft-model-path" in res.summary
+
+
+def test_no_drafter_skips_when_the_profile_does_not_draft(tmp_path, model):
+    ctx = make_ctx(tmp_path, model, None, extra_toml='[server]\nspeculative_algorithm = ""\n')
+    res = run(ctx, "model.drafter")
+    assert res.status.value == "skip" and "uses no draft model" in res.summary
 
 
 @pytest.mark.parametrize("kw,expect", [

@@ -44,10 +44,14 @@ def test_replica_is_real_and_passes(tmp_path, model):
     assert res.details["totals"]["tensors"] == len(idx["weight_map"])
 
 
-def test_no_model_path_skips(tmp_path):
+def test_no_model_path_fails(tmp_path):
+    """A missing required input is a failure, never a skip that passes."""
     res = run(make_ctx(tmp_path, None), "model.shards")
-    assert res.status.value == "skip"
+    assert res.status.value == "fail"
     assert "--model-path" in res.summary
+    for other in ("model.config", "model.tokenizer"):  # said once: the others name model.shards as the cause
+        dep = run(make_ctx(tmp_path, None), other)
+        assert dep.status.value == "fail" and dep.cause == "model.shards"
 
 
 def test_missing_path_fails(tmp_path):

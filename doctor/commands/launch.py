@@ -26,7 +26,9 @@ DEFAULT_WAIT_S = 1800.0
 
 
 def _say(msg: str) -> None:
-    click.echo(f"k26-doctor: {msg}", err=True)
+    from doctor.facts.redaction import redact_text
+
+    click.echo(f"k26-doctor: {redact_text(msg)}", err=True)
 
 
 def _run_gate(settings: Any, flags: dict[str, Any]) -> tuple[bool, Any]:
@@ -38,10 +40,10 @@ def _run_gate(settings: Any, flags: dict[str, Any]) -> tuple[bool, Any]:
     if flags.get("output"):
         with open(flags["output"], "w", encoding="utf-8") as fh:
             render(report, fmt, flags.get("verbose") or 0, fh, color=False)
-    render(report, "text" if fmt == "junit" else fmt, flags.get("verbose") or 0, sys.stderr)
-    if report.exit_code() != EXIT_OK:
-        bad = [r.id for r in report.results if r.status.failed]
-        why = f"{len(bad)} check(s) failed: {', '.join(bad)}" if bad else "warnings under --strict"
+    render(report, "text" if fmt == "junit" else fmt, flags.get("verbose") or 0, sys.stderr,
+           problems=bool(flags.get("problems")))
+    why = report.gate_refusal()  # a failure, or a check of the profile not judged for want of facts
+    if why is not None:
         _say(f"not launching: {why}. Fix them (`k26-doctor fix`) or --ignore ID to accept a known failure.")
         return False, ctx
     return True, ctx
@@ -112,7 +114,12 @@ def launch(flags: dict[str, Any], dry_run: bool, no_check: bool, no_flag_check: 
     if dry_run:
         for note in plan.notes:
             _say(note)
-        sys.stdout.write("\n".join(plan.argv) + "\n")
+        from doctor.facts.redaction import redact_argv
+
+        shown = redact_argv(plan.argv)
+        if shown != plan.argv:
+            _say("secret values (--api-key, URL credentials) are shown as <redacted>")
+        sys.stdout.write("\n".join(shown) + "\n")
         sys.stdout.flush()
         if not no_flag_check and not _flag_gate(plan, settings):
             sys.exit(EXIT_FAILED)
@@ -126,7 +133,9 @@ def launch(flags: dict[str, Any], dry_run: bool, no_check: bool, no_flag_check: 
         sys.exit(EXIT_FAILED)
     for note in plan.notes:
         _say(note)
-    _say("exec: " + " ".join(plan.argv))
+    from doctor.facts.redaction import redact_argv
+
+    _say("exec: " + shlex.join(redact_argv(plan.argv)))
     if not wait:
         try:
             exec_plan(plan)
@@ -204,7 +213,9 @@ def _stop(child: subprocess.Popen[Any], grace: float = 30.0) -> None:
 
 @click.command("systemd-unit", context_settings={"help_option_names": ["-h", "--help"]})
 @selection_options
-@click.option("--user", default=None, help="User= of the service.")
+@click.option("--user", default=None, help="User= of the service (default: [server] user, else sglang; never root "
+              "unless asked).")
+@click.option("--no-hardening", is_flag=True, help="Leave out the sandbox (User=, ProtectSystem=, DevicePolicy=...).")
 @click.option("--start-timeout", type=float, default=None, help="TimeoutStartSec in seconds (default: sized).")
 @click.option("--doctor", "doctor_path", default=None,
               help="Command that runs k26-doctor in the unit, e.g. '/opt/k26/bin/k26-doctor' (default: this one).")
@@ -212,25 +223,29 @@ def _stop(child: subprocess.Popen[Any], grace: float = 30.0) -> None:
 @click.option("--smoke", is_flag=True, help="ExecStartPost: `k26-doctor smoke` once the server is ready.")
 @click.argument("server_args", nargs=-1, type=click.UNPROCESSED)
 @guarded
-def systemd_unit(flags: dict[str, Any], user: str | None, start_timeout: float | None, doctor_path: str | None,
-                 no_diagnose: bool, smoke: bool, server_args: tuple[str, ...]) -> None:
+def systemd_unit(flags: dict[str, Any], user: str | None, no_hardening: bool, start_timeout: float | None,
+                 doctor_path: str | None, no_diagnose: bool, smoke: bool, server_args: tuple[str, ...]) -> None:
     """Print a systemd unit: ExecStartPre runs `k26-doctor check`, ExecStart launches the server.
 
     Install: `k26-doctor systemd-unit --config /etc/k26-doctor/config.toml > /etc/systemd/system/UNIT`.
     """
     from doctor.service.launcher import build_plan
-    from doctor.service.systemd import render_unit
+    from doctor.service.systemd import absolute, doctor_command, reachability_notes, render_unit, service_user
 
     settings = settings_from(flags)
     build_plan(settings, list(server_args))  # the same validation launch will do: fail now, not at boot
     config = settings.config_path
     if config:
         config = str(Path(config).resolve())
-    import shlex
-
-    text = render_unit(settings, config=config, doctor=shlex.split(doctor_path) if doctor_path else None, user=user,
-                       timeout_override=start_timeout, extra=list(server_args), diagnose_on_failure=not no_diagnose,
+    doctor = shlex.split(doctor_path) if doctor_path else None
+    if doctor and os.sep in doctor[0]:  # systemd runs it from /: a relative path must mean what it meant here
+        doctor[0] = absolute(doctor[0])
+    text = render_unit(settings, config=config, doctor=doctor, user=user, timeout_override=start_timeout,
+                       extra=list(server_args), diagnose_on_failure=not no_diagnose, harden=not no_hardening,
                        smoke=smoke)
+    if not no_hardening:
+        for note in reachability_notes(settings, doctor or doctor_command(), service_user(settings, user)):
+            _say(f"note: {note}")
     if flags.get("output"):
         Path(flags["output"]).write_text(text, encoding="utf-8")
         _say(f"unit written to {flags['output']}")
@@ -253,12 +268,16 @@ def wait_ready(url: str | None, config: str | None, profile: str | None, timeout
 
     Exit 0 when ready, 1 on timeout or when --pid exits first.
     """
-    from doctor.service.readiness import health_url
+    from doctor.core.settings import ConfigError
+    from doctor.service.readiness import health_url, url_problem
     from doctor.service.readiness import wait_ready as wait
 
     if url is None:
         settings = settings_from({"config": config, "profile": profile})
         url = health_url(str(settings.get("server.host", "127.0.0.1")), int(settings.get("server.port", 30000)))
+    why = url_problem(url)
+    if why:
+        raise ConfigError(f"--url {url!r} {why}")
     if timeout <= 0 or interval <= 0:
         raise click.BadParameter("--timeout and --interval must be positive")
     outcome = wait(url, timeout, interval_s=interval, pid=pid, progress=None if quiet else sys.stderr)

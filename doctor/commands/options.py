@@ -12,13 +12,15 @@ from typing import Any
 
 import click
 
-from doctor.core.exitcodes import EXIT_NO_REPORT, EXIT_USAGE
+from doctor.core.exitcodes import EXIT_NO_REPORT, EXIT_SIGPIPE, EXIT_USAGE
 
 REPORT_OPTIONS = {
     "fmt": lambda: click.option("--format", "fmt", type=click.Choice(["text", "json", "junit"]), default="text",
                                 show_default=True),
     "output": lambda: click.option("--output", type=click.Path(dir_okay=False), default=None,
                                    help="Write the report here."),
+    "problems": lambda: click.option("-q", "--problems", "problems", is_flag=True, default=False,
+                                     help="Only what is not a pass, one line per root cause."),
 }
 # Where the report flags sit among the setting flags in --help (after --deep, as CONTRACT.md lists them).
 REPORT_AFTER = "deep"
@@ -87,6 +89,9 @@ def guarded(func: Callable[..., Any]) -> Callable[..., Any]:
         except ConfigError as exc:
             click.echo(f"k26-doctor: {exc}", err=True)
             sys.exit(EXIT_USAGE)
+        except BrokenPipeError:  # the reader went away (`| head -1`): not a crash, nothing left to say
+            quiet_stdout()
+            sys.exit(EXIT_SIGPIPE)
         except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit, KeyboardInterrupt):
             raise
         except Exception as exc:
@@ -99,21 +104,63 @@ def guarded(func: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def settings_from(flags: dict[str, Any]) -> Any:
+    """Flags -> settings; the report's destination is checked first, so a report that cannot be written
+    is an invalid invocation (exit 2) before any check runs, not a crash after all of them."""
     from doctor.app import settings_from_flags
 
-    return settings_from_flags({k: v for k, v in flags.items() if k not in ("fmt", "output")})
+    if flags.get("output"):
+        check_output_path(flags["output"])
+    return settings_from_flags({k: v for k, v in flags.items() if k not in REPORT_OPTIONS})
+
+
+def check_output_path(path: str) -> None:
+    """``ConfigError`` unless ``path`` can be written: its directory exists and is writable, and it is
+    not a directory (or an existing file this user cannot write)."""
+    import os
+
+    from doctor.core.settings import ConfigError
+
+    parent = os.path.dirname(os.path.abspath(path)) or "."
+    if os.path.isdir(path):
+        raise ConfigError(f"--output {path} is a directory; give a file name")
+    if not os.path.isdir(parent):
+        raise ConfigError(f"--output {path}: the directory {parent} does not exist")
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        raise ConfigError(f"--output {path} exists and is not writable by this user")
+    if not os.path.exists(path) and not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"--output {path}: the directory {parent} is not writable by this user")
+
+
+def quiet_stdout() -> None:
+    """After a closed pipe: point stdout at /dev/null so that the interpreter's final flush does not
+    raise again (the Python documentation's recipe for SIGPIPE)."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
 
 
 def emit(report: Any, flags: dict[str, Any]) -> None:
+    """Write the report where the flags say. A reader that closes the pipe early (``| head``) does not
+    change the verdict: the exit code still says it."""
     from doctor.app import render
 
     fmt, output = flags.get("fmt") or "text", flags.get("output")
-    if output:
-        with open(output, "w", encoding="utf-8") as fh:
-            render(report, fmt, flags.get("verbose") or 0, fh, color=False)
-        if fmt != "text":
-            render(report, "text", flags.get("verbose") or 0, sys.stdout)
-    else:
-        render(report, fmt, flags.get("verbose") or 0, sys.stdout)
+    verbose, problems = flags.get("verbose") or 0, bool(flags.get("problems"))
+    try:
+        if output:
+            with open(output, "w", encoding="utf-8") as fh:
+                render(report, fmt, verbose, fh, color=False, problems=problems)
+            if fmt != "text":
+                render(report, "text", verbose, sys.stdout, problems=problems)
+        else:
+            render(report, fmt, verbose, sys.stdout, problems=problems)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        quiet_stdout()
 
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import functools
 import json
+import shutil
 import sys
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -140,7 +142,12 @@ def _print_status(where: dict[str, Any], ev: Evaluation, verbose: int) -> None:
                + ("" if ev.version_ok else "  <- not a version this set is for"))
     by_path = {f.path: f for f in ev.files}
     for patch in ev.patches:
-        click.echo(f"  {patch.state:<9} {patch.id}" + (f"  {patch.description[:70]}" if patch.description else ""))
+        click.echo(f"  {patch.state:<9} {patch.id}")
+        if patch.description:  # whole words, wrapped to the terminal, never cut mid-word
+            width = max(60, shutil.get_terminal_size((110, 24)).columns - 1)
+            for line in textwrap.wrap(" ".join(patch.description.split()), width=width - 12,
+                                      break_long_words=False, break_on_hyphens=False):
+                click.echo(f"            {line}")
         for path in patch.files:
             f = by_path[path]
             click.echo(f"      {f.state:<9} {path}" + (f"  ({f.note})" if f.note else ""))

@@ -15,6 +15,7 @@ class Context:
     settings: Settings
     facts: FactStore
     results: dict[str, Result] = field(default_factory=dict)  # finished checks, by id
+    selected: frozenset[str] = frozenset()  # the ids of this run's checks (set by the runner)
 
     def fact(self, name: str) -> Any:
         """A fact's value; raises ``doctor.facts.FactUnavailable`` (the runner turns it into a result)."""

@@ -4,3 +4,4 @@ EXIT_OK = 0  # every selected check passed (warnings allowed unless --strict)
 EXIT_FAILED = 1  # a check failed or errored, or an action failed
 EXIT_USAGE = 2  # invalid invocation or configuration
 EXIT_NO_REPORT = 3  # the doctor itself crashed: no report
+EXIT_SIGPIPE = 141  # the reader closed the pipe (128 + SIGPIPE, as a shell reports `yes | head -1`): quiet

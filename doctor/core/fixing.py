@@ -36,6 +36,18 @@ class CheckPlan:
                 "actions": [a.to_dict() for a in self.actions], "notes": self.notes, "error": self.error}
 
 
+def plan_for(registry: Any, ctx: Any, res: Result) -> CheckPlan:
+    """The plan of ``res``'s fixer (reading only: planning changes nothing); a fixer that cannot plan says so."""
+    fx = registry.fixers.get(res.fixer)
+    if fx is None:
+        return CheckPlan(res.id, str(res.fixer), "?", res, error=f"fixer {res.fixer!r} is not registered")
+    try:
+        plan = Plan.of(fx.plan(ctx, res))
+        return CheckPlan(res.id, fx.id, fx.title, res, plan.actions, notes=plan.notes)
+    except Exception as exc:  # a fixer that cannot plan says so; it never takes the run down
+        return CheckPlan(res.id, fx.id, fx.title, res, error=f"cannot plan: {type(exc).__name__}: {exc}")
+
+
 def make_plans(settings: Settings) -> tuple[list[CheckPlan], Any]:
     """Run the checks; for each failing (or warning) check with a fixer, ask the fixer for its plan."""
     from doctor.app import registry_for, run
@@ -46,42 +58,60 @@ def make_plans(settings: Settings) -> tuple[list[CheckPlan], Any]:
     for res in report.results:
         if not res.fixer or (res.status not in (Status.FAIL, Status.ERROR, Status.WARN) and res.ignored is None):
             continue
-        fx = registry.fixers.get(res.fixer)
-        if fx is None:
-            plans.append(CheckPlan(res.id, res.fixer, "?", res, error=f"fixer {res.fixer!r} is not registered"))
-            continue
-        try:
-            plan = Plan.of(fx.plan(ctx, res))
-            plans.append(CheckPlan(res.id, fx.id, fx.title, res, plan.actions, notes=plan.notes))
-        except Exception as exc:  # a fixer that cannot plan says so; it never takes the run down
-            plans.append(CheckPlan(res.id, fx.id, fx.title, res, error=f"cannot plan: {type(exc).__name__}: {exc}"))
+        plans.append(plan_for(registry, ctx, res))
+    report._fixable = [p.check_id for p in plans if p.actions]
     return plans, report
 
 
+def _remedy_lines(res: Result, indent: str = "  ") -> list[str]:
+    rem = res.remediation
+    if rem is None or not (rem.text or rem.commands):
+        return [f"{indent}(no remediation written: `k26-doctor explain {res.id}`)"]
+    return ([f"{indent}{rem.text}"] if rem.text else []) + [f"{indent}  $ {c}" for c in rem.commands]
+
+
 def print_plans(plans: list[CheckPlan], report: Any) -> None:
-    failing = [r for r in report.results if r.status.failed]
-    if not plans:
-        if failing:
-            click.echo(f"{len(failing)} check(s) failing, none with an automatic fix: "
-                       + ", ".join(r.id for r in failing))
-            click.echo("run `k26-doctor check` for the remediation of each.")
-        else:
-            click.echo("nothing to fix: no failing check has a fixer.")
-        return
-    for plan in plans:
+    """The fixes that change something, each with its steps; then, once per check, the remediation of
+    every failing check that nothing can change automatically (a fixer with an empty plan included)."""
+    acting = [p for p in plans if p.actions]
+    for plan in acting:
         click.echo(f"{plan.check_id}: {plan.result.summary}")
         click.echo(f"  fixer {plan.fixer_id}: {plan.title}")
-        if plan.error:
-            click.echo(f"  ! {plan.error}")
         for note in plan.notes:  # what the fixer chose not to touch, and why
             click.echo(f"  note: {note}")
-        if not plan.actions and not plan.error:
-            click.echo("  (nothing can be changed automatically; see the remediation)")
         for i, action in enumerate(plan.actions, 1):
             root = "  [needs root]" if action.needs_root else ""
             click.echo(f"  {i}. {action.summary}{root}")
             for line in action.details():
                 click.echo(f"       {line}")
+    planned = {p.check_id for p in acting}
+    by_hand = [r for r in report.results if r.id not in planned
+               and (r.status.failed or r.status is Status.WARN or r.unjudged)]
+    others = {p.check_id: p for p in plans if not p.actions}
+    if by_hand:
+        if acting:
+            click.echo("")
+        for notice in getattr(report, "notices", []) or []:
+            click.echo(f"note: {notice.summary}")
+        from doctor.report.causes import roots
+
+        root = roots(report.results, getattr(report, "notices", None))
+        click.echo(f"{len(by_hand)} check(s) nothing can change automatically; by hand:")
+        for res in by_hand:
+            if root.get(res.id) and not root[res.id].startswith("doctor."):
+                click.echo(f"{res.id}: same cause as {root[res.id]}")
+                continue
+            click.echo(f"{res.id}: {res.summary}")
+            plan = others.get(res.id)
+            if plan is not None:
+                if plan.error:
+                    click.echo(f"  ! fixer {plan.fixer_id}: {plan.error}")
+                for note in plan.notes:
+                    click.echo(f"  note: {note}")
+            for line in _remedy_lines(res):
+                click.echo(line)
+    if not acting and not by_hand:
+        click.echo("nothing to fix: every check passed.")
     click.echo("")
 
 

@@ -12,7 +12,8 @@ A ``Registry`` object collects the declarations of the modules it loads:
 Loading validates, as pluggy validates hook implementations at registration: every ``fixer=``
 names a registered fixer, every ``depends=`` a registered check, every ``needs=`` a registered
 collector. A built-in inconsistency raises ``RegistryError`` naming the module; a plugin that does
-not resolve is rejected as a whole and reported by name (the doctor keeps running). Plugins are
+not resolve is rejected as a whole and reported by name: the doctor keeps running, and a run of checks
+fails closed on it (site policy that did not load is not a pass). Plugins are
 disabled by name with ``[doctor] disable_plugins = [...]`` or ``K26_DOCTOR_DISABLE_PLUGINS=a,b``.
 """
 
@@ -25,6 +26,7 @@ import inspect
 import os
 import pkgutil
 import textwrap
+import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from types import ModuleType
@@ -213,6 +215,7 @@ class Registry:
     fixers: dict[str, Fixer] = field(default_factory=dict)
     load_errors: dict[str, str] = field(default_factory=dict)  # built-in module -> why it failed to import
     plugin_errors: list[str] = field(default_factory=list)  # "name (value): why" of rejected plugins
+    plugin_failures: dict[str, tuple[str, str]] = field(default_factory=dict)  # name -> (why, traceback)
     disabled: tuple[str, ...] = ()  # plugin names not loaded
 
     # -- adding ------------------------------------------------------------------------------------
@@ -315,8 +318,10 @@ class Registry:
                 bad = trial.problems(added)
                 if bad:
                     raise RegistryError("; ".join(bad))
-            except Exception as exc:  # a broken plugin must not take the doctor down
-                self.plugin_errors.append(f"{ep.name} ({ep.value}): {type(exc).__name__}: {exc}")
+            except Exception as exc:  # a broken plugin must not take the doctor down (the run fails closed)
+                why = f"{type(exc).__name__}: {exc}"
+                self.plugin_errors.append(f"{ep.name} ({ep.value}): {why}")
+                self.plugin_failures[ep.name] = (f"{ep.value}: {why}", traceback.format_exc())
                 continue
             self.checks, self.collectors, self.fixers = trial.checks, trial.collectors, trial.fixers
 

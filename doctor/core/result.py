@@ -64,6 +64,10 @@ class Result:
     duration_s: float = 0.0
     ignored: Status | None = None
     traceback: str | None = None
+    # Why a ``skip`` is not a verdict of its own:
+    cause: str | None = None  # the check (or notice) whose failure explains this result; shown under it
+    unjudged: bool = False  # skipped for want of facts: never a pass for launch, a failure under --strict
+    exhibit: str | None = None  # a block shown with a failure (e.g. the NVLink matrix), not only under -v
 
     # -- constructors used by checks -------------------------------------------------------
     @classmethod
@@ -86,6 +90,21 @@ class Result:
     def errored(cls, summary: str, **details: Any) -> Result:
         return cls(Status.ERROR, summary, details)
 
+    @classmethod
+    def blocked(cls, summary: str, by: str, **details: Any) -> Result:
+        """``skip`` because another check (``by``) failed and judges the cause: listed under it."""
+        res = cls(Status.SKIP, summary, details)
+        res.cause = by
+        return res
+
+    @classmethod
+    def not_judged(cls, summary: str, remediation: Remediation | str | None = None, **details: Any) -> Result:
+        """``skip`` for want of facts (not recorded, not readable, nothing to compare with): the check
+        could have judged but did not. ``launch`` refuses it and ``--strict`` fails on it."""
+        res = cls(Status.SKIP, summary, details, _remedy(remediation))
+        res.unjudged = True
+        return res
+
     def to_dict(self) -> dict[str, Any]:
         """The JSON report's result object (CONTRACT.md); extra keys only ever added."""
         out: dict[str, Any] = {
@@ -102,6 +121,10 @@ class Result:
             out["ignored"] = self.ignored.value
         if self.traceback:
             out["traceback"] = self.traceback
+        if self.cause:
+            out["cause"] = self.cause
+        if self.unjudged:
+            out["unjudged"] = True
         return out
 
 

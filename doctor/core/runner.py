@@ -76,6 +76,7 @@ def execute(chk: Check, ctx: Context, verbose: bool = False) -> Result:
     except FactUnavailable as exc:
         status = Status.SKIP if exc.status == "skip" else Status.ERROR
         res = Result(status, f"cannot judge: {exc.reason} (fact {exc.name!r})", {"fact": exc.name})
+        res.unjudged = status is Status.SKIP  # for want of facts: never a pass for the gate
     except Exception as exc:  # a crash becomes a result, flutter-doctor style
         tb = traceback.format_exc()
         res = Result.errored(f"check crashed: {type(exc).__name__}: {_one_line(str(exc))}")
@@ -97,10 +98,13 @@ def _one_line(text: str, limit: int = 300) -> str:
 
 
 def apply_ignores(res: Result, ignore: list[str]) -> Result:
-    if res.status.failed and ignore and matches(res.id, ignore):
+    """A failure (or a check not judged for want of facts) of an ignored check becomes ``warn``."""
+    if (res.status.failed or res.unjudged) and ignore and matches(res.id, ignore):
         res.ignored = res.status
         res.status = Status.WARN
-        res.summary = f"[ignored {res.ignored.value}] {res.summary}"
+        label = "not judged" if res.unjudged else res.ignored.value
+        res.unjudged = False
+        res.summary = f"[ignored {label}] {res.summary}"
     return res
 
 
@@ -114,6 +118,7 @@ def run_checks(
     settings = ctx.settings
     started = time.monotonic()
     by_id = {c.id: c for c in checks}
+    ctx.selected = frozenset(by_id)
     done: dict[str, Result] = {}
     running: dict[str, float] = {}  # id -> deadline (monotonic)
     results_q: queue.Queue[Result] = queue.Queue()
@@ -147,7 +152,7 @@ def run_checks(
                 pending.remove(chk)
                 if bad:
                     why = ", ".join(f"{d} ({(done[d].ignored or done[d].status).value})" for d in bad)
-                    finish(_stamp(Result.skipped(f"skipped: depends on {why}", depends_on=bad), chk))
+                    finish(_stamp(Result.blocked(f"skipped: depends on {why}", bad[0], depends_on=bad), chk))
                     continue
                 running[chk.id] = time.monotonic() + deadline_for(chk, settings.timeout)
                 threading.Thread(target=worker, args=(chk,), name=f"check:{chk.id}", daemon=True).start()

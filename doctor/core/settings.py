@@ -64,6 +64,69 @@ def _read_toml(path: Path, what: str) -> dict[str, Any]:
         raise ConfigError(f"{what} {path} is not valid TOML: {exc}") from None
 
 
+SCHEMA_PATH = Path(__file__).resolve().parents[1] / "data" / "config_schema.toml"
+KIND_WORDS = {"str": "a string", "bool": "true or false", "int": "an integer", "posint": "an integer >= 1",
+              "port": "a port number (1-65535)", "number": "a number >= 0", "fraction": "a number in (0, 1]",
+              "list_str": "a list of strings", "table_scalar": "a table of NAME = value (strings, numbers, booleans)",
+              "path": "a non-empty path", "spec": "a version specifier such as \"==2.11.0\""}
+
+
+def config_schema() -> dict[str, str]:
+    """Dotted key -> kind, from ``doctor/data/config_schema.toml``."""
+    return dict(_read_toml(SCHEMA_PATH, "config schema").get("keys") or {})
+
+
+def _kind_ok(kind: str, value: Any) -> bool:
+    is_int = isinstance(value, int) and not isinstance(value, bool)
+    is_num = (is_int or isinstance(value, float)) and not isinstance(value, bool)
+    if kind in ("str", "path", "spec"):
+        if not isinstance(value, str) or (kind == "path" and not value.strip()):
+            return False
+        if kind == "spec" and value:
+            from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+            try:
+                SpecifierSet(value)
+            except InvalidSpecifier:
+                return False
+        return True
+    if kind == "bool":
+        return isinstance(value, bool)
+    if kind == "int":
+        return is_int
+    if kind == "posint":
+        return is_int and value >= 1
+    if kind == "port":
+        return is_int and 1 <= value <= 65535
+    if kind == "number":
+        return is_num and value >= 0
+    if kind == "fraction":
+        return is_num and 0 < value <= 1
+    if kind == "list_str":
+        return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    if kind == "table_scalar":
+        return isinstance(value, dict) and all(isinstance(v, (str, int, float, bool)) for v in value.values())
+    return True
+
+
+def validate_profile(merged: dict[str, Any], config: dict[str, Any], config_path: str | None,
+                     profile_name: str) -> None:
+    """Every known key of the merged profile/config has a value of its kind; else ``ConfigError`` (exit 2)
+    naming the table, the key, the value and where it came from."""
+    for dotted, kind in config_schema().items():
+        node: Any = merged
+        from_config: Any = config
+        for part in dotted.split("."):
+            node = node.get(part, MISSING) if isinstance(node, dict) else MISSING
+            from_config = from_config.get(part, MISSING) if isinstance(from_config, dict) else MISSING
+        if node is MISSING or _kind_ok(kind, node):
+            continue
+        table, _, key = dotted.rpartition(".")
+        where = f"config file {config_path}" if from_config is not MISSING else f"profile {profile_name}"
+        raise ConfigError(f"invalid configuration: [{table}] {key} = {node!r} in the {where} must be "
+                          f"{KIND_WORDS.get(kind, kind)}")
+
+
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     """``over`` wins key by key; tables merge, everything else (lists too) is replaced."""
     out = copy.deepcopy(base)
@@ -118,8 +181,9 @@ class Settings:
     verbose: int = setting(0, kind="count", config=False, flag="-v/--verbose", help="Details and tracebacks.")
     from_snapshot: str | None = setting(config=False, flag="--from-snapshot",
                                         help="Judge a recorded snapshot instead of this host.")
-    patches_dir: str | None = setting(flag="--patches-dir", collect=True, help="A site directory of patch sets.")
-    state_dir: str = setting(DEFAULT_STATE_DIR, flag="--state-dir", collect=True,
+    patches_dir: str | None = setting(kind="path", flag="--patches-dir", collect=True,
+                                      help="A site directory of patch sets.")
+    state_dir: str = setting(DEFAULT_STATE_DIR, kind="path", flag="--state-dir", collect=True,
                              help="Where backups, journals and locks live.")
     verify_cache_dir: str | None = setting(collect=True)
     verify_cache: bool = setting(True, key="no_verify_cache", kind="not", config=False, collect=True,
@@ -176,11 +240,13 @@ DOCTOR_KEYS = frozenset(key_of(f) for f in setting_fields() if f.metadata["confi
 COLLECT_FIELDS = tuple(f.name for f in fields(Settings) if f.metadata.get("collect"))
 
 
-def _convert(f: Field[Any], value: Any) -> Any:
+def _convert(f: Field[Any], value: Any, source: str = "") -> Any:
     kind, name = f.metadata["kind"], key_of(f)
     if value is None:
         return None
     if kind == "path":
+        if not str(value).strip():  # an empty path given on purpose is a mistake, never "not set"
+            raise ConfigError(f"{source or name} is empty: give a path, or leave it out")
         return os.path.expanduser(str(value))
     if kind == "bool":
         return bool(value)
@@ -245,6 +311,7 @@ def resolve(flags: dict[str, Any], environ: dict[str, str] | None = None) -> Set
 
     profile_name = pick("profile", DEFAULT_PROFILE)
     profile = deep_merge(load_profile(profile_name), config)
+    validate_profile(profile, config, config_path, str(profile_name))
     values: dict[str, Any] = {}
     for f in setting_fields():
         name, kind = key_of(f), f.metadata["kind"]
@@ -268,7 +335,15 @@ def resolve(flags: dict[str, Any], environ: dict[str, str] | None = None) -> Set
                 for part in f.metadata["profile_key"].split("."):
                     node = node.get(part) if isinstance(node, dict) else None
                 default = node if node is not None else default
-            values[f.name] = _convert(f, pick(name, default))
+            value = pick(name, default)
+            if flags.get(name) not in (None, (), []):
+                source = f.metadata["flag"] or name
+            elif name in doctor_cfg:
+                source = f"[doctor] {name} in {config_path}"
+            else:
+                source = f"[{f.metadata['profile_key'].replace('.', '] ', 1)} in the profile/config" if (
+                    f.metadata["profile_key"]) else name
+            values[f.name] = _convert(f, value, source)
     values["profile_name"] = str(profile.get("name", profile_name))
     values["python_given"] = bool(pick("python"))
     values["python"] = values["python"] or sys.executable

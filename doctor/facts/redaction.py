@@ -1,4 +1,10 @@
-"""Secrets out of facts, snapshots and reports: by the words of a name, and token-shaped values."""
+"""Secrets out of facts, snapshots and reports: by the words of a name, and token-shaped values.
+
+Values are redacted wherever they are recorded or printed: a URL's userinfo
+(``http://alice:pa55word@proxy:3128`` -> ``http://<redacted>@proxy:3128``, as in HTTPS_PROXY), query
+parameters that carry credentials (``?token=``, ``sig=``, ``X-Amz-Signature=``...), token-shaped strings
+(``hf_...``, ``sk-...``), a command line's ``--api-key VALUE``, and values under secret-looking names.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +22,46 @@ LOWER_SECRET_NAMES = {"token", "hf_token", "access_token", "auth_token", "api_ke
 SECRET_VALUE = re.compile(
     r"\b(hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|AKIA[0-9A-Z]{16})\b")
 REDACTED = "<redacted>"
+# scheme://user[:password]@host: everything before the last '@' of the authority is userinfo.
+URL_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^/?#@\s'\"]+)@")
+SECRET_PARAMS = ("token", "access_token", "auth_token", "id_token", "refresh_token", "api_key", "apikey", "key",
+                 "password", "passwd", "pwd", "secret", "client_secret", "sig", "signature", "x-amz-signature",
+                 "x-amz-credential", "x-amz-security-token", "x-goog-signature", "x-goog-credential", "sas",
+                 "code", "auth", "authorization")
+QUERY_SECRET = re.compile(r"(?P<head>[?&;](?P<name>" + "|".join(re.escape(p) for p in SECRET_PARAMS)
+                          + r")=)(?P<value>[^&#\s'\"]+)", re.IGNORECASE)
+SECRET_FLAG = re.compile(r"(?P<flag>--(?:admin-)?api-key(?:=|\s+))(?P<value>(?!<redacted>)[^\s'\"]+)")
+
+
+def redact_text(text: str) -> str:
+    """Secrets inside free text: URL userinfo, credential query parameters, token-shaped values, --api-key."""
+    if not text:
+        return text
+    text = URL_USERINFO.sub(lambda m: f"{m.group('scheme')}{REDACTED}@", text)
+    text = QUERY_SECRET.sub(lambda m: f"{m.group('head')}{REDACTED}", text)
+    text = SECRET_FLAG.sub(lambda m: f"{m.group('flag')}{REDACTED}", text)
+    return SECRET_VALUE.sub(REDACTED, text)
+
+
+def redact_argv(argv: list[str]) -> list[str]:
+    """A command line with the values of secret flags (``--api-key X``, ``--api-key=X``) and URL secrets hidden."""
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            out.append(REDACTED)
+            hide_next = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name in ("--api-key", "--admin-api-key"):
+            if "=" in arg:
+                out.append(f"{name}={REDACTED}")
+            else:
+                out.append(arg)
+                hide_next = True
+            continue
+        out.append(redact_text(arg))
+    return out
 
 
 def is_secret_name(name: str) -> bool:
@@ -40,5 +86,5 @@ def redact(value: Any, key: str = "") -> Any:
     if isinstance(value, list):
         return [redact(v, key) for v in value]
     if isinstance(value, str):
-        return SECRET_VALUE.sub(REDACTED, value)
+        return redact_text(value)
     return value

@@ -11,6 +11,7 @@ from typing import Any
 from doctor.core.registry import collector
 from doctor.facts.redaction import redact
 from doctor.facts.store import CollectOptions
+from doctor.host.access import current_user, ownership
 
 
 def service_environment(opts: CollectOptions) -> dict[str, str]:
@@ -120,6 +121,9 @@ def collect_disk(opts: CollectOptions) -> dict[str, Any]:
                 "free_inodes": st.f_favail,
                 "read_only_fs": bool(st.f_flag & os.ST_RDONLY),
             })
+            if not writable:  # owner and mode: the fix is a chown/chmod, named exactly
+                entry["access"] = ownership(str(probe))
+                entry["user"] = current_user()
         except OSError as exc:
             entry["error"] = f"{exc.strerror or exc}"
         out[name] = entry

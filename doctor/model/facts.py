@@ -18,6 +18,7 @@ from typing import Any
 
 from doctor.core.registry import collector
 from doctor.facts.shape import opt
+from doctor.host.access import current_user, ownership
 from doctor.model.hashing import verify_model_hashes
 from doctor.model.modelconfig import json_data
 from doctor.model.remote_code import auto_map_refs, scan_remote_code
@@ -128,8 +129,9 @@ def describe_dir(path: str | None, *, what: str) -> dict[str, Any]:
         return out
     out["is_dir"] = True
     if not os.access(path, os.R_OK | os.X_OK):
-        out.update(error="is not readable (permissions)")
+        out.update(error="is not readable (permissions)", access=ownership(path), user=current_user())
         return out
+    out["user"] = current_user()
     out["realpath"] = os.path.realpath(path)
     out["weights"] = scan_weights(path)
     out["config"] = read_json_file(os.path.join(path, "config.json"))

@@ -11,6 +11,7 @@ Problems are reported as ``Problem(code, message)`` values, never raised: a host
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import operator
@@ -101,6 +102,8 @@ def read_header(path: str | os.PathLike[str]) -> HeaderReport:
                                 "truncated download")
             raw = fh.read(n)
     except OSError as exc:
+        if exc.errno in (errno.EACCES, errno.EPERM):  # access, not damage: a chmod, never a download
+            return rep.fail("permission", f"cannot be read: {_os_reason(exc)}")
         return rep.fail("unreadable", f"cannot be read: {_os_reason(exc)}")
     if len(raw) < n:
         return rep.fail("truncated", "file shrank while being read (still being written?)")

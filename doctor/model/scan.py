@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from itertools import repeat
 from typing import Any
 
+from doctor.host.access import ownership
 from doctor.model.forked import map_forked, workers_for
 from doctor.model.header import DTYPE_BITS, HeaderReport, Problem, read_header
 from doctor.model.index import INDEX_NAME, SINGLE_NAME, Index, cross_check, index_summary, read_index
@@ -122,6 +123,8 @@ def _scan_weights(model_dir: str, workers: int) -> dict[str, Any]:
                 rec["format"] = rep.metadata.get("format")
         if cc is not None:
             probs.extend(cc.per_shard.get(n, []))
+        if any(p.code == "permission" for p in probs):  # owner and mode, for the chmod/chown that fixes it
+            rec["access"] = ownership(st.path)
         meta = read_hf_local_metadata(model_dir, n)
         if meta:
             rec["hf_metadata"] = {k: meta.get(k) for k in ("commit", "etag", "timestamp")}

@@ -11,13 +11,20 @@ from doctor.core.result import Status
 
 
 def to_junit(report: Any) -> str:
+    """One testcase per check. A check not judged for want of facts is ``skipped`` with that reason, and a
+    ``failure`` under ``--strict`` (the run fails on it); a run with no result at all is an error case,
+    never ``tests="0"`` (which CI dashboards show as green)."""
     counts = report.counts()
+    strict = bool(getattr(report.settings, "strict", False))
+    unjudged = [r for r in report.results if r.status is Status.SKIP and r.unjudged]
+    failures = counts["fail"] + (len(unjudged) if strict else 0) + (counts["warn"] if strict else 0)
+    skipped = counts["skip"] - (len(unjudged) if strict else 0)
     suite = ET.Element("testsuite", {
         "name": f"k26-doctor.{report.settings.profile_name}",
-        "tests": str(len(report.results)),
-        "failures": str(counts["fail"]),
-        "errors": str(counts["error"]),
-        "skipped": str(counts["skip"]),
+        "tests": str(max(1, len(report.results))),
+        "failures": str(failures),
+        "errors": str(counts["error"] + (0 if report.results else 1)),
+        "skipped": str(skipped),
         "time": f"{report.outcome.duration_s:.3f}",
         "hostname": socket.gethostname(),
     })
@@ -32,12 +39,22 @@ def to_junit(report: Any) -> str:
             ET.SubElement(case, "failure", {"message": res.summary, "type": "fail"}).text = body
         elif res.status is Status.ERROR:
             ET.SubElement(case, "error", {"message": res.summary, "type": "error"}).text = body
+        elif res.status is Status.SKIP and res.unjudged and strict:
+            ET.SubElement(case, "failure", {"message": f"not judged: {res.summary}", "type": "unjudged"}).text = body
         elif res.status is Status.SKIP:
-            ET.SubElement(case, "skipped", {"message": res.summary})
+            ET.SubElement(case, "skipped", {"message": ("not judged: " if res.unjudged else "") + res.summary})
+        elif res.status is Status.WARN and strict:
+            ET.SubElement(case, "failure", {"message": res.summary, "type": "warn"}).text = body
         else:
             ET.SubElement(case, "system-out").text = f"{res.status.value.upper()}: {res.summary}\n{body}"
+    if not report.results:
+        case = ET.SubElement(suite, "testcase", {"classname": "k26doctor.doctor", "name": "doctor.selection",
+                                                 "time": "0.000"})
+        ET.SubElement(case, "error", {"message": "no check ran: nothing was judged", "type": "error"})
     ET.indent(suite)
-    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suite, encoding="unicode") + "\n"
+    from doctor.facts.redaction import redact_text
+
+    return redact_text('<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suite, encoding="unicode") + "\n")
 
 
 def _body(res: Any) -> str:

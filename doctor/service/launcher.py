@@ -157,6 +157,11 @@ def build_server_args(settings: Settings, extra: list[str] | tuple[str, ...] = (
     host = settings.get("server.host", "127.0.0.1")
     port = _number(settings, "server.port", int, 1, 65535) or 30000
     args += ["--host", str(host), "--port", str(port)]
+    api_key = settings.get("server.api_key")
+    if api_key:  # host.exposure: a server beyond loopback asks for it
+        if not isinstance(api_key, str):
+            raise ConfigError("server.api_key must be a string")
+        args += ["--api-key", api_key]
     later = _string_list(settings, "server.args") + list(extra)
     return merge_args(args, later, table)
 

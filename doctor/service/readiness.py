@@ -31,6 +31,24 @@ _DESCRIBE = {
 }
 
 
+def url_problem(url: str) -> str | None:
+    """Why ``url`` cannot be polled (an invalid invocation), or None: http(s), a host, a valid port."""
+    import urllib.parse
+
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        return f"is not a valid URL ({exc})"
+    if parts.scheme not in ("http", "https"):
+        return "is not an http:// or https:// URL (e.g. http://127.0.0.1:30000/health)"
+    if not parts.hostname:
+        return "has no host (e.g. http://127.0.0.1:30000/health)"
+    if port is not None and not 0 < port < 65536:
+        return f"has an invalid port {port}"
+    return None
+
+
 def health_url(host: str, port: int, path: str = "/health") -> str:
     """The URL to poll: a wildcard bind address is reached on loopback."""
     if host in ("", "0.0.0.0", "*"):

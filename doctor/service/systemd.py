@@ -11,11 +11,20 @@
   (the doctor's) or an argparse rejection (SGLang's), 3 a doctor that could not run; restarting
   cannot fix either. systemd tests that list against the main process only, so a failing
   ``ExecStartPre`` (exit 1: a check failed) is bounded by ``StartLimitBurst=`` instead.
+* A sandbox that a GPU server survives: a dedicated ``User=`` (``--user``, ``[server] user``, default
+  ``sglang``), ``NoNewPrivileges=``, no capabilities, ``ProtectSystem=strict`` with the caches, state and
+  logs it writes (Triton, Hugging Face, FlashInfer's JIT cache under ``CacheDirectory=``; the state
+  directory; ``LogsDirectory=``; the site's own ``TRITON_CACHE_DIR``/``HF_HOME``/... and
+  ``[server] read_write_paths``) as the only writable paths, ``PrivateTmp=``, the kernel and control
+  groups read-only, and ``DevicePolicy=closed`` with ``DeviceAllow=char-nvidia* rw`` (every NVIDIA
+  device group: /dev/nvidia*, nvidia-uvm, nvidia-caps, nvswitch). ``/dev/shm`` stays shared (NCCL),
+  and ``MemoryDenyWriteExecute=`` is not set: Triton, CUDA and torch JIT code at run time.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import shlex
 import shutil
 import sys
@@ -30,6 +39,11 @@ GRAPH_CAPTURE_S = 600  # CUDA graph capture + warm-up for every batch size, DDTr
 SMOKE_S = 120  # ExecStartPost: k26-doctor smoke's deadline
 CHECKS_S = 180  # ExecStartPre: the fast check tier with its per-check deadlines
 DEFAULT_UNIT = "sglang-k26-ddtree.service"
+DEFAULT_USER = "sglang"
+DEFAULT_STATE_DIR = "/var/lib/k26-doctor"
+SERVICE_DIR_NAME = "sglang-k26"  # CacheDirectory=, StateDirectory= and LogsDirectory= of the server
+CACHE_VARS = ("TRITON_CACHE_DIR", "HF_HOME", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "FLASHINFER_WORKSPACE_BASE",
+              "XDG_CACHE_HOME", "TORCHINDUCTOR_CACHE_DIR", "SGLANG_LOG_DIR", "TMPDIR", "HOME")
 
 
 def weights_bytes(settings: Settings) -> tuple[float, str]:
@@ -91,28 +105,175 @@ def _quote(argv: list[str]) -> str:
     return " ".join(out)
 
 
+def absolute(path: str) -> str:
+    """systemd runs commands from ``/``: a relative path given here must become the one it meant here."""
+    return os.path.abspath(os.path.expanduser(path))
+
+
 def selection_args(settings: Settings, config: str | None) -> list[str]:
-    """The flags that make ExecStartPre and ExecStart see the same host, profile and model."""
+    """The flags that make ExecStartPre and ExecStart see the same host, profile and model (paths absolute)."""
     args: list[str] = []
     if config:
-        args += ["--config", config]
-    args += ["--profile", settings.profile_name]
+        args += ["--config", absolute(config)]
+    profile = settings.profile_name
+    args += ["--profile", absolute(profile) if profile.endswith(".toml") else profile]
     if settings.python_given:
-        args += ["--python", settings.python]
+        python = settings.python
+        args += ["--python", absolute(python) if os.sep in python else python]
     if not config:  # without a config file the paths must travel as flags
         if settings.model_path:
-            args += ["--model-path", settings.model_path]
+            args += ["--model-path", absolute(settings.model_path)]
         if settings.draft_model_path:
-            args += ["--draft-model-path", settings.draft_model_path]
+            args += ["--draft-model-path", absolute(settings.draft_model_path)]
         if settings.tp != int(settings.get("parallel.tp", settings.tp) or settings.tp):
             args += ["--tp", str(settings.tp)]
+        if settings.patches_dir:
+            args += ["--patches-dir", absolute(settings.patches_dir)]
+        if settings.state_dir and settings.state_dir != DEFAULT_STATE_DIR:
+            args += ["--state-dir", absolute(settings.state_dir)]
     return args
+
+
+def service_env_values(settings: Settings) -> dict[str, str]:
+    """The cache/log variables the site sets: the profile's [server.env] and its environment file."""
+    from doctor.host.facts import parse_env_file
+
+    env = {str(k): str(v) for k, v in (settings.get("server.env", {}) or {}).items()
+           if isinstance(v, (str, int, float))}
+    env_file = settings.get("server.env_file")
+    if env_file:
+        try:
+            env.update(parse_env_file(Path(str(env_file)).read_text(encoding="utf-8", errors="replace")))
+        except OSError:
+            pass
+    return env
+
+
+def writable_paths(settings: Settings) -> list[str]:
+    """Where the service writes besides the directories systemd creates for it: the state directory, the
+    caches and logs the site points elsewhere, and ``[server] read_write_paths``."""
+    paths: list[str] = []
+    if settings.state_dir and settings.state_dir != DEFAULT_STATE_DIR:
+        paths.append(absolute(settings.state_dir))
+    env = service_env_values(settings)
+    for var in CACHE_VARS:
+        value = env.get(var)
+        if value and os.path.isabs(os.path.expanduser(value)) and var not in ("TMPDIR",):
+            paths.append(absolute(value))
+    extra = settings.get("server.read_write_paths") or []
+    paths += [absolute(p) for p in extra if isinstance(p, str) and p]
+    return list(dict.fromkeys(paths))
+
+
+def hardening_lines(settings: Settings, user: str) -> list[str]:
+    """The sandbox (see the module docstring); each line keeps the GPU server working."""
+    rw = writable_paths(settings)
+    state = "k26-doctor" if settings.state_dir in (None, DEFAULT_STATE_DIR) else ""
+    lines = [
+        "# Sandbox. The server runs as an unprivileged user on a read-only system; only its caches, state and",
+        "# logs are writable. Create the user once: useradd --system --home-dir /var/lib/sglang-k26 "
+        f"--shell /usr/sbin/nologin {user}",
+        f"User={user}",
+        "NoNewPrivileges=yes",
+        "CapabilityBoundingSet=",
+        "AmbientCapabilities=",
+        "ProtectSystem=strict",
+        "ProtectHome=read-only",
+        "PrivateTmp=yes",
+        f"StateDirectory={SERVICE_DIR_NAME}" + (f" {state}" if state else ""),
+        f"CacheDirectory={SERVICE_DIR_NAME}",
+        f"LogsDirectory={SERVICE_DIR_NAME}",
+    ]
+    if rw:
+        lines.append("# Caches, logs and state the site keeps elsewhere ('-': not an error if absent).")
+        lines.append("ReadWritePaths=" + " ".join(_quote(["-" + p]) for p in rw))
+    lines += [
+        "# HOME and the JIT caches (Triton, FlashInfer, Hugging Face) under the service's own directories;",
+        "# the EnvironmentFile below overrides them.",
+        f"Environment=HOME=%S/{SERVICE_DIR_NAME}",
+        f"Environment=TRITON_CACHE_DIR=%C/{SERVICE_DIR_NAME}/triton",
+        f"Environment=XDG_CACHE_HOME=%C/{SERVICE_DIR_NAME}",
+        f"Environment=HF_HOME=%C/{SERVICE_DIR_NAME}/huggingface",
+        f"Environment=SGLANG_LOG_DIR=%L/{SERVICE_DIR_NAME}",
+        "# CUDA needs every NVIDIA device node (/dev/nvidia*, nvidia-uvm, nvidia-caps, nvswitch); /dev/shm (NCCL)",
+        "# is a filesystem and stays shared. Triton and CUDA JIT code at run time: MemoryDenyWriteExecute is off.",
+        "DevicePolicy=closed",
+        "DeviceAllow=char-nvidia* rw",
+        "ProtectKernelTunables=yes",
+        "ProtectKernelModules=yes",
+        "ProtectKernelLogs=yes",
+        "ProtectControlGroups=yes",
+        "ProtectClock=yes",
+        "ProtectHostname=yes",
+        "RestrictSUIDSGID=yes",
+        "RestrictRealtime=yes",
+        "RestrictNamespaces=yes",
+        "LockPersonality=yes",
+        "SystemCallArchitectures=native",
+        "# Only groups no GPU server calls (NUMA binding, affinity, chown, ptrace-like calls stay allowed);",
+        "# a denied call fails with EPERM instead of killing the process.",
+        "SystemCallFilter=~@clock @cpu-emulation @module @mount @obsolete @raw-io @reboot @swap",
+        "SystemCallErrorNumber=EPERM",
+        "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK",
+        "PrivateMounts=yes",
+        "RemoveIPC=yes",
+        "KeyringMode=private",
+        "UMask=0027",
+        "# Not set, on purpose: PrivateDevices (hides the GPUs), MemoryDenyWriteExecute (Triton/CUDA JIT),",
+        "# ProtectProc=invisible (ExecStartPre's gpu.idle must see other users' GPU processes), ProcSubset=pid",
+        "# (psutil reads /proc/meminfo), PrivateNetwork (it serves HTTP).",
+    ]
+    return lines
+
+
+def blocked_for_others(path: str) -> str | None:
+    """The first directory above ``path`` that users other than its owner cannot enter (no o+x), or None.
+
+    The unit runs as its own user: a doctor or interpreter under /root (0700) would not even start."""
+    import stat as _stat
+
+    p = os.path.dirname(absolute(path))
+    while True:
+        try:
+            mode = os.stat(p).st_mode
+        except OSError:
+            return None
+        if not mode & _stat.S_IXOTH:
+            return p
+        parent = os.path.dirname(p)
+        if parent == p:
+            return None
+        p = parent
+
+
+def reachability_notes(settings: Settings, doctor: list[str], user: str) -> list[str]:
+    """What the service's user will not be able to reach: the doctor, the interpreter, the config, the model."""
+    if user == "root":
+        return []
+    paths = [("the doctor", doctor[0]), ("the service's interpreter", settings.python),
+             ("the config", settings.config_path), ("the model", settings.model_path),
+             ("the draft model", settings.draft_model_path)]
+    notes = []
+    for what, path in paths:
+        if path and os.sep in path:
+            blocked = blocked_for_others(path)
+            if blocked:
+                notes.append(f"{what} {path} is under {blocked}, which {user} cannot enter: install it where the "
+                             "service's user can read it (or pass --user)")
+    return notes
+
+
+def service_user(settings: Settings, user: str | None) -> str:
+    """``--user``, else ``[server] user``, else ``sglang``: never root by default."""
+    return user or str(settings.get("server.user") or DEFAULT_USER)
 
 
 def render_unit(settings: Settings, *, config: str | None, doctor: list[str] | None = None,
                 user: str | None = None, timeout_override: float | None = None,
-                extra: list[str] | None = None, diagnose_on_failure: bool = True, smoke: bool = False) -> str:
-    """The unit file text; ``smoke``: an ``ExecStartPost`` running ``k26-doctor smoke`` once the server is ready."""
+                extra: list[str] | None = None, diagnose_on_failure: bool = True, harden: bool = True,
+                smoke: bool = False) -> str:
+    """The unit file text; ``smoke``: an ``ExecStartPost`` running ``k26-doctor smoke`` once the server is ready;
+    ``harden``: the sandbox (``hardening_lines``)."""
     doctor = doctor or doctor_command()
     sel = selection_args(settings, config)
     timeout, why = start_timeout(settings, timeout_override)
@@ -144,7 +305,9 @@ def render_unit(settings: Settings, *, config: str | None, doctor: list[str] | N
         "Type=notify",
         "NotifyAccess=main",
     ]
-    if user:
+    if harden:
+        lines += hardening_lines(settings, service_user(settings, user))
+    elif user:
         lines.append(f"User={user}")
     if env_file:
         lines.append("# The site's pins (CUDA_VISIBLE_DEVICES, NCCL_*...): kept over the profile's [server.env].")

@@ -63,7 +63,8 @@ def judge_flags(fact: dict[str, Any], args: list[str]) -> Result:
     if fact.get("probe_error"):
         return Result.errored(f"could not ask {fact.get('python')} where sglang is: {fact['probe_error']}")
     if not fact.get("found"):
-        return Result.skipped(f"sglang is not importable from {fact.get('python')} (sglang.install judges that)")
+        return Result.blocked(f"sglang is not importable from {fact.get('python')} (sglang.install judges that)",
+                              "sglang.install")
     if "table" not in fact:
         return Result.errored(f"could not read SGLang's flags from {fact.get('package_dir')}: "
                               f"{fact.get('error', 'no flag table')}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 from typing import Any
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
@@ -28,7 +29,7 @@ def probe_failed(ctx: Any, fact: dict[str, Any], what: str) -> Result:
     return Result.failed(
         f"cannot {what} with {service_python(ctx)}: {fact.get('error') or 'the probe failed'}",
         Remediation("The service's interpreter must start and run a stdlib script; see python.venv.",
-                    [f"{service_python(ctx)} -c 'import sys; print(sys.version)'"]),
+                    [shlex.join([service_python(ctx), "-c", "import sys; print(sys.version)"])]),
         python=service_python(ctx), probe=fact)
 
 
@@ -87,7 +88,7 @@ def parse_spec(text: Any) -> SpecifierSet | None:
 
 def pip_install(ctx: Any, component: str, dist: str) -> str:
     spec = ctx.expect(f"stack.{component}") or ""
-    return f"{service_python(ctx)} -m pip install '{dist}{spec}'"
+    return shlex.join([service_python(ctx), "-m", "pip", "install", f"{dist}{spec}"])
 
 
 def is_under(path: str, root: str) -> bool:

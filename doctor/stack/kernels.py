@@ -333,7 +333,7 @@ def judge(fact: dict[str, Any], ccs: list[tuple[int, int]], where: str, driver_c
     if warns:
         return Verdict("warn", _first(warns), " ".join(dict.fromkeys(fixes)), list(dict.fromkeys(commands)), details)
     if not ccs:
-        return Verdict("skip", f"{len(pkgs)} kernel packages read; " + notes[-1], details=details)
+        return Verdict("skip", f"{len(pkgs)} kernel packages read; " + notes[-1], details=details, unjudged=True)
     files = sum(len(runtime_files(p)) for p in pkgs)
     checked = sum(len((p.get("abi") or {}).get("checked") or []) for p in fact.get("packages") or [])
     abi_text = (f"the torch symbols of {checked} libraries resolve in torch {torch_version}" if checked

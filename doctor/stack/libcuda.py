@@ -87,7 +87,7 @@ def judge(fact: dict[str, Any], gpu_names: list[str] | None) -> Verdict:
     if not res.get("loaded"):
         if not kmd.get("present"):
             return Verdict("skip", "no NVIDIA driver here: no kernel module (/proc/driver/nvidia/version) and no "
-                           "libcuda.so.1; gpu.driver judges the driver", details=details)
+                           "libcuda.so.1; gpu.driver judges the driver", details=details, cause="gpu.driver")
         return Verdict("fail", f"the NVIDIA kernel module {kmd_v or '?'} is loaded but the service's loader finds no "
                        f"libcuda.so.1: {res.get('error')}",
                        "Install the driver's user-space libraries of the same version (e.g. libnvidia-compute-"

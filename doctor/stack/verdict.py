@@ -13,3 +13,5 @@ class Verdict:
     fix: str = ""
     commands: list[str] = field(default_factory=list)
     details: dict[str, Any] = field(default_factory=dict)
+    cause: str | None = None  # a skip explained by another check's failure (Result.cause)
+    unjudged: bool = False  # a skip for want of facts (Result.unjudged)

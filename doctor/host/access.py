@@ -1,0 +1,98 @@
+"""Who may read or write a path: its owner, group and mode, and the exact chmod/chown that fixes access.
+
+Permission problems are not damage: a shard that the service's user cannot read needs a chmod or a
+chown, never a download. Facts record the owner and mode (``ownership``) next to the error; checks turn
+them into a fix that names both (``access_fix``).
+"""
+
+from __future__ import annotations
+
+import errno
+import grp
+import os
+import pwd
+import shlex
+import stat
+from typing import Any
+
+from doctor.core.result import Remediation
+
+DENIED_ERRNOS = (errno.EACCES, errno.EPERM)
+
+
+def is_denied(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in DENIED_ERRNOS
+
+
+def user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def group_name(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
+
+
+def current_user() -> dict[str, Any]:
+    """The user this process runs as (the service's user when the doctor runs as ExecStartPre)."""
+    uid, gid = os.geteuid(), os.getegid()
+    return {"user": user_name(uid), "uid": uid, "group": group_name(gid), "gid": gid}
+
+
+def ownership(path: str) -> dict[str, Any] | None:
+    """Owner, group and mode of ``path`` (not following a final symlink's target's absence), or None."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return None
+    return {"path": path, "owner": user_name(st.st_uid), "uid": st.st_uid, "group": group_name(st.st_gid),
+            "gid": st.st_gid, "mode": f"{stat.S_IMODE(st.st_mode):04o}", "perms": stat.filemode(st.st_mode),
+            "is_dir": stat.S_ISDIR(st.st_mode)}
+
+
+def describe(info: dict[str, Any]) -> str:
+    """``owned by alice:staff, mode 0600 (-rw-------)``."""
+    return f"owned by {info.get('owner')}:{info.get('group')}, mode {info.get('mode')} ({info.get('perms')})"
+
+
+def access_fix(items: list[dict[str, Any]], need: str, user: dict[str, Any] | None, *,
+               what: str = "the service") -> Remediation:
+    """The chmod (and the chown alternative) that gives ``user`` ``need`` access ("read" or "write") to
+    ``items`` (``ownership`` records). Commands are shell-quoted; nothing is downloaded or deleted."""
+    who = (user or {}).get("user") or "the service's user"
+    files = [i for i in items if not i.get("is_dir")]
+    dirs = [i for i in items if i.get("is_dir")]
+    cmds: list[str] = []
+    if need == "write":
+        # A directory that does not exist yet is created for the user (never a chown of its parent, e.g. /var).
+        create = [i["target"] for i in items if i.get("target") and i.get("target") != i["path"]]
+        owned = [i["path"] for i in items if not i.get("target") or i.get("target") == i["path"]]
+        if create:
+            cmds.append(shlex.join(["sudo", "install", "-d", "-o", who, "-m", "0750", *create]))
+        if owned:
+            cmds.append(shlex.join(["sudo", "chown", f"{who}:", *owned]))
+            cmds.append(shlex.join(["sudo", "chmod", "u+rwx", *owned]))
+        text = (f"{what.capitalize()} runs as {who} and cannot write here ("
+                + "; ".join((f"{i['target']} does not exist and " if i.get("target") and i["target"] != i["path"]
+                             else "") + f"{i['path']} is {describe(i)}" for i in items[:3])
+                + "). Give it its directory (or point the cache elsewhere in the service's environment file):")
+        return Remediation(text, cmds)
+    if dirs:
+        cmds.append(shlex.join(["sudo", "chmod", "a+rx", *[d["path"] for d in dirs]]))
+    if files:
+        cmds.append(shlex.join(["sudo", "chmod", "a+r", *[f["path"] for f in files]]))
+    cmds.append(shlex.join(["sudo", "chown", "-R", f"{who}:", *[i["path"] for i in (dirs or files)]])
+                + "    # or: make the service's user the owner")
+    text = (f"{what.capitalize()} runs as {who} and cannot read "
+            + "; ".join(f"{i['path']} ({describe(i)})" for i in items[:3])
+            + (f" and {len(items) - 3} more" if len(items) > 3 else "")
+            + ". This is a permission problem, not damage: nothing needs downloading. Grant read access:")
+    return Remediation(text, cmds)

@@ -1,0 +1,137 @@
+"""``k26-doctor env``: a short, paste-ready summary of the host for a bug report (as ``collect_env`` users
+expect): driver and CUDA, GPUs and how they are linked, the service's torch / triton / SGLang / kernel
+packages, the Linux kernel, the environment variables that matter, and the profile's verdict.
+
+A pure function of the facts of a run and its report, so it works live and from a snapshot alike;
+everything printed goes through the redaction of ``doctor.facts.redaction`` (URL credentials, tokens).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from typing import Any
+
+from doctor import __version__
+from doctor.facts.redaction import redact, redact_text
+from doctor.gpu import links
+
+PACKAGES = ("torch", "triton", "sglang", "sglang-kernel", "sgl-kernel", "flashinfer-python", "flashinfer-cubin",
+            "flashinfer-jit-cache", "nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-cuda-runtime-cu12",
+            "nvidia-cuda-runtime", "transformers", "nvidia-ml-py", "safetensors")
+ENV_PREFIXES = ("CUDA_", "NCCL_", "TRITON_", "SGLANG_", "TORCH_", "NVIDIA_", "HF_", "LD_LIBRARY_PATH", "PYTORCH_",
+                "OMP_NUM_THREADS", "HTTPS_PROXY", "HTTP_PROXY", "NO_PROXY", "https_proxy", "http_proxy")
+GIB = 1024 ** 3
+
+
+def _fact(facts: Any, name: str) -> Any:
+    """A fact this run collected (or recorded); None when it is not there: ``env`` says "not read"."""
+    try:
+        return facts.get(name)
+    except Exception:  # FactUnavailable: shown as not read, never a crash of a bug-report helper
+        return None
+
+
+def os_release() -> str:
+    try:
+        with open("/etc/os-release", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("PRETTY_NAME="):
+                    return line.split("=", 1)[1].strip().strip('"')
+    except OSError:
+        pass
+    return "unknown"
+
+
+def collect_summary(report: Any, facts: Any, live: bool) -> dict[str, Any]:
+    """The summary as data (``--format json``), redacted."""
+    s = report.settings
+    nvml = _fact(facts, "nvml") or {}
+    stack = _fact(facts, "stack") or {}
+    torch = _fact(facts, "torch_info") or {}
+    env = (_fact(facts, "env") or {}).get("vars") or {}
+    devices = [d for d in (nvml.get("devices") or []) if isinstance(d, dict)]
+    cuda_drv = nvml.get("cuda_driver_version")
+    dists = stack.get("distributions") or {}
+    py = stack.get("python") or {}
+    out: dict[str, Any] = {
+        "doctor": {"version": __version__, "profile": s.profile_name, "tp": s.tp,
+                   "from_snapshot": s.from_snapshot},
+        "host": ({"kernel": platform.release(), "machine": platform.machine(), "os": os_release(),
+                  "libc": " ".join(platform.libc_ver())} if live else {"recorded": "see the snapshot"}),
+        "driver": {"available": bool(nvml.get("available")), "version": nvml.get("driver_version"),
+                   "kernel_module": nvml.get("kernel_module_version"),
+                   "cuda": f"{cuda_drv // 1000}.{cuda_drv % 1000 // 10}" if isinstance(cuda_drv, int) else None,
+                   "error": nvml.get("error")},
+        "gpus": [{"index": d.get("index"), "name": d.get("name"),
+                  "cc": ".".join(str(x) for x in d.get("compute_capability") or []) or None,
+                  "memory_gib": round((d.get("memory") or {}).get("total", 0) / GIB, 1),
+                  "mig": (d.get("mig_mode") or {}).get("current"),
+                  "nvlinks_active": (d.get("nvlink") or {}).get("active")} for d in devices],
+        "cuda_visible_devices": env.get("CUDA_VISIBLE_DEVICES"),
+        "topology": links.matrix(nvml, devices) if len(devices) > 1 else [],
+        "python": {"service": s.python, "service_version": py.get("version"), "in_venv": py.get("in_venv"),
+                   "doctor_version": platform.python_version()},
+        "torch": {"version": torch.get("version"), "cuda": torch.get("cuda"), "arch_flags": torch.get("arch_flags"),
+                  "cuda_available": torch.get("cuda_available"), "error": torch.get("error")} if torch else None,
+        "packages": {name: (dists.get(name) or {}).get("version") for name in PACKAGES if dists.get(name)},
+        "env": {k: v for k, v in sorted(env.items()) if k.startswith(ENV_PREFIXES)},
+        "verdict": {"status": report.verdict().value, "counts": report.counts(),
+                    "failed": [r.id for r in report.results if r.status.failed],
+                    "warned": [r.id for r in report.results if r.status.value == "warn"],
+                    "unjudged": [r.id for r in report.unjudged]},
+    }
+    return redact(out)
+
+
+def render_summary(data: dict[str, Any]) -> str:
+    """The paste-ready text: one fact per line, in a fenced block."""
+    d, drv = data["doctor"], data["driver"]
+    lines = ["```", f"k26-doctor {d['version']} env (redacted)   profile {d['profile']}, TP{d['tp']}"
+             + (f", from snapshot {os.path.basename(str(d['from_snapshot']))}" if d.get("from_snapshot") else "")]
+    host = data["host"]
+    if "kernel" in host:
+        lines.append(f"OS:        {host['os']}, Linux {host['kernel']} {host['machine']}, {host['libc']}".rstrip(", "))
+    if drv["available"]:
+        lines.append(f"driver:    {drv['version']} (kernel module {drv['kernel_module'] or '?'}), "
+                     f"CUDA {drv['cuda'] or '?'}")
+    else:
+        lines.append(f"driver:    not available ({drv.get('error') or 'no NVML reading'})")
+    gpus = data["gpus"]
+    if gpus:
+        kinds: dict[str, int] = {}
+        for g in gpus:
+            key = f"{g['name']} (sm_{str(g['cc'] or '?').replace('.', '')}, {g['memory_gib']} GiB)"
+            kinds[key] = kinds.get(key, 0) + 1
+        lines.append("GPUs:      " + "; ".join(f"{n}x {k}" for k, n in kinds.items())
+                     + f"; CUDA_VISIBLE_DEVICES={data['cuda_visible_devices'] or 'unset'}")
+        mig = [str(g["index"]) for g in gpus if g.get("mig")]
+        if mig:
+            lines.append(f"MIG:       on for GPU {', '.join(mig)}")
+    else:
+        lines.append("GPUs:      none visible")
+    if data["topology"]:
+        lines.append("topology:")
+        lines.extend("  " + row for row in data["topology"] if row.strip() and not row.startswith("Legend"))
+    py = data["python"]
+    lines.append(f"python:    service {py['service']} ({py.get('service_version') or '?'}"
+                 + (", venv" if py.get("in_venv") else "") + f"); doctor {py['doctor_version']}")
+    t = data.get("torch")
+    if t and t.get("version"):
+        lines.append(f"torch:     {t['version']} (CUDA {t.get('cuda') or 'none'}, archs "
+                     f"{' '.join(t.get('arch_flags') or []) or '?'}, cuda_available={t.get('cuda_available')})")
+    elif t and t.get("error"):
+        lines.append(f"torch:     not importable ({str(t['error'])[:160]})")
+    pk = data["packages"]
+    lines.append("packages:  " + (", ".join(f"{k} {v}" for k, v in pk.items()) if pk else "none of the stack's"))
+    if data["env"]:
+        lines.append("env:       " + " ".join(f"{k}={v}" for k, v in data["env"].items()))
+    v = data["verdict"]
+    c = v["counts"]
+    lines.append(f"verdict:   {v['status'].upper()} ({c['pass']} passed, {c['warn']} warnings, {c['fail']} failed, "
+                 f"{c['skip']} skipped, {c['error']} errors)")
+    for key, label in (("failed", "failed"), ("warned", "warnings"), ("unjudged", "not judged")):
+        if v[key]:
+            lines.append(f"  {label}: {', '.join(v[key])}")
+    lines.append("```")
+    return redact_text("\n".join(lines)) + "\n"
