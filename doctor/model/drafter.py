@@ -16,27 +16,20 @@ loaded (minutes into a start), or never, judged from the two configs and the arg
 
 from __future__ import annotations
 
-import functools
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - py310
-    import tomli as tomllib
+from doctor.core.datafile import load_toml
 
 RULES_FILE = Path(__file__).resolve().parents[1] / "data" / "drafter_rules.toml"
 DFLASH_DEFAULT_BLOCK = 16  # SGLang 0.5.23 _handle_dflash: when neither the flags nor the config give one
 _SHAPE = re.compile(r"\[(\d+),\s*(\d+)\]")
 
 
-@functools.lru_cache(maxsize=2)
 def rules(path: Path = RULES_FILE) -> dict[str, Any]:
-    with open(path, "rb") as fh:
-        return tomllib.load(fh)
+    return load_toml(path)
 
 
 @dataclass

@@ -21,18 +21,13 @@ the constants are SGLang's, kept as data in ``doctor/data/sglang_memory.toml`` w
 
 from __future__ import annotations
 
-import functools
 import math
 import re
-import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - py310
-    import tomli as tomllib
+from doctor.core.datafile import load_toml
 
 DATA_FILE = Path(__file__).resolve().parents[1] / "data" / "sglang_memory.toml"
 GIB = 1024 ** 3
@@ -49,11 +44,9 @@ DRAFT_REPLICATED_PREFIXES = ("fc.",)
 DFLASH_FAMILY = ("DFLASH", "DDTREE", "DSPARK")
 
 
-@functools.lru_cache(maxsize=4)
 def constants(path: str | None = None) -> dict[str, Any]:
     """SGLang's constants (``doctor/data/sglang_memory.toml``; ``path`` only for tests)."""
-    with open(path or DATA_FILE, "rb") as fh:
-        return tomllib.load(fh)
+    return load_toml(path or DATA_FILE)
 
 
 # -- weights ----------------------------------------------------------------------------------------

@@ -12,27 +12,20 @@ service's interpreter.
 from __future__ import annotations
 
 import ast
-import functools
 import os
 import shlex
-import sys
 from pathlib import Path
 from typing import Any
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - py310
-    import tomli as tomllib
+from doctor.core.datafile import load_toml
 
 COMPAT_FILE = Path(__file__).resolve().parents[1] / "data" / "tokenizer_compat.toml"
 MAX_SOURCE_BYTES = 2 * 1024 * 1024
 MAX_FILES = 32
 
 
-@functools.lru_cache(maxsize=2)
 def compat_table(path: Path = COMPAT_FILE) -> dict[str, Any]:
-    with open(path, "rb") as fh:
-        return tomllib.load(fh)
+    return load_toml(path)
 
 
 def auto_map_refs(auto_map: Any) -> list[str]:

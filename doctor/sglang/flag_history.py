@@ -22,7 +22,6 @@ from __future__ import annotations
 import difflib
 import functools
 import json
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,10 +29,7 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - py310
-    import tomli as tomllib
+from doctor.core.datafile import load_toml
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 HISTORY_FILE = DATA / "sglang_flag_history.json"
@@ -87,10 +83,8 @@ def load_history(path: Path = HISTORY_FILE) -> FlagHistory:
                        dict(data.get("unreadable") or {}), dict(data.get("forks") or {}))
 
 
-@functools.lru_cache(maxsize=4)
 def _toml(path: Path) -> dict[str, Any]:
-    with open(path, "rb") as fh:
-        return tomllib.load(fh)
+    return load_toml(path)
 
 
 def vllm_equivalents(path: Path = VLLM_FILE) -> dict[str, dict[str, Any]]:

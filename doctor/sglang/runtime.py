@@ -9,23 +9,16 @@ so ``sglang.install`` must look further.
 
 from __future__ import annotations
 
-import functools
-import sys
 from pathlib import Path
 from typing import Any
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - py310
-    import tomli as tomllib
+from doctor.core.datafile import load_toml
 
 DATA_FILE = Path(__file__).resolve().parents[1] / "data" / "sglang_runtime.toml"
 
 
-@functools.lru_cache(maxsize=2)
 def rules(path: str | None = None) -> dict[str, Any]:
-    with open(path or DATA_FILE, "rb") as fh:
-        return tomllib.load(fh)
+    return load_toml(path or DATA_FILE)
 
 
 def runtime_problems(runtime: Any, *, algorithm: str | None, architectures: list[str] | None,

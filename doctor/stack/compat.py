@@ -7,25 +7,18 @@ pins, the kernels an SGLang release pins).
 
 from __future__ import annotations
 
-import functools
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - py310
-    import tomli as tomllib
+from doctor.core.datafile import load_toml
 
 DATA_FILE = Path(__file__).resolve().parents[1] / "data" / "compat.toml"
 
 
-@functools.lru_cache(maxsize=4)
 def load(path: str | None = None) -> dict[str, Any]:
     """The compatibility tables (cached; ``path`` only for tests)."""
-    with open(path or DATA_FILE, "rb") as fh:
-        return tomllib.load(fh)
+    return load_toml(path or DATA_FILE)
 
 
 def version_tuple(text: str | None) -> tuple[int, ...] | None:
