@@ -95,5 +95,6 @@ def test_a_doctor_that_cannot_be_loaded_is_a_clear_failure(tmp_path):
     lone = tmp_path / "probes"
     lone.mkdir(parents=True)
     shutil.copy(proc.PROBES_DIR / "kernels.py", lone / "kernels.py")
-    res = proc.run([sys.executable, str(lone / "kernels.py")], 60)
+    # -S: no site-packages, where an installed (or editable) k26-doctor would be found, as under CI.
+    res = proc.run([sys.executable, "-S", str(lone / "kernels.py")], 60)
     assert res.ok and '"ok": false' in res.stdout and "cannot load the scanner" in res.stdout
