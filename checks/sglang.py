@@ -11,6 +11,8 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
+from packaging.requirements import InvalidRequirement, Requirement
+
 from doctor.core.context import Context
 from doctor.core.registry import check
 from doctor.core.result import Remediation, Result
@@ -22,6 +24,7 @@ from doctor.sglang.runtime import runtime_problems
 from doctor.stack.judging import (
     installed_dist,
     is_under,
+    norm,
     parse_spec,
     parse_version,
     pip_install,
@@ -34,14 +37,22 @@ from doctor.stack.judging import (
 @check("sglang.install", "SGLang importable from the service's interpreter, version as the profile pins",
        needs=("stack", "sglang_import"), timeout=300)
 def sglang_install(ctx: Any) -> Result:
-    """Finds SGLang without importing it (package metadata and ``find_spec``), checks its version
-    against the profile's pin, then imports it in a child process of the service interpreter with a
-    deadline: a wheel can be installed yet unimportable because of a missing or mismatched dependency.
-    Then what the server imports at start beyond ``import sglang`` (``doctor/data/sglang_runtime.toml``,
-    each rule seen stopping a real server): FlashInfer and its JIT sources for DFLASH/DDTREE verify, the
-    CuTe DSL for Llama/Qwen-family MLPs. Finally asks whether DFlash's tree-sampling kernel is
-    available: without it SGLang silently verifies greedily (warn). Fix by hand: ``pip install
-    'sglang==<pin>'`` (and what the failure names) in the service's venv.
+    """Finds SGLang without importing it (package metadata and ``find_spec``) and checks its version against
+    the profile's pin. By default that is all from files, in the ``stack`` probe: every ``Requires-Dist`` of
+    SGLang installed (``pip check``'s rule: SGLang imports most of them lazily, so ``import sglang`` can succeed
+    while the server stops at start on a missing one; one at a version SGLang excludes warns), and what
+    the server imports at start beyond ``import sglang`` (``doctor/data/sglang_runtime.toml``, each rule seen
+    stopping a real server) found on disk: FlashInfer's ``sampling`` module and the JIT source directories
+    DFLASH/DDTREE verify compiles, the CuTe DSL for Llama/Qwen-family MLPs, and DFlash's tree-sampling kernel
+    module (without it SGLang silently verifies greedily: warn).
+
+    Importing SGLang (it imports torch: seconds to a minute) moves to ``--deep``, ``--import-sglang`` and
+    ``launch``, which sets it: a wheel can be present with every requirement yet fail to import (a
+    dependency's shared library, a mismatched build), and a start that fails there costs the ~20 minutes
+    the weights take to load, so the gate before a start pays for the real import; the systemd unit's
+    ExecStartPre passes ``--import-sglang`` for the same reason. A recording without the on-disk reading
+    is judged from its import. Fix by hand: ``pip install 'sglang==<pin>'`` (and what the failure names)
+    in the service's venv.
     """
     stack, err = stack_fact(ctx)
     if err:
@@ -71,6 +82,9 @@ def sglang_install(ctx: Any) -> Result:
     dirs = pkg.get("dirs") or []
     if loc and dirs and not any(is_under(d, loc) for d in dirs if d):
         warnings.append(f"`import sglang` would load {dirs[0]}, not the installed {loc}")
+    on_disk = stack.get("sglang_runtime")
+    if not (ctx.deep or ctx.settings.import_sglang) and isinstance(on_disk, dict):
+        return _judge_on_disk(ctx, stack, dist, on_disk, warnings, details)
     imp = ctx.fact("sglang_import")
     if not isinstance(imp, dict) or not imp.get("imported"):
         imp = imp if isinstance(imp, dict) else {}
@@ -85,9 +99,73 @@ def sglang_install(ctx: Any) -> Result:
         return Result.failed(f"sglang {ver} is installed but `import sglang` fails: {imp.get('error')}{shadow}",
                              Remediation(text, cmds), traceback_tail=imp.get("traceback_tail"), **details)
     details["import_s"] = imp.get("import_s")
-    details["dflash"] = imp.get("dflash")
     if imp.get("version") and str(imp.get("version")) != str(dist.get("version")):
         warnings.append(f"sglang.__version__ is {imp.get('version')} but the metadata says {dist.get('version')}")
+    return _judge_runtime(ctx, stack, imp.get("runtime"), imp.get("dflash"), warnings, details,
+                          f"sglang {ver} imports in {imp.get('import_s')}s from {dirs[0] if dirs else loc}",
+                          f"sglang {ver} imports")
+
+
+def _judge_on_disk(ctx: Any, stack: dict[str, Any], dist: dict[str, Any], on_disk: dict[str, Any],
+                   warnings: list[str], details: dict[str, Any]) -> Result:
+    """The default tier: SGLang's requirements and runtime dependencies from the ``stack`` fact (no import)."""
+    ver = dist.get("version")
+    missing, mismatched = _sglang_requirements(stack, dist)
+    details["requirements"] = {"missing": missing, "mismatched": mismatched}
+    if missing:
+        names = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+        shadow = f" ({'; '.join(warnings)})" if warnings else ""
+        one = len(missing) == 1
+        return Result.failed(
+            f"sglang {ver} is installed but {len(missing)} of its requirements {'is' if one else 'are'} not: "
+            f"{names} (the server imports them at start or on first use){shadow}",
+            Remediation(f"SGLang's requirement{'' if one else 's'} {names} {'is' if one else 'are'} missing: "
+                        "install SGLang with its dependencies.",
+                        [pip_install(ctx, "sglang", "sglang"),
+                         shlex.join([service_python(ctx), "-m", "pip", "check"])]),
+            **details)
+    for text in mismatched:
+        warnings.append(f"sglang {ver} requires {text}")
+    pkg = (stack.get("packages") or {}).get("sglang") or {}
+    where = (pkg.get("dirs") or [None])[0] or dist.get("location")
+    return _judge_runtime(ctx, stack, on_disk, on_disk.get("dflash"), warnings, details,
+                          f"sglang {ver} installed at {where} with its requirements (not imported: --deep and "
+                          "launch import it)", f"sglang {ver} is installed")
+
+
+def _sglang_requirements(stack: dict[str, Any], dist: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """SGLang's Requires-Dist against the installed distributions, as ``pip check`` reads them: (missing,
+    installed at a version the requirement excludes). Markers are evaluated for the service's interpreter."""
+    dists = stack.get("distributions") if isinstance(stack.get("distributions"), dict) else {}
+    env = dict((stack.get("python") or {}).get("markers") or {})
+    env["extra"] = ""
+    missing: list[str] = []
+    mismatched: list[str] = []
+    for text in dist.get("requires") or []:
+        try:
+            req = Requirement(str(text))
+        except InvalidRequirement:
+            continue
+        try:
+            if req.marker is not None and not req.marker.evaluate(env):
+                continue
+        except Exception:  # an unknown marker variable: judge the requirement anyway
+            pass
+        have = dists.get(norm(req.name))
+        named = f"{req.name}{req.specifier}"  # without the marker, already evaluated
+        if not isinstance(have, dict):
+            missing.append(named)
+            continue
+        have_v = parse_version(have.get("version"))
+        if req.specifier and (have_v is None or not req.specifier.contains(have_v, prereleases=True)):
+            mismatched.append(f"{named}, installed {have.get('version')}")
+    return missing, mismatched
+
+
+def _judge_runtime(ctx: Any, stack: dict[str, Any], runtime: Any, dflash: Any, warnings: list[str],
+                   details: dict[str, Any], summary: str, stop_prefix: str) -> Result:
+    """What the server needs at start beyond ``import sglang``, from the import or from the files alike."""
+    details["dflash"] = dflash
     jit = stack.get("sglang_jit")
     if isinstance(jit, dict):
         details["jit_nvcc"] = jit
@@ -96,21 +174,20 @@ def sglang_install(ctx: Any) -> Result:
                             f"none at {jit.get('nvcc')} (via {jit.get('found_by')}); set CUDA_HOME or install the "
                             "CUDA toolkit")
     fails, runtime_warns, runtime_cmds = runtime_problems(
-        imp.get("runtime"), algorithm=ctx.expect("server.speculative_algorithm"),
+        runtime, algorithm=ctx.expect("server.speculative_algorithm"),
         architectures=ctx.expect("model.architectures"), flashinfer_pin=ctx.expect("stack.flashinfer"))
-    details["runtime"] = imp.get("runtime")
+    details["runtime"] = runtime
     if fails:
-        return Result.failed(f"sglang {ver} imports, but the server would stop at start: " + "; ".join(fails),
+        return Result.failed(f"{stop_prefix}, but the server would stop at start: " + "; ".join(fails),
                              Remediation("Install what the server imports at start into the service's "
                                          "environment.", runtime_cmds), **details)
     warnings.extend(runtime_warns)
-    dflash = imp.get("dflash") or {}
+    dflash = dflash if isinstance(dflash, dict) else {}
     if dflash.get("available") is False:
         warnings.append("DFlash's tree-sampling kernel is unavailable: SGLang will verify greedily "
                         "(temperature sampling ignored)")
     elif dflash.get("available") is None:
         warnings.append(f"cannot tell whether DFlash's sampling kernel is available: {dflash.get('error')}")
-    summary = f"sglang {ver} imports in {imp.get('import_s')}s from {dirs[0] if dirs else loc}"
     if warnings:
         return Result.warned(summary + "; " + "; ".join(warnings), **details)
     return Result.passed(summary + "; DFlash sampling kernel available", **details)

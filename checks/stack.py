@@ -43,10 +43,13 @@ PIP_NAMES = {"torch": "torch", "triton": "triton", "sglang": "sglang", "sglang_k
 # -- cuda.compat ---------------------------------------------------------------------------------
 
 @check("cuda.compat", "Driver CUDA version vs the CUDA runtime torch was built with",
-       needs=("nvml", "torch_info"), timeout=180)
+       needs=("nvml", "stack", "torch_info"), timeout=180)
 def cuda_compat(ctx: Any) -> Result:
     """Compares the CUDA version the NVIDIA driver supports (NVML) with the CUDA runtime torch was built
-    with (``torch.version.cuda``, read in a child process).
+    with: by default ``cuda`` of ``torch/version.py``, parsed from its syntax tree in the ``stack`` probe
+    (what ``torch.version.cuda`` returns, without the seconds ``import torch`` costs); with --deep (or a
+    recording without that file's reading) torch is imported in a child process, which also tells whether
+    torch can use the GPUs at all (``torch.cuda.is_available()``: a runtime question only an import answers).
 
     A runtime newer than the driver fails at the first CUDA call ("CUDA driver version is insufficient").
     NVIDIA's rules (doctor/data/compat.toml): each toolkit release has a minimum driver (13.0 GA needs
@@ -62,7 +65,9 @@ def cuda_compat(ctx: Any) -> Result:
     if not isinstance(nvml, dict) or not nvml.get("available"):
         err = nvml.get("error") if isinstance(nvml, dict) else "no NVML fact"
         return Result.blocked(f"NVML/driver unavailable ({err}); gpu.driver judges that", "gpu.driver")
-    info = ctx.fact("torch_info")
+    info = None if ctx.deep else _torch_from_files(ctx)
+    if info is None:
+        info = ctx.fact("torch_info")
     if not isinstance(info, dict) or not info.get("ok"):
         return _torch_unusable(ctx, info if isinstance(info, dict) else {})
     runtime = info.get("cuda")
@@ -192,6 +197,28 @@ def torch_arch(ctx: Any) -> Result:
         return Result.warned(summary, "Only PTX matches: every kernel is JIT-compiled at first use; install a torch "
                              "build with cubins for this GPU.", **details)
     return Result.passed(summary, **details)
+
+
+def _torch_from_files(ctx: Any) -> dict[str, Any] | None:
+    """torch's version and CUDA build from ``torch/version.py`` (the ``stack`` fact: parsed, not imported), shaped
+    as the ``torch_info`` fact; None when the file was not read (a recording made before, a failed probe): then
+    torch_info."""
+    try:
+        stack = ctx.fact("stack")
+    except FactUnavailable:
+        return None
+    if not isinstance(stack, dict) or not stack.get("ok"):
+        return None
+    dists = stack.get("distributions") if isinstance(stack.get("distributions"), dict) else {}
+    torch = stack.get("torch") if isinstance(stack.get("torch"), dict) else {}
+    version_py = torch.get("version_py") if isinstance(torch.get("version_py"), dict) else {}
+    if "torch" not in dists and not torch:
+        return {"ok": False, "missing_module": "torch", "error": "torch is not installed"}
+    if "cuda" not in version_py:  # unread: whether it is a CUDA build is unknown, not "no"
+        return None
+    cuda = version_py.get("cuda")
+    return {"ok": True, "version": version_py.get("__version__") or (dists.get("torch") or {}).get("version"),
+            "cuda": cuda if isinstance(cuda, str) and cuda else None, "from": "torch/version.py"}
 
 
 def _torch_from_binaries(ctx: Any) -> dict[str, Any] | None:

@@ -95,7 +95,7 @@ def test_an_older_fact_without_runtime_judges_nothing_more():
 
 def test_sglang_install_fails_a_ddtree_profile_whose_flashinfer_is_missing(tmp_path):
     ctx = make_ctx(healthy_venv(), env={"PYTHONPATH": str(stack_site(tmp_path / "site"))},
-                   facts={"nvml": nvml_fact([(10, 3)])})
+                   facts={"nvml": nvml_fact([(10, 3)])}, deep=True)  # the import's answer: --deep
     ctx.facts.seed("sglang_import", {"ok": True, "imported": True, "version": "0.5.23", "import_s": 9.1,
                                      "dflash": {"available": True}, "runtime": NO_FI})
     res = run_check("sglang.install", ctx)

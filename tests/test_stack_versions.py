@@ -182,10 +182,19 @@ def sglang_site(version: str):
 
 
 def test_real_sglang_without_its_dependencies_fails_naming_the_module():
-    res = run_check("sglang.install", versions_ctx(sglang_site("0.5.23")))
+    res = run_check("sglang.install", versions_ctx(sglang_site("0.5.23"), deep=True))
     assert res.status is Status.FAIL
     assert "sglang 0.5.23 is installed but `import sglang` fails: ModuleNotFoundError" in res.summary
     assert "is missing" in res.remediation.text and "sglang==0.5.23" in shlex.split(res.remediation.commands[0])
+
+
+def test_real_sglang_without_its_dependencies_fails_naming_them_without_importing():
+    """The default tier: the same install fails from the metadata, naming the missing requirements."""
+    res = run_check("sglang.install", versions_ctx(sglang_site("0.5.23")))
+    assert res.status is Status.FAIL and "sglang 0.5.23 is installed but" in res.summary
+    assert "torch==2.14.1" in res.details["requirements"]["missing"] and "are missing" in res.remediation.text
+    assert "sglang==0.5.23" in shlex.split(res.remediation.commands[0])
+    assert "sglang_import" not in res.details and "import_s" not in res.details
 
 
 def test_real_sglang_wrong_version_fails_before_importing():
@@ -220,7 +229,7 @@ def test_sglang_not_installed(tmp_path):
     ({"available": None, "error": "RuntimeError: CUDA unavailable"}, Status.WARN, "cannot tell"),
 ])
 def test_dflash_kernel_availability(tmp_path, dflash, status, words):
-    ctx = versions_ctx(stack_site(tmp_path / "site"))
+    ctx = versions_ctx(stack_site(tmp_path / "site"), deep=True)  # the import's answer: --deep
     ctx.facts.seed("sglang_import", {"ok": True, "imported": True, "version": "0.5.23", "import_s": 9.1,
                                           "dflash": dflash})
     res = run_check("sglang.install", ctx)
@@ -232,15 +241,17 @@ def test_a_source_tree_shadowing_the_installed_sglang_is_named(tmp_path):
     (shadow / "sglang").mkdir(parents=True)
     (shadow / "sglang" / "__init__.py").write_text("raise ImportError('stale checkout')\n")
     site = stack_site(tmp_path / "site")
-    res = run_check("sglang.install", versions_ctx(f"{shadow}:{site}"))
+    res = run_check("sglang.install", versions_ctx(f"{shadow}:{site}", deep=True))  # imported: the checkout raises
     assert res.status is Status.FAIL and "stale checkout" in res.summary
     assert f"would load {shadow / 'sglang'}, not the installed {site}" in res.summary
+    res = run_check("sglang.install", versions_ctx(f"{shadow}:{site}"))  # from files: fails too, naming the checkout
+    assert res.status is Status.FAIL and f"would load {shadow / 'sglang'}, not the installed {site}" in res.summary
 
 
 def test_sglang_jit_kernels_without_nvcc_warn():
     site = sglang_site("0.5.23")  # has sglang/kernels/jit: DFlash tree sampling is JIT-built with nvcc
     ctx = make_ctx(healthy_venv(), env={"PYTHONPATH": str(site), "CUDA_HOME": "/nonexistent/cuda"},
-                   facts={"nvml": nvml_fact([(10, 3)])})
+                   facts={"nvml": nvml_fact([(10, 3)])}, deep=True)
     ctx.facts.seed("sglang_import", {"ok": True, "imported": True, "version": "0.5.23", "import_s": 9.1,
                                           "dflash": {"available": True}})
     res = run_check("sglang.install", ctx)

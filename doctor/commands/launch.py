@@ -107,6 +107,8 @@ def launch(flags: dict[str, Any], dry_run: bool, no_check: bool, no_flag_check: 
     settings = settings_from(flags)
     if settings.wait_fabric is None:  # the gate waits for fabric registration as the profile says
         settings.wait_fabric = settings.fabric_wait_s
+    # The gate imports SGLang for real (sglang.install): a start that fails at the import costs the weights' load.
+    settings.import_sglang = True
     if settings.from_snapshot:
         _say("cannot launch from a snapshot (it judges another host)")
         sys.exit(EXIT_USAGE)

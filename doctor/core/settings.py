@@ -176,6 +176,8 @@ class Settings:
                                 help="Report a failure of this check as warn (repeatable).")
     deep: bool = setting(False, kind="bool", flag="--deep", collect=True,
                          help="Add the slow checks (hashing, bandwidth).")
+    import_sglang: bool = setting(False, kind="bool", flag="--import-sglang", help=(
+        "sglang.install imports SGLang for real, as --deep does (launch and the systemd unit always do)."))
     strict: bool = setting(False, kind="bool", flag="--strict", help="Warnings fail too.")
     timeout: float | None = setting(kind="posfloat", flag="--timeout", help="Deadline per check, seconds.")
     verbose: int = setting(0, kind="count", config=False, flag="-v/--verbose", help="Details and tracebacks.")

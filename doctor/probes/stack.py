@@ -6,6 +6,7 @@ package locations from ``importlib.util.find_spec`` on top-level names (which on
 ``sys.path`` and executes nothing) and from plain file reads. Prints one JSON object.
 """
 
+import ast
 import json
 import os
 import platform
@@ -19,7 +20,7 @@ try:
     from importlib import metadata
 except ImportError:  # pragma: no cover - Python < 3.8 is not supported by the service anyway
     metadata = None
-from importlib import util
+from importlib import machinery, util
 
 # Distributions whose requirements matter to stack.versions (normalized names).
 STACK = {"torch", "triton", "sglang", "sglang-kernel", "sgl-kernel", "flashinfer-python", "flashinfer-cubin",
@@ -205,13 +206,44 @@ def torch_facts(pkgs):
     ptxas = os.path.join(root, "bin", "ptxas")
     if os.path.isfile(ptxas):
         out["ptxas"] = ptxas
-    # torch/version.py holds `cuda = '13.0'` and `__version__ = '2.11.0+cu130'`: read, not imported.
-    text = _read(os.path.join(root, "version.py")) or ""
-    for key in ("__version__", "cuda", "git_version"):
-        m = re.search(rf"^{re.escape(key)}\s*(?::[^=]*)?=\s*(?:'([^']*)'|\"([^\"]*)\"|None)", text, re.M)
-        if m:
-            out["version_py"][key] = m.group(1) if m.group(1) is not None else m.group(2)
+    # torch/version.py holds `cuda: Optional[str] = '13.0'` and `__version__ = '2.11.0+cu130'`: parsed, never
+    # imported (importing torch costs seconds; this is what torch.version.cuda would say).
+    text = _read(os.path.join(root, "version.py"))
+    if text is None:
+        out["version_py_error"] = "torch/version.py is missing or unreadable"
+    else:
+        values, error = version_py(text)
+        out["version_py"] = values
+        if error:
+            out["version_py_error"] = error
     return out
+
+
+VERSION_KEYS = ("__version__", "cuda", "hip", "git_version")
+
+
+def version_py(text):
+    """The string (or None) constants of torch/version.py, from its syntax tree: ({name: value}, error).
+
+    A name assigned anything but a string or None (an expression torch never writes) is left out, so the
+    caller cannot mistake it for "no CUDA"."""
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError) as exc:
+        return {}, f"torch/version.py does not parse: {exc}"
+    values = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            target, value = node.target, node.value
+        else:
+            continue
+        if not isinstance(target, ast.Name) or target.id not in VERSION_KEYS:
+            continue
+        if isinstance(value, ast.Constant) and (value.value is None or isinstance(value.value, str)):
+            values[target.id] = value.value
+    return values, None
 
 
 def nvidia_ptxas(pkgs):
@@ -257,7 +289,86 @@ def _read(path, limit=2000000):
         return None
 
 
+def find_module(dotted):
+    """Where ``import dotted`` would load from, executing nothing: the top-level package by
+    ``find_spec`` (which only searches ``sys.path``), then each submodule in its parent's directories as
+    the path finder looks (a package directory with ``__init__``, a module file, else a namespace
+    portion). ``find_spec("a.b")`` itself would import ``a``, which for FlashInfer means torch."""
+    parts = dotted.split(".")
+    try:
+        spec = util.find_spec(parts[0])
+    except (ImportError, ValueError) as exc:  # a broken finder (.pth hook) is reported, not raised
+        return {"found": False, "error": f"{type(exc).__name__}: {exc}"}
+    if spec is None:
+        return {"found": False, "error": f"ModuleNotFoundError: No module named {parts[0]!r}"}
+    dirs = list(spec.submodule_search_locations or [])
+    out = {"found": False, "package_dir": dirs[0] if dirs else None}
+    where = spec.origin
+    suffixes = machinery.all_suffixes()
+    for i, part in enumerate(parts[1:], 1):
+        if not dirs:
+            out["error"] = (f"ModuleNotFoundError: No module named {'.'.join(parts[:i + 1])!r}; "
+                            f"{'.'.join(parts[:i])!r} is not a package")
+            return out
+        where, portions = None, []
+        for d in dirs:
+            pkg = os.path.join(d, part)
+            init = [f for f in (os.path.join(pkg, "__init__" + x) for x in suffixes) if os.path.isfile(f)]
+            if init:
+                where, portions = init[0], [pkg]
+                break
+            mod = [f for f in (os.path.join(d, part + x) for x in suffixes) if os.path.isfile(f)]
+            if mod:
+                where, portions = mod[0], []
+                break
+            if os.path.isdir(pkg):
+                portions.append(pkg)  # a namespace portion: used only if nothing else is found
+        if where is None and not portions:
+            out["error"] = f"ModuleNotFoundError: No module named {'.'.join(parts[:i + 1])!r}"
+            return out
+        where, dirs = where or portions[0], portions
+    out["found"] = True
+    out["file"] = where
+    return out
+
+
+def sglang_runtime(pkgs, rules):
+    """What a server imports at start beyond ``import sglang`` (doctor/data/sglang_runtime.toml, passed as
+    ``rules``), found on disk: each rule's module (and the directories FlashInfer's JIT compiles from),
+    and the files DFlash's sampling verify needs. Nothing is imported; ``--deep`` imports for real."""
+    root = package_dir(pkgs, "sglang")
+    if root is None or not isinstance(rules, dict):
+        return None
+    out = {"from": "files"}
+    for name, rule in sorted((rules.get("modules") or {}).items()):
+        found = find_module(rule["module"])
+        found["module"] = rule["module"]
+        top = found.get("package_dir")
+        if rule.get("dirs") and top:
+            found["jit_dirs"] = {d: os.path.isdir(os.path.join(top, d)) for d in rule["dirs"]}
+        out[name] = found
+    dflash = rules.get("dflash")
+    if isinstance(dflash, dict):
+        files = {k: os.path.isfile(os.path.join(root, v)) for k, v in sorted(dflash.items())}
+        entry = {"module": "sglang.srt.speculative.dflash_utils", "files": files}
+        if not files.get("utils"):
+            entry.update(available=None, error=f"this SGLang has no {dflash.get('utils')}")
+        elif not files.get("selector"):
+            entry.update(available=None, error=(f"no {dflash.get('selector')}: the kernel's layout is unknown to "
+                                                  "this doctor (--deep imports SGLang to ask)"))
+        else:
+            entry["available"] = bool(files.get("kernel"))
+        out["dflash"] = entry
+    return out
+
+
 def main():
+    rules = None
+    if len(sys.argv) > 2 and sys.argv[1] == "--sglang-runtime":
+        try:
+            rules = json.loads(sys.argv[2])
+        except ValueError:
+            rules = None
     pkgs = packages()
     dists, duplicates, errors = distributions()
     doc = {
@@ -271,6 +382,7 @@ def main():
         "torch": torch_facts(pkgs),
         "nvidia_ptxas": nvidia_ptxas(pkgs),
         "sglang_jit": sglang_jit(pkgs),
+        "sglang_runtime": sglang_runtime(pkgs, rules),
         "env": {k: os.environ.get(k) for k in ENV_KEYS if os.environ.get(k) is not None},
     }
     sys.stdout.write(json.dumps(doc) + "\n")

@@ -1,6 +1,7 @@
 """The systemd unit of the service: checked before every start, ready only when SGLang answers.
 
-* ``ExecStartPre=`` runs ``k26-doctor check`` (fast tier: no ``--deep``) with the same config and
+* ``ExecStartPre=`` runs ``k26-doctor check --import-sglang`` (fast tier: no ``--deep``, but SGLang is
+  imported for real, as ``launch``'s own gate does) with the same config and
   profile, so a host that cannot serve never starts the server; it first waits (``--wait-fabric``,
   the profile's ``[gpu] fabric_wait_s``) for the NVSwitch fabric, which registers minutes after boot.
 * ``ExecStart=`` runs ``k26-doctor launch --no-check --wait``: no second check run (the flag check
@@ -279,7 +280,8 @@ def render_unit(settings: Settings, *, config: str | None, doctor: list[str] | N
     timeout, why = start_timeout(settings, timeout_override)
     unit = str(settings.get("server.unit", DEFAULT_UNIT))
     env_file = settings.get("server.env_file")
-    pre = [*doctor, "check", *sel, "--format", "text"]
+    # --import-sglang: the fast tier finds SGLang's files; before a start, `import sglang` is worth its seconds.
+    pre = [*doctor, "check", *sel, "--import-sglang", "--format", "text"]
     if fabric_wait(settings):  # after boot the fabric takes minutes to register: wait, bounded, then judge
         pre += ["--wait-fabric", f"{fabric_wait(settings):g}"]
     # The doctor gives up (and stops the server, exit 1) just before systemd would kill it: a clear

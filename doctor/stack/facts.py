@@ -3,10 +3,13 @@
 Everything that needs the service's interpreter runs as a probe under it (``doctor/probes``), with
 a deadline; nothing here imports torch, triton or sglang. Facts (all JSON):
 
-* ``stack``: interpreter facts, installed distributions, package locations (probe ``stack``).
+* ``stack``: interpreter facts, installed distributions, package locations, torch/version.py's constants, what
+  SGLang's server imports at start found on disk (probe ``stack``; nothing imported).
 * ``triton_build``: a Triton-style C extension build and load (probe ``cbuild``).
-* ``torch_info``: torch's CUDA runtime and compiled targets (probe ``torch_info``; ``--deep`` matmul).
-* ``sglang_import``: SGLang imported for real, DFlash kernel availability (probe ``sglang_import``).
+* ``torch_info``: torch imported: its CUDA runtime and compiled targets (probe ``torch_info``; ``--deep`` matmul);
+  read by cuda.compat and torch.arch only under ``--deep`` or when a recording lacks the file facts.
+* ``sglang_import``: SGLang imported for real, DFlash kernel availability (probe ``sglang_import``; ``--deep``,
+  ``launch``, or a recording without ``stack``'s ``sglang_runtime``).
 * ``ptxas``: every ptxas Triton could use, its CUDA release and the targets it accepts.
 * ``kernels``: every package's GPU code (SASS/PTX) and libtorch ABI, read from the files (probe ``kernels``).
 * ``libcuda``: the libcuda.so.1 the service's loader resolves, the kernel module's version (probe ``libcuda``).

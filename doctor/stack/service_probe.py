@@ -7,12 +7,14 @@ probe once per run for every fact that shares it (stack, ptxas).
 
 from __future__ import annotations
 
+import json
 import threading
 from typing import Any
 
 from doctor.core import proc
 from doctor.facts.store import CollectOptions
 from doctor.host.facts import service_env
+from doctor.sglang.runtime import probe_rules
 
 STACK_PROBE_TIMEOUT = 30.0
 _memo_lock = threading.Lock()
@@ -28,12 +30,14 @@ def probe_service(opts: CollectOptions, probe: str, args: list[str], timeout: fl
 
 
 def stack_probe(opts: CollectOptions) -> dict[str, Any]:
-    """The ``stack`` probe's result, run once per run (cached on ``opts``) for the facts that share it."""
+    """The ``stack`` probe's result, run once per run (cached on ``opts``) for the facts that share it; it
+    also finds on disk what SGLang's server imports at start (``doctor/data/sglang_runtime.toml``)."""
     with _memo_lock:
         cell = opts.__dict__.setdefault("_k26_stack_probe", {"lock": threading.Lock()})
     with cell["lock"]:
         if "value" not in cell:
-            cell["value"] = probe_service(opts, "stack", [], STACK_PROBE_TIMEOUT)
+            cell["value"] = probe_service(opts, "stack", ["--sglang-runtime", json.dumps(probe_rules())],
+                                          STACK_PROBE_TIMEOUT)
         return cell["value"]
 
 
