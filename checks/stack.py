@@ -307,8 +307,9 @@ def cuda_libcuda(ctx: Any) -> Result:
     file name), against the kernel module's (``/proc/driver/nvidia/version``); ``cuInit`` says what the
     driver itself thinks. A different version is error 803 (a container's loader cache or an
     LD_LIBRARY_PATH entry); a newer one is CUDA forward compatibility, which only data center GPUs
-    support (804 elsewhere). Fix by hand: the LD_LIBRARY_PATH value or ld.so.conf line the remediation
-    names, then ``ldconfig``.
+    support (804 elsewhere). The CUDA toolkit's link stub (``lib64/stubs``, cuInit 34) on the path fails,
+    as does any cuInit error from the right library (no device nodes, nvidia-uvm missing). Fix by hand: the
+    LD_LIBRARY_PATH value or ld.so.conf line the remediation names, then ``ldconfig``.
     """
     fact = ctx.fact("libcuda")
     if not isinstance(fact, dict) or not fact.get("ok"):

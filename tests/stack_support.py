@@ -123,6 +123,19 @@ def fake_libcuda(version: str, cuda: int = 13000, cuinit_rc: int = 0) -> Path:
     return d
 
 
+@functools.cache
+def fake_libcuda_stub(cuinit_rc: int = 34) -> Path:
+    """For cuda.libcuda: the CUDA toolkit's link stub as it ends up on a service's path, ``.../lib64/stubs/``
+    holding libcuda.so.1 with no version in its name, whose cuInit returns 34 (CUDA_ERROR_STUB_LIBRARY)."""
+    d = workdir() / f"cuda-13.0-{cuinit_rc}" / "lib64" / "stubs"
+    d.mkdir(parents=True)
+    (d / "cuda.c").write_text(LIBCUDA_C)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-DCUDA_VERSION=13000",
+                    f"-DCUINIT_RC={cuinit_rc}", "-o", str(d / "libcuda.so.1"), str(d / "cuda.c")],
+                   check=True, timeout=60)
+    return d
+
+
 def write_dist(site: Path, name: str, version: str, requires: list[str] = (), top_level: str | None = None,
                metadata: str | None = None) -> None:
     """A real ``.dist-info`` (METADATA, RECORD, INSTALLER) and, if asked, an empty top-level package."""

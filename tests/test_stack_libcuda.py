@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from stack_support import fake_libcuda
+from stack_support import fake_libcuda, fake_libcuda_stub
 
 from doctor.core import proc
 from doctor.stack.libcuda import datacenter_gpu, judge
@@ -79,6 +79,45 @@ def test_cuinit_saying_804_is_believed(tmp_path):
     assert fact["resolved"]["cu_init"] == 804
     v = judge(fact, ["NVIDIA H200"])
     assert v.status == "fail" and "error 804" in v.summary
+
+
+def test_the_toolkits_link_stub_first_on_the_path_fails_with_the_exact_fix(tmp_path):
+    """As on the lent H200 (bench/results/h200x1-device-session): /usr/local/cuda/lib64/stubs/libcuda.so first
+    on LD_LIBRARY_PATH. The loader takes it; cuInit answers 34; the driver's own libcuda is further down."""
+    stub, right = fake_libcuda_stub(), fake_libcuda(KMD)
+    fact = run([stub, right], proc_version(tmp_path))
+    assert fact["resolved"]["path"] == f"{stub}/libcuda.so.1" and fact["resolved"]["version"] is None
+    assert fact["resolved"]["cu_init"] == 34
+    v = judge(fact, ["NVIDIA H200"])
+    assert v.status == "fail" and "link stub" in v.summary and f"LD_LIBRARY_PATH entry {stub}" in v.summary
+    assert "34 (CUDA_ERROR_STUB_LIBRARY" in v.summary
+    assert v.commands == [f"export LD_LIBRARY_PATH={right}"] and f"{right}/libcuda.so.1" in v.fix
+
+
+def test_the_link_stub_is_known_by_its_directory_without_cuinit(tmp_path):
+    fact = run([fake_libcuda_stub()], proc_version(tmp_path), "--no-init")
+    assert "cu_init" not in fact["resolved"]
+    v = judge(fact, ["NVIDIA H200"])
+    assert v.status == "fail" and "link stub" in v.summary and "cuInit returned" not in v.summary
+
+
+def test_an_unversioned_libcuda_whose_cuinit_fails_fails(tmp_path):
+    fact = run([fake_libcuda_stub(cuinit_rc=999)], proc_version(tmp_path))
+    fact["resolved"]["path"] = fact["resolved"]["realpath"] = "/opt/vendor/lib/libcuda.so.1"  # not under stubs/
+    v = judge(fact, ["NVIDIA H200"])
+    assert v.status == "fail" and "carries no driver version" in v.summary and "999 (CUDA_ERROR_UNKNOWN" in v.summary
+    fact["resolved"]["cu_init"] = 0
+    assert judge(fact, ["NVIDIA H200"]).status == "warn"
+
+
+@pytest.mark.parametrize(("rc", "name"), [(100, "CUDA_ERROR_NO_DEVICE"), (304, "CUDA_ERROR_OPERATING_SYSTEM"),
+                                          (12345, None)])
+def test_the_right_libcuda_whose_cuinit_fails_is_no_pass(tmp_path, rc, name):
+    fact = run([fake_libcuda(KMD, cuinit_rc=rc)], proc_version(tmp_path))
+    v = judge(fact, ["NVIDIA H200"])
+    assert v.status == "fail" and f"matches the kernel module {KMD}, but cuInit returned {rc}" in v.summary
+    assert (name or "(") in v.summary if name else f"returned {rc}" in v.summary
+    assert "ls -l /dev/nvidia*" in v.commands
 
 
 def test_no_init_flag_skips_cuinit(tmp_path):

@@ -26,8 +26,24 @@ from typing import Any
 from doctor.stack import compat
 from doctor.stack.verdict import Verdict
 
+ERR_STUB = 34
 ERR_MISMATCH = 803
 ERR_COMPAT_UNSUPPORTED = 804
+
+
+def cuinit_error(code: Any) -> str:
+    """``cuInit``'s return code as CUDA names it, with what it means here (doctor/data/compat.toml)."""
+    name, meaning = (compat.load().get("cuinit_errors", {}).get(str(code)) or [None, None])[:2]
+    return f"{code} ({name}: {meaning})" if name else f"{code}"
+
+
+def is_stub(path: str | None, cu_init: Any) -> bool:
+    """The toolkit's link stub (``.../lib64/stubs/libcuda.so``): links programs, runs nothing. Found by cuInit's
+    own answer (34) or, when cuInit was not run, by the directory it comes from."""
+    if cu_init == ERR_STUB:
+        return True
+    return bool(path) and any(os.path.basename(d) == "stubs" for d in
+                              (os.path.dirname(str(path)), os.path.dirname(os.path.realpath(str(path)))))
 
 
 def datacenter_gpu(name: str) -> bool | None:
@@ -93,7 +109,23 @@ def judge(fact: dict[str, Any], gpu_names: list[str] | None) -> Verdict:
                        "Install the driver's user-space libraries of the same version (e.g. libnvidia-compute-"
                        f"{(kmd_v or 'BRANCH').split('.')[0]}), or make their directory known to the loader.",
                        ["ldconfig -p | grep libcuda", "cat /proc/driver/nvidia/version"], details)
+    if is_stub(path, cu_init):
+        origin, fix, commands = _where(fact, str(path))
+        details["origin"] = origin
+        if matching:
+            fix += f" The libcuda matching the kernel module is {matching[0]}."
+        return Verdict("fail", f"the service loads the CUDA toolkit's link stub {path} (via {origin}), not the "
+                       "driver's libcuda: every CUDA call fails"
+                       + (f"; cuInit returned {cuinit_error(cu_init)}" if cu_init not in (None, 0) else ""),
+                       fix + " The stub belongs on a build's link path (-L), never on a service's library path.",
+                       commands, details)
     if not lib_v:
+        if cu_init not in (None, 0):
+            origin, fix, commands = _where(fact, str(path))
+            details["origin"] = origin
+            return Verdict("fail", f"the service loads {path or 'a libcuda.so.1'} (via {origin}), whose file name "
+                           f"carries no driver version, and cuInit returned {cuinit_error(cu_init)}", fix, commands,
+                           details)
         return Verdict("warn", f"the service loads {path or 'a libcuda.so.1'} whose file name carries no driver "
                        f"version; cannot compare it with the kernel module {kmd_v or '?'}", details=details)
     origin, fix, commands = _where(fact, str(path))
@@ -109,6 +141,11 @@ def judge(fact: dict[str, Any], gpu_names: list[str] | None) -> Verdict:
                      if c.get("version") and c.get("version") != kmd_v})
     details["other_versions"] = others
     summary = f"libcuda.so.1 -> {path} ({lib_v}) matches the kernel module {kmd_v}"
+    if cu_init not in (None, 0):
+        return Verdict("fail", summary + f", but cuInit returned {cuinit_error(cu_init)}",
+                       "The library is the right one; the driver itself refuses: check the device nodes the service "
+                       "sees, the nvidia-uvm module and the GPUs' state (gpu.driver, gpu.health).",
+                       ["ls -l /dev/nvidia*", "lsmod | grep -E '^nvidia(_uvm)? '", "nvidia-smi"], details)
     if others:
         return Verdict("warn", summary + f"; other libcuda on the search path: {', '.join(others)}",
                        "Not loaded now, but a change of LD_LIBRARY_PATH or the loader cache would pick them up.",
