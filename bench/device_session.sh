@@ -49,7 +49,9 @@ step "3. stack.kernels over the image's torch (GPU code and libtorch ABI of ever
 time timeout 40 "$PY" -m doctor check --profile h200-tp8 --tp 1 --python "$PY" --only stack.kernels -v 2>&1 | tail -25
 
 step "4. default tier against import torch, in one run (bench/bench_default_tier.py)"
-wait $UNPACK; cat /tmp/unpack.txt; ls $SITE/.unpacked-site
+# (the unpacking runs outside this group's subshell: wait for its marker, not its pid)
+for _ in $(seq 60); do [ -e $SITE/.unpacked-site ] || ! kill -0 $UNPACK 2>/dev/null && break; sleep 1; done
+cat /tmp/unpack.txt; ls $SITE/.unpacked-site
 timeout 90 env PYTHONPATH=$PWD:$SITE "$PY" bench/bench_default_tier.py --python "$PY" --profile h200-tp8 --tp 1 \
   --runs 3 > "$OUTDIR/default-tier.json" 2> "$OUTDIR/default-tier.err"; echo "rc=$?"
 "$PY" -c 'import json, sys

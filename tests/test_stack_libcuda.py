@@ -188,3 +188,19 @@ def test_loader_cache_origin_names_the_conf_file_and_ldconfig(tmp_path):
     ("NVIDIA RTX PRO 6000 Blackwell Workstation Edition", False), ("NVIDIA Mystery 9000", None)])
 def test_forward_compatibility_table(name, supported):
     assert datacenter_gpu(name) is supported
+
+
+def test_unused_forward_compatibility_directories_do_not_warn(tmp_path):
+    """Every CUDA container image ships /usr/local/cuda/compat (on the lent H200: 580.95.05 beside a 580.159.04
+    driver); unused, it is listed in the details, not warned about. On LD_LIBRARY_PATH it would be loaded."""
+    right = fake_libcuda(KMD)
+    fact = run([right], proc_version(tmp_path))
+    fact["compat_dirs"] = [{"path": "/usr/local/cuda/compat/libcuda.so.1", "version": "580.95.05",
+                            "realpath": "/usr/local/cuda-13.0/compat/libcuda.so.580.95.05", "exists": True,
+                            "dir": "/usr/local/cuda/compat"}]
+    v = judge(fact, ["NVIDIA H200"])
+    assert v.status == "pass" and v.details["compat_dirs"] == fact["compat_dirs"]
+    older = fake_libcuda("570.86.10", cuda=12080)
+    fact = run([right, older], proc_version(tmp_path))
+    v = judge(fact, ["NVIDIA H200"])
+    assert v.status == "warn" and f"{older}/libcuda.so.1 (570.86.10)" in v.summary

@@ -137,7 +137,10 @@ def judge(fact: dict[str, Any], gpu_names: list[str] | None) -> Verdict:
     if not kmd_v:
         return Verdict("warn", f"the service loads libcuda {lib_v} ({path}); the kernel module's version is unreadable "
                        f"({kmd.get('error') or kmd.get('text') or 'no version'})", details=details)
-    others = sorted({f"{c.get('path')} ({c.get('version')})" for c in _candidates(fact)
+    # Only what the loader could pick up: LD_LIBRARY_PATH and the loader cache. The forward-compatibility
+    # directories ship in every CUDA container image (/usr/local/cuda/compat) and stay unused until named.
+    others = sorted({f"{c.get('path')} ({c.get('version')})" for c in _candidates(fact, ("ld_library_path_candidates",
+                                                                                         "ldconfig"))
                      if c.get("version") and c.get("version") != kmd_v})
     details["other_versions"] = others
     summary = f"libcuda.so.1 -> {path} ({lib_v}) matches the kernel module {kmd_v}"
@@ -153,9 +156,9 @@ def judge(fact: dict[str, Any], gpu_names: list[str] | None) -> Verdict:
     return Verdict("pass", summary, details=details)
 
 
-def _candidates(fact: dict[str, Any]) -> list[dict[str, Any]]:
-    return [c for key in ("ld_library_path_candidates", "ldconfig", "compat_dirs") for c in fact.get(key) or []
-            if isinstance(c, dict)]
+def _candidates(fact: dict[str, Any], keys: tuple[str, ...] = ("ld_library_path_candidates", "ldconfig",
+                                                                 "compat_dirs")) -> list[dict[str, Any]]:
+    return [c for key in keys for c in fact.get(key) or [] if isinstance(c, dict)]
 
 
 def _mismatch(kmd_v: str | None, lib_v: str, path: str, origin: str, cu_init: Any, gpu_names: list[str] | None,
