@@ -20,7 +20,7 @@ from doctor.core.settings import ConfigError
 from doctor.service.launcher import build_server_args
 from doctor.sglang.flags import judge_flags
 from doctor.sglang.patching.status import APPLIED, DRIFTED, MISSING, PARTIAL, PRISTINE, evaluate
-from doctor.sglang.runtime import runtime_problems
+from doctor.sglang.runtime import flashinfer_jit_problems, runtime_problems
 from doctor.stack.judging import (
     installed_dist,
     is_under,
@@ -173,10 +173,21 @@ def _judge_runtime(ctx: Any, stack: dict[str, Any], runtime: Any, dflash: Any, w
             warnings.append(f"SGLang builds its JIT kernels (DFlash tree sampling among them) with nvcc at first use: "
                             f"none at {jit.get('nvcc')} (via {jit.get('found_by')}); set CUDA_HOME or install the "
                             "CUDA toolkit")
+    algorithm = ctx.expect("server.speculative_algorithm")
     fails, runtime_warns, runtime_cmds = runtime_problems(
-        runtime, algorithm=ctx.expect("server.speculative_algorithm"),
+        runtime, algorithm=algorithm,
         architectures=ctx.expect("model.architectures"), flashinfer_pin=ctx.expect("stack.flashinfer"))
     details["runtime"] = runtime
+    fi_jit = stack.get("flashinfer_jit")
+    if isinstance(fi_jit, dict):
+        details["flashinfer_jit"] = fi_jit
+        torch_cuda = ((stack.get("torch") or {}).get("version_py") or {}).get("cuda")
+        jit_fails, jit_cmds, jit_note = flashinfer_jit_problems(
+            fi_jit, stack.get("distributions"), algorithm=algorithm,
+            compute_capability=ctx.expect("gpu.compute_capability"), torch_cuda=torch_cuda)
+        fails, runtime_cmds = fails + jit_fails, runtime_cmds + jit_cmds
+        if jit_note:
+            summary += "; " + jit_note
     if fails:
         return Result.failed(f"{stop_prefix}, but the server would stop at start: " + "; ".join(fails),
                              Remediation("Install what the server imports at start into the service's "

@@ -26,7 +26,8 @@ from importlib import machinery, util
 STACK = {"torch", "triton", "sglang", "sglang-kernel", "sgl-kernel", "flashinfer-python", "flashinfer-cubin",
          "flashinfer-jit-cache"}
 TOP_LEVEL = ("torch", "triton", "sglang", "sgl_kernel", "flashinfer", "nvidia")
-ENV_KEYS = ("CC", "PATH", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "TRITON_PTXAS_PATH",
+ENV_KEYS = ("CC", "PATH", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "TRITON_PTXAS_PATH", "SGLANG_CACHE_DIR",
+            "FLASHINFER_WORKSPACE_BASE",
             "TRITON_PTXAS_BLACKWELL_PATH", "TRITON_LIBCUDA_PATH", "TRITON_CACHE_DIR", "TRITON_HOME",
             "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "CUDA_VISIBLE_DEVICES")
 
@@ -263,6 +264,12 @@ def sglang_jit(pkgs):
     root = package_dir(pkgs, "sglang")
     if root is None or not os.path.isdir(os.path.join(root, "kernels", "jit")):
         return None
+    return find_nvcc()
+
+
+def find_nvcc():
+    """The nvcc a JIT build runs, found as tvm-ffi and FlashInfer find it (flashinfer/jit/cpp_ext.py
+    get_cuda_path): CUDA_HOME / CUDA_PATH, then nvcc on PATH, then /usr/local/cuda."""
     home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
     how = "CUDA_HOME/CUDA_PATH"
     if home is None:
@@ -279,6 +286,51 @@ def sglang_jit(pkgs):
         except (OSError, subprocess.SubprocessError) as exc:
             out["error"] = str(exc)
     return out
+
+
+FLASHINFER_JIT_SAMPLING = "sampling"  # the module DFLASH/DDTREE's start-up sampling rehearsal builds
+
+
+def flashinfer_jit(pkgs, dists):
+    """What FlashInfer needs to build its JIT modules when a server first calls them (DFLASH/DDTREE's
+    sampling rehearsal at start): an AOT ``flashinfer-jit-cache`` of the same version, or modules already
+    compiled in the cache, or else nvcc, ``ninja`` on PATH and a writable cache. The cache is where SGLang
+    points it (sglang/srt/environ.py third_party_cache_defaults: ``FLASHINFER_WORKSPACE_BASE``, else
+    ``SGLANG_CACHE_DIR``, else ``~/.cache/sglang``; FlashInfer adds ``.cache/flashinfer/<version>/<archs>``)."""
+    if package_dir(pkgs, "flashinfer") is None:
+        return None
+    version = (dists.get("flashinfer-python") or {}).get("version")
+    jit_cache = (dists.get("flashinfer-jit-cache") or {}).get("version")
+    env = os.environ
+    if env.get("FLASHINFER_WORKSPACE_BASE"):
+        base, base_from = env["FLASHINFER_WORKSPACE_BASE"], "FLASHINFER_WORKSPACE_BASE"
+    elif env.get("SGLANG_CACHE_DIR"):
+        base, base_from = os.path.expanduser(env["SGLANG_CACHE_DIR"]), "SGLANG_CACHE_DIR"
+    else:
+        base, base_from = os.path.expanduser("~/.cache/sglang"), "SGLang's default ~/.cache/sglang"
+    cache = os.path.join(base, ".cache", "flashinfer")
+    compiled = []
+    vdir = os.path.join(cache, version or "")
+    try:
+        archs = sorted(os.listdir(vdir)) if version and os.path.isdir(vdir) else []
+    except OSError:
+        archs = []
+    for arch in archs[:64]:
+        ops = os.path.join(vdir, arch, "cached_ops")
+        try:
+            names = sorted(os.listdir(ops))[:256] if os.path.isdir(ops) else []
+        except OSError:
+            names = []
+        compiled += [f"{arch}/{n}" for n in names if os.path.isfile(os.path.join(ops, n, n + ".so"))]
+    probe = cache
+    while not os.path.exists(probe) and os.path.dirname(probe) != probe:
+        probe = os.path.dirname(probe)
+    beside = os.path.join(os.path.dirname(sys.executable), "ninja")
+    return {"version": version, "jit_cache": jit_cache, "cache_dir": cache, "base_from": base_from,
+            "compiled": compiled, "writable": os.path.isdir(probe) and os.access(probe, os.W_OK | os.X_OK),
+            "writable_checked": probe, "ninja": shutil.which("ninja"),
+            "ninja_beside_python": beside if os.path.isfile(beside) and os.access(beside, os.X_OK) else None,
+            "nvcc": find_nvcc()}
 
 
 def _read(path, limit=2000000):
@@ -382,6 +434,7 @@ def main():
         "torch": torch_facts(pkgs),
         "nvidia_ptxas": nvidia_ptxas(pkgs),
         "sglang_jit": sglang_jit(pkgs),
+        "flashinfer_jit": flashinfer_jit(pkgs, dists),
         "sglang_runtime": sglang_runtime(pkgs, rules),
         "env": {k: os.environ.get(k) for k in ENV_KEYS if os.environ.get(k) is not None},
     }

@@ -10,6 +10,7 @@ so ``sglang.install`` must look further.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -75,3 +76,63 @@ def runtime_problems(runtime: Any, *, algorithm: str | None, architectures: list
         else:
             warns.append(f"{text} (SGLang requires it; this model's start does not import it)")
     return fails, warns, cmds
+
+
+def _same_release(installed: str | None, flashinfer: str | None) -> bool:
+    """FlashInfer's own rule (flashinfer/jit/env.py): the jit-cache version equals FlashInfer's, or adds
+    only a CUDA local version (``0.7.2+cu130``). A mismatched cache is ignored and the kernels compile."""
+    return bool(installed and flashinfer) and (installed == flashinfer or str(installed).startswith(f"{flashinfer}+"))
+
+
+def flashinfer_jit_problems(fact: Any, distributions: Any, *, algorithm: str | None,
+                            compute_capability: str | None, torch_cuda: str | None) -> tuple[list[str], list[str], str]:
+    """(failures, fix commands, note) on FlashInfer's JIT for the server the profile starts.
+
+    A DFLASH/DDTREE server on CUDA calls FlashInfer's sampling module during its start-up rehearsal. It
+    comes from an AOT ``flashinfer-jit-cache`` of FlashInfer's version (a provider per GPU architecture
+    since 0.7: ``flashinfer-jit-cache-sm90a``...), or from an earlier compile in the cache; otherwise the
+    start compiles it, which needs nvcc, ``ninja`` on PATH and a writable cache: a host without the CUDA
+    toolkit stops there, after the weights loaded. ``fact`` is the stack probe's ``flashinfer_jit``."""
+    r = rules()["flashinfer"]
+    if (algorithm or "").upper() not in r["algorithms"] or not isinstance(fact, dict):
+        return [], [], ""
+    dists = distributions if isinstance(distributions, dict) else {}
+    fi_ver = fact.get("version")
+    shim = (dists.get("flashinfer-jit-cache") or {}).get("version")
+    providers = {k: (v or {}).get("version") for k, v in dists.items() if k.startswith("flashinfer-jit-cache-sm")}
+    want = re.sub(r"\D", "", str(compute_capability or ""))
+    if _same_release(shim, fi_ver):
+        if not providers:  # before 0.7 one wheel held every architecture
+            return [], [], f"FlashInfer's kernels come precompiled from flashinfer-jit-cache {shim}"
+        mine = sorted(k for k, v in providers.items()
+                      if _same_release(v, fi_ver) and re.sub(r"\D", "", k.rsplit("-sm", 1)[1]) == want)
+        if mine:
+            return [], [], f"FlashInfer's kernels come precompiled from {mine[0]} {providers[mine[0]]}"
+    module = r["jit_module"]
+    compiled = [c for c in fact.get("compiled") or [] if str(c).endswith(f"/{module}")]
+    if compiled:
+        return [], [], f"FlashInfer's {module} module is compiled in {fact.get('cache_dir')}/{fi_ver}/{compiled[0]}"
+    cuda = re.sub(r"\D", "", str(torch_cuda or ""))[:3] or "130"
+    aot = (f"pip install '{r['jit_cache_pip']}=={fi_ver}' --index-url {r['jit_cache_index'].format(cuda=cuda)}"
+           if fi_ver else f"pip install {r['jit_cache_pip']} --index-url {r['jit_cache_index'].format(cuda=cuda)}")
+    why = (f"{algorithm} compiles FlashInfer's {module} module at start (no {r['jit_cache_pip']} {fi_ver or ''} "
+           f"for sm_{want or '?'}, nothing compiled in {fact.get('cache_dir')})")
+    fails: list[str] = []
+    cmds: list[str] = []
+    nvcc = fact.get("nvcc") if isinstance(fact.get("nvcc"), dict) else {}
+    if not nvcc.get("exists"):
+        fails.append(f"{why}, but there is no nvcc at {nvcc.get('nvcc')} (via {nvcc.get('found_by')})")
+        cmds += [aot, "# or install the CUDA toolkit and set CUDA_HOME in the service's environment"]
+    if not fact.get("ninja"):
+        beside = fact.get("ninja_beside_python")
+        fails.append(f"{why}, but `ninja` is not on the service's PATH"
+                     + (f" ({beside} is, beside the interpreter: its bin directory is not on PATH)" if beside else ""))
+        cmds.append(f"# add {beside.rsplit('/', 1)[0]} to the service's PATH" if beside else "pip install ninja")
+    if not fact.get("writable"):
+        fails.append(f"{why}, but {fact.get('writable_checked')} is not writable for this user "
+                     f"(the cache {fact.get('cache_dir')}, from {fact.get('base_from')})")
+        cmds.append("# set SGLANG_CACHE_DIR (or FLASHINFER_WORKSPACE_BASE) to a writable directory")
+    if fails:
+        return fails, list(dict.fromkeys(cmds)), ""
+    return [], [], (f"the first start compiles FlashInfer's {module} module with {nvcc.get('nvcc')} "
+                    f"({nvcc.get('release') or 'release ?'}) into {fact.get('cache_dir')}")

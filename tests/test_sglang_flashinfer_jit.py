@@ -1,0 +1,142 @@
+"""FlashInfer's JIT at a DFLASH/DDTREE start: precompiled, already compiled, or compilable on this host.
+
+A DFLASH/DDTREE server on CUDA calls FlashInfer's sampling module in its start-up rehearsal; on the lent H200
+(bench/results/ddtree-h200-round1) the server compiled FlashInfer modules with nvcc and ninja at start. The
+stack probe runs for real under an interpreter whose environment holds (or lacks) an nvcc, a ninja, a cache;
+the judgement runs on what it reported. nvcc and ninja are executables written here (the probe runs
+``nvcc --version`` and looks ninja up on PATH; it never runs a build).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from stack_support import healthy_venv, make_ctx, nvml_fact, run_check, stack_site, write_dist
+
+from doctor.core import proc
+from doctor.core.result import Status
+from doctor.sglang.runtime import flashinfer_jit_problems
+
+NVCC = "#!/bin/sh\necho 'Cuda compilation tools, release 13.0, V13.0.88'\n"
+
+
+def executable(path: Path, text: str = "#!/bin/sh\nexit 0\n") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(0o755)
+    return path
+
+
+def site_with_flashinfer(root: Path, *jit_cache: tuple[str, str]) -> Path:
+    site = root / "site"
+    write_dist(site, "flashinfer-python", "0.7.2", top_level="flashinfer")
+    for name, version in jit_cache:
+        write_dist(site, name, version)
+    return site
+
+
+def probe(site: Path, *, python: str = sys.executable, nvcc: bool, ninja: bool, cache: Path) -> dict:
+    """The stack probe's facts with ``site`` on the path and only the tools asked for on PATH."""
+    tools = site.parent / "tools"
+    tools.mkdir(exist_ok=True)
+    if ninja:
+        executable(tools / "ninja")
+    env = {"PATH": str(tools), "PYTHONPATH": str(site), "SGLANG_CACHE_DIR": str(cache),
+           "CUDA_HOME": str(executable(site.parent / "cuda" / "bin" / "nvcc", NVCC).parents[1]) if nvcc
+           else str(site.parent / "no-cuda")}
+    data, res = proc.run_probe(python, "stack", [], timeout=60, env=env)
+    assert data is not None, res.why()
+    return data
+
+
+def judge(fact: dict, cc: str = "10.3", algorithm: str | None = "DDTREE") -> tuple[list[str], list[str], str]:
+    return flashinfer_jit_problems(fact["flashinfer_jit"], fact["distributions"], algorithm=algorithm,
+                                   compute_capability=cc, torch_cuda="13.0")
+
+
+def test_no_nvcc_and_no_ninja_fail_with_the_precompiled_cache_as_the_fix(tmp_path):
+    fact = probe(site_with_flashinfer(tmp_path), nvcc=False, ninja=False, cache=tmp_path / "cache")
+    fi = fact["flashinfer_jit"]
+    assert fi["version"] == "0.7.2" and fi["cache_dir"] == str(tmp_path / "cache" / ".cache" / "flashinfer")
+    assert fi["base_from"] == "SGLANG_CACHE_DIR" and fi["writable"] and fi["compiled"] == []
+    assert fi["nvcc"]["exists"] is False and fi["nvcc"]["found_by"] == "CUDA_HOME/CUDA_PATH"
+    fails, cmds, note = judge(fact)
+    assert len(fails) == 2 and not note
+    assert "DDTREE compiles FlashInfer's sampling module at start" in fails[0] and "no nvcc at" in fails[0]
+    assert "`ninja` is not on the service's PATH" in fails[1]
+    assert cmds[0] == "pip install 'flashinfer-jit-cache==0.7.2' --index-url https://flashinfer.ai/whl/cu130"
+    assert "pip install ninja" in cmds
+
+
+def test_nvcc_ninja_and_a_writable_cache_compile_at_the_first_start(tmp_path):
+    fact = probe(site_with_flashinfer(tmp_path), nvcc=True, ninja=True, cache=tmp_path / "new" / "cache")
+    assert fact["flashinfer_jit"]["nvcc"]["release"] == "13.0"
+    assert fact["flashinfer_jit"]["writable_checked"] == str(tmp_path)  # the nearest directory that exists
+    fails, cmds, note = judge(fact)
+    assert fails == [] and cmds == [] and note.startswith("the first start compiles FlashInfer's sampling module")
+    assert "(13.0)" in note
+    assert judge(fact, algorithm=None) == ([], [], "")  # no speculation: the start does not call it
+
+
+def test_a_cache_that_cannot_be_made_fails(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    fact = probe(site_with_flashinfer(tmp_path), nvcc=True, ninja=True, cache=blocker / "cache")
+    assert fact["flashinfer_jit"]["writable"] is False and fact["flashinfer_jit"]["writable_checked"] == str(blocker)
+    fails, cmds, _ = judge(fact)
+    assert len(fails) == 1 and f"{blocker} is not writable" in fails[0] and "SGLANG_CACHE_DIR" in cmds[0]
+
+
+def test_a_module_compiled_earlier_needs_no_compiler(tmp_path):
+    cache = tmp_path / "cache"
+    executable(cache / ".cache" / "flashinfer" / "0.7.2" / "103a" / "cached_ops" / "sampling" / "sampling.so", "")
+    (cache / ".cache" / "flashinfer" / "0.7.2" / "103a" / "cached_ops" / "norm").mkdir()  # a failed build: no .so
+    fact = probe(site_with_flashinfer(tmp_path), nvcc=False, ninja=False, cache=cache)
+    assert fact["flashinfer_jit"]["compiled"] == ["103a/sampling"]
+    fails, _, note = judge(fact)
+    assert fails == [] and "sampling module is compiled in" in note and note.endswith("0.7.2/103a/sampling")
+
+
+def test_the_precompiled_cache_counts_for_its_own_version_and_architecture(tmp_path):
+    fact = probe(site_with_flashinfer(tmp_path / "b300", ("flashinfer-jit-cache", "0.7.2+cu130"),
+                                      ("flashinfer-jit-cache-sm103a", "0.7.2+cu130")),
+                 nvcc=False, ninja=False, cache=tmp_path / "cache")
+    fails, _, note = judge(fact)
+    assert fails == [] and note == "FlashInfer's kernels come precompiled from flashinfer-jit-cache-sm103a 0.7.2+cu130"
+    assert judge(fact, cc="9.0")[0]  # an H200 needs the sm90a provider: nothing precompiled for it here
+    fact = probe(site_with_flashinfer(tmp_path / "old", ("flashinfer-jit-cache", "0.7.1+cu130")),
+                 nvcc=False, ninja=False, cache=tmp_path / "cache")
+    assert judge(fact)[0]  # another release's cache is ignored by FlashInfer: the kernels compile
+
+
+def test_ninja_beside_the_interpreter_but_not_on_path_is_named(tmp_path):
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    executable(venv / "bin" / "ninja")
+    fact = probe(site_with_flashinfer(tmp_path), python=str(venv / "bin" / "python"), nvcc=True, ninja=False,
+                 cache=tmp_path / "cache")
+    assert fact["flashinfer_jit"]["ninja_beside_python"] == str(venv / "bin" / "ninja")
+    fails, cmds, _ = judge(fact)
+    assert len(fails) == 1 and f"({venv}/bin/ninja is, beside the interpreter" in fails[0]
+    assert cmds == [f"# add {venv}/bin to the service's PATH"]
+
+
+def test_sglang_install_fails_a_ddtree_profile_on_a_host_without_nvcc(tmp_path):
+    """The check as the default tier runs it: a B300 DDTREE profile, SGLang and FlashInfer installed."""
+    site = stack_site(tmp_path / "site")
+    write_dist(site, "flashinfer-python", "0.7.2", top_level="flashinfer")
+    write_dist(site, "numpy", "2.3.0")  # SGLang's own requirement in this tree
+    (site / "flashinfer" / "sampling.py").write_text("raise ImportError('the default tier must not import this')\n")
+    for d in ("data/csrc", "data/include", "data/cutlass/include", "data/cccl/cub"):
+        (site / "flashinfer" / d).mkdir(parents=True)
+    env = {"PYTHONPATH": str(site), "PATH": str(tmp_path / "bin"), "CUDA_HOME": str(tmp_path / "no-cuda"),
+           "SGLANG_CACHE_DIR": str(tmp_path / "cache")}
+    ctx = make_ctx(healthy_venv(), env=env, facts={"nvml": nvml_fact([(10, 3)])})
+    res = run_check("sglang.install", ctx)
+    assert res.status is Status.FAIL and "would stop at start" in res.summary, res.summary
+    assert "DDTREE compiles FlashInfer's sampling module at start" in res.summary
+    assert res.remediation.commands[0].startswith("pip install 'flashinfer-jit-cache==0.7.2' --index-url")
+    assert os.path.basename(res.details["flashinfer_jit"]["cache_dir"]) == "flashinfer"
