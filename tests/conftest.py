@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -85,3 +86,17 @@ def run_doctor(*args: str, env: dict[str, str] | None = None, timeout: float = 1
 @pytest.fixture
 def doctor() -> object:
     return run_doctor
+
+
+# What a build leaves in a source tree, and what .gitignore keeps out of a checkout.
+_NOT_SOURCE = shutil.ignore_patterns(".git", "__pycache__", "*.py[cod]", "*.egg-info", "build", "dist", ".tox", ".venv",
+                                     ".pytest_cache", ".ruff_cache", ".hypothesis", ".benchmarks", ".whl", ".cache",
+                                     ".gpu", ".payload")
+
+
+def source_copy(src: Path, dest: Path) -> Path:
+    """A copy of the source tree ``src`` (a checkout as git would give it) to build from: setuptools writes
+    ``build/`` and ``*.egg-info`` into the tree it builds, and tests running in parallel
+    (tests/test_check_changes_nothing.py) must see this checkout unchanged."""
+    shutil.copytree(src, dest, ignore=_NOT_SOURCE, symlinks=True)
+    return dest

@@ -54,11 +54,15 @@ def _tmpdir(prefix: str) -> Path:
 
 @functools.lru_cache(maxsize=2)
 def patched_tree(whole: bool = False) -> Path:
-    """A temporary unpack of the wheel (only the touched files unless ``whole``) with the set applied."""
+    """An unpack of the wheel (only the touched files unless ``whole``) with the set applied by the patch
+    engine: made once into the test cache (``sglang_wheels.built_once``, about 10 s for the whole wheel) and
+    remade whenever the set, the tool or the engine's sources change. The tests read it; none writes to it.
+    (Applying the set to a fresh unpack is itself tested: test_ddtree_patchset's verify tests.)"""
     wheel = require_wheel()
-    root = _tmpdir("ddtree-patched-")
-    patchset_tool().apply_to(SET_DIR, wheel, root, whole=whole)
-    return root
+    name = f"ddtree-patched-{'whole' if whole else 'touched'}-{wheel.name[:-len('.whl')]}"
+    engine = ROOT / "doctor" / "sglang" / "patching"
+    return sglang_wheels.built_once(name, [SET_DIR, TOOL, engine],
+                                    lambda dest: patchset_tool().apply_to(SET_DIR, wheel, dest, whole=whole))
 
 
 @functools.lru_cache(maxsize=1)

@@ -22,8 +22,12 @@ def free_port() -> int:
 
 
 class StandIn:
-    def __init__(self, port: int, refuse_s: float = 0.5, warm_s: float = 0.5, host: str = "127.0.0.1") -> None:
+    def __init__(self, port: int, refuse_s: float = 0.5, warm_s: float = 0.5, host: str = "127.0.0.1",
+                 warm_polls: int = 0) -> None:
+        """``warm_polls``: answer 503 to at least that many health polls too, however late the first one comes
+        (a client that starts slowly on a loaded machine still sees the warm-up)."""
         self.port, self.refuse_s, self.warm_s, self.host = port, refuse_s, warm_s, host
+        self.warm_polls = warm_polls
         self.server: ThreadingHTTPServer | None = None
         self.listening_at: float | None = None
         self.polls: list[int] = []
@@ -43,7 +47,8 @@ class StandIn:
             def do_GET(self) -> None:
                 if self.path != "/health":
                     code = 404
-                elif time.monotonic() - (owner.listening_at or 0) < owner.warm_s:
+                elif (time.monotonic() - (owner.listening_at or 0) < owner.warm_s
+                      or owner.polls.count(503) < owner.warm_polls):
                     code = 503
                 else:
                     code = 200

@@ -12,6 +12,9 @@ Importable without pytest (tests/ddtree_gpu_harness.py runs as a plain script).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import os
 import re
 import shutil
@@ -103,7 +106,7 @@ def release_requires(project: str, version: str) -> list[str]:
     cached = CACHE / "metadata" / f"{stem}-{version}.json"
     if not cached.is_file():
         cached.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cached.with_suffix(".tmp")
+        tmp = cached.with_suffix(f".{os.getpid()}.tmp")  # processes running in parallel write their own
         res = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps", "--ignore-installed",
                               "--quiet", "--report", str(tmp), f"{project}==={version}"], capture_output=True,
                              text=True, timeout=600)
@@ -116,6 +119,19 @@ def release_requires(project: str, version: str) -> list[str]:
     return list(doc["install"][0]["metadata"].get("requires_dist") or [])
 
 
+@contextlib.contextmanager
+def locked(path: Path):
+    """An exclusive lock on ``path`` (created): one test process at a time builds a shared cache entry
+    (pytest-xdist runs the suite in several processes)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 def unpacked(wheel: Path, keep) -> Path:
     """The members of ``wheel`` that ``keep(name)`` selects, extracted once into the cache and reused.
 
@@ -124,10 +140,35 @@ def unpacked(wheel: Path, keep) -> Path:
     dest = CACHE / "unpacked" / wheel.name[:-len(".whl")]
     if (dest / ".complete").is_file():
         return dest
-    shutil.rmtree(dest, ignore_errors=True)
-    with zipfile.ZipFile(wheel) as zf:
-        zf.extractall(dest, [n for n in zf.namelist() if keep(n)])
-    (dest / ".complete").write_text(wheel.name + "\n")
+    with locked(dest.parent / f".{dest.name}.lock"):
+        if (dest / ".complete").is_file():  # another process made it while this one waited
+            return dest
+        shutil.rmtree(dest, ignore_errors=True)
+        with zipfile.ZipFile(wheel) as zf:
+            zf.extractall(dest, [n for n in zf.namelist() if keep(n)])
+        (dest / ".complete").write_text(wheel.name + "\n")
+    return dest
+
+
+def built_once(name: str, inputs: list[Path], build) -> Path:
+    """A directory ``build(dest)`` fills, made once into the cache per content of ``inputs`` (files or
+    directories, hashed with their paths) and reused by later test processes and runs; a changed input makes a
+    new one. Locked, and marked complete last, as ``unpacked``."""
+    h = hashlib.sha256()
+    for root in inputs:
+        files = sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts) \
+            if root.is_dir() else [root]
+        for f in files:
+            h.update(str(f.relative_to(root.parent)).encode() + b"\0" + f.read_bytes() + b"\0")
+    dest = CACHE / "built" / f"{name}-{h.hexdigest()[:16]}"
+    if (dest / ".complete").is_file():
+        return dest
+    with locked(dest.parent / f".{dest.name}.lock"):
+        if not (dest / ".complete").is_file():
+            shutil.rmtree(dest, ignore_errors=True)
+            dest.mkdir(parents=True)
+            build(dest)
+            (dest / ".complete").write_text(name + "\n")
     return dest
 
 

@@ -14,7 +14,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, doctor_env, run_doctor
+from conftest import ROOT, doctor_env, run_doctor, source_copy
 
 jsonschema = pytest.importorskip("jsonschema")
 
@@ -24,7 +24,7 @@ def plugin_site(tmp_path_factory: pytest.TempPathFactory) -> str:
     """Build the site plugin into a wheel and install it (a real distribution with an entry point)."""
     work = tmp_path_factory.mktemp("plugin")
     wheels, site = work / "wheels", work / "site"
-    src = ROOT / "tests" / "fixtures" / "site_plugin"
+    src = source_copy(ROOT / "tests" / "fixtures" / "site_plugin", work / "src")  # the build writes into it
     build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q",
                             "-w", str(wheels), str(src)], capture_output=True, text=True, timeout=300)
     assert build.returncode == 0, build.stderr

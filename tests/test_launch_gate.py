@@ -170,7 +170,7 @@ def test_wait_ready_command(tmp_path: Path) -> None:
     from sglang_stand_in import StandIn
 
     port = free_port()
-    srv = StandIn(port, refuse_s=0.3, warm_s=0.3).start()
+    srv = StandIn(port, refuse_s=0.3, warm_s=0.3, warm_polls=2).start()
     try:
         res = run_doctor("wait-ready", "--url", f"http://127.0.0.1:{port}/health", "--timeout", "20",
                          "--interval", "0.1")

@@ -9,14 +9,16 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, source_copy
 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
+    # built from a clean copy of the checkout (as CI's fresh clone): the build writes build/ and *.egg-info
+    src = source_copy(ROOT, tmp_path_factory.mktemp("source") / "k26-doctor")
     res = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                          "-w", str(out), str(ROOT)], capture_output=True, text=True, timeout=300)
+                          "-w", str(out), str(src)], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     (whl,) = out.glob("k26_doctor-*.whl")
     return whl
