@@ -22,7 +22,7 @@ if [ "$MODE" = tests ]; then
   # One file per process: a test that makes a CUDA context in the runner must not make the GPU look busy
   # to the next file's gpu.idle test.
   for f in tests/test_gpu_live.py tests/test_model_gpu.py tests/test_stack_gpu.py tests/test_ddtree_gpu.py; do
-    timeout 200 "$PY" -m pytest -q -p no:cacheprovider -rs -m gpu "$f" 2>&1 | tee -a "$OUTDIR/pytest-gpu.txt" | tail -8
+    timeout 200 "$PY" -m pytest -q -p no:cacheprovider -n 0 -rs -m gpu "$f" 2>&1 | tee -a "$OUTDIR/pytest-gpu.txt" | tail -8
   done
   [ -n "${SKIP_CHECKS:-}" ] && { step done; exit 0; }
   step snapshot

@@ -81,7 +81,7 @@ for _ in $(seq 120); do
 done
 echo "server /health after +$SECONDS s: $(health 2>&1)"
 time timeout 60 "$PY" -m doctor smoke --url http://127.0.0.1:30000 --requests 4 --max-tokens 32 --timeout 50; echo "rc=$?"
-K26_SMOKE_URL=http://127.0.0.1:30000 timeout 90 "$PY" -m pytest -q -p no:cacheprovider -rs -m gpu \
+K26_SMOKE_URL=http://127.0.0.1:30000 timeout 90 "$PY" -m pytest -q -p no:cacheprovider -n 0 -rs -m gpu \
   tests/test_smoke_gpu.py 2>&1 | tail -6
 
 step "7. check on the tiny DDTREE profile: sglang.install must name what DDTREE imports that is missing"

@@ -28,7 +28,7 @@ time timeout 60 "$PY" -m doctor check --only 'gpu.*' --profile h200-tp8 -v \
 step check tp1 deep
 time timeout 120 "$PY" -m doctor check --only 'gpu.*' --profile h200-tp8 --tp 1 --deep -v
 step pytest
-timeout 150 "$PY" -m pytest -q -p no:cacheprovider -rs tests/test_gpu_*.py 2>&1 | tee "$OUTDIR/pytest-gpu.txt" | tail -25
+timeout 150 "$PY" -m pytest -q -p no:cacheprovider -n 0 -rs tests/test_gpu_*.py 2>&1 | tee "$OUTDIR/pytest-gpu.txt" | tail -25
 step bench
 timeout 120 "$PY" bench/bench_gpu.py --profile h200-tp8 --tp 1 --repeat 5 --deep --python "$PY" \
   --output "$OUTDIR/bench.json" | head -40

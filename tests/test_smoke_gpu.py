@@ -3,7 +3,7 @@
 Set ``K26_SMOKE_URL`` (e.g. ``http://127.0.0.1:30000``) to the server; without it the test skips. On the GPU
 host, with the tiny DDTree server of bench/ddtree running (``--skip-tokenizer-init``, DDTREE, budget 16):
 
-    K26_SMOKE_URL=http://127.0.0.1:30000 python -m pytest -q -p no:cacheprovider -m gpu tests/test_smoke_gpu.py
+    K26_SMOKE_URL=http://127.0.0.1:30000 python -m pytest -q -p no:cacheprovider -n 0 -m gpu tests/test_smoke_gpu.py
 
 ``K26_SMOKE_MIN_ACCEPT`` (default 1.1) is the accept length the server must reach; ``K26_SMOKE_TIMEOUT`` the
 deadline (default 120 s).
