@@ -213,3 +213,19 @@ def test_wait_forwards_sigterm_and_dies_by_it(tmp_path: Path, ddtree_sglang: Pat
     assert proc.returncode == -signal.SIGTERM, err
     with socket.socket() as s:
         assert s.connect_ex(("127.0.0.1", port)) != 0  # the server is gone too
+
+
+def test_the_gate_imports_sglang_where_check_reads_its_files(tmp_path: Path, ddtree_sglang: Path) -> None:
+    """A failed start costs the weights' load: launch's gate imports SGLang (as --import-sglang), while the
+    default tier of check only reads its files."""
+    py, port, mark = fake_python(tmp_path), free_port(), tmp_path / "mark"
+    env = env_for(ddtree_sglang, mark)
+    args = common(tmp_path, py, port)
+    # Not all of SGLang's requirements are installed in this environment: its files say so.
+    checked = run_doctor("check", *args, "--only", "sglang.install", env=env)
+    assert "of its requirements are not" in checked.stdout, checked.stdout + checked.stderr
+    launched = run_doctor("launch", *args, "--only", "sglang.install", env=env)
+    out = launched.stdout + launched.stderr
+    # The gate's verdict comes from importing it (this tree holds the sources the tests read, not all of SGLang).
+    assert ("`import sglang` fails" in out or "sglang 0.5.23 imports" in out) and "of its requirements" not in out, out
+    assert not mark.exists()
