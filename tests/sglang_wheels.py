@@ -61,6 +61,18 @@ def locate_wheel(version: str, download: bool = True, package: str = "sglang",
         return None, f"no {package} {version} wheel in {wheel_dir()} or {d}"
     try:
         d.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return None, f"no {package} {version} wheel in {d}, and it cannot be written: {exc}"
+    # One download per wheel: test processes that need the same one wait for it instead of fetching it again.
+    with locked(d / f".{package}-{version}-{'-'.join(pip_args).replace('/', '_')}.download.lock"):
+        hit = _found(d, version, package)
+        if hit is not None:
+            return hit, ""
+        return _download(d, version, package, pip_args)
+
+
+def _download(d: Path, version: str, package: str, pip_args: tuple[str, ...]) -> tuple[Path | None, str]:
+    try:
         tmp = Path(tempfile.mkdtemp(prefix=".download-", dir=d))
     except OSError as exc:
         return None, f"no {package} {version} wheel in {d}, and it cannot be written: {exc}"
