@@ -159,6 +159,23 @@ def test_render_without_config_carries_the_paths(tmp_path: Path) -> None:
                                                        for e in unit["Service"]["Environment"])
 
 
+def test_the_service_finds_what_its_venv_installed_and_keeps_its_caches(tmp_path: Path) -> None:
+    """FlashInfer's JIT runs `ninja` from PATH, which pip put beside the interpreter (flashinfer-python requires
+    it); systemd's default PATH lacks the venv. The venv's bin (as given, not where its python links to) comes
+    first; SGLang's cache (where it points FlashInfer's and Triton's) is the unit's cache directory."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    settings = resolve({"model_path": "/m", "python": str(venv / "bin" / "python")}, environ={})
+    env = parse_unit(render_unit(settings, config=None, doctor=["/usr/local/bin/k26-doctor"]))["Service"]["Environment"]
+    paths = [e for e in env if e.startswith("PATH=")]
+    assert paths == [f"PATH={venv}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
+    assert "SGLANG_CACHE_DIR=%C/sglang-k26/sglang" in env
+    bare = resolve({"model_path": "/m", "python": "python3"}, environ={})  # found on PATH: left as it is
+    env = parse_unit(render_unit(bare, config=None, doctor=["/usr/local/bin/k26-doctor"]))["Service"]["Environment"]
+    assert not [e for e in env if e.startswith("PATH=")]
+
+
 def test_cli_output_file_and_bad_config(tmp_path: Path, cfg: Path) -> None:
     out = tmp_path / "unit.service"
     res = run_doctor("systemd-unit", "--config", str(cfg), "--output", str(out))

@@ -20,6 +20,9 @@
   groups read-only, and ``DevicePolicy=closed`` with ``DeviceAllow=char-nvidia* rw`` (every NVIDIA
   device group: /dev/nvidia*, nvidia-uvm, nvidia-caps, nvswitch). ``/dev/shm`` stays shared (NCCL),
   and ``MemoryDenyWriteExecute=`` is not set: Triton, CUDA and torch JIT code at run time.
+* ``PATH`` starts with the service interpreter's ``bin``: FlashInfer's JIT runs the ``ninja`` that pip installs
+  there, which systemd's default PATH lacks; ``SGLANG_CACHE_DIR`` (where SGLang points FlashInfer's cache)
+  is under ``CacheDirectory=``. ``sglang.install`` judges both in ``ExecStartPre``.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ DEFAULT_USER = "sglang"
 DEFAULT_STATE_DIR = "/var/lib/k26-doctor"
 SERVICE_DIR_NAME = "sglang-k26"  # CacheDirectory=, StateDirectory= and LogsDirectory= of the server
 CACHE_VARS = ("TRITON_CACHE_DIR", "HF_HOME", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "FLASHINFER_WORKSPACE_BASE",
+              "SGLANG_CACHE_DIR",
               "XDG_CACHE_HOME", "TORCHINDUCTOR_CACHE_DIR", "SGLANG_LOG_DIR", "TMPDIR", "HOME")
 
 
@@ -195,6 +199,7 @@ def hardening_lines(settings: Settings, user: str) -> list[str]:
         f"Environment=TRITON_CACHE_DIR=%C/{SERVICE_DIR_NAME}/triton",
         f"Environment=XDG_CACHE_HOME=%C/{SERVICE_DIR_NAME}",
         f"Environment=HF_HOME=%C/{SERVICE_DIR_NAME}/huggingface",
+        f"Environment=SGLANG_CACHE_DIR=%C/{SERVICE_DIR_NAME}/sglang",
         f"Environment=SGLANG_LOG_DIR=%L/{SERVICE_DIR_NAME}",
         "# CUDA needs every NVIDIA device node (/dev/nvidia*, nvidia-uvm, nvidia-caps, nvswitch); /dev/shm (NCCL)",
         "# is a filesystem and stays shared. Triton and CUDA JIT code at run time: MemoryDenyWriteExecute is off.",
@@ -264,6 +269,16 @@ def reachability_notes(settings: Settings, doctor: list[str], user: str) -> list
     return notes
 
 
+SYSTEMD_DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def service_bin_dir(settings: Settings) -> str | None:
+    """The directory of the service's interpreter as given (a venv's ``bin``, not where its symlink points),
+    or None for a bare command name found on PATH."""
+    python = str(settings.python or "")
+    return os.path.dirname(absolute(python)) if os.sep in python else None
+
+
 def service_user(settings: Settings, user: str | None) -> str:
     """``--user``, else ``[server] user``, else ``sglang``: never root by default."""
     return user or str(settings.get("server.user") or DEFAULT_USER)
@@ -316,6 +331,11 @@ def render_unit(settings: Settings, *, config: str | None, doctor: list[str] | N
         lines.append(f"EnvironmentFile=-{env_file}")
     if config:
         lines.append(f"Environment={_quote(['K26_DOCTOR_CONFIG=' + config])}")
+    bin_dir = service_bin_dir(settings)
+    if bin_dir:
+        lines.append("# The service interpreter's bin first on PATH: FlashInfer's JIT runs the `ninja` pip put there,")
+        lines.append("# and systemd's default PATH does not have it (EnvironmentFile overrides this).")
+        lines.append(f"Environment={_quote(['PATH=' + bin_dir + ':' + SYSTEMD_DEFAULT_PATH])}")
     lines += [
         "Environment=PYTHONUNBUFFERED=1",
         f"ExecStartPre={_quote(pre)}",
