@@ -121,7 +121,7 @@ def test_ninja_beside_the_interpreter_but_not_on_path_is_named(tmp_path):
     assert fact["flashinfer_jit"]["ninja_beside_python"] == str(venv / "bin" / "ninja")
     fails, cmds, _ = judge(fact)
     assert len(fails) == 1 and f"({venv}/bin/ninja is, beside the interpreter" in fails[0]
-    assert cmds == [f"# add {venv}/bin to the service's PATH"]
+    assert cmds == [f"# add {venv}/bin to the service's PATH (a unit from `k26-doctor systemd-unit` puts it first)"]
 
 
 def test_sglang_install_fails_a_ddtree_profile_on_a_host_without_nvcc(tmp_path):

@@ -127,7 +127,8 @@ def flashinfer_jit_problems(fact: Any, distributions: Any, *, algorithm: str | N
         beside = fact.get("ninja_beside_python")
         fails.append(f"{why}, but `ninja` is not on the service's PATH"
                      + (f" ({beside} is, beside the interpreter: its bin directory is not on PATH)" if beside else ""))
-        cmds.append(f"# add {beside.rsplit('/', 1)[0]} to the service's PATH" if beside else "pip install ninja")
+        cmds.append(f"# add {beside.rsplit('/', 1)[0]} to the service's PATH (a unit from `k26-doctor systemd-unit` "
+                    "puts it first)" if beside else "pip install ninja")
     if not fact.get("writable"):
         fails.append(f"{why}, but {fact.get('writable_checked')} is not writable for this user "
                      f"(the cache {fact.get('cache_dir')}, from {fact.get('base_from')})")
