@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from pathlib import Path
@@ -100,7 +101,10 @@ def test_environment_precedence(tmp_path: Path) -> None:
     env, notes = build_env(s, {"CUDA_VISIBLE_DEVICES": "0,1,2,3", "PATH": "/usr/bin"})
     assert env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"  # the site's pin is kept
     assert env["NCCL_CUMEM_ENABLE"] == "0"  # the env file is the site too
-    assert env["HF_HOME"] == "/data/hf" and env["PATH"] == "/usr/bin"
+    # the interpreter's directory first on PATH, as its venv's activate would put it (FlashInfer runs `ninja`)
+    bin_dir = os.path.dirname(os.path.abspath(s.python))
+    assert env["HF_HOME"] == "/data/hf" and env["PATH"] == f"{bin_dir}:/usr/bin"
+    assert build_env(s, {"PATH": f"/usr/bin:{bin_dir}"})[0]["PATH"] == f"/usr/bin:{bin_dir}"  # already there
     assert env["SGLANG_FLAG"] == "1" and env["N"] == "3"
     assert len(notes) == 2 and all(" is kept (profile wants " in n for n in notes)
     assert "pinned by the site" in notes[0] and f"pinned by {env_file}" in notes[1]

@@ -140,3 +140,24 @@ def test_sglang_install_fails_a_ddtree_profile_on_a_host_without_nvcc(tmp_path):
     assert "DDTREE compiles FlashInfer's sampling module at start" in res.summary
     assert res.remediation.commands[0].startswith("pip install 'flashinfer-jit-cache==0.7.2' --index-url")
     assert os.path.basename(res.details["flashinfer_jit"]["cache_dir"]) == "flashinfer"
+
+
+def test_the_check_sees_the_venv_on_path_as_the_launcher_starts_the_server(tmp_path):
+    """``launch`` starts the server with the interpreter's directory first on PATH (as ``activate`` would), and
+    the check's probes see the same environment: a ninja beside the interpreter is found, no failure."""
+    site = stack_site(tmp_path / "site")
+    write_dist(site, "flashinfer-python", "0.7.2", top_level="flashinfer")
+    write_dist(site, "numpy", "2.3.0")
+    (site / "flashinfer" / "sampling.py").write_text("raise ImportError('the default tier must not import this')\n")
+    for d in ("data/csrc", "data/include", "data/cutlass/include", "data/cccl/cub"):
+        (site / "flashinfer" / d).mkdir(parents=True)
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    executable(venv / "bin" / "ninja")
+    cuda = executable(tmp_path / "cuda" / "bin" / "nvcc", NVCC).parents[1]
+    env = {"PYTHONPATH": str(site), "PATH": str(tmp_path / "bin"), "CUDA_HOME": str(cuda),
+           "SGLANG_CACHE_DIR": str(tmp_path / "cache")}
+    ctx = make_ctx(venv / "bin" / "python", env=env, facts={"nvml": nvml_fact([(10, 3)])})
+    res = run_check("sglang.install", ctx)
+    assert res.details["flashinfer_jit"]["ninja"] == str(venv / "bin" / "ninja"), res.summary
+    assert "first start compiles FlashInfer's sampling module" in res.summary and res.status is not Status.FAIL

@@ -14,12 +14,29 @@ from doctor.facts.store import CollectOptions
 from doctor.host.access import current_user, ownership
 
 
+def with_interpreter_bin(env: dict[str, str], python: str | None) -> dict[str, str]:
+    """``env`` with the service interpreter's directory first on PATH, as the venv's ``activate`` would put it.
+
+    The server runs ``/venv/bin/python -m sglang.launch_server`` without activating anything, and FlashInfer's
+    JIT runs the ``ninja`` that pip installed beside that python by name. The directory as given (a venv's
+    ``bin``), not where its symlink points; a bare command name (found on PATH already) changes nothing."""
+    python = str(python or "")
+    if os.sep not in python:
+        return env
+    bin_dir = os.path.dirname(os.path.abspath(os.path.expanduser(python)))
+    entries = [e for e in env.get("PATH", "").split(os.pathsep) if e]
+    if bin_dir in entries:
+        return env
+    return {**env, "PATH": os.pathsep.join([bin_dir, *entries])}
+
+
 def service_environment(opts: CollectOptions) -> dict[str, str]:
-    """What the service will see: this environment, plus the profile's [server.env] (the launcher sets it)."""
+    """What the service will see: this environment, plus the profile's [server.env] (the launcher sets it),
+    with the interpreter's directory on PATH (the launcher puts it there)."""
     env = dict(opts.env)
     for key, value in ((opts.profile.get("server") or {}).get("env") or {}).items():
         env.setdefault(str(key), str(value))
-    return env
+    return with_interpreter_bin(env, opts.python)
 
 
 def parse_env_file(text: str) -> dict[str, str]:

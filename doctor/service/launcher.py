@@ -182,9 +182,10 @@ def build_env(settings: Settings, environ: dict[str, str] | None = None) -> tupl
     As systemd builds it, and as the ``env`` fact (``host.env``) judges it: the process environment,
     the profile's ``[server.env]`` for what that leaves unset, then the profile's ``server.env_file``
     (the unit's EnvironmentFile) over both. Safety variables a site sets (CUDA_VISIBLE_DEVICES,
-    NCCL_*) are never replaced by the profile.
+    NCCL_*) are never replaced by the profile. The interpreter's directory goes first on PATH, as the venv's
+    ``activate`` would put it (FlashInfer's JIT runs the ``ninja`` pip installed there).
     """
-    from doctor.host.facts import parse_env_file
+    from doctor.host.facts import parse_env_file, with_interpreter_bin
 
     env = dict(os.environ if environ is None else environ)
     notes: list[str] = []
@@ -211,7 +212,7 @@ def build_env(settings: Settings, environ: dict[str, str] | None = None) -> tupl
             if key in wanted and wanted[key] != value and env.get(key) == wanted[key]:
                 notes.append(f"{key}={value} pinned by {env_file} is kept (profile wants {wanted[key]})")
             env[key] = value
-    return env, notes
+    return with_interpreter_bin(env, settings.python), notes
 
 
 def build_plan(settings: Settings, extra: list[str] | tuple[str, ...] = (), *,
