@@ -26,10 +26,7 @@ from dataclasses import MISSING, Field, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on py310 in tox
-    import tomli as tomllib
+from doctor.core.datafile import DataFileError, read_toml
 
 PROFILES_DIR = Path(__file__).resolve().parents[1] / "profiles"
 DEFAULT_PROFILE = "b300-tp8-ddtree"
@@ -55,13 +52,11 @@ def load_profile(name: str) -> dict[str, Any]:
 
 
 def _read_toml(path: Path, what: str) -> dict[str, Any]:
+    """A profile, config or schema file; one the user gave that cannot be used is an invalid configuration."""
     try:
-        with open(path, "rb") as fh:
-            return tomllib.load(fh)
-    except OSError as exc:
-        raise ConfigError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{what} {path} is not valid TOML: {exc}") from None
+        return read_toml(path, what)
+    except DataFileError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "data" / "config_schema.toml"
