@@ -237,6 +237,14 @@ DOCTOR_KEYS = frozenset(key_of(f) for f in setting_fields() if f.metadata["confi
 COLLECT_FIELDS = tuple(f.name for f in fields(Settings) if f.metadata.get("collect"))
 
 
+def _seconds(name: str, value: Any) -> float:
+    """``value`` as a float, for the settings given in seconds; ``ConfigError`` (exit 2) when it is none."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name} must be a number of seconds, got {value!r}") from None
+
+
 def _convert(f: Field[Any], value: Any, source: str = "") -> Any:
     kind, name = f.metadata["kind"], key_of(f)
     if value is None:
@@ -256,18 +264,12 @@ def _convert(f: Field[Any], value: Any, source: str = "") -> Any:
             raise ConfigError(f"{name} must be >= 1, got {number}")
         return number
     if kind == "seconds":
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{name} must be a number of seconds, got {value!r}") from None
+        number = _seconds(name, value)
         if not number >= 0 or number == float("inf"):
             raise ConfigError(f"{name} must be a number of seconds >= 0, got {value!r}")
         return number
     if kind == "posfloat":
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{name} must be a number of seconds, got {value!r}") from None
+        number = _seconds(name, value)
         if number <= 0:
             raise ConfigError(f"{name} must be positive")
         return number
