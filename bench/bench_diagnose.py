@@ -17,15 +17,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from timing import measure  # noqa: E402 (bench/timing.py: the script's folder is on sys.path)
 
 from doctor.service.diagnose import diagnose_lines, load_signatures, read_log  # noqa: E402
 
@@ -64,15 +64,6 @@ def write_log(path: Path, megabytes: int) -> int:
     return lines
 
 
-def timed(fn, repeat: int) -> tuple[float, float]:
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times), statistics.median(times)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mb", type=int, default=50)
@@ -84,21 +75,21 @@ def main() -> int:
         n = write_log(log, args.mb)
         print(f"log: {log.stat().st_size / 2**20:.1f} MiB, {n} lines, {len(sigs)} signatures, "
               f"{sum(len(s.patterns) for s in sigs)} patterns")
-        grep = timed(lambda: subprocess.run(["grep", "-c", "no kernel image is available", str(log)],
-                                            capture_output=True, check=False), args.repeat)
+        grep = measure(lambda: subprocess.run(["grep", "-c", "no kernel image is available", str(log)],
+                                              capture_output=True, check=False), args.repeat)
         found: list = []
 
         def run() -> None:
             found[:] = diagnose_lines(read_log(str(log)), sigs)
 
-        inproc = timed(run, args.repeat)
+        inproc = measure(run, args.repeat)
         nogrep: list = []
-        pure = timed(lambda: nogrep.__setitem__(slice(None), diagnose_lines(read_log(str(log)), sigs,
-                                                                             use_grep=False)), args.repeat)
+        pure = measure(lambda: nogrep.__setitem__(slice(None), diagnose_lines(read_log(str(log)), sigs,
+                                                                               use_grep=False)), args.repeat)
         assert [f.signature.id for f in nogrep] == [f.signature.id for f in found], "grep and Python disagree"
         env = dict(os.environ, PYTHONPATH=str(ROOT), NO_COLOR="1")
-        cli = timed(lambda: subprocess.run([sys.executable, "-m", "doctor", "diagnose", str(log)],
-                                           capture_output=True, env=env, check=False), args.repeat)
+        cli = measure(lambda: subprocess.run([sys.executable, "-m", "doctor", "diagnose", str(log)],
+                                             capture_output=True, env=env, check=False), args.repeat)
         print(f"baseline grep -c (one fixed string): {grep[0] * 1000:.0f} ms (median {grep[1] * 1000:.0f})")
         print(f"diagnose in-process: {inproc[0] * 1000:.0f} ms (median {inproc[1] * 1000:.0f}), "
               f"{len(found)} findings, top: {found[0].signature.id if found else None}")

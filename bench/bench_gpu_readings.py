@@ -21,20 +21,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from sysfs_tree import ACS_REDIRECT_ON, switched_host  # noqa: E402 (tests/ helper, after the path)
+from timing import median_time  # noqa: E402 (bench/timing.py: the script's folder is on sys.path)
 
 from doctor.core.registry import load  # noqa: E402
 from doctor.facts.store import CollectOptions  # noqa: E402
@@ -48,35 +45,26 @@ HGX_BUS = ["0000:18:00.0", "0000:2a:00.0", "0000:3a:00.0", "0000:5d:00.0", "0000
            "0000:ba:00.0", "0000:db:00.0"]
 
 
-def timed(fn: Callable[[], Any], repeat: int) -> float:
-    runs = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        runs.append(time.perf_counter() - start)
-    return statistics.median(runs)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--output", default=None)
     args = ap.parse_args()
-    base = timed(lambda: subprocess.run([sys.executable, "-c", BASELINE], check=True, capture_output=True,
-                                        timeout=60), args.repeat)
+    base = median_time(lambda: subprocess.run([sys.executable, "-c", BASELINE], check=True, capture_output=True,
+                                              timeout=60), args.repeat)
     rows: dict[str, float] = {"baseline (isolated NVML init + count)": base}
-    rows["pcie live"] = timed(read_pcie, args.repeat)
+    rows["pcie live"] = median_time(read_pcie, args.repeat)
     with tempfile.TemporaryDirectory() as tmp:
         switched_host(Path(tmp) / "sys", HGX_BUS, acs_control=ACS_REDIRECT_ON, group_type="DMA-FQ")
         (Path(tmp) / "proc").mkdir()
         (Path(tmp) / "proc" / "cmdline").write_text("ro intel_iommu=on\n")
         tree = read_pcie(str(Path(tmp) / "sys"), str(Path(tmp) / "proc"))
         assert len(tree["gpus"]) == 8 and len(tree["bridges"]) == 16, tree
-        rows["pcie 8-GPU tree"] = timed(lambda: read_pcie(str(Path(tmp) / "sys"), str(Path(tmp) / "proc")),
-                                        args.repeat)
-    rows["fabric software"] = timed(read_fabric_software, args.repeat)
+        rows["pcie 8-GPU tree"] = median_time(lambda: read_pcie(str(Path(tmp) / "sys"), str(Path(tmp) / "proc")),
+                                              args.repeat)
+    rows["fabric software"] = median_time(read_fabric_software, args.repeat)
     poll = nvml_source(load(plugins=False).collectors["nvml"], CollectOptions())
-    rows["fabric poll (isolated nvml)"] = timed(poll, args.repeat)
+    rows["fabric poll (isolated nvml)"] = median_time(poll, args.repeat)
     out = {name: {"ms": round(v * 1000, 2), "x_baseline": round(v / base, 3)} for name, v in rows.items()}
     for name, r in out.items():
         print(f"{name:40s} {r['ms']:9.2f} ms  {r['x_baseline']:7.3f}x baseline")

@@ -14,11 +14,9 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 import zipfile
 from pathlib import Path
 
@@ -27,18 +25,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from sglang_wheels import locate_wheel, wheel_dir  # noqa: E402
+from timing import median_time  # noqa: E402 (bench/timing.py: the script's folder is on sys.path)
 
 from doctor.sglang.patching import generate, locate, manifest, record, udiff  # noqa: E402
 from doctor.sglang.patching.engine import Engine  # noqa: E402
-
-
-def timed(fn, repeat: int) -> float:
-    runs = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        runs.append(time.perf_counter() - t)
-    return statistics.median(runs)
 
 
 def install(tmp: Path, wheels: Path) -> str:
@@ -110,10 +100,10 @@ def main() -> int:
                            env=env, capture_output=True, check=False)
 
         engine_status()
-        b = timed(baseline, args.repeat)
-        e = timed(engine_status, args.repeat)
-        p = timed(with_probe, max(5, args.repeat // 5))
-        c = timed(cli, 5)
+        b = median_time(baseline, args.repeat)
+        e = median_time(engine_status, args.repeat)
+        p = median_time(with_probe, max(5, args.repeat // 5))
+        c = median_time(cli, 5)
         print(f"10-file patch set on sglang {found.installed.version} ({size / 1e6:.2f} MB of sources), "
               f"RECORD {len(found.installed.hashes)} entries; medians")
         print(f"  baseline: read + sha256 of the 10 files      {b * 1e3:8.2f} ms")
@@ -137,7 +127,7 @@ def main() -> int:
             Engine(manifest.resolve("ddtree-0.5.23"), inst, state_dir=str(tmp / "state"),
                    package_root=found.package_root).status()
 
-        sb, ss = timed(ship_baseline, args.repeat), timed(ship_status, args.repeat)
+        sb, ss = median_time(ship_baseline, args.repeat), median_time(ship_status, args.repeat)
         print(f"shipped set ddtree-0.5.23 ({len(ship_paths)} files): baseline {sb * 1e3:.2f} ms, "
               f"engine status {ss * 1e3:.2f} ms = {ss / sb:.1f} x baseline")
     return 0

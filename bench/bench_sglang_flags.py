@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from timing import measure  # noqa: E402 (bench/timing.py: the script's folder is on sys.path)
 
 from doctor.core.settings import resolve  # noqa: E402
 from doctor.service.launcher import build_server_args  # noqa: E402
@@ -31,22 +31,13 @@ from doctor.sglang.flags import locate_sglang  # noqa: E402
 # sglang wheels: $SGLANG_WHEELS, else the tests' per-user wheel cache (tests/sglang_wheels.py)
 WHEELS = os.environ.get("SGLANG_WHEELS") or str(Path.home() / ".cache" / "k26-doctor-tests")
 
-def best(fn, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times), statistics.median(times)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--wheels", default=WHEELS,
                     help="directory with sglang wheels (default $SGLANG_WHEELS, else the tests' wheel cache)")
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args()
-    base_min, base_med = best(lambda: subprocess.run([sys.executable, "-c", "pass"], check=True), args.repeat)
+    base_min, base_med = measure(lambda: subprocess.run([sys.executable, "-c", "pass"], check=True), args.repeat)
     print(f"baseline: interpreter start {base_min * 1000:.1f} ms (median {base_med * 1000:.1f})")
     argv, _ = build_server_args(resolve({"model_path": "/m", "draft_model_path": "/d"}, environ={}))
     with tempfile.TemporaryDirectory() as tmp:
@@ -60,10 +51,10 @@ def main() -> int:
                 zf.extractall(site, [n for n in zf.namelist() if (n.startswith("sglang/") and n.endswith(".py"))
                                      or n.startswith(f"sglang-{version}.dist-info/")])
             env = dict(os.environ, PYTHONPATH=str(site))
-            probe = best(lambda env=env: locate_sglang(sys.executable, env), args.repeat)
+            probe = measure(lambda env=env: locate_sglang(sys.executable, env), args.repeat)
             table = read_flags(site / "sglang", version)
-            read = best(lambda site=site, version=version: read_flags(site / "sglang", version), args.repeat)
-            judge = best(lambda table=table: validate_args(table, argv), args.repeat)
+            read = measure(lambda site=site, version=version: read_flags(site / "sglang", version), args.repeat)
+            judge = measure(lambda table=table: validate_args(table, argv), args.repeat)
             total = probe[0] + read[0] + judge[0]
             print(f"{version}: {len(table.options)} flags ({table.style}); probe {probe[0] * 1000:.1f} ms, "
                   f"read {read[0] * 1000:.1f} ms, judge {judge[0] * 1000:.2f} ms; "

@@ -4,23 +4,18 @@ from __future__ import annotations
 
 import re
 import shlex
-import sys
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from doctor.core.context import Context
+from doctor.core.datafile import load_toml
 from doctor.core.registry import check
 from doctor.core.result import Remediation, Result
 from doctor.core.settings import ConfigError
 from doctor.host.access import access_fix, describe
 from doctor.host.exposure import exposure
 from doctor.service.launcher import build_server_args
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 GIB = 1024**3
 ENV_RULES = Path(__file__).resolve().parents[1] / "doctor" / "data" / "env_rules.toml"
@@ -105,8 +100,7 @@ def host_port(ctx: Context) -> Result:
 
 @lru_cache(maxsize=1)
 def env_rules() -> list[dict[str, Any]]:
-    with open(ENV_RULES, "rb") as fh:
-        return list(tomllib.load(fh).get("rule", []))
+    return list(load_toml(ENV_RULES).get("rule", []))
 
 
 TRUTHY = {"1", "true", "yes", "on", "y"}

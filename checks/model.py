@@ -18,7 +18,7 @@ from doctor.facts.store import FactUnavailable, MalformedFact
 from doctor.host.access import access_fix, describe
 from doctor.model import memory
 from doctor.model.drafter import DraftFinding, judge_pairing, same_directory
-from doctor.model.modelconfig import ConfigView, is_pos_int, json_data, read_config
+from doctor.model.modelconfig import ConfigView, is_pos_int, json_data, json_object, read_config
 from doctor.model.remote_code import download_command
 from doctor.model.tokenizer import TokenizerVerdict, judge_files, judge_load
 from doctor.service.launcher import build_server_args
@@ -665,16 +665,12 @@ def model_tokenizer(ctx: Context) -> Result:
     dangling = [n for n, v in files.items() if isinstance(v, dict) and v.get("dangling")]
     problems += [f"{n} is a dangling symlink" for n in dangling]
     tc = tok.get("tokenizer_config") or {}
-    data: dict[str, Any] = {}
-    if not tc.get("present"):
+    data, problem = json_object(tc, "tokenizer_config.json")
+    if not tc.get("present"):  # tokenizer.json alone is enough
         if "tokenizer.json" not in files:
             problems.append("tokenizer_config.json is missing (and there is no tokenizer.json)")
-    elif tc.get("error"):
-        problems.append(tc["error"])
-    elif not isinstance(json_data(tc), dict):
-        problems.append("tokenizer_config.json is not a JSON object")
-    else:
-        data = json_data(tc)
+    elif problem:
+        problems.append(problem)
     cls = data.get("tokenizer_class") if isinstance(data.get("tokenizer_class"), str) else ""
     refs = _auto_map_modules(data.get("auto_map"))
     cfg = json_data(fact.get("config"))
@@ -781,16 +777,9 @@ def model_drafter(ctx: Context) -> Result:
                              path=fact.get("path"), realpath=fact.get("realpath"))
     weights = judge_weights(ctx, fact, "drafter", "drafter.repo")
     problems: list[str] = []
-    cfg = fact.get("config") or {}
-    d: dict[str, Any] = {}
-    if not cfg.get("present"):
-        problems.append("config.json is missing")
-    elif cfg.get("error"):
-        problems.append(cfg["error"])
-    elif not isinstance(json_data(cfg), dict):
-        problems.append("config.json is not a JSON object")
-    else:
-        d = json_data(cfg)
+    d, problem = json_object(fact.get("config"), "config.json")
+    if problem:
+        problems.append(problem)
     target = _optional(ctx, "model") or {}
     tview = None
     if target.get("given") and not target.get("error"):

@@ -11,8 +11,6 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from packaging.requirements import InvalidRequirement, Requirement
-
 from doctor.core.context import Context
 from doctor.core.registry import check
 from doctor.core.result import Remediation, Result
@@ -22,6 +20,7 @@ from doctor.sglang.flags import judge_flags
 from doctor.sglang.patching.status import APPLIED, DRIFTED, MISSING, PARTIAL, PRISTINE, evaluate
 from doctor.sglang.runtime import flashinfer_jit_problems, runtime_problems
 from doctor.stack.judging import (
+    applicable_requirements,
     installed_dist,
     is_under,
     norm,
@@ -137,20 +136,9 @@ def _sglang_requirements(stack: dict[str, Any], dist: dict[str, Any]) -> tuple[l
     """SGLang's Requires-Dist against the installed distributions, as ``pip check`` reads them: (missing,
     installed at a version the requirement excludes). Markers are evaluated for the service's interpreter."""
     dists = stack.get("distributions") if isinstance(stack.get("distributions"), dict) else {}
-    env = dict((stack.get("python") or {}).get("markers") or {})
-    env["extra"] = ""
     missing: list[str] = []
     mismatched: list[str] = []
-    for text in dist.get("requires") or []:
-        try:
-            req = Requirement(str(text))
-        except InvalidRequirement:
-            continue
-        try:
-            if req.marker is not None and not req.marker.evaluate(env):
-                continue
-        except Exception:  # an unknown marker variable: judge the requirement anyway
-            pass
+    for req in applicable_requirements(stack, dist.get("requires")):
         have = dists.get(norm(req.name))
         named = f"{req.name}{req.specifier}"  # without the marker, already evaluated
         if not isinstance(have, dict):

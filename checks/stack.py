@@ -11,7 +11,6 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import Version
 
 from doctor.core.registry import check
@@ -20,6 +19,7 @@ from doctor.facts.store import FactUnavailable
 from doctor.stack import compat, kernels, libcuda
 from doctor.stack.cuda_arch import best_match, cc_str
 from doctor.stack.judging import (
+    applicable_requirements,
     gpu_ccs,
     installed_dist,
     norm,
@@ -435,27 +435,16 @@ def _unmet_requirements(ctx: Any, stack: dict[str, Any], named_missing: set[str]
     ``named_missing``: components already reported missing by the matrix."""
     dists = stack.get("distributions") or {}
     names = _stack_dist_names()
-    env = dict((stack.get("python") or {}).get("markers") or {})
-    env["extra"] = ""
     by_dist = {norm(n): comp for comp, ns in compat.distribution_names().items() for n in ns}
     out = []
     for key in sorted(names):
         dist = dists.get(key)
         if not dist:
             continue
-        for text in dist.get("requires") or []:
-            try:
-                req = Requirement(text)
-            except InvalidRequirement:
-                continue
+        for req in applicable_requirements(stack, dist.get("requires")):
             target = norm(req.name)
             if target not in names:
                 continue
-            try:
-                if req.marker is not None and not req.marker.evaluate(env):
-                    continue
-            except Exception:  # an unknown marker variable: judge the requirement anyway
-                pass
             have = dists.get(target)
             have_v = parse_version(have.get("version")) if have else None
             if have_v is not None and req.specifier.contains(have_v, prereleases=True):

@@ -223,3 +223,28 @@ def test_recovery_refuses_a_corrupt_backup_and_a_file_changed_meanwhile(venv: Ve
     with pytest.raises(EngineError, match="neither as it was"):
         eng.recover()
     assert target.read_bytes() == b"someone else's edit\n" and journal(eng, state) is not None
+
+
+def test_oversized_files_are_refused_unread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One capped reader (``fileio.read_capped``) for the manifest, the diffs and RECORD: a file larger than
+    its cap is an error naming it, never read whole."""
+    from doctor.core.fileio import read_capped
+
+    big = tmp_path / "big"
+    big.write_bytes(b"x" * 11)
+    assert read_capped(big, 11, "a thing") == b"x" * 11
+    with pytest.raises(OSError) as info:
+        read_capped(big, 10, "a thing")
+    assert info.value.errno == errno.EFBIG and info.value.strerror == "larger than 0 MiB: not a thing"
+    dist = tmp_path / "sglang-0.5.23.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.23\n")
+    (dist / "RECORD").write_bytes(b"a,,\n" * 8)
+    monkeypatch.setattr(record, "MAX_RECORD_BYTES", 16)
+    with pytest.raises(record.RecordError, match=r"cannot read .*RECORD: larger than 0 MiB: not a RECORD"):
+        record.load_installed(dist)
+    (tmp_path / "set").mkdir()
+    (tmp_path / "set" / manifest.MANIFEST_NAME).write_text("{}" + " " * 64)
+    monkeypatch.setattr(manifest, "MAX_MANIFEST_BYTES", 16)
+    with pytest.raises(manifest.ManifestError, match=r"manifest\.json: larger than 0 MiB: not a manifest"):
+        manifest.load(tmp_path / "set")

@@ -188,3 +188,24 @@ def test_not_elf_fifo_and_directory(tmp_path):
     (tmp_path / "dir.so").mkdir()
     with pytest.raises(ElfError, match="not a regular file"):
         fatbin.file_code(str(tmp_path / "dir.so"))
+
+
+def _ehdr(machine: int, flags: int, abi_version: int, cls: int = 2) -> bytes:
+    """A 64-byte ELF header with the fields ``parse_header`` reads (the rest zero)."""
+    import struct
+
+    ident = b"\x7fELF" + bytes([cls, 1, 1, 0, abi_version]) + bytes(7)
+    return struct.pack("<16sHHIQQQIHHHHHH", ident, 2, machine, 1, 0, 0, 0, flags, 64, 0, 0, 64, 0, 0)
+
+
+def test_one_header_parser_for_files_and_embedded_cubins() -> None:
+    from doctor.stack.elf import EM_CUDA, cuda_arch, parse_header
+
+    old = parse_header(_ehdr(EM_CUDA, 90 | 0x800, 7))
+    assert (old.machine, old.abi_version) == (EM_CUDA, 7) and cuda_arch(old) == (90, "a")
+    assert cuda_arch(parse_header(_ehdr(EM_CUDA, (100 << 8) | 0x8, 8))) == (100, "a")
+    assert cuda_arch(parse_header(_ehdr(EM_CUDA, 100 << 8, 8))) == (100, "")
+    with pytest.raises(ElfError, match="64-bit little-endian"):
+        parse_header(_ehdr(EM_CUDA, 90, 7, cls=1))
+    with pytest.raises(ElfError, match="shorter"):
+        parse_header(_ehdr(EM_CUDA, 90, 7)[:40])

@@ -260,21 +260,28 @@ def plan_ids(plan: Plan) -> list[str]:
     return ids
 
 
+def change_options(force_help: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The flags of a command that changes files (apply, revert): the target's, ``--yes``, ``--force``
+    (worded per command: what it overrides differs) and ``--patch``; one list, so both stay alike."""
+
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        func = click.option("--patch", "only", multiple=True, help="Only this patch id (repeatable).")(func)
+        func = click.option("--force", is_flag=True, help=force_help)(func)
+        func = click.option("--yes", is_flag=True, help="Do not ask (required when stdin is not a terminal).")(func)
+        return target_options(func)
+
+    return decorate
+
+
 @patches.command("apply")
-@target_options
-@click.option("--yes", is_flag=True, help="Do not ask (required when stdin is not a terminal).")
-@click.option("--force", is_flag=True, help="Patch over drifted files too (they are backed up first).")
-@click.option("--patch", "only", multiple=True, help="Only this patch id (repeatable).")
+@change_options("Patch over drifted files too (they are backed up first).")
 def apply_cmd(settings: Settings, set_name: str, yes: bool, force: bool, only: tuple[str, ...]) -> None:
     """Apply the set to every file at once (a second apply does nothing)."""
     _run(settings, set_name, "apply", yes, force, only)
 
 
 @patches.command("revert")
-@target_options
-@click.option("--yes", is_flag=True, help="Do not ask (required when stdin is not a terminal).")
-@click.option("--force", is_flag=True, help="Put stored originals back over drifted files (backed up first).")
-@click.option("--patch", "only", multiple=True, help="Only this patch id (repeatable).")
+@change_options("Put stored originals back over drifted files (backed up first).")
 def revert_cmd(settings: Settings, set_name: str, yes: bool, force: bool, only: tuple[str, ...]) -> None:
     """Put every file back to the bytes RECORD lists, checked."""
     _run(settings, set_name, "revert", yes, force, only)

@@ -9,6 +9,7 @@ user stays owned by it. ``hook(event, path)`` is called at each step so tests ca
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from collections.abc import Callable
@@ -29,6 +30,21 @@ def read_or_none(path: Path) -> bytes | None:
         return path.read_bytes()
     except FileNotFoundError:
         return None
+
+
+def read_capped(path: Path, limit: int, kind: str) -> bytes:
+    """A file's bytes when it holds at most ``limit`` of them; at most ``limit + 1`` are ever read.
+
+    For files the doctor parses whole (a patch set's manifest and diffs, a RECORD): one named like them
+    but huge (or endless, a FIFO or /dev/zero) is refused, not read into memory. Every failure is an
+    ``OSError`` (too large: EFBIG, ``strerror`` "larger than N MiB: not <kind>"), so a caller words all
+    of them with one ``except OSError``.
+    """
+    with open(path, "rb") as fh:
+        data = fh.read(limit + 1)
+    if len(data) > limit:
+        raise OSError(errno.EFBIG, f"larger than {limit >> 20} MiB: not {kind}", str(path))
+    return data
 
 
 def fsync_dir(path: Path | str) -> None:

@@ -26,10 +26,7 @@ from dataclasses import MISSING, Field, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on py310 in tox
-    import tomli as tomllib
+from doctor.core.datafile import DataFileError, read_toml
 
 PROFILES_DIR = Path(__file__).resolve().parents[1] / "profiles"
 DEFAULT_PROFILE = "b300-tp8-ddtree"
@@ -55,13 +52,11 @@ def load_profile(name: str) -> dict[str, Any]:
 
 
 def _read_toml(path: Path, what: str) -> dict[str, Any]:
+    """A profile, config or schema file; one the user gave that cannot be used is an invalid configuration."""
     try:
-        with open(path, "rb") as fh:
-            return tomllib.load(fh)
-    except OSError as exc:
-        raise ConfigError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{what} {path} is not valid TOML: {exc}") from None
+        return read_toml(path, what)
+    except DataFileError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "data" / "config_schema.toml"
@@ -242,6 +237,14 @@ DOCTOR_KEYS = frozenset(key_of(f) for f in setting_fields() if f.metadata["confi
 COLLECT_FIELDS = tuple(f.name for f in fields(Settings) if f.metadata.get("collect"))
 
 
+def _seconds(name: str, value: Any) -> float:
+    """``value`` as a float, for the settings given in seconds; ``ConfigError`` (exit 2) when it is none."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name} must be a number of seconds, got {value!r}") from None
+
+
 def _convert(f: Field[Any], value: Any, source: str = "") -> Any:
     kind, name = f.metadata["kind"], key_of(f)
     if value is None:
@@ -261,18 +264,12 @@ def _convert(f: Field[Any], value: Any, source: str = "") -> Any:
             raise ConfigError(f"{name} must be >= 1, got {number}")
         return number
     if kind == "seconds":
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{name} must be a number of seconds, got {value!r}") from None
+        number = _seconds(name, value)
         if not number >= 0 or number == float("inf"):
             raise ConfigError(f"{name} must be a number of seconds >= 0, got {value!r}")
         return number
     if kind == "posfloat":
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{name} must be a number of seconds, got {value!r}") from None
+        number = _seconds(name, value)
         if number <= 0:
             raise ConfigError(f"{name} must be positive")
         return number

@@ -50,6 +50,21 @@ def json_data(entry: dict[str, Any] | None) -> Any:
         return None
 
 
+def json_object(entry: dict[str, Any] | None, name: str) -> tuple[dict[str, Any], str | None]:
+    """A JSON file fact that must hold an object: ``(data, None)``, or ``({}, problem)`` when the file is
+    missing, unreadable (the collector's error, naming it) or not a JSON object. The one wording of these
+    for every JSON file a check requires (``name``: the file's name, as the user knows it)."""
+    entry = entry or {}
+    if not entry.get("present"):
+        return {}, f"{name} is missing"
+    if entry.get("error"):
+        return {}, str(entry["error"])
+    data = json_data(entry)
+    if not isinstance(data, dict):
+        return {}, f"{name} is not a JSON object"
+    return data, None
+
+
 def is_pos_int(v: Any) -> bool:
     return type(v) is int and v > 0
 

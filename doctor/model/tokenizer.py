@@ -21,7 +21,6 @@ import functools
 import json
 import os
 import shlex
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,14 +28,10 @@ from typing import Any
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from doctor.core.datafile import load_toml
 from doctor.core.proc import run_probe
 from doctor.model.remote_code import auto_map_refs, compat_table, download_command, scan_remote_code
 from doctor.model.tiktoken_bpe import read_tiktoken_bpe
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - py310
-    import tomli as tomllib
 
 MARKERS_FILE = Path(__file__).resolve().parents[1] / "data" / "tokenizer_markers.toml"
 PROBE_TIMEOUT_S = 120.0
@@ -48,8 +43,7 @@ GENERIC_BACKEND = "TokenizersBackend"
 @functools.lru_cache(maxsize=2)
 def parser_markers(path: Path = MARKERS_FILE) -> dict[str, dict[str, list[str]]]:
     """``{"reasoning_parser": {"kimi_k2": [...]}, "tool_call_parser": {...}}``."""
-    with open(path, "rb") as fh:
-        data = tomllib.load(fh)
+    data = load_toml(path)
     return {kind: {name: list(v.get("markers") or []) for name, v in table.items()}
             for kind, table in data.items() if isinstance(table, dict)}
 

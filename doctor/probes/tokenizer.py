@@ -64,35 +64,42 @@ def class_of(obj):
             "bases": [b.__name__ for b in cls.__mro__[1:6]]}
 
 
+def attempt(steps, how, make, catch=Exception):
+    """One step of the load, recorded under ``how`` with the class it gave or its error: the tokenizer, or
+    None when the step raised ``catch`` (each step of SGLang's loader is recorded the same way)."""
+    try:
+        tok = make()
+        steps.append({"how": how, "class": class_of(tok)})
+        return tok
+    except catch as exc:
+        steps.append({"how": how, "error": error_of(exc)})
+        return None
+
+
 def load(path, trust, out):
     """SGLang 0.5.23's get_tokenizer, auto mode, step by step."""
     from transformers import AutoTokenizer
 
     kwargs = {"trust_remote_code": trust, "clean_up_tokenization_spaces": False, "use_fast": True}
     steps = out["load"]["steps"]
-    tok = None
-    try:
-        tok = AutoTokenizer.from_pretrained(path, **kwargs)
-        steps.append({"how": "AutoTokenizer.from_pretrained(use_fast=True)", "class": class_of(tok)})
-    except Exception as exc:
-        steps.append({"how": "AutoTokenizer.from_pretrained(use_fast=True)", "error": error_of(exc)})
+    tok = attempt(steps, "AutoTokenizer.from_pretrained(use_fast=True)",
+                  lambda: AutoTokenizer.from_pretrained(path, **kwargs))
+    if tok is None:
         return None
     if type(tok).__name__ == "TokenizersBackend":
         kwargs["use_fast"] = False
-        try:
-            tok = AutoTokenizer.from_pretrained(path, **kwargs)
-            steps.append({"how": "AutoTokenizer.from_pretrained(use_fast=False)", "class": class_of(tok)})
-        except Exception as exc:
-            steps.append({"how": "AutoTokenizer.from_pretrained(use_fast=False)", "error": error_of(exc)})
+        tok = attempt(steps, "AutoTokenizer.from_pretrained(use_fast=False)",
+                      lambda: AutoTokenizer.from_pretrained(path, **kwargs))
+        if tok is None:
             return None
     if type(tok).__name__ == "TokenizersBackend":
         declared = declared_class(path, trust, steps)
         if declared is not None:
-            try:
-                tok = declared.from_pretrained(path, **kwargs)
-                steps.append({"how": f"declared class {declared.__name__}.from_pretrained", "class": class_of(tok)})
-            except (OSError, ValueError, TypeError, ImportError) as exc:  # SGLang keeps the generic one then
-                steps.append({"how": f"declared class {declared.__name__}.from_pretrained", "error": error_of(exc)})
+            chosen = attempt(steps, f"declared class {declared.__name__}.from_pretrained",
+                             lambda: declared.from_pretrained(path, **kwargs),
+                             (OSError, ValueError, TypeError, ImportError))
+            if chosen is not None:  # else SGLang keeps the generic one
+                tok = chosen
     return tok
 
 

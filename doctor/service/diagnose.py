@@ -33,14 +33,12 @@ from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
+from doctor.core.datafile import DataFileError, read_toml
+
 if sys.version_info >= (3, 11):
     import re._parser as _sre_parse
-
-    import tomllib
 else:  # pragma: no cover - py310
     import sre_parse as _sre_parse
-
-    import tomli as tomllib
 
 SIGNATURES_FILE = Path(__file__).resolve().parents[1] / "data" / "failure_signatures.toml"
 MAX_LINE = 8192  # a pathological line (a tensor dump) is cut, not matched for minutes
@@ -112,12 +110,9 @@ def load_signatures(paths: list[Path] | None = None) -> list[Signature]:
     by_id: dict[str, Signature] = {}
     for path in [SIGNATURES_FILE, *(paths or [])]:
         try:
-            with open(path, "rb") as fh:
-                data = tomllib.load(fh)
-        except OSError as exc:
-            raise SignatureError(f"cannot read signatures {path}: {exc.strerror or exc}") from None
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise SignatureError(f"signatures {path} are not valid TOML: {exc}") from None
+            data = read_toml(path, "signatures file")
+        except DataFileError as exc:
+            raise SignatureError(str(exc)) from None
         entries = data.get("signature")
         if not isinstance(entries, list):
             raise SignatureError(f"{path}: expected [[signature]] tables")

@@ -11,18 +11,13 @@ explained by ``doctor.sglang.flag_history`` (removed, with its replacement from
 from __future__ import annotations
 
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from doctor.core.datafile import load_toml
 from doctor.sglang.flag_history import explain_abbreviation, explain_unknown
 from doctor.sglang.flag_reader import FlagTable
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - py310
-    import tomli as tomllib
 
 REMOVED_FLAGS_FILE = Path(__file__).resolve().parents[1] / "data" / "sglang_removed_flags.toml"
 _NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
@@ -46,8 +41,7 @@ class FlagProblem:
 
 def removed_flags(path: Path = REMOVED_FLAGS_FILE) -> dict[str, dict[str, Any]]:
     """The data table of flags SGLang removed: ``{"--flag": {"replacement": ..., "removed_in": ...}}``."""
-    with open(path, "rb") as fh:
-        data = tomllib.load(fh)
+    data = load_toml(path)
     return {str(k): dict(v) for k, v in (data.get("flags") or {}).items()}
 
 

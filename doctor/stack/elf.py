@@ -32,6 +32,13 @@ SHN_XINDEX = 0xFFFF
 STB_GLOBAL = 1
 STB_WEAK = 2
 
+# cubin e_flags (``cuda_arch``)
+ELF_ABI_V1 = 7
+EF_CUDA_SM = 0xFF
+EF_CUDA_ACCELERATORS_V1 = 0x800
+EF_CUDA_SM_OFFSET = 8
+EF_CUDA_ACCELERATORS = 0x8
+
 _EHDR = struct.Struct("<16sHHIQQQIHHHHHH")
 _SHDR = struct.Struct("<IIQQQQIIQQ")
 _SYM = struct.Struct("<IBBHQQ")
@@ -42,6 +49,50 @@ MAX_TABLE = 1 << 30  # a symbol or string table larger than 1 GiB is not a real 
 
 class ElfError(Exception):
     """The file is not an ELF file this reader understands, or it is malformed (the message says how)."""
+
+
+class ElfHeader(NamedTuple):
+    """The fields of an ELF header this reader uses."""
+
+    type: int
+    machine: int
+    flags: int  # e_flags: for EM_CUDA, the SM and the arch-specific mark (``cuda_arch``)
+    osabi: int
+    abi_version: int
+    shoff: int
+    shentsize: int
+    shnum: int
+    shstrndx: int
+
+
+def parse_header(head: bytes) -> ElfHeader:
+    """The ELF header at the start of ``head``; ``ElfError`` unless it is a 64-bit little-endian one.
+
+    The one parser of an ELF header: a file's (``ElfFile``) and a cubin's embedded in a fat binary
+    (``doctor.stack.fatbin``), so both agree on the offsets and on what is refused.
+    """
+    if len(head) < _EHDR.size:
+        raise ElfError("shorter than an ELF header")
+    (ident, etype, machine, _version, _entry, _phoff, shoff, flags, _ehsize, _phentsize,
+     _phnum, shentsize, shnum, shstrndx) = _EHDR.unpack_from(head)
+    if ident[:4] != b"\x7fELF":
+        raise ElfError("not an ELF file")
+    if ident[4] != 2 or ident[5] != 1:
+        raise ElfError("not a 64-bit little-endian ELF file")
+    return ElfHeader(etype, machine, flags, ident[7], ident[8], shoff, shentsize, shnum, shstrndx)
+
+
+def cuda_arch(header: ElfHeader) -> tuple[int, str]:
+    """A cubin's SM number and arch-specific mark (``"a"`` or ``""``) as its ``e_flags`` give them.
+
+    One reading for a bare cubin and an embedded one: ABI version 7 keeps the SM in the low byte and
+    marks ``sm_90a`` with EF_CUDA_ACCELERATORS_V1; from version 8 (Blackwell toolchains) the SM is in
+    bits 8-15 and the mark is EF_CUDA_ACCELERATORS (llvm/BinaryFormat/ELF.h). SM 0: none named.
+    """
+    flags = header.flags
+    if header.abi_version <= ELF_ABI_V1:
+        return flags & EF_CUDA_SM, "a" if flags & EF_CUDA_ACCELERATORS_V1 else ""
+    return (flags >> EF_CUDA_SM_OFFSET) & 0xFF, "a" if flags & EF_CUDA_ACCELERATORS else ""
 
 
 class Section(NamedTuple):
@@ -111,17 +162,13 @@ class ElfFile:
             raise ElfError("shorter than an ELF header")
         self._head = b""
         self._head = self.read(0, min(self.size, HEAD_BLOCK))
-        head = self._head[:_EHDR.size]
-        (ident, self.type, self.machine, _version, _entry, _phoff, self.shoff, self.flags, _ehsize, _phentsize,
-         _phnum, self.shentsize, shnum, shstrndx) = _EHDR.unpack(head)
-        if ident[:4] != b"\x7fELF":
-            raise ElfError("not an ELF file")
-        if ident[4] != 2 or ident[5] != 1:
-            raise ElfError("not a 64-bit little-endian ELF file")
-        self.osabi = ident[7]
-        self.abi_version = ident[8]
-        self._shnum = shnum
-        self._shstrndx = shstrndx
+        hdr = parse_header(self._head)
+        self.header = hdr
+        self.type, self.machine, self.flags = hdr.type, hdr.machine, hdr.flags
+        self.osabi, self.abi_version = hdr.osabi, hdr.abi_version
+        self.shoff, self.shentsize = hdr.shoff, hdr.shentsize
+        self._shnum = hdr.shnum
+        self._shstrndx = hdr.shstrndx
 
     @property
     def sections(self) -> list[Section]:

@@ -42,7 +42,7 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple
 
-from doctor.stack.elf import EM_CUDA, ElfError, ElfFile
+from doctor.stack.elf import ELF_ABI_V1, EM_CUDA, ElfError, ElfFile, cuda_arch, parse_header
 
 MAGIC = 0xBA55ED50
 KIND_PTX = 1
@@ -57,14 +57,6 @@ FLAG_FAMILY_SPECIFIC = 0x200000
 _CONTAINER = struct.Struct("<IHHQ")
 _ENTRY = struct.Struct("<HHIQIIHHIIIQQQ")
 MAX_ENTRIES = 1 << 20
-
-# cubin e_flags (llvm/BinaryFormat/ELF.h): ABI version 7 keeps the SM in the low byte and marks sm_90a
-# with EF_CUDA_ACCELERATORS_V1; from version 8 (Blackwell toolchains) the SM is in bits 8-15.
-ELF_ABI_V1 = 7
-EF_CUDA_SM = 0xFF
-EF_CUDA_ACCELERATORS_V1 = 0x800
-EF_CUDA_SM_OFFSET = 8
-EF_CUDA_ACCELERATORS = 0x8
 NV_COMPAT_ARCH_SPECIFIC = 9  # .nv.compat attribute written by ptxas 13 for sm_XYa
 
 
@@ -153,13 +145,11 @@ def read_entries(elf: ElfFile, offset: int, size: int) -> list[Entry]:
 
 def _embedded_variant(elf: ElfFile, at: int) -> str:
     """The variant an uncompressed embedded cubin's ELF header says (old-ABI ``sm_90a``), else ''."""
-    head = elf.read(at, 64)
-    if head[:4] != b"\x7fELF" or struct.unpack_from("<H", head, 18)[0] != EM_CUDA:
+    try:
+        header = parse_header(elf.read(at, 64))
+    except ElfError:  # not an ELF image (or not a 64-bit one): the entry's own flags stand
         return ""
-    flags = struct.unpack_from("<I", head, 48)[0]
-    if head[8] <= ELF_ABI_V1:
-        return "a" if flags & EF_CUDA_ACCELERATORS_V1 else ""
-    return "a" if flags & EF_CUDA_ACCELERATORS else ""
+    return cuda_arch(header)[1] if header.machine == EM_CUDA else ""
 
 
 def summarize(entries: list[Entry]) -> GpuCode:
@@ -189,17 +179,12 @@ def shared_object_code(elf: ElfFile, section: str = ".nv_fatbin") -> GpuCode | N
 
 def cubin_code(elf: ElfFile) -> GpuCode:
     """The one SASS target of a bare cubin (``e_machine`` EM_CUDA)."""
-    flags = elf.flags
-    if elf.abi_version <= ELF_ABI_V1:
-        sm = flags & EF_CUDA_SM
-        variant = "a" if flags & EF_CUDA_ACCELERATORS_V1 else ""
-    else:
-        sm = (flags >> EF_CUDA_SM_OFFSET) & 0xFF
-        variant = "a" if flags & EF_CUDA_ACCELERATORS else ""
-        if not variant and _compat_attribute(elf, NV_COMPAT_ARCH_SPECIFIC):
-            variant = "a"
+    sm, variant = cuda_arch(elf.header)
+    # ptxas 13 may mark sm_XYa only in .nv.compat; the old ABI always marks it in e_flags
+    if not variant and elf.abi_version > ELF_ABI_V1 and _compat_attribute(elf, NV_COMPAT_ARCH_SPECIFIC):
+        variant = "a"
     if not sm:
-        raise ElfError(f"cubin e_flags {flags:#x} name no SM")
+        raise ElfError(f"cubin e_flags {elf.flags:#x} name no SM")
     return GpuCode([f"sm_{sm}{variant}"], [], {}, 1, 0)
 
 

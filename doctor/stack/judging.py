@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import re
 import shlex
+from collections.abc import Iterator
 from typing import Any
 
+from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
@@ -98,3 +100,21 @@ def is_under(path: str, root: str) -> bool:
         return False
 
 
+def applicable_requirements(stack: dict[str, Any], requires: Any) -> Iterator[Requirement]:
+    """A distribution's Requires-Dist entries that apply to the service's interpreter, as ``pip check``
+    reads them: markers evaluated with the stack fact's marker environment (no extra selected); an entry
+    that does not parse is passed over, and one whose marker cannot be evaluated (an unknown variable) is
+    judged anyway. One reading for every check that compares requirements with what is installed."""
+    env = dict((stack.get("python") or {}).get("markers") or {})
+    env["extra"] = ""
+    for text in requires or []:
+        try:
+            req = Requirement(str(text))
+        except InvalidRequirement:
+            continue
+        try:
+            if req.marker is not None and not req.marker.evaluate(env):
+                continue
+        except Exception:  # an unknown marker variable: judge the requirement anyway
+            pass
+        yield req

@@ -37,6 +37,17 @@ class EngineError(Exception):
     """The run did not happen or was rolled back; the message says what state the files are in."""
 
 
+PLAN_FAILURES = (udiff.HunkMismatch, EngineError, OSError)  # what reading and patching a file in memory raise
+
+
+def refusal(path: str, exc: Exception) -> str:
+    """A plan's refusal for a file it could not read or patch in memory: a hunk or engine error says its own
+    words (they name the file); an OSError is "cannot read", with the system's reason."""
+    if isinstance(exc, OSError):
+        return f"{path}: cannot read: {exc.strerror or exc}"
+    return str(exc)
+
+
 @dataclass
 class Change:
     """One file's planned change, computed in memory before anything is written."""
@@ -197,7 +208,7 @@ class Engine:
             if missing_prereq:
                 plan.refusals.append(f"{fs.path}: selected patches build on {', '.join(missing_prereq)}; select it too")
                 continue
-            hashes = [chain[0][1].before] + [c.after for _, c in chain]
+            hashes = mf.stage_hashes(chain)
             try:
                 old, st = self._read(fs.path)
                 if fs.state in (DRIFTED, MISSING):
@@ -206,11 +217,8 @@ class Engine:
                         plan.changes.append(change)
                     continue
                 new = self._run_chain(old, chain[start:goal], fs.path)
-            except (udiff.HunkMismatch, EngineError) as exc:
-                plan.refusals.append(str(exc))
-                continue
-            except OSError as exc:
-                plan.refusals.append(f"{fs.path}: cannot read: {exc.strerror or exc}")
+            except PLAN_FAILURES as exc:
+                plan.refusals.append(refusal(fs.path, exc))
                 continue
             if (None if new is None else sha256_bytes(new)) != hashes[goal]:
                 plan.refusals.append(f"{fs.path}: the patched bytes do not hash to the manifest's 'after' "
@@ -277,13 +285,10 @@ class Engine:
             try:
                 old, st = self._read(fs.path)
                 new = self._run_chain(old, list(reversed(chain[goal:stage])), fs.path, reverse=True)
-            except (udiff.HunkMismatch, EngineError) as exc:
-                plan.refusals.append(str(exc))
+            except PLAN_FAILURES as exc:
+                plan.refusals.append(refusal(fs.path, exc))
                 continue
-            except OSError as exc:
-                plan.refusals.append(f"{fs.path}: cannot read: {exc.strerror or exc}")
-                continue
-            hashes = [chain[0][1].before] + [c.after for _, c in chain]
+            hashes = mf.stage_hashes(chain)
             got = None if new is None else sha256_bytes(new)
             if got != hashes[goal] or (goal == 0 and got is not None and got != pristine_want):
                 plan.refusals.append(f"{fs.path}: reverting does not give back the original bytes "
@@ -308,13 +313,10 @@ class Engine:
         try:
             new = self._run_chain(base, chain[:goal], fs.path)
             old, st = self._read(fs.path)
-        except (udiff.HunkMismatch, EngineError) as exc:
-            plan.refusals.append(str(exc))
+        except PLAN_FAILURES as exc:
+            plan.refusals.append(refusal(fs.path, exc))
             return None
-        except OSError as exc:
-            plan.refusals.append(f"{fs.path}: cannot read: {exc.strerror or exc}")
-            return None
-        want = [chain[0][1].before] + [c.after for _, c in chain]
+        want = mf.stage_hashes(chain)
         if (None if new is None else sha256_bytes(new)) != want[goal]:
             plan.refusals.append(f"{fs.path}: the stored original does not rebuild to {want[goal]}")
             return None

@@ -33,6 +33,7 @@ from typing import Any
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from doctor.core.fileio import read_capped
 from doctor.sglang.patching.hashing import normalize_digest
 
 MANIFEST_NAME = "manifest.json"
@@ -96,13 +97,9 @@ class PatchSet:
     def read_diff(self, patch: Patch) -> bytes:
         path = self.diff_path(patch)
         try:
-            with open(path, "rb") as fh:
-                data = fh.read(MAX_DIFF_BYTES + 1)
+            return read_capped(path, MAX_DIFF_BYTES, "a source patch")
         except OSError as exc:
             raise ManifestError(f"cannot read diff {path} of patch {patch.id!r}: {exc.strerror or exc}") from None
-        if len(data) > MAX_DIFF_BYTES:
-            raise ManifestError(f"diff {path} is larger than {MAX_DIFF_BYTES >> 20} MiB: not a source patch")
-        return data
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -195,19 +192,23 @@ def from_dict(data: Any, directory: Path | None = None, origin: str = "manifest"
     return PatchSet(name, description, spec.strip(), patches, directory, raw=data)
 
 
+def stage_hashes(chain: list[tuple[int, FileChange]]) -> list[str | None]:
+    """A file's sha256 at each stage of its chain (one of ``PatchSet.chains()``): index 0 before the first
+    patch, index k after the k-th (None: the file is absent there). Status finds a file's stage in it, and
+    each plan the hash its result must have: one list, so they agree."""
+    return [chain[0][1].before] + [c.after for _, c in chain]
+
+
 def load(directory: str | os.PathLike[str]) -> PatchSet:
     """Read and validate ``<directory>/manifest.json`` (and that every diff it names exists)."""
     directory = Path(directory)
     path = directory / MANIFEST_NAME
     try:
-        with open(path, "rb") as fh:
-            blob = fh.read(MAX_MANIFEST_BYTES + 1)
+        blob = read_capped(path, MAX_MANIFEST_BYTES, "a manifest")
     except FileNotFoundError:
         raise ManifestError(f"{path} does not exist") from None
     except OSError as exc:
         raise ManifestError(f"cannot read {path}: {exc.strerror or exc}") from None
-    if len(blob) > MAX_MANIFEST_BYTES:
-        raise ManifestError(f"{path} is larger than {MAX_MANIFEST_BYTES >> 20} MiB: not a manifest")
     try:
         data = json.loads(blob.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from email.parser import HeaderParser
 from pathlib import Path
 
+from doctor.core.fileio import read_capped
 from doctor.sglang.patching.hashing import record_to_hex
 
 MAX_RECORD_BYTES = 64 << 20
@@ -88,12 +89,9 @@ def load_installed(dist_info: Path, site_packages: Path | None = None) -> Instal
     name, version = read_metadata(dist_info)
     record = dist_info / "RECORD"
     try:
-        with open(record, "rb") as fh:
-            blob = fh.read(MAX_RECORD_BYTES + 1)
+        blob = read_capped(record, MAX_RECORD_BYTES, "a RECORD")
     except OSError as exc:
         raise RecordError(f"cannot read {record}: {exc.strerror or exc}") from None
-    if len(blob) > MAX_RECORD_BYTES:
-        raise RecordError(f"{record} is larger than {MAX_RECORD_BYTES >> 20} MiB: not a RECORD")
     try:
         hashes = parse_record(blob.decode("utf-8"))
     except (UnicodeDecodeError, csv.Error) as exc:

@@ -134,7 +134,7 @@ class Evaluation:
 
 def file_stage(chain: list[tuple[int, mf.FileChange]], digest: str | None, exists: bool) -> tuple[str, int | None]:
     """(state, stage) of one file from its hash: stage k = the first k patches of its chain applied."""
-    hashes = [chain[0][1].before] + [c.after for _, c in chain]
+    hashes = mf.stage_hashes(chain)
     current = digest if exists else None
     # the last matching stage wins: a chain never repeats a hash (before != after per step)
     matches = [k for k, h in enumerate(hashes) if h == current]
