@@ -98,6 +98,7 @@ def test_a_module_compiled_earlier_needs_no_compiler(tmp_path):
     assert fact["flashinfer_jit"]["compiled"] == ["103a/sampling"]
     fails, _, note = judge(fact)
     assert fails == [] and "sampling module is compiled in" in note and note.endswith("0.7.2/103a/sampling")
+    assert judge(fact, cc="9.0")[0]  # compiled for a B300 only: an H200 compiles its own
 
 
 def test_the_precompiled_cache_counts_for_its_own_version_and_architecture(tmp_path):

@@ -109,7 +109,9 @@ def flashinfer_jit_problems(fact: Any, distributions: Any, *, algorithm: str | N
         if mine:
             return [], [], f"FlashInfer's kernels come precompiled from {mine[0]} {providers[mine[0]]}"
     module = r["jit_module"]
-    compiled = [c for c in fact.get("compiled") or [] if str(c).endswith(f"/{module}")]
+    # "<archs>/<module>": FlashInfer names the directory by the architectures it built for ("90a", "100a_103a")
+    compiled = [c for c in fact.get("compiled") or [] if str(c).endswith(f"/{module}")
+                and (not want or want in {re.sub(r"\D", "", a) for a in str(c).split("/", 1)[0].split("_")})]
     if compiled:
         return [], [], f"FlashInfer's {module} module is compiled in {fact.get('cache_dir')}/{fi_ver}/{compiled[0]}"
     cuda = re.sub(r"\D", "", str(torch_cuda or ""))[:3] or "130"
