@@ -10,8 +10,11 @@ from __future__ import annotations
 import atexit
 import functools
 import importlib.util
+import json
 import math
+import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -63,6 +66,55 @@ def patched_tree(whole: bool = False) -> Path:
     engine = ROOT / "doctor" / "sglang" / "patching"
     return sglang_wheels.built_once(name, [SET_DIR, TOOL, engine],
                                     lambda dest: patchset_tool().apply_to(SET_DIR, wheel, dest, whole=whole))
+
+
+BARE_PROBE = Path(__file__).resolve().parent / "ddtree_bare_probe.py"
+BARE_STUBBABLE = ("setproctitle", "aiohttp")
+
+
+def session_dir(tmp_path_factory) -> Path:
+    """A directory every process of this test session sees (pytest-xdist's workers share their basetemp's
+    parent), for results computed once per session."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def bare_package_probe(tmp_path_factory) -> dict:
+    """What tests/ddtree_bare_probe.py reports on the patched tree imported as a bare ``sglang`` package
+    (``$K26_SGLANG_ARGS_PYTHON`` or this interpreter): one child per test session, whichever test process
+    asks first (the others wait on a lock and read its result). ``{"rc", "stderr", "parts": {...}}``."""
+    out = session_dir(tmp_path_factory) / "ddtree-bare-probe.json"
+    with sglang_wheels.locked(out.with_suffix(".lock")):
+        if not out.is_file():
+            python = os.environ.get("K26_SGLANG_ARGS_PYTHON", sys.executable)
+            root = patched_tree(whole=True)
+            env = {k: v for k, v in os.environ.items() if k != "SGLANG_DDTREE_UNVALIDATED_WORKER"}
+            cwd = Path(tempfile.mkdtemp(prefix="ddtree-bare-probe-", dir=out.parent))
+            proc = subprocess.run([python, str(BARE_PROBE), str(root), ",".join(BARE_STUBBABLE)],
+                                  capture_output=True, text=True, timeout=600, cwd=cwd, env=env)
+            lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+            res = {"python": python, "rc": proc.returncode, "stderr": proc.stderr[-3000:],
+                   "parts": json.loads(lines[-1][len("RESULT "):]) if lines else {}}
+            tmp = out.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(res))
+            tmp.replace(out)
+    return json.loads(out.read_text())
+
+
+def bare_part(tmp_path_factory, name: str, needs: str) -> dict:
+    """One part's result; skips naming a missing module (``needs``: what for), fails on any other error."""
+    import pytest
+
+    res = bare_package_probe(tmp_path_factory)
+    part = res["parts"].get(name)
+    if part is None:
+        pytest.fail(f"the bare-package probe did not report {name!r} (rc {res['rc']}):\n{res['stderr']}")
+    if "missing" in part:
+        pytest.skip(f"{res['python']} lacks {part['missing']!r}, needed {needs} (set K26_SGLANG_ARGS_PYTHON "
+                    "to an interpreter with SGLang's runtime dependencies)")
+    if "error" in part:
+        pytest.fail(f"{name} raised in the probe:\n{part['error'][-3000:]}")
+    return part["result"]
 
 
 @functools.lru_cache(maxsize=1)

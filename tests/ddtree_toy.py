@@ -145,24 +145,39 @@ class Engine:
     # target ------------------------------------------------------------------------------------
     def target_forward(self, tv):
         """Write every node's KV at out_cache_loc, then attend as the verify kernel does: the prefix
-        through req_to_token, the tree through out_cache_loc, cells from the flattened custom mask."""
+        through req_to_token, the tree through out_cache_loc, cells from the flattened custom mask.
+
+        Vectorised over the batch: request b's mask is the ``w x (n_b + w)`` block at offset
+        ``sum_{c<b} w * (n_c + w)`` of the flattened mask; its columns are the prefix slots (req_to_token)
+        then the tree slots (out_cache_loc). Cells past a request's own ``n_b + w`` columns are padding."""
         toy = self.toy
-        w = tv.width
+        w, bs = tv.width, tv.batch.bs
         self.tok_pool[tv.out_cache_loc] = tv.input_ids
         self.pos_pool[tv.out_cache_loc] = tv.positions
-        logits, hidden, off = [], [], 0
-        for b in range(tv.batch.bs):
-            n = int(tv.prefix_lens[b])
-            kv = torch.cat([self.req_to_token[int(self.req_pool_indices[b]), :n], tv.out_cache_loc[b * w: (b + 1) * w]])
-            mask = tv.custom_mask[off: off + w * (n + w)].view(w, n + w)
-            off += w * (n + w)
-            vals = toy.weight(self.tok_pool[kv], self.pos_pool[kv])
-            h = (mask.to(torch.int64) @ vals) % M
-            tok = tv.input_ids[b * w: (b + 1) * w]
-            logits.append(toy.logits(tok, h))
-            hidden.append(torch.stack([h, tok, tv.positions[b * w: (b + 1) * w]], dim=1).to(torch.float64))
-        assert off == tv.custom_mask.numel()
-        return torch.cat(logits), torch.cat(hidden)
+        n = tv.prefix_lens.to(torch.int64)
+        sizes = w * (n + w)
+        assert int(sizes.sum()) == tv.custom_mask.numel()
+        offsets = torch.cumsum(sizes, 0) - sizes
+        cols = int(n.max()) + w if bs else w
+        j = torch.arange(cols).view(1, 1, cols)
+        i = torch.arange(w).view(1, w, 1)
+        valid = (j < (n + w).view(bs, 1, 1)).expand(bs, w, cols)
+        flat = offsets.view(bs, 1, 1) + i * (n + w).view(bs, 1, 1) + j
+        mask = torch.zeros(bs, w, cols, dtype=torch.bool)
+        mask[valid] = tv.custom_mask[flat[valid]]
+        rows = self.req_to_token[self.req_pool_indices]  # [bs, MAX_LEN]
+        jj = j.view(1, cols).expand(bs, cols)
+        is_prefix = jj < n.view(bs, 1)
+        tree_col = (jj - n.view(bs, 1)).clamp(0, w - 1)
+        kv = torch.where(is_prefix, rows.gather(1, jj.clamp(max=rows.shape[1] - 1)),
+                         tv.out_cache_loc.view(bs, w).gather(1, tree_col))
+        vals = toy.weight(self.tok_pool[kv], self.pos_pool[kv])  # [bs, cols]
+        vals = torch.where(jj < (n + w).view(bs, 1), vals, torch.zeros_like(vals))
+        h = ((mask.to(torch.int64) * vals.view(bs, 1, cols)).sum(-1) % M).reshape(-1)
+        tok = tv.input_ids
+        logits = toy.A[tok] + toy.B[h]
+        hidden = torch.stack([h, tok, tv.positions], dim=1).to(torch.float64)
+        return logits, hidden
 
     def move_kv(self, src, dst):
         self.st.apply_kv_moves([self.tok_pool, self.pos_pool], src, dst)

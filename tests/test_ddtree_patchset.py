@@ -5,18 +5,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shutil
-import subprocess
 import sys
-import textwrap
 import types
 import zipfile
 from pathlib import Path
 
 import pytest
-from ddtree_support import SET_DIR, patched_tree, patchset_tool, pristine_tree, require_wheel
+from ddtree_support import SET_DIR, bare_part, patched_tree, patchset_tool, pristine_tree, require_wheel
 
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -147,90 +144,14 @@ def test_field_order_appends_the_new_field_last():
     assert names[-1] == "speculative_ddtree_budget" and names.count("speculative_ddtree_budget") == 1
 
 
-_SERVER_ARGS_SCRIPT = textwrap.dedent(
-    """
-    import argparse, importlib, json, sys, types
-    root = sys.argv[1]
-    pkg = types.ModuleType("sglang"); pkg.__path__ = [root + "/sglang"]; sys.modules["sglang"] = pkg
-    server_args = importlib.import_module("sglang.srt.server_args")
-    hook = importlib.import_module("sglang.srt.arg_groups.speculative_hook")
-    overrides = importlib.import_module("sglang.srt.arg_groups.overrides")
-    spec_info = importlib.import_module("sglang.srt.speculative.spec_info")
-    out = {}
-    parser = argparse.ArgumentParser()
-    server_args.ServerArgs.add_cli_args(parser)
-    ns = parser.parse_args(["--model-path", "/m", "--speculative-algorithm", "DDTREE",
-                            "--speculative-ddtree-budget", "64", "--speculative-draft-model-path", "/d",
-                            "--speculative-dflash-block-size", "16"])
-    out["parsed"] = [ns.speculative_algorithm, ns.speculative_ddtree_budget]
-    algo = spec_info.SpeculativeAlgorithm.from_string("ddtree")
-    out["algo"] = [algo.name, algo.is_ddtree(), algo.is_dflash(), algo.supports_grammar_overlap(),
-                   spec_info.SpeculativeAlgorithm.DFLASH.is_ddtree()]
-    out["target_width"] = algo.get_num_tokens_per_req_for_target_verify(65, False)
-    sa = server_args.ServerArgs(model_path="/m", speculative_algorithm="DDTREE", speculative_ddtree_budget=64,
-                                speculative_draft_model_path="/d", speculative_dflash_block_size=16, device="cuda",
-                                attention_backend="triton")
-    try:
-        hook._handle_ddtree(sa)
-        out["resolution"] = "completed"
-    except NotImplementedError as e:
-        out["resolution"] = "NotImplementedError: " + str(e)
-    v = overrides.resolving_view(sa)
-    out["resolved"] = [v.speculative_num_draft_tokens, v.speculative_dflash_block_size, v.speculative_eagle_topk,
-                       v.speculative_num_steps]
-    bad = server_args.ServerArgs(model_path="/m", speculative_algorithm="DDTREE",
-                                 speculative_draft_model_path="/d", device="cuda")
-    try:
-        hook._handle_ddtree(bad)
-    except ValueError as e:
-        out["missing_budget"] = str(e)
-    small = server_args.ServerArgs(model_path="/m", speculative_algorithm="DDTREE", speculative_ddtree_budget=8,
-                                   speculative_draft_model_path="/d", speculative_dflash_block_size=16,
-                                   device="cuda", attention_backend="triton")
-    try:
-        hook._handle_ddtree(small)
-        out["small_budget"] = "accepted"
-    except ValueError as e:
-        out["small_budget"] = str(e)
-    # what was not validated is refused at argument resolution, naming the flag
-    refused = {}
-    for name, extra in (("auto backend", {}), ("flashinfer", {"attention_backend": "flashinfer"}),
-                        ("pp", {"attention_backend": "triton", "pp_size": 2}),
-                        ("tbo", {"attention_backend": "triton", "enable_two_batch_overlap": True}),
-                        ("pd", {"attention_backend": "triton", "disaggregation_mode": "decode"})):
-        args = server_args.ServerArgs(model_path="/m", speculative_algorithm="DDTREE", speculative_ddtree_budget=64,
-                                      speculative_draft_model_path="/d", speculative_dflash_block_size=16,
-                                      device="cuda", **extra)
-        try:
-            hook._handle_ddtree(args)
-            refused[name] = "accepted"
-        except (ValueError, NotImplementedError) as e:
-            refused[name] = f"{type(e).__name__}: {e}"
-    out["refused"] = refused
-    print("RESULT " + json.dumps(out))
-    """
-)
-
-
-def test_server_args_parse_and_resolve_ddtree(tmp_path):
+def test_server_args_parse_and_resolve_ddtree(tmp_path_factory):
     """The full 0.5.23 ServerArgs parser and DDTREE's resolution, where SGLang's light deps are importable.
 
-    Runs under ``$K26_SGLANG_ARGS_PYTHON`` (default: this interpreter); it needs psutil, pybase64, triton,
-    pillow, starlette, pyzmq and msgspec, not a GPU. Skips naming the first missing module otherwise.
+    The ``server_args`` part of tests/ddtree_bare_probe.py, run under ``$K26_SGLANG_ARGS_PYTHON`` (default:
+    this interpreter) in the session's one bare-package child; it needs psutil, pybase64, triton, pillow,
+    starlette, pyzmq and msgspec, not a GPU. Skips naming the first missing module otherwise.
     """
-    python = os.environ.get("K26_SGLANG_ARGS_PYTHON", sys.executable)
-    root = patched_tree(whole=True)
-    script = tmp_path / "server_args_probe.py"
-    script.write_text(_SERVER_ARGS_SCRIPT)
-    proc = subprocess.run([python, str(script), str(root)], capture_output=True, text=True, timeout=300,
-                          cwd=tmp_path)
-    missing = re.search(r"ModuleNotFoundError: No module named '([^']+)'", proc.stderr)
-    if proc.returncode != 0 and missing:
-        pytest.skip(f"{python} lacks {missing.group(1)!r}, needed to import sglang.srt.server_args "
-                    "(set K26_SGLANG_ARGS_PYTHON to an interpreter with SGLang's light dependencies)")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
-    out = json.loads(line[len("RESULT "):])
+    out = bare_part(tmp_path_factory, "server_args", "to import sglang.srt.server_args")
     assert out["parsed"] == ["DDTREE", 64]
     assert out["algo"] == ["DDTREE", True, True, False, False]
     assert out["target_width"] == 65
@@ -266,34 +187,9 @@ def test_the_patch_engines_generator_agrees_with_the_manifest(tmp_path):
     assert files(generated) == files(manifest())
 
 
-_MASK_POLICY_SCRIPT = textwrap.dedent(
-    """
-    import importlib, json, sys, types
-    root = sys.argv[1]
-    pkg = types.ModuleType("sglang"); pkg.__path__ = [root + "/sglang"]; sys.modules["sglang"] = pkg
-    dflash_utils = importlib.import_module("sglang.srt.speculative.dflash_utils")
-    triton_backend = importlib.import_module("sglang.srt.layers.attention.triton_backend")
-    algo = importlib.import_module("sglang.srt.speculative.spec_info").SpeculativeAlgorithm
-    backend = object.__new__(triton_backend.TritonAttnBackend)  # the policy reads the backend's type only
-    policy = dflash_utils.resolve_dflash_verify_mask_policy
-    print("RESULT " + json.dumps([policy(backend)[1], policy(backend, spec_algorithm=algo.DFLASH)[1],
-                                  policy(backend, spec_algorithm=algo.DDTREE)[1]]))
-    """
-)
-
-
-def test_triton_keeps_the_custom_mask_for_ddtree_only(tmp_path):
-    """DFLASH on Triton skips the verify mask (a chain is causal); DDTREE must keep it. Needs SGLang's runtime
-    dependencies (transformers, torchvision, fastapi, tvm-ffi, ...) in ``$K26_SGLANG_ARGS_PYTHON``; skips
-    naming the first missing module otherwise."""
-    python = os.environ.get("K26_SGLANG_ARGS_PYTHON", sys.executable)
-    script = tmp_path / "mask_policy_probe.py"
-    script.write_text(_MASK_POLICY_SCRIPT)
-    proc = subprocess.run([python, str(script), str(patched_tree(whole=True))], capture_output=True, text=True,
-                          timeout=300, cwd=tmp_path)
-    missing = re.search(r"ModuleNotFoundError: No module named '([^']+)'", proc.stderr)
-    if proc.returncode != 0 and missing:
-        pytest.skip(f"{python} lacks {missing.group(1)!r}, needed to import dflash_utils and the Triton backend")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
-    assert json.loads(line[len("RESULT "):]) == [False, False, True]
+def test_triton_keeps_the_custom_mask_for_ddtree_only(tmp_path_factory):
+    """DFLASH on Triton skips the verify mask (a chain is causal); DDTREE must keep it. The ``mask_policy``
+    part of tests/ddtree_bare_probe.py: needs SGLang's runtime dependencies (transformers, torchvision,
+    fastapi, tvm-ffi, ...) in ``$K26_SGLANG_ARGS_PYTHON``; skips naming the first missing module otherwise."""
+    assert bare_part(tmp_path_factory, "mask_policy", "to import dflash_utils and the Triton backend") == \
+        [False, False, True]

@@ -233,6 +233,8 @@ def test_sampled_ddtree_rounds_follow_the_target_distribution(st):
     def greedy_fallback(temps, top_ks, top_ps, gen):
         return greedy_accept(st)
 
-    fallback, _ = sample_three(st, toy, prompt, groups[:1], per, 99, greedy_fallback)
+    # (its statistic grows with the sample: at 500 requests it is already ~30x the bound, so one fifth of the
+    # batch shows the power the full-size groups above have)
+    fallback, _ = sample_three(st, toy, prompt, groups[:1], per // 5, 99, greedy_fallback)
     stat, df = chi_square(fallback, exact_three(toy, prompt, 0.7, V, 1.0))
     assert stat > chi_square_critical(df)

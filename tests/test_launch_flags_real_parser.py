@@ -102,15 +102,15 @@ def real_parser(version: str, factory: pytest.TempPathFactory) -> dict:
     if missing:
         pytest.skip(f"{PYTHON} lacks SGLang's dependencies ({', '.join(missing)}); set K26_SGLANG_ARGS_PYTHON")
     release, _, patched = version.partition("+")
+    mismatch = _transformers_mismatch(release)  # before unpacking 2,000 files for nothing
+    if mismatch:
+        pytest.skip(mismatch)
     site = sglang_wheels.unpack(release, factory.mktemp(f"whole-{release}"), whole=True)
     if patched:  # the project's DDTree patches, applied as in sglang_wheels.ddtree_site
         for patch in ("0001-ddtree-utils.patch", "0002-ddtree-algorithm-and-flags.patch"):
             res = subprocess.run(["git", "apply", "-p1", str(sglang_wheels.PATCH_SET / patch)], cwd=site,
                                  capture_output=True, text=True, timeout=60)
             assert res.returncode == 0, res.stderr
-    mismatch = _transformers_mismatch(release)
-    if mismatch:
-        pytest.skip(mismatch)
     argvs = [[*BASE, *tail] for tail in TAILS]
     proc = subprocess.run([PYTHON, "-c", REAL_PARSER], input=json.dumps(argvs), capture_output=True, text=True,
                           timeout=600, env=dict(os.environ, PYTHONPATH=str(site)))

@@ -1,0 +1,200 @@
+"""One child process for the DDTREE tests that import the patched 0.5.23 tree as a *bare* ``sglang`` package.
+
+``python ddtree_bare_probe.py ROOT STUBBABLE``: ``ROOT`` is ``ddtree_support.patched_tree(whole=True)``;
+``sglang`` is a bare module whose ``__path__`` is ``ROOT/sglang`` (the package's ``__init__`` -- the frontend
+language, its HTTP client -- is not run), so ``sglang.srt.*`` import against the patched files and this
+interpreter's torch/transformers/triton. Importing those costs 10-25 s per process; the three probes below
+share one (``ddtree_support.bare_package_probe``: once per test session) and each reports on its own:
+
+* ``mask_policy`` (tests/test_ddtree_patchset.py): DFlash's verify-mask policy on the Triton backend;
+* ``server_args`` (tests/test_ddtree_patchset.py): the ServerArgs parser and DDTREE's argument resolution;
+* ``worker_glue`` (tests/test_ddtree_worker_glue.py): the worker glue against SGLang's real modules.
+
+They run in that order: the first two read the environment as a user's launch would (the opt-in variable
+unset: the caller removes it), the glue probe then sets it and may stub ``setproctitle``/``aiohttp`` (only
+those, only when absent), which the others must not see. A part that raises reports ``error`` (the
+traceback) and, for a missing module, ``missing``; the others still run.
+
+Prints one line: ``RESULT {"mask_policy": {...}, "server_args": {...}, "worker_glue": {...}}``.
+"""
+
+import argparse
+import ast
+import importlib
+import inspect
+import json
+import os
+import re
+import sys
+import traceback
+import types
+
+
+class Missing(Exception):
+    def __init__(self, name):
+        super().__init__(name)
+        self.name = name
+
+
+def mask_policy():
+    dflash_utils = importlib.import_module("sglang.srt.speculative.dflash_utils")
+    triton_backend = importlib.import_module("sglang.srt.layers.attention.triton_backend")
+    algo = importlib.import_module("sglang.srt.speculative.spec_info").SpeculativeAlgorithm
+    backend = object.__new__(triton_backend.TritonAttnBackend)  # the policy reads the backend's type only
+    policy = dflash_utils.resolve_dflash_verify_mask_policy
+    return [policy(backend)[1], policy(backend, spec_algorithm=algo.DFLASH)[1],
+            policy(backend, spec_algorithm=algo.DDTREE)[1]]
+
+
+def server_args_part():
+    server_args = importlib.import_module("sglang.srt.server_args")
+    hook = importlib.import_module("sglang.srt.arg_groups.speculative_hook")
+    overrides = importlib.import_module("sglang.srt.arg_groups.overrides")
+    spec_info = importlib.import_module("sglang.srt.speculative.spec_info")
+    out = {}
+    parser = argparse.ArgumentParser()
+    server_args.ServerArgs.add_cli_args(parser)
+    ns = parser.parse_args(["--model-path", "/m", "--speculative-algorithm", "DDTREE",
+                            "--speculative-ddtree-budget", "64", "--speculative-draft-model-path", "/d",
+                            "--speculative-dflash-block-size", "16"])
+    out["parsed"] = [ns.speculative_algorithm, ns.speculative_ddtree_budget]
+    algo = spec_info.SpeculativeAlgorithm.from_string("ddtree")
+    out["algo"] = [algo.name, algo.is_ddtree(), algo.is_dflash(), algo.supports_grammar_overlap(),
+                   spec_info.SpeculativeAlgorithm.DFLASH.is_ddtree()]
+    out["target_width"] = algo.get_num_tokens_per_req_for_target_verify(65, False)
+    sa = server_args.ServerArgs(model_path="/m", speculative_algorithm="DDTREE", speculative_ddtree_budget=64,
+                                speculative_draft_model_path="/d", speculative_dflash_block_size=16, device="cuda",
+                                attention_backend="triton")
+    try:
+        hook._handle_ddtree(sa)
+        out["resolution"] = "completed"
+    except NotImplementedError as e:
+        out["resolution"] = "NotImplementedError: " + str(e)
+    v = overrides.resolving_view(sa)
+    out["resolved"] = [v.speculative_num_draft_tokens, v.speculative_dflash_block_size, v.speculative_eagle_topk,
+                       v.speculative_num_steps]
+    bad = server_args.ServerArgs(model_path="/m", speculative_algorithm="DDTREE",
+                                 speculative_draft_model_path="/d", device="cuda")
+    try:
+        hook._handle_ddtree(bad)
+    except ValueError as e:
+        out["missing_budget"] = str(e)
+    small = server_args.ServerArgs(model_path="/m", speculative_algorithm="DDTREE", speculative_ddtree_budget=8,
+                                   speculative_draft_model_path="/d", speculative_dflash_block_size=16,
+                                   device="cuda", attention_backend="triton")
+    try:
+        hook._handle_ddtree(small)
+        out["small_budget"] = "accepted"
+    except ValueError as e:
+        out["small_budget"] = str(e)
+    # what was not validated is refused at argument resolution, naming the flag
+    refused = {}
+    for name, extra in (("auto backend", {}), ("flashinfer", {"attention_backend": "flashinfer"}),
+                        ("pp", {"attention_backend": "triton", "pp_size": 2}),
+                        ("tbo", {"attention_backend": "triton", "enable_two_batch_overlap": True}),
+                        ("pd", {"attention_backend": "triton", "disaggregation_mode": "decode"})):
+        args = server_args.ServerArgs(model_path="/m", speculative_algorithm="DDTREE", speculative_ddtree_budget=64,
+                                      speculative_draft_model_path="/d", speculative_dflash_block_size=16,
+                                      device="cuda", **extra)
+        try:
+            hook._handle_ddtree(args)
+            refused[name] = "accepted"
+        except (ValueError, NotImplementedError) as e:
+            refused[name] = f"{type(e).__name__}: {e}"
+    out["refused"] = refused
+    return out
+
+
+def worker_glue(stubbable):
+    out = {"stubbed": []}
+    w = importlib.import_module("sglang.srt.speculative.ddtree_worker")
+    try:
+        w.check_ddtree_worker_available()
+        out["gate_default"] = "open"
+    except NotImplementedError as e:
+        out["gate_default"] = str(e)
+    os.environ[w.UNVALIDATED_WORKER_ENV] = "1"
+    for _ in range(10):
+        try:
+            C = w.get_ddtree_worker_cls()
+            break
+        except ModuleNotFoundError as e:
+            top = e.name.split(".")[0]
+            if top not in stubbable or top in out["stubbed"]:
+                raise Missing(e.name) from None
+            m = types.ModuleType(top)
+            m.__path__ = []
+            m.__getattr__ = lambda attr: type(attr, (), {})
+            sys.modules[top] = m
+            out["stubbed"].append(top)
+            keep = "sglang.srt.speculative.ddtree_worker"
+            for k in [k for k in sys.modules if k.startswith("sglang.srt.") and k != keep]:
+                del sys.modules[k]
+    out["mro"] = [c.__name__ for c in C.__mro__[:2]]
+    base = C.__mro__[1]
+    src = inspect.getsource(C)
+    own = set(re.findall(r"self\.(\w+) = ", src)) | {n for n in vars(C)}
+    used = set(re.findall(r"self\.(\w+)", src))
+    out["missing_attrs"] = sorted(a for a in used - own if not hasattr(base, a)
+                                  and not re.search(r"self\." + a + r"\b", inspect.getsource(base)))
+    mod = sys.modules[C.__module__]
+    from sglang.srt.managers.scheduler import GenerationBatchResult
+    from sglang.srt.managers.tp_worker import TpModelWorker
+    from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
+    from sglang.srt.mem_cache.kv_loc_plan import KVLocPlan
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+    callees = {
+        "ForwardBatch": ForwardBatch, "GenerationBatchResult": GenerationBatchResult,
+        "DFlashVerifyInput": mod.DFlashVerifyInput, "plan": KVIndexTranslator.plan, "bind": KVLocPlan.bind,
+        "write_ids": KVLocPlan.write_ids, "assign_extend_cache_locs_func": mod.assign_extend_cache_locs_func,
+        "make_draft_input_v2": mod.make_draft_input_v2, "build_block_pos_offsets": mod.build_block_pos_offsets,
+        "make_draft_block_spec_info": mod.make_draft_block_spec_info,
+        "_append_target_hidden_to_draft_kv_by_loc": base._append_target_hidden_to_draft_kv_by_loc,
+        "prepare_for_verify": mod.DFlashVerifyInput.prepare_for_verify,
+        "forward_batch_generation": TpModelWorker.forward_batch_generation,
+        "apply_dflash_verify_logits_adjustments": mod.apply_dflash_verify_logits_adjustments,
+        "ddtree_accept": mod.ddtree_accept, "build_tree_verify": mod.build_tree_verify,
+        "plan_commit": mod.plan_commit, "vocab_parallel_topk": mod.vocab_parallel_topk,
+    }
+    bad, checked = [], 0
+    for node in ast.walk(ast.parse(inspect.getsource(mod))):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+        if name not in callees:
+            continue
+        if name == "forward_batch_generation" and isinstance(f, ast.Attribute) and isinstance(f.value, ast.Call):
+            callee = base.forward_batch_generation  # super().forward_batch_generation
+        else:
+            callee = callees[name]
+        params = inspect.signature(callee).parameters
+        if any(p.kind == p.VAR_KEYWORD for p in params.values()):
+            continue
+        for kw in node.keywords:
+            checked += 1
+            if kw.arg is not None and kw.arg not in params:
+                bad.append(f"{name}({kw.arg}=) line {node.lineno}")
+    out["kwargs_checked"], out["unknown_kwargs"] = checked, bad
+    return out
+
+
+def main():
+    root, stubbable = sys.argv[1], sys.argv[2].split(",")
+    pkg = types.ModuleType("sglang")
+    pkg.__path__ = [root + "/sglang"]
+    sys.modules["sglang"] = pkg
+    out = {}
+    for name, part in (("mask_policy", mask_policy), ("server_args", server_args_part),
+                       ("worker_glue", lambda: worker_glue(stubbable))):
+        try:
+            out[name] = {"result": part()}
+        except (ModuleNotFoundError, Missing) as e:
+            out[name] = {"missing": e.name, "error": traceback.format_exc()}
+        except Exception:
+            out[name] = {"error": traceback.format_exc()}
+    print("RESULT " + json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
