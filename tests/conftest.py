@@ -14,22 +14,19 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _bytecode_outside_the_checkout() -> None:
-    """Compiled modules for this process and every interpreter the tests start, kept in the test cache.
+def _bytecode() -> None:
+    """Compiled modules for this process and every interpreter the tests start.
 
     Most tests run the doctor as users run it, a new interpreter each time. With ``PYTHONDONTWRITEBYTECODE`` in
-    the caller's environment each of those starts compiles every module again (``bench/bench_startup.py``:
-    ``list`` 457 ms against 242 ms with bytecode), and pytest rewrites every test module again. The bytecode
-    goes under ``PYTHONPYCACHEPREFIX`` (a prefix the caller set is kept), never into the checkout, which
-    ``test_check_changes_nothing`` watches."""
-    cache = Path(os.environ.get("K26_TEST_WHEEL_CACHE") or Path.home() / ".cache" / "k26-doctor-tests")
+    the caller's environment each of those starts compiles every module of the doctor again
+    (``bench/bench_startup.py``: ``list`` 457 ms against 242 ms with bytecode), and pytest rewrites every test
+    module again. Bytecode goes where Python puts it (``__pycache__``, which git ignores and
+    ``test_check_changes_nothing`` does not count), or under the ``PYTHONPYCACHEPREFIX`` the caller set."""
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
-    os.environ.setdefault("PYTHONPYCACHEPREFIX", str(cache / "pycache"))
     sys.dont_write_bytecode = False
-    sys.pycache_prefix = os.environ["PYTHONPYCACHEPREFIX"]
 
 
-_bytecode_outside_the_checkout()
+_bytecode()
 
 
 @functools.lru_cache(maxsize=1)

@@ -101,7 +101,7 @@ def test_mode_kept_and_stale_bytecode_removed(v523: Venv, tmp_path: Path) -> Non
     target = eng.root / TRITON
     rewrite(target, target.read_bytes())
     os.chmod(target, 0o640)
-    # where an interpreter without a pycache prefix writes it (the test session itself sets one: conftest)
+    # where an interpreter without a pycache prefix writes it (a caller's PYTHONPYCACHEPREFIX would move it)
     beside = target.parent / "__pycache__" / f"{target.stem}.{sys.implementation.cache_tag}.pyc"
     pyc = Path(py_compile.compile(str(target), cfile=str(beside), doraise=True))
     assert pyc.exists() and pyc.parent.name == "__pycache__"
