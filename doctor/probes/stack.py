@@ -7,6 +7,7 @@ package locations from ``importlib.util.find_spec`` on top-level names (which on
 """
 
 import ast
+import functools
 import json
 import os
 import platform
@@ -267,9 +268,11 @@ def sglang_jit(pkgs):
     return find_nvcc()
 
 
+@functools.lru_cache(maxsize=None)  # noqa: UP033 - functools.cache is 3.9+; probes run on 3.8
 def find_nvcc():
     """The nvcc a JIT build runs, found as tvm-ffi and FlashInfer find it (flashinfer/jit/cpp_ext.py
-    get_cuda_path): CUDA_HOME / CUDA_PATH, then nvcc on PATH, then /usr/local/cuda."""
+    get_cuda_path): CUDA_HOME / CUDA_PATH, then nvcc on PATH, then /usr/local/cuda. Once per probe: SGLang's
+    and FlashInfer's JIT facts share the one ``nvcc --version`` run."""
     home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
     how = "CUDA_HOME/CUDA_PATH"
     if home is None:
@@ -288,19 +291,15 @@ def find_nvcc():
     return out
 
 
-FLASHINFER_JIT_SAMPLING = "sampling"  # the module DFLASH/DDTREE's start-up sampling rehearsal builds
-
-
 def flashinfer_jit(pkgs, dists):
     """What FlashInfer needs to build its JIT modules when a server first calls them (DFLASH/DDTREE's
-    sampling rehearsal at start): an AOT ``flashinfer-jit-cache`` of the same version, or modules already
-    compiled in the cache, or else nvcc, ``ninja`` on PATH and a writable cache. The cache is where SGLang
-    points it (sglang/srt/environ.py third_party_cache_defaults: ``FLASHINFER_WORKSPACE_BASE``, else
+    sampling rehearsal at start): an AOT ``flashinfer-jit-cache`` of the same version (in ``distributions``),
+    or modules already compiled in the cache, or else nvcc, ``ninja`` on PATH and a writable cache. The cache
+    is where SGLang points it (sglang/srt/environ.py third_party_cache_defaults: ``FLASHINFER_WORKSPACE_BASE``, else
     ``SGLANG_CACHE_DIR``, else ``~/.cache/sglang``; FlashInfer adds ``.cache/flashinfer/<version>/<archs>``)."""
     if package_dir(pkgs, "flashinfer") is None:
         return None
     version = (dists.get("flashinfer-python") or {}).get("version")
-    jit_cache = (dists.get("flashinfer-jit-cache") or {}).get("version")
     env = os.environ
     if env.get("FLASHINFER_WORKSPACE_BASE"):
         base, base_from = env["FLASHINFER_WORKSPACE_BASE"], "FLASHINFER_WORKSPACE_BASE"
@@ -326,7 +325,7 @@ def flashinfer_jit(pkgs, dists):
     while not os.path.exists(probe) and os.path.dirname(probe) != probe:
         probe = os.path.dirname(probe)
     beside = os.path.join(os.path.dirname(sys.executable), "ninja")
-    return {"version": version, "jit_cache": jit_cache, "cache_dir": cache, "base_from": base_from,
+    return {"version": version, "cache_dir": cache, "base_from": base_from,
             "compiled": compiled, "writable": os.path.isdir(probe) and os.access(probe, os.W_OK | os.X_OK),
             "writable_checked": probe, "ninja": shutil.which("ninja"),
             "ninja_beside_python": beside if os.path.isfile(beside) and os.access(beside, os.X_OK) else None,
