@@ -14,16 +14,21 @@ from doctor.facts.store import CollectOptions
 from doctor.host.access import current_user, ownership
 
 
+def interpreter_bin_dir(python: str | None) -> str | None:
+    """The directory of the service's interpreter as given (a venv's ``bin``, not where its symlink points);
+    None for a bare command name, which is found on PATH already."""
+    python = str(python or "")
+    return os.path.dirname(os.path.abspath(os.path.expanduser(python))) if os.sep in python else None
+
+
 def with_interpreter_bin(env: dict[str, str], python: str | None) -> dict[str, str]:
     """``env`` with the service interpreter's directory first on PATH, as the venv's ``activate`` would put it.
 
     The server runs ``/venv/bin/python -m sglang.launch_server`` without activating anything, and FlashInfer's
-    JIT runs the ``ninja`` that pip installed beside that python by name. The directory as given (a venv's
-    ``bin``), not where its symlink points; a bare command name (found on PATH already) changes nothing."""
-    python = str(python or "")
-    if os.sep not in python:
+    JIT runs the ``ninja`` that pip installed beside that python by name."""
+    bin_dir = interpreter_bin_dir(python)
+    if bin_dir is None:
         return env
-    bin_dir = os.path.dirname(os.path.abspath(os.path.expanduser(python)))
     entries = [e for e in env.get("PATH", "").split(os.pathsep) if e]
     if bin_dir in entries:
         return env

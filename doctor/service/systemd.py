@@ -272,13 +272,6 @@ def reachability_notes(settings: Settings, doctor: list[str], user: str) -> list
 SYSTEMD_DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
-def service_bin_dir(settings: Settings) -> str | None:
-    """The directory of the service's interpreter as given (a venv's ``bin``, not where its symlink points),
-    or None for a bare command name found on PATH."""
-    python = str(settings.python or "")
-    return os.path.dirname(absolute(python)) if os.sep in python else None
-
-
 def service_user(settings: Settings, user: str | None) -> str:
     """``--user``, else ``[server] user``, else ``sglang``: never root by default."""
     return user or str(settings.get("server.user") or DEFAULT_USER)
@@ -331,7 +324,9 @@ def render_unit(settings: Settings, *, config: str | None, doctor: list[str] | N
         lines.append(f"EnvironmentFile=-{env_file}")
     if config:
         lines.append(f"Environment={_quote(['K26_DOCTOR_CONFIG=' + config])}")
-    bin_dir = service_bin_dir(settings)
+    from doctor.host.facts import interpreter_bin_dir
+
+    bin_dir = interpreter_bin_dir(settings.python)
     if bin_dir:
         lines.append("# The service interpreter's bin first on PATH: FlashInfer's JIT runs the `ninja` pip put there,")
         lines.append("# and systemd's default PATH does not have it (EnvironmentFile overrides this).")
