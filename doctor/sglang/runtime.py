@@ -78,6 +78,11 @@ def runtime_problems(runtime: Any, *, algorithm: str | None, architectures: list
     return fails, warns, cmds
 
 
+def _digits(text: Any) -> str:
+    """The digits of a compute capability, an architecture or a CUDA version: "10.3" and "sm_103a" -> "103"."""
+    return re.sub(r"\D", "", str(text or ""))
+
+
 def _same_release(installed: str | None, flashinfer: str | None) -> bool:
     """FlashInfer's own rule (flashinfer/jit/env.py): the jit-cache version equals FlashInfer's, or adds
     only a CUDA local version (``0.7.2+cu130``). A mismatched cache is ignored and the kernels compile."""
@@ -100,23 +105,23 @@ def flashinfer_jit_problems(fact: Any, distributions: Any, *, algorithm: str | N
     fi_ver = fact.get("version")
     shim = (dists.get("flashinfer-jit-cache") or {}).get("version")
     providers = {k: (v or {}).get("version") for k, v in dists.items() if k.startswith("flashinfer-jit-cache-sm")}
-    want = re.sub(r"\D", "", str(compute_capability or ""))
+    want = _digits(compute_capability)
     if _same_release(shim, fi_ver):
         if not providers:  # before 0.7 one wheel held every architecture
             return [], [], f"FlashInfer's kernels come precompiled from flashinfer-jit-cache {shim}"
         mine = sorted(k for k, v in providers.items()
-                      if _same_release(v, fi_ver) and re.sub(r"\D", "", k.rsplit("-sm", 1)[1]) == want)
+                      if _same_release(v, fi_ver) and _digits(k.rsplit("-sm", 1)[1]) == want)
         if mine:
             return [], [], f"FlashInfer's kernels come precompiled from {mine[0]} {providers[mine[0]]}"
     module = r["jit_module"]
     # "<archs>/<module>": FlashInfer names the directory by the architectures it built for ("90a", "100a_103a")
     compiled = [c for c in fact.get("compiled") or [] if str(c).endswith(f"/{module}")
-                and (not want or want in {re.sub(r"\D", "", a) for a in str(c).split("/", 1)[0].split("_")})]
+                and (not want or want in {_digits(a) for a in str(c).split("/", 1)[0].split("_")})]
     if compiled:
         return [], [], f"FlashInfer's {module} module is compiled in {fact.get('cache_dir')}/{fi_ver}/{compiled[0]}"
-    cuda = re.sub(r"\D", "", str(torch_cuda or ""))[:3] or "130"
-    aot = (f"pip install '{r['jit_cache_pip']}=={fi_ver}' --index-url {r['jit_cache_index'].format(cuda=cuda)}"
-           if fi_ver else f"pip install {r['jit_cache_pip']} --index-url {r['jit_cache_index'].format(cuda=cuda)}")
+    index = r["jit_cache_index"].format(cuda=_digits(torch_cuda)[:3] or "130")
+    package = f"'{r['jit_cache_pip']}=={fi_ver}'" if fi_ver else r["jit_cache_pip"]
+    aot = f"pip install {package} --index-url {index}"
     why = (f"{algorithm} compiles FlashInfer's {module} module at start (no {r['jit_cache_pip']} {fi_ver or ''} "
            f"for sm_{want or '?'}, nothing compiled in {fact.get('cache_dir')})")
     fails: list[str] = []
