@@ -38,6 +38,18 @@ def site_with_flashinfer(root: Path, *jit_cache: tuple[str, str]) -> Path:
     return site
 
 
+def installed_site(root: Path) -> Path:
+    """SGLang 0.5.23 with its requirements and a whole FlashInfer 0.7.2 (its JIT directories), as files: what
+    ``sglang.install``'s default tier reads (nothing here is imported)."""
+    site = stack_site(root / "site")
+    write_dist(site, "flashinfer-python", "0.7.2", top_level="flashinfer")
+    write_dist(site, "numpy", "2.3.0")  # SGLang's own requirement in this tree
+    (site / "flashinfer" / "sampling.py").write_text("raise ImportError('the default tier must not import this')\n")
+    for d in ("data/csrc", "data/include", "data/cutlass/include", "data/cccl/cub"):
+        (site / "flashinfer" / d).mkdir(parents=True)
+    return site
+
+
 def probe(site: Path, *, python: str = sys.executable, nvcc: bool, ninja: bool, cache: Path) -> dict:
     """The stack probe's facts with ``site`` on the path and only the tools asked for on PATH."""
     tools = site.parent / "tools"
@@ -127,12 +139,7 @@ def test_ninja_beside_the_interpreter_but_not_on_path_is_named(tmp_path):
 
 def test_sglang_install_fails_a_ddtree_profile_on_a_host_without_nvcc(tmp_path):
     """The check as the default tier runs it: a B300 DDTREE profile, SGLang and FlashInfer installed."""
-    site = stack_site(tmp_path / "site")
-    write_dist(site, "flashinfer-python", "0.7.2", top_level="flashinfer")
-    write_dist(site, "numpy", "2.3.0")  # SGLang's own requirement in this tree
-    (site / "flashinfer" / "sampling.py").write_text("raise ImportError('the default tier must not import this')\n")
-    for d in ("data/csrc", "data/include", "data/cutlass/include", "data/cccl/cub"):
-        (site / "flashinfer" / d).mkdir(parents=True)
+    site = installed_site(tmp_path)
     env = {"PYTHONPATH": str(site), "PATH": str(tmp_path / "bin"), "CUDA_HOME": str(tmp_path / "no-cuda"),
            "SGLANG_CACHE_DIR": str(tmp_path / "cache")}
     ctx = make_ctx(healthy_venv(), env=env, facts={"nvml": nvml_fact([(10, 3)])})
@@ -146,12 +153,7 @@ def test_sglang_install_fails_a_ddtree_profile_on_a_host_without_nvcc(tmp_path):
 def test_the_check_sees_the_venv_on_path_as_the_launcher_starts_the_server(tmp_path):
     """``launch`` starts the server with the interpreter's directory first on PATH (as ``activate`` would), and
     the check's probes see the same environment: a ninja beside the interpreter is found, no failure."""
-    site = stack_site(tmp_path / "site")
-    write_dist(site, "flashinfer-python", "0.7.2", top_level="flashinfer")
-    write_dist(site, "numpy", "2.3.0")
-    (site / "flashinfer" / "sampling.py").write_text("raise ImportError('the default tier must not import this')\n")
-    for d in ("data/csrc", "data/include", "data/cutlass/include", "data/cccl/cub"):
-        (site / "flashinfer" / d).mkdir(parents=True)
+    site = installed_site(tmp_path)
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     executable(venv / "bin" / "ninja")
