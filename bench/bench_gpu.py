@@ -41,7 +41,7 @@ def baseline_s() -> float:
 def live_run(profile: str, tp: int | None) -> tuple[float, Any]:
     settings = app.settings_from_flags({"profile": profile, "tp": tp, "only": ["gpu.*"]})
     start = time.perf_counter()
-    report = app.run_checks(settings)
+    report = app.run(settings)[0]
     return time.perf_counter() - start, report
 
 
@@ -49,7 +49,7 @@ def replay_run(profile: str, tp: int | None, facts: dict[str, Any]) -> float:
     settings = app.settings_from_flags({"profile": profile, "tp": tp, "only": ["gpu.*"]})
     settings.snapshot = {"kind": "k26-doctor-snapshot", "schema_version": 1, "facts": facts}
     start = time.perf_counter()
-    app.run_checks(settings)
+    app.run(settings)
     return time.perf_counter() - start
 
 

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from doctor.core.context import Context
 from doctor.core.registry import Check
 from doctor.core.result import Result
-from doctor.core.runner import execute, run_checks
+from doctor.core.runner import execute, run_all
 from doctor.core.settings import resolve
 from doctor.facts.store import CollectOptions, FactStore
 
@@ -41,7 +41,7 @@ def main() -> None:
         execute(c, ctx)
     serial = time.perf_counter() - t0
     t0 = time.perf_counter()
-    outcome = run_checks(checks, ctx)
+    outcome = run_all(checks, ctx)
     concurrent = time.perf_counter() - t0
     assert all(r.status.value == "pass" for r in outcome.results)
     print(f"N={args.n} T={args.t}s  serial={serial:.3f}s  concurrent={concurrent:.3f}s")

@@ -28,9 +28,9 @@ sys.path.insert(0, str(ROOT))
 
 from doctor.core import registry  # noqa: E402
 from doctor.core import settings as doctor_settings  # noqa: E402
-from doctor.core.context import Context  # noqa: E402
+from doctor.core.context import Context, FactUnavailable  # noqa: E402
 from doctor.core.result import Result  # noqa: E402
-from doctor.facts.store import CollectOptions, FactStore, FactUnavailable  # noqa: E402
+from doctor.facts.store import CollectOptions, FactStore  # noqa: E402
 
 IDS = ("cuda.compat", "torch.arch", "stack.versions", "triton.jit", "triton.ptxas", "python.venv", "sglang.install")
 VENV = Path("/tmp/k26-bench-stack-venv")

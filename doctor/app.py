@@ -9,16 +9,17 @@ from dataclasses import dataclass, field, replace
 from typing import IO, Any
 
 from doctor import __version__
-from doctor.core import runner as _runner
+from doctor.core import runner
+from doctor.core.causes import mark_unexplained
 from doctor.core.context import Context
-from doctor.core.exitcodes import EXIT_FAILED, EXIT_OK
+from doctor.core.decision import Decision, decide
+from doctor.core.fixing import plan_for, wants_fix
 from doctor.core.registry import Check, Registry, load
-from doctor.core.result import Remediation, Result, Status, worst
+from doctor.core.result import Notice, Remediation, Result, Status
 from doctor.core.runner import RunOutcome, select
 from doctor.core.settings import ConfigError, Settings, profile_names, resolve
 from doctor.facts.snapshot import load_snapshot
 from doctor.facts.store import CollectOptions, FactStore
-from doctor.report.causes import Notice, interpreter_notice, settle
 
 
 def settings_from_flags(flags: dict[str, Any]) -> Settings:
@@ -68,37 +69,32 @@ class Report:
     settings: Settings
     outcome: RunOutcome
     notes: list[str] = field(default_factory=list)
-    notices: list[Notice] = field(default_factory=list)  # said once at the top (doctor.report.causes)
+    notices: list[Notice] = field(default_factory=list)  # said once at the top (an area's notice hook)
     context: Context | None = field(default=None, repr=False)
     registry: Registry | None = field(default=None, repr=False)
-    _fixable: list[str] | None = field(default=None, repr=False)
+    fixable_ids: list[str] | None = field(default=None, repr=False)  # known already (``fix`` planned them)
 
     def fixable(self) -> list[str]:
         """The failing (or warning) checks whose fixer would change something now: the footer offers
         only these (a fixer with nothing to do is not a fix). Planning reads; it changes nothing."""
-        if self._fixable is None:
-            from doctor.core.fixing import plan_for
-
+        if self.fixable_ids is None:
             out = []
             for res in self.results:
-                if not res.fixer or not (res.status.failed or res.status is Status.WARN):
+                if not wants_fix(res):
                     continue
-                if self.context is None or self.registry is None:
+                if self.context is None or self.registry is None or plan_for(self.registry, self.context,
+                                                                               res).actions:
                     out.append(res.id)
-                    continue
-                plan = plan_for(self.registry, self.context, res)
-                if plan.actions:
-                    out.append(res.id)
-            self._fixable = out
-        return self._fixable
+            self.fixable_ids = out
+        return self.fixable_ids
 
     @property
     def results(self) -> list[Result]:
         return self.outcome.results
 
-    @property
-    def status(self) -> Status:
-        return worst([r.status for r in self.results])
+    def decision(self) -> Decision:
+        """Status, exit code and launch gate of this run: ``doctor.core.decision.decide``'s table."""
+        return decide(self.results, interrupted=self.outcome.interrupted, strict=self.settings.strict)
 
     def counts(self) -> dict[str, int]:
         counts = {s.value: 0 for s in (Status.PASS, Status.WARN, Status.FAIL, Status.SKIP, Status.ERROR)}
@@ -111,41 +107,12 @@ class Report:
         """Checks skipped for want of facts (not because a dependency failed): never a pass for the gate."""
         return [r for r in self.results if r.status is Status.SKIP and r.unjudged]
 
-    def exit_code(self, strict: bool | None = None) -> int:
-        strict = self.settings.strict if strict is None else strict
-        if any(r.status.failed for r in self.results) or self.outcome.interrupted:
-            return EXIT_FAILED
-        if strict and (any(r.status is Status.WARN for r in self.results) or self.unjudged):
-            return EXIT_FAILED
-        return EXIT_OK
-
-    def gate_refusal(self) -> str | None:
-        """Why ``launch`` must not start the server, or None: a failure, a warning under ``--strict``, or
-        a check of the profile that could not be judged for want of facts (even without ``--strict``)."""
-        bad = [r.id for r in self.results if r.status.failed]
-        if bad or self.outcome.interrupted:
-            return f"{len(bad)} check(s) failed: {', '.join(bad)}" if bad else "the run was interrupted"
-        if self.unjudged:
-            ids = [r.id for r in self.unjudged]
-            return (f"{len(ids)} check(s) could not be judged for want of facts: {', '.join(ids)} "
-                    "(--ignore ID accepts that knowingly)")
-        if self.exit_code() != EXIT_OK:
-            return "warnings under --strict"
-        return None
-
-    def verdict(self) -> Status:
-        """The overall status as reported: ``--strict`` turns warnings and unjudged checks into a failure."""
-        status = self.status
-        if self.settings.strict and (status is Status.WARN or self.unjudged):
-            status = Status.FAIL
-        return status
-
     def to_dict(self) -> dict[str, Any]:
         """The JSON report (CONTRACT.md); ``doctor/report/report.schema.json`` describes it."""
         return {
             "schema_version": 1,
             "summary": {
-                "status": self.verdict().value,
+                "status": self.decision().status.value,
                 "counts": self.counts(),
                 "duration_s": round(self.outcome.duration_s, 4),
                 "interrupted": self.outcome.interrupted,
@@ -174,8 +141,8 @@ def selected_checks(settings: Settings, registry: Registry | None = None) -> lis
     validate_selection(settings, reg)
     chosen = select(reg.sorted_checks(), settings.only, settings.skip, settings.deep)
     if not chosen:
-        deep = [c.id for c in reg.sorted_checks() if c.deep and _runner.matches(c.id, settings.only or ["*"])
-                and not _runner.matches(c.id, settings.skip)]
+        deep = [c.id for c in reg.sorted_checks() if c.deep and runner.matches(c.id, settings.only or ["*"])
+                and not runner.matches(c.id, settings.skip)]
         hint = f"; {', '.join(deep)} run only with --deep" if deep and not settings.deep else ""
         raise ConfigError("the selection runs no check (--only " + " ".join(settings.only or ["*"])
                           + (" --skip " + " ".join(settings.skip) if settings.skip else "") + f"){hint}")
@@ -188,7 +155,7 @@ def validate_selection(settings: Settings, registry: Registry) -> None:
     ids = list(registry.checks)
     for what, patterns in (("--only", settings.only), ("--skip", settings.skip), ("--ignore", settings.ignore)):
         for pat in patterns:
-            if any(_runner.matches(i, [pat]) for i in ids):
+            if any(runner.matches(i, [pat]) for i in ids):
                 continue
             raise ConfigError(f"{what} {pat!r} matches no registered check{_suggest(pat, registry)}")
 
@@ -218,11 +185,9 @@ def run(settings: Settings, on_result: Callable[[Result], None] | None = None,
     if any(c.deep for c in chosen) and not settings.deep:  # a deep check named by --only runs as with --deep
         settings = replace(settings, deep=True)
     ctx = make_context(settings, reg)
-    if settings.wait_fabric and settings.snapshot is None and any("nvml" in c.needs for c in chosen):
-        from doctor.gpu.fabric import wait_before_checks  # --wait-fabric / launch: fabric readiness first
-
-        wait_before_checks(ctx, reg.collectors, progress or _say_stderr)
-    outcome = _runner.run_checks(chosen, ctx, on_result=on_result)
+    for before in reg.hooks_of("before_checks"):  # e.g. the GPU area's bounded wait for the NVSwitch fabric
+        before.func(ctx, chosen, progress or _say_stderr)
+    outcome = runner.run_all(chosen, ctx, on_result=on_result)
     for module, why in sorted(reg.load_errors.items()):  # fail closed: checks of that module are missing
         res = Result.errored(f"built-in module {module} failed to import: {why}")
         res.id, res.title = f"doctor.load.{module.replace('.', '_')}", f"Load {module}"
@@ -236,8 +201,8 @@ def run(settings: Settings, on_result: Callable[[Result], None] | None = None,
             f"config, or K26_DOCTOR_DISABLE_PLUGINS={name} in the environment.")
         res.id, res.title, res.traceback = plugin_id(name), f"Load site plugin {name}", tb
         outcome.results.append(res)
-    notices = [n for n in [interpreter_notice(settings, ctx.facts, outcome.results)] if n is not None]
-    settle(outcome.results, notices)
+    notices = [n for h in reg.hooks_of("notice") if (n := h.func(ctx, outcome.results)) is not None]
+    mark_unexplained(outcome.results, notices)
     notes: list[str] = []
     if settings.from_snapshot:
         notes.append(f"judged from snapshot {settings.from_snapshot}, not the live host")
@@ -247,11 +212,6 @@ def run(settings: Settings, on_result: Callable[[Result], None] | None = None,
 def _say_stderr(msg: str) -> None:
     sys.stderr.write(f"k26-doctor: {msg}\n")
     sys.stderr.flush()
-
-
-def run_checks(settings: Settings) -> Report:
-    """Run the selected checks and return the report: what the launcher gates on."""
-    return run(settings)[0]
 
 
 def render(report: Report, fmt: str, verbose: int = 0, stream: IO[str] | None = None,

@@ -14,10 +14,11 @@ from typing import Any
 import click
 
 from doctor import __version__
-from doctor.commands.options import emit, guarded, quiet_stdout, selection_options, settings_from
-from doctor.core.exitcodes import EXIT_OK, EXIT_SIGPIPE, EXIT_USAGE
+from doctor.commands.options import Stop, emit, guarded, quiet_stdout, selection_options, settings_from
+from doctor.core.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_SIGPIPE, EXIT_USAGE
 
 LAZY_COMMANDS = {
+    "fix": "doctor.commands.fix:fix",
     "launch": "doctor.commands.launch:launch",
     "systemd-unit": "doctor.commands.launch:systemd_unit",
     "diagnose": "doctor.commands.launch:diagnose",
@@ -71,51 +72,20 @@ def cli() -> None:
 @cli.command()
 @selection_options
 @guarded
-def check(flags: dict[str, Any]) -> None:
+def check(flags: dict[str, Any]) -> int:
     """Run the selected checks and print a report. Changes nothing."""
     from doctor.app import run
 
     settings = settings_from(flags)
     report, _ = run(settings)
     emit(report, flags)
-    sys.exit(report.exit_code())
-
-
-@cli.command()
-@selection_options
-@click.option("--apply", "do_apply", is_flag=True, help="Make the changes (default: only show the plan).")
-@click.option("--yes", is_flag=True, help="Do not ask before each change.")
-@guarded
-def fix(flags: dict[str, Any], do_apply: bool, yes: bool) -> None:
-    """Show (and with --apply, make) the changes that fix failing checks, then check again."""
-    from doctor.core.fixing import apply_plans, make_plans, print_plans
-
-    settings = settings_from(flags)
-    if do_apply and not yes and not sys.stdin.isatty():
-        click.echo("k26-doctor: refusing to change anything: stdin is not a terminal and --yes was not given",
-                   err=True)
-        sys.exit(EXIT_USAGE)
-    if do_apply and settings.from_snapshot:
-        click.echo("k26-doctor: cannot apply fixes to a snapshot; plan only", err=True)
-        sys.exit(EXIT_USAGE)
-    plans, report = make_plans(settings)
-    fmt = flags.get("fmt") or "text"
-    if not do_apply:
-        if fmt == "json":
-            click.echo(json.dumps({"plans": [p.to_dict() for p in plans],
-                                   "report": report.to_dict()}, indent=2, default=str))
-        else:
-            print_plans(plans, report)
-        sys.exit(EXIT_OK if not plans and report.exit_code() == 0 else report.exit_code())
-    print_plans(plans, report)
-    code = apply_plans(plans, settings, ask=not yes, fmt=fmt)
-    sys.exit(code)
+    return report.decision().exit_code
 
 
 @cli.command("list")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @guarded
-def list_cmd(fmt: str) -> None:
+def list_cmd(fmt: str) -> int:
     """Every registered check: id, title, tags, deep, fixer."""
     from doctor.core.registry import load
 
@@ -125,7 +95,7 @@ def list_cmd(fmt: str) -> None:
         click.echo(f"plugin failed to load: {err}", err=True)
     if fmt == "json":
         click.echo(json.dumps([c.to_dict() for c in checks], indent=2))
-        return
+        return EXIT_OK
     width = max((len(c.id) for c in checks), default=8)
     for c in checks:
         extra = []
@@ -136,12 +106,13 @@ def list_cmd(fmt: str) -> None:
         if c.source != "builtin":
             extra.append(c.source)
         click.echo(f"{c.id.ljust(width)}  {c.title}" + (f"  [{', '.join(extra)}]" if extra else ""))
+    return EXIT_OK
 
 
 @cli.command()
 @click.argument("check_id")
 @guarded
-def explain(check_id: str) -> None:
+def explain(check_id: str) -> int:
     """What a check looks at, why it matters, how to fix it by hand."""
     from doctor.core.registry import load
 
@@ -153,7 +124,7 @@ def explain(check_id: str) -> None:
         close = difflib.get_close_matches(check_id, list(registry.checks), n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else "; see `k26-doctor list`"
         click.echo(f"k26-doctor: no check {check_id!r}{hint}", err=True)
-        sys.exit(EXIT_USAGE)
+        return EXIT_USAGE
     click.echo(f"{chk.id} — {chk.title}")
     click.echo(f"tags: {', '.join(chk.tags)}   deep: {'yes' if chk.deep else 'no'}   "
                f"timeout: {chk.timeout or 'default'}   needs: {', '.join(chk.needs) or '-'}   "
@@ -163,6 +134,7 @@ def explain(check_id: str) -> None:
         click.echo(f"fixer: {chk.fixer}" + (f" — {fx.title}" if fx else " (not registered)"))
     click.echo("")
     click.echo(chk.explain or "(no explanation written)")
+    return EXIT_OK
 
 
 @cli.command()
@@ -170,7 +142,7 @@ def explain(check_id: str) -> None:
 @click.option("--note", default="", help="A note stored in the snapshot.")
 @click.option("--fact", "facts", multiple=True, help="Only these facts (repeatable).")
 @guarded
-def snapshot(flags: dict[str, Any], note: str, facts: tuple[str, ...]) -> None:
+def snapshot(flags: dict[str, Any], note: str, facts: tuple[str, ...]) -> int:
     """JSON of every fact the checks read (GPUs, links, versions, paths), secrets redacted."""
     from doctor.app import collect_options, registry_for
     from doctor.facts.snapshot import build_snapshot
@@ -191,6 +163,7 @@ def snapshot(flags: dict[str, Any], note: str, facts: tuple[str, ...]) -> None:
         click.echo(f"snapshot written to {flags['output']} ({len(snap['facts'])} facts)", err=True)
     else:
         sys.stdout.write(text)
+    return EXIT_OK
 
 
 def tolerate_terminal() -> None:
@@ -205,16 +178,29 @@ def tolerate_terminal() -> None:
                 pass
 
 
-def main() -> None:
+def run_cli(argv: list[str] | None = None) -> int:
+    """The command line as a function: the exit code of the command ``argv`` (default ``sys.argv[1:]``) ran.
+    Every command returns its code; click's own errors (usage, ``--help``) keep click's codes."""
     tolerate_terminal()
     try:
-        cli(prog_name="k26-doctor")
-    except KeyboardInterrupt:
-        click.echo("interrupted", err=True)
-        sys.exit(130)
+        code = cli.main(args=argv, prog_name="k26-doctor", standalone_mode=False)
+    except Stop as stop:
+        return stop.code
+    except click.ClickException as exc:  # a usage error: click says why
+        exc.show()
+        return exc.exit_code
+    except (click.Abort, EOFError, KeyboardInterrupt):  # as click says it (a run of checks reports Ctrl-C itself)
+        click.echo("\nAborted!", err=True)
+        return EXIT_FAILED
     except BrokenPipeError:  # the reader went away (`k26-doctor list | head -1`): nothing left to say
         quiet_stdout()
-        sys.exit(EXIT_SIGPIPE)
+        return EXIT_SIGPIPE
+    return code if isinstance(code, int) else EXIT_OK
+
+
+def main() -> None:
+    """The one place the doctor exits (the console script and ``python -m doctor``)."""
+    sys.exit(run_cli())
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -13,8 +13,12 @@ import os
 from typing import Any
 
 from doctor.core.actions import Action, Plan, RunCommand, StopProcess, WriteFile, process_start_ticks
+from doctor.core.context import Context
 from doctor.core.registry import fixer
+from doctor.core.result import Result
 from doctor.gpu import fabric_software, links
+from doctor.gpu.fabric import FABRIC_DOWN
+from doctor.gpu.processes import HELD
 
 PROTECTED_PIDS = {0, 1}
 
@@ -49,10 +53,11 @@ def idle_candidates(nvml: dict[str, Any], size: int, proc_start: Any = process_s
 
 
 @fixer("gpu.idle", "Stop the processes holding GPU memory (exact PIDs)")
-def plan_idle(ctx: Any, result: Any) -> Plan:
-    nvml = ctx.fact("nvml")
-    if not isinstance(nvml, dict):
+def plan_idle(ctx: Context, result: Result) -> Plan:
+    """Only when gpu.idle found processes holding the GPUs (``gpu.idle.processes``)."""
+    if not result.has(HELD):
         return Plan()
+    nvml = ctx.fact("nvml")
     procs, refused = idle_candidates(nvml, ctx.settings.world_size)
     actions: list[Action] = []
     uid = os.getuid()
@@ -66,17 +71,13 @@ def plan_idle(ctx: Any, result: Any) -> Plan:
 
 
 @fixer("gpu.fabric", "Start the NVIDIA fabric manager", needs_root=True)
-def plan_fabric(ctx: Any, result: Any) -> Plan:
-    """Only when a GPU of the TP group says not started / in progress: anything else is not a
-    fabric manager that is down, and starting it would not help."""
+def plan_fabric(ctx: Context, result: Result) -> Plan:
+    """Only when gpu.fabric found GPUs not started / in progress (``gpu.fabric.not_ready``): anything else is
+    not a fabric manager that is down, and starting it would not help."""
+    if not result.has(FABRIC_DOWN):
+        return Plan()
     nvml = ctx.fact("nvml")
-    if not isinstance(nvml, dict):
-        return Plan()
-    down = [d for d in links.group(nvml, ctx.settings.world_size)
-            if (d.get("fabric") or {}).get("state_name") in ("not_started", "in_progress")]
-    if not down:
-        return Plan()
-    fm = nvml.get("fabric_manager") if isinstance(nvml.get("fabric_manager"), dict) else {}
+    fm = nvml.get("fabric_manager") or {}
     wrong = fabric_software.version_mismatch({"installed": fm["version"]} if isinstance(fm.get("version"), str)
                                              else {}, nvml.get("driver_version"))
     if wrong:  # it would refuse to start: starting it is not a fix
@@ -92,27 +93,23 @@ MODULES_LOAD_IB_UMAD = "/etc/modules-load.d/ib_umad.conf"
 
 @fixer("gpu.fabric.nvlsm", "Load ib_umad and start NVLSM (its unit, or the fabric manager that runs it)",
        needs_root=True)
-def plan_nvlsm(ctx: Any, result: Any) -> Plan:
-    """Only when NVLSM is installed and not running: ``modprobe ib_umad`` (kept across reboots in
-    modules-load.d), then ``systemctl enable --now`` of its own unit when this build ships one, else of the
-    fabric manager (restarted if already active: its start script runs NVLSM). Installing the package is
-    not planned: the plan's notes give the command."""
-    sw = ctx.fact("fabric_software")
-    if not isinstance(sw, dict):
+def plan_nvlsm(ctx: Context, result: Result) -> Plan:
+    """When gpu.fabric.nvlsm found NVLSM installed and not running (``gpu.fabric.nvlsm.stopped``): ``modprobe
+    ib_umad`` (kept across reboots in modules-load.d), then ``systemctl enable --now`` of its own unit when this
+    build ships one, else of the fabric manager (restarted if already active: its start script runs NVLSM).
+    Installing the package (``gpu.fabric.nvlsm.missing``) is not planned: the plan's notes give the command."""
+    if not result.has(fabric_software.NVLSM_DOWN, "gpu.fabric.nvlsm.missing"):
         return Plan()
+    sw = ctx.fact("fabric_software")
     nv, fm = sw.get("nvlsm") or {}, sw.get("fabric_manager") or {}
-    nvml = ctx.fact("nvml")
-    wrong = fabric_software.version_mismatch(fabric_software.fm_versions(fm),
-                                             nvml.get("driver_version") if isinstance(nvml, dict) else None)
+    wrong = fabric_software.version_mismatch(fabric_software.fm_versions(fm), ctx.fact("nvml").get("driver_version"))
     if wrong:
         return Plan(notes=[f"not starting NVLSM: the fabric manager that runs it differs from the driver ({wrong}) "
                            f"and refuses to start; align it first (gpu.fabric.manager gives the exact command)"])
-    if not nv.get("packages") and not nv.get("binary"):
+    if result.has("gpu.fabric.nvlsm.missing"):
         cmds = fabric_software.install_nvlsm_commands(sw.get("package_manager"))
         return Plan(notes=[f"nvlsm is not installed: install it by hand ({'; '.join(cmds)}), then run "
                            f"`k26-doctor fix` again (packages are not installed automatically)"])
-    if nv.get("pids") or any(fabric_software.unit_active(u) for u in (nv.get("units") or {}).values()):
-        return Plan()
     actions: list[Action] = []
     for argv in fabric_software.nvlsm_start_plan(nv, fm):
         what = {"modprobe": "load the ib_umad module (NVLSM reaches the NVSwitches through it)",

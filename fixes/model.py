@@ -24,8 +24,9 @@ from doctor.core.context import Context
 from doctor.core.fileio import fsync_dir
 from doctor.core.registry import fixer
 from doctor.core.result import Result
-from doctor.facts.store import FactUnavailable
+from doctor.model.drafter import IS_TARGET
 from doctor.model.layout import HF_LOCAL_META_DIR
+from doctor.model.weights import DRAFTER, Role, hash_failures, redownload_files, role_of
 
 ASIDE_DIR = ".k26-doctor-aside"
 STAGING_DIR = ".k26-doctor-download"
@@ -99,56 +100,58 @@ def _revision(fact: dict[str, Any]) -> str | None:
     return commits.pop() if len(commits) == 1 else None
 
 
-def _hash_verdicts(ctx: Context, which: str) -> dict[str, str]:
+def hash_verdicts(ctx: Context, role: Role) -> dict[str, str]:
     """sha256 verdicts per file, only under ``--deep`` (planning must not start hours of hashing)."""
     if not ctx.deep:
         return {}
-    try:
-        facts = ctx.fact("model.hashes")
-    except FactUnavailable:
-        return {}
-    return {f["name"]: f.get("verdict", "") for f in ((facts or {}).get(which) or {}).get("files") or []}
+    facts = ctx.optional("model.hashes")
+    return {f["name"]: f.get("verdict", "") for f in ((facts or {}).get(role.name) or {}).get("files") or []}
 
 
-def _files_from(result: Result) -> tuple[str | None, list[str], list[dict[str, Any]]]:
-    """(model dir, files to fetch again, leftovers) from a failing result's details."""
-    d = result.details or {}
-    if "weights" in d and isinstance(d["weights"], dict):  # model.drafter
-        w = d["weights"]
-        return d.get("path") or w.get("path"), list(w.get("redownload") or []), list(w.get("leftovers") or [])
-    if "mismatch" in d:  # *.deep
-        names = [m["name"] for m in d.get("mismatch") or []] + list(d.get("missing") or [])
-        names += [e["name"] for e in d.get("errors") or []]
-        return d.get("path"), names, []
-    return d.get("path"), list(d.get("redownload") or []), list(d.get("leftovers") or [])
+def what_to_fetch(ctx: Context, result: Result, role: Role, fact: dict[str, Any]
+                  ) -> tuple[str | None, list[str], list[dict[str, Any]]]:
+    """(model dir, files to fetch again, leftovers) for the result's finding: its headers' damaged files and
+    download leftovers, or (a deep check) the files whose sha256 is wrong, less those its headers' check plans."""
+    if result.id != role.deep_check:
+        files, leftovers = redownload_files(fact)
+        return fact.get("path"), files, leftovers
+    hashed = (ctx.optional("model.hashes") or {}).get(role.name) or {}
+    files = hash_failures(hashed)
+    first = ctx.results.get(role.check)
+    if first is not None and first.status.failed:  # the headers' check already plans what they showed
+        planned = redownload_files(fact)[0]
+        files = [f for f in files if f not in planned]
+    return hashed.get("path"), files, []
 
 
-@fixer("model.redownload", "Re-download damaged model files (moved aside, never deleted)")
+def not_into_the_target(model_dir: str | None) -> str:
+    """The "drafter" is the target model: downloading the drafter's files into it would mix two models."""
+    return (f"--draft-model-path {model_dir} is the target model's directory: point it at the DFlash drafter "
+            "instead; nothing is downloaded")
+
+
+@fixer("model.redownload", "Re-download damaged model files (moved aside, never deleted)",
+       needs=("model", "drafter", "model.hashes"))
 def plan_redownload(ctx: Context, result: Result) -> Plan:
-    """Plan for model.shards / model.shards.deep / model.drafter / model.drafter.deep.
+    """Plan for model.shards / model.shards.deep / model.drafter / model.drafter.deep, when they found damaged
+    files (``model.shards.damaged``, ``model.drafter.damaged``) or files whose sha256 is wrong (``*.deep.mismatch``).
 
     Order matters: the download goes to a staging directory first, so that a failed download (the
     plan stops at the first failing step) leaves the model directory as it was; only then are the
     damaged files and their leftovers moved aside and the new files moved into place."""
-    which = "drafter" if result.id.startswith("model.drafter") else "model"
-    model_dir, files, leftovers = _files_from(result)
+    role = role_of(result.id)
+    fact = ctx.optional(role.name) or {}
+    target = ctx.settings.model_path
+    if role is DRAFTER and result.has(IS_TARGET):
+        return Plan(notes=[not_into_the_target(fact.get("path") or ctx.settings.draft_model_path)])
+    if not result.has(role.damaged, role.mismatch):
+        return Plan()
+    model_dir, files, leftovers = what_to_fetch(ctx, result, role, fact)
     if not model_dir:
         return Plan()
-    target = ctx.settings.model_path
-    if which == "drafter" and target and os.path.realpath(model_dir) == os.path.realpath(target):
-        # The "drafter" is the target model: downloading the drafter's files into it would mix two models.
-        return Plan(notes=[f"--draft-model-path {model_dir} is the target model's directory: point it at the "
-                           "DFlash drafter instead; nothing is downloaded"])
-    try:
-        fact = ctx.fact(which)
-    except FactUnavailable:
-        fact = {}
-    if result.id.endswith(".deep"):  # model.shards already plans what its headers showed
-        first = ctx.results.get("model.shards" if which == "model" else "model.drafter")
-        if first is not None and first.status.failed:
-            prev = _files_from(first)[1]
-            files = [f for f in files if f not in prev]
-    verdicts = _hash_verdicts(ctx, which)
+    if role is DRAFTER and target and os.path.realpath(model_dir) == os.path.realpath(target):
+        return Plan(notes=[not_into_the_target(model_dir)])
+    verdicts = hash_verdicts(ctx, role)
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     aside = os.path.join(model_dir, ASIDE_DIR, stamp)
     staging = os.path.join(model_dir, STAGING_DIR, stamp)
@@ -166,7 +169,7 @@ def plan_redownload(ctx: Context, result: Result) -> Plan:
                                      src=_leftover_path(model_dir, lo["path"], fact),
                                      dst=os.path.join(aside, lo["path"].replace("/", "__"))))
     fetch = list(dict.fromkeys(files))
-    repo = ctx.expect(f"{which}.repo")
+    repo = ctx.settings.get(role.repo_key)
     if not fetch:
         return Plan(stale + partial)
     if not repo:

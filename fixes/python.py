@@ -9,10 +9,12 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any
 
 from doctor.core.actions import Action, Plan, WriteFile
+from doctor.core.context import Context
 from doctor.core.registry import fixer
+from doctor.core.result import Result
+from doctor.python.venv import BROKEN_SHEBANGS, broken_scripts
 
 
 def rewrite_shebang(text: str, new_interp: str) -> str | None:
@@ -35,19 +37,18 @@ def rewrite_shebang(text: str, new_interp: str) -> str | None:
 
 
 @fixer("python.venv.shebangs", "Rewrite console scripts' shebangs to this environment's interpreter")
-def fix_venv_shebangs(ctx: Any, result: Any) -> Plan:
-    """One atomic rewrite per broken script, each backed up; the interpreter is <venv>/bin/python."""
+def fix_venv_shebangs(ctx: Context, result: Result) -> Plan:
+    """When python.venv found scripts with a broken shebang: one atomic rewrite per script, each backed up; the
+    interpreter is <venv>/bin/python."""
     v = ctx.fact("venv")
-    if not isinstance(v, dict) or not v.get("is_venv") or not v.get("root"):
+    if not result.has(*BROKEN_SHEBANGS) or not v.get("root"):
         return Plan()
     root = Path(v["root"])
     new_interp = next((str(root / "bin" / n) for n in ("python", "python3") if (root / "bin" / n).exists()), None)
     if new_interp is None:
         return Plan()
     actions: list[Action] = []
-    for s in v.get("scripts") or []:
-        if s.get("exists") and s.get("inside"):
-            continue
+    for s in broken_scripts(v):
         path = root / "bin" / s["name"]
         try:
             text = path.read_text(encoding="utf-8")

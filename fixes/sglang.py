@@ -11,11 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from doctor.core.actions import Action, ActionError, Plan, backup_file
+from doctor.core.context import Context
 from doctor.core.registry import fixer
+from doctor.core.result import Result
+from doctor.facts.store import CollectOptions
 from doctor.sglang.facts import patches_dir_of
 from doctor.sglang.patching import locate, manifest
-from doctor.sglang.patching.engine import Engine, EngineError
-from doctor.sglang.patching.engine import Plan as PatchPlan
+from doctor.sglang.patching.engine import Engine, EngineError, Transaction
 
 
 def engine_for(python: str, set_name: str, patches_dir: str | None, state_dir: str | None) -> Engine:
@@ -67,7 +69,7 @@ class ApplyPatchSet(Action):
         return msg + (f"; originals in {eng.state_dir or 'the state directory'} (history {out.history})")
 
 
-def action_for(plan: PatchPlan, python: str, set_name: str, patches_dir: str | None,
+def action_for(plan: Transaction, python: str, set_name: str, patches_dir: str | None,
                state_dir: str | None) -> ApplyPatchSet:
     diff: list[str] = []
     for c in plan.changes:
@@ -79,13 +81,15 @@ def action_for(plan: PatchPlan, python: str, set_name: str, patches_dir: str | N
 
 
 @fixer("sglang.patches.apply", "Apply the profile's SGLang patch set (transactional, with backups)")
-def plan_patches(ctx: Any, result: Any) -> Plan:
-    """Plan the apply; a set that cannot be applied safely (drift, wrong version) raises with the reason."""
+def plan_patches(ctx: Context, result: Result) -> Plan:
+    """When sglang.patches found something wrong with the set's files (``sglang.patches.*``: not applied, drifted,
+    another version, an interrupted run): plan the apply through the engine, which refuses with the reason what it
+    cannot apply safely (drift, a wrong version, a journal to roll back first)."""
     s = ctx.settings
     set_name = str(s.get("patches.set", "") or "")
-    if not set_name:
+    if not set_name or not result.has("sglang.patches."):
         return Plan()
-    patches_dir = s.patches_dir or patches_dir_of(ctx.facts.options)
+    patches_dir = patches_dir_of(CollectOptions.from_settings(s))
     eng = engine_for(s.python, set_name, patches_dir, s.state_dir)
     if eng.status().journal:
         raise EngineError("an interrupted patch run must be rolled back first: run `k26-doctor patches apply`")

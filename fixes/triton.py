@@ -15,9 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from doctor.core.actions import Action, Plan, RunCommand, WriteFile
+from doctor.core.context import Context
 from doctor.core.registry import fixer
+from doctor.core.result import Result
 from doctor.host.facts import parse_env_file, writable_ancestor
-from doctor.stack.judging import gpu_ccs
+from doctor.stack.cuda_arch import judged_ccs
+from doctor.triton.jit import NO_HEADERS_OR_COMPILER
+from doctor.triton.ptxas import REJECTS_ARCH
 from doctor.triton.toolchain import good_ptxas, interpreter_kind, os_family, ptxas_choice, triton_arch
 
 # -- triton.jit: headers and compiler ------------------------------------------------------------
@@ -51,16 +55,15 @@ def _fedora_devel(major_minor: str) -> str:
 
 
 @fixer("triton.jit.headers", "Install the system Python's headers and a C compiler", needs_root=True)
-def fix_triton_jit(ctx: Any, result: Any) -> Plan:
-    """apt-get/dnf/yum (from /etc/os-release) for a system interpreter; nothing for pyenv/uv/conda."""
-    build = ctx.fact("triton_build")
-    if not isinstance(build, dict) or "stage" not in build:
+def fix_triton_jit(ctx: Context, result: Result) -> Plan:
+    """When triton.jit found no C compiler or no ``Python.h``: apt-get/dnf/yum (from /etc/os-release) for a system
+    interpreter; nothing for pyenv/uv/conda (their headers belong in their own prefix)."""
+    if not result.has(*NO_HEADERS_OR_COMPILER):  # libcuda or a load problem: not a package this fixer knows
         return Plan()
+    build = ctx.fact("triton_build")
     need_cc = not build.get("cc_path")
     need_headers = not build.get("python_h")
-    if not need_cc and not need_headers:
-        return Plan()  # libcuda or a load problem: not a package this fixer knows
-    kind = interpreter_kind(ctx, build)
+    kind = interpreter_kind(ctx.optional("stack"), build)
     if need_headers and kind["kind"] != "system":
         return Plan()  # the headers belong in that interpreter's own prefix: see the remediation
     return Plan(package_plan(build.get("os_release") or {}, kind["major_minor"], need_headers, need_cc))
@@ -86,13 +89,14 @@ def set_env_line(text: str, key: str, value: str) -> str:
 
 
 @fixer("triton.ptxas.env", "Point Triton at a ptxas that knows the GPU, in the service's environment file")
-def fix_triton_ptxas(ctx: Any, result: Any) -> Plan:
-    """Write TRITON_PTXAS_PATH (or TRITON_PTXAS_BLACKWELL_PATH) into the profile's server.env_file."""
-    fact = ctx.fact("ptxas")
-    env_file = ctx.expect("server.env_file")
-    if not isinstance(fact, dict) or not env_file:
+def fix_triton_ptxas(ctx: Context, result: Result) -> Plan:
+    """When triton.ptxas found a ptxas that rejects the GPU: write TRITON_PTXAS_PATH (or
+    TRITON_PTXAS_BLACKWELL_PATH) into the profile's server.env_file."""
+    env_file = ctx.settings.get("server.env_file")
+    if not result.has(REJECTS_ARCH) or not env_file:
         return Plan()
-    ccs, _, _ = gpu_ccs(ctx)
+    fact = ctx.fact("ptxas")
+    ccs, _, _ = judged_ccs(lambda: ctx.fact("nvml"), ctx.settings)
     if not ccs:
         return Plan()
     good = good_ptxas(fact, [triton_arch(cc) for cc in ccs])

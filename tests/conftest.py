@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import functools
+import json
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -115,3 +117,77 @@ def source_copy(src: Path, dest: Path) -> Path:
     (tests/test_check_changes_nothing.py) must see this checkout unchanged."""
     shutil.copytree(src, dest, ignore=_NOT_SOURCE, symlinks=True)
     return dest
+
+
+# -- what a check sees: the one way tests build it --------------------------------------------------------------
+
+def make_context(flags: Any = None, *, facts: dict[str, Any] | None = None, live: bool = False,
+                 env: dict[str, str] | None = None, collectors: dict[str, Any] | None = None) -> Any:
+    """A check's world as the CLI builds it: ``flags`` resolved against the profile and the config (flags >
+    config > profile; ``K26_DOCTOR_CONFIG`` and ``/etc`` play no part; or ``Settings`` already resolved), with
+    the run's facts replayed from
+    ``facts`` as a snapshot would give them (a fact not in it is "not recorded"), or, with ``live=True``,
+    collected on first use with ``facts`` mixed in as recorded readings (``FactStore.seed``). ``env``: the
+    environment collectors see (default: this process's)."""
+    from doctor.core.context import Context
+    from doctor.core.settings import Settings, resolve
+    from doctor.facts.store import CollectOptions, FactStore
+
+    settings = flags if isinstance(flags, Settings) else resolve(dict(flags or {}), environ={})
+    opts = CollectOptions.from_settings(settings)
+    if env is not None:
+        opts.env = dict(env)
+    snapshot = None if live else {"kind": "k26-doctor-snapshot", "schema_version": 1, "facts": dict(facts or {})}
+    store = FactStore(opts, snapshot=snapshot, collectors=collectors)
+    for name, value in (facts or {}).items() if live else ():
+        store.seed(name, value)
+    return Context(settings, store)
+
+
+def run_check(check_id: str, ctx: Any, registry: Any = None) -> Any:
+    """One check run by the real runner (``doctor.core.runner.execute``) in ``ctx``: its own view of the facts,
+    every way it can go wrong a result."""
+    from doctor.core.registry import load
+    from doctor.core.runner import execute
+
+    return execute((registry or load(plugins=False)).checks[check_id], ctx)
+
+
+def fix_plan(check_id: str, ctx: Any, registry: Any = None) -> Any:
+    """The plan of ``check_id``'s fixer for the check's real result in ``ctx`` (the check run by the runner; the
+    fixer sees what ``fix`` gives it: that result, with its findings, and the facts it may read). Asked whatever
+    the check said, so that a test shows the fixer itself plans nothing for a result it does not fix."""
+    from doctor.core.actions import Plan
+    from doctor.core.registry import load
+
+    reg = registry or load(plugins=False)
+    chk = reg.checks[check_id]
+    res = run_check(check_id, ctx, reg)
+    return Plan.of(reg.fixers[chk.fixer].plan(ctx.view(reg.fact_needs(chk)), res))
+
+
+# -- the site plugin, installed as a real distribution (the plugin tests of several files share it) ------------
+
+@pytest.fixture(scope="session")
+def plugin_site(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Build the site plugin into a wheel and install it (a real distribution with an entry point)."""
+    work = tmp_path_factory.mktemp("plugin")
+    wheels, site = work / "wheels", work / "site"
+    src = source_copy(ROOT / "tests" / "fixtures" / "site_plugin", work / "src")  # the build writes into it
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q",
+                            "-w", str(wheels), str(src)], capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stderr
+    (whl,) = wheels.glob("k26_site_checks-1.0.0-*.whl")
+    inst = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site),
+                           str(whl)], capture_output=True, text=True, timeout=300)
+    assert inst.returncode == 0, inst.stderr
+    assert list(site.glob("k26_site_checks-1.0.0.dist-info/entry_points.txt"))
+    return str(site)
+
+
+def penv(site: str, **extra: str) -> dict[str, str]:
+    return doctor_env(PYTHONPATH=site, **extra)
+
+
+def schema() -> dict:
+    return json.loads((ROOT / "doctor" / "report" / "report.schema.json").read_text())

@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -185,3 +186,30 @@ def chi_square(codes, expected_p) -> tuple[float, int]:
 def chi_square_critical(df: int) -> float:
     """A generous bound (about 5 standard deviations) on a chi-square with ``df`` degrees of freedom."""
     return df + 5.0 * math.sqrt(2.0 * df)
+
+
+WORKER_PKGS = ("sglang", "sglang.srt", "sglang.srt.speculative", "sglang.kernels", "sglang.kernels.ops",
+               "sglang.kernels.ops.speculative")
+
+
+def patched_worker() -> Iterator[ModuleType]:
+    """The patched ddtree_worker.py loaded under its real name, with its parent packages as bare modules (SGLang's
+    package ``__init__`` with its heavy imports does not run) and ddtree_utils registered; yields the module and
+    puts back whatever ``sglang`` modules were loaded before (a fixture's body: ``yield from patched_worker()``)."""
+    import types
+
+    saved = {k: v for k, v in sys.modules.items() if k == "sglang" or k.startswith("sglang.")}
+    for k in saved:
+        del sys.modules[k]
+    root = patched_tree()
+    for name in WORKER_PKGS:
+        mod = types.ModuleType(name)
+        mod.__path__ = [str(root / name.replace(".", "/"))]
+        sys.modules[name] = mod
+    sys.modules["sglang.srt.speculative.ddtree_utils"] = ddtree_utils()
+    try:
+        yield load_file(root / "sglang/srt/speculative/ddtree_worker.py", "sglang.srt.speculative.ddtree_worker")
+    finally:
+        for k in [k for k in sys.modules if k == "sglang" or k.startswith("sglang.")]:
+            del sys.modules[k]
+        sys.modules.update(saved)

@@ -19,17 +19,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import make_context, run_check  # noqa: F401 - run_check: the stack tests run checks through it
 from interpreters import pyenv_versions
 from sglang_wheels import fetch_wheel
 
-from doctor.core import registry
-from doctor.core import settings as doctor_settings
 from doctor.core.context import Context
-from doctor.core.result import Result
-from doctor.facts.store import CollectOptions, FactStore, FactUnavailable
 
 PYENV = pyenv_versions()
-REFERENCE = Path(__file__).resolve().parent / "fixtures" / "reference" / "h200x2-nvml.json"
+REFERENCE = Path(__file__).resolve().parent / "fixtures" / "snapshots" / "reference" / "h200x2-nvml.json"
 IDS = ("cuda.compat", "torch.arch", "stack.versions", "triton.jit", "triton.ptxas", "python.venv", "sglang.install")
 
 
@@ -229,21 +226,12 @@ NO_NVML = {"available": False, "error": "nvmlInit failed: no NVIDIA driver on th
 
 def make_ctx(python: str | os.PathLike[str], *, profile: str = "b300-tp8-ddtree", env: dict[str, str] | None = None,
              facts: dict[str, Any] | None = None, deep: bool = False, env_file: str | None = None) -> Context:
-    """A Context on a live FactStore for ``python``; ``facts`` are recorded values (e.g. ``nvml``)."""
-    st = doctor_settings.resolve({"python": str(python), "profile": profile, "deep": deep}, environ={})
-    st.profile.setdefault("server", {})["env_file"] = env_file or str(workdir() / "absent.env")
+    """A live run for ``python`` (``conftest.make_context``) with a clean environment; ``facts`` are recorded
+    values (e.g. ``nvml``) mixed in."""
     base_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/root"),
                 "LANG": "C.UTF-8"}
     base_env.update(env or {})
-    opts = CollectOptions(python=st.python, profile=st.profile, deep=deep, tp=st.tp, env=base_env)
-    store = FactStore(opts)
-    store._values.update(facts or {})  # recorded facts, exactly as a snapshot would provide them
-    return Context(st, store)
-
-
-def run_check(check_id: str, ctx: Context) -> Result:
-    """Run one check as the runner does: a FactUnavailable becomes skip/error, never a traceback."""
-    try:
-        return registry.load(plugins=False).checks[check_id].run(ctx)
-    except FactUnavailable as exc:
-        return Result.skipped(exc.reason) if exc.status == "skip" else Result.errored(exc.reason)
+    ctx = make_context({"python": str(python), "profile": profile, "deep": deep}, facts=facts, live=True,
+                       env=base_env)
+    ctx.settings.profile.setdefault("server", {})["env_file"] = env_file or str(workdir() / "absent.env")
+    return ctx

@@ -4,6 +4,16 @@
 2. ``fixes/`` and ``doctor/`` never import ``checks``.
 3. Every ``checks/<area>.py`` and ``fixes/<area>.py`` has its domain package ``doctor/<area>/``.
 4. One exit-code module and one crash-safe writer.
+5. The core imports nothing above it: no area, no ``doctor.app``, ``doctor.report``, ``doctor.commands``,
+   ``doctor.facts``, ``doctor.service``, ``doctor.cli``, no click.
+6. Every collector declares the shape of its fact (``@collector(..., shape=...)``).
+7. One finding type: no class outside ``doctor/core/result.py`` is a finding (named ``*Finding``, ``*Verdict``,
+   ``*Problem``, or holding a severity or status with a message or summary).
+8. One exit point: ``sys.exit`` only in ``doctor.cli.main`` and in the ``__main__`` block of a program the doctor
+   runs as a child process (probes, workers).
+9. Checks only map facts to their area's judgements: ``checks/`` builds results only from findings
+   (``Result.of``), never reads the fact store itself, keeps its functions small (mean cyclomatic complexity <= 8,
+   none over 60 lines: radon).
 """
 
 from __future__ import annotations
@@ -15,6 +25,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("doctor", "checks", "fixes")
+ABOVE_CORE = ("doctor.app", "doctor.report", "doctor.commands", "doctor.facts", "doctor.service", "doctor.cli",
+              "click", "checks", "fixes")
+FINDING_NAMES = ("Finding", "Findings", "Verdict", "Problem")
+CHILD_PROGRAMS = ("doctor/probes/", "doctor/facts/worker.py", "doctor/model/sha256_worker.py")
+ONE_STEP_RESULTS = ("passed", "warned", "failed", "not_judged", "skipped", "errored", "blocked")
 
 
 def modules(root: Path = ROOT) -> list[Path]:
@@ -71,6 +86,140 @@ def areas_without_package(root: Path = ROOT) -> list[str]:
     return bad
 
 
+def areas(root: Path = ROOT) -> list[str]:
+    """The area packages: ``doctor/<area>/`` with its collectors (``facts.py``)."""
+    return sorted(p.parent.name for p in (root / "doctor").glob("*/facts.py") if p.parent.name != "facts")
+
+
+def core_imports(root: Path = ROOT) -> list[str]:
+    """Imports of the core that reach above it: an area, the app, reports, commands, facts, service, click."""
+    above = ABOVE_CORE + tuple(f"doctor.{a}" for a in areas(root))
+    bad = []
+    for path in sorted((root / "doctor" / "core").rglob("*.py")):
+        for module, _names, line in imports(path):
+            if any(module == a or module.startswith(a + ".") for a in above):
+                bad.append(f"{path.relative_to(root)}:{line}: imports {module}")
+    return bad
+
+
+def decorator_name(node: ast.expr) -> str:
+    target = node.func if isinstance(node, ast.Call) else node
+    return target.attr if isinstance(target, ast.Attribute) else target.id if isinstance(target, ast.Name) else ""
+
+
+def collectors_without_shape(root: Path = ROOT) -> list[str]:
+    bad = []
+    for path in modules(root):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef):
+                for dec in node.decorator_list:
+                    if decorator_name(dec) == "collector" and not (
+                            isinstance(dec, ast.Call) and any(k.arg == "shape" for k in dec.keywords)):
+                        bad.append(f"{path.relative_to(root)}:{node.lineno}: collector {node.name} declares no shape")
+    return bad
+
+
+def finding_types(root: Path = ROOT) -> list[str]:
+    """Classes outside doctor/core/result.py that are findings by name or by what they hold."""
+    bad = []
+    for path in modules(root):
+        rel = path.relative_to(root).as_posix()
+        if rel == "doctor/core/result.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            fields = {s.target.id for s in node.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)}
+            held = bool(fields & {"severity", "status"}) and bool(fields & {"message", "summary"})
+            if node.name.endswith(FINDING_NAMES) or held:
+                bad.append(f"{rel}:{node.lineno}: class {node.name}")
+    return bad
+
+
+def in_main_block(tree: ast.Module, node: ast.AST) -> bool:
+    for top in tree.body:
+        if (isinstance(top, ast.If) and "__name__" in ast.unparse(top.test) and "__main__" in ast.unparse(top.test)
+                and any(n is node for n in ast.walk(top))):
+            return True
+    return False
+
+
+def exits(root: Path = ROOT) -> list[str]:
+    """``sys.exit`` (and ``exit``/``quit``) outside ``doctor.cli.main`` and child programs' ``__main__`` blocks."""
+    bad = []
+    for path in modules(root):
+        rel = path.relative_to(root).as_posix()
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        main = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main"] if rel == "doctor/cli.py" \
+            else []
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Call) and ast.unparse(node.func) in ("sys.exit", "exit", "quit")):
+                continue
+            if any(node in ast.walk(m) for m in main):
+                continue
+            if rel.startswith(CHILD_PROGRAMS) and in_main_block(tree, node):
+                continue
+            bad.append(f"{rel}:{node.lineno}: {ast.unparse(node)}")
+    return bad
+
+
+def check_shortcuts(root: Path = ROOT) -> list[str]:
+    """What a check does beyond mapping facts to its area's judgements: a result made in one step
+    (``Result.failed(...)``: the judgement belongs in the area, with findings) or a read of the fact store itself
+    (``ctx.facts``: facts are read through ``ctx.fact``, which holds the check to its declaration)."""
+    bad = []
+    for path in sorted((root / "checks").glob("*.py")):
+        found = []
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+                if node.value.id == "Result" and node.attr in ONE_STEP_RESULTS:
+                    found.append((node.lineno, f"Result.{node.attr}"))
+                if node.attr == "facts":
+                    found.append((node.lineno, f"{node.value.id}.facts"))
+        bad += [f"{path.relative_to(root)}:{line}: {what}" for line, what in sorted(found)]
+    return bad
+
+
+def complexity(root: Path = ROOT) -> tuple[float, list[str]]:
+    """checks/: the mean cyclomatic complexity of its blocks (radon) and its functions over 60 lines."""
+    from radon.complexity import cc_visit
+
+    blocks, long = [], []
+    for path in sorted((root / "checks").glob("*.py")):
+        for block in cc_visit(path.read_text(encoding="utf-8")):
+            blocks.append(block.complexity)
+            if block.endline - block.lineno + 1 > 60:
+                long.append(f"{path.relative_to(root)}:{block.lineno}: {block.name} "
+                            f"({block.endline - block.lineno + 1} lines)")
+    return (sum(blocks) / len(blocks) if blocks else 0.0), long
+
+
+def test_the_core_imports_nothing_above_it() -> None:
+    assert core_imports() == []
+
+
+def test_every_collector_declares_its_shape() -> None:
+    assert collectors_without_shape() == []
+
+
+def test_one_finding_type() -> None:
+    assert finding_types() == []
+
+
+def test_one_exit_point() -> None:
+    assert exits() == []
+
+
+def test_checks_only_map_facts_to_judgements() -> None:
+    assert check_shortcuts() == []
+
+
+def test_checks_are_small() -> None:
+    mean, long = complexity()
+    assert long == []
+    assert mean <= 8, f"checks/ mean cyclomatic complexity {mean:.1f} > 8"
+
+
 def test_no_module_imports_private_names() -> None:
     assert private_imports() == []
 
@@ -113,6 +262,29 @@ def test_the_rules_catch_a_violation(tmp_path: Path, source: str, rule) -> None:
         (tmp_path / pkg / "__init__.py").write_text("")
     (tmp_path / "fixes" / "bad.py").write_text(source)
     assert rule(tmp_path)
+
+
+def test_the_new_rules_catch_their_violations(tmp_path: Path) -> None:
+    """Each rule fails on the shape it forbids (a tree with one bad module of each kind)."""
+    for pkg in (*PACKAGES, "doctor/core", "doctor/gpu", "doctor/probes"):
+        (tmp_path / pkg).mkdir(parents=True, exist_ok=True)
+        (tmp_path / pkg / "__init__.py").write_text("")
+    (tmp_path / "doctor" / "gpu" / "facts.py").write_text(
+        "from doctor.core.registry import collector\n\n@collector('nvml')\ndef nvml(opts):\n    return {}\n")
+    (tmp_path / "doctor" / "core" / "fixing.py").write_text("import click\nfrom doctor.app import run\n"
+                                                            "from doctor.gpu import fabric\n")
+    (tmp_path / "doctor" / "gpu" / "verdict.py").write_text("class Verdict:\n    pass\n\n"
+                                                           "class Said:\n    status: str\n    summary: str\n")
+    (tmp_path / "doctor" / "gpu" / "tool.py").write_text("import sys\n\ndef go():\n    sys.exit(2)\n")
+    (tmp_path / "doctor" / "probes" / "p.py").write_text("import sys\n\nif __name__ == '__main__':\n    sys.exit(0)\n")
+    (tmp_path / "checks" / "gpu.py").write_text("def check(ctx):\n    ctx.facts.get('nvml')\n"
+                                                "    return Result.failed('x')\n")
+    assert core_imports(tmp_path) == ["doctor/core/fixing.py:1: imports click", "doctor/core/fixing.py:2: imports "
+                                      "doctor.app", "doctor/core/fixing.py:3: imports doctor.gpu"]
+    assert collectors_without_shape(tmp_path) == ["doctor/gpu/facts.py:4: collector nvml declares no shape"]
+    assert finding_types(tmp_path) == ["doctor/gpu/verdict.py:1: class Verdict", "doctor/gpu/verdict.py:4: class Said"]
+    assert exits(tmp_path) == ["doctor/gpu/tool.py:4: sys.exit(2)"]
+    assert check_shortcuts(tmp_path) == ["checks/gpu.py:2: ctx.facts", "checks/gpu.py:3: Result.failed"]
 
 
 def test_checks_import_and_missing_area_are_caught(tmp_path: Path) -> None:

@@ -21,8 +21,12 @@ import pytest
 
 pytest.importorskip("torch")
 
-from ddtree_support import patched_tree
-from test_ddtree_worker import worker  # noqa: F401  (the fixture: patched ddtree_worker.py loaded)
+from ddtree_support import patched_tree, patched_worker
+
+
+@pytest.fixture()
+def worker():
+    yield from patched_worker()
 
 
 def req(return_logprob=False, **sampling):
@@ -32,12 +36,12 @@ def req(return_logprob=False, **sampling):
 
 
 @pytest.mark.parametrize("kind", ["json_schema", "regex", "ebnf", "structural_tag"])
-def test_constrained_requests_are_refused_with_a_reason(worker, kind):  # noqa: F811
+def test_constrained_requests_are_refused_with_a_reason(worker, kind):
     msg = worker.ddtree_unsupported_request(req(**{kind: "x"}))
     assert msg and "constrained decoding" in msg and kind in msg
 
 
-def test_logprob_requests_are_refused_and_plain_ones_pass(worker):  # noqa: F811
+def test_logprob_requests_are_refused_and_plain_ones_pass(worker):
     assert "return_logprob" in worker.ddtree_unsupported_request(req(return_logprob=True))
     assert worker.ddtree_unsupported_request(req()) is None
 

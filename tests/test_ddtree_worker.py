@@ -16,29 +16,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from ddtree_support import ddtree_utils, load_file, patched_tree  # noqa: E402
-
-PKGS = ("sglang", "sglang.srt", "sglang.srt.speculative", "sglang.kernels", "sglang.kernels.ops",
-        "sglang.kernels.ops.speculative")
+from ddtree_support import ddtree_utils, patched_worker  # noqa: E402
 
 
 @pytest.fixture()
 def worker():
-    saved = {k: v for k, v in sys.modules.items() if k == "sglang" or k.startswith("sglang.")}
-    for k in saved:
-        del sys.modules[k]
-    root = patched_tree()
-    for name in PKGS:
-        mod = types.ModuleType(name)
-        mod.__path__ = [str(root / name.replace(".", "/"))]
-        sys.modules[name] = mod
-    sys.modules["sglang.srt.speculative.ddtree_utils"] = ddtree_utils()
-    try:
-        yield load_file(root / "sglang/srt/speculative/ddtree_worker.py", "sglang.srt.speculative.ddtree_worker")
-    finally:
-        for k in [k for k in sys.modules if k == "sglang" or k.startswith("sglang.")]:
-            del sys.modules[k]
-        sys.modules.update(saved)
+    yield from patched_worker()
 
 
 def test_prepare_verify_builds_the_tree_batch_and_mask(worker):

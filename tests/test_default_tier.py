@@ -27,7 +27,7 @@ from stack_support import make_ctx, nvml_fact, run_check, triton_package, workdi
 
 from doctor.core import registry
 from doctor.core.result import Status
-from doctor.core.runner import run_checks, select
+from doctor.core.runner import run_all, select
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAPS = ROOT / "tests" / "fixtures" / "snapshots"
@@ -83,7 +83,7 @@ def test_the_whole_default_tier_imports_nothing_heavy(tmp_path):
     marks = tmp_path / "imports.txt"
     ctx = tier_ctx(marks)
     reg = registry.load(plugins=False)
-    outcome = run_checks(select(reg.sorted_checks(), [], [], False), ctx)
+    outcome = run_all(select(reg.sorted_checks(), [], [], False), ctx)
     by = {r.id: r for r in outcome.results}
     assert not marks.exists(), marks.read_text()
     assert not {"torch_info", "sglang_import"} & ctx.facts.collected()

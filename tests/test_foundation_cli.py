@@ -14,34 +14,9 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, doctor_env, run_doctor, source_copy
+from conftest import doctor_env, penv, run_doctor, schema
 
 jsonschema = pytest.importorskip("jsonschema")
-
-
-@pytest.fixture(scope="session")
-def plugin_site(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """Build the site plugin into a wheel and install it (a real distribution with an entry point)."""
-    work = tmp_path_factory.mktemp("plugin")
-    wheels, site = work / "wheels", work / "site"
-    src = source_copy(ROOT / "tests" / "fixtures" / "site_plugin", work / "src")  # the build writes into it
-    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q",
-                            "-w", str(wheels), str(src)], capture_output=True, text=True, timeout=300)
-    assert build.returncode == 0, build.stderr
-    (whl,) = wheels.glob("k26_site_checks-1.0.0-*.whl")
-    inst = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site),
-                           str(whl)], capture_output=True, text=True, timeout=300)
-    assert inst.returncode == 0, inst.stderr
-    assert list(site.glob("k26_site_checks-1.0.0.dist-info/entry_points.txt"))
-    return str(site)
-
-
-def penv(site: str, **extra: str) -> dict[str, str]:
-    return doctor_env(PYTHONPATH=site, **extra)
-
-
-def schema() -> dict:
-    return json.loads((ROOT / "doctor" / "report" / "report.schema.json").read_text())
 
 
 def test_plugin_checks_are_listed_with_their_source(plugin_site: str) -> None:

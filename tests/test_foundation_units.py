@@ -7,19 +7,19 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import make_context
 
-from doctor.core.context import Context
+from doctor.core.context import Context, FactUnavailable
 from doctor.core.registry import Check
 from doctor.core.result import Result, Status
-from doctor.core.runner import matches, run_checks, select
+from doctor.core.runner import matches, run_all, select
 from doctor.core.settings import ConfigError, profile_names, resolve
 from doctor.facts.redaction import redact
-from doctor.facts.store import CollectOptions, FactStore, FactUnavailable
+from doctor.facts.store import CollectOptions, FactStore
 
 
 def ctx_for(**flags: object) -> Context:
-    settings = resolve(dict(flags), environ={})
-    return Context(settings, FactStore(CollectOptions(), snapshot={"facts": {}}))
+    return make_context(dict(flags), facts={})
 
 
 def test_every_profile_loads_with_what_checks_expect() -> None:
@@ -97,10 +97,18 @@ def test_runner_runs_checks_concurrently_and_respects_dependencies() -> None:
         barrier.wait()  # only returns if all four run at the same time
         return Result.passed("met the others")
 
+    def after(ctx: Context) -> Result:  # a runner that ignored depends would start it beside c.0, still waiting
+        return Result.passed("after c.0") if "c.0" in ctx.results else Result.failed("ran before c.0 finished")
+
     checks = [Check(f"c.{i}", "w", waits) for i in range(4)]
-    checks.append(Check("c.after", "a", lambda c: Result.passed("after"), depends=("c.0",)))
-    outcome = run_checks(checks, ctx_for())
-    assert [r.status for r in outcome.results] == [Status.PASS] * 5
+    checks.append(Check("c.after", "a", after, depends=("c.0",)))
+    checks.append(Check("d.fails", "f", lambda c: Result.failed("broken")))
+    checks.append(Check("d.after", "a", lambda c: Result.passed("ran anyway"), depends=("d.fails",)))
+    by = {r.id: r for r in run_all(checks, ctx_for()).results}
+    assert [by[f"c.{i}"].status for i in range(4)] == [Status.PASS] * 4
+    assert by["c.after"].status is Status.PASS, by["c.after"].summary
+    assert by["d.after"].status is Status.SKIP and by["d.after"].cause == "d.fails"
+    assert by["d.after"].summary == "skipped: depends on d.fails (fail)"
 
 
 def test_runner_fact_unavailable_and_bad_return() -> None:
@@ -108,17 +116,20 @@ def test_runner_fact_unavailable_and_bad_return() -> None:
         ctx.fact("nvml")
         return Result.passed("unreachable")
 
-    checks = [Check("f.a", "a", needs_fact), Check("f.b", "b", lambda c: "not a result")]  # type: ignore[arg-type]
-    by = {r.id: r for r in run_checks(checks, ctx_for()).results}
+    checks = [Check("f.a", "a", needs_fact, needs=("nvml",)), Check("f.c", "c", needs_fact),
+              Check("f.b", "b", lambda c: "not a result")]  # type: ignore[arg-type]
+    by = {r.id: r for r in run_all(checks, ctx_for()).results}
     assert by["f.a"].status is Status.SKIP and "not recorded in the snapshot" in by["f.a"].summary
     assert by["f.b"].status is Status.ERROR
+    # a fact the check does not declare is refused: its declaration is the contract with the collectors
+    assert by["f.c"].status is Status.ERROR and "reads the fact 'nvml' without declaring it" in by["f.c"].summary
 
 
 def test_dependency_cycle_is_an_error_not_a_hang() -> None:
     a = Check("x.a", "a", lambda c: Result.passed("a"), depends=("x.b",))
     b = Check("x.b", "b", lambda c: Result.passed("b"), depends=("x.a",))
     t0 = time.monotonic()
-    res = run_checks([a, b], ctx_for()).results
+    res = run_all([a, b], ctx_for()).results
     assert time.monotonic() - t0 < 5
     assert {r.status for r in res} == {Status.ERROR}
 
@@ -184,9 +195,3 @@ def test_text_report_color_only_when_asked_and_no_color_wins(monkeypatch: pytest
     assert "k26-doctor fix --only a.b" in plain and "--ignore a.b" in plain
 
 
-def test_readme_lists_every_registered_check() -> None:
-    from doctor.core.registry import load
-
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    missing = [c.id for c in load(plugins=False).sorted_checks() if f"`{c.id}`" not in readme]
-    assert not missing, f"README's table of checks lacks {missing}"

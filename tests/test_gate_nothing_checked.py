@@ -12,8 +12,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from conftest import ROOT, run_doctor
-from test_foundation_cli import penv, plugin_site, schema  # noqa: F401 (the fixture)
+from conftest import ROOT, penv, run_doctor, schema
 
 SNAP = ROOT / "tests" / "fixtures" / "snapshots" / "b300x8-healthy.json"
 
@@ -114,7 +113,7 @@ def test_junit_never_reports_zero_tests() -> None:
     assert [c.get("name") for c in suite.iter("testcase")] == ["doctor.selection"]
 
 
-def test_launch_refuses_a_check_not_judged_and_ignore_accepts_it(plugin_site: str, tmp_path: Path) -> None:  # noqa: F811
+def test_launch_refuses_a_check_not_judged_and_ignore_accepts_it(plugin_site: str, tmp_path: Path) -> None:
     """The gate: a check of the run that could not be judged stops the start even without --strict."""
     env = penv(plugin_site, SITE_UNJUDGED="1")
     args = ["--only", "site.unjudged", "--model-path", str(tmp_path), "--python", "/bin/true", "--no-flag-check"]
@@ -128,7 +127,7 @@ def test_launch_refuses_a_check_not_judged_and_ignore_accepts_it(plugin_site: st
     assert "exec: /bin/true -m sglang.launch_server" in accepted.stderr
 
 
-def test_a_broken_plugin_fails_the_json_report_closed(plugin_site: str) -> None:  # noqa: F811
+def test_a_broken_plugin_fails_the_json_report_closed(plugin_site: str) -> None:
     out = run_doctor("check", "--only", "host.env", "--format", "junit", env=penv(plugin_site, SITE_BROKEN="1"))
     assert out.returncode == 1
     suite = ET.fromstring(out.stdout)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from conftest import doctor_env, run_doctor
-from test_launch_systemd import parse_unit
+from systemd_units import parse_unit
 
 from doctor.facts.redaction import redact, redact_argv, redact_text
 from doctor.host.exposure import bind_scope, exposure

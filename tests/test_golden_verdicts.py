@@ -22,13 +22,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-SNAPS = ROOT / "tests" / "fixtures" / "snapshots"
+from recordings import CONFIGS, RECORDED_STACK, ROOT, SNAPS, name_of, recorded_stack_config, recordings
+
 GOLDEN = ROOT / "tests" / "fixtures" / "golden" / "verdicts.json"
-RECORDED_STACK = "recorded-stack"  # a config holding the [stack] pins the snapshot recorded (see cases())
-# The config each recording is judged with (paths relative to tests/fixtures/snapshots).
-CONFIGS = {"h200x1-all-facts.json": RECORDED_STACK, "hosts/model-healthy.json": "hosts/small-model.toml",
-           "hosts/model-damaged.json": "hosts/small-model.toml", "hosts/model-config.json": "hosts/small-model.toml"}
 FIELDS = ("status", "summary", "remediation", "cause", "unjudged", "fixer")
 
 # (snapshot, profile, tp) pairs judged beyond each recording's own profile (tests/test_gpu_checks.py's table).
@@ -42,24 +38,11 @@ PROFILED = [
 ]
 
 
-def recordings() -> list[Path]:
-    """Every snapshot file under tests/fixtures (the converted and the raw reference recordings included)."""
-    out = []
-    for path in sorted((ROOT / "tests" / "fixtures").rglob("*.json")):
-        try:
-            doc = json.loads(path.read_text(encoding="utf-8"))
-        except (ValueError, UnicodeDecodeError):
-            continue
-        if isinstance(doc, dict) and doc.get("kind") == "k26-doctor-snapshot":
-            out.append(path)
-    return out
-
-
 def cases() -> dict[str, list[str]]:
     """case name -> the arguments after ``check``: each recording in both tiers, then the profiled pairs."""
     out: dict[str, list[str]] = {}
     for path in recordings():
-        rel = path.relative_to(SNAPS).as_posix()
+        rel = name_of(path)
         base = ["--from-snapshot", rel] + (["--config", CONFIGS[rel]] if rel in CONFIGS else [])
         out[rel] = base
         out[rel + " --deep"] = [*base, "--deep"]
@@ -67,14 +50,6 @@ def cases() -> dict[str, list[str]]:
         args = ["--from-snapshot", snap, "--profile", profile] + (["--tp", str(tp)] if tp else []) + ["--deep"]
         out[" ".join([snap, "--profile", profile] + (["--tp", str(tp)] if tp else []) + ["--deep"])] = args
     return out
-
-
-def recorded_stack_config(where: Path) -> Path:
-    """h200x1-all-facts.json is judged under the [stack] pins it was recorded with (test_snapshot_replay_real)."""
-    stack = json.loads((SNAPS / "h200x1-all-facts.json").read_text())["options"]["profile"]["stack"]
-    path = where / "recorded-stack.toml"
-    path.write_text("[stack]\n" + "".join(f'{k} = "{v}"\n' for k, v in stack.items()))
-    return path
 
 
 def replay(args: list[str], where: Path) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import make_context
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -17,8 +18,6 @@ from doctor.core.context import Context
 from doctor.core.registry import load
 from doctor.core.result import Result, Status
 from doctor.core.runner import execute
-from doctor.core.settings import resolve
-from doctor.facts.store import CollectOptions, FactStore
 
 SNAPS = Path(__file__).parent / "fixtures" / "snapshots"
 GPU_IDS = ["gpu.arch", "gpu.count", "gpu.driver", "gpu.fabric", "gpu.health", "gpu.idle", "gpu.memory",
@@ -29,7 +28,7 @@ P, W, F, S, E = "pass", "warn", "fail", "skip", "error"
 def verdicts(snapshot: str, profile: str, tp: int | None = None) -> dict[str, str]:
     """Run every GPU check (with --deep) through the real runner on a snapshot file."""
     flags = {"from_snapshot": str(SNAPS / snapshot), "profile": profile, "tp": tp, "deep": True, "only": ["gpu.*"]}
-    report = app.run_checks(app.settings_from_flags(flags))
+    report = app.run(app.settings_from_flags(flags))[0]
     return {r.id: r.status.value for r in report.results}
 
 
@@ -38,7 +37,7 @@ def results(snapshot: str | dict[str, Any], profile: str, tp: int | None = None)
     flags = {"profile": profile, "tp": tp, "deep": True, "only": ["gpu.*"]}
     settings_ = app.settings_from_flags(flags)
     settings_.snapshot = doc
-    report = app.run_checks(settings_)
+    report = app.run(settings_)[0]
     return {r.id: r for r in report.results}
 
 
@@ -337,9 +336,8 @@ DEV_KEYS = ["index", "cuda_index", "name", "compute_capability", "memory", "proc
 
 
 def _ctx(nvml: Any, bw: Any, tp: int = 8) -> Context:
-    settings_ = resolve({"profile": "b300-tp8-ddtree", "tp": tp, "deep": True}, environ={})
-    snap = {"kind": "k26-doctor-snapshot", "schema_version": 1, "facts": {"nvml": nvml, "p2p_bandwidth": bw}}
-    return Context(settings_, FactStore(CollectOptions(tp=tp, profile=settings_.profile), snapshot=snap))
+    return make_context({"profile": "b300-tp8-ddtree", "tp": tp, "deep": True},
+                        facts={"nvml": nvml, "p2p_bandwidth": bw})
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])

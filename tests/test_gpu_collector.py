@@ -20,9 +20,10 @@ from typing import Any
 
 import pytest
 
+from doctor.core.context import FactUnavailable
 from doctor.core.registry import load
 from doctor.facts.isolation import collect_isolated
-from doctor.facts.store import CollectOptions, FactStore, FactUnavailable
+from doctor.facts.store import CollectOptions, FactStore
 from doctor.gpu import facts as nvml_mod
 
 FAKE_DIR = Path(__file__).parent / "fixtures" / "fakenvml"

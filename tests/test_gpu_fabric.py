@@ -18,20 +18,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import doctor_env, run_doctor
+from conftest import doctor_env, fix_plan, make_context, run_doctor
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from doctor import app
 from doctor.core.actions import RunCommand, WriteFile
-from doctor.core.context import Context
+from doctor.core.context import Context, FactUnavailable
 from doctor.core.registry import load
 from doctor.core.result import Result, Status
 from doctor.core.settings import resolve
-from doctor.facts.store import CollectOptions, FactStore, FactUnavailable
+from doctor.facts.store import CollectOptions
 from doctor.gpu import fabric, fabric_software
 from doctor.gpu.facts import collect_fabric_software
-from fixes.gpu import plan_nvlsm
 
 SNAPS = Path(__file__).parent / "fixtures" / "snapshots"
 FAKE_DIR = Path(__file__).parent / "fixtures" / "fakenvml"
@@ -173,7 +172,7 @@ def test_the_wait_is_bounded_in_real_time() -> None:
 def fabric_results(doc: dict[str, Any], profile: str = "b300-tp8-ddtree", **flags: Any) -> dict[str, Result]:
     settings_ = app.settings_from_flags({"profile": profile, "only": ["gpu.fabric*"], **flags})
     settings_.snapshot = doc
-    return {r.id: r for r in app.run_checks(settings_).results}
+    return {r.id: r for r in app.run(settings_)[0].results}
 
 
 def test_gpu_fabric_says_how_long_it_waited() -> None:
@@ -352,12 +351,10 @@ def test_version_mismatch_names_the_package_and_the_exact_command() -> None:
 
 def test_no_fixer_starts_a_fabric_manager_of_another_version() -> None:
     """It would refuse to start: the plans say why and change nothing; the check names the package command."""
-    from fixes.gpu import plan_fabric
-
     doc = snap("b300x8-fabric-manager-mismatch.json")
-    for plan in (plan_fabric(ctx_for(doc), None), plan_nvlsm(ctx_for(doc), None)):
+    for plan in (fix_plan("gpu.fabric", ctx_for(doc)), fix_plan("gpu.fabric.nvlsm", ctx_for(doc))):
         assert list(plan) == [] and "580.126.09" in plan.notes[0] and "gpu.fabric.manager" in plan.notes[0]
-    started = plan_fabric(ctx_for(snap("b300x8-fabric-not-started.json")), None)  # same version: start it
+    started = fix_plan("gpu.fabric", ctx_for(snap("b300x8-fabric-not-started.json")))  # same version: start it
     assert [a.argv for a in started] == [["systemctl", "start", "nvidia-fabricmanager"]]
 
 
@@ -413,8 +410,7 @@ def test_running_nvlsm_unit_of_its_own_is_running() -> None:
 # -- the NVLSM fixer -------------------------------------------------------------------------------
 
 def ctx_for(doc: dict[str, Any]) -> Context:
-    settings_ = resolve({"profile": "b300-tp8-ddtree"}, environ={})
-    return Context(settings_, FactStore(CollectOptions(tp=8, profile=settings_.profile), snapshot=doc))
+    return make_context({"profile": "b300-tp8-ddtree"}, facts=doc["facts"])
 
 
 def test_nvlsm_plan_loads_ib_umad_and_starts_its_unit() -> None:
@@ -422,7 +418,7 @@ def test_nvlsm_plan_loads_ib_umad_and_starts_its_unit() -> None:
     nv = doc["facts"]["fabric_software"]["nvlsm"]
     nv.update(ib_umad_loaded=False, pids=[])
     nv["units"]["nvlsm.service"].update(LoadState="loaded", ActiveState="inactive")
-    plan = plan_nvlsm(ctx_for(doc), None)
+    plan = fix_plan("gpu.fabric.nvlsm", ctx_for(doc))
     kinds = [(type(a).__name__, getattr(a, "argv", None) or getattr(a, "path", None)) for a in plan]
     assert kinds == [("RunCommand", ["modprobe", "ib_umad"]), ("WriteFile", "/etc/modules-load.d/ib_umad.conf"),
                      ("RunCommand", ["systemctl", "enable", "--now", "nvlsm.service"])]
@@ -432,12 +428,12 @@ def test_nvlsm_plan_loads_ib_umad_and_starts_its_unit() -> None:
 def test_nvlsm_plan_restarts_a_running_fabric_manager_and_leaves_packages_to_the_operator() -> None:
     doc = snap("b300x8-healthy.json")
     doc["facts"]["fabric_software"]["nvlsm"]["pids"] = []
-    plan = plan_nvlsm(ctx_for(doc), None)
+    plan = fix_plan("gpu.fabric.nvlsm", ctx_for(doc))
     assert [a.argv for a in plan if isinstance(a, RunCommand)] == [["systemctl", "restart",
                                                                      "nvidia-fabricmanager.service"]]
-    missing = plan_nvlsm(ctx_for(snap("b300x8-fabric-in-progress.json")), None)
+    missing = fix_plan("gpu.fabric.nvlsm", ctx_for(snap("b300x8-fabric-in-progress.json")))
     assert list(missing) == [] and "install it by hand (sudo apt-get install nvlsm" in missing.notes[0]
-    assert list(plan_nvlsm(ctx_for(snap("b300x8-healthy.json")), None)) == []  # running: nothing to do
+    assert list(fix_plan("gpu.fabric.nvlsm", ctx_for(snap("b300x8-healthy.json")))) == []  # running: nothing to do
 
 
 def test_registered() -> None:

@@ -10,20 +10,18 @@ import time
 from pathlib import Path
 from typing import Any
 
+from conftest import fix_plan, make_context
+
 from doctor.core.actions import RunCommand, StopProcess, process_start_ticks
 from doctor.core.context import Context
 from doctor.core.registry import load
-from doctor.core.result import Result, Status
-from doctor.core.settings import resolve
-from doctor.facts.store import CollectOptions, FactStore
 from fixes.gpu import idle_candidates
 
 SNAPS = Path(__file__).parent / "fixtures" / "snapshots"
 
 
 def ctx_for(doc: dict[str, Any], profile: str = "b300-tp8-ddtree", tp: int | None = None) -> Context:
-    settings = resolve({"profile": profile, "tp": tp}, environ={})
-    return Context(settings, FactStore(CollectOptions(tp=settings.tp, profile=settings.profile), snapshot=doc))
+    return make_context({"profile": profile, "tp": tp}, facts=doc["facts"])
 
 
 def snap(name: str) -> dict[str, Any]:
@@ -49,8 +47,7 @@ def test_idle_plan_stops_exactly_the_live_pid_and_applies(tmp_path: Path) -> Non
                               "cmdline": "python -c ... stale-gpu-server", "uid": os.getuid(),
                               "start_ticks": process_start_ticks(child.pid), "holds_nvidia_device": True}]
         ctx = ctx_for(doc)
-        result = Result(Status.FAIL, "x")
-        actions = load(plugins=False).fixers["gpu.idle"].plan(ctx, result)
+        actions = fix_plan("gpu.idle", ctx)
         assert [type(a) for a in actions] == [StopProcess] and actions[0].pid == child.pid
         assert actions[0].start_ticks == process_start_ticks(child.pid) and not actions[0].needs_root
         notes = actions.notes  # the other 8 recorded PIDs do not exist here
@@ -97,8 +94,8 @@ def test_idle_refuses_reused_pid_and_no_device_evidence() -> None:
 
 
 def test_fabric_plan_only_when_fabric_is_down() -> None:
-    down = load(plugins=False).fixers["gpu.fabric"].plan(ctx_for(snap("b300x8-fabric-not-started.json")), None)
+    down = fix_plan("gpu.fabric", ctx_for(snap("b300x8-fabric-not-started.json")))
     assert len(down) == 1 and isinstance(down[0], RunCommand)
     assert down[0].argv == ["systemctl", "start", "nvidia-fabricmanager"] and down[0].needs_root
-    assert load(plugins=False).fixers["gpu.fabric"].plan(ctx_for(snap("b300x8-healthy.json")), None) == []
-    assert load(plugins=False).fixers["gpu.fabric"].plan(ctx_for(snap("h200x2-reference.json"), "h200-tp8"), None) == []
+    assert fix_plan("gpu.fabric", ctx_for(snap("b300x8-healthy.json"))) == []
+    assert fix_plan("gpu.fabric", ctx_for(snap("h200x2-reference.json"), "h200-tp8")) == []

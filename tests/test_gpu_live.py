@@ -12,14 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import make_context, run_check
 
 from doctor import app
 from doctor.core.actions import StopProcess
 from doctor.core.context import Context
 from doctor.core.registry import load
 from doctor.core.result import Result, Status
-from doctor.core.settings import resolve
-from doctor.facts.store import CollectOptions, FactStore
+from doctor.facts.store import CollectOptions
 from doctor.gpu.facts import collect_p2p_bandwidth
 
 pytestmark = pytest.mark.gpu
@@ -28,10 +28,8 @@ DEFAULT_GPU = ["gpu.driver", "gpu.count", "gpu.arch", "gpu.memory", "gpu.idle", 
 
 
 def live(env: dict[str, str] | None = None, tp: int = 1, profile: str = "h200-tp8") -> Context:
-    settings = resolve({"profile": profile, "tp": tp}, environ={})
     base = {k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES",)}
-    opts = CollectOptions(tp=tp, profile=settings.profile, env={**base, **(env or {})})
-    return Context(settings, FactStore(opts))
+    return make_context({"profile": profile, "tp": tp}, live=True, env={**base, **(env or {})})
 
 
 def smi(*args: str) -> str:
@@ -69,7 +67,7 @@ def test_live_cuda_visible_devices_forms() -> None:
 def test_live_default_checks_judge_without_error() -> None:
     settings = app.settings_from_flags({"profile": "h200-tp8", "tp": 1, "only": ["gpu.*"]})
     start = time.monotonic()
-    report = app.run_checks(settings)
+    report = app.run(settings)[0]
     wall = time.monotonic() - start
     res = {r.id: r for r in report.results}
     assert set(DEFAULT_GPU) <= set(res)
@@ -114,8 +112,7 @@ def test_live_stale_process_found_and_stopped_by_pid(tmp_path: Path) -> None:
         p = mine[0]
         assert "k26-stale-marker" in p["cmdline"] and p["used_memory"] >= 2**30
         assert p["holds_nvidia_device"] is True and p["start_ticks"]
-        from checks.gpu import gpu_idle
-        result: Result = gpu_idle(ctx)
+        result: Result = run_check("gpu.idle", ctx)
         assert result.status is Status.FAIL and f"PID {child.pid}" in result.summary
         actions = load(plugins=False).fixers["gpu.idle"].plan(ctx, result)
         assert [a.pid for a in actions if isinstance(a, StopProcess)] == [child.pid]

@@ -180,7 +180,7 @@ def snap(name: str) -> dict[str, Any]:
 def judge(doc: dict[str, Any], profile: str = "rtxpro6000-ep8") -> Result:
     settings_ = app.settings_from_flags({"profile": profile, "only": ["gpu.p2p"]})
     settings_.snapshot = doc
-    return {r.id: r for r in app.run_checks(settings_).results}["gpu.p2p"]
+    return {r.id: r for r in app.run(settings_)[0].results}["gpu.p2p"]
 
 
 def with_pcie(doc: dict[str, Any], tmp_path: Path, **kw: Any) -> dict[str, Any]:

@@ -10,16 +10,16 @@ from pathlib import Path
 
 import pytest
 import sglang_wheels
+from conftest import make_context, run_check
+from flag_support import validate
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from interpreters import find_python
 
 from doctor.core.context import Context
-from doctor.core.result import Status
-from doctor.core.settings import resolve
-from doctor.facts.store import CollectOptions, FactStore
+from doctor.core.result import Result, Status
 from doctor.sglang.flag_reader import FlagSourceError, FlagTable, read_flags
-from doctor.sglang.flag_validator import removed_flags, validate_args
+from doctor.sglang.flag_validator import removed_flags
 from doctor.sglang.flags import flags_fact, judge_flags
 
 
@@ -49,7 +49,7 @@ def t13(site_0513: Path) -> FlagTable:
 
 
 def errors(table: FlagTable, argv: list[str]) -> list[str]:
-    return [p.message for p in validate_args(table, argv) if p.severity == "error"]
+    return [p.message for p in validate(table, argv) if p.severity == "error"]
 
 
 BASE = ["--model-path", "/models/Kimi-K2.6", "--tp-size", "8", "--trust-remote-code",
@@ -126,7 +126,7 @@ def test_argparse_errors(t23: FlagTable, argv: list[str], fragment: str) -> None
 
 
 def test_warnings_for_abbreviations_deprecations_and_plugin_choices(t23: FlagTable) -> None:
-    probs = validate_args(t23, [*BASE, "--mem-frac", "0.8", "--disable-cuda-graph", "--attention-backend", "mine"])
+    probs = validate(t23, [*BASE, "--mem-frac", "0.8", "--disable-cuda-graph", "--attention-backend", "mine"])
     assert all(p.severity == "warning" for p in probs)
     text = " | ".join(p.message for p in probs)
     assert "abbreviation of --mem-fraction-static" in text
@@ -212,7 +212,7 @@ def test_validate_agrees_with_argparse(t23: FlagTable, groups: list[tuple[str, l
         accepted = True
     except _ParseError:
         accepted = False
-    mine = [p for p in validate_args(t23, argv, removed={}) if p.severity == "error"]
+    mine = [p for p in validate(t23, argv, removed={}) if p.severity == "error"]
     assert accepted == (not mine), (argv, [p.message for p in mine])
 
 
@@ -236,39 +236,33 @@ def test_fact_without_sglang_or_interpreter(tmp_path: Path) -> None:
     assert flags_fact(sys.executable, env)["found"] is False
     missing = flags_fact(str(tmp_path / "nope" / "python"), env)
     assert "probe_error" in missing and "No such file" in missing["probe_error"]
-    assert judge_flags(missing, BASE).status is Status.ERROR
-    assert judge_flags(flags_fact(sys.executable, env), BASE).status is Status.SKIP
+    assert Result.judging(lambda: judge_flags(missing, BASE)).status is Status.ERROR
+    assert Result.judging(lambda: judge_flags(flags_fact(sys.executable, env), BASE)).status is Status.SKIP
 
 
 def _ctx(site: Path, **flags: object) -> Context:
-    settings = resolve({"model_path": "/models/Kimi-K2.6", "draft_model_path": "/models/d", **flags}, environ={})
     fact = flags_fact(sys.executable, dict(os.environ, PYTHONPATH=str(site)))
-    return Context(settings, FactStore(CollectOptions(), snapshot={"facts": {"sglang_flags": fact}}))
+    return make_context({"model_path": "/models/Kimi-K2.6", "draft_model_path": "/models/d", **flags},
+                        facts={"sglang_flags": fact})
 
 
 def test_check_fails_on_unpatched_sglang_and_points_at_the_patches(site_0523: Path) -> None:
-    from checks.sglang import sglang_flags
-
-    res = sglang_flags(_ctx(site_0523))
+    res = run_check("sglang.flags", _ctx(site_0523))
     assert res.status is Status.FAIL
     assert "--speculative-ddtree-budget" in res.summary
     assert "k26-doctor patches apply" in res.remediation.commands
 
 
 def test_check_passes_on_patched_sglang(site_0523_ddtree: Path) -> None:
-    from checks.sglang import sglang_flags
-
-    res = sglang_flags(_ctx(site_0523_ddtree))
+    res = run_check("sglang.flags", _ctx(site_0523_ddtree))
     assert res.status is Status.PASS, res.summary
     assert res.details["sglang_version"] == "0.5.23"
 
 
 def test_check_catches_a_removed_flag_in_the_config(site_0523_ddtree: Path, tmp_path: Path) -> None:
-    from checks.sglang import sglang_flags
-
     cfg = tmp_path / "c.toml"
     cfg.write_text('[server]\nargs = ["--cuda-graph-max-bs", "160", "--reasoning-parser", "kimi_k2"]\n')
-    res = sglang_flags(_ctx(site_0523_ddtree, config=str(cfg)))
+    res = run_check("sglang.flags", _ctx(site_0523_ddtree, config=str(cfg)))
     assert res.status is Status.FAIL
     assert res.details["problems"][0]["replacement"].startswith("--cuda-graph-max-bs-decode")
 
@@ -294,6 +288,6 @@ def test_hostile_sources_give_an_error_verdict_not_a_crash(tmp_path: Path) -> No
     env = dict(os.environ, PYTHONPATH=str(tmp_path / "site"))
     fact = flags_fact(sys.executable, env)
     assert fact["found"] and "table" not in fact and fact["error"]
-    assert judge_flags(fact, BASE).status is Status.ERROR
+    assert Result.judging(lambda: judge_flags(fact, BASE)).status is Status.ERROR
     (pkg / "srt" / "server_args.py").write_bytes(b"\xff\xfe\x00 not python at all \x00")
-    assert judge_flags(flags_fact(sys.executable, env), BASE).status is Status.ERROR
+    assert Result.judging(lambda: judge_flags(flags_fact(sys.executable, env), BASE)).status is Status.ERROR

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 import sglang_wheels
+from flag_support import validate
 
 from doctor.sglang.flag_reader import read_flags
-from doctor.sglang.flag_validator import validate_args
 
 PYTHON = os.environ.get("K26_SGLANG_ARGS_PYTHON", sys.executable)
 
@@ -141,7 +141,7 @@ def test_sources_agree_with_the_imported_parser(version: str, tmp_path_factory: 
         if m.get("choices") is not None:  # where the reader resolved choices, they are SGLang's
             assert sorted(str(c) for c in m["choices"]) == r["choices"], opt
     for argv, verdict in zip(real["argvs"], real["verdicts"], strict=True):
-        problems = validate_args(table, argv, removed={})
+        problems = validate(table, argv, removed={})
         # A value outside a registry plugins can extend is a warning for the doctor, an error for the
         # stock parser (no plugin loaded): both say "rejected without a plugin".
         errors = [p.message for p in problems if p.severity == "error" or "only a plugin" in p.message]

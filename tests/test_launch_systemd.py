@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import doctor_env, run_doctor
+from systemd_units import parse_unit
 
 from doctor.core.settings import resolve
 from doctor.service.systemd import (
@@ -26,24 +27,6 @@ from doctor.service.systemd import (
 )
 
 ANALYZE = shutil.which("systemd-analyze")
-
-
-def parse_unit(text: str) -> dict[str, dict[str, list[str]]]:
-    """INI as systemd reads it: sections, repeated keys kept in order, comments dropped."""
-    out: dict[str, dict[str, list[str]]] = {}
-    section = None
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line or line.startswith(("#", ";")):
-            continue
-        if line.startswith("[") and line.endswith("]"):
-            section = line[1:-1]
-            out.setdefault(section, {})
-            continue
-        assert section is not None and "=" in line, raw
-        key, value = line.split("=", 1)
-        out[section].setdefault(key.strip(), []).append(value.strip())
-    return out
 
 
 def command(value: str) -> list[str]:

@@ -273,7 +273,7 @@ def test_snapshot_redaction_keeps_the_verdicts(tmp_path, model):
 
 
 def test_kv_bytes_per_token():
-    from checks.model import kv_bytes_per_token
+    from doctor.model.fit import kv_bytes_per_token
 
     k26 = read_config(k26_config(K26Spec()))
     assert kv_bytes_per_token(k26, 8) == 61 * (512 + 64) * 2  # MLA latent, the same on every TP rank

@@ -146,7 +146,7 @@ def test_the_tiny_ddtree_start_on_the_h200_predicted_before_it_ran(tmp_path):
     """model.fit on the facts the doctor had before the real start (the idle H200's NVML numbers, the tiny
     DeepSeek-V3 target and DFlash drafter configs, the validation profile: DDTREE budget 16 at 0.35) predicts
     the KV pool SGLang then allocated (bench/results/ddtree-h200-round1: 9,267,201 tokens) within 2%."""
-    from test_model_memory import TINY, ddtree_runs
+    from ddtree_runs import TINY, ddtree_runs
 
     runs = [r for r in ddtree_runs() if r[1]["name"] == "ddtree-dsv3-eager"]
     if not runs:

@@ -13,8 +13,8 @@ sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "model"))
 from model_replica import K26Spec, shard_name
 from modelkit import build
 
-from doctor.model import forked
-from doctor.model.forked import map_forked
+from doctor.core import forked
+from doctor.core.forked import map_forked
 from doctor.model.scan import clear_cache, scan_weights, tensor_summary
 
 SPEC = K26Spec.small(shards=16)

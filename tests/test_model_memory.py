@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import json
 import sys
-import tarfile
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "model"))
+from ddtree_runs import TINY, ddtree_runs
 from model_replica import K26Spec, dflash_config, k26_config, k26_patterns
 
 from doctor.model import memory
@@ -190,18 +190,6 @@ def test_draft_split_keeps_fc_and_norms_whole():
 # -- the tiny DDTree servers of bench/ddtree (logs dropped into bench/results/ddtree-*/) ---------------
 
 # The tiny checkpoints as bench/ddtree/make_tiny.py writes them (config.json fields the arithmetic reads).
-TINY = {
-    "qwen3": {"num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
-              "hidden_size": 256, "intermediate_size": 512, "vocab_size": 64, "max_position_embeddings": 4096},
-    "dsv3": {"num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 4, "hidden_size": 256,
-             "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128,
-             "moe_intermediate_size": 128, "intermediate_size": 512, "n_routed_experts": 8,
-             "num_experts_per_tok": 2, "vocab_size": 64, "max_position_embeddings": 4096},
-    "dflash": {"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
-               "hidden_size": 256, "vocab_size": 64, "block_size": 8},
-}
-
-
 def test_tiny_geometries_are_make_tiny_s():
     sys.path.insert(0, str(ROOT / "bench" / "ddtree"))
     import make_tiny
@@ -211,28 +199,6 @@ def test_tiny_geometries_are_make_tiny_s():
     q, d, dr = (memory.geometry(TINY[k]) for k in ("qwen3", "dsv3", "dflash"))
     assert memory.kv_cell(q, 1) == 2 * 128 * 4 * 2 and memory.kv_cell(d, 1) == 576 * 4 * 2
     assert memory.kv_cell(dr, 1) == 2 * 128 * 2 * 2
-
-
-def ddtree_runs() -> list[tuple[str, dict, list[str]]]:
-    """(name, run record, log lines) of every server run under bench/results/ddtree-*/ (results.json from
-    bench/ddtree/serve_check.py, logs as *.log or in logs.tgz)."""
-    out = []
-    for results in sorted(ROOT.glob("bench/results/ddtree-*/results.json")):
-        logs: dict[str, list[str]] = {}
-        for p in results.parent.glob("*.log"):
-            logs[p.name] = p.read_text(errors="replace").splitlines()
-        tgz = results.parent / "logs.tgz"
-        if tgz.exists():
-            with tarfile.open(tgz) as tf:
-                for m in tf.getmembers():
-                    fh = tf.extractfile(m) if m.isfile() else None
-                    if fh is not None:
-                        logs[Path(m.name).name] = fh.read().decode(errors="replace").splitlines()
-        for run in json.loads(results.read_text()).get("runs", []):
-            lines = logs.get(run.get("log") or "")
-            if lines:
-                out.append((f"{results.parent.name}/{run['name']}", run, lines))
-    return out
 
 
 def test_tiny_ddtree_servers_match_the_arithmetic():

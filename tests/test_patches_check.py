@@ -9,16 +9,13 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import doctor_env, run_doctor
+from conftest import doctor_env, make_context, run_check, run_doctor
 from interpreters import find_python
 from patches_install import FIXTURE_SETS, Venv, fresh_venv, rewrite
 
-from checks.sglang import sglang_patches
-from doctor.app import make_context
 from doctor.core.registry import load
 from doctor.core.result import Status
 from doctor.core.settings import resolve
-from doctor.facts.store import FactStore
 from doctor.sglang.patching import manifest, record
 from doctor.sglang.patching.engine import Engine, EngineError
 from doctor.sglang.patching.hashing import sha256_file
@@ -40,9 +37,8 @@ def settings_for(tmp_path: Path, python: str, set_name: str = "t-0.5.23", profil
 
 
 def judge(settings) -> tuple[object, object]:
-    ctx = make_context(settings)
-    ctx.facts.options.state_dir = settings.state_dir  # until CollectOptions carries state_dir itself
-    return sglang_patches(ctx), ctx
+    ctx = make_context(settings, live=True)
+    return run_check("sglang.patches", ctx), ctx
 
 
 def engine(venv: Venv, tmp_path: Path, hook=None) -> Engine:
@@ -100,9 +96,7 @@ def test_snapshot_replays_the_verdict(v523: Venv, tmp_path: Path) -> None:
     live, ctx = judge(settings)
     fact = json.loads(json.dumps(ctx.fact("sglang_patches")))
     shutil.rmtree(v523.root)  # the host is gone; the snapshot still judges it
-    replay_ctx = make_context(settings)
-    replay_ctx.facts = FactStore(ctx.facts.options, snapshot={"facts": {"sglang_patches": fact}})
-    replayed = sglang_patches(replay_ctx)
+    replayed = run_check("sglang.patches", make_context(settings, facts={"sglang_patches": fact}))
     assert (replayed.status, replayed.summary) == (live.status, live.summary)
 
 
@@ -348,7 +342,5 @@ def test_a_run_in_progress_is_told_apart_from_an_interrupted_one(v523: Venv, tmp
 ])
 def test_hostile_recorded_facts_fail_clearly(tmp_path: Path, fact: object) -> None:
     settings = settings_for(tmp_path, "/nonexistent/python")
-    ctx = make_context(settings)
-    ctx.facts = FactStore(ctx.facts.options, snapshot={"facts": {"sglang_patches": fact}})
-    res = sglang_patches(ctx)
+    res = run_check("sglang.patches", make_context(settings, facts={"sglang_patches": fact}))
     assert res.status is Status.FAIL and res.summary

@@ -7,8 +7,20 @@ import types
 
 import pytest
 
-from doctor.core.registry import Check, Collector, Registry, RegistryError, check, collector, disabled_from_env, fixer
-from doctor.core.result import Result
+from doctor.core.context import UndeclaredFact
+from doctor.core.registry import (
+    Check,
+    Collector,
+    Fixer,
+    Hook,
+    Registry,
+    RegistryError,
+    check,
+    collector,
+    disabled_from_env,
+    fixer,
+)
+from doctor.core.result import Result, Status
 
 
 def _module(name: str) -> types.ModuleType:
@@ -104,3 +116,49 @@ def test_one_settings_record_gives_config_keys_flags_and_collector_options() -> 
             assert key_of(f) in DOCTOR_KEYS
     assert set(COLLECT_FIELDS) | {"env"} == set(CollectOptions.__dataclass_fields__)
     assert "disable_plugins" in DOCTOR_KEYS
+
+
+@pytest.mark.parametrize("item, words", [
+    (Check("x.two", "Two", run=lambda ctx, extra: Result.passed("")), "check 'x.two': <lambda>(ctx, extra) cannot be "
+     "called as (ctx)"),
+    (Collector("x.fact", lambda: {}), "collector 'x.fact': <lambda>() cannot be called as (opts)"),
+    (Fixer("x.fix", "Fix", plan=lambda ctx: []), "fixer 'x.fix': <lambda>(ctx) cannot be called as (ctx, result)"),
+    (Hook("notice", lambda: None, module="site"), "cannot be called as (ctx, results)"),
+    (Hook("after_everything", lambda ctx: None, module="site"), "after_everything"),
+])
+def test_a_declaration_that_cannot_be_called_as_its_kind_is_refused_when_added(item, words: str) -> None:
+    """A check taking two arguments, a collector none, a fixer one, a hook of an unknown kind: refused at load
+    (naming it), not found out when a run calls it."""
+    with pytest.raises(RegistryError) as err:
+        Registry().add(item)
+    assert words in str(err.value)
+
+
+def test_a_fixer_needing_a_fact_no_collector_provides_fails_loading() -> None:
+    reg = Registry()
+    reg.add(Collector("x.fact", lambda opts: {}))
+    reg.add(Fixer("x.fix", "Fix", plan=lambda ctx, result: [], needs=("x.fact", "x.gone")))
+    assert reg.problems() == ["builtin: fixer 'x.fix' needs fact 'x.gone', which no collector provides"]
+
+
+def test_a_check_reads_only_the_facts_it_declares() -> None:
+    """``needs=`` is enforced: the runner hands a check a view of its declared facts, and reading another is that
+    check's ``error`` naming the fact (the check's bug), never a silent read of whatever the run collected."""
+    from conftest import make_context, run_check
+
+    def sneaky(ctx):
+        ctx.fact("nvml")
+        ctx.fact("port")
+        return Result.passed("read both")
+
+    reg = Registry()
+    reg.add(Collector("nvml", lambda opts: {}))
+    reg.add(Collector("port", lambda opts: {}))
+    reg.add(Check("x.sneaky", "Sneaky", run=sneaky, needs=("nvml",)))
+    ctx = make_context(facts={"nvml": {"available": False, "devices": []}, "port": {"free": True}})
+    res = run_check("x.sneaky", ctx, reg)
+    assert res.status is Status.ERROR
+    assert "reads the fact 'port' without declaring it (needs=('nvml',))" in res.summary
+    with pytest.raises(UndeclaredFact):
+        ctx.view(("nvml",)).fact("port")
+    assert ctx.view(("nvml", "port")).fact("port") == {"free": True}

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 import sglang_wheels
+from flag_support import validate
 
+from doctor.core.result import Result
 from doctor.sglang.flag_history import (
     HISTORY_FILE,
     FlagHistory,
@@ -21,7 +23,7 @@ from doctor.sglang.flag_history import (
     vllm_equivalents,
 )
 from doctor.sglang.flag_reader import FlagTable, read_flags
-from doctor.sglang.flag_validator import removed_flags, validate_args
+from doctor.sglang.flag_validator import removed_flags
 from doctor.sglang.flags import judge_flags
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,7 +46,7 @@ def history() -> FlagHistory:
 
 
 def problems(table: FlagTable, *extra: str) -> list:
-    return validate_args(table, [*BASE, *extra])
+    return validate(table, [*BASE, *extra])
 
 
 def only_error(table: FlagTable, *extra: str):
@@ -196,7 +198,8 @@ def test_versions_outside_the_table(history: FlagHistory, version: str, kind: st
 
 def test_check_names_every_replacement(t23: FlagTable) -> None:
     fact = {"found": True, "python": sys.executable, "package_dir": "/x", "table": t23.to_dict()}
-    res = judge_flags(fact, [*BASE, "--reasoning_parser", "kimi_k2", "--max-model-len", "65536"])
+    argv = [*BASE, "--reasoning_parser", "kimi_k2", "--max-model-len", "65536"]
+    res = Result.judging(lambda: judge_flags(fact, argv))
     assert res.status.value == "fail"
     assert "--reasoning_parser -> --reasoning-parser" in res.remediation.text
     assert "--max-model-len -> --context-length" in res.remediation.text

@@ -1,7 +1,7 @@
 """CUDA binary compatibility rules, the compat data, cuda.compat and torch.arch judged on recorded facts.
 
 The torch_info facts are what torch 2.11.0+cu130 really reported on the H200 reference host
-(tests/fixtures/reference/h200x2-nvml.json): sm_75..sm_120, no sm_103.
+(tests/fixtures/snapshots/reference/h200x2-nvml.json): sm_75..sm_120, no sm_103.
 """
 
 from __future__ import annotations

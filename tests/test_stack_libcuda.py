@@ -12,11 +12,20 @@ import pytest
 from stack_support import fake_libcuda, fake_libcuda_stub
 
 from doctor.core import proc
-from doctor.stack.libcuda import datacenter_gpu, judge
+from doctor.core.result import Result
+from doctor.facts.shape import problem
+from doctor.stack import libcuda
+from doctor.stack.facts import LIBCUDA_SHAPE
+from doctor.stack.libcuda import datacenter_gpu
 
 KMD = "580.159.04"
 OPEN_KMD = (f"NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  {KMD}  Release Build  "
             "(dvs-builder@U22-I3-AF03-09-1)  Wed Oct  1 10:00:00 UTC 2026\nGCC version:  gcc version 12.3.0\n")
+def judge(fact: dict, gpu_names: list[str] | None) -> Result:
+    """cuda.libcuda's judgement of one fact, as the check's result (status, summary, remediation, details)."""
+    return Result.judging(lambda: libcuda.judge(fact, gpu_names))
+
+
 def proc_version(tmp_path: Path, text: str = OPEN_KMD) -> Path:
     f = tmp_path / "version"
     f.write_text(text)
@@ -29,6 +38,7 @@ def run(ld_path: list[Path], version_file: Path | str, *extra: str) -> dict:
     data, res = proc.run_probe(sys.executable, "libcuda", ["--proc-version", str(version_file), *extra],
                                timeout=60, env=env)
     assert data is not None, res.why()
+    assert problem(data, LIBCUDA_SHAPE) is None  # what the probe records is what the collector declares
     return data
 
 
@@ -49,9 +59,9 @@ def test_older_libcuda_first_on_ld_library_path_is_803_with_the_exact_fix(tmp_pa
     assert [c["version"] for c in fact["ld_library_path_candidates"]] == ["570.86.10", KMD]
     v = judge(fact, ["NVIDIA H200"])
     assert v.status == "fail" and "error 803" in v.summary and f"LD_LIBRARY_PATH entry {wrong}" in v.summary
-    assert f"Remove {wrong} from the service's LD_LIBRARY_PATH" in v.fix
-    assert v.commands == [f"export LD_LIBRARY_PATH={right}"]
-    assert f"{right}/libcuda.so.1" in v.fix  # the one matching the kernel module
+    assert f"Remove {wrong} from the service's LD_LIBRARY_PATH" in v.remediation.text
+    assert v.remediation.commands == [f"export LD_LIBRARY_PATH={right}"]
+    assert f"{right}/libcuda.so.1" in v.remediation.text  # the one matching the kernel module
 
 
 def test_forward_compatibility_on_a_datacenter_gpu_passes(tmp_path):
@@ -65,7 +75,7 @@ def test_forward_compatibility_on_a_geforce_is_804(tmp_path):
     fact = run([compat], proc_version(tmp_path))
     v = judge(fact, ["NVIDIA GeForce RTX 5090"])
     assert v.status == "fail" and "error 804" in v.summary and "GeForce RTX 5090 cannot use it" in v.summary
-    assert v.commands == ["unset LD_LIBRARY_PATH"]
+    assert v.remediation.commands == ["unset LD_LIBRARY_PATH"]
 
 
 def test_forward_compatibility_unknown_gpu_or_no_nvml_warns(tmp_path):
@@ -91,7 +101,8 @@ def test_the_toolkits_link_stub_first_on_the_path_fails_with_the_exact_fix(tmp_p
     v = judge(fact, ["NVIDIA H200"])
     assert v.status == "fail" and "link stub" in v.summary and f"LD_LIBRARY_PATH entry {stub}" in v.summary
     assert "34 (CUDA_ERROR_STUB_LIBRARY" in v.summary
-    assert v.commands == [f"export LD_LIBRARY_PATH={right}"] and f"{right}/libcuda.so.1" in v.fix
+    assert v.remediation.commands == [f"export LD_LIBRARY_PATH={right}"]
+    assert f"{right}/libcuda.so.1" in v.remediation.text
 
 
 def test_the_link_stub_is_known_by_its_directory_without_cuinit(tmp_path):
@@ -117,7 +128,7 @@ def test_the_right_libcuda_whose_cuinit_fails_is_no_pass(tmp_path, rc, name):
     v = judge(fact, ["NVIDIA H200"])
     assert v.status == "fail" and f"matches the kernel module {KMD}, but cuInit returned {rc}" in v.summary
     assert (name or "(") in v.summary if name else f"returned {rc}" in v.summary
-    assert "ls -l /dev/nvidia*" in v.commands
+    assert "ls -l /dev/nvidia*" in v.remediation.commands
 
 
 def test_no_init_flag_skips_cuinit(tmp_path):
@@ -139,7 +150,8 @@ def test_kernel_module_without_libcuda_fails(tmp_path):
     if fact["resolved"]["loaded"]:
         pytest.skip("this machine's loader finds a libcuda.so.1 of its own")
     v = judge(fact, ["NVIDIA H200"])
-    assert v.status == "fail" and f"kernel module {KMD} is loaded" in v.summary and "libnvidia-compute-580" in v.fix
+    assert v.status == "fail" and f"kernel module {KMD} is loaded" in v.summary
+    assert "libnvidia-compute-580" in v.remediation.text
 
 
 def test_proprietary_module_text_and_unreadable_version(tmp_path):
@@ -178,8 +190,8 @@ def test_loader_cache_origin_names_the_conf_file_and_ldconfig(tmp_path):
                          "version": "590.44.01", "conf": "/etc/ld.so.conf.d/000_cuda-compat.conf"}]
     v = judge(fact, ["NVIDIA GeForce RTX 4090"])
     assert v.status == "fail" and "the loader cache, from /etc/ld.so.conf.d/000_cuda-compat.conf" in v.summary
-    assert v.commands[0] == f"sudo sed -i '\\#^{compat}/*$#d' /etc/ld.so.conf.d/000_cuda-compat.conf"
-    assert v.commands[1] == "sudo ldconfig"
+    assert v.remediation.commands[0] == f"sudo sed -i '\\#^{compat}/*$#d' /etc/ld.so.conf.d/000_cuda-compat.conf"
+    assert v.remediation.commands[1] == "sudo ldconfig"
 
 
 @pytest.mark.parametrize(("name", "supported"), [

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from doctor.commands.options import guarded, settings_from, settings_options
+from doctor.core.exitcodes import EXIT_OK
 
 
 @click.command("env", context_settings={"help_option_names": ["-h", "--help"]})
@@ -16,7 +17,7 @@ from doctor.commands.options import guarded, settings_from, settings_options
                   "patches_dir", "state_dir", report=False)
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @guarded
-def env(flags: dict[str, Any], fmt: str) -> None:
+def env(flags: dict[str, Any], fmt: str) -> int:
     """A short, paste-ready, redacted summary: driver, CUDA, GPUs and topology, torch/triton/SGLang/kernel
     versions, the environment that matters, and the profile's verdict (the default checks run once)."""
     from doctor.app import run
@@ -29,3 +30,4 @@ def env(flags: dict[str, Any], fmt: str) -> None:
         sys.stdout.write(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
     else:
         sys.stdout.write(render_summary(data))
+    return EXIT_OK

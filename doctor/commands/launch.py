@@ -42,7 +42,7 @@ def _run_gate(settings: Any, flags: dict[str, Any]) -> tuple[bool, Any]:
             render(report, fmt, flags.get("verbose") or 0, fh, color=False)
     render(report, "text" if fmt == "junit" else fmt, flags.get("verbose") or 0, sys.stderr,
            problems=bool(flags.get("problems")))
-    why = report.gate_refusal()  # a failure, or a check of the profile not judged for want of facts
+    why = report.decision().refusal  # a failure, or a check of the profile not judged for want of facts
     if why is not None:
         _say(f"not launching: {why}. Fix them (`k26-doctor fix`) or --ignore ID to accept a known failure.")
         return False, ctx
@@ -63,11 +63,11 @@ def _recorded_flags(ctx: Any, plan: Any) -> dict[str, Any] | None:
 def _flag_gate(plan: Any, settings: Any, ctx: Any = None) -> bool:
     """The real server argv judged by ``doctor.sglang.flags.judge_flags`` (the one flag judgement);
     the flag table is the one the check run read when it ran, else read now. True if accepted."""
-    from doctor.core.result import Status
+    from doctor.core.result import Result, Status
     from doctor.sglang.flags import flags_fact, judge_flags
 
     fact = _recorded_flags(ctx, plan) or flags_fact(plan.argv[0], plan.env)
-    result = judge_flags(fact, plan.server_args)
+    result = Result.judging(lambda: judge_flags(fact, plan.server_args))
     for p in result.details.get("problems", []):
         _say(f"{p['severity']}: {p['message']}")
     if result.status is Status.PASS or result.status is Status.WARN:
@@ -97,7 +97,7 @@ def _flag_gate(plan: Any, settings: Any, ctx: Any = None) -> bool:
 @click.argument("server_args", nargs=-1, type=click.UNPROCESSED)
 @guarded
 def launch(flags: dict[str, Any], dry_run: bool, no_check: bool, no_flag_check: bool, wait: bool,
-           wait_timeout: float, wait_interval: float, server_args: tuple[str, ...]) -> None:
+           wait_timeout: float, wait_interval: float, server_args: tuple[str, ...]) -> int:
     """Start the SGLang server of the profile, only if no check fails.
 
     Extra server flags go after `--`: `k26-doctor launch -- --log-level debug`.
@@ -111,7 +111,7 @@ def launch(flags: dict[str, Any], dry_run: bool, no_check: bool, no_flag_check: 
     settings.import_sglang = True
     if settings.from_snapshot:
         _say("cannot launch from a snapshot (it judges another host)")
-        sys.exit(EXIT_USAGE)
+        return EXIT_USAGE
     plan = build_plan(settings, list(server_args))
     if dry_run:
         for note in plan.notes:
@@ -124,15 +124,15 @@ def launch(flags: dict[str, Any], dry_run: bool, no_check: bool, no_flag_check: 
         sys.stdout.write("\n".join(shown) + "\n")
         sys.stdout.flush()
         if not no_flag_check and not _flag_gate(plan, settings):
-            sys.exit(EXIT_FAILED)
-        sys.exit(EXIT_OK)
+            return EXIT_FAILED
+        return EXIT_OK
     ctx = None
     if not no_check:
         ok, ctx = _run_gate(settings, flags)
         if not ok:
-            sys.exit(EXIT_FAILED)
+            return EXIT_FAILED
     if not no_flag_check and not _flag_gate(plan, settings, ctx):
-        sys.exit(EXIT_FAILED)
+        return EXIT_FAILED
     for note in plan.notes:
         _say(note)
     from doctor.facts.redaction import redact_argv
@@ -143,8 +143,8 @@ def launch(flags: dict[str, Any], dry_run: bool, no_check: bool, no_flag_check: 
             exec_plan(plan)
         except OSError as exc:
             _say(f"cannot start {plan.argv[0]}: {exc.strerror or exc}")
-            sys.exit(EXIT_FAILED)
-    sys.exit(_supervise(plan, settings, wait_timeout, wait_interval))
+            return EXIT_FAILED
+    return _supervise(plan, settings, wait_timeout, wait_interval)
 
 
 def _supervise(plan: Any, settings: Any, timeout: float, interval: float) -> int:
@@ -226,7 +226,7 @@ def _stop(child: subprocess.Popen[Any], grace: float = 30.0) -> None:
 @click.argument("server_args", nargs=-1, type=click.UNPROCESSED)
 @guarded
 def systemd_unit(flags: dict[str, Any], user: str | None, no_hardening: bool, start_timeout: float | None,
-                 doctor_path: str | None, no_diagnose: bool, smoke: bool, server_args: tuple[str, ...]) -> None:
+                 doctor_path: str | None, no_diagnose: bool, smoke: bool, server_args: tuple[str, ...]) -> int:
     """Print a systemd unit: ExecStartPre runs `k26-doctor check`, ExecStart launches the server.
 
     Install: `k26-doctor systemd-unit --config /etc/k26-doctor/config.toml > /etc/systemd/system/UNIT`.
@@ -253,6 +253,7 @@ def systemd_unit(flags: dict[str, Any], user: str | None, no_hardening: bool, st
         _say(f"unit written to {flags['output']}")
     else:
         sys.stdout.write(text)
+    return EXIT_OK
 
 
 @click.command("wait-ready", context_settings={"help_option_names": ["-h", "--help"]})
@@ -265,7 +266,7 @@ def systemd_unit(flags: dict[str, Any], user: str | None, no_hardening: bool, st
 @click.option("-q", "--quiet", is_flag=True, help="No progress output.")
 @guarded
 def wait_ready(url: str | None, config: str | None, profile: str | None, timeout: float, interval: float,
-               pid: int | None, quiet: bool) -> None:
+               pid: int | None, quiet: bool) -> int:
     """Wait until the server answers ready: refused while loading, 503 while warming up, then 200.
 
     Exit 0 when ready, 1 on timeout or when --pid exits first.
@@ -285,7 +286,7 @@ def wait_ready(url: str | None, config: str | None, profile: str | None, timeout
     outcome = wait(url, timeout, interval_s=interval, pid=pid, progress=None if quiet else sys.stderr)
     if not quiet:
         _say(outcome.reason)
-    sys.exit(EXIT_OK if outcome.ready else EXIT_FAILED)
+    return EXIT_OK if outcome.ready else EXIT_FAILED
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -298,7 +299,7 @@ def wait_ready(url: str | None, config: str | None, profile: str | None, timeout
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @guarded
 def diagnose(logfile: str | None, unit: str | None, invocation: str | None, on_service_failure: bool,
-             signatures: tuple[str, ...], fmt: str) -> None:
+             signatures: tuple[str, ...], fmt: str) -> int:
     """Map a failed start's log (FILE, `-` for stdin, or --journal UNIT) to the checks that catch it.
 
     Exit 0 when a known signature was found, 1 when none was, 2 on bad input: an unreadable file or
@@ -319,38 +320,38 @@ def diagnose(logfile: str | None, unit: str | None, invocation: str | None, on_s
     )
 
     if on_service_failure and os.environ.get("SERVICE_RESULT", "success") == "success":
-        sys.exit(EXIT_OK)
+        return EXIT_OK
     if bool(logfile) == bool(unit):
         raise click.UsageError("give a log FILE or --journal UNIT (one of them)")
     try:
         sigs = load_signatures([Path(s) for s in signatures])
     except SignatureError as exc:
         _say(str(exc))
-        sys.exit(EXIT_USAGE)
+        return EXIT_USAGE
     if unit:
         if on_service_failure and not invocation:
             invocation = os.environ.get("INVOCATION_ID")
         res = run(journal_argv(unit, invocation), 60)
         if not res.ok:
             _say(f"cannot read the journal of {unit}: {res.why()}")
-            sys.exit(EXIT_USAGE)
+            return EXIT_USAGE
         lines, source = res.stdout.splitlines(), f"journal of {unit}"
         if not any(line.strip() and line.strip() != "-- No entries --" for line in lines):
             which = f" (invocation {invocation})" if invocation else " since boot"
             _say(f"the journal had no lines for {unit}{which}: check the unit name (systemctl list-units "
                  f"{shlex.quote(unit)}) or pass the log file instead")
-            sys.exit(EXIT_USAGE)
+            return EXIT_USAGE
     else:
         assert logfile is not None
         try:
             lines, source = read_log(logfile), logfile
         except OSError as exc:
             _say(f"cannot read {logfile}: {exc.strerror or exc}")
-            sys.exit(EXIT_USAGE)
+            return EXIT_USAGE
     findings = diagnose_lines(lines, sigs)
     if fmt == "json":
         click.echo(json.dumps({"source": source, "lines": len(lines),
                                "findings": [f.to_dict() for f in findings]}, indent=2))
     else:
         click.echo(render_text(findings, source))
-    sys.exit(EXIT_OK if findings else EXIT_FAILED)
+    return EXIT_OK if findings else EXIT_FAILED

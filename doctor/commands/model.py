@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from typing import Any
 
 import click
 
+from doctor.core.exitcodes import EXIT_FAILED, EXIT_OK
 from doctor.model.hashing import default_cache_dir, shard_names, verify_model_hashes
 from doctor.model.layout import read_hf_local_metadata
 from doctor.model.manifest import MANIFEST_NAME, manifest_text, read_manifest, sha256sum_text
@@ -42,7 +42,7 @@ def manifest() -> None:
 @click.option("--force", is_flag=True, help="Replace an existing manifest.")
 @_cache_opts
 def write_cmd(model_dir: str, output: str | None, from_hf_metadata: bool, force: bool, no_cache: bool,
-              cache_dir: str | None, jobs: int | None) -> None:
+              cache_dir: str | None, jobs: int | None) -> int:
     """Hash every shard the index names and record the digests.
 
     Record only a download you trust (e.g. right after `hf download`, whose etags are the published
@@ -87,13 +87,14 @@ def write_cmd(model_dir: str, output: str | None, from_hf_metadata: bool, force:
     except OSError as exc:
         raise click.ClickException(f"cannot write {target}: {exc.strerror or exc}") from None
     click.echo(f"wrote {target} ({len(files)} files)")
+    return EXIT_OK
 
 
 @manifest.command("verify")
 @click.argument("model_dir", type=click.Path(file_okay=False))
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @_cache_opts
-def verify_cmd(model_dir: str, fmt: str, no_cache: bool, cache_dir: str | None, jobs: int | None) -> None:
+def verify_cmd(model_dir: str, fmt: str, no_cache: bool, cache_dir: str | None, jobs: int | None) -> int:
     """Hash every shard and compare (manifest > HF metadata > HF cache blob); exit 1 on any mismatch."""
     res = verify_model_hashes(model_dir, use_cache=not no_cache, cache_dir=cache_dir, workers=jobs)
     if fmt == "json":
@@ -104,17 +105,18 @@ def verify_cmd(model_dir: str, fmt: str, no_cache: bool, cache_dir: str | None, 
             click.echo(f"{f.get('verdict', '?'):13} {f['name']}" + (f"  ({exp.get('source')})" if exp else ""))
         _rate(res)
     bad = [f for f in res["files"] if f.get("verdict") in ("mismatch", "missing", "error")]
-    sys.exit(1 if bad or not res["files"] else 0)
+    return EXIT_FAILED if bad or not res["files"] else EXIT_OK
 
 
 @manifest.command("export")
 @click.argument("model_dir", type=click.Path(file_okay=False))
-def export_cmd(model_dir: str) -> None:
+def export_cmd(model_dir: str) -> int:
     """Print the manifest in `sha256sum -c` format (run it from DIR)."""
     man = read_manifest(os.path.join(model_dir, MANIFEST_NAME))
     if not man.ok:
         raise click.ClickException(man.error or f"no {MANIFEST_NAME} in {model_dir}")
     click.echo(sha256sum_text(man.files), nl=False)
+    return EXIT_OK
 
 
 def _rate(res: dict[str, Any]) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from doctor.core.exitcodes import EXIT_NO_REPORT, EXIT_SIGPIPE, EXIT_USAGE
+from doctor.core.exitcodes import EXIT_NO_REPORT, EXIT_OK, EXIT_SIGPIPE, EXIT_USAGE
 
 REPORT_OPTIONS = {
     "fmt": lambda: click.option("--format", "fmt", type=click.Choice(["text", "json", "junit"]), default="text",
@@ -77,28 +77,42 @@ def selection_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return settings_options()(func)
 
 
-def guarded(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Exit codes per the contract: ConfigError -> 2; any unexpected crash -> 3 with one line."""
+class Stop(Exception):
+    """A command ends here with ``code``, having said why: raised by a helper deep in a command, turned into the
+    command's return value by ``guarded`` (and by ``doctor.cli.main`` for commands without it)."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+def guarded(func: Callable[..., Any]) -> Callable[..., int]:
+    """The command's exit code per the contract, returned (``doctor.cli.main`` is the one place that exits):
+    what it returns (nothing: 0); ConfigError -> 2; a closed pipe -> 141; any unexpected crash -> 3 with one
+    line (the traceback with -v)."""
 
     @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(*args: Any, **kwargs: Any) -> int:
         from doctor.core.settings import ConfigError
 
         try:
-            return func(*args, **kwargs)
+            code = func(*args, **kwargs)
+            return EXIT_OK if code is None else int(code)
+        except Stop as stop:
+            return stop.code
         except ConfigError as exc:
             click.echo(f"k26-doctor: {exc}", err=True)
-            sys.exit(EXIT_USAGE)
+            return EXIT_USAGE
         except BrokenPipeError:  # the reader went away (`| head -1`): not a crash, nothing left to say
             quiet_stdout()
-            sys.exit(EXIT_SIGPIPE)
-        except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit, KeyboardInterrupt):
+            return EXIT_SIGPIPE
+        except (click.exceptions.Exit, click.ClickException, click.Abort, KeyboardInterrupt):
             raise
         except Exception as exc:
             click.echo(f"k26-doctor: internal error, no report: {type(exc).__name__}: {exc}", err=True)
             if "-v" in sys.argv or "--verbose" in sys.argv:
                 traceback.print_exc()
-            sys.exit(EXIT_NO_REPORT)
+            return EXIT_NO_REPORT
 
     return wrapper
 

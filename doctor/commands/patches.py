@@ -18,11 +18,11 @@ from typing import Any
 
 import click
 
-from doctor.commands.options import settings_options
+from doctor.commands.options import Stop, settings_options
 from doctor.core.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from doctor.core.settings import ConfigError, Settings
 from doctor.sglang.patching import locate, manifest, record
-from doctor.sglang.patching.engine import Engine, EngineError, Plan
+from doctor.sglang.patching.engine import Engine, EngineError, Transaction
 from doctor.sglang.patching.state import StateError
 from doctor.sglang.patching.status import APPLIED, Evaluation, evaluate
 
@@ -39,7 +39,7 @@ def target_options(func: Callable[..., Any]) -> Callable[..., Any]:
             return func(settings=settings, set_name=name, **kwargs)
         except ConfigError as exc:
             click.echo(f"k26-doctor: {exc}", err=True)
-            sys.exit(EXIT_USAGE)
+            return EXIT_USAGE
 
     wrapper = click.option("--set", "set_name", default=None,
                            help="A patch set name or directory instead of the profile's.")(wrapper)
@@ -63,13 +63,13 @@ def _engine(settings: Settings, set_name: str) -> Engine:
         found = locate.locate(settings.python)
     except locate.LocateError as exc:
         click.echo(f"k26-doctor: {exc}", err=True)
-        sys.exit(EXIT_FAILED)
+        raise Stop(EXIT_FAILED) from None
     return Engine(pset, found.installed, state_dir=settings.state_dir, package_root=found.package_root)
 
 
-def _no_set(settings: Settings) -> None:
+def _no_set(settings: Settings) -> int:
     click.echo(f"profile {settings.profile_name} uses no SGLang patch set ([patches] set is empty); nothing to do")
-    sys.exit(EXIT_OK)
+    return EXIT_OK
 
 
 @click.group("patches")
@@ -90,7 +90,7 @@ def patches() -> None:
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--from-snapshot", "snapshot", type=click.Path(dir_okay=False), default=None,
               help="Judge the sglang_patches fact of a `k26-doctor snapshot` instead of this host.")
-def status_cmd(settings: Settings, set_name: str, fmt: str, snapshot: str | None) -> None:
+def status_cmd(settings: Settings, set_name: str, fmt: str, snapshot: str | None) -> int:
     """Per patch and per file: pristine, applied, partial, drifted or missing."""
     if snapshot:
         obs, problems = _recorded(snapshot)
@@ -98,7 +98,7 @@ def status_cmd(settings: Settings, set_name: str, fmt: str, snapshot: str | None
                  "site_packages": obs.get("site_packages")}
     else:
         if not set_name:
-            _no_set(settings)
+            return _no_set(settings)
         eng = _engine(settings, set_name)
         obs, problems = eng.observe(), eng.check_diffs()
         where = {"set_directory": str(eng.pset.directory), "python": settings.python,
@@ -112,7 +112,7 @@ def status_cmd(settings: Settings, set_name: str, fmt: str, snapshot: str | None
         _print_status(where, ev, settings.verbose)
         for p in problems:
             click.echo(f"  ! {p}")
-    sys.exit(EXIT_OK if ev.ok and not problems else EXIT_FAILED)
+    return EXIT_OK if ev.ok and not problems else EXIT_FAILED
 
 
 def _recorded(path: str) -> tuple[dict[str, Any], list[str]]:
@@ -129,10 +129,10 @@ def _recorded(path: str) -> tuple[dict[str, Any], list[str]]:
     for key in ("set_error", "install_error"):
         if fact.get(key):
             click.echo(f"recorded: {fact[key]}")
-            sys.exit(EXIT_FAILED)
+            raise Stop(EXIT_FAILED) from None
     if fact.get("no_set"):
         click.echo("the recorded profile used no SGLang patch set")
-        sys.exit(EXIT_OK)
+        raise Stop(EXIT_OK)
     return fact, []
 
 
@@ -169,7 +169,7 @@ def _print_status(where: dict[str, Any], ev: Evaluation, verbose: int) -> None:
                f"{ev.count(APPLIED)}/{len(ev.files)} files applied)")
 
 
-def _print_plan(plan: Plan, verbose: int) -> None:
+def _print_plan(plan: Transaction, verbose: int) -> None:
     if plan.changes:
         click.echo(f"plan: {plan.op} {len(plan.changes)} file(s) of patch set {plan.set_name}, all or nothing:")
     for c in plan.changes:
@@ -183,7 +183,7 @@ def _print_plan(plan: Plan, verbose: int) -> None:
         click.echo(f"  refused: {r}")
 
 
-def _confirm_patches(eng: Engine, plan: Plan) -> list[str] | None:
+def _confirm_patches(eng: Engine, plan: Transaction) -> list[str] | None:
     """Ask per patch that has changes; returns the chosen ids (None: all were chosen)."""
     pending = [p for p in plan.evaluation.patches
                if (p.state != APPLIED if plan.op == "apply" else p.state != "pristine")]
@@ -194,9 +194,9 @@ def _confirm_patches(eng: Engine, plan: Plan) -> list[str] | None:
     return None if len(chosen) == len(pending) else chosen
 
 
-def _run(settings: Settings, set_name: str, op: str, yes: bool, force: bool, only: tuple[str, ...]) -> None:
+def _run(settings: Settings, set_name: str, op: str, yes: bool, force: bool, only: tuple[str, ...]) -> int:
     if not set_name:
-        _no_set(settings)
+        return _no_set(settings)
     eng = _engine(settings, set_name)
     selected = list(only) or None
     try:
@@ -208,34 +208,34 @@ def _run(settings: Settings, set_name: str, op: str, yes: bool, force: bool, onl
         _print_plan(plan, settings.verbose)
         if not plan.ok:
             click.echo(f"{op} refused; nothing was written.", err=True)
-            sys.exit(EXIT_FAILED)
+            return (EXIT_FAILED)
         if not plan.changes:
             click.echo(f"nothing to {op}: patch set {eng.pset.name} is already "
                        f"{'applied' if op == 'apply' else 'reverted'} ({eng.installed.site_packages})")
-            sys.exit(EXIT_OK)
+            return (EXIT_OK)
         if not yes:
             if not sys.stdin.isatty():
                 click.echo(f"refusing to {op} without --yes: stdin is not a terminal", err=True)
-                sys.exit(EXIT_USAGE)
+                return (EXIT_USAGE)
             chosen = _confirm_patches(eng, plan)
             if chosen is not None:
                 if not chosen:
                     click.echo("nothing chosen; nothing was written.")
-                    sys.exit(EXIT_OK)
+                    return (EXIT_OK)
                 plan = make(force=force, only=chosen)
                 if not plan.ok:
                     _print_plan(plan, 0)
-                    sys.exit(EXIT_FAILED)
+                    return (EXIT_FAILED)
         out = eng.execute(plan)
     except (EngineError, StateError) as exc:
         click.echo(f"k26-doctor: {exc}", err=True)
-        sys.exit(EXIT_FAILED)
+        return (EXIT_FAILED)
     except OSError as exc:  # e.g. the state directory's disk; every file is as it was or as planned
         click.echo(f"k26-doctor: {op} stopped: {exc}", err=True)
-        sys.exit(EXIT_FAILED)
+        return (EXIT_FAILED)
     except KeyboardInterrupt:
         click.echo("interrupted; every file is as it was (rolled back)", err=True)
-        sys.exit(EXIT_FAILED)
+        return (EXIT_FAILED)
     click.echo(f"{op}: {len(out.changed)} file(s) changed" +
                (f", {len(out.removed_bytecode)} stale .pyc removed" if out.removed_bytecode else ""))
     if out.backups:
@@ -249,10 +249,10 @@ def _run(settings: Settings, set_name: str, op: str, yes: bool, force: bool, onl
     chosen = set(plan_ids(plan)) if selected or not yes else None
     done = all(p.state == want for p in ev.patches if chosen is None or p.id in chosen)
     click.echo(f"now: {ev.overall}")
-    sys.exit(EXIT_OK if done else EXIT_FAILED)
+    return (EXIT_OK if done else EXIT_FAILED)
 
 
-def plan_ids(plan: Plan) -> list[str]:
+def plan_ids(plan: Transaction) -> list[str]:
     """The patch ids a plan's changes carry out."""
     ids: list[str] = []
     for c in plan.changes:
@@ -275,21 +275,21 @@ def change_options(force_help: str) -> Callable[[Callable[..., Any]], Callable[.
 
 @patches.command("apply")
 @change_options("Patch over drifted files too (they are backed up first).")
-def apply_cmd(settings: Settings, set_name: str, yes: bool, force: bool, only: tuple[str, ...]) -> None:
+def apply_cmd(settings: Settings, set_name: str, yes: bool, force: bool, only: tuple[str, ...]) -> int:
     """Apply the set to every file at once (a second apply does nothing)."""
-    _run(settings, set_name, "apply", yes, force, only)
+    return _run(settings, set_name, "apply", yes, force, only)
 
 
 @patches.command("revert")
 @change_options("Put stored originals back over drifted files (backed up first).")
-def revert_cmd(settings: Settings, set_name: str, yes: bool, force: bool, only: tuple[str, ...]) -> None:
+def revert_cmd(settings: Settings, set_name: str, yes: bool, force: bool, only: tuple[str, ...]) -> int:
     """Put every file back to the bytes RECORD lists, checked."""
-    _run(settings, set_name, "revert", yes, force, only)
+    return _run(settings, set_name, "revert", yes, force, only)
 
 
 @patches.command("list")
 @click.option("--patches-dir", default=None, help="A site directory of patch sets, searched first.")
-def list_cmd(patches_dir: str | None) -> None:
+def list_cmd(patches_dir: str | None) -> int:
     """The patch sets this doctor knows: the site's (--patches-dir) and the built-in ones."""
     seen: set[str] = set()
     for base in manifest.search_dirs(patches_dir):
@@ -303,6 +303,7 @@ def list_cmd(patches_dir: str | None) -> None:
                            f"{len(pset.chains())} file(s)  {mpath.parent}{shadow}")
             except manifest.ManifestError as exc:
                 click.echo(f"{name:<24} unusable: {exc}")
+    return EXIT_OK
 
 
 @patches.command("make-manifest")
@@ -315,7 +316,7 @@ def list_cmd(patches_dir: str | None) -> None:
 @click.option("--description", default=None)
 @click.option("--check", "check_only", is_flag=True, help="Write nothing; exit 1 if manifest.json is not up to date.")
 def make_manifest(set_dir: str, python: str | None, site_packages: str | None, name: str | None, spec: str | None,
-                  description: str | None, check_only: bool) -> None:
+                  description: str | None, check_only: bool) -> int:
     """(Re)generate SET_DIR/manifest.json from its diffs and a pristine install (hashes from RECORD)."""
     from doctor.sglang.patching import generate as gen
 
@@ -330,7 +331,7 @@ def make_manifest(set_dir: str, python: str | None, site_packages: str | None, n
                             package_root=root, write=not check_only)
     except (record.RecordError, locate.LocateError, gen.GenerateError) as exc:
         click.echo(f"k26-doctor: {exc}", err=True)
-        sys.exit(EXIT_FAILED)
+        return EXIT_FAILED
     path = Path(set_dir) / manifest.MANIFEST_NAME
     if check_only:
         try:
@@ -339,8 +340,9 @@ def make_manifest(set_dir: str, python: str | None, site_packages: str | None, n
             current = None
         if current != pset.to_dict():
             click.echo(f"{path} is not up to date with its diffs and sglang {installed.version}", err=True)
-            sys.exit(EXIT_FAILED)
+            return EXIT_FAILED
         click.echo(f"{path} is up to date")
-        return
+        return EXIT_OK
     nfiles = len(pset.chains())
     click.echo(f"wrote {path}: {len(pset.patches)} patch(es), {nfiles} file(s), sglang {pset.sglang}")
+    return EXIT_OK

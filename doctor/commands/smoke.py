@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from typing import Any
 
 import click
 
-from doctor.commands.options import guarded, settings_from
+from doctor.commands.options import Stop, guarded, settings_from
 from doctor.core.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
 API_KEY_ENV = "K26_DOCTOR_API_KEY"
@@ -54,7 +53,7 @@ def _ids(text: str | None) -> tuple[int, ...] | None:
 @guarded
 def smoke(url: str | None, config: str | None, profile: str | None, timeout: float, n_requests: int,
           max_tokens: int, fail_below: float | None, warn_below: float | None, input_ids: str | None,
-          api_key: str | None, fmt: str, strict: bool) -> None:
+          api_key: str | None, fmt: str, strict: bool) -> int:
     """Send a few requests to the running server (OpenAI API and /generate), read back SGLang's
     speculative accept length, report errors and latencies.
 
@@ -78,7 +77,7 @@ def smoke(url: str | None, config: str | None, profile: str | None, timeout: flo
             return default
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             click.echo(f"k26-doctor: [smoke] {key} must be a number, got {v!r}", err=True)
-            sys.exit(EXIT_USAGE)
+            raise Stop(EXIT_USAGE)
         return float(v)
 
     opts = SmokeOptions(url.rstrip("/"), timeout_s=timeout, requests=n_requests, max_tokens=max_tokens,
@@ -95,4 +94,4 @@ def smoke(url: str | None, config: str | None, profile: str | None, timeout: flo
     else:
         click.echo(render_text(report), nl=False)
     failed = report.status == "fail" or (strict and report.status == "warn")
-    sys.exit(EXIT_FAILED if failed else EXIT_OK)
+    return EXIT_FAILED if failed else EXIT_OK

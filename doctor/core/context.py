@@ -1,29 +1,84 @@
-"""What a check sees: the resolved settings and the facts of this run."""
+"""What a check sees: the resolved settings and the facts it declared, and why a fact can fail to be had.
+
+The runner gives every check its own view of the run (``Context.view``): ``ctx.fact(name)`` answers only for the
+facts the check declares (``@check(needs=...)``; a fixer reads its check's facts and its own ``needs``), so the
+declarations are the contract between collectors and checks and the registry can validate them when it loads.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
 
 from doctor.core.result import Result
 from doctor.core.settings import Settings
-from doctor.facts.store import FactStore
+
+
+class FactUnavailable(Exception):
+    """A fact could not be had. ``status`` is what a check that needs it becomes.
+
+    ``skip`` when the fact is simply not there to judge (not in a snapshot); ``error`` when its
+    collector crashed or ran past its deadline (the gate fails closed).
+    """
+
+    def __init__(self, name: str, reason: str, status: str = "error") -> None:
+        super().__init__(f"fact {name!r}: {reason}")
+        self.name = name
+        self.reason = reason
+        self.status = status
+
+
+class MalformedFact(FactUnavailable):
+    """A fact whose value does not have its collector's declared shape: the check that reads it fails,
+    naming the fact and where the value is wrong (``doctor.facts.shape``)."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        super().__init__(name, reason, status="fail")
+
+
+class UndeclaredFact(Exception):
+    """A check (or fixer) read a fact it does not declare in ``needs=``: a bug in that check, reported as its
+    ``error`` (the declaration is what collectors, snapshots and the registry rely on)."""
+
+
+class FactSource(Protocol):
+    """Where a run's facts come from (``doctor.facts.store.FactStore``: collected live or replayed)."""
+
+    options: Any
+
+    def get(self, name: str) -> Any: ...
+
+    def collected(self) -> set[str]: ...
 
 
 @dataclass
 class Context:
     settings: Settings
-    facts: FactStore
-    results: dict[str, Result] = field(default_factory=dict)  # finished checks, by id
+    facts: FactSource
+    results: dict[str, Result] = field(default_factory=dict)  # finished checks, by id (shared by every view)
     selected: frozenset[str] = frozenset()  # the ids of this run's checks (set by the runner)
+    needs: frozenset[str] | None = None  # the facts this view may read; None: the run's own context
+
+    def view(self, needs: tuple[str, ...] | frozenset[str]) -> Context:
+        """The context of one check (or fixer): the same run, reading only the facts in ``needs``."""
+        return replace(self, needs=frozenset(needs))
 
     def fact(self, name: str) -> Any:
-        """A fact's value; raises ``doctor.facts.FactUnavailable`` (the runner turns it into a result)."""
+        """A declared fact's value; raises ``FactUnavailable`` (the runner turns it into a result), and
+        ``UndeclaredFact`` for a fact this view does not declare."""
+        if self.needs is not None and name not in self.needs:
+            raise UndeclaredFact(f"reads the fact {name!r} without declaring it (needs={tuple(sorted(self.needs))})")
         return self.facts.get(name)
 
-    def expect(self, dotted: str, default: Any = None) -> Any:
-        """What the profile (merged with the config) expects, e.g. ``ctx.expect("gpu.min_memory_gib")``."""
-        return self.settings.get(dotted, default)
+    def optional(self, name: str) -> Any:
+        """A declared fact, or None when it cannot be had (an older snapshot without it, a collector that failed);
+        a malformed value still fails the check, as everywhere."""
+        try:
+            return self.fact(name)
+        except MalformedFact:
+            raise
+        except FactUnavailable:
+            return None
 
     @property
     def deep(self) -> bool:

@@ -9,12 +9,17 @@ A ``Registry`` object collects the declarations of the modules it loads:
 * plugins: the entry-point group ``k26_doctor.checks`` (an entry point names a module whose marked
   functions are taken, or a ``Check`` object, or a callable returning an iterable of them).
 
-Loading validates, as pluggy validates hook implementations at registration: every ``fixer=``
-names a registered fixer, every ``depends=`` a registered check, every ``needs=`` a registered
-collector. A built-in inconsistency raises ``RegistryError`` naming the module; a plugin that does
-not resolve is rejected as a whole and reported by name: the doctor keeps running, and a run of checks
-fails closed on it (site policy that did not load is not a pass). Plugins are
-disabled by name with ``[doctor] disable_plugins = [...]`` or ``K26_DOCTOR_DISABLE_PLUGINS=a,b``.
+Loading validates, as pluggy validates hook implementations at registration: a check, collector,
+fixer or hook whose function does not take the arguments it will be called with is refused when it is
+added; every ``fixer=`` names a registered fixer, every ``depends=`` a registered check, every ``needs=``
+(of a check or a fixer) a registered collector. A built-in inconsistency raises ``RegistryError`` naming
+the module; a plugin that does not resolve is rejected as a whole and reported by name: the doctor keeps
+running, and a run of checks fails closed on it (site policy that did not load is not a pass). Plugins
+are disabled by name with ``[doctor] disable_plugins = [...]`` or ``K26_DOCTOR_DISABLE_PLUGINS=a,b``.
+
+Hooks let an area take part in a run without the core knowing the area: ``@hook("before_checks")``
+runs before the checks (the GPU area waits for the NVSwitch fabric there), ``@hook("notice")`` after
+them (the stack area says once, at the top, that the doctor judged its own interpreter).
 """
 
 from __future__ import annotations
@@ -108,13 +113,51 @@ class Fixer:
     needs_root: bool = False
     source: str = BUILTIN
     module: str = ""
+    needs: tuple[str, ...] = ()  # facts it reads beyond those of the check it fixes
 
 
-Item = Check | Collector | Fixer
+HOOK_KINDS = {
+    # kind: (the arguments it is called with, what it is for)
+    "before_checks": (("ctx", "checks", "say"), "runs before the checks of a live run, e.g. a bounded wait"),
+    "notice": (("ctx", "results"), "after the checks: a Notice said once at the top, or None"),
+}
+
+
+@dataclass(frozen=True)
+class Hook:
+    """An area's part in a run (``HOOK_KINDS``). ``before_checks(ctx, checks, say)``: ``checks`` are the run's,
+    ``say(line)`` prints progress; ``notice(ctx, results) -> Notice | None``."""
+
+    kind: str
+    func: Callable[..., Any]
+    source: str = BUILTIN
+    module: str = ""
+
+    @property
+    def id(self) -> str:
+        return f"{self.module}.{getattr(self.func, '__name__', '?')}"
+
+
+Item = Check | Collector | Fixer | Hook
+# How each kind is called: the positional arguments its function must accept (validated when it is added).
+CALLED_WITH = {Check: ("ctx",), Collector: ("opts",), Fixer: ("ctx", "result")}
 
 
 class RegistryError(Exception):
     """A duplicate, malformed or unresolved registration; the message names the module or plugin."""
+
+
+def signature_problem(func: Callable[..., Any], args: tuple[str, ...]) -> str | None:
+    """Why ``func`` cannot be called with ``len(args)`` positional arguments, or None."""
+    try:
+        sig = inspect.signature(func)
+    except (TypeError, ValueError):
+        return None  # a builtin or C function: nothing to read
+    try:
+        sig.bind(*args)
+    except TypeError as exc:
+        return f"{getattr(func, '__name__', func)}{sig} cannot be called as ({', '.join(args)}): {exc}"
+    return None
 
 
 def _mark(func: Callable[..., Any], item: Item) -> None:
@@ -161,12 +204,23 @@ def collector(
 
 
 def fixer(
-    id: str, title: str, *, needs_root: bool = False
+    id: str, title: str, *, needs_root: bool = False, needs: Iterable[str] = ()
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Declare a fixer: ``plan(ctx, result) -> doctor.core.actions.Plan``."""
+    """Declare a fixer: ``plan(ctx, result) -> doctor.core.actions.Plan``. It reads the facts of the check it
+    fixes and those it names in ``needs``; it decides on ``result.findings`` (their codes), never on wording."""
 
     def deco(func: Callable[..., Any]) -> Callable[..., Any]:
-        _mark(func, Fixer(id, title, func, needs_root, module=func.__module__))
+        _mark(func, Fixer(id, title, func, needs_root, module=func.__module__, needs=tuple(needs)))
+        return func
+
+    return deco
+
+
+def hook(kind: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Declare an area's hook of ``kind`` (``HOOK_KINDS``)."""
+
+    def deco(func: Callable[..., Any]) -> Callable[..., Any]:
+        _mark(func, Hook(kind, func, module=func.__module__))
         return func
 
     return deco
@@ -181,14 +235,19 @@ def declarations(module: ModuleType) -> list[Item]:
     return out
 
 
+AREA_MODULES = ("facts", "hooks")  # what the registry loads of each area package: its collectors, its hooks
+
+
 def area_fact_modules() -> list[str]:
-    """``doctor.<area>.facts`` of every area package (the built-in collectors)."""
+    """``doctor.<area>.facts`` and ``doctor.<area>.hooks`` of every area package (the built-in collectors and
+    hooks)."""
     import doctor
 
     names = []
     for info in pkgutil.iter_modules(doctor.__path__):
-        if info.ispkg and importlib.util.find_spec(f"doctor.{info.name}.facts") is not None:
-            names.append(f"doctor.{info.name}.facts")
+        for part in AREA_MODULES:
+            if info.ispkg and importlib.util.find_spec(f"doctor.{info.name}.{part}") is not None:
+                names.append(f"doctor.{info.name}.{part}")
     return sorted(names)
 
 
@@ -213,6 +272,7 @@ class Registry:
     checks: dict[str, Check] = field(default_factory=dict)
     collectors: dict[str, Collector] = field(default_factory=dict)
     fixers: dict[str, Fixer] = field(default_factory=dict)
+    hooks: dict[str, Hook] = field(default_factory=dict)  # by Hook.id
     load_errors: dict[str, str] = field(default_factory=dict)  # built-in module -> why it failed to import
     plugin_errors: list[str] = field(default_factory=list)  # "name (value): why" of rejected plugins
     plugin_failures: dict[str, tuple[str, str]] = field(default_factory=dict)  # name -> (why, traceback)
@@ -221,11 +281,15 @@ class Registry:
     # -- adding ------------------------------------------------------------------------------------
 
     def add(self, item: Item, source: str = BUILTIN) -> None:
-        """Add one declaration; a duplicate or a malformed id raises ``RegistryError``."""
+        """Add one declaration; a duplicate, a malformed id or a function that cannot be called as its kind is
+        called raises ``RegistryError``."""
         if item.source != source and item.source == BUILTIN:
             item = replace(item, source=source)
         where = item.module or item.source
-        if isinstance(item, Check):
+        self._check_callable(item, where)
+        if isinstance(item, Hook):
+            self.hooks[item.id] = item
+        elif isinstance(item, Check):
             if not item.id or item.id != item.id.lower() or " " in item.id:
                 raise RegistryError(f"{where}: check id {item.id!r} must be lowercase and dotted")
             old = self.checks.get(item.id)
@@ -243,7 +307,30 @@ class Registry:
                 raise RegistryError(f"fixer {item.id!r} registered twice ({old_f.module}, {where})")
             self.fixers[item.id] = item
         else:
-            raise RegistryError(f"{where}: {item!r} is not a Check, Collector or Fixer")
+            raise RegistryError(f"{where}: {item!r} is not a Check, Collector, Fixer or Hook")
+
+    @staticmethod
+    def _check_callable(item: Any, where: str) -> None:
+        if isinstance(item, Hook):
+            if item.kind not in HOOK_KINDS:
+                raise RegistryError(f"{where}: hook kind {item.kind!r} is not one of {', '.join(HOOK_KINDS)}")
+            args = HOOK_KINDS[item.kind][0]
+            func = item.func
+        elif type(item) in CALLED_WITH:
+            args = CALLED_WITH[type(item)]
+            func = {Check: "run", Collector: "func", Fixer: "plan"}[type(item)]
+            func = getattr(item, func)
+        else:
+            return
+        if not callable(func):
+            raise RegistryError(f"{where}: {type(item).__name__.lower()} {getattr(item, 'id', '')!r} is not callable")
+        bad = signature_problem(func, args)
+        if bad:
+            name = getattr(item, "id", None) or getattr(item, "name", None)
+            raise RegistryError(f"{where}: {type(item).__name__.lower()} {name!r}: {bad}")
+
+    def hooks_of(self, kind: str) -> list[Hook]:
+        return [h for h in self.hooks.values() if h.kind == kind]
 
     def add_module(self, module: ModuleType | str, source: str = BUILTIN) -> list[Item]:
         """Add every declaration of ``module`` (imported by name if needed); returns them."""
@@ -258,7 +345,11 @@ class Registry:
     def problems(self, items: Iterable[Item] | None = None) -> list[str]:
         """Unresolved references of ``items`` (default: everything), each naming its module."""
         out = []
-        for item in self.checks.values() if items is None else items:
+        todo = list(self.checks.values()) + list(self.fixers.values()) if items is None else list(items)
+        for item in todo:
+            if isinstance(item, Fixer) and self.collectors:
+                out += [f"{item.module or item.source}: fixer {item.id!r} needs fact {need!r}, which no collector "
+                        "provides" for need in item.needs if need not in self.collectors]
             if not isinstance(item, Check):
                 continue
             where = item.module or item.source
@@ -300,12 +391,12 @@ class Registry:
             if ep.name in self.disabled:
                 continue
             source = f"plugin:{ep.name}"
-            trial = Registry(dict(self.checks), dict(self.collectors), dict(self.fixers))
+            trial = Registry(dict(self.checks), dict(self.collectors), dict(self.fixers), dict(self.hooks))
             try:
                 obj = ep.load()
                 if inspect.ismodule(obj):
                     items = trial.add_module(obj, source)
-                elif isinstance(obj, Check):
+                elif isinstance(obj, (Check, Collector, Fixer, Hook)):
                     items = [obj]
                 elif callable(obj):
                     items = list(obj() or ())
@@ -323,10 +414,16 @@ class Registry:
                 self.plugin_errors.append(f"{ep.name} ({ep.value}): {why}")
                 self.plugin_failures[ep.name] = (f"{ep.value}: {why}", traceback.format_exc())
                 continue
-            self.checks, self.collectors, self.fixers = trial.checks, trial.collectors, trial.fixers
+            self.checks, self.collectors = trial.checks, trial.collectors
+            self.fixers, self.hooks = trial.fixers, trial.hooks
 
     def sorted_checks(self) -> list[Check]:
         return sorted(self.checks.values(), key=lambda c: c.id)
+
+    def fact_needs(self, chk: Check) -> tuple[str, ...]:
+        """The facts a check's fixer may read: the check's and the fixer's own."""
+        fx = self.fixers.get(chk.fixer or "")
+        return tuple(dict.fromkeys(chk.needs + (fx.needs if fx else ())))
 
 
 @functools.lru_cache(maxsize=8)

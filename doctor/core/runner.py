@@ -20,10 +20,9 @@ import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from doctor.core.context import Context
+from doctor.core.context import Context, FactUnavailable, MalformedFact, UndeclaredFact
 from doctor.core.registry import DEFAULT_TIMEOUT_S, Check
-from doctor.core.result import Remediation, Result, Status
-from doctor.facts.store import FactUnavailable, MalformedFact
+from doctor.core.result import NotJudged, Remediation, Result, Status
 
 
 @dataclass
@@ -62,13 +61,19 @@ def deadline_for(chk: Check, flag_timeout: float | None) -> float:
     return chk.timeout if chk.timeout is not None else DEFAULT_TIMEOUT_S
 
 
-def execute(chk: Check, ctx: Context, verbose: bool = False) -> Result:
-    """Run one check in the current thread, turning every way it can go wrong into a result."""
+def execute(chk: Check, ctx: Context) -> Result:
+    """Run one check in the current thread, in its own view of the run (the facts it declares), turning every
+    way it can go wrong into a result."""
     start = time.monotonic()
     try:
-        res = chk.run(ctx)
+        res = chk.run(ctx.view(chk.needs))
         if not isinstance(res, Result):
             res = Result.errored(f"check returned {type(res).__name__}, not a Result")
+    except NotJudged as exc:  # an area function that cannot judge says why
+        res = exc.result()
+    except UndeclaredFact as exc:  # a bug in the check: its declaration is the contract
+        res = Result.errored(f"check {exc}")
+        res.traceback = traceback.format_exc()
     except MalformedFact as exc:  # one rule for every area: a value of the wrong shape is a clear fail
         res = Result.failed(f"the fact {exc.name!r} is malformed: {exc.reason}",
                             Remediation("Record the host again with `k26-doctor snapshot`, or check live."),
@@ -108,7 +113,7 @@ def apply_ignores(res: Result, ignore: list[str]) -> Result:
     return res
 
 
-def run_checks(
+def run_all(
     checks: list[Check],
     ctx: Context,
     *,
@@ -132,7 +137,7 @@ def run_checks(
             on_result(res)
 
     def worker(chk: Check) -> None:
-        results_q.put(execute(chk, ctx, settings.verbose > 0))
+        results_q.put(execute(chk, ctx))
 
     def blocked_by(chk: Check) -> tuple[bool, list[str]]:
         deps = [d for d in chk.depends if d in by_id]

@@ -16,8 +16,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 def collect_isolated(coll: Collector, options: CollectOptions) -> Any:
     """Run a collector in a child process of this interpreter, killed at its deadline."""
+    from doctor.core.context import FactUnavailable
     from doctor.core.proc import run
-    from doctor.facts.store import FactUnavailable
 
     payload = json.dumps({"name": coll.name, "module": coll.func.__module__, "func": coll.func.__name__,
                           "options": options.to_dict()})

@@ -1,74 +1,51 @@
 """The facts of one run: collected live on first use (a lock per fact, under the collector's deadline)
-or replayed from a snapshot; ``CollectOptions`` is what collectors may look at."""
+or replayed from a snapshot; ``CollectOptions`` is what collectors may look at. A fact that cannot be had
+raises ``doctor.core.context.FactUnavailable`` (``MalformedFact`` for a value of the wrong shape)."""
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 import traceback
-from dataclasses import MISSING, asdict, field, fields, make_dataclass
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from doctor.core.context import FactUnavailable, MalformedFact
 from doctor.core.registry import Collector
+from doctor.core.settings import DEFAULT_STATE_DIR, Settings
 from doctor.facts.isolation import collect_isolated
 
 
-def _collect_fields() -> list[tuple[str, Any, Any]]:
-    """``CollectOptions``' fields: the ``Settings`` fields marked ``collect=True``, plus ``env``."""
-    from doctor.core.settings import COLLECT_FIELDS, Settings
+@dataclass
+class CollectOptions:
+    """What collectors may look at: the run's settings marked ``collect=True`` in ``doctor.core.settings`` (the
+    same names and defaults; ``tests/test_registry.py`` holds them equal) and ``env``, the environment the doctor
+    runs in (``doctor.host.facts.service_env`` adds what the service will get)."""
 
-    out: list[tuple[str, Any, Any]] = []
-    for f in fields(Settings):
-        if f.name in COLLECT_FIELDS:
-            default = (field(default_factory=f.default_factory) if f.default_factory is not MISSING
-                       else field(default=f.default))
-            out.append((f.name, f.type, default))
-    out.append(("env", "dict[str, str]", field(default_factory=lambda: dict(os.environ))))
-    return out
+    model_path: str | None = None
+    draft_model_path: str | None = None
+    python: str = sys.executable
+    tp: int = 1
+    deep: bool = False
+    patches_dir: str | None = None
+    state_dir: str = DEFAULT_STATE_DIR
+    verify_cache_dir: str | None = None
+    verify_cache: bool = True
+    profile: dict[str, Any] = field(default_factory=dict)  # the profile merged with the config's tables
+    env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
 
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
-def _to_dict(self: Any) -> dict[str, Any]:
-    return asdict(self)
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CollectOptions:
+        return cls(**{k: v for k, v in data.items() if k in {f.name for f in fields(cls)}})
 
-
-def _from_dict(cls: Any, data: dict[str, Any]) -> Any:
-    return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
-
-
-def _from_settings(cls: Any, settings: Any) -> Any:
-    return cls(**{name: getattr(settings, name) for name in cls.__dataclass_fields__ if name != "env"})
-
-
-# What collectors may look at: the settings marked ``collect=True`` in ``doctor.core.settings`` (one record
-# from flags and config to collectors; a new setting is declared there only) plus the service environment.
-CollectOptions = make_dataclass(
-    "CollectOptions", _collect_fields(),
-    namespace={"to_dict": _to_dict, "from_dict": classmethod(_from_dict), "from_settings": classmethod(_from_settings),
-               "__doc__": "What collectors may look at: the run's settings marked collect=True, and env."})
-CollectOptions.__module__ = __name__
-
-
-class FactUnavailable(Exception):
-    """A fact could not be had. ``status`` is what a check that needs it becomes.
-
-    ``skip`` when the fact is simply not there to judge (not in a snapshot); ``error`` when its
-    collector crashed or ran past its deadline (the gate fails closed).
-    """
-
-    def __init__(self, name: str, reason: str, status: str = "error") -> None:
-        super().__init__(f"fact {name!r}: {reason}")
-        self.name = name
-        self.reason = reason
-        self.status = status
-
-
-class MalformedFact(FactUnavailable):
-    """A fact whose value does not have its collector's declared shape: the check that reads it fails,
-    naming the fact and where the value is wrong (``doctor.facts.shape``)."""
-
-    def __init__(self, name: str, reason: str) -> None:
-        super().__init__(name, reason, status="fail")
+    @classmethod
+    def from_settings(cls, settings: Settings) -> CollectOptions:
+        return cls(**{f.name: getattr(settings, f.name) for f in fields(cls) if f.name != "env"})
 
 
 class FactStore:

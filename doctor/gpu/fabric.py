@@ -21,7 +21,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from doctor.core.result import Findings, NotJudged, Remediation
+from doctor.core.settings import Settings
 from doctor.gpu import links
+from doctor.gpu.group import label, tp_group
+from doctor.gpu.nvml_fact import NvmlFact
 
 PENDING = ("not_started", "in_progress")
 POLL_INTERVAL_S = 5.0  # at most; a short wait (--wait-fabric 20) polls every tenth of it, at least every 0.5 s
@@ -69,11 +73,6 @@ def span(gpus: list[str]) -> str:
     return ", ".join(gpus)
 
 
-def gpu_name(d: dict[str, Any]) -> str:
-    cuda, idx = d.get("cuda_index"), d.get("index")
-    return f"GPU{cuda}" if cuda == idx or cuda is None else f"GPU{cuda} (NVML {idx})"
-
-
 def readiness(nvml: Any, size: int) -> Readiness:
     """Judge one ``nvml`` fact: is every GPU of the first ``size`` registered with the fabric?"""
     if not isinstance(nvml, dict):
@@ -88,7 +87,7 @@ def readiness(nvml: Any, size: int) -> Readiness:
         return out
     unsupported = 0
     for d in grp:
-        g = gpu_name(d)
+        g = label(d)
         f = d.get("fabric")
         state = f.get("state_name") if isinstance(f, dict) else None
         if state is None:
@@ -242,3 +241,99 @@ def wait_before_checks(ctx: Any, collectors: dict[str, Any], progress: Callable[
         ctx.facts.seed("nvml", result.last_fact)
     ctx.facts.seed("fabric_wait", result.to_fact())
     return result
+
+
+# -- gpu.fabric: one reading judged ----------------------------------------------------------------------
+
+FABRIC_DOWN = "gpu.fabric.not_ready"  # the finding the gpu.fabric fixer acts on (start the fabric manager)
+
+
+def waited(fact: Any) -> dict[str, Any] | None:
+    """The wait's record when this run waited for the fabric (``--wait-fabric``, ``launch``), else None. Old
+    snapshots have no such fact: that is "no wait", never a different verdict."""
+    if not isinstance(fact, dict) or not fact.get("asked"):
+        return None
+    num = (int, float)
+    return {**fact, "waited_s": fact["waited_s"] if isinstance(fact.get("waited_s"), num) else 0.0,
+            "timeout_s": fact["timeout_s"] if isinstance(fact.get("timeout_s"), num) else 0.0,
+            "polls": fact["polls"] if isinstance(fact.get("polls"), int) else 1}
+
+
+def fabric_states(grp: list[Any]) -> tuple[dict[str, list[str]], list[str]]:
+    """GPUs by fabric state (``not_supported`` for a GPU without a fabric), and those whose state was not read."""
+    states: dict[str, list[str]] = {}
+    unread: list[str] = []
+    for d in grp:
+        f = d.get("fabric")
+        if not isinstance(f, dict) or f.get("state") is None:
+            err = (f or {}).get("error") if isinstance(f, dict) else None
+            if err and str(err).startswith("NotSupported"):
+                states.setdefault("not_supported", []).append(label(d))
+            else:
+                unread.append(f"{label(d)} ({err or 'not read'})")
+            continue
+        states.setdefault(str(f.get("state_name")), []).append(label(d))
+    return states, unread
+
+
+def judge_fabric(nvml: NvmlFact, wait: Any, settings: Settings) -> Findings:
+    """Every GPU of the TP group registered with the NVSwitch fabric, completed with success."""
+    grp = tp_group(nvml, settings.world_size)
+    fm = nvml.get("fabric_manager") or {}
+    driver = nvml.get("driver_version")
+    out = Findings(per_gpu={label(d): d.get("fabric") for d in grp}, fabric_manager=fm or None,
+                   driver_version=driver)
+    wait_record = waited(wait)
+    if wait_record:
+        out.details["fabric_wait"] = wait_record
+    states, unread = fabric_states(grp)
+    bad = {s: g for s, g in states.items() if s in PENDING}
+    if bad:
+        return not_ready(bad, fm, driver, wait_record, out)
+    failed = [f"{label(d)}: {(d.get('fabric') or {}).get('status_name')}" for d in grp
+              if (d.get("fabric") or {}).get("state_name") == "completed" and (d.get("fabric") or {}).get("status")]
+    if failed:
+        return out.fail("gpu.fabric.failed", "fabric registration completed with an error: " + ", ".join(failed),
+                        Remediation("Read the fabric manager log; restart it (same version as the driver).",
+                                    ["journalctl -u nvidia-fabricmanager -n 100",
+                                     "sudo systemctl restart nvidia-fabricmanager"]))
+    nvswitch = bool(settings.get("gpu.nvswitch", False))
+    if unread:
+        if nvswitch:
+            raise NotJudged.failing("could not read the fabric state of " + ", ".join(unread), **out.details)
+        raise NotJudged.inapplicable("fabric state not read (" + ", ".join(unread) + "); the profile expects no "
+                                     "NVSwitch", **out.details)
+    if "completed" not in states:
+        raise NotJudged.inapplicable("the GPUs report no NVSwitch fabric (NotSupported)"
+                                     + ("; the profile expects one: see gpu.nvlink" if nvswitch else ""), **out.details)
+    if states.get("not_supported"):
+        return out.fail("gpu.fabric.partial", f"fabric completed on {len(states['completed'])} GPU(s) but not "
+                        "supported on " + ", ".join(states["not_supported"]))
+    unhealthy = [f"{label(d)}: {(d.get('fabric') or {}).get('health_summary')}" for d in grp
+                 if (d.get("fabric") or {}).get("health_summary") in ("unhealthy", "limited_capacity")]
+    if unhealthy:
+        return out.warn("gpu.fabric.unhealthy", "fabric completed but health says " + ", ".join(unhealthy),
+                        Remediation("Check the fabric manager log and the NVLink error counters.",
+                                    ["journalctl -u nvidia-fabricmanager -n 100", "nvidia-smi nvlink -e"]))
+    after = (f" (after waiting {wait_record.get('waited_s', 0):.0f} s)"
+             if wait_record and wait_record.get("polls", 1) > 1 else "")
+    return out.info("gpu.fabric.ready", f"NVSwitch fabric completed on all {len(grp)} GPU(s){after}")
+
+
+def not_ready(bad: dict[str, list[str]], fm: Any, driver: str | None, wait_record: dict[str, Any] | None,
+              out: Findings) -> Findings:
+    """GPUs not started or in progress: the fabric manager is not running (or not at the driver's version)."""
+    fix_text = ("Start the NVIDIA fabric manager, the same version as the driver"
+                + (f" ({driver})" if driver else "") + ", and wait until every GPU says completed.")
+    fm_ver = fm.get("version")
+    if fm_ver and driver and fm_ver != driver:
+        fix_text += f" Installed fabric manager is {fm_ver}, the driver {driver}: install the matching version."
+    parts = [f"{s.replace('_', ' ')} on {', '.join(g)}" for s, g in bad.items()]
+    after = (f" after waiting {wait_record.get('waited_s', 0):.0f} s (limit {wait_record.get('timeout_s', 0):g} s)"
+             if wait_record else "")
+    return out.fail(FABRIC_DOWN, f"NVSwitch fabric not ready{after}: " + "; ".join(parts)
+                    + (f" (nvidia-fabricmanager is {fm.get('systemctl_is_active')})"
+                       if fm.get("systemctl_is_active") else ""),
+                    Remediation(fix_text, ["sudo systemctl start nvidia-fabricmanager",
+                                           "systemctl status nvidia-fabricmanager",
+                                           "nvidia-smi -q | grep -i -A3 fabric"]))

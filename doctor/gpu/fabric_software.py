@@ -26,6 +26,12 @@ import shutil
 from collections.abc import Callable
 from typing import Any
 
+from doctor.core.result import Findings, NotJudged, Remediation
+from doctor.core.settings import Settings
+from doctor.gpu import fabric
+from doctor.gpu.group import tp_group
+from doctor.gpu.nvml_fact import NvmlFact
+
 FM_UNIT = "nvidia-fabricmanager.service"
 NVLSM_UNITS = ("nvlsm.service", "nvidia-nvlsm.service")
 FM_BINARY = "nv-fabricmanager"
@@ -278,3 +284,128 @@ def nvlsm_start_plan(nvlsm: dict[str, Any], fm: dict[str, Any]) -> list[list[str
     else:
         steps.append(["systemctl", "enable", "--now", FM_UNIT])
     return steps
+
+
+# -- gpu.fabric.manager, gpu.fabric.nvlsm: judged ---------------------------------------------------------
+
+NVLSM_DOWN = "gpu.fabric.nvlsm.stopped"  # the finding the NVLSM fixer acts on (load ib_umad, start it)
+
+
+def fabric_host(nvml: NvmlFact, settings: Settings, what: str) -> NvmlFact:
+    """The nvml fact when the fabric software is worth judging here; else ``NotJudged`` saying why not."""
+    if not settings.get("gpu.nvswitch", False):
+        raise NotJudged.inapplicable(f"the profile ({settings.profile_name}) expects no NVSwitch: no {what} to judge")
+    tp_group(nvml, settings.world_size)
+    if fabric.readiness(nvml, settings.world_size).outcome == "no_fabric":
+        raise NotJudged.inapplicable(f"the GPUs report no NVSwitch fabric (NotSupported): no {what} runs here "
+                                     f"(see gpu.fabric)")
+    return nvml
+
+
+def fm_running(fm: dict[str, Any], sw: dict[str, Any]) -> tuple[bool | None, str]:
+    """Is the fabric manager running: its unit active or its process seen; None when neither could be read."""
+    unit = fm.get("unit")
+    if unit_active(unit) or fm.get("pids"):
+        return True, "running" + (f" (PID {fm['pids'][0]})" if fm.get("pids") else "")
+    proc_seen = (sw.get("proc") or {}).get("readable") and (sw.get("proc") or {}).get("pid1") in ("systemd", "init")
+    if unit_loaded(unit):
+        return False, f"{FM_UNIT} is {unit.get('ActiveState')} ({unit.get('SubState')})"
+    if proc_seen:
+        return False, "no nv-fabricmanager process and no loaded nvidia-fabricmanager unit"
+    return None, "neither systemd nor the host's processes could be read"
+
+
+def judge_manager(nvml: NvmlFact, sw: dict[str, Any], settings: Settings) -> Findings:
+    """The fabric manager installed at the loaded driver's version, and running (on a host ``fabric_host`` took)."""
+    fm = sw.get("fabric_manager") or {}
+    driver = nvml.get("driver_version")
+    manager = sw.get("package_manager")
+    versions = fm_versions(fm)
+    out = Findings(driver_version=driver, versions=versions, packages=fm.get("packages"), binary=fm.get("binary"),
+                   unit=fm.get("unit"), pids=fm.get("pids"), package_manager=manager)
+    if not isinstance(driver, str) or not driver:
+        raise NotJudged.blocked("the driver version was not read (see gpu.driver): nothing to compare the fabric "
+                                "manager with", "gpu.driver", **out.details)
+    align = align_commands(manager, fm.get("packages") or [], driver)
+    if not versions:
+        if manager and not sw.get("packages_error") and not fm.get("binary"):
+            return out.fail("gpu.fabric.manager.missing", f"the fabric manager is not installed (no package, no "
+                            f"nv-fabricmanager); this NVSwitch host needs the one of driver {driver}",
+                            Remediation(f"Install the fabric manager of driver {driver} and start it.",
+                                        [*align, f"sudo systemctl enable --now {FM_UNIT}"]))
+        why = fm.get("binary_error") or sw.get("packages_error") or "no binary, no package database"
+        raise NotJudged.missing(f"the fabric manager's version could not be read ({why})", **out.details)
+    listing = version_mismatch(versions, driver)
+    if listing:
+        return out.fail(
+            "gpu.fabric.manager.version", f"fabric manager version differs from the driver {driver} ({listing}): it "
+            f"refuses to start, and the GPUs stay 'In Progress'",
+            Remediation(f"Install the fabric manager of the loaded driver, {driver}, then restart it. (If the driver "
+                        f"is the one to change, install the driver of the fabric manager's version and reboot "
+                        f"instead: both must be the same version.)",
+                        [*align, f"sudo systemctl restart {FM_UNIT}", "nvidia-smi -q | grep -i -A3 fabric"]))
+    running, how = fm_running(fm, sw)
+    out.details["running"] = running
+    if running is False:
+        return out.fail("gpu.fabric.manager.stopped", f"fabric manager {driver} (the driver's version) is installed "
+                        f"but not running: {how}",
+                        Remediation("Enable and start it; read its log if it stops again.",
+                                    [f"sudo systemctl enable --now {FM_UNIT}", f"journalctl -u {FM_UNIT} -n 100"]))
+    if running is None:
+        return out.warn("gpu.fabric.manager.unseen", f"fabric manager {driver}, the driver's version; whether it runs "
+                        f"is unknown: {how}")
+    return out.info("gpu.fabric.manager.running", f"fabric manager {driver}, the driver's version "
+                    f"({', '.join(versions)}), {how}")
+
+
+def nvlsm_host(nvml: NvmlFact, settings: Settings) -> NvmlFact:
+    """The nvml fact on an NVLink 5 NVSwitch host, where NVLSM is needed; else ``NotJudged`` saying why not."""
+    gen = settings.get("gpu.nvlink_generation")
+    if not isinstance(gen, int) or gen < 5:
+        raise NotJudged.inapplicable(f"NVLSM is needed on NVLink 5 NVSwitch hosts (B200/B300); profile "
+                                     f"{settings.profile_name} is NVLink {gen if gen is not None else '(unset)'}")
+    return fabric_host(nvml, settings, "NVLSM")
+
+
+def judge_nvlsm(nvml: NvmlFact, sw: dict[str, Any], settings: Settings) -> Findings:
+    """NVLSM installed and running (on a host ``nvlsm_host`` took)."""
+    nv, fm = sw.get("nvlsm") or {}, sw.get("fabric_manager") or {}
+    manager = sw.get("package_manager")
+    pkgs = nv.get("packages") or []
+    units = nv.get("units") or {}
+    out = Findings(packages=pkgs, binary=nv.get("binary"), pids=nv.get("pids"), units=units,
+                   ib_umad_loaded=nv.get("ib_umad_loaded"), fabric_manager_unit=fm.get("unit"))
+    start = ["sudo " + " ".join(step) for step in nvlsm_start_plan(nv, fm)]
+    if not pkgs and not nv.get("binary"):
+        if not manager or sw.get("packages_error"):
+            raise NotJudged.missing(f"whether NVLSM is installed could not be read ({sw.get('packages_error')})",
+                                    **out.details)
+        return out.fail("gpu.fabric.nvlsm.missing", f"NVLSM is not installed (no {NVLSM_PACKAGE} package, no "
+                        f"{NVLSM_BINARY}): on NVLink 5 the fabric manager cannot bring up the NVSwitches and CUDA "
+                        f"reports 'system not ready'",
+                        Remediation("Install nvlsm, load ib_umad, restart the fabric manager (its start script runs "
+                                    "NVLSM).", [*install_nvlsm_commands(manager), *start]))
+    version = pkgs[0].get("version") if pkgs else None
+    active_units = [u for u, info in units.items() if unit_active(info)]
+    if nv.get("pids") or active_units:
+        how = f"PID {nv['pids'][0]}" if nv.get("pids") else f"{active_units[0]} active"
+        return out.info("gpu.fabric.nvlsm.running", f"NVLSM {version or '(version unknown)'} running ({how})")
+    proc = sw.get("proc") or {}
+    if not (proc.get("readable") and proc.get("pid1") in ("systemd", "init")) and not any(
+            unit_loaded(info) for info in units.values()):
+        raise NotJudged.missing("NVLSM is installed; whether it runs cannot be seen from here (this /proc does not "
+                                "show the host's processes and no NVLSM unit is loaded)", **out.details)
+    why = [] if nv.get("ib_umad_loaded") else ["the ib_umad module is not loaded"]
+    if not unit_active(fm.get("unit")):
+        why.append(f"{FM_UNIT} (which starts it) is {(fm.get('unit') or {}).get('ActiveState') or 'not running'}")
+    pending = fabric.readiness(nvml, settings.world_size).outcome in ("pending", "failed")
+    summary = "NVLSM is installed but not running" + (f": {'; '.join(why)}" if why else "")
+    text = ("Load ib_umad and start NVLSM (through its unit, or the fabric manager whose start script runs it); "
+            "`k26-doctor fix --apply` plans exactly these.")
+    if version_mismatch(fm_versions(fm), nvml.get("driver_version")):
+        text = ("First align the fabric manager with the driver (see gpu.fabric.manager): it refuses to start, and "
+                "NVLSM with it. Then load ib_umad and start NVLSM through the fabric manager (or its own unit).")
+    if pending:
+        return out.fail(NVLSM_DOWN, summary + " (the fabric is not up)", Remediation(text, start))
+    return out.warn(NVLSM_DOWN, summary + "; the fabric is up now, but link recovery needs NVLSM",
+                    Remediation(text, start))

@@ -31,7 +31,8 @@ from collections.abc import Callable
 from typing import Any
 
 from doctor.core.registry import collector
-from doctor.facts.shape import NUM, opt
+from doctor.facts.shape import NUM, mapping, opt
+from doctor.gpu.nvml_fact import NvmlFact
 
 # -- NVML constants, as ints (never pynvml's, see the module docstring) -------------------------
 
@@ -568,35 +569,16 @@ def _pynvml_version() -> str | None:
         return None
 
 
-# What the gpu checks rely on (doctor.facts.shape): a value without it fails "the fact 'nvml' is malformed".
-_NUMS = opt(NUM)
-DEVICE_SHAPE = {
-    "index": int, "cuda_index": opt(int), "lost": opt(bool), "name": opt(str), "uuid": opt(str),
-    "pci_bus_id": opt(str), "errors": opt(dict), "compute_capability": opt(([int], str)),
-    "memory": opt({"total": _NUMS, "free": _NUMS, "used": _NUMS}),
-    "pcie": opt({"gen_max": _NUMS, "width_max": _NUMS, "gen_current": _NUMS, "width_current": _NUMS}),
-    "mig_mode": opt({"current": opt(int), "pending": opt(int)}),
-    "ecc_mode": opt({"current": opt(int), "pending": opt(int)}),
-    "ecc_uncorrected": opt({"volatile": _NUMS, "aggregate": _NUMS}),
-    "row_remap": opt({"correctable": _NUMS, "uncorrectable": _NUMS, "pending": opt(bool), "failure": opt(bool)}),
-    "clock_event_names": opt([str]),
-    "processes": opt([{"pid": int, "used_memory": _NUMS, "cmdline": opt(str), "uid": opt(int)}]),
-    "nvlink": opt({"supported": opt(bool), "active": opt(int), "error": opt(str),
-                   "links": opt([{"link": opt(int), "active": opt(bool), "version": opt(int),
-                                  "remote_pci_bus_id": opt(str), "remote_type": opt((str, int))}])}),
-    "fabric": opt(dict),
-}
-NVML_SHAPE = {
-    "available": opt(bool), "error": opt(str), "driver_version": opt(str), "cuda_driver_version": opt(int),
-    "kernel_module_version": opt(str), "errors": opt(dict), "visible": opt(dict), "devices": opt([DEVICE_SHAPE]),
-    "pairs": opt([{"a": int, "b": int}]), "fabric_manager": opt(dict),
-}
-P2P_SHAPE = {"ok": opt(bool), "measured": opt(bool), "error": opt(str), "devices": opt([dict]), "pairs": opt([dict]),
+# What the GPU checks read of each fact besides nvml (doctor.facts.shape).
+P2P_SHAPE = {"ok": opt(bool), "measured": opt(bool), "error": opt(str), "reason": opt(str), "probe_failed": opt(bool),
+             "python": opt(str), "torch": opt(str), "cuda": opt(str), "local": opt([dict]), "devices": opt([dict]),
+             "pairs": opt([{"src": int, "dst": int, "gb_per_s": opt(NUM), "data_ok": opt(bool),
+                            "peer_access": opt(bool), "seconds": opt(NUM)}]),
              "failed_pairs": opt([{"a": int, "b": int, "timed_out": opt(bool), "error": opt(str)}])}
 
 
-@collector("nvml", timeout=15, isolate=True, shape=NVML_SHAPE)
-def collect_nvml(opts: Any) -> dict[str, Any]:
+@collector("nvml", timeout=15, isolate=True, shape=NvmlFact)
+def collect_nvml(opts: Any) -> NvmlFact:
     """NVIDIA driver, GPUs, health, processes, NVLink, NVSwitch fabric, through NVML (isolated)."""
     try:
         import pynvml
@@ -663,8 +645,9 @@ def collect_p2p_bandwidth(opts: Any) -> dict[str, Any]:
 
 # -- fabric readiness, fabric software, PCIe P2P path -----------------------------------------------
 
-FABRIC_WAIT_SHAPE = {"asked": opt(bool), "outcome": opt(str), "timeout_s": opt(NUM), "waited_s": opt(NUM),
-                     "polls": opt(int), "state": opt(str), "verdict": opt(str), "history": opt([dict])}
+FABRIC_WAIT_SHAPE = {"asked": opt(bool), "reason": opt(str), "outcome": opt(str), "timeout_s": opt(NUM),
+                     "waited_s": opt(NUM), "polls": opt(int), "state": opt(str), "verdict": opt(str),
+                     "history": opt([dict]), "poll_errors": opt([str])}
 
 
 @collector("fabric_wait", timeout=5, shape=FABRIC_WAIT_SHAPE)
@@ -676,13 +659,14 @@ def collect_fabric_wait(opts: Any) -> dict[str, Any]:
 
 
 _PKG = [{"name": str, "version": opt(str), "upstream": opt(str)}]
+_UNIT = mapping(opt(str))
 FABRIC_SOFTWARE_SHAPE = {
     "package_manager": opt(str), "packages_error": opt(str),
-    "fabric_manager": opt({"binary": opt(str), "binary_version": opt(str), "packages": opt(_PKG),
-                           "unit": opt(dict), "pids": opt([int])}),
-    "nvlsm": opt({"packages": opt(_PKG), "binary": opt(str), "units": opt(dict), "pids": opt([int]),
-                  "ib_umad_loaded": opt(bool)}),
-    "systemd": opt(dict), "proc": opt(dict),
+    "fabric_manager": {"binary": opt(str), "binary_version": opt(str), "binary_error": opt(str), "packages": _PKG,
+                       "unit": opt(_UNIT), "pids": [int]},
+    "nvlsm": {"packages": _PKG, "binary": opt(str), "units": mapping(_UNIT), "pids": [int], "ib_umad_loaded": opt(bool),
+              "start_script": opt(str)},
+    "systemd": {"error": opt(str)}, "proc": {"readable": opt(bool), "pid1": opt(str), "error": opt(str)},
 }
 
 
@@ -696,9 +680,14 @@ def collect_fabric_software(opts: Any) -> dict[str, Any]:
 
 
 PCIE_SHAPE = {
-    "gpus": opt([{"bdf": str, "upstream": opt([str]), "iommu_group": opt(str), "iommu_group_type": opt(str)}]),
-    "bridges": opt(dict), "iommu": opt({"mode": opt(str), "units": opt([str]), "cmdline": opt(dict)}),
-    "errors": opt([str]),
+    "gpus": [{"bdf": str, "upstream": opt([str]), "iommu_group": opt(str), "iommu_group_type": opt(str),
+              "error": opt(str)}],
+    "bridges": mapping({"bdf": opt(str), "acs": opt({"present": opt(bool), "redirects": opt([str]),
+                                                     "enabled": opt(mapping(bool)), "control_offset": opt(int),
+                                                     "error": opt(str)}), "error": opt(str)}),
+    "iommu": {"mode": opt(str), "why": opt(str), "vendor": opt(str), "units": opt([str]), "cmdline": opt(mapping(str)),
+              "groups": opt(int)},
+    "errors": [str],
 }
 
 

@@ -20,10 +20,6 @@ from doctor.core.result import Remediation
 DENIED_ERRNOS = (errno.EACCES, errno.EPERM)
 
 
-def is_denied(exc: BaseException) -> bool:
-    return isinstance(exc, OSError) and exc.errno in DENIED_ERRNOS
-
-
 def user_name(uid: int) -> str:
     try:
         return pwd.getpwuid(uid).pw_name

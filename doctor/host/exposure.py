@@ -8,7 +8,11 @@ endpoint on every interface. Read from the exact server arguments the launcher b
 from __future__ import annotations
 
 import ipaddress
+import shlex
 from typing import Any
+
+from doctor.core.result import Findings, Remediation
+from doctor.core.settings import ConfigError, Settings
 
 WILDCARDS = {"", "0.0.0.0", "::", "[::]", "*"}
 LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost"}
@@ -47,3 +51,29 @@ def exposure(args: list[str]) -> dict[str, Any]:
     key = option_value(args, "--api-key")
     return {"host": host, "scope": bind_scope(host), "api_key": bool(key),
             "admin_api_key": bool(option_value(args, "--admin-api-key")), "port": option_value(args, "--port")}
+
+
+def judge_exposure(args: list[str], problem: ConfigError | None, settings: Settings) -> Findings:
+    """``args``: the server arguments the launcher will use; ``problem``: why they cannot be built."""
+    out = Findings()
+    if problem is not None:
+        return out.fail("host.exposure.no_args", f"the server arguments cannot be built: {problem}",
+                        "Fix the [server] table of the config (see `k26-doctor launch --dry-run`).")
+    seen = exposure(args)
+    where = f"{seen['host']}:{seen['port']}"
+    out.details.update(seen, source="profile/config [server] host, api_key, args")
+    if seen["scope"] == "loopback":
+        return out.info("host.exposure.loopback", f"{where}: loopback only"
+                        + ("; API key required" if seen["api_key"] else ""))
+    reach = "every interface" if seen["scope"] == "all" else f"{seen['host']} (beyond loopback)"
+    if seen["api_key"]:
+        return out.info("host.exposure.key", f"{where}: listens on {reach}; API key required")
+    config = settings.config_path or "/etc/k26-doctor/config.toml"
+    return out.warn(
+        "host.exposure.open", f"{where}: listens on {reach} without --api-key: anyone who can reach port "
+        f"{seen['port']} can use the model",
+        Remediation(f"Require a key: [server] api_key = \"...\" in {config} (the launcher passes --api-key; keep "
+                    "the file mode 0640, group of the service's user), or bind loopback behind an authenticating "
+                    "reverse proxy: [server] host = \"127.0.0.1\".",
+                    ["openssl rand -hex 32    # a key for [server] api_key",
+                     shlex.join(["sudo", "chmod", "0640", config])]))

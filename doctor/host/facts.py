@@ -10,6 +10,7 @@ from typing import Any
 
 from doctor.core.registry import collector
 from doctor.facts.redaction import redact
+from doctor.facts.shape import mapping, opt, required
 from doctor.facts.store import CollectOptions
 from doctor.host.access import current_user, ownership
 
@@ -90,7 +91,21 @@ def service_env(opts: CollectOptions) -> tuple[dict[str, str], dict[str, Any]]:
     return env, info
 
 
-@collector("env", timeout=5)
+# What the host checks read of each fact (doctor.facts.shape): a value without it is "the fact 'X' is malformed".
+ACCESS_SHAPE = {"path": str, "owner": str, "uid": int, "group": str, "gid": int, "mode": str, "perms": str,
+                "is_dir": bool}
+USER_SHAPE = {"user": str, "uid": int, "group": str, "gid": int}
+ENV_SHAPE = {"vars": mapping(str), "env_file": opt(str), "env_file_state": opt(str), "env_file_vars": opt([str])}
+# Each place: measured, or the error that stopped the measure.
+DISK_SHAPE = mapping(({"path": required(str), "error": required(str)},
+                      {"path": required(str), "measured_at": required(str), "exists": bool, "writable": required(bool),
+                       "free_bytes": required(int), "total_bytes": int, "free_inodes": int, "read_only_fs": bool,
+                       "access": opt(ACCESS_SHAPE), "user": opt(USER_SHAPE)}))
+PORT_SHAPE = {"host": str, "port": (int, str), "free": bool, "errno": opt(str), "error": opt(str),
+              "owners": [{"pid": int, "cmdline": str}]}
+
+
+@collector("env", timeout=5, shape=ENV_SHAPE)
 def collect_env(opts: CollectOptions) -> dict[str, Any]:
     """The environment the service gets: process env + profile [server.env] + the env file, redacted."""
     env, info = service_env(opts)
@@ -124,7 +139,7 @@ def disk_targets(opts: CollectOptions) -> dict[str, str]:
     return targets
 
 
-@collector("disk", timeout=10)
+@collector("disk", timeout=10, shape=DISK_SHAPE)
 def collect_disk(opts: CollectOptions) -> dict[str, Any]:
     """statvfs of each place the service writes (or its nearest existing parent)."""
     out: dict[str, Any] = {}
@@ -182,7 +197,7 @@ def _port_owner(port: int) -> list[dict[str, Any]]:
     return owners
 
 
-@collector("port", timeout=10)
+@collector("port", timeout=10, shape=PORT_SHAPE)
 def collect_port(opts: CollectOptions) -> dict[str, Any]:
     """Bind the server's host:port the way the server would (SO_REUSEADDR), then release it at once."""
     server = opts.profile.get("server") or {}

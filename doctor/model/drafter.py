@@ -17,11 +17,17 @@ loaded (minutes into a start), or never, judged from the two configs and the arg
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+import shlex
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from doctor.core.datafile import load_toml
+from doctor.core.result import Finding, Findings, Remediation, Result, Severity, Status
+from doctor.core.settings import Settings
+from doctor.model.consistency import config_view
+from doctor.model.modelconfig import is_pos_int, json_object
+from doctor.model.weights import DRAFTER, dir_problem, judge_weights
 
 RULES_FILE = Path(__file__).resolve().parents[1] / "data" / "drafter_rules.toml"
 DFLASH_DEFAULT_BLOCK = 16  # SGLang 0.5.23 _handle_dflash: when neither the flags nor the config give one
@@ -32,14 +38,9 @@ def rules(path: Path = RULES_FILE) -> dict[str, Any]:
     return load_toml(path)
 
 
-@dataclass
-class DraftFinding:
-    """``severity``: fail or warn; ``fix``: what to do, ``commands``: exactly."""
-
-    severity: str
-    message: str
-    fix: str = ""
-    commands: list[str] = field(default_factory=list)
+def found(severity: str, code: str, message: str, fix: str = "") -> Finding:
+    """One finding of the drafter against the target and the command (``severity``: fail or warn)."""
+    return Finding(Severity(severity), f"model.drafter.{code}", message, Remediation(fix) if fix else None)
 
 
 def arg_value(args: list[str], flag: str) -> str | None:
@@ -80,9 +81,9 @@ def _fc_contexts(tensors: dict[str, Any] | None, hidden: int | None) -> int | No
 
 def judge_pairing(draft_cfg: dict[str, Any], *, target_archs: list[str], target_is_mla: bool,
                   target_hidden: int | None, draft_tensors: dict[str, Any] | None, algorithm: str | None,
-                  server_args: list[str], budget: int | None) -> list[DraftFinding]:
+                  server_args: list[str], budget: int | None) -> list[Finding]:
     """Everything about the drafter that depends on the target and the command; ``draft_cfg`` parsed."""
-    out: list[DraftFinding] = []
+    out: list[Finding] = []
     algo, entry = algorithm_of(algorithm)
     archs = draft_cfg.get("architectures") if isinstance(draft_cfg.get("architectures"), list) else []
     dfl = draft_cfg.get("dflash_config") if isinstance(draft_cfg.get("dflash_config"), dict) else {}
@@ -91,27 +92,29 @@ def judge_pairing(draft_cfg: dict[str, Any], *, target_archs: list[str], target_
         return dfl.get(key, draft_cfg.get(key))
 
     if archs and target_archs and set(archs) & set(target_archs):
-        out.append(DraftFinding("fail", f"the drafter's architectures {archs} are the target's: --draft-model-path "
+        out.append(found("fail", "copy_of_target",
+                         f"the drafter's architectures {archs} are the target's: --draft-model-path "
                                         "points at a copy of the target model, not at a drafter",
                                 "Point --draft-model-path ([drafter] path) at the drafter's own directory."))
     elif algo and entry and archs and not set(archs) & set(entry.get("architectures", [])):
         other = next((name for name, e in rules().get("algorithms", {}).items()
                       if name != algo and set(archs) & set(e.get("architectures", []))), None)
         if other:
-            out.append(DraftFinding(
-                "fail", f"the drafter is {rules()['algorithms'][other].get('what', other)} ({', '.join(archs)}), but "
+            what = rules()["algorithms"][other].get("what", other)
+            out.append(found("fail", "wrong_algorithm",
+                             f"the drafter is {what} ({', '.join(archs)}), but "
                         f"the server runs --speculative-algorithm {algorithm}, which needs {entry.get('what', algo)}",
                 f"Use the {algo} drafter trained for this target, or set [server] speculative_algorithm = {other} "
                 "to run this one."))
         else:
-            out.append(DraftFinding(
-                "warn", f"the drafter's architectures {archs} are none SGLang 0.5.23 runs under {algo} "
+            out.append(found("warn", "unknown_architecture",
+                             f"the drafter's architectures {archs} are none SGLang 0.5.23 runs under {algo} "
                         f"({', '.join(entry.get('architectures', []))})",
                 f"Use {entry.get('what', 'the drafter')} trained for this target."))
     ids = get("target_layer_ids")
     contexts = _fc_contexts(draft_tensors, target_hidden)
     if isinstance(ids, list) and ids and contexts is not None and contexts != len(ids):
-        out.append(DraftFinding("fail", f"the drafter's fc.weight takes {contexts} target hidden state(s) but "
+        out.append(found("fail", "fc_width", f"the drafter's fc.weight takes {contexts} target hidden state(s) but "
                                         f"target_layer_ids lists {len(ids)}: config.json and the weights disagree",
                                 "Re-download the drafter whole (config.json and weights of one revision)."))
     if algo in ("DFLASH", "DDTREE"):
@@ -123,15 +126,15 @@ def judge_pairing(draft_cfg: dict[str, Any], *, target_archs: list[str], target_
                                                                                         "--attention-backend")
             if backend not in wanted:
                 shown = f"--attention-backend {backend}" if backend else "no --attention-backend (SGLang picks one)"
-                out.append(DraftFinding(
-                    "fail", f"{algo} verifies its tree only on the {', '.join(wanted)} attention backend, the "
+                out.append(found("fail", "target_backend",
+                                 f"{algo} verifies its tree only on the {', '.join(wanted)} attention backend, the "
                             f"server has {shown}: the worker refuses it after the weights load",
                     "Set [server] attention_backend = \"triton\" (--attention-backend triton)."))
     return out
 
 
-def _block_findings(config_block: Any, args: list[str], algo: str, budget: int | None) -> list[DraftFinding]:
-    out: list[DraftFinding] = []
+def _block_findings(config_block: Any, args: list[str], algo: str, budget: int | None) -> list[Finding]:
+    out: list[Finding] = []
     flag_block = arg_value(args, "--speculative-dflash-block-size")
     try:
         block = int(flag_block) if flag_block is not None else (int(config_block) if type(config_block) is int
@@ -142,7 +145,8 @@ def _block_findings(config_block: Any, args: list[str], algo: str, budget: int |
              "the drafter's block_size" if type(config_block) is int else f"SGLang's default block {block}")
     num_draft = arg_value(args, "--speculative-num-draft-tokens")
     if algo == "DFLASH" and num_draft is not None and num_draft.isdigit() and int(num_draft) != block:
-        out.append(DraftFinding("fail", f"--speculative-num-draft-tokens {num_draft} differs from the DFlash block "
+        out.append(found("fail", "num_draft_tokens",
+                         f"--speculative-num-draft-tokens {num_draft} differs from the DFlash block "
                                         f"{block} ({where}): SGLang refuses the pair",
                                 "Drop --speculative-num-draft-tokens (DFLASH takes the block from the drafter)."))
     if algo != "DDTREE":
@@ -151,21 +155,22 @@ def _block_findings(config_block: Any, args: list[str], algo: str, budget: int |
     if flag_budget is not None and flag_budget.isdigit():
         budget = int(flag_budget)
     if budget is None:
-        out.append(DraftFinding("fail", "DDTREE needs --speculative-ddtree-budget N and the profile gives none",
+        out.append(found("fail", "no_budget", "DDTREE needs --speculative-ddtree-budget N and the profile gives none",
                                 "Set [server] ddtree_budget (e.g. 64)."))
         return out
     if block < 2:
-        out.append(DraftFinding("fail", f"DDTREE needs a DFlash block of at least 2; {where} is {block}",
+        out.append(found("fail", "small_block", f"DDTREE needs a DFlash block of at least 2; {where} is {block}",
                                 "Use a DFlash drafter with a block of 2 or more."))
     elif budget + 1 < block:
-        out.append(DraftFinding("fail", f"--speculative-ddtree-budget {budget} is below the DFlash block minus one "
+        out.append(found("fail", "budget_below_block",
+                         f"--speculative-ddtree-budget {budget} is below the DFlash block minus one "
                                         f"({block - 1}, {where}): the per-step KV reservation would not cover the "
                                         "draft block; SGLang stops at argument resolution",
                                 f"Set [server] ddtree_budget to at least {block - 1}."))
     return out
 
 
-def _draft_backend_findings(args: list[str], target_is_mla: bool) -> list[DraftFinding]:
+def _draft_backend_findings(args: list[str], target_is_mla: bool) -> list[Finding]:
     table = rules().get("draft_attention", {})
     allowed = table.get("backends", [])
     named = arg_value(args, "--speculative-draft-attention-backend")
@@ -177,7 +182,133 @@ def _draft_backend_findings(args: list[str], target_is_mla: bool) -> list[DraftF
     mla = backend in table.get("mla_only", [])
     why = (f"{backend} runs only MLA attention (the {'target is MLA, ' if target_is_mla else ''}DFlash drafter is a "
            "GQA model)" if mla else f"{backend} is not one a DFlash draft runs on ({', '.join(allowed)})")
-    return [DraftFinding("warn", f"the DFlash draft would run on {backend} ({source}): {why}; SGLang silently "
+    return [found("warn", "draft_backend",
+                  f"the DFlash draft would run on {backend} ({source}): {why}; SGLang silently "
                                  f"replaces it with {table.get('cuda_fallback', 'flashinfer')}",
                          "Name the draft backend: --speculative-draft-attention-backend triton (or fa3/flashinfer) "
                          "in [server] args.")]
+
+
+# -- model.drafter: the draft model judged whole -------------------------------------------------------------
+
+def config_problems(d: dict[str, Any], tview: Any, want_archs: Any, out: Findings) -> list[str]:
+    """The drafter's config.json on its own and against the target's (``tview``: its ConfigView, or None)."""
+    problems: list[str] = []
+    dfl = d.get("dflash_config") if isinstance(d.get("dflash_config"), dict) else {}
+
+    def get(key: str) -> Any:
+        return dfl.get(key, d.get(key))
+
+    archs = d.get("architectures")
+    if want_archs and (not isinstance(archs, list) or not set(want_archs) & set(archs)):
+        problems.append(f"architectures {archs!r} are not the profile's {want_archs}")
+    bs = get("block_size")
+    if bs is not None and not is_pos_int(bs):
+        problems.append(f"block_size is {bs!r}; it must be an integer >= 1")
+    nl = d.get("num_hidden_layers")
+    if nl is not None and not is_pos_int(nl):
+        problems.append(f"num_hidden_layers is {nl!r}, not a positive integer")
+    t_layers = tview.int_field("num_hidden_layers") if tview else None
+    t_hidden = tview.int_field("hidden_size") if tview else None
+    t_vocab = tview.int_field("vocab_size") if tview else None
+    ids = get("target_layer_ids")
+    if ids is not None:
+        if not isinstance(ids, list) or not ids or not all(type(i) is int for i in ids):
+            problems.append(f"target_layer_ids is {ids!r}, not a non-empty list of integers")
+        elif t_layers:
+            outside = [i for i in ids if i < 0 or i >= t_layers]
+            if outside:
+                problems.append(f"target_layer_ids {outside} are outside the target's {t_layers} layers "
+                                f"(0..{t_layers - 1})")
+    vocab = d.get("vocab_size")
+    mtid = get("mask_token_id")
+    if mtid is not None:
+        limit = t_vocab or (vocab if is_pos_int(vocab) else None)
+        if type(mtid) is not int or mtid < 0:
+            problems.append(f"mask_token_id is {mtid!r}, not a non-negative integer")
+        elif limit and mtid >= limit:
+            problems.append(f"mask_token_id {mtid} is outside the vocabulary ({limit} tokens)")
+    hs = d.get("hidden_size")
+    if t_hidden and hs != t_hidden:
+        problems.append(f"hidden_size is {hs!r}, the target's is {t_hidden}")
+    if t_vocab and vocab is not None and vocab != t_vocab:
+        problems.append(f"vocab_size is {vocab!r}, the target's is {t_vocab}")
+    out.details.update(block_size=bs, target_layer_ids=ids, mask_token_id=mtid, hidden_size=hs, vocab_size=vocab,
+                       target_checked=tview is not None)
+    return problems
+
+
+IS_TARGET = "model.drafter.is_target"  # the drafter's path is the target's: model.redownload downloads nothing
+
+
+def same_as_target(fact: dict[str, Any], settings: Settings) -> Findings:
+    repo = settings.get("drafter.repo") or "<drafter repo>"
+    return Findings(path=fact.get("path"), realpath=fact.get("realpath")).fail(
+        IS_TARGET, f"the draft model path {fact.get('path')} is the target model's directory: the "
+        "server would load the target itself as its drafter",
+        Remediation("Point --draft-model-path ([drafter] path) at the drafter's own directory; download it if it is "
+                    "not there:", [shlex.join(["hf", "download", str(repo), "--local-dir", "<drafter dir>"])]))
+
+
+def judge_drafter(fact: dict[str, Any], read_target: Callable[[], Any], args: list[str], settings: Settings,
+                  selected: frozenset[str]) -> Findings:
+    """``fact``: the ``drafter`` fact; ``read_target()``: the ``model`` fact or None, read once the drafter's directory
+    is usable; ``args``: the server command."""
+    early = dir_problem(fact, DRAFTER, settings)
+    if early is not None:
+        return early
+    target = read_target() or {}
+    if same_directory(fact, target):
+        return same_as_target(fact, settings)
+    weights = Result.of(judge_weights(fact, DRAFTER, settings, selected))
+    d, problem = json_object(fact.get("config"), "config.json")
+    problems = [problem] if problem else []
+    tview = config_view(target)[0] if target.get("given") and not target.get("error") else None
+    out = Findings(path=fact.get("path"), weights=weights.details)
+    if d:
+        problems += config_problems(d, tview, settings.get("drafter.architectures"), out)
+    pairing = pairing_of(d, tview, fact, args, settings) if d else []
+    problems += [f.message for f in pairing if f.severity is Severity.FAIL]
+    warns = [f for f in pairing if f.severity is Severity.WARN]
+    out.details.update(problems=problems, warnings=[f.message for f in warns])
+    if problems or weights.status.failed:
+        return drafter_failure(problems, weights, [f for f in pairing if f.severity is Severity.FAIL], out)
+    if warns:
+        return out.warn("model.drafter.pairing", f"drafter: {warns[0].message}"
+                        + (f" (+{len(warns) - 1} more)" if len(warns) > 1 else ""), warns[0].fix or Remediation(""))
+    name = ", ".join(d.get("architectures") or ["drafter"])
+    if weights.status is Status.WARN:
+        return out.warn("model.drafter.weights", f"{name}: {weights.summary}", weights.remediation)
+    summ = weights.summary.split(":")[0]
+    if weights.details.get("sparse_judged_by"):
+        summ += f" ({len(weights.details['sparse_shards'])} sparse, hashed by {weights.details['sparse_judged_by']})"
+    if tview is None:
+        return out.warn("model.drafter.unpaired", f"{name}: {summ}, config consistent with the target (target config "
+                        "unavailable: consistency not checked)")
+    return out.info("model.drafter.consistent", f"{name}: {summ}, config consistent with the target")
+
+
+def drafter_failure(problems: list[str], weights: Result, fixes: list[Finding], out: Findings) -> Findings:
+    """One line (the first problem, the weights' when the config is fine) and one fix: the weights' when they
+    failed, else the pairing's when every problem is one, else the drafter trained for this target."""
+    first = problems[0] if problems else weights.summary
+    n = len(problems) + (1 if weights.status.failed and problems else 0)
+    rem = weights.remediation or (Remediation((fixes[0].fix or Remediation()).text,
+                                              [c for f in fixes for c in (f.fix.commands if f.fix else [])])
+                                  if fixes and len(fixes) == len(problems) else
+                                  Remediation("Use the DFlash drafter trained for this target model."))
+    # Damaged weights keep their code (the re-download fixer acts on it), whatever else is wrong.
+    damaged = [f.code for f in weights.findings if f.severity is Severity.FAIL and weights.status.failed]
+    return out.fail(damaged[0] if damaged else "model.drafter.mismatch",
+                    f"drafter: {first}" + (f" (+{n - 1} more)" if n > 1 else ""), rem)
+
+
+def pairing_of(draft: dict[str, Any], tview: Any, fact: dict[str, Any], args: list[str],
+               settings: Settings) -> list[Finding]:
+    """The drafter against the target's config and the server command (``judge_pairing``)."""
+    budget = settings.get("server.ddtree_budget")
+    return judge_pairing(draft, target_archs=tview.architectures if tview else [],
+                         target_is_mla=bool(tview and tview.int_field("kv_lora_rank")),
+                         target_hidden=tview.int_field("hidden_size") if tview else None,
+                         draft_tensors=fact.get("tensors"), algorithm=settings.get("server.speculative_algorithm"),
+                         server_args=args, budget=budget if type(budget) is int else None)

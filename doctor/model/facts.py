@@ -17,8 +17,9 @@ import stat
 from typing import Any
 
 from doctor.core.registry import collector
-from doctor.facts.shape import opt
+from doctor.facts.shape import mapping, opt, required
 from doctor.host.access import current_user, ownership
+from doctor.model.dir_fact import HashesFact, ModelDir, TensorsFact
 from doctor.model.hashing import verify_model_hashes
 from doctor.model.modelconfig import json_data
 from doctor.model.remote_code import auto_map_refs, scan_remote_code
@@ -156,22 +157,31 @@ def _summary_for(path: str | None) -> dict[str, Any]:
     return {"given": True, "path": path, "summary": tensor_summary(path, names)}
 
 
-@collector("model", timeout=120)
-def collect_model(opts: Any) -> dict[str, Any]:
+@collector("model", timeout=120, shape=ModelDir)
+def collect_model(opts: Any) -> ModelDir:
     """The target model directory: shards (headers), index, leftovers, config.json, tokenizer files."""
     return describe_dir(opts.model_path, what="model")
 
 
-_ERROR = opt({"type": opt(str), "message": opt(str)})
+_ERROR = opt({"type": required(str), "message": required(str), "where": opt(str)})
+_CLASS = opt({"name": opt(str), "module": opt(str)})
 TOKENIZER_SHAPE = {
-    "given": bool, "path": opt(str), "error": opt(str), "special_tokens": opt(dict), "tokenizer_class": opt(str),
-    "tiktoken": opt({"ok": opt(bool), "tokens": opt(int), "problems": opt([str])}),
-    "remote_code": opt({"files": opt(dict), "missing": opt([str])}), "parsers": opt(dict),
-    "trust_remote_code": opt(bool),
-    "probe": opt({"probe_failed": opt(bool), "python": opt(str), "versions": opt(dict), "missing_imports": opt([str]),
-                  "transformers_found": opt(bool),
-                  "load": opt({"ok": opt(bool), "steps": opt([dict]), "class": opt(dict), "import_error": _ERROR}),
-                  "markers": opt(dict), "chat_template": opt(dict)}),
+    "given": bool, "path": opt(str), "error": opt(str), "special_tokens": opt(mapping(int)),
+    "tokenizer_class": opt(str), "tiktoken": opt({"ok": opt(bool), "tokens": int, "problems": opt([str])}),
+    "remote_code": opt({"files": opt(mapping({
+        "needed_by": opt(str), "error": opt(str), "num_reserved_special_tokens": opt(int),
+        "moved": opt([{"line": (int, str), "name": str, "module": str, "gone_from": str, "now_in": opt(str)}])})),
+        "missing": opt([str])}),
+    "parsers": opt(mapping(opt(str))), "trust_remote_code": opt(bool),
+    "probe": opt({"probe_failed": opt(bool), "python": opt(str), "error": opt(str), "versions": opt(mapping(opt(str))),
+                  "missing_imports": opt([str]), "transformers_found": opt(bool),
+                  "load": opt({"ok": opt(bool), "steps": opt([{"error": _ERROR, "how": opt(str), "class": _CLASS}]),
+                               "class": _CLASS, "import_error": _ERROR}),
+                  "markers": opt(mapping({"ids": opt([int]), "ids_plain": opt([int]), "encode_error": _ERROR,
+                                          "lookup_error": _ERROR, "decoded": opt(str)})),
+                  "chat_template": opt({"present": opt(bool), "error": _ERROR, "has_user_text": opt(bool),
+                                        "mentions_tools": opt(bool), "has_tool": opt(bool), "tools_error": _ERROR,
+                                        "round_trip": opt(bool)})}),
 }
 
 
@@ -181,8 +191,8 @@ def collect_model_tokenizer(opts: Any) -> dict[str, Any]:
     return tokenizer_fact(opts)
 
 
-@collector("drafter", timeout=60)
-def collect_drafter(opts: Any) -> dict[str, Any]:
+@collector("drafter", timeout=60, shape=ModelDir)
+def collect_drafter(opts: Any) -> ModelDir:
     """The draft model directory, as ``model``, plus its tensor summary (small)."""
     out = describe_dir(opts.draft_model_path, what="drafter")
     if out.get("weights"):
@@ -190,14 +200,14 @@ def collect_drafter(opts: Any) -> dict[str, Any]:
     return out
 
 
-@collector("model.tensors", timeout=120)
-def collect_model_tensors(opts: Any) -> dict[str, Any]:
+@collector("model.tensors", timeout=120, shape=TensorsFact)
+def collect_model_tensors(opts: Any) -> TensorsFact:
     """The target's tensors folded into patterns: dtypes and shapes, layers, experts per MoE layer."""
     return _summary_for(opts.model_path)
 
 
-@collector("model.hashes", timeout=6 * 3600)
-def collect_model_hashes(opts: Any) -> dict[str, Any]:
+@collector("model.hashes", timeout=6 * 3600, shape=HashesFact)
+def collect_model_hashes(opts: Any) -> HashesFact:
     """sha256 of every shard of the target and the drafter (``--deep``), with the expected digests.
 
     Without ``--deep`` (e.g. ``snapshot``) nothing is hashed: hours of reading are never a side effect."""

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from doctor.core.fileio import atomic_write
+from doctor.core.forked import cpu_count
 from doctor.model.index import INDEX_NAME, SINGLE_NAME, read_index
 from doctor.model.layout import file_state, read_hf_local_metadata
 from doctor.model.manifest import MANIFEST_NAME, read_manifest
@@ -41,10 +42,7 @@ CACHE_VERSION = 1
 
 
 def default_workers() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover - not Linux
-        return max(1, os.cpu_count() or 1)
+    return max(1, cpu_count())
 
 
 def default_cache_dir(environ: dict[str, str] | None = None) -> str:

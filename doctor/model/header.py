@@ -6,7 +6,7 @@ length (safetensors refuses more than 100 MB), UTF-8 JSON, known dtypes, offsets
 without holes or overlaps, ``bytes == dtype size x elements`` and ``file size == 8 + N + data``. The
 data itself is never read (that is the deep tier's sha256), so a 9 GB shard costs one small read.
 
-Problems are reported as ``Problem(code, message)`` values, never raised: a hostile file is a verdict.
+Problems are reported as findings (``problem(code, message)``), never raised: a hostile file is a verdict.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from itertools import compress
 from typing import Any
 
+from doctor.core.result import Finding, Severity
+
 # The limit of the reference implementation (safetensors' MAX_HEADER_SIZE).
 MAX_HEADER_BYTES = 100_000_000
 LFS_POINTER_PREFIX = b"version https://git-lfs.github.com/spec/v1"
@@ -33,15 +35,14 @@ DTYPE_BITS: dict[str, int] = {
 }
 
 
-@dataclass(frozen=True)
-class Problem:
+def problem(code: str, message: str) -> Finding:
     """One thing wrong with a file: a stable code (for fixers and tests) and a message for people."""
+    return Finding(Severity.FAIL, code, message)
 
-    code: str
-    message: str
 
-    def to_dict(self) -> dict[str, str]:
-        return {"code": self.code, "message": self.message}
+def recorded(found: Finding) -> dict[str, str]:
+    """A file's problem as the model fact records it (``doctor.model.dir_fact.CodedMessage``)."""
+    return {"code": found.code, "message": found.message}
 
 
 @dataclass
@@ -55,14 +56,14 @@ class HeaderReport:
     tensors: dict[str, dict[str, Any]] = field(default_factory=dict)
     metadata: dict[str, Any] | None = None
     data_bytes: int = 0
-    problems: list[Problem] = field(default_factory=list)
+    problems: list[Finding] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return not self.problems
 
     def fail(self, code: str, message: str) -> HeaderReport:
-        self.problems.append(Problem(code, message))
+        self.problems.append(problem(code, message))
         return self
 
 

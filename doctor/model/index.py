@@ -15,7 +15,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from doctor.model.header import HeaderReport, Problem
+from doctor.core.result import Finding
+from doctor.model.header import HeaderReport, problem, recorded
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -30,7 +31,7 @@ class Index:
     weight_map: dict[str, str] = field(default_factory=dict)
     total_size: int | None = None
     shards: list[str] = field(default_factory=list)
-    problems: list[Problem] = field(default_factory=list)
+    problems: list[Finding] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -61,30 +62,30 @@ def parse_index_bytes(raw: bytes, path: str = INDEX_NAME) -> Index:
     try:
         doc = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:
-        idx.problems.append(Problem("index_invalid", f"{posixpath.basename(path)} is not UTF-8 (byte {exc.start})"))
+        idx.problems.append(problem("index_invalid", f"{posixpath.basename(path)} is not UTF-8 (byte {exc.start})"))
         return idx
     except json.JSONDecodeError as exc:
-        idx.problems.append(Problem("index_invalid", f"{posixpath.basename(path)} is not valid JSON: {exc.msg} "
+        idx.problems.append(problem("index_invalid", f"{posixpath.basename(path)} is not valid JSON: {exc.msg} "
                                     f"(line {exc.lineno}, column {exc.colno})"))
         return idx
     except RecursionError:
-        idx.problems.append(Problem("index_invalid", f"{posixpath.basename(path)} is nested too deeply"))
+        idx.problems.append(problem("index_invalid", f"{posixpath.basename(path)} is nested too deeply"))
         return idx
     if not isinstance(doc, dict):
-        idx.problems.append(Problem("index_invalid", "index JSON is not an object"))
+        idx.problems.append(problem("index_invalid", "index JSON is not an object"))
         return idx
     wmap = doc.get("weight_map")
     if not isinstance(wmap, dict) or not wmap:
-        idx.problems.append(Problem("index_invalid", "index has no weight_map object (or it is empty)"))
+        idx.problems.append(problem("index_invalid", "index has no weight_map object (or it is empty)"))
         return idx
     meta = doc.get("metadata")
     if meta is not None and not isinstance(meta, dict):
-        idx.problems.append(Problem("index_invalid", "index metadata is not an object"))
+        idx.problems.append(problem("index_invalid", "index metadata is not an object"))
     elif isinstance(meta, dict) and "total_size" in meta:
         ts = meta["total_size"]
         if (isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts) or ts < 0
                 or int(ts) != ts):
-            idx.problems.append(Problem("index_invalid", f"metadata.total_size {ts!r} is not a byte count"))
+            idx.problems.append(problem("index_invalid", f"metadata.total_size {ts!r} is not a byte count"))
         else:
             idx.total_size = int(ts)
     try:
@@ -92,17 +93,17 @@ def parse_index_bytes(raw: bytes, path: str = INDEX_NAME) -> Index:
     except TypeError:  # an unhashable value (list, object)
         wmap = {t: v for t, v in wmap.items() if isinstance(v, str)}
         shard_names = list(dict.fromkeys(wmap.values()))
-        idx.problems.append(Problem("index_invalid", "weight_map has values that are not file names"))
+        idx.problems.append(problem("index_invalid", "weight_map has values that are not file names"))
     bad_paths: dict[str, str] = {}
     for shard in shard_names:
         if not isinstance(shard, str):
-            idx.problems.append(Problem("index_invalid", f"weight_map names {shard!r}, which is not a file name"))
+            idx.problems.append(problem("index_invalid", f"weight_map names {shard!r}, which is not a file name"))
             continue
         why = unsafe_path_reason(shard)
         if why:
             bad_paths[shard] = why
     for shard, why in bad_paths.items():
-        idx.problems.append(Problem("path_unsafe", f"index names shard {shard!r}, which {why}: refusing to "
+        idx.problems.append(problem("path_unsafe", f"index names shard {shard!r}, which {why}: refusing to "
                                     "look outside the model directory"))
     idx.weight_map = {t: s for t, s in wmap.items() if isinstance(s, str)} if len(idx.problems) else wmap
     seen = [s for s in shard_names if isinstance(s, str)]
@@ -116,14 +117,14 @@ def read_index(path: str) -> Index:
         size = os.stat(path).st_size
         if size > MAX_INDEX_BYTES:
             idx = Index(path)
-            idx.problems.append(Problem("index_invalid", f"index is {size} bytes: too large to be an index"))
+            idx.problems.append(problem("index_invalid", f"index is {size} bytes: too large to be an index"))
             return idx
         with open(path, "rb") as fh:
             raw = fh.read()
     except OSError as exc:
         idx = Index(path)
         code = "index_missing" if isinstance(exc, FileNotFoundError) else "index_unreadable"
-        idx.problems.append(Problem(code, f"cannot read {posixpath.basename(path)}: {exc.strerror or exc}"))
+        idx.problems.append(problem(code, f"cannot read {posixpath.basename(path)}: {exc.strerror or exc}"))
         return idx
     return parse_index_bytes(raw, path)
 
@@ -132,12 +133,11 @@ def read_index(path: str) -> Index:
 class CrossCheck:
     """Index against headers: problems per shard name (``""`` for the index as a whole)."""
 
-    per_shard: dict[str, list[Problem]] = field(default_factory=dict)
-    general: list[Problem] = field(default_factory=list)
+    per_shard: dict[str, list[Finding]] = field(default_factory=dict)
+    general: list[Finding] = field(default_factory=list)
     header_total: int = 0
-    tensors_total: int = 0
 
-    def add(self, shard: str, problem: Problem) -> None:
+    def add(self, shard: str, problem: Finding) -> None:
         self.per_shard.setdefault(shard, []).append(problem)
 
 
@@ -168,9 +168,8 @@ def cross_check(index: Index, headers: Mapping[str, HeaderReport | None]) -> Cro
             count += len(rep.tensors)
         if count == len(owner_fast) and owner_fast == index.weight_map:
             cc.header_total = sum(r.data_bytes for r in valid.values())
-            cc.tensors_total = count
             if index.total_size is not None and index.total_size != cc.header_total:
-                cc.general.append(Problem("total_size_mismatch", f"index metadata.total_size is "
+                cc.general.append(problem("total_size_mismatch", f"index metadata.total_size is "
                                           f"{index.total_size} bytes, the shard headers hold {cc.header_total} "
                                           "bytes of tensor data"))
             return cc
@@ -184,7 +183,6 @@ def cross_check(index: Index, headers: Mapping[str, HeaderReport | None]) -> Cro
             complete = False
             continue
         total += rep.data_bytes
-        cc.tensors_total += len(rep.tensors)
         for name in rep.tensors:
             prev = owner.get(name)
             if prev is None:
@@ -193,10 +191,10 @@ def cross_check(index: Index, headers: Mapping[str, HeaderReport | None]) -> Cro
                 dup.setdefault(name, [prev]).append(shard)
     cc.header_total = total
     for name, shards in list(dup.items())[:20]:
-        cc.general.append(Problem("tensor_duplicated", f"tensor {name!r} is in {len(shards)} shards: "
+        cc.general.append(problem("tensor_duplicated", f"tensor {name!r} is in {len(shards)} shards: "
                                   f"{', '.join(shards)}"))
     if len(dup) > 20:
-        cc.general.append(Problem("tensor_duplicated", f"... and {len(dup) - 20} more tensors in two shards"))
+        cc.general.append(problem("tensor_duplicated", f"... and {len(dup) - 20} more tensors in two shards"))
     # Tensors the index puts in a shard whose header lacks them.
     missing: dict[str, list[str]] = {}
     misplaced: dict[str, list[tuple[str, str]]] = {}
@@ -212,10 +210,10 @@ def cross_check(index: Index, headers: Mapping[str, HeaderReport | None]) -> Cro
                 missing.setdefault(shard, []).append(tensor)
     for shard, items in misplaced.items():
         ex = ", ".join(f"{t!r} (found in {w})" for t, w in items[:3])
-        cc.add(shard, Problem("tensor_wrong_shard", f"{len(items)} tensor(s) the index puts in {shard} are in "
+        cc.add(shard, problem("tensor_wrong_shard", f"{len(items)} tensor(s) the index puts in {shard} are in "
                               f"another shard: {ex}{', ...' if len(items) > 3 else ''}"))
     for shard, items in missing.items():
-        cc.add(shard, Problem("tensor_missing", f"{len(items)} tensor(s) the index puts in {shard} are not in "
+        cc.add(shard, problem("tensor_missing", f"{len(items)} tensor(s) the index puts in {shard} are not in "
                               f"its header: {_examples(items)}"))
     # Tensors in a header the index does not name: loaders that follow the index never see them.
     unindexed: dict[str, list[str]] = {}
@@ -223,10 +221,10 @@ def cross_check(index: Index, headers: Mapping[str, HeaderReport | None]) -> Cro
         if index.weight_map.get(name) is None:
             unindexed.setdefault(shard, []).append(name)
     for shard, items in unindexed.items():
-        cc.add(shard, Problem("tensor_unindexed", f"{len(items)} tensor(s) in {shard} are not in the index: "
+        cc.add(shard, problem("tensor_unindexed", f"{len(items)} tensor(s) in {shard} are not in the index: "
                               f"{_examples(items)}"))
     if complete and index.total_size is not None and index.total_size != total:
-        cc.general.append(Problem("total_size_mismatch", f"index metadata.total_size is {index.total_size} bytes, "
+        cc.general.append(problem("total_size_mismatch", f"index metadata.total_size is {index.total_size} bytes, "
                                   f"the shard headers hold {total} bytes of tensor data"))
     return cc
 
@@ -234,4 +232,4 @@ def cross_check(index: Index, headers: Mapping[str, HeaderReport | None]) -> Cro
 def index_summary(index: Index) -> dict[str, Any]:
     """Small JSON description of an index (for facts)."""
     return {"path": index.path, "shards": list(index.shards), "tensors": len(index.weight_map),
-            "total_size": index.total_size, "problems": [p.to_dict() for p in index.problems]}
+            "total_size": index.total_size, "problems": [recorded(p) for p in index.problems]}

@@ -22,9 +22,10 @@ from concurrent.futures import ThreadPoolExecutor
 from itertools import repeat
 from typing import Any
 
+from doctor.core.forked import map_forked, workers_for
+from doctor.core.result import Finding
 from doctor.host.access import ownership
-from doctor.model.forked import map_forked, workers_for
-from doctor.model.header import DTYPE_BITS, HeaderReport, Problem, read_header
+from doctor.model.header import DTYPE_BITS, HeaderReport, problem, read_header, recorded
 from doctor.model.index import INDEX_NAME, SINGLE_NAME, Index, cross_check, index_summary, read_index
 from doctor.model.layout import file_state, find_leftovers, hf_cache_root, read_hf_local_metadata
 
@@ -71,7 +72,7 @@ def _scan_weights(model_dir: str, workers: int) -> dict[str, Any]:
             index = read_index(idx_state.path)
             out["index"] = index_summary(index)
             out["index"]["path"] = INDEX_NAME
-            out["problems"].extend(p.to_dict() for p in index.problems)
+            out["problems"].extend(recorded(p) for p in index.problems)
             names = list(index.shards)
     elif single_state.exists:
         out["layout"] = "single"
@@ -99,7 +100,7 @@ def _scan_weights(model_dir: str, workers: int) -> dict[str, Any]:
 
     cc = cross_check(index, reports) if index is not None and index.ok else None
     if cc is not None:
-        out["problems"].extend(p.to_dict() for p in cc.general)
+        out["problems"].extend(recorded(p) for p in cc.general)
 
     for n in names:
         st = states[n]
@@ -108,13 +109,13 @@ def _scan_weights(model_dir: str, workers: int) -> dict[str, Any]:
             rec["symlink"] = st.link_target
         if st.blob_sha256:
             rec["blob_sha256"] = st.blob_sha256
-        probs: list[Problem] = []
+        probs: list[Finding] = []
         if not st.exists:
-            probs.append(Problem("missing", "is missing" + (f" ({st.error})" if st.error else "")))
+            probs.append(problem("missing", "is missing" + (f" ({st.error})" if st.error else "")))
         elif st.dangling:
-            probs.append(Problem("dangling_symlink", f"is a dangling symlink (-> {st.link_target})"))
+            probs.append(problem("dangling_symlink", f"is a dangling symlink (-> {st.link_target})"))
         elif st.error:
-            probs.append(Problem("unreadable", f"cannot be read: {st.error}"))
+            probs.append(problem("unreadable", f"cannot be read: {st.error}"))
         rep = reports.get(n)
         if rep is not None:
             probs.extend(rep.problems)
@@ -129,7 +130,7 @@ def _scan_weights(model_dir: str, workers: int) -> dict[str, Any]:
         if meta:
             rec["hf_metadata"] = {k: meta.get(k) for k in ("commit", "etag", "timestamp")}
         rec["ok"] = not probs
-        rec["problems"] = [p.to_dict() for p in probs[:MAX_PROBLEMS_PER_SHARD]]
+        rec["problems"] = [recorded(p) for p in probs[:MAX_PROBLEMS_PER_SHARD]]
         out["shards"].append(rec)
 
     out["leftovers"] = find_leftovers(model_dir, names)
@@ -296,15 +297,6 @@ def shard_summary(rep: HeaderReport) -> dict[str, Any]:
     return {"counts": [[p, d, list(s), n] for (p, d, s), n in counts.items()],
             "layers": sorted(set(_LAYER.findall(joined))),
             "pairs": sorted(set(_EXPERT.findall(joined)))}
-
-
-def summarize_tensors(reports: list[HeaderReport]) -> dict[str, Any]:
-    """Fold tensor names into patterns: shapes and bytes per pattern, layers, experts per layer.
-
-    Done with whole-shard regular expressions and C-level counting: ~208k names in a fraction of a
-    second. A name's numbers become ``#`` (``layers.#.mlp.experts.#.up_proj.weight_packed``).
-    """
-    return merge_summaries([shard_summary(r) for r in reports])
 
 
 def merge_summaries(parts: list[dict[str, Any]]) -> dict[str, Any]:

@@ -67,12 +67,16 @@ def _read(fd: int, h: Any, report) -> int:
     return total
 
 
+class Orphaned(Exception):
+    """The doctor that asked is gone: nobody reads the answer (the worker ends)."""
+
+
 def hash_path(path: str, report, parent: int) -> dict:
     """``{"sha256", "bytes"}`` of one file, or ``{"error"}``; ``report(n)`` after every window."""
     def tick(n: int) -> None:
         report(n)
-        if os.getppid() != parent:  # orphaned: nobody reads the answer
-            sys.exit(0)
+        if os.getppid() != parent:
+            raise Orphaned
 
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
@@ -123,7 +127,10 @@ def main() -> int:
         if not isinstance(path, str):
             emit({"error": "bad request"})
             continue
-        emit(hash_path(path, lambda n: emit({"p": n}), parent))
+        try:
+            emit(hash_path(path, lambda n: emit({"p": n}), parent))
+        except Orphaned:
+            return 0
     return 0
 
 

@@ -21,7 +21,6 @@ import functools
 import json
 import os
 import shlex
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from packaging.version import InvalidVersion, Version
 
 from doctor.core.datafile import load_toml
 from doctor.core.proc import run_probe
+from doctor.core.result import Findings, NotJudged, Remediation
 from doctor.model.remote_code import auto_map_refs, compat_table, download_command, scan_remote_code
 from doctor.model.tiktoken_bpe import read_tiktoken_bpe
 
@@ -135,24 +135,13 @@ def tokenizer_fact(opts: Any) -> dict[str, Any]:
 
 # -- judging ---------------------------------------------------------------------------------------
 
-@dataclass
-class Finding:
-    message: str
-    fix: str = ""
-    commands: list[str] = field(default_factory=list)
+def problem(into: Findings, code: str, message: str, fix: str = "", commands: list[str] | None = None) -> None:
+    """One thing the tokenizer's files or load get wrong (``fix``: what to do; ``commands``: exactly)."""
+    into.fail(f"model.tokenizer.{code}", message, Remediation(fix, list(commands or [])))
 
 
-@dataclass
-class TokenizerVerdict:
-    """What the load and the files say. ``not_judged``: why the load could not be judged (no transformers);
-    ``probe_error``: the probe itself failed (crash, deadline)."""
-
-    problems: list[Finding] = field(default_factory=list)
-    warnings: list[Finding] = field(default_factory=list)
-    not_judged: str | None = None
-    probe_error: str | None = None
-    details: dict[str, Any] = field(default_factory=dict)
-    loaded_as: str | None = None
+def warning(into: Findings, code: str, message: str, fix: str = "") -> None:
+    into.warn(f"model.tokenizer.{code}", message, Remediation(fix) if fix else None)
 
 
 def _version(text: Any) -> Version | None:
@@ -170,11 +159,11 @@ def _in_range(version: Version | None, spec: str) -> bool:
 
 
 def judge_files(fact: dict[str, Any], vocab_size: int | None, repo: str | None, *,
-                named_reported: bool = False) -> TokenizerVerdict:
+                named_reported: bool = False) -> Findings:
     """The file-level part: tiktoken.model valid and as large as the vocabulary says, the special tokens
     inside the reserved ids, remote-code files present (``named_reported``: leave out the files auto_map
     names itself, which the caller reports)."""
-    v = TokenizerVerdict()
+    v = Findings()
     path = fact.get("path")
     tk = fact.get("tiktoken")
     remote = fact.get("remote_code") or {}
@@ -182,51 +171,50 @@ def judge_files(fact: dict[str, Any], vocab_size: int | None, repo: str | None, 
                      if f.get("num_reserved_special_tokens")), None)
     redo = functools.partial(download_command, repo, path)
     if tk is not None and not tk.get("ok"):
-        v.problems.append(Finding("tiktoken.model: " + "; ".join(tk.get("problems") or ["invalid"]),
+        problem(v, "tiktoken_invalid", "tiktoken.model: " + "; ".join(tk.get("problems") or ["invalid"]),
                                   "Re-download tiktoken.model from the model's repository.",
-                                  [redo(["tiktoken.model"])]))
+                                  [redo(["tiktoken.model"])])
     elif tk is not None:
         base = tk["tokens"]
         specials = fact.get("special_tokens") or {}
         v.details["base_tokens"] = base
         if vocab_size and reserved and base + reserved != vocab_size:
-            v.problems.append(Finding(
+            problem(v, "vocab_size",
                 f"tiktoken.model has {base:,} tokens; with the remote code's {reserved} reserved special ids the "
                 f"vocabulary is {base + reserved:,}, config.json says {vocab_size:,}: every special token's id moves",
                 "tiktoken.model and config.json come from different revisions: re-download both.",
-                [redo(["tiktoken.model", "config.json", "tokenizer_config.json"])]))
+                [redo(["tiktoken.model", "config.json", "tokenizer_config.json"])])
         limit = base + (reserved or 256)
         outside = sorted((tid, tok) for tok, tid in specials.items() if not base <= tid < limit)
         if outside and reserved:
             shown = ", ".join(f"{tok} ({tid})" for tid, tok in outside[:4])
-            v.problems.append(Finding(
+            problem(v, "special_ids",
                 f"tokenizer_config.json gives {len(outside)} special token(s) ids outside the reserved range "
                 f"{base}..{limit - 1} after tiktoken.model's tokens: {shown}",
                 "tokenizer_config.json and tiktoken.model come from different revisions: re-download both.",
-                [redo(["tiktoken.model", "tokenizer_config.json"])]))
+                [redo(["tiktoken.model", "tokenizer_config.json"])])
     for name in remote.get("missing") or []:
         by = (remote.get("files") or {}).get(name, {}).get("needed_by")
         if by or not named_reported:
-            v.problems.append(Finding(f"remote-code module {name} " + (f"(imported by {by}) " if by else
+            problem(v, "remote_code_missing", f"remote-code module {name} " + (f"(imported by {by}) " if by else
                                                                        "named by auto_map ") + "is missing",
-                                      "Download it from the model's repository (the same revision):", [redo([name])]))
+                                      "Download it from the model's repository (the same revision):", [redo([name])])
     for name, rec in (remote.get("files") or {}).items():
         if rec.get("error"):
-            v.problems.append(Finding(f"{name}: {rec['error']}", "Re-download it from the model's repository.",
-                                      [redo([name])]))
+            problem(v, "remote_code_unreadable", f"{name}: {rec['error']}",
+                    "Re-download it from the model's repository.", [redo([name])])
     return v
 
 
-def judge_load(fact: dict[str, Any], model_type: str | None, repo: str | None,
-               verdict: TokenizerVerdict | None = None) -> TokenizerVerdict:
-    """The load part: what the probe saw, against tokenizer_config.json's ids and the parsers' markers."""
-    v = verdict or TokenizerVerdict()
+def judge_load(fact: dict[str, Any], model_type: str | None, repo: str | None, v: Findings) -> Findings:
+    """The load part, added to ``v``: what the probe saw, against tokenizer_config.json's ids and the parsers'
+    markers. A probe that failed raises ``NotJudged.failing``, a service interpreter without transformers
+    ``NotJudged.missing`` (what ``v`` found stays in ``v``); ``v.details["loaded_as"]``: the class it loads as."""
     path = fact.get("path")
     probe = fact.get("probe") or {}
     redo = functools.partial(download_command, repo, path)
     if probe.get("probe_failed"):
-        v.probe_error = f"the tokenizer probe under {probe.get('python')} failed: {probe.get('error')}"
-        return v
+        raise NotJudged.failing(f"the tokenizer probe under {probe.get('python')} failed: {probe.get('error')}")
     versions = probe.get("versions") or {}
     tf_version = _version(versions.get("transformers"))
     v.details.update(transformers=versions.get("transformers"), tiktoken=versions.get("tiktoken"),
@@ -235,36 +223,36 @@ def judge_load(fact: dict[str, Any], model_type: str | None, repo: str | None,
     for name, rec in (remote.get("files") or {}).items():
         for hit in rec.get("moved") or []:
             if tf_version is not None and tf_version >= Version(hit["gone_from"]):
-                v.problems.append(Finding(
+                problem(v, "remote_code_transformers",
                     f"{name} line {hit['line']} imports {hit['name']} from {hit['module']}, which transformers "
                     f"{hit['gone_from']} and later no longer have (installed: {tf_version}); the tokenizer cannot load",
                     f"Use the model repository's current {name} (it must import {hit['name']} from "
                     f"{hit.get('now_in')} when the old place is gone), or a transformers older than "
-                    f"{hit['gone_from']} if the installed SGLang allows it.", [redo([name])]))
+                    f"{hit['gone_from']} if the installed SGLang allows it.", [redo([name])])
     for rule in compat_table().get("backend_routing", []):
         if model_type in rule.get("model_types", []) and _in_range(tf_version, rule.get("transformers", "")):
-            v.warnings.append(Finding(
+            warning(v, "backend_routing",
                 f"transformers {tf_version} routes model type {model_type} past its remote tokenizer to the generic "
-                f"{GENERIC_BACKEND}, whose special-token ids are wrong", rule.get("fix", "")))
+                f"{GENERIC_BACKEND}, whose special-token ids are wrong", rule.get("fix", ""))
     missing_mods = probe.get("missing_imports") or []
     if not probe.get("transformers_found"):
         others = [m for m in missing_mods if m != "transformers"]
-        v.not_judged = (f"transformers is not importable from {probe.get('python')}: the tokenizer load was not "
-                        "tried (SGLang cannot start there either; sglang.install judges the install)"
-                        + (f"; the remote code also imports {', '.join(others)}, missing there" if others else ""))
-        return v
+        raise NotJudged.missing(f"transformers is not importable from {probe.get('python')}: the tokenizer load was "
+                                "not tried (SGLang cannot start there either; sglang.install judges the install)"
+                                + (f"; the remote code also imports {', '.join(others)}, missing there"
+                                   if others else ""))
     if missing_mods:
-        v.problems.append(Finding(
+        problem(v, "missing_imports",
             f"the remote code imports {', '.join(missing_mods)}, not installed in {probe.get('python')}",
             "Install them into the service's environment:",
-            [f"{shlex.quote(str(probe.get('python')))} -m pip install {' '.join(missing_mods)}"]))
+            [f"{shlex.quote(str(probe.get('python')))} -m pip install {' '.join(missing_mods)}"])
     load = probe.get("load") or {}
     steps = load.get("steps") or []
     v.details["load_steps"] = steps
     if load.get("import_error"):
         err = load["import_error"]
-        v.problems.append(Finding(f"import transformers fails in {probe.get('python')}: {err['type']}: "
-                                  f"{err['message']}", "Repair the service environment's transformers install."))
+        problem(v, "transformers_broken", f"import transformers fails in {probe.get('python')}: {err['type']}: "
+                                  f"{err['message']}", "Repair the service environment's transformers install.")
         return v
     if not load.get("ok"):
         err = next((s["error"] for s in reversed(steps) if s.get("error")), {"type": "?", "message": "no tokenizer"})
@@ -272,30 +260,30 @@ def judge_load(fact: dict[str, Any], model_type: str | None, repo: str | None,
         fix = "Fix what the error names; the server fails the same way, after the weights loaded."
         if "trust_remote_code" in err["message"] or "requires you to execute" in err["message"]:
             fix = "The tokenizer is remote code: pass --trust-remote-code (profile [model] trust_remote_code = true)."
-        v.problems.append(Finding(f"loading the tokenizer as SGLang does fails: {text}"
-                                  + (f" (at {err['where']})" if err.get("where") else ""), fix))
+        problem(v, "load_fails", f"loading the tokenizer as SGLang does fails: {text}"
+                                  + (f" (at {err['where']})" if err.get("where") else ""), fix)
         return v
     cls = load.get("class") or {}
     module = str(cls.get("module") or "")
-    v.loaded_as = (f"{cls.get('name')} (remote code {module.rsplit('.', 1)[-1]}.py)"
+    v.details["loaded_as"] = (f"{cls.get('name')} (remote code {module.rsplit('.', 1)[-1]}.py)"
                    if module.startswith("transformers_modules.") else f"{module}.{cls.get('name')}")
     first = steps[0].get("class", {}).get("name") if steps and steps[0].get("class") else None
     if cls.get("name") == GENERIC_BACKEND:
-        v.problems.append(Finding(
+        problem(v, "generic_backend",
             f"the tokenizer loads as transformers' generic {GENERIC_BACKEND}, not the model's "
             f"{fact.get('tokenizer_class') or 'tokenizer class'}: special-token ids differ from the model's",
             "Use a transformers release that honours the remote tokenizer (see the warnings), and keep "
-            "--trust-remote-code."))
+            "--trust-remote-code.")
     elif first == GENERIC_BACKEND:
-        v.warnings.append(Finding(
+        warning(v, "plain_autotokenizer",
             f"plain AutoTokenizer gives the generic {GENERIC_BACKEND} here; SGLang's loader falls back to "
-            f"{cls.get('name')}, but other tools that load this model with AutoTokenizer get wrong ids"))
+            f"{cls.get('name')}, but other tools that load this model with AutoTokenizer get wrong ids")
     _judge_markers(fact, probe, v)
     _judge_template(probe, v)
     return v
 
 
-def _judge_markers(fact: dict[str, Any], probe: dict[str, Any], v: TokenizerVerdict) -> None:
+def _judge_markers(fact: dict[str, Any], probe: dict[str, Any], v: Findings) -> None:
     required = required_markers(fact.get("parsers") or {})
     specials = fact.get("special_tokens") or {}
     seen = probe.get("markers") or {}
@@ -322,32 +310,33 @@ def _judge_markers(fact: dict[str, Any], probe: dict[str, Any], v: TokenizerVerd
     v.details["markers_required"] = required
     if bad_required:
         parsers = sorted({p for m in required for p in required[m]})
-        v.problems.append(Finding(
+        problem(v, "markers",
             f"{len(bad_required)} marker(s) the server's parsers ({', '.join(parsers)}) rely on are wrong: "
             + "; ".join(bad_required[:3]) + (" ..." if len(bad_required) > 3 else ""),
             "The tokenizer files and the remote code must be the model's, with a transformers that loads them "
-            "as the model's class."))
+            "as the model's class.")
     if bad_other:
-        v.warnings.append(Finding(f"{len(bad_other)} other special token(s) do not round-trip: "
-                                  + "; ".join(bad_other[:3]) + (" ..." if len(bad_other) > 3 else "")))
+        warning(v, "other_specials", f"{len(bad_other)} other special token(s) do not round-trip: "
+                                  + "; ".join(bad_other[:3]) + (" ..." if len(bad_other) > 3 else ""))
 
 
-def _judge_template(probe: dict[str, Any], v: TokenizerVerdict) -> None:
+def _judge_template(probe: dict[str, Any], v: Findings) -> None:
     tmpl = probe.get("chat_template") or {}
     v.details["chat_template"] = {k: tmpl.get(k) for k in ("present", "with_tools", "chars", "tokens", "round_trip")}
     if not tmpl.get("present"):
-        v.problems.append(Finding("the loaded tokenizer has no chat template: /v1/chat/completions fails",
-                                  "Download chat_template.jinja (or tokenizer_config.json with chat_template)."))
+        problem(v, "no_chat_template", "the loaded tokenizer has no chat template: /v1/chat/completions fails",
+                                  "Download chat_template.jinja (or tokenizer_config.json with chat_template).")
         return
     if tmpl.get("error"):
         err = tmpl["error"]
-        v.problems.append(Finding(f"the chat template does not render: {err['type']}: {err['message']}",
-                                  "Re-download the chat template from the model's repository."))
+        problem(v, "chat_template_fails", f"the chat template does not render: {err['type']}: {err['message']}",
+                                  "Re-download the chat template from the model's repository.")
         return
     if not tmpl.get("has_user_text"):
-        v.problems.append(Finding("the rendered chat template does not contain the user's message"))
+        problem(v, "chat_template_no_user", "the rendered chat template does not contain the user's message")
     if tmpl.get("mentions_tools") and not tmpl.get("has_tool"):
         why = tmpl.get("tools_error", {}).get("message") if tmpl.get("tools_error") else "the tool is not in the prompt"
-        v.warnings.append(Finding(f"the chat template names tools but a request with a tool renders without it: {why}"))
+        warning(v, "tools_dropped", f"the chat template names tools but a request with a tool renders without it: "
+                f"{why}")
     if tmpl.get("round_trip") is False:
-        v.warnings.append(Finding("the rendered prompt does not decode back to the same text"))
+        warning(v, "no_round_trip", "the rendered prompt does not decode back to the same text")

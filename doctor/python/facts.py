@@ -12,6 +12,7 @@ from typing import Any
 
 from doctor.core import proc
 from doctor.core.registry import collector
+from doctor.facts.shape import mapping, opt, required
 from doctor.facts.store import CollectOptions
 from doctor.host.facts import service_env
 
@@ -87,7 +88,19 @@ def _inside(path: str, root: Path) -> bool:
         return False
 
 
-@collector("venv", timeout=30)
+# What python.venv and its fixer read (doctor.facts.shape).
+VENV_SHAPE = {
+    "python": str, "exists": bool, "resolved": opt(str), "resolves": bool, "link_chain": [str], "root": opt(str),
+    "is_venv": bool, "pyvenv_cfg": opt(mapping(str)), "pyvenv_cfg_error": opt(str), "home": opt(str),
+    "home_exists": bool, "cfg_version": opt(str), "conda": bool, "bin": opt(str), "truncated": bool, "scanned": int,
+    "scripts": [{"name": required(str), "interpreter": required(str), "exists": bool, "inside": bool}],
+    "site_packages": [{"path": str, "readable": bool, "error": opt(str), "entries": opt(int)}],
+    "starts": bool, "start_error": opt(str),
+    "runtime": opt({"version_info": [int], "prefix": opt(str), "base_prefix": opt(str)}), "error": opt(str),
+}
+
+
+@collector("venv", timeout=30, shape=VENV_SHAPE)
 def collect_venv(opts: CollectOptions) -> dict[str, Any]:
     """The service environment's files: pyvenv.cfg and its home, bin/python, scripts' shebangs, site-packages."""
     python = os.path.expanduser(opts.python)

@@ -76,7 +76,7 @@ def collect_summary(report: Any, facts: Any, live: bool) -> dict[str, Any]:
                   "cuda_available": torch.get("cuda_available"), "error": torch.get("error")} if torch else None,
         "packages": {name: (dists.get(name) or {}).get("version") for name in PACKAGES if dists.get(name)},
         "env": {k: v for k, v in sorted(env.items()) if k.startswith(ENV_PREFIXES)},
-        "verdict": {"status": report.verdict().value, "counts": report.counts(),
+        "verdict": {"status": report.decision().status.value, "counts": report.counts(),
                     "failed": [r.id for r in report.results if r.status.failed],
                     "warned": [r.id for r in report.results if r.status.value == "warn"],
                     "unjudged": [r.id for r in report.unjudged]},

@@ -17,9 +17,9 @@ import os
 import shlex
 from typing import IO, Any
 
+from doctor.core.causes import roots
 from doctor.core.result import Status
 from doctor.facts.redaction import redact_text
-from doctor.report.causes import roots
 
 GLYPHS = {Status.PASS: "✔", Status.WARN: "!", Status.FAIL: "✘", Status.SKIP: "-", Status.ERROR: "‼"}
 ASCII_GLYPHS = {Status.PASS: "ok", Status.WARN: "!!", Status.FAIL: "XX", Status.SKIP: "--", Status.ERROR: "EE"}
@@ -168,7 +168,7 @@ def footer(report: Any, color: bool, root: dict[str, str] | None = None) -> list
     unjudged = [r.id for r in report.results if r.status is Status.SKIP and r.unjudged]
     parts = [f"{c['pass']} passed", f"{c['warn']} warnings", f"{c['fail']} failed",
              f"{c['skip']} skipped" + (f" ({len(unjudged)} not judged)" if unjudged else ""), f"{c['error']} errors"]
-    status = report.verdict() if hasattr(report, "verdict") else report.status
+    status = report.decision().status
     lines = ["", _paint(f"{status.value.upper()}: " + ", ".join(parts) + f" in {report.outcome.duration_s:.2f}s",
                         COLORS.get(status, "1"), color)]
     if report.outcome.interrupted:
@@ -176,8 +176,7 @@ def footer(report: Any, color: bool, root: dict[str, str] | None = None) -> list
     if unjudged:
         lines.append("not judged:   " + ", ".join(unjudged) + "   (want of facts: `launch` refuses, --strict fails)")
     failing = [r for r in report.results if r.status.failed]
-    fixable = report.fixable() if hasattr(report, "fixable") else [
-        r.id for r in report.results if r.fixer and (r.status.failed or r.status is Status.WARN)]
+    fixable = report.fixable()
     if fixable:
         lines.append("plan fixes:   k26-doctor fix " + " ".join(f"--only {shlex.quote(i)}" for i in fixable)
                      + "   (then add --apply)")

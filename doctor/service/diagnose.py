@@ -77,7 +77,9 @@ class Signature:
 
 
 @dataclass
-class Finding:
+class LogMatch:
+    """A failure signature found in a start's log: where first, how often, the lines around it."""
+
     signature: Signature
     line_no: int  # 1-based, first occurrence
     line: str
@@ -337,7 +339,7 @@ def _hits(sig: Signature, text: str, starts: list[int], clean: list[str],
     return hits
 
 
-def order(findings: list[Finding]) -> list[Finding]:
+def order(findings: list[LogMatch]) -> list[LogMatch]:
     """Causes by first occurrence (rank breaks ties on a line), then consequences: those naming a check
     first, then by rank and line."""
     causes = sorted((f for f in findings if not f.signature.consequence),
@@ -348,7 +350,7 @@ def order(findings: list[Finding]) -> list[Finding]:
 
 
 def diagnose_lines(lines: list[str], signatures: list[Signature], context: int = 2,
-                   use_grep: bool = True) -> list[Finding]:
+                   use_grep: bool = True) -> list[LogMatch]:
     """Every signature that occurs in ``lines``, the likely root cause first (see ``order``).
 
     ``use_grep=False`` keeps the search in Python (the fallback when the host has no grep)."""
@@ -370,7 +372,7 @@ def diagnose_lines(lines: list[str], signatures: list[Signature], context: int =
         for idx, m in _hits(sig, text, starts, clean, candidates).items():
             per_line.setdefault(idx, {})[sig.id] = m
     by_id = {s.id: s for s in signatures}
-    found: dict[str, Finding] = {}
+    found: dict[str, LogMatch] = {}
     for idx in sorted(per_line):
         ids = per_line[idx]
         explained = {s for sid in ids for s in by_id[sid].suppresses}
@@ -382,7 +384,7 @@ def diagnose_lines(lines: list[str], signatures: list[Signature], context: int =
                 continue
             values = {k: v for k, v in m.groupdict().items() if v is not None and _SAFE_VALUE.fullmatch(v)}
             lo, hi = max(0, idx - context), min(len(clean), idx + 1 + context)
-            found[sid] = Finding(by_id[sid], idx + 1, clean[idx].strip(), 1, clean[lo:hi], values)
+            found[sid] = LogMatch(by_id[sid], idx + 1, clean[idx].strip(), 1, clean[lo:hi], values)
     return order(list(found.values()))
 
 
@@ -402,7 +404,7 @@ def journal_argv(unit: str, invocation: str | None = None, lines: int = 20000) -
     return [*argv, "-u", unit, "-b", "-n", str(lines)]
 
 
-def render_text(findings: list[Finding], source: str) -> str:
+def render_text(findings: list[LogMatch], source: str) -> str:
     if not findings:
         return (f"{source}: no known failure signature found. Run `k26-doctor check` to judge the host, "
                 "or add a signature (--signatures FILE).\n")

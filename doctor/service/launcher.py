@@ -107,6 +107,15 @@ def _string_list(settings: Settings, key: str) -> list[str]:
     return list(value)
 
 
+def planned_args(settings: Settings) -> tuple[list[str], ConfigError | None]:
+    """The server's arguments as the checks read them (placeholders where a path is not configured), or ``[]``
+    and why the settings cannot build them: the checks that read the command judge the same one."""
+    try:
+        return build_server_args(settings, placeholders=True)[0], None
+    except ConfigError as exc:
+        return [], exc
+
+
 def build_server_args(settings: Settings, extra: list[str] | tuple[str, ...] = (), *,
                       table: dict[str, dict[str, Any]] | None = None,
                       placeholders: bool = False) -> tuple[list[str], list[str]]:

@@ -32,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from doctor.core.result import Findings, Severity
+
 PROMPTS = ("The capital of France is", "Write a Python function that returns the sum of a list.",
            "List three prime numbers greater than ten.", "Explain in one sentence what a hash table is.")
 DEFAULT_INPUT_IDS = tuple(range(5, 21))  # small ids: valid in any vocabulary the smoke meets (the tiny one: 64)
@@ -165,12 +167,12 @@ def _network_error(reason: Any, left: float) -> str:
 
 @dataclass
 class SmokeReport:
-    status: str  # pass | warn | fail
+    """What the requests showed. ``found`` holds the findings (``fail`` problems, ``warn`` warnings, ``info``
+    notes); the status follows from them as a check's does (core.result)."""
+
     summary: str
     url: str
-    problems: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
+    found: Findings = field(default_factory=Findings)
     speculative: str | None = None
     accept_length: float | None = None
     accept_length_metrics: float | None = None
@@ -179,6 +181,23 @@ class SmokeReport:
     latency: dict[str, dict[str, float]] = field(default_factory=dict)
     calls: list[Call] = field(default_factory=list)
     seconds: float = 0.0
+
+    @property
+    def status(self) -> str:
+        """pass | warn | fail"""
+        return "fail" if self.problems else "warn" if self.warnings else "pass"
+
+    @property
+    def problems(self) -> list[str]:
+        return [f.message for f in self.found.of(Severity.FAIL)]
+
+    @property
+    def warnings(self) -> list[str]:
+        return [f.message for f in self.found.of(Severity.WARN)]
+
+    @property
+    def notes(self) -> list[str]:
+        return [f.message for f in self.found.of(Severity.INFO)]
 
     def to_dict(self) -> dict[str, Any]:
         return {"status": self.status, "summary": self.summary, "url": self.url, "problems": self.problems,
@@ -236,13 +255,11 @@ def run_smoke(opts: SmokeOptions, clock: Callable[[], float] = time.monotonic) -
     """Every step against ``opts.base_url`` within ``opts.timeout_s``; the verdict (never raises)."""
     t0 = clock()
     client = Client(opts.base_url, Deadline(opts.timeout_s, clock), opts.api_key)
-    problems: list[str] = []
-    warnings: list[str] = []
-    notes: list[str] = []
+    found = Findings()
 
     def finish(spec: str | None = None, acc: float | None = None, acc_m: float | None = None, tokens: int = 0,
                verify: int = 0, latency: dict[str, dict[str, float]] | None = None) -> SmokeReport:
-        status = "fail" if problems else "warn" if warnings else "pass"
+        problems, warnings = [f.message for f in found.of(Severity.FAIL)], [f.message for f in found.of(Severity.WARN)]
         if problems:
             summary = problems[0] + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else "")
         else:
@@ -253,19 +270,20 @@ def run_smoke(opts: SmokeOptions, clock: Callable[[], float] = time.monotonic) -
             if gen:
                 parts.append(f"/generate p50 {gen['p50_s']:.2f}s")
             summary = ", ".join(parts) + (f"; {warnings[0]}" if warnings else "")
-        return SmokeReport(status, summary, opts.base_url, problems, warnings, notes, spec, acc, acc_m, tokens,
-                           verify, latency or {}, client.calls, clock() - t0)
+        return SmokeReport(summary, opts.base_url, found, spec, acc, acc_m, tokens, verify, latency or {},
+                           client.calls, clock() - t0)
 
     health = client.request("GET", "/health", raw=True)
     if not health.ok:
-        problems.append(f"the server is not ready: {health.describe()}")
+        found.fail("smoke.unready", f"the server is not ready: {health.describe()}")
         return finish()
     info_call = client.request("GET", "/server_info")
     if info_call.status == 404:
         info_call = client.request("GET", "/get_server_info")
     info = info_call.body if info_call.ok and isinstance(info_call.body, dict) else None
     if info is None:
-        notes.append(f"server arguments unknown ({info_call.describe()}): speculation judged from the answers")
+        found.info("smoke.server_info",
+                   f"server arguments unknown ({info_call.describe()}): speculation judged from the answers")
     spec = speculative_algorithm(info)
     skip_tok = bool(info.get("skip_tokenizer_init")) if info else False
     models = client.request("GET", "/v1/models")
@@ -275,11 +293,11 @@ def run_smoke(opts: SmokeOptions, clock: Callable[[], float] = time.monotonic) -
         first = listed[0]
         model_id = first.get("id") if isinstance(first, dict) else None
     elif not models.ok:
-        problems.append(models.describe())
+        found.fail("smoke.http", models.describe())
     openai_calls: list[Call] = []
     if skip_tok:
-        notes.append("the server runs --skip-tokenizer-init: no OpenAI chat/completions (no tokenizer); "
-                     "/generate with input_ids")
+        found.info("smoke.no_tokenizer", "the server runs --skip-tokenizer-init: no OpenAI chat/completions "
+                   "(no tokenizer); /generate with input_ids")
     else:
         chat = client.request("POST", "/v1/chat/completions", {
             "model": model_id or "default", "messages": [{"role": "user", "content": PROMPTS[0]}],
@@ -289,11 +307,11 @@ def run_smoke(opts: SmokeOptions, clock: Callable[[], float] = time.monotonic) -
         openai_calls = [chat, comp]
         for call in openai_calls:
             if not call.ok:
-                problems.append(call.describe())
+                found.fail("smoke.http", call.describe())
             elif not isinstance(call.body, dict) or not call.body.get("choices"):
-                problems.append(f"{call.method} {call.path}: HTTP 200 without choices")
+                found.fail("smoke.no_choices", f"{call.method} {call.path}: HTTP 200 without choices")
             elif not _completion_tokens(call):
-                warnings.append(f"{call.path} generated no tokens")
+                found.warn("smoke.no_tokens", f"{call.path} generated no tokens")
     gen_calls: list[Call] = []
     for i in range(max(1, opts.requests)):
         payload: dict[str, Any] = {"sampling_params": {"max_new_tokens": opts.max_tokens, "temperature": 0,
@@ -306,28 +324,30 @@ def run_smoke(opts: SmokeOptions, clock: Callable[[], float] = time.monotonic) -
         call = client.request("POST", "/generate", payload)
         gen_calls.append(call)
         if not call.ok:
-            problems.append(call.describe())
+            found.fail("smoke.http", call.describe())
             if call.error:  # a timeout or a dead connection: the rest would only wait as long
                 break
     metrics = client.request("GET", "/metrics", raw=True)
     acc_m = metrics_accept_length(metrics.body) if metrics.ok else None
     if metrics.status == 404:
-        notes.append("/metrics not exported (--enable-metrics is off)")
+        found.info("smoke.no_metrics", "/metrics not exported (--enable-metrics is off)")
     acc, tokens, verify = accept_length(gen_calls)
     if spec is None and verify:
         spec = "speculative (unnamed)"
     latency = {k: v for k, v in (("generate", _latency(gen_calls)), ("openai", _latency(openai_calls))) if v}
-    if spec and not problems:
+    if spec and not found.failing:
         if acc is None:
-            warnings.append(f"{spec}: the answers carry no speculative counters (meta_info.spec_verify_ct): "
-                            "accept length unknown")
+            found.warn("smoke.no_counters", f"{spec}: the answers carry no speculative counters "
+                       "(meta_info.spec_verify_ct): accept length unknown")
         elif acc < opts.fail_below:
-            problems.append(f"{spec} accept length {acc:.2f} over {tokens} tokens: the drafter's tokens are "
-                            "(almost) never accepted: it does not match the target (a drafter trained for "
-                            "another model or revision, a wrong --speculative-draft-model-path, mask token or "
-                            "target layers)")
+            found.fail("smoke.accept_length",
+                       f"{spec} accept length {acc:.2f} over {tokens} tokens: the drafter's tokens are "
+                       "(almost) never accepted: it does not match the target (a drafter trained for "
+                       "another model or revision, a wrong --speculative-draft-model-path, mask token or "
+                       "target layers)")
         elif opts.warn_below is not None and acc < opts.warn_below:
-            warnings.append(f"{spec} accept length {acc:.2f} is below the expected {opts.warn_below:g}")
+            found.warn("smoke.accept_length",
+                       f"{spec} accept length {acc:.2f} is below the expected {opts.warn_below:g}")
     return finish(spec, acc, acc_m, tokens, verify, latency)
 
 

@@ -17,10 +17,12 @@ from __future__ import annotations
 from typing import Any
 
 from doctor.core.registry import collector
+from doctor.facts.shape import NUM, anything, mapping, opt
 from doctor.facts.store import CollectOptions
 from doctor.sglang.flags import flags_fact
 from doctor.sglang.patching import locate, manifest, status
-from doctor.stack.service_probe import probe_service
+from doctor.stack.facts import RUNTIME
+from doctor.stack.service_probe import PROBE_SHAPE, probe_service
 
 
 def patches_dir_of(opts: Any) -> str | None:
@@ -29,7 +31,24 @@ def patches_dir_of(opts: Any) -> str | None:
     return getattr(opts, "patches_dir", None) or ((opts.profile or {}).get("patches") or {}).get("dir") or None
 
 
-@collector("sglang_patches", timeout=40)
+# What the sglang checks read of these facts (doctor.facts.shape); the recorded manifest is validated by
+# doctor.sglang.patching.manifest, the flag table by doctor.sglang.flag_reader, when they are judged.
+PATCHES_SHAPE = {
+    "python": opt(str), "set_name": opt(str), "patches_dir": opt(str), "state_dir": opt(str), "no_set": opt(bool),
+    "set_error": opt(str), "install_error": opt(str), "site_packages": opt(str),
+    "set": opt({"name": opt(str), "directory": opt(str), "manifest": anything}),
+    "sglang": opt({"version": opt(str)}), "journal": opt(dict), "last_run": opt(dict), "journal_error": opt(str),
+    "files": opt(mapping({"sha256": opt(str), "exists": opt(bool), "error": opt(str), "record": opt(str),
+                          "in_record": opt(bool)})),
+}
+IMPORT_SHAPE = {**PROBE_SHAPE, "imported": opt(bool), "missing_module": opt(str), "traceback_tail": opt(str),
+                "version": opt(str), "import_s": opt(NUM), "runtime": opt(RUNTIME),
+                "dflash": opt({"available": opt(bool), "error": opt(str)})}
+FLAGS_SHAPE = {"python": opt(str), "found": opt(bool), "version": opt(str), "package_dir": opt(str),
+               "probe_error": opt(str), "error": opt(str), "table": opt(dict)}
+
+
+@collector("sglang_patches", timeout=40, shape=PATCHES_SHAPE)
 def collect_sglang_patches(opts: Any) -> dict[str, Any]:
     """The profile's SGLang patch set vs the installed files: hashes, RECORD, version, journal."""
     set_name = str(((opts.profile or {}).get("patches") or {}).get("set") or "")
@@ -56,7 +75,7 @@ def collect_sglang_patches(opts: Any) -> dict[str, Any]:
 
 
 SGLANG_TIMEOUT = 240.0
-@collector("sglang_import", timeout=SGLANG_TIMEOUT + 5)
+@collector("sglang_import", timeout=SGLANG_TIMEOUT + 5, shape=IMPORT_SHAPE)
 def collect_sglang_import(opts: CollectOptions) -> dict[str, Any]:
     """SGLang imported under the service interpreter; whether DFlash's sampling kernel is available."""
     return probe_service(opts, "sglang_import", [], SGLANG_TIMEOUT)
@@ -64,7 +83,7 @@ def collect_sglang_import(opts: CollectOptions) -> dict[str, Any]:
 
 
 
-@collector("sglang_flags", timeout=45)
+@collector("sglang_flags", timeout=45, shape=FLAGS_SHAPE)
 def collect_sglang_flags(opts: CollectOptions) -> dict[str, Any]:
     """The server flags the service interpreter's SGLang accepts (from its sources, not imported)."""
     return flags_fact(opts.python, opts.env)

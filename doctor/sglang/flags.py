@@ -8,9 +8,10 @@ from __future__ import annotations
 from typing import Any
 
 from doctor.core.proc import run_probe
-from doctor.core.result import Remediation, Result
+from doctor.core.result import Findings, NotJudged, Remediation, Severity
+from doctor.core.settings import ConfigError
 from doctor.sglang.flag_reader import FlagSourceError, FlagTable, read_flags
-from doctor.sglang.flag_validator import validate_args
+from doctor.sglang.flag_validator import ArgFinding, as_dict, replacement_of, validate_args
 
 PROBE_TIMEOUT_S = 20.0
 # Flags that only the DDTree patch set adds to SGLang: an unknown one means the patches are missing.
@@ -58,45 +59,56 @@ def flags_fact(python: str, env: dict[str, str] | None = None) -> dict[str, Any]
     return out
 
 
-def judge_flags(fact: dict[str, Any], args: list[str]) -> Result:
-    """The verdict on ``args`` given the ``sglang_flags`` fact (shared with ``k26-doctor launch``)."""
+def judge_flags(fact: dict[str, Any], args: list[str]) -> Findings:
+    """The judgement of ``args`` given the ``sglang_flags`` fact (shared with ``k26-doctor launch``)."""
     if fact.get("probe_error"):
-        return Result.errored(f"could not ask {fact.get('python')} where sglang is: {fact['probe_error']}")
+        raise NotJudged.failing(f"could not ask {fact.get('python')} where sglang is: {fact['probe_error']}")
     if not fact.get("found"):
-        return Result.blocked(f"sglang is not importable from {fact.get('python')} (sglang.install judges that)",
-                              "sglang.install")
+        raise NotJudged.blocked(f"sglang is not importable from {fact.get('python')} (sglang.install judges that)",
+                                "sglang.install")
     if "table" not in fact:
-        return Result.errored(f"could not read SGLang's flags from {fact.get('package_dir')}: "
-                              f"{fact.get('error', 'no flag table')}")
+        raise NotJudged.failing(f"could not read SGLang's flags from {fact.get('package_dir')}: "
+                                f"{fact.get('error', 'no flag table')}")
     try:
         table = FlagTable.from_dict(fact["table"])
     except FlagSourceError as exc:
-        return Result.errored(f"recorded flag table is unusable: {exc}")
+        raise NotJudged.failing(f"recorded flag table is unusable: {exc}") from None
     problems = validate_args(table, args)
     version = table.version or "?"
-    errors = [p for p in problems if p.severity == "error"]
-    warnings = [p for p in problems if p.severity == "warning"]
-    details = {"sglang_version": version, "package_dir": fact.get("package_dir"), "style": table.style,
-               "flags_known": len(table.options), "args": args, "problems": [p.to_dict() for p in problems]}
+    errors = [p for p in problems if p[1].severity is Severity.FAIL]
+    warnings = [p for p in problems if p[1].severity is Severity.WARN]
+    out = Findings(sglang_version=version, package_dir=fact.get("package_dir"), style=table.style,
+                   flags_known=len(table.options), args=args, problems=[as_dict(p) for p in problems])
     if errors:
-        commands = []
-        text = "SGLang's parser would exit with status 2 after its slow imports. "
-        replacements = [f"{p.flag} -> {p.replacement}" for p in errors if p.replacement]
-        if replacements:
-            text += "Replace: " + "; ".join(replacements) + ". "
-        if any(p.flag.startswith(PATCH_FLAGS) for p in errors):
-            text += ("The DDTree flags come from the profile's SGLang patch set: apply it to this "
-                     "interpreter's SGLang. ")
-            commands.append("k26-doctor patches status")
-            commands.append("k26-doctor patches apply")
-        text += "Edit [server] args in the config (or the flags after --) accordingly."
-        return Result.failed(f"{len(errors)} flag(s) SGLang {version} rejects: "
-                             + "; ".join(p.message for p in errors[:3]) + (" ..." if len(errors) > 3 else ""),
-                             Remediation(text, commands), **details)
+        return out.fail("sglang.flags.rejected", f"{len(errors)} flag(s) SGLang {version} rejects: "
+                        + "; ".join(f.message for _, f in errors[:3]) + (" ..." if len(errors) > 3 else ""),
+                        rejected_remedy(errors))
     if warnings:
-        return Result.warned(f"SGLang {version} accepts the command with {len(warnings)} warning(s): "
-                             + "; ".join(p.message for p in warnings[:3]),
-                             Remediation("Spell flags out and move off deprecated ones before an upgrade "
-                                         "removes them."), **details)
-    return Result.passed(f"all {sum(1 for a in args if a.startswith('-'))} flags accepted by SGLang {version} "
-                         f"(read from {table.style} sources)", **details)
+        return out.warn("sglang.flags.fragile", f"SGLang {version} accepts the command with {len(warnings)} "
+                        "warning(s): " + "; ".join(f.message for _, f in warnings[:3]),
+                        "Spell flags out and move off deprecated ones before an upgrade removes them.")
+    return out.info("sglang.flags.accepted", f"all {sum(1 for a in args if a.startswith('-'))} flags accepted by "
+                    f"SGLang {version} (read from {table.style} sources)")
+
+
+def judge_server_flags(fact: dict[str, Any], args: list[str], problem: ConfigError | None) -> Findings:
+    """sglang.flags: the command ``k26-doctor launch`` would run (``problem``: why the settings cannot build it)."""
+    if problem is not None:
+        return Findings().fail("sglang.flags.no_command", f"the profile's server settings are invalid: {problem}",
+                               "Fix the [server] table of the config.")
+    return judge_flags(fact, args)
+
+
+def rejected_remedy(errors: list[ArgFinding]) -> Remediation:
+    commands = []
+    text = "SGLang's parser would exit with status 2 after its slow imports. "
+    replacements = [f"{flag} -> {replacement_of((flag, f))}" for flag, f in errors if replacement_of((flag, f))]
+    if replacements:
+        text += "Replace: " + "; ".join(replacements) + ". "
+    if any(flag.startswith(PATCH_FLAGS) for flag, _ in errors):
+        text += ("The DDTree flags come from the profile's SGLang patch set: apply it to this "
+                 "interpreter's SGLang. ")
+        commands.append("k26-doctor patches status")
+        commands.append("k26-doctor patches apply")
+    text += "Edit [server] args in the config (or the flags after --) accordingly."
+    return Remediation(text, commands)

@@ -18,11 +18,10 @@ from __future__ import annotations
 import re
 import struct
 
-from doctor.stack.elf import SHN_UNDEF, SHT_DYNSYM, STB_GLOBAL, ElfError, ElfFile
+from doctor.stack.elf import SHN_UNDEF, SHT_DYNSYM, STB_GLOBAL, SYM, ElfError, ElfFile
 
 # _Z [special: TV vtable, TI typeinfo, TS typeinfo name, TT VTT, TH/TW TLS, GV guard] N [cv/ref quals] <ns>
 TORCH_SYMBOL = re.compile(r"^_Z(?:T[VISTHW]|GV)?N[rVKRO]*(?:3c10|2at|5torch|6caffe2)(?=\d|E)")
-_SYM = struct.Struct("<IBBHQQ")
 
 
 def _tables(elf: ElfFile) -> tuple[bytes, bytes] | None:
@@ -30,7 +29,7 @@ def _tables(elf: ElfFile) -> tuple[bytes, bytes] | None:
     table = next((s for s in secs if s.type == SHT_DYNSYM), None)
     if table is None or not 0 <= table.link < len(secs):
         return None
-    if table.entsize not in (0, _SYM.size):
+    if table.entsize not in (0, SYM.size):
         return None
     return elf.section_data(table), elf.section_data(secs[table.link])
 
@@ -47,7 +46,7 @@ def needed_torch_symbols(elf: ElfFile) -> list[str]:
         return []
     data, strings = tables
     out = set()
-    for st_name, info, _other, shndx, _value, _size in struct.iter_unpack("<IBBHQQ", data[:len(data) // 24 * 24]):
+    for st_name, info, _other, shndx, _value, _size in SYM.iter_unpack(data[:len(data) // SYM.size * SYM.size]):
         if shndx == SHN_UNDEF and info >> 4 == STB_GLOBAL and st_name:
             name = _name(strings, st_name).decode("utf-8", "surrogateescape")
             if TORCH_SYMBOL.match(name):
@@ -86,7 +85,7 @@ class Definitions:
         assert dynsym is not None
         self.dynsym = dynsym
         self.dynstr = secs[dynsym.link]
-        if table is None or dynsym.entsize not in (0, _SYM.size):
+        if table is None or dynsym.entsize not in (0, SYM.size):
             self.names = defined_names(elf)
             return
         data = elf.section_data(table)
@@ -100,7 +99,7 @@ class Definitions:
         self.bloom = struct.unpack_from(f"<{bloom_size}Q", data, 16)
         self.buckets = struct.unpack_from(f"<{self.nbuckets}I", data, end_bloom)
         self.chain = data[end_buckets:]
-        self.nsyms = dynsym.size // _SYM.size
+        self.nsyms = dynsym.size // SYM.size
 
     def defines(self, name: bytes, h: int) -> bool:
         if self.empty:
@@ -117,8 +116,8 @@ class Definitions:
         while self.symoffset <= i < self.nsyms and 4 * (i - self.symoffset) + 4 <= len(self.chain):
             h2 = struct.unpack_from("<I", self.chain, 4 * (i - self.symoffset))[0]
             if (h2 | 1) == (h | 1):
-                st_name, _info, _other, shndx, _value, _size = _SYM.unpack(
-                    self.elf.read(self.dynsym.offset + i * _SYM.size, _SYM.size))
+                st_name, _info, _other, shndx, _value, _size = SYM.unpack(
+                    self.elf.read(self.dynsym.offset + i * SYM.size, SYM.size))
                 if shndx != SHN_UNDEF and st_name + len(key) <= self.dynstr.size and \
                         self.elf.read(self.dynstr.offset + st_name, len(key)) == key:
                     return True
@@ -135,7 +134,7 @@ def defined_names(elf: ElfFile) -> set[bytes]:
         return set()
     data, strings = tables
     return {_name(strings, st_name) for st_name, info, _other, shndx, _value, _size
-            in struct.iter_unpack("<IBBHQQ", data[:len(data) // 24 * 24])
+            in SYM.iter_unpack(data[:len(data) // SYM.size * SYM.size])
             if shndx != SHN_UNDEF and info >> 4 != 0 and st_name}
 
 

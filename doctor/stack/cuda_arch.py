@@ -17,7 +17,11 @@ Kept free of I/O: checks and tests call it with plain strings and tuples.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
+
+from doctor.core.context import FactUnavailable, MalformedFact
 
 _TARGET = re.compile(r"^(sm|compute|lto)_(\d+)([af]?)$")
 
@@ -122,3 +126,28 @@ def best_match(targets: list[str], cc: tuple[int, int]) -> Match:
     arch_specific = [t.name for t in parsed if t.suffix == "a" and t.major == cc[0]]
     extra = f" ({', '.join(arch_specific)} are arch-specific and run only on their exact GPU)" if arch_specific else ""
     return Match("none", None, f"no target runs on {cc_str(cc)}{extra}")
+
+
+def judged_ccs(read_nvml: Callable[[], Any], settings: Any) -> tuple[list[tuple[int, int]], str, dict[str, Any]]:
+    """The compute capabilities to judge: every GPU NVML sees (``read_nvml()``, the ``nvml`` fact), else the
+    profile's; with the words that say which and, for the profile's, why NVML did not answer."""
+    nvml: Any = None
+    why = ""
+    try:
+        nvml = read_nvml()
+    except MalformedFact:
+        raise
+    except FactUnavailable as exc:
+        why = exc.reason
+    if isinstance(nvml, dict) and nvml.get("available") and nvml.get("devices"):
+        ccs = [parse_cc(d.get("compute_capability")) for d in nvml["devices"] if isinstance(d, dict)]
+        names = sorted({str(d.get("name")) for d in nvml["devices"] if isinstance(d, dict)})
+        ccs_ok = [c for c in ccs if c is not None]
+        if ccs_ok:
+            return sorted(set(ccs_ok)), f"{len(nvml['devices'])}x {', '.join(names)}", {"source": "nvml"}
+    if isinstance(nvml, dict) and not why:
+        why = nvml.get("error") or "NVML sees no GPU"
+    cc = parse_cc(settings.get("gpu.compute_capability"))
+    if cc is None:
+        return [], "", {"source": None, "nvml": why}
+    return [cc], f"the profile's GPU ({cc_str(cc)})", {"source": "profile", "nvml": why}

@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import stat
 import struct
-from collections.abc import Iterator
 from typing import NamedTuple
 
 EM_CUDA = 190
@@ -41,7 +40,7 @@ EF_CUDA_ACCELERATORS = 0x8
 
 _EHDR = struct.Struct("<16sHHIQQQIHHHHHH")
 _SHDR = struct.Struct("<IIQQQQIIQQ")
-_SYM = struct.Struct("<IBBHQQ")
+SYM = struct.Struct("<IBBHQQ")  # one ELF64 symbol: name, info, other, shndx, value, size
 MAX_SECTIONS = 1 << 20
 HEAD_BLOCK = 4096
 MAX_TABLE = 1 << 30  # a symbol or string table larger than 1 GiB is not a real one
@@ -103,17 +102,6 @@ class Section(NamedTuple):
     size: int
     link: int
     entsize: int
-
-
-class Symbol(NamedTuple):
-    name: str
-    bind: int
-    type: int
-    shndx: int
-
-    @property
-    def defined(self) -> bool:
-        return self.shndx != SHN_UNDEF
 
 
 class ElfFile:
@@ -228,29 +216,6 @@ class ElfFile:
         if sec.size > MAX_TABLE:
             raise ElfError(f"section {sec.name} of {sec.size} bytes")
         return self.read(sec.offset, sec.size)
-
-    def dynamic_symbols(self) -> Iterator[Symbol]:
-        """Every entry of ``.dynsym`` (the symbols the dynamic loader binds), with its name."""
-        yield from self._symbols(SHT_DYNSYM)
-
-    def _symbols(self, kind: int) -> Iterator[Symbol]:
-        secs = self.sections
-        table = next((s for s in secs if s.type == kind), None)
-        if table is None:
-            return
-        if not 0 <= table.link < len(secs):
-            raise ElfError(f"{table.name} links to section {table.link}")
-        strings = self.section_data(secs[table.link])
-        data = self.section_data(table)
-        entsize = table.entsize or _SYM.size
-        if entsize < _SYM.size:
-            raise ElfError(f"{table.name} entries of {entsize} bytes")
-        for i in range(1, len(data) // entsize):  # entry 0 is the reserved null symbol
-            st_name, info, _other, shndx, _value, _size = _SYM.unpack_from(data, i * entsize)
-            end = strings.find(b"\0", st_name)
-            if st_name >= len(strings) or end < 0:
-                raise ElfError(f"{table.name} symbol {i} names offset {st_name} outside its string table")
-            yield Symbol(strings[st_name:end].decode("utf-8", "replace"), info >> 4, info & 0xF, shndx)
 
 
 def _cstr(table: bytes, offset: int) -> str:

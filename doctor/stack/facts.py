@@ -24,8 +24,9 @@ from __future__ import annotations
 from typing import Any
 
 from doctor.core.registry import collector
+from doctor.facts.shape import NUM, mapping, opt
 from doctor.facts.store import CollectOptions
-from doctor.stack.service_probe import STACK_PROBE_TIMEOUT, probe_service, stack_probe
+from doctor.stack.service_probe import PROBE_SHAPE, STACK_PROBE_TIMEOUT, probe_service, stack_probe
 
 TORCH_TIMEOUT = 120.0
 TORCH_DEEP_TIMEOUT = 300.0
@@ -36,13 +37,60 @@ LIBCUDA_TIMEOUT = 30.0
 # -- the service's environment ------------------------------------------------------------------
 
 
-@collector("stack", timeout=STACK_PROBE_TIMEOUT + 5)
+# What the stack, triton and sglang checks read of these facts (doctor.facts.shape).
+DIST = {"name": str, "version": opt(str), "requires": opt([str]), "location": opt(str)}
+RUNTIME = {"from": opt(str), "flashinfer": opt({"found": opt(bool), "importable": opt(bool), "error": opt(str),
+                                                "package_dir": opt(str), "jit_dirs": opt(mapping(bool))}),
+           "cute_dsl": opt({"found": opt(bool), "error": opt(str)}),
+           "dflash": opt({"available": opt(bool), "error": opt(str)})}
+STACK_SHAPE = {
+    **PROBE_SHAPE, "distributions": opt(mapping(DIST)),
+    "packages": opt(mapping({"found": opt(bool), "dirs": opt([str]), "origin": opt(str)})),
+    "python": opt((str, {"markers": opt(mapping(str)), "version": opt(str), "base_prefix": opt(str),  # str: the
+                         "include": opt(str), "base_is_conda": opt(bool), "executable": opt(str),   # probe did not
+                         "in_venv": opt(bool)})),                                                   # run (its path)
+    "torch": opt({"dir": opt(str), "ptxas": opt(str), "version_py": opt(mapping(opt(str)))}),
+    "triton": opt(dict), "sglang_runtime": opt(RUNTIME),
+    "sglang_jit": opt({"exists": opt(bool), "nvcc": opt(str), "found_by": opt(str)}),
+    "flashinfer_jit": opt({"version": opt(str), "compiled": opt([str]), "cache_dir": opt(str), "ninja": opt(str),
+                           "ninja_beside_python": opt(str), "writable": opt(bool), "writable_checked": opt(str),
+                           "base_from": opt(str), "nvcc": opt({"exists": opt(bool), "nvcc": opt(str),
+                                                               "found_by": opt(str), "release": opt(str)})}),
+    "duplicates": opt([{"name": str, "shadowed_by": opt(str), "version": opt(str)}]),
+    "metadata_errors": opt([str]), "env": opt(mapping(str)), "nvidia_ptxas": opt(list),
+}
+TORCH_INFO_SHAPE = {
+    **PROBE_SHAPE, "missing_module": opt(str), "version": opt(str), "cuda": opt(str), "cuda_available": opt(bool),
+    "cuda_warnings": opt([str]), "cuda_error": opt(str), "arch_flags": opt([str]), "targets_from": opt(str),
+    "matmul": opt([{"ok": opt(bool), "index": opt(int), "error": opt(str), "max_abs_err": opt(NUM)}]),
+}
+KERNEL_FILE = {"path": str, "sass": opt([str]), "ptx": opt([str]), "ptx_isa": opt(mapping(opt(str)))}
+KERNELS_SHAPE = {
+    **PROBE_SHAPE, "distributions": opt(mapping(DIST)), "torch": opt({"version": opt(str)}),
+    "packages": opt([{"name": str, "version": opt(str), "files": opt([KERNEL_FILE]),
+                      "abi": opt({"error": opt(str), "checked": opt(list), "missing": opt(mapping([str]))}),
+                      "errors": opt([{"kind": opt(str), "path": opt(str), "error": opt(str)}])}]),
+    "scan_s": opt(NUM), "files_read": opt(int),
+}
+LIBRARY = {"path": opt(str), "realpath": opt(str), "version": opt(str), "conf": opt(str)}
+LIBCUDA_SHAPE = {
+    **PROBE_SHAPE, "kernel_module": opt({"version": opt(str), "present": opt(bool), "error": opt(str),
+                                         "text": opt(str), "path": opt(str)}),
+    "resolved": opt({"loaded": opt(bool), "version": opt(str), "path": opt(str), "realpath": opt(str),
+                     "cu_init": opt(int), "cu_init_error": opt(str), "error": opt(str),
+                     "driver_get_version": opt({"rc": opt(int), "cuda": opt(int), "error": opt(str)})}),
+    "ld_library_path": opt(str), "compat_dirs": opt([LIBRARY]), "ldconfig": opt([LIBRARY]),
+    "ld_library_path_candidates": opt([LIBRARY]),
+}
+
+
+@collector("stack", timeout=STACK_PROBE_TIMEOUT + 5, shape=STACK_SHAPE)
 def collect_stack(opts: CollectOptions) -> dict[str, Any]:
     """The service interpreter, its include dir and Python.h, installed distributions and package paths."""
     return stack_probe(opts)
 
 
-@collector("torch_info", timeout=TORCH_DEEP_TIMEOUT + 5)
+@collector("torch_info", timeout=TORCH_DEEP_TIMEOUT + 5, shape=TORCH_INFO_SHAPE)
 def collect_torch_info(opts: CollectOptions) -> dict[str, Any]:
     """torch's version, CUDA runtime, compiled targets and GPUs; with --deep, a matmul per GPU."""
     if opts.deep:
@@ -50,13 +98,13 @@ def collect_torch_info(opts: CollectOptions) -> dict[str, Any]:
     return probe_service(opts, "torch_info", [], TORCH_TIMEOUT)
 
 
-@collector("kernels", timeout=KERNELS_TIMEOUT + 5)
+@collector("kernels", timeout=KERNELS_TIMEOUT + 5, shape=KERNELS_SHAPE)
 def collect_kernels(opts: CollectOptions) -> dict[str, Any]:
     """Every installed package's fat binaries and cubins (headers only) and the torch symbols its libraries need."""
     return probe_service(opts, "kernels", [], KERNELS_TIMEOUT)
 
 
-@collector("libcuda", timeout=LIBCUDA_TIMEOUT + 5)
+@collector("libcuda", timeout=LIBCUDA_TIMEOUT + 5, shape=LIBCUDA_SHAPE)
 def collect_libcuda(opts: CollectOptions) -> dict[str, Any]:
     """The libcuda.so.1 the service's loader resolves (path, version, cuInit) and the kernel module's version."""
     return probe_service(opts, "libcuda", [], LIBCUDA_TIMEOUT)

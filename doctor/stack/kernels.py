@@ -21,10 +21,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from doctor.core.result import Findings, NotJudged, Remediation
 from doctor.stack import compat
 from doctor.stack.cuda_arch import cc_str, parse_target
+from doctor.stack.distributions import norm
 from doctor.stack.fatbin import arch_key
-from doctor.stack.verdict import Verdict
+from doctor.stack.service_probe import probe_failure
 
 # "sm90", "sm_100a", "_sm100f" and, inside CamelCase names, "fmhaSm103aKernel"; not "asm123".
 ARCH_TOKEN = re.compile(r"(?:(?<![A-Za-z0-9])[sS][mM]|(?<=[a-z])Sm)_?(\d{2,3})([af]?)(?![0-9])")
@@ -195,10 +197,6 @@ def required_packages() -> set[str]:
     return {norm(n) for n in compat.load().get("kernels", {}).get("required", [])}
 
 
-def norm(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name or "").lower()
-
-
 def unmet_requirements(fact: dict[str, Any], markers: dict[str, str] | None) -> list[str]:
     """Every installed distribution's ``Requires-Dist`` that the installed version of its target does not
     meet (what ``pip check`` reports as a conflict; a requirement on something not installed is not judged)."""
@@ -247,7 +245,7 @@ def _first(items: list[str], n: int = 3) -> str:
 
 
 def judge(fact: dict[str, Any], ccs: list[tuple[int, int]], where: str, driver_cuda: str | None,
-          markers: dict[str, str] | None, python: str) -> Verdict:
+          markers: dict[str, str] | None, python: str) -> Findings:
     """The ``stack.kernels`` verdict: GPU code per package and GPU, the libtorch ABI, Requires-Dist pins."""
     pkgs = kernel_packages(fact)
     max_isa = driver_ptx_isa(driver_cuda)
@@ -328,15 +326,30 @@ def judge(fact: dict[str, Any], ccs: list[tuple[int, int]], where: str, driver_c
     if not pkgs:
         fails.append("no installed package carries GPU code (no CUDA build of torch, no kernel package)")
         fixes.append("Install the CUDA build of torch and the kernel packages the profile pins.")
-    if fails:
-        return Verdict("fail", _first(fails), " ".join(dict.fromkeys(fixes)), list(dict.fromkeys(commands)), details)
+    out = Findings(**details)
+    text, cmds = " ".join(dict.fromkeys(fixes)), list(dict.fromkeys(commands))
+    fix = Remediation(text, cmds) if text or cmds else None
+    if fails:  # one line for many packages: the first three, and how many more
+        return out.fail("stack.kernels.no_code", _first(fails), fix)
     if warns:
-        return Verdict("warn", _first(warns), " ".join(dict.fromkeys(fixes)), list(dict.fromkeys(commands)), details)
+        return out.warn("stack.kernels.partial", _first(warns), fix)
     if not ccs:
-        return Verdict("skip", f"{len(pkgs)} kernel packages read; " + notes[-1], details=details, unjudged=True)
+        raise NotJudged.missing(f"{len(pkgs)} kernel packages read; " + notes[-1], **details)
     files = sum(len(runtime_files(p)) for p in pkgs)
     checked = sum(len((p.get("abi") or {}).get("checked") or []) for p in fact.get("packages") or [])
     abi_text = (f"the torch symbols of {checked} libraries resolve in torch {torch_version}" if checked
                 else "no library needs torch symbols")
-    return Verdict("pass", f"{len(pkgs)} kernel packages ({files} files with GPU code) run on {where}; {abi_text}",
-                   details=details)
+    return out.info("stack.kernels.run", f"{len(pkgs)} kernel packages ({files} files with GPU code) run on {where}; "
+                    f"{abi_text}")
+
+
+def judge_kernels(fact: dict[str, Any], gpus: tuple[list[tuple[int, int]], str, dict[str, Any]], nvml: Any,
+                  stack: Any, python: str) -> Findings:
+    """stack.kernels from its facts: ``gpus`` to judge (``doctor.stack.cuda_arch.judged_ccs``); ``nvml`` and
+    ``stack`` only refine (the driver's CUDA for PTX, the interpreter's markers for requirements), None without."""
+    if not fact.get("ok"):
+        return probe_failure(python, fact, "read the installed packages' binaries")
+    ccs, where, _source = gpus
+    driver_cuda = compat.cuda_from_nvml(nvml.get("cuda_driver_version")) if isinstance(nvml, dict) else None
+    markers = ((stack.get("python") or {}).get("markers") or None) if isinstance(stack, dict) else None
+    return judge(fact, ccs, where, driver_cuda, markers, python)

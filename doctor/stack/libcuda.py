@@ -11,7 +11,7 @@ RTX server SKUs, Jetson). Everything else fails at the first CUDA call:
 * 804 ``cudaErrorCompatNotSupportedOnDevice`` ("forward compatibility was attempted on non supported
   HW"): the forward-compatibility libcuda on a GPU that cannot use it.
 
-``judge`` returns a ``Verdict`` (status, one-line summary, fix text and commands, details) that the
+``judge`` returns the ``Findings`` (one finding, with its fix text and commands, and the details) that the
 ``cuda.libcuda`` check turns into its Result; the fix names the exact ``LD_LIBRARY_PATH`` value or
 ``ld.so.conf`` line to change and ``ldconfig``.
 """
@@ -23,8 +23,9 @@ import re
 import shlex
 from typing import Any
 
+from doctor.core.result import Findings, NotJudged, Remediation, Severity
 from doctor.stack import compat
-from doctor.stack.verdict import Verdict
+from doctor.stack.service_probe import probe_failure
 
 ERR_STUB = 34
 ERR_MISMATCH = 803
@@ -86,7 +87,17 @@ def _where(fact: dict[str, Any], path: str) -> tuple[str, str, list[str]]:
     return (directory, f"Remove or replace {path}: it is not the driver's libcuda.", [f"ls -l {shlex.quote(path)}"])
 
 
-def judge(fact: dict[str, Any], gpu_names: list[str] | None) -> Verdict:
+def said(code: str, severity: str, summary: str, fix: str = "", commands: list[str] | None = None,
+         details: dict[str, Any] | None = None) -> Findings:
+    """One finding of cuda.libcuda with the details it read (a remediation only when there is something to do)."""
+    out = Findings(**(details or {}))
+    if severity == "pass":
+        return out.info(code, summary)
+    return out.add(Severity(severity), code, summary, Remediation(fix, list(commands or [])) if fix or commands
+                   else None)
+
+
+def judge(fact: dict[str, Any], gpu_names: list[str] | None) -> Findings:
     """The verdict on one ``libcuda`` fact; ``gpu_names`` from NVML, None when NVML could not be read."""
     kmd = fact.get("kernel_module") or {}
     res = fact.get("resolved") or {}
@@ -102,9 +113,10 @@ def judge(fact: dict[str, Any], gpu_names: list[str] | None) -> Verdict:
     details["matching_candidates"] = matching
     if not res.get("loaded"):
         if not kmd.get("present"):
-            return Verdict("skip", "no NVIDIA driver here: no kernel module (/proc/driver/nvidia/version) and no "
-                           "libcuda.so.1; gpu.driver judges the driver", details=details, cause="gpu.driver")
-        return Verdict("fail", f"the NVIDIA kernel module {kmd_v or '?'} is loaded but the service's loader finds no "
+            raise NotJudged.blocked("no NVIDIA driver here: no kernel module (/proc/driver/nvidia/version) and no "
+                                    "libcuda.so.1; gpu.driver judges the driver", "gpu.driver", **details)
+        return said("cuda.libcuda.not_found", "fail",
+                    f"the NVIDIA kernel module {kmd_v or '?'} is loaded but the service's loader finds no "
                        f"libcuda.so.1: {res.get('error')}",
                        "Install the driver's user-space libraries of the same version (e.g. libnvidia-compute-"
                        f"{(kmd_v or 'BRANCH').split('.')[0]}), or make their directory known to the loader.",
@@ -114,7 +126,8 @@ def judge(fact: dict[str, Any], gpu_names: list[str] | None) -> Verdict:
         details["origin"] = origin
         if matching:
             fix += f" The libcuda matching the kernel module is {matching[0]}."
-        return Verdict("fail", f"the service loads the CUDA toolkit's link stub {path} (via {origin}), not the "
+        return said("cuda.libcuda.stub", "fail",
+                    f"the service loads the CUDA toolkit's link stub {path} (via {origin}), not the "
                        "driver's libcuda: every CUDA call fails"
                        + (f"; cuInit returned {cuinit_error(cu_init)}" if cu_init not in (None, 0) else ""),
                        fix + " The stub belongs on a build's link path (-L), never on a service's library path.",
@@ -123,10 +136,12 @@ def judge(fact: dict[str, Any], gpu_names: list[str] | None) -> Verdict:
         if cu_init not in (None, 0):
             origin, fix, commands = _where(fact, str(path))
             details["origin"] = origin
-            return Verdict("fail", f"the service loads {path or 'a libcuda.so.1'} (via {origin}), whose file name "
+            return said("cuda.libcuda.unversioned_refused", "fail",
+                    f"the service loads {path or 'a libcuda.so.1'} (via {origin}), whose file name "
                            f"carries no driver version, and cuInit returned {cuinit_error(cu_init)}", fix, commands,
                            details)
-        return Verdict("warn", f"the service loads {path or 'a libcuda.so.1'} whose file name carries no driver "
+        return said("cuda.libcuda.unversioned", "warn",
+                    f"the service loads {path or 'a libcuda.so.1'} whose file name carries no driver "
                        f"version; cannot compare it with the kernel module {kmd_v or '?'}", details=details)
     origin, fix, commands = _where(fact, str(path))
     details["origin"] = origin
@@ -135,7 +150,8 @@ def judge(fact: dict[str, Any], gpu_names: list[str] | None) -> Verdict:
     if cu_init in (ERR_MISMATCH, ERR_COMPAT_UNSUPPORTED) or (kmd_v and lib_v != kmd_v):
         return _mismatch(kmd_v, lib_v, str(path), origin, cu_init, gpu_names, fix, commands, details)
     if not kmd_v:
-        return Verdict("warn", f"the service loads libcuda {lib_v} ({path}); the kernel module's version is unreadable "
+        return said("cuda.libcuda.module_unread", "warn",
+                    f"the service loads libcuda {lib_v} ({path}); the kernel module's version is unreadable "
                        f"({kmd.get('error') or kmd.get('text') or 'no version'})", details=details)
     # Only what the loader could pick up: LD_LIBRARY_PATH and the loader cache. The forward-compatibility
     # directories ship in every CUDA container image (/usr/local/cuda/compat) and stay unused until named.
@@ -145,15 +161,18 @@ def judge(fact: dict[str, Any], gpu_names: list[str] | None) -> Verdict:
     details["other_versions"] = others
     summary = f"libcuda.so.1 -> {path} ({lib_v}) matches the kernel module {kmd_v}"
     if cu_init not in (None, 0):
-        return Verdict("fail", summary + f", but cuInit returned {cuinit_error(cu_init)}",
+        return said("cuda.libcuda.cuinit", "fail",
+                    summary + f", but cuInit returned {cuinit_error(cu_init)}",
                        "The library is the right one; the driver itself refuses: check the device nodes the service "
                        "sees, the nvidia-uvm module and the GPUs' state (gpu.driver, gpu.health).",
                        ["ls -l /dev/nvidia*", "lsmod | grep -E '^nvidia(_uvm)? '", "nvidia-smi"], details)
     if others:
-        return Verdict("warn", summary + f"; other libcuda on the search path: {', '.join(others)}",
+        return said("cuda.libcuda.others_on_path", "warn",
+                    summary + f"; other libcuda on the search path: {', '.join(others)}",
                        "Not loaded now, but a change of LD_LIBRARY_PATH or the loader cache would pick them up.",
                        details=details)
-    return Verdict("pass", summary, details=details)
+    return said("cuda.libcuda.matches", "pass",
+                    summary, details=details)
 
 
 def _candidates(fact: dict[str, Any], keys: tuple[str, ...] = ("ld_library_path_candidates", "ldconfig",
@@ -162,10 +181,11 @@ def _candidates(fact: dict[str, Any], keys: tuple[str, ...] = ("ld_library_path_
 
 
 def _mismatch(kmd_v: str | None, lib_v: str, path: str, origin: str, cu_init: Any, gpu_names: list[str] | None,
-              fix: str, commands: list[str], details: dict[str, Any]) -> Verdict:
+              fix: str, commands: list[str], details: dict[str, Any]) -> Findings:
     newer = bool(kmd_v) and (compat.version_tuple(lib_v) or ()) > (compat.version_tuple(kmd_v) or ())
     if cu_init == ERR_MISMATCH or (not newer and cu_init != ERR_COMPAT_UNSUPPORTED):
-        return Verdict("fail", f"error {ERR_MISMATCH} (system has unsupported display driver / cuda driver "
+        return said("cuda.libcuda.mismatch_803", "fail",
+                    f"error {ERR_MISMATCH} (system has unsupported display driver / cuda driver "
                        f"combination): the service loads libcuda {lib_v} ({path}, via {origin}) on kernel module "
                        f"{kmd_v or '?'}"
                        + (f"; cuInit returned {cu_init}" if cu_init not in (None, 0) else ""),
@@ -175,7 +195,8 @@ def _mismatch(kmd_v: str | None, lib_v: str, path: str, origin: str, cu_init: An
     details["forward_compat"] = {"unsupported_gpus": unsupported, "unknown_gpus": unknown}
     if cu_init == ERR_COMPAT_UNSUPPORTED or unsupported:
         who = ", ".join(sorted(set(unsupported))) or "this GPU"
-        return Verdict("fail", f"error {ERR_COMPAT_UNSUPPORTED} (forward compatibility was attempted on non supported "
+        return said("cuda.libcuda.compat_804", "fail",
+                    f"error {ERR_COMPAT_UNSUPPORTED} (forward compatibility was attempted on non supported "
                        f"HW): the service loads the forward-compatibility libcuda {lib_v} ({path}, via {origin}) on "
                        f"kernel module {kmd_v or '?'}, and {who} cannot use it",
                        fix + " Forward compatibility works only on NVIDIA data center GPUs: upgrade the driver "
@@ -186,7 +207,18 @@ def _mismatch(kmd_v: str | None, lib_v: str, path: str, origin: str, cu_init: An
     if gpu_names is None or unknown or cu_init is None:
         why = "NVML could not name the GPUs" if gpu_names is None else (
             f"the table does not know {', '.join(sorted(set(unknown)))}" if unknown else "cuInit was not run")
-        return Verdict("warn", summary + f"; only data center GPUs support it and {why}",
+        return said("cuda.libcuda.compat_unknown", "warn",
+                    summary + f"; only data center GPUs support it and {why}",
                        "Check the GPU is in NVIDIA's forward-compatibility support list, or upgrade the driver.",
                        commands, details)
-    return Verdict("pass", summary + f", supported on {', '.join(sorted(set(gpu_names)))}", details=details)
+    return said("cuda.libcuda.compat", "pass",
+                    summary + f", supported on {', '.join(sorted(set(gpu_names)))}", details=details)
+
+
+def judge_libcuda(fact: dict[str, Any], nvml: Any, python: str) -> Findings:
+    """cuda.libcuda from its facts: ``nvml`` (None when it cannot be had) names the GPUs for forward compatibility."""
+    if not fact.get("ok"):
+        return probe_failure(python, fact, "load libcuda.so.1")
+    names = ([str(d.get("name")) for d in nvml.get("devices") or [] if isinstance(d, dict)]
+             if isinstance(nvml, dict) and nvml.get("available") else None)
+    return judge(fact, names)

@@ -31,6 +31,8 @@ MAX_FILES = 200000
 
 
 def norm(name: str) -> str:
+    """distributions.norm, here again: this module runs in the service's interpreter (probes/kernels.py), which
+    need not have ``packaging``."""
     return re.sub(r"[-_.]+", "-", name or "").lower()
 
 

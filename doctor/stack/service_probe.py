@@ -8,15 +8,21 @@ probe once per run for every fact that shares it (stack, ptxas).
 from __future__ import annotations
 
 import json
+import shlex
 import threading
 from typing import Any
 
 from doctor.core import proc
+from doctor.core.result import Findings, Remediation
+from doctor.facts.shape import NUM, opt
 from doctor.facts.store import CollectOptions
 from doctor.host.facts import service_env
 from doctor.sglang.runtime import probe_rules
 
 STACK_PROBE_TIMEOUT = 30.0
+# What every fact from a probe of the service's interpreter carries (doctor.facts.shape): whether it ran, and why not.
+PROBE_SHAPE = {"ok": opt(bool), "error": opt(str), "timed_out": opt(bool), "python": opt(str), "stderr_tail": opt(str),
+               "probe_s": opt(NUM), "service_env": opt(dict)}
 _memo_lock = threading.Lock()
 def probe_service(opts: CollectOptions, probe: str, args: list[str], timeout: float) -> dict[str, Any]:
     env, env_info = service_env(opts)
@@ -41,3 +47,11 @@ def stack_probe(opts: CollectOptions) -> dict[str, Any]:
         return cell["value"]
 
 
+
+
+def probe_failure(python: str, fact: dict[str, Any], what: str) -> Findings:
+    """A probe that could not run under the service interpreter: that is itself the finding."""
+    return Findings(python=python, probe=fact).fail(
+        "stack.probe_failed", f"cannot {what} with {python}: {fact.get('error') or 'the probe failed'}",
+        Remediation("The service's interpreter must start and run a stdlib script; see python.venv.",
+                    [shlex.join([python, "-c", "import sys; print(sys.version)"])]))

@@ -11,13 +11,29 @@ from typing import Any
 
 from doctor.core import proc
 from doctor.core.registry import collector
+from doctor.facts.shape import NUM, mapping, opt
 from doctor.facts.store import CollectOptions
 from doctor.host.facts import parse_env_file, service_env
-from doctor.stack.service_probe import STACK_PROBE_TIMEOUT, probe_service, stack_probe
+from doctor.stack.service_probe import PROBE_SHAPE, STACK_PROBE_TIMEOUT, probe_service, stack_probe
 
 CBUILD_TIMEOUT = 150.0
 PTXAS_TIMEOUT = 20.0
-@collector("triton_build", timeout=CBUILD_TIMEOUT + 5)
+# What triton.jit and triton.ptxas (and their fixers) read (doctor.facts.shape).
+TRITON_BUILD_SHAPE = {
+    **PROBE_SHAPE, "stage": opt(str), "cc": opt(str), "cc_from": opt(str), "cc_path": opt(str), "cc_version": opt(str),
+    "py_include": opt(str), "python_h": opt(bool), "cmd": opt((str, [str])), "libcuda": opt({"error": opt(str),
+                                                                                             "found_by": opt(str)}),
+    "linked_libcuda": opt((bool, str)), "compile_s": opt(NUM), "output": opt(str), "os_release": opt(mapping(str)),
+}
+PTXAS_CANDIDATE = {"path": str, "release": opt(str), "source": opt(str), "targets": opt([str]),
+                   "proof": opt({"arch": opt(str), "ok": opt(bool), "error": opt(str)})}
+PTXAS_SHAPE = {
+    **PROBE_SHAPE, "triton": opt({"dir": opt(str), "version": opt(str), "blackwell_ptxas_from_arch": opt(int)}),
+    "candidates": opt([PTXAS_CANDIDATE]), "env": opt(mapping(str)),
+}
+
+
+@collector("triton_build", timeout=CBUILD_TIMEOUT + 5, shape=TRITON_BUILD_SHAPE)
 def collect_triton_build(opts: CollectOptions) -> dict[str, Any]:
     """A C extension built with Triton's compiler, flags and libcuda search, then loaded."""
     out = probe_service(opts, "cbuild", [], CBUILD_TIMEOUT)
@@ -99,7 +115,7 @@ def profile_arch(profile: dict[str, Any]) -> str | None:
     return f"sm_{n}{'a' if n >= 90 else ''}"
 
 
-@collector("ptxas", timeout=STACK_PROBE_TIMEOUT + 60)
+@collector("ptxas", timeout=STACK_PROBE_TIMEOUT + 60, shape=PTXAS_SHAPE)
 def collect_ptxas(opts: CollectOptions) -> dict[str, Any]:
     """Every ptxas Triton could use (env overrides, bundled, torch's, NVIDIA wheels, the toolkit), run."""
     stack = stack_probe(opts)

@@ -6,17 +6,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from doctor.facts.store import FactUnavailable
 
-
-def interpreter_kind(ctx: Any, build: dict[str, Any]) -> dict[str, Any]:
-    """Where the interpreter's headers come from: system package, pyenv, uv, conda or a source build."""
-    stack: dict[str, Any] = {}
-    try:
-        fact = ctx.fact("stack")
-        stack = fact if isinstance(fact, dict) and fact.get("ok") else {}
-    except FactUnavailable:
-        pass
+def interpreter_kind(stack: Any, build: dict[str, Any]) -> dict[str, Any]:
+    """Where the interpreter's headers come from: system package, pyenv, uv, conda or a source build. ``stack``:
+    the ``stack`` fact, or None when it cannot be had."""
+    stack = stack if isinstance(stack, dict) and stack.get("ok") else {}
     py = stack.get("python") or {}
     include = str(build.get("py_include") or py.get("include") or "")
     m = re.search(r"python(\d+)\.(\d+)", include)

@@ -79,7 +79,7 @@ class Change:
 
 
 @dataclass
-class Plan:
+class Transaction:
     op: str  # "apply" | "revert"
     set_name: str
     evaluation: Evaluation
@@ -183,9 +183,9 @@ class Engine:
         return data
 
     # -- planning -----------------------------------------------------------------------------
-    def plan_apply(self, *, force: bool = False, only: Iterable[str] | None = None) -> Plan:
+    def plan_apply(self, *, force: bool = False, only: Iterable[str] | None = None) -> Transaction:
         ev = self.status()
-        plan = Plan("apply", self.pset.name, ev)
+        plan = Transaction("apply", self.pset.name, ev)
         wanted = self._selection(only, plan)
         if not ev.version_ok:
             plan.refusals.append(f"installed sglang {ev.version or '?'} is not one patch set {self.pset.name} is "
@@ -231,7 +231,7 @@ class Engine:
 
     def _forced_apply(self, fs: Any, old: bytes | None, st: os.stat_result | None,
                       steps: list[tuple[int, mf.FileChange]], goal_hash: str | None, force: bool,
-                      plan: Plan) -> Change | None:
+                      plan: Transaction) -> Change | None:
         if not force:
             if fs.state == MISSING:
                 plan.refusals.append(f"{fs.path} is missing; reinstall sglang "
@@ -257,9 +257,9 @@ class Engine:
                           "not match the manifest, and status will still say drifted")
         return Change(fs.path, old, new, goal_hash, False, "--force over drift (unverified)", st, step_ids)
 
-    def plan_revert(self, *, force: bool = False, only: Iterable[str] | None = None) -> Plan:
+    def plan_revert(self, *, force: bool = False, only: Iterable[str] | None = None) -> Transaction:
         ev = self.status()
-        plan = Plan("revert", self.pset.name, ev)
+        plan = Transaction("revert", self.pset.name, ev)
         wanted = self._selection(only, plan)
         plan.refusals.extend(p for p in ev.problems if not p.startswith("patch set "))
         if ev.journal:
@@ -299,7 +299,7 @@ class Engine:
         self._preflight(plan)
         return plan
 
-    def _restore_original(self, fs: Any, goal: int, force: bool, plan: Plan) -> Change | None:
+    def _restore_original(self, fs: Any, goal: int, force: bool, plan: Transaction) -> Change | None:
         chain = self.pset.chains()[fs.path]
         if fs.state == DRIFTED and not force:
             plan.refusals.append(f"{fs.path} has drifted (sha256 {fs.sha256}); --force puts the original back "
@@ -337,7 +337,7 @@ class Engine:
             if sel:
                 yield fs, chain, positions, sel
 
-    def _selection(self, only: Iterable[str] | None, plan: Plan) -> set[int]:
+    def _selection(self, only: Iterable[str] | None, plan: Transaction) -> set[int]:
         ids = [p.id for p in self.pset.patches]
         if only is None:
             return set(range(len(ids)))
@@ -349,7 +349,7 @@ class Engine:
                 chosen.add(ids.index(pid))
         return chosen
 
-    def _preflight(self, plan: Plan) -> None:
+    def _preflight(self, plan: Transaction) -> None:
         """Refuse before writing: a directory that cannot be written (as this user), a symlinked file."""
         for change in plan.changes:
             if (self.root / change.path).is_symlink():
@@ -368,7 +368,7 @@ class Engine:
                                      "or root")
 
     # -- doing --------------------------------------------------------------------------------
-    def execute(self, plan: Plan) -> Outcome:
+    def execute(self, plan: Transaction) -> Outcome:
         """Carry out a plan as one transaction (see the module docstring)."""
         if not plan.ok:
             raise EngineError("the plan was refused: " + "; ".join(plan.refusals))

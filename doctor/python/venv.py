@@ -1,0 +1,114 @@
+"""The service's Python environment judged from outside (python.venv): interpreter, pyvenv.cfg, shebangs,
+site-packages. Read from the ``venv`` fact, collected without running the environment's interpreter, so this still
+speaks when that interpreter cannot start. The B300 venv was streamed from another machine: paths in ``pyvenv.cfg``
+and in the console scripts' shebangs belonged to that machine."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from typing import Any
+
+from doctor.core.result import Findings, Remediation
+
+BROKEN_SHEBANGS = ("python.venv.shebang_missing", "python.venv.shebang_outside")  # what the shebang fixer rewrites
+DETAIL_KEYS = ("python", "resolved", "root", "is_venv", "home", "home_exists", "cfg_version", "runtime",
+               "start_error", "site_packages", "scanned")
+
+
+def broken_scripts(v: dict[str, Any]) -> list[dict[str, Any]]:
+    """Console scripts whose shebang names an interpreter that does not exist or lies outside the environment."""
+    return [s for s in v.get("scripts") or [] if not s.get("exists") or not s.get("inside")]
+
+
+class Account:
+    """What is wrong (``problems``) and what is only odd (``warnings``), as (code, message), in the order found."""
+
+    def __init__(self) -> None:
+        self.problems: list[tuple[str, str]] = []
+        self.warnings: list[tuple[str, str]] = []
+
+
+def version_problems(v: dict[str, Any], seen: Account) -> None:
+    """pyvenv.cfg's version against the interpreter's (a mismatch fails; another patch release warns)."""
+    cfg_v = str(v.get("cfg_version") or "")
+    run_v = ".".join(str(x) for x in ((v.get("runtime") or {}).get("version_info") or []))
+    real = os.path.basename(str(v.get("resolved") or ""))
+    m = re.match(r"python(\d+\.\d+)", real)
+    if cfg_v and run_v and cfg_v.split(".")[:2] != run_v.split(".")[:2]:
+        seen.problems.append(("python.venv.version", f"pyvenv.cfg says Python {cfg_v} but the interpreter is {run_v}"))
+    elif cfg_v and not run_v and m and cfg_v.split(".")[:2] != m.group(1).split("."):
+        seen.problems.append(("python.venv.version", f"pyvenv.cfg says Python {cfg_v} but bin/python resolves to "
+                              f"{real}"))
+    elif cfg_v and run_v and cfg_v != run_v:
+        seen.warnings.append(("python.venv.patch_release", f"venv made with Python {cfg_v}, base interpreter is now "
+                              f"{run_v}"))
+
+
+def venv_problems(v: dict[str, Any], seen: Account) -> None:
+    """What is wrong with a venv: its home, its version, its scripts' shebangs, its site-packages."""
+    home = v.get("home")
+    if not home:
+        seen.problems.append(("python.venv.no_home", "pyvenv.cfg has no 'home' key"))
+    elif not v.get("home_exists"):
+        seen.problems.append(("python.venv.home_gone", f"pyvenv.cfg home {home} does not exist on this machine "
+                              "(copied from another?)"))
+    version_problems(v, seen)
+    broken = broken_scripts(v)
+    missing = [s for s in broken if not s.get("exists")]
+    outside = [s for s in broken if s.get("exists")]
+    if missing:
+        seen.problems.append((BROKEN_SHEBANGS[0], f"{len(missing)} script(s) in {v.get('bin')} name an interpreter "
+                              f"that does not exist (e.g. {missing[0]['name']}: #!{missing[0]['interpreter']})"))
+    if outside:
+        seen.problems.append((BROKEN_SHEBANGS[1], f"{len(outside)} script(s) run an interpreter outside this "
+                              f"environment (e.g. {outside[0]['name']}: #!{outside[0]['interpreter']})"))
+    if v.get("truncated"):
+        seen.warnings.append(("python.venv.truncated", f"only the first {v.get('scanned')} files of bin/ were read"))
+    sps = v.get("site_packages") or []
+    if not sps:
+        seen.problems.append(("python.venv.no_site_packages", f"no lib/python3.X/site-packages under {v.get('root')}"))
+    for sp in sps:
+        if not sp.get("readable"):
+            seen.problems.append(("python.venv.site_packages_unreadable", f"{sp['path']} is not readable "
+                                  f"({sp.get('error') or 'permission'})"))
+
+
+def recreate_commands(v: dict[str, Any]) -> list[str]:
+    root = v.get("root") or "<venv>"
+    if not (v.get("is_venv") and not v.get("home_exists")):
+        return []
+    q, pip = shlex.quote(str(root)), shlex.quote(f"{root}/bin/pip")
+    return [f"# recreate on this machine: python3.X -m venv --clear {q} && {pip} install -r requirements.txt",
+            f"# or set 'home' in {shlex.quote(f'{root}/pyvenv.cfg')} to this machine's python3.X bin dir"]
+
+
+def judge_venv(v: dict[str, Any]) -> Findings:
+    py = v.get("python")
+    if not v.get("exists"):
+        return Findings(**v).fail("python.venv.no_interpreter", f"{py} does not exist", Remediation(
+            "Point --python (or [doctor] python) at the service's interpreter, or create the venv there."))
+    seen = Account()
+    if not v.get("resolves"):
+        seen.problems.append(("python.venv.dangling", f"{py} is a dangling symlink "
+                              f"({' -> '.join(v.get('link_chain') or [])})"))
+    if v.get("is_venv"):
+        venv_problems(v, seen)
+    if not v.get("starts"):
+        seen.problems.append(("python.venv.does_not_start", f"the interpreter does not start: {v.get('start_error')}"))
+    out = Findings(**{k: v.get(k) for k in DETAIL_KEYS}, broken_scripts=broken_scripts(v))
+    if seen.problems:
+        fix = Remediation("The environment does not belong to this machine as it stands. Recreate it here, or repair "
+                          "it: `k26-doctor fix --apply` rewrites broken shebangs (with backups).", recreate_commands(v))
+        for code, message in seen.problems:
+            out.fail(code, message, fix)
+        return out
+    kind = "venv" if v.get("is_venv") else "interpreter (not a venv)"
+    rt = v.get("runtime") or {}
+    out.info("python.venv.whole", f"{kind} {v.get('root') or py} is whole: Python "
+             f"{'.'.join(map(str, rt.get('version_info') or []))}"
+             + (f", {len(v.get('scripts') or [])} scripts point into it" if v.get("is_venv") else ""))
+    for code, message in seen.warnings:
+        out.warn(code, message)
+    return out

@@ -1,0 +1,35 @@
+"""The DDTree worker gate (sglang.ddtree): the patched SGLang refuses ``--speculative-algorithm DDTREE`` at argument
+resolution unless the site opts in with SGLANG_DDTREE_UNVALIDATED_WORKER=1: its tree-verify worker has been
+validated on CPU and its kernels on an H200, but never inside a running SGLang server."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from doctor.core.result import Findings, NotJudged, Remediation
+from doctor.core.settings import Settings
+
+GATE = "SGLANG_DDTREE_UNVALIDATED_WORKER"
+
+
+def judge_gate(read_env: Any, settings: Settings) -> Findings:
+    """``read_env()``: the ``env`` fact (read only when the profile launches DDTREE)."""
+    algo = str(settings.get("server.speculative_algorithm", "") or "").upper()
+    if algo != "DDTREE":
+        raise NotJudged.inapplicable(f"the profile launches {algo or 'no speculative algorithm'}, not DDTREE")
+    env = read_env()
+    value = (env.get("vars") or {}).get(GATE) if isinstance(env, dict) else None
+    out = Findings(variable=GATE, value=value)
+    if value == "1":
+        return out.warn("sglang.ddtree.opted_in", f"{GATE}=1: SGLang will run the DDTree worker, which has not been "
+                        "validated inside a real server",
+                        "Compare the first outputs token for token with a non-speculative server (patch set README, "
+                        "'Validating on a real host') before serving traffic.")
+    env_file = settings.get("server.env_file", "/etc/k26-doctor/sglang-k26.env")
+    return out.fail(
+        "sglang.ddtree.refused", f"the profile launches DDTREE, but the patched SGLang refuses it without {GATE}=1 "
+        "(its worker is not yet validated on a real host)",
+        Remediation("Launch the DFlash chain instead (server.speculative_algorithm = \"DFLASH\" in the config), "
+                    f"or opt in knowingly with {GATE}=1 in the service's environment file and validate "
+                    "as sglang_patches/ddtree-0.5.23/README.md says.",
+                    [f"echo '{GATE}=1' | sudo tee -a {env_file}"]))

@@ -1,0 +1,226 @@
+"""torch against the driver and the GPUs: the CUDA runtime torch was built with against the driver's (cuda.compat),
+and the targets compiled into torch against every GPU's compute capability (torch.arch). By default read from
+torch's files (``torch/version.py`` in the ``stack`` fact, the fat binary of ``libtorch_cuda.so`` in ``kernels``):
+torch is not imported; with --deep (or a recording without those readings) from ``torch_info``, an import."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable
+from typing import Any
+
+from doctor.core.context import FactUnavailable, MalformedFact
+from doctor.core.result import Findings, NotJudged, Remediation
+from doctor.core.settings import Settings
+from doctor.stack import compat, kernels
+from doctor.stack.cuda_arch import best_match, cc_str
+from doctor.stack.distributions import pip_install
+
+Reader = Callable[[str], Any]  # a fact by name (``ctx.fact``), read only when needed
+
+
+def torch_from_files(read: Reader) -> dict[str, Any] | None:
+    """torch's version and CUDA build from ``torch/version.py`` (the ``stack`` fact: parsed, not imported), shaped
+    as the ``torch_info`` fact; None when the file was not read (a recording made before, a failed probe)."""
+    try:
+        stack = read("stack")
+    except MalformedFact:
+        raise
+    except FactUnavailable:
+        return None
+    if not isinstance(stack, dict) or not stack.get("ok"):
+        return None
+    dists = stack.get("distributions") if isinstance(stack.get("distributions"), dict) else {}
+    torch = stack.get("torch") if isinstance(stack.get("torch"), dict) else {}
+    version_py = torch.get("version_py") if isinstance(torch.get("version_py"), dict) else {}
+    if "torch" not in dists and not torch:
+        return {"ok": False, "missing_module": "torch", "error": "torch is not installed"}
+    if "cuda" not in version_py:  # unread: whether it is a CUDA build is unknown, not "no"
+        return None
+    cuda = version_py.get("cuda")
+    return {"ok": True, "version": version_py.get("__version__") or (dists.get("torch") or {}).get("version"),
+            "cuda": cuda if isinstance(cuda, str) and cuda else None, "from": "torch/version.py"}
+
+
+def torch_from_binaries(read: Reader) -> dict[str, Any] | None:
+    """torch's version, CUDA and targets from its files (no import), shaped as the ``torch_info`` fact; None
+    when those facts cannot be had (a recording made before they existed, a failed probe)."""
+    try:
+        fact, stack = read("kernels"), read("stack")
+    except MalformedFact:
+        raise
+    except FactUnavailable:
+        return None
+    if not isinstance(fact, dict) or not fact.get("ok") or not isinstance(stack, dict) or not stack.get("ok"):
+        return None
+    if "torch" not in (fact.get("distributions") or {}):
+        return {"ok": False, "missing_module": "torch", "error": "torch is not installed"}
+    version_py = (stack.get("torch") or {}).get("version_py") or {}
+    if "cuda" not in version_py:  # torch/version.py unread: whether it is a CUDA build is unknown, not "no"
+        return None
+    targets, source = kernels.torch_targets(fact)
+    return {"ok": True, "version": version_py.get("__version__") or fact["distributions"]["torch"].get("version"),
+            "cuda": version_py.get("cuda"), "arch_flags": targets,
+            "targets_from": f"{source} (fat binary)" if source else "no torch CUDA library"}
+
+
+def torch_reading(read: Reader, deep: bool, from_files: Callable[[Reader], dict[str, Any] | None]) -> dict[str, Any]:
+    """What torch is: from its files unless --deep, else (or when the files were not read) its import."""
+    info = None if deep else from_files(read)
+    if info is None:
+        info = read("torch_info")
+    return info if isinstance(info, dict) else {}
+
+
+def torch_unusable(settings: Settings, info: dict[str, Any]) -> Findings:
+    if info.get("missing_module") == "torch":
+        return Findings().fail("stack.torch.missing", f"torch is not installed in {settings.python}",
+                               Remediation("Install the torch the profile pins.",
+                                           [pip_install(settings, "torch", "torch")]))
+    return Findings(probe=info).fail(
+        "stack.torch.unimportable", f"torch cannot be imported by {settings.python}: "
+        f"{info.get('error') or 'probe failed'}",
+        Remediation("Reinstall torch in the service's environment.", [pip_install(settings, "torch", "torch")]))
+
+
+# -- cuda.compat --------------------------------------------------------------------------------------------
+
+def driver_reading(read: Reader) -> dict[str, Any]:
+    """The nvml fact when the driver answered; else why there is nothing to compare with."""
+    try:
+        nvml = read("nvml")
+    except MalformedFact:
+        raise
+    except FactUnavailable as exc:
+        raise NotJudged.missing(f"no driver reading to compare with: {exc.reason}") from None
+    if not isinstance(nvml, dict) or not nvml.get("available"):
+        err = nvml.get("error") if isinstance(nvml, dict) else "no NVML fact"
+        raise NotJudged.blocked(f"NVML/driver unavailable ({err}); gpu.driver judges that", "gpu.driver")
+    return nvml
+
+
+def judge_compat(read: Reader, settings: Settings) -> Findings:
+    """Driver CUDA version (NVML) against the CUDA runtime torch was built with (doctor/data/compat.toml)."""
+    nvml = driver_reading(read)
+    info = torch_reading(read, settings.deep, torch_from_files)
+    if not info.get("ok"):
+        return torch_unusable(settings, info)
+    runtime = info.get("cuda")
+    if not runtime:
+        return Findings(torch=info.get("version")).fail(
+            "cuda.compat.cpu_torch", f"torch {info.get('version')} is a CPU-only build (torch.version.cuda is None)",
+            Remediation("Install the CUDA build the profile expects.", [pip_install(settings, "torch", "torch")]))
+    driver = str(nvml.get("driver_version") or "")
+    driver_cuda = compat.cuda_from_nvml(nvml.get("cuda_driver_version"))
+    need = compat.min_driver(runtime)
+    out = Findings(driver=driver, driver_cuda=driver_cuda, torch=info.get("version"), torch_cuda=runtime,
+                   min_driver=need)
+    expect = settings.get("stack.cuda_runtime")
+    note = ""
+    if expect and (compat.version_tuple(str(expect)) or ())[:2] != (compat.version_tuple(runtime) or ())[:2]:
+        note = f"; the profile expects CUDA {expect}"
+        out.details["profile_cuda_runtime"] = expect
+    rt = compat.version_tuple(runtime) or (0,)
+    drv = compat.version_tuple(driver)
+    dc = compat.version_tuple(driver_cuda)
+    need_t = compat.version_tuple(need)
+    fix = Remediation(
+        f"Install NVIDIA driver >= {need or 'the one matching CUDA ' + runtime} (CUDA {runtime}), or a torch "
+        f"built for CUDA {driver_cuda or 'your driver'}; on datacenter GPUs the cuda-compat package is a third way.",
+        ["nvidia-smi", shlex.join([settings.python, "-c", "import torch; print(torch.version.cuda)"])])
+    # NVML's CUDA version is what the driver itself says it supports; the table is the fallback.
+    if dc is not None:
+        supported = rt[:2] <= dc[:2]
+    elif drv is not None and need_t is not None:
+        supported = drv >= need_t
+    else:
+        raise NotJudged.failing(f"cannot judge: NVML reported driver {driver or '?'} and no CUDA version, and CUDA "
+                                f"{runtime} is not in the table", **out.details)
+    gpus = [d for d in nvml.get("devices") or [] if isinstance(d, dict)]
+    if gpus and info.get("cuda_available") is False:
+        why = "; ".join(info.get("cuda_warnings") or []) or info.get("cuda_error") or "no reason given"
+        return out.fail("cuda.compat.no_cuda", f"NVML sees {len(gpus)} GPU(s) but torch {info.get('version')} "
+                        f"cannot use CUDA: {why}", fix)
+    if supported:
+        summary = f"driver {driver} (CUDA {driver_cuda or '?'}) runs torch's CUDA {runtime} runtime"
+        if note:
+            return out.warn("cuda.compat.other_cuda", summary + note,
+                            "torch's CUDA differs from the profile's; see stack.versions")
+        return out.info("cuda.compat.runs", summary)
+    family_min = compat.minor_compat_min_driver(runtime)
+    fam_t = compat.version_tuple(family_min)
+    if dc is not None and dc[0] == rt[0] and fam_t and drv and drv >= fam_t:
+        out.details["mode"] = "minor-version-compat"
+        return out.warn("cuda.compat.minor_version", f"driver {driver} supports CUDA {driver_cuda} < torch's "
+                        f"{runtime}: runs only under minor-version compatibility (>= {family_min}), without JIT of "
+                        "newer PTX", fix)
+    return out.fail("cuda.compat.driver_too_old", f"driver {driver} supports CUDA {driver_cuda or '?'} but torch "
+                    f"{info.get('version')} needs CUDA {runtime} (driver >= {need or '?'})", fix)
+
+
+# -- torch.arch ---------------------------------------------------------------------------------------------
+
+def matmul_failure(info: dict[str, Any], out: Findings) -> Findings | None:
+    """--deep: the matmul torch ran on every GPU, or the finding that it did not."""
+    runs = info.get("matmul")
+    if runs is None:
+        out.details["deep"] = "no GPU visible to torch: matmul not run"
+        return out.fail("torch.arch.no_device", f"--deep: torch sees no CUDA device "
+                        f"({info.get('cuda_error') or 'device_count 0'})")
+    out.details["matmul"] = runs
+    failed = [r for r in runs if not r.get("ok")]
+    if failed:
+        first = failed[0]
+        return out.fail("torch.arch.matmul", f"--deep: matmul failed on GPU {first.get('index')}: "
+                        f"{first.get('error') or 'wrong result, max abs error ' + str(first.get('max_abs_err'))}")
+    return None
+
+
+def judge_arch(read: Reader, judged: Callable[[], tuple[list[tuple[int, int]], str, dict[str, Any]]],
+               settings: Settings) -> Findings:
+    """torch's compiled targets against every GPU by CUDA's binary compatibility (doctor/stack/cuda_arch.py)."""
+    info = torch_reading(read, settings.deep, torch_from_binaries)
+    if not info.get("ok"):
+        return torch_unusable(settings, info)
+    if not info.get("cuda"):
+        return Findings(torch=info.get("version")).fail(
+            "torch.arch.cpu_torch", f"torch {info.get('version')} is a CPU-only build: no GPU kernels at all",
+            Remediation("Install the CUDA build of torch.", [pip_install(settings, "torch", "torch")]))
+    flags = [str(f) for f in info.get("arch_flags") or []]
+    if not flags:
+        return Findings(torch=info.get("version")).fail("torch.arch.no_targets", f"torch {info.get('version')} "
+                                                        "reports no compiled CUDA targets")
+    ccs, where, source = judged()
+    if not ccs:
+        raise NotJudged.missing("no GPU to judge: NVML sees none and the profile names no compute_capability",
+                                **source)
+    general = [f for f in flags if not f.endswith("a")]  # arch-specific extras are not torch's kernel set
+    per_cc = {cc_str(cc): best_match(general, cc) if best_match(general, cc).ok else best_match(flags, cc)
+              for cc in ccs}
+    out = Findings(torch=info.get("version"), arch_flags=flags, gpus=where, **source,
+                   targets_from=info.get("targets_from", "torch._C._cuda_getArchFlags()"),
+                   match={k: {"how": m.how, "target": m.target, "note": m.note} for k, m in per_cc.items()})
+    bad = {k: m for k, m in per_cc.items() if not m.ok}
+    if bad:
+        needs = []
+        for cc in bad:
+            arch = compat.arch_info(cc)
+            if arch.get("min_cuda"):
+                needs.append(f"{arch.get('name', cc)} ({cc}) needs a torch built with CUDA >= {arch['min_cuda']}")
+        text = "Install a torch wheel built for this GPU's architecture" + (f": {'; '.join(needs)}" if needs else "")
+        notes = "; ".join(m.note for m in bad.values())
+        return out.fail("torch.arch.no_kernels", f"torch {info.get('version')} (CUDA {info.get('cuda')}) has no "
+                        f"kernels for {where}: {notes} (has {' '.join(flags)})",
+                        Remediation(text + ".", [pip_install(settings, "torch", "torch")]))
+    summary = f"torch {info.get('version')} on {where}: " + "; ".join(m.note for m in per_cc.values())
+    if settings.deep:
+        failed = matmul_failure(info, out)
+        if failed is not None:
+            return failed
+        summary += "; matmul ran on every GPU"
+    if source.get("source") == "profile":
+        summary += f" (NVML unavailable: {source.get('nvml')})"
+    if any(m.how == "ptx" for m in per_cc.values()):
+        return out.warn("torch.arch.ptx_only", summary, "Only PTX matches: every kernel is JIT-compiled at first use; "
+                        "install a torch build with cubins for this GPU.")
+    return out.info("torch.arch.runs", summary)

@@ -1,0 +1,94 @@
+"""Triton's C build of its runtime helpers (triton.jit), as the ``triton_build`` probe repeated it: the C compiler,
+``Python.h`` of the service's interpreter, ``libcuda.so.1``, the extension loaded. This is exactly how the B300
+service failed its first start (``fatal error: Python.h: No such file or directory``)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from doctor.core.result import Findings, Remediation
+from doctor.stack.service_probe import probe_failure
+from doctor.triton.toolchain import interpreter_kind, os_family
+
+NO_HEADERS_OR_COMPILER = ("triton.jit.no_compiler", "triton.jit.no_python_h")  # what the headers fixer installs
+DETAIL_KEYS = ("cc", "cc_from", "cc_path", "cc_version", "py_include", "python_h", "cmd", "stage", "libcuda",
+               "linked_libcuda", "compile_s")
+
+
+def headers_remedy(kind: dict[str, Any], build: dict[str, Any], compiler: bool) -> Remediation:
+    """How to get ``Python.h`` (and a C compiler) for this kind of interpreter: a system package, or a reinstall of
+    a pyenv/uv/conda/source interpreter, which keeps its headers in its own prefix."""
+    mm, base, ver = kind["major_minor"], kind["base_prefix"], kind["version"]
+    fam = os_family(build.get("os_release") or {})
+    if kind["kind"] == "system":
+        if fam == "fedora":
+            cmd = f"dnf install -y python{mm}-devel gcc"
+            pkg = f"python{mm}-devel (or python3-devel for the default python3) and gcc"
+        else:
+            cmd = f"apt-get install -y python{mm}-dev build-essential"
+            pkg = f"python{mm}-dev (it pulls libpython{mm}-dev) and build-essential"
+        return Remediation(f"The system Python {mm} needs its development headers: install {pkg}. "
+                           "`k26-doctor fix --apply` runs this.", [cmd])
+    if compiler and not build.get("python_h"):
+        extra = " Also install a C compiler (build-essential / gcc)."
+    elif compiler:
+        return Remediation("Install a C compiler, or point CC at one in the service's environment.",
+                           ["apt-get install -y build-essential" if fam != "fedora" else "dnf install -y gcc"])
+    else:
+        extra = ""
+    texts = {
+        "pyenv": (f"This pyenv interpreter ({base}) keeps its headers in its own prefix "
+                  f"({base}/include/python{mm}); a system -dev package does not help. Reinstall it (pyenv builds "
+                  "from source and installs the headers), then recreate or re-point the venv.",
+                  [f"pyenv install --force {ver}"]),
+        "uv": (f"This uv-managed interpreter ({base}) ships its headers in its own prefix; reinstall it.",
+               [f"uv python install --reinstall {ver}"]),
+        "conda": (f"This conda interpreter ({base}) keeps its headers in {base}/include; reinstall python there.",
+                  [f"conda install -p {base} --force-reinstall python={ver}"]),
+        "other": (f"The interpreter at {base or '?'} was installed without its headers; they belong in "
+                  f"{base or '<prefix>'}/include/python{mm}. Reinstall it from a full build (make install "
+                  "includes them) or copy the include directory of the identical build.", []),
+    }
+    text, cmds = texts[kind["kind"]]
+    return Remediation(text + extra, cmds)
+
+
+LIBCUDA_REMEDY = Remediation("Triton links libcuda.so.1 from the NVIDIA driver: install the driver's user-space "
+                             "libraries, refresh the linker cache, or set TRITON_LIBCUDA_PATH to the directory holding "
+                             "it.", ["ldconfig -p | grep libcuda", "sudo ldconfig"])
+
+
+def judge_jit(build: dict[str, Any], stack: Any, python: str) -> Findings:
+    """``build``: the ``triton_build`` fact; ``stack``: the ``stack`` fact or None; ``python``: the service's."""
+    if "stage" not in build:
+        return probe_failure(python, build, "run Triton's build steps")
+    kind = interpreter_kind(stack, build)
+    out = Findings(**{k: build.get(k) for k in DETAIL_KEYS}, interpreter=kind)
+    include = build.get("py_include") or "?"
+    if build.get("stage") == "compiler" or not build.get("cc_path"):
+        why = build.get("error") or (build.get("cc") or "gcc/clang") + " not found"
+        return out.fail(NO_HEADERS_OR_COMPILER[0], f"Triton finds no C compiler ({why})",
+                        headers_remedy(kind, build, compiler=True))
+    if build.get("stage") == "compile":
+        line = build.get("error") or "compile failed"
+        out.details["output"] = build.get("output")
+        if not build.get("python_h"):
+            return out.fail(NO_HEADERS_OR_COMPILER[1], f"Python.h is missing from {include}: Triton cannot build its "
+                            f"runtime ({line})", headers_remedy(kind, build, compiler=False))
+        return out.fail("triton.jit.compile", f"{os.path.basename(str(build.get('cc')))} cannot build a Triton "
+                        f"helper: {line}", headers_remedy(kind, build, compiler=False))
+    libcuda = build.get("libcuda") or {}
+    if build.get("stage") == "load":
+        err = str(build.get("error"))
+        if "libcuda" in err:
+            return out.fail("triton.jit.libcuda", f"built, but libcuda.so.1 cannot be loaded: {err}", LIBCUDA_REMEDY)
+        return out.fail("triton.jit.load", f"built, but {python} cannot load it: {err}", Remediation(
+            "The headers do not match this interpreter (another Python's include dir?). Reinstall the headers "
+            "of exactly this interpreter."))
+    if libcuda.get("error"):
+        return out.fail("triton.jit.libcuda", f"compiler and Python.h work, but Triton will not find libcuda.so.1: "
+                        f"{libcuda['error']}", LIBCUDA_REMEDY)
+    cc_name = (build.get("cc_version") or build.get("cc") or "").strip()
+    return out.info("triton.jit.builds", f"{cc_name} built and loaded a Triton-style extension against {include}"
+                    f" (libcuda via {libcuda.get('found_by')})")
