@@ -8,6 +8,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
+from doctor.core.fileio import read_text
 from doctor.core.registry import collector
 from doctor.facts.redaction import redact
 from doctor.facts.store import CollectOptions
@@ -75,8 +76,7 @@ def service_env(opts: CollectOptions) -> tuple[dict[str, str], dict[str, Any]]:
                             "cuda_visible_devices_from": "environment" if "CUDA_VISIBLE_DEVICES" in env else None}
     if path:
         try:
-            with open(path, encoding="utf-8", errors="replace") as fh:
-                extra = parse_env_file(fh.read(1_000_000))
+            extra = parse_env_file(read_text(path, 1_000_000, "an environment file", errors="replace"))
         except FileNotFoundError:
             info["env_file_state"], info["env_file_error"] = "missing", "not present"
         except OSError as exc:

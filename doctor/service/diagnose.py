@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from doctor.core.datafile import DataFileError, read_toml
+from doctor.core.fileio import read_pipe_or_file
 
 if sys.version_info >= (3, 11):
     import re._parser as _sre_parse
@@ -44,6 +45,8 @@ SIGNATURES_FILE = Path(__file__).resolve().parents[1] / "data" / "failure_signat
 MAX_LINE = 8192  # a pathological line (a tensor dump) is cut, not matched for minutes
 MIN_LITERAL = 8  # shorter literals select too many lines and slow grep's multi-string scan down
 GREP_TIMEOUT_S = 120
+LOG_READ_S = 120.0  # a pipe's writer (journalctl) has this long to finish
+MAX_LOG_BYTES = 1 << 30
 GREP_MIN_CHARS = 1 << 20  # below this, starting grep costs more than searching in Python
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _PLACEHOLDER = re.compile(r"\{(\w+)\}")
@@ -386,12 +389,13 @@ def diagnose_lines(lines: list[str], signatures: list[Signature], context: int =
     return order(list(found.values()))
 
 
-def read_log(path: str) -> list[str]:
-    """A log file's lines; ``-`` is stdin. Undecodable bytes are replaced, never fatal."""
+def read_log(path: str, deadline_s: float = LOG_READ_S) -> list[str]:
+    """A log file's lines; ``-`` is stdin. Undecodable bytes are replaced, never fatal. A pipe
+    (``<(journalctl ...)``) is read until its writer is done, within ``deadline_s``; a device, a directory or a
+    FIFO nobody writes never blocks (``doctor.core.fileio.read_pipe_or_file``)."""
     if path == "-":
         return sys.stdin.read().splitlines()
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        return fh.read().splitlines()
+    return read_pipe_or_file(path, MAX_LOG_BYTES, "a log", deadline_s).decode("utf-8", "replace").splitlines()
 
 
 def journal_argv(unit: str, invocation: str | None = None, lines: int = 20000) -> list[str]:

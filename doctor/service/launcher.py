@@ -21,9 +21,9 @@ import os
 import shutil
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from doctor.core.fileio import read_text
 from doctor.core.settings import ConfigError, Settings
 
 SERVER_MODULE = "sglang.launch_server"
@@ -205,7 +205,8 @@ def build_env(settings: Settings, environ: dict[str, str] | None = None) -> tupl
     env_file = settings.get("server.env_file")
     if env_file:
         try:
-            file_vars = parse_env_file(Path(str(env_file)).read_text(encoding="utf-8", errors="replace"))
+            file_vars = parse_env_file(read_text(os.path.expanduser(str(env_file)), 1 << 20, "an environment file",
+                                                 errors="replace"))
         except OSError:
             file_vars = {}  # absent or unreadable: host.env reports it
         for key, value in file_vars.items():

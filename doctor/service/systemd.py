@@ -35,6 +35,7 @@ import sys
 from pathlib import Path
 
 from doctor import __version__
+from doctor.core.fileio import read_text
 from doctor.core.settings import Settings
 
 WEIGHTS_BYTES_DEFAULT = 595e9 + 6.5e9  # Kimi K2.6 INT4 (~595 GB) + the DFlash drafter (~6.5 GB)
@@ -148,7 +149,8 @@ def service_env_values(settings: Settings) -> dict[str, str]:
     env_file = settings.get("server.env_file")
     if env_file:
         try:
-            env.update(parse_env_file(Path(str(env_file)).read_text(encoding="utf-8", errors="replace")))
+            env.update(parse_env_file(read_text(os.path.expanduser(str(env_file)), 1 << 20, "an environment file",
+                                                errors="replace")))
         except OSError:
             pass
     return env
