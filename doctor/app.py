@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 from typing import IO, Any
 
 from doctor import __version__
+from doctor.core import deadline
 from doctor.core import runner as _runner
 from doctor.core.context import Context
 from doctor.core.exitcodes import EXIT_FAILED, EXIT_OK
@@ -77,11 +78,13 @@ class Report:
         """The failing (or warning) checks whose fixer would change something now: the footer offers
         only these (a fixer with nothing to do is not a fix). Planning reads; it changes nothing."""
         if self._fixable is None:
-            from doctor.core.fixing import plan_for
+            from doctor.core.fixing import not_plannable, plan_for
 
             out = []
             for res in self.results:
                 if not res.fixer or not (res.status.failed or res.status is Status.WARN):
+                    continue
+                if not_plannable(res):  # past the run's deadline, or the check never finished: no plan waited on
                     continue
                 if self.context is None or self.registry is None:
                     out.append(res.id)
@@ -218,6 +221,8 @@ def run(settings: Settings, on_result: Callable[[Result], None] | None = None,
     if any(c.deep for c in chosen) and not settings.deep:  # a deep check named by --only runs as with --deep
         settings = replace(settings, deep=True)
     ctx = make_context(settings, reg)
+    deadline.start(settings.timeout, f"the run's deadline (--timeout {settings.timeout:g}s)" if settings.timeout
+                   else "")
     if settings.wait_fabric and settings.snapshot is None and any("nvml" in c.needs for c in chosen):
         from doctor.gpu.fabric import wait_before_checks  # --wait-fabric / launch: fabric readiness first
 
@@ -239,6 +244,8 @@ def run(settings: Settings, on_result: Callable[[Result], None] | None = None,
     notices = [n for n in [interpreter_notice(settings, ctx.facts, outcome.results)] if n is not None]
     settle(outcome.results, notices)
     notes: list[str] = []
+    if deadline.expired():
+        notes.append(f"{deadline.ended()}: what had not finished is an error, and no fix was planned")
     if settings.from_snapshot:
         notes.append(f"judged from snapshot {settings.from_snapshot}, not the live host")
     return Report(settings, outcome, notes, notices, ctx, reg), ctx

@@ -8,6 +8,7 @@ tell systemd ``READY=1`` and supervise it.
 
 from __future__ import annotations
 
+import io
 import os
 import shlex
 import signal
@@ -19,7 +20,7 @@ from typing import Any
 
 import click
 
-from doctor.commands.options import guarded, selection_options, settings_from
+from doctor.commands.options import guarded, selection_options, settings_from, write_requested
 from doctor.core.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
 DEFAULT_WAIT_S = 1800.0
@@ -38,8 +39,9 @@ def _run_gate(settings: Any, flags: dict[str, Any]) -> tuple[bool, Any]:
     report, ctx = run(settings)
     fmt = flags.get("fmt") or "text"
     if flags.get("output"):
-        with open(flags["output"], "w", encoding="utf-8") as fh:
-            render(report, fmt, flags.get("verbose") or 0, fh, color=False)
+        buf = io.StringIO()
+        render(report, fmt, flags.get("verbose") or 0, buf, color=False)
+        write_requested(flags["output"], buf.getvalue())
     render(report, "text" if fmt == "junit" else fmt, flags.get("verbose") or 0, sys.stderr,
            problems=bool(flags.get("problems")))
     why = report.gate_refusal()  # a failure, or a check of the profile not judged for want of facts
@@ -249,7 +251,7 @@ def systemd_unit(flags: dict[str, Any], user: str | None, no_hardening: bool, st
         for note in reachability_notes(settings, doctor or doctor_command(), service_user(settings, user)):
             _say(f"note: {note}")
     if flags.get("output"):
-        Path(flags["output"]).write_text(text, encoding="utf-8")
+        write_requested(flags["output"], text, "the unit")
         _say(f"unit written to {flags['output']}")
     else:
         sys.stdout.write(text)

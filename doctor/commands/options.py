@@ -5,6 +5,7 @@ so no command module imports the CLI module."""
 from __future__ import annotations
 
 import functools
+import io
 import sys
 import traceback
 from collections.abc import Callable
@@ -113,22 +114,30 @@ def settings_from(flags: dict[str, Any]) -> Any:
     return settings_from_flags({k: v for k, v in flags.items() if k not in REPORT_OPTIONS})
 
 
-def check_output_path(path: str) -> None:
-    """``ConfigError`` unless ``path`` can be written: its directory exists and is writable, and it is
-    not a directory (or an existing file this user cannot write)."""
-    import os
-
+def check_output_path(path: str, flag: str = "--output") -> None:
+    """``ConfigError`` (exit 2, before any work) unless ``path`` can be written: not a directory, a symlink or
+    anything but a regular file (``/dev/full``, a FIFO), in an existing writable directory with room
+    (``doctor.core.fileio.output_problem``)."""
+    from doctor.core.fileio import output_problem
     from doctor.core.settings import ConfigError
 
-    parent = os.path.dirname(os.path.abspath(path)) or "."
-    if os.path.isdir(path):
-        raise ConfigError(f"--output {path} is a directory; give a file name")
-    if not os.path.isdir(parent):
-        raise ConfigError(f"--output {path}: the directory {parent} does not exist")
-    if os.path.exists(path) and not os.access(path, os.W_OK):
-        raise ConfigError(f"--output {path} exists and is not writable by this user")
-    if not os.path.exists(path) and not os.access(parent, os.W_OK | os.X_OK):
-        raise ConfigError(f"--output {path}: the directory {parent} is not writable by this user")
+    problem = output_problem(path)
+    if problem:
+        raise ConfigError(f"{flag} {path}: {problem}" if problem.startswith("the ") else f"{flag} {path} {problem}")
+
+
+def write_requested(path: str, text: str, what: str = "the report") -> None:
+    """Write a file a command was asked to write (``--output``): checked again, redacted, atomic (a failure
+    leaves what was there); an I/O failure (a full disk) is ``ConfigError``: exit 2, naming the file."""
+    from doctor.core.fileio import describe_error, write_output
+    from doctor.core.settings import ConfigError
+    from doctor.facts.redaction import redact_text
+
+    check_output_path(path)
+    try:
+        write_output(path, redact_text(text).encode("utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot write {what} to {path}: {describe_error(exc)}") from None
 
 
 def quiet_stdout() -> None:
@@ -153,8 +162,9 @@ def emit(report: Any, flags: dict[str, Any]) -> None:
     verbose, problems = flags.get("verbose") or 0, bool(flags.get("problems"))
     try:
         if output:
-            with open(output, "w", encoding="utf-8") as fh:
-                render(report, fmt, verbose, fh, color=False, problems=problems)
+            buf = io.StringIO()
+            render(report, fmt, verbose, buf, color=False, problems=problems)
+            write_requested(output, buf.getvalue())
             if fmt != "text":
                 render(report, "text", verbose, sys.stdout, problems=problems)
         else:
