@@ -20,7 +20,7 @@ from typing import Any
 
 import click
 
-from doctor.commands.options import guarded, selection_options, settings_from, write_requested
+from doctor.commands.options import Seconds, guarded, selection_options, settings_from, write_requested
 from doctor.core.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
 DEFAULT_WAIT_S = 1800.0
@@ -92,9 +92,9 @@ def _flag_gate(plan: Any, settings: Any, ctx: Any = None) -> bool:
 @click.option("--no-flag-check", is_flag=True, help="Do not check the flags against SGLang's sources.")
 @click.option("--wait", is_flag=True, help="Start the server as a child, wait until /health answers 200 "
               "(READY=1 to systemd), then supervise it.")
-@click.option("--wait-timeout", type=click.FloatRange(min=1), default=DEFAULT_WAIT_S, show_default=True,
+@click.option("--wait-timeout", type=Seconds(1), default=DEFAULT_WAIT_S, show_default=True,
               help="Seconds to wait for readiness with --wait.")
-@click.option("--wait-interval", type=click.FloatRange(min=0.01), default=2.0, show_default=True,
+@click.option("--wait-interval", type=Seconds(0.01), default=2.0, show_default=True,
               help="Seconds between polls.")
 @click.argument("server_args", nargs=-1, type=click.UNPROCESSED)
 @guarded
@@ -220,7 +220,7 @@ def _stop(child: subprocess.Popen[Any], grace: float = 30.0) -> None:
 @click.option("--user", default=None, help="User= of the service (default: [server] user, else sglang; never root "
               "unless asked).")
 @click.option("--no-hardening", is_flag=True, help="Leave out the sandbox (User=, ProtectSystem=, DevicePolicy=...).")
-@click.option("--start-timeout", type=float, default=None, help="TimeoutStartSec in seconds (default: sized).")
+@click.option("--start-timeout", type=Seconds(1), default=None, help="TimeoutStartSec in seconds (default: sized).")
 @click.option("--doctor", "doctor_path", default=None,
               help="Command that runs k26-doctor in the unit, e.g. '/opt/k26/bin/k26-doctor' (default: this one).")
 @click.option("--no-diagnose", is_flag=True, help="No ExecStopPost diagnosis of a failed start.")
@@ -261,8 +261,8 @@ def systemd_unit(flags: dict[str, Any], user: str | None, no_hardening: bool, st
 @click.option("--url", default=None, help="Health URL (default: http://HOST:PORT/health of the profile).")
 @click.option("--config", "config", default=None, type=click.Path(dir_okay=False))
 @click.option("--profile", default=None)
-@click.option("--timeout", type=float, default=DEFAULT_WAIT_S, show_default=True, help="Seconds.")
-@click.option("--interval", type=float, default=2.0, show_default=True, help="Seconds between polls.")
+@click.option("--timeout", type=Seconds(), default=DEFAULT_WAIT_S, show_default=True, help="Seconds.")
+@click.option("--interval", type=Seconds(), default=2.0, show_default=True, help="Seconds between polls.")
 @click.option("--pid", type=int, default=None, help="Stop waiting when this process (the server) exits.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress output.")
 @guarded

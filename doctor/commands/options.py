@@ -27,6 +27,29 @@ REPORT_OPTIONS = {
 REPORT_AFTER = "deep"
 
 
+class Seconds(click.ParamType):
+    """A duration on the command line: finite, > 0 (or >= ``minimum``), read by the one reading of durations
+    (``doctor.core.settings.duration``): ``nan``, ``inf`` and negative values are usage errors (exit 2)."""
+
+    name = "seconds"
+
+    def __init__(self, minimum: float | None = None, *, number: bool = False) -> None:
+        self.minimum = minimum
+        self.number = number  # a plain finite number >= 0 (a threshold), not a duration
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        from doctor.core.settings import ConfigError, duration
+
+        try:
+            number = duration(value, "the value", positive=not self.number)
+        except ConfigError as exc:
+            words = str(exc).replace("the value ", "", 1)
+            self.fail(words.replace(" of seconds", "") if self.number else words, param, ctx)
+        if self.minimum is not None and number < self.minimum:
+            self.fail(f"must be at least {self.minimum:g}, got {value!r}", param, ctx)
+        return number
+
+
 def setting_option(f: Any) -> Callable[..., Any]:
     """The click option of one ``Settings`` field, from its ``setting()`` metadata."""
     from doctor.core.settings import key_of
@@ -40,7 +63,7 @@ def setting_option(f: Any) -> Callable[..., Any]:
         return click.option(*names, dest, is_flag=True, default=None, help=meta["help"])
     if kind == "count":
         return click.option(*names, dest, count=True, help=meta["help"])
-    typ = {"posint": int, "posfloat": float, "seconds": float}.get(kind)
+    typ = {"posint": int, "posfloat": Seconds(), "seconds": Seconds(number=True)}.get(kind)
     if dest in ("config", "from_snapshot"):
         typ = click.Path(dir_okay=False)
     return click.option(*names, dest, type=typ, default=None, help=meta["help"])

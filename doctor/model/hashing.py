@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from doctor.core import proc as proc_registry
 from doctor.core.fileio import atomic_write, open_regular, read_capped
 from doctor.model.index import INDEX_NAME, SINGLE_NAME, read_index
 from doctor.model.layout import file_state, read_hf_local_metadata
@@ -299,6 +300,7 @@ class WorkerProcess:
                                     encoding="utf-8", errors="replace", bufsize=1, close_fds=True)
         except OSError:
             return None
+        proc_registry.track(proc)  # killed if the doctor exits while it hashes (Ctrl-C, the run's deadline)
         return cls(proc)
 
     def hash(self, path: str, on_bytes: Callable[[int], None] | None) -> dict[str, Any] | None:
@@ -339,6 +341,7 @@ class WorkerProcess:
         finally:
             if self.proc.stdout is not None:
                 self.proc.stdout.close()
+            proc_registry.untrack(self.proc)
         return self.proc.returncode
 
 
