@@ -273,7 +273,8 @@ def wait_ready(url: str | None, config: str | None, profile: str | None, timeout
     Exit 0 when ready, 1 on timeout or when --pid exits first.
     """
     from doctor.core.settings import ConfigError
-    from doctor.service.readiness import health_url, url_problem
+    from doctor.service.http import shown_url
+    from doctor.service.readiness import alive, health_url, url_problem
     from doctor.service.readiness import wait_ready as wait
 
     if url is None:
@@ -281,9 +282,9 @@ def wait_ready(url: str | None, config: str | None, profile: str | None, timeout
         url = health_url(str(settings.get("server.host", "127.0.0.1")), int(settings.get("server.port", 30000)))
     why = url_problem(url)
     if why:
-        raise ConfigError(f"--url {url!r} {why}")
-    if timeout <= 0 or interval <= 0:
-        raise click.BadParameter("--timeout and --interval must be positive")
+        raise ConfigError(f"--url {shown_url(url)!r} {why}")
+    if pid is not None and not alive(pid):
+        raise ConfigError(f"--pid {pid}: no such process (give the server's process id)")
     outcome = wait(url, timeout, interval_s=interval, pid=pid, progress=None if quiet else sys.stderr)
     if not quiet:
         _say(outcome.reason)

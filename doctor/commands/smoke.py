@@ -62,7 +62,9 @@ def smoke(url: str | None, config: str | None, profile: str | None, timeout: flo
     Exit 0 when nothing failed (warnings too, unless --strict), 1 when a request failed, timed out, or the
     accept length says the drafter does not match the target, 2 on bad usage.
     """
-    from doctor.service.readiness import health_url
+    from doctor.core.settings import ConfigError
+    from doctor.service.http import shown_url
+    from doctor.service.readiness import health_url, url_problem
     from doctor.service.smoke import SmokeOptions, render_text, run_smoke
 
     settings: Any = None
@@ -70,8 +72,9 @@ def smoke(url: str | None, config: str | None, profile: str | None, timeout: flo
         settings = settings_from({"config": config, "profile": profile})
     if url is None:
         url = health_url(str(settings.get("server.host", "127.0.0.1")), int(settings.get("server.port", 30000)), "/")
-    if not url.startswith(("http://", "https://")):
-        raise click.BadParameter(f"--url must be http(s)://HOST:PORT, got {url!r}")
+    why = url_problem(url)
+    if why:  # 'http://[::1', a bad port, no host: an invalid invocation (exit 2), never a crash
+        raise ConfigError(f"--url {shown_url(url)!r} {why}")
 
     def number(key: str, default: float | None) -> float | None:
         v = settings.get(f"smoke.{key}") if settings is not None else None
