@@ -299,9 +299,11 @@ def wait_ready(url: str | None, config: str | None, profile: str | None, timeout
               help="For ExecStopPost: do nothing unless $SERVICE_RESULT says the start failed.")
 @click.option("--signatures", multiple=True, type=click.Path(dir_okay=False), help="More signatures (TOML).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--timeout", "match_timeout", type=Seconds(), default=60.0, show_default=True,
+              help="Seconds the matching may take with --signatures (matched in a child process killed then).")
 @guarded
 def diagnose(logfile: str | None, unit: str | None, invocation: str | None, on_service_failure: bool,
-             signatures: tuple[str, ...], fmt: str) -> None:
+             signatures: tuple[str, ...], fmt: str, match_timeout: float) -> None:
     """Map a failed start's log (FILE, `-` for stdin, or --journal UNIT) to the checks that catch it.
 
     Exit 0 when a known signature was found, 1 when none was, 2 on bad input: an unreadable file or
@@ -317,6 +319,7 @@ def diagnose(logfile: str | None, unit: str | None, invocation: str | None, on_s
         diagnose_lines,
         journal_argv,
         load_signatures,
+        match_bounded,
         read_log,
         render_text,
     )
@@ -350,7 +353,12 @@ def diagnose(logfile: str | None, unit: str | None, invocation: str | None, on_s
         except OSError as exc:
             _say(f"cannot read {logfile}: {exc.strerror or exc}")
             sys.exit(EXIT_USAGE)
-    findings = diagnose_lines(lines, sigs)
+    try:  # a site's patterns are matched in a killable child under a deadline; the built-in ones here
+        findings = (match_bounded(lines, [Path(s) for s in signatures], match_timeout) if signatures
+                    else diagnose_lines(lines, sigs))
+    except SignatureError as exc:
+        _say(str(exc))
+        sys.exit(EXIT_USAGE)
     if fmt == "json":
         click.echo(json.dumps({"source": source, "lines": len(lines),
                                "findings": [f.to_dict() for f in findings]}, indent=2))
