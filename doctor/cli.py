@@ -210,6 +210,9 @@ def tolerate_terminal() -> None:
 
 def main() -> None:
     tolerate_terminal()
+    from doctor.facts.redaction import guard_std_streams
+
+    guard_std_streams()  # one redaction for every message and report any command prints
     try:
         cli(prog_name="k26-doctor")
     except KeyboardInterrupt:

@@ -20,7 +20,14 @@ from typing import Any
 
 import click
 
-from doctor.commands.options import Seconds, guarded, selection_options, settings_from, write_requested
+from doctor.commands.options import (
+    Seconds,
+    check_output_path,
+    guarded,
+    selection_options,
+    settings_from,
+    write_requested,
+)
 from doctor.core.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
 DEFAULT_WAIT_S = 1800.0
@@ -225,16 +232,29 @@ def _stop(child: subprocess.Popen[Any], grace: float = 30.0) -> None:
               help="Command that runs k26-doctor in the unit, e.g. '/opt/k26/bin/k26-doctor' (default: this one).")
 @click.option("--no-diagnose", is_flag=True, help="No ExecStopPost diagnosis of a failed start.")
 @click.option("--smoke", is_flag=True, help="ExecStartPost: `k26-doctor smoke` once the server is ready.")
+@click.option("--secrets-file", default=None, type=click.Path(dir_okay=False),
+              help="Where a secret of the server arguments (-- --api-key X) is written (mode 0600) for the unit's "
+                   "EnvironmentFile=; the unit itself never holds it.")
 @click.argument("server_args", nargs=-1, type=click.UNPROCESSED)
 @guarded
 def systemd_unit(flags: dict[str, Any], user: str | None, no_hardening: bool, start_timeout: float | None,
-                 doctor_path: str | None, no_diagnose: bool, smoke: bool, server_args: tuple[str, ...]) -> None:
+                 doctor_path: str | None, no_diagnose: bool, smoke: bool, secrets_file: str | None,
+                 server_args: tuple[str, ...]) -> None:
     """Print a systemd unit: ExecStartPre runs `k26-doctor check`, ExecStart launches the server.
 
     Install: `k26-doctor systemd-unit --config /etc/k26-doctor/config.toml > /etc/systemd/system/UNIT`.
     """
+    from doctor.core.settings import ConfigError
     from doctor.service.launcher import build_plan
-    from doctor.service.systemd import absolute, doctor_command, reachability_notes, render_unit, service_user
+    from doctor.service.systemd import (
+        absolute,
+        doctor_command,
+        reachability_notes,
+        render_unit,
+        secrets_file_text,
+        service_user,
+        split_secrets,
+    )
 
     settings = settings_from(flags)
     build_plan(settings, list(server_args))  # the same validation launch will do: fail now, not at boot
@@ -244,9 +264,22 @@ def systemd_unit(flags: dict[str, Any], user: str | None, no_hardening: bool, st
     doctor = shlex.split(doctor_path) if doctor_path else None
     if doctor and os.sep in doctor[0]:  # systemd runs it from /: a relative path must mean what it meant here
         doctor[0] = absolute(doctor[0])
+    extra, secrets = split_secrets(list(server_args))
+    if secrets and not secrets_file:
+        raise ConfigError(f"the server arguments carry a secret ({', '.join(_flag_names(extra))}): a unit file is "
+                          "readable by every user (systemctl cat), so it is not written there. Give --secrets-file "
+                          "PATH (written mode 0600, read by EnvironmentFile=), or put the key in the config "
+                          "([server] api_key, a file of mode 0640)")
+    if secrets_file:
+        secrets_file = absolute(secrets_file)
+        check_output_path(secrets_file, "--secrets-file")
     text = render_unit(settings, config=config, doctor=doctor, user=user, timeout_override=start_timeout,
-                       extra=list(server_args), diagnose_on_failure=not no_diagnose, harden=not no_hardening,
-                       smoke=smoke)
+                       extra=extra, diagnose_on_failure=not no_diagnose, harden=not no_hardening,
+                       smoke=smoke, secrets_file=secrets_file if secrets else None)
+    if secrets and secrets_file:
+        write_secrets(secrets_file, secrets_file_text(secrets))
+        _say(f"the value(s) of {', '.join(f'`{n}`' for n in _flag_names(extra))} went to {secrets_file} (mode "
+             "0600, EnvironmentFile= of the unit), not into the unit")
     if not no_hardening:
         for note in reachability_notes(settings, doctor or doctor_command(), service_user(settings, user)):
             _say(f"note: {note}")
@@ -255,6 +288,24 @@ def systemd_unit(flags: dict[str, Any], user: str | None, no_hardening: bool, st
         _say(f"unit written to {flags['output']}")
     else:
         sys.stdout.write(text)
+
+
+def _flag_names(args: list[str]) -> list[str]:
+    from doctor.service.systemd import EnvRef
+
+    return [args[i - 1] for i, a in enumerate(args) if isinstance(a, EnvRef) and i > 0]
+
+
+def write_secrets(path: str, text: str) -> None:
+    """The unit's secrets file: mode 0600 from its first byte on (the atomic writer's temporary file is 0600),
+    never through a symlink; a failure is exit 2."""
+    from doctor.core.fileio import atomic_write, describe_error
+    from doctor.core.settings import ConfigError
+
+    try:
+        atomic_write(path, text.encode("utf-8"), 0o600)
+    except OSError as exc:
+        raise ConfigError(f"cannot write the secrets file {path}: {describe_error(exc)}") from None
 
 
 @click.command("wait-ready", context_settings={"help_option_names": ["-h", "--help"]})
