@@ -261,10 +261,31 @@ def run_checks(settings: Settings) -> Report:
     return run(settings)[0]
 
 
+def redacted(report: Report) -> Report:
+    """The report with every result's summary, details, remediation, exhibit and traceback redacted
+    (``doctor.facts.redaction``): what every renderer renders, so no format shows a secret a check read
+    (``[server] args = ["--api-key", "X"]`` in details, a token in a traceback)."""
+    from doctor.facts.redaction import redact, redact_text
+
+    def clean(res: Result) -> Result:
+        rem = res.remediation
+        return replace(res, summary=redact_text(res.summary), details=redact(res.details),
+                       remediation=None if rem is None else Remediation(redact_text(rem.text),
+                                                                        [redact_text(c) for c in rem.commands]),
+                       exhibit=redact_text(res.exhibit) if res.exhibit else res.exhibit,
+                       traceback=redact_text(res.traceback) if res.traceback else res.traceback)
+
+    return replace(report, outcome=replace(report.outcome, results=[clean(r) for r in report.results]),
+                   notes=[redact_text(n) for n in report.notes])
+
+
 def render(report: Report, fmt: str, verbose: int = 0, stream: IO[str] | None = None,
            color: bool | None = None, problems: bool = False) -> None:
-    """Write the report in ``text``, ``json`` or ``junit`` to ``stream`` (stdout by default)."""
+    """Write the report in ``text``, ``json`` or ``junit`` to ``stream`` (stdout by default), redacted."""
     stream = stream or sys.stdout
+    if fmt == "text":
+        report.fixable()  # planned on the results as they are, before they are redacted for showing
+    report = redacted(report)
     if fmt == "json":
         from doctor.report.json_report import dumps
         from doctor.report.text import utf8_capable

@@ -146,12 +146,10 @@ def read_pipe_or_file(path: str | os.PathLike[str], limit: int, kind: str, deadl
             left = end - time.monotonic()
             if left <= 0:
                 raise TimeoutError(errno.ETIMEDOUT, f"the pipe was still open after {deadline_s:g}s", name)
-            ready, _, _ = select.select([fd], [], [], left)
-            if not ready:
-                continue
-            try:
+            try:  # a FIFO nobody has opened for writing reads as end of file at once
                 chunk = os.read(fd, 1 << 20)
-            except BlockingIOError:
+            except BlockingIOError:  # a writer, nothing written yet
+                select.select([fd], [], [], min(left, 0.5))
                 continue
             if not chunk:
                 return b"".join(parts)

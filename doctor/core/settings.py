@@ -62,7 +62,7 @@ def _read_toml(path: Path, what: str) -> dict[str, Any]:
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "data" / "config_schema.toml"
 KIND_WORDS = {"str": "a string", "bool": "true or false", "int": "an integer", "posint": "an integer >= 1",
-              "port": "a port number (1-65535)", "number": "a number >= 0", "fraction": "a number in (0, 1]",
+              "port": "a port number (1-65535)", "number": "a finite number >= 0", "fraction": "a number in (0, 1]",
               "list_str": "a list of strings", "table_scalar": "a table of NAME = value (strings, numbers, booleans)",
               "path": "a non-empty path", "spec": "a version specifier such as \"==2.11.0\""}
 

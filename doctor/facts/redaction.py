@@ -123,13 +123,14 @@ WEBHOOK = re.compile(r"(?P<head>\b(?:hooks\.slack\.com/(?:services|workflows|tri
 URL_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^/?#\s'\"<>]+)@")
 SECRET_PARAMS = ("token", "key", "pwd", "pass", "secret", "sig", "signature", "sas", "code", "auth",
                  "authorization", "x-amz-credential", "x-amz-security-token", "x-goog-credential", "credential")
-QUERY_PARAM = re.compile(r"(?P<head>[?&;](?P<name>[A-Za-z0-9_.\-]+)=)(?P<value>(?!<redacted>)[^&#\s'\"]+)")
+QUERY_PARAM = re.compile(r"(?P<head>[?&;](?P<name>[A-Za-z0-9_.\-]+)=)(?P<value>(?!<redacted>)[^&#\s'\"\\]+)")
 QUOTED_PAIR = re.compile(r"(?P<head>(?P<q>[\"'])(?P<name>[A-Za-z0-9_.\-]+)(?P=q)\s*:\s*)(?P<vq>[\"'])"
                          r"(?P<value>(?:[^\"'\\]|\\.)*)(?P=vq)")
 ASSIGNMENT = re.compile(r"(?P<head>(?<![\w.\-/])(?P<name>[A-Za-z_][A-Za-z0-9_.\-]*)(?P<sep>\s*=\s*|:\s+)"
-                        r"(?P<q>[\"']?))(?P<value>(?!<redacted>)[^\s\"'&;,]+)")
-FLAG_VALUE = re.compile(r"(?P<head>(?P<flag>--[A-Za-z][A-Za-z0-9-]*)(?:=[\"']?|\s+[\"']?|[\"']\s*,\s*[\"']))"
-                        r"(?P<value>(?!<redacted>)(?!--)(?!\$\{[A-Za-z_][A-Za-z0-9_]*\})[^\s'\",\]]+)")
+                        r"(?P<q>(?:\\?[\"'])?))(?P<value>(?!<redacted>)(?!\$[({])[^\s\"'&;,\\]+)")
+FLAG_VALUE = re.compile(r"(?P<head>(?P<flag>--[A-Za-z][A-Za-z0-9-]*)"
+                        r"(?:=(?:\\?[\"'])?|\s+(?:\\?[\"'])?|\\?[\"']\s*,\s*\\?[\"']))"
+                        r"(?P<value>(?!<redacted>)(?!--)(?!\$\{[A-Za-z_][A-Za-z0-9_]*\})[^\s'\",\]\\]+)")
 
 
 def is_secret_param(name: str) -> bool:
