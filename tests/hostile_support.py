@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import http.server
 import os
-import shutil
 import socketserver
 import threading
 import time
@@ -139,10 +138,10 @@ def misbehaving_server(mode: str) -> Iterator[str]:
             except OSError:  # the client went away: what a bounded client does
                 pass
 
-        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+        def do_GET(self) -> None:
             self._answer()
 
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             self.rfile.read(length)
             self._answer()
@@ -156,8 +155,3 @@ def misbehaving_server(mode: str) -> Iterator[str]:
         stop.set()
         server.shutdown()
         server.server_close()
-
-
-def copy_tree(src: Path, dest: Path) -> Path:
-    shutil.copytree(src, dest, symlinks=True)
-    return dest

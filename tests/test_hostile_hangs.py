@@ -47,7 +47,7 @@ def test_a_fifo_in_the_model_directory_is_named_not_waited_on(base_model: Path, 
                                                               check_id: str) -> None:
     model = model_with(base_model, tmp_path / "m", **{name: "fifo"})
     start = time.monotonic()
-    out, report = check_json("--model-path", str(model), "--only", check_id, "--python", "/bin/true")
+    _, report = check_json("--model-path", str(model), "--only", check_id, "--python", "/bin/true")
     took = time.monotonic() - start
     res = by_id(report)[check_id]
     assert res["status"] == "fail", res
