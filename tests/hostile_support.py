@@ -30,7 +30,7 @@ def small_model(dest: Path) -> Path:
 
 def model_with(base: Path, dest: Path, **planted: str) -> Path:
     """A model directory of symlinks to ``base``'s files, with ``planted`` files replaced: ``fifo``, ``dir``,
-    ``loop`` (a symlink loop), ``dangling`` or ``outside:PATH`` (a link to a file outside the directory)."""
+    ``loop`` (a symlink loop), ``dangling`` (a link to nothing) or ``absent`` (left for the test to write)."""
     dest.mkdir()
     for entry in base.iterdir():
         if entry.name not in planted:
@@ -46,7 +46,7 @@ def model_with(base: Path, dest: Path, **planted: str) -> Path:
             (dest / (name + ".loop")).symlink_to(path)
         elif kind == "dangling":
             path.symlink_to(dest / "nowhere")
-        else:
+        elif kind != "absent":
             raise ValueError(kind)
     return dest
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from doctor.core.fileio import open_regular
+from doctor.core.fileio import describe_error, open_regular
 
 LEFTOVER_SUFFIXES = (".aria2", ".incomplete", ".part", ".partial")
 HF_LOCAL_META_DIR = os.path.join(".cache", "huggingface", "download")
@@ -51,8 +51,8 @@ def file_state(model_dir: str, name: str) -> FileState:
         lst = os.lstat(path)
     except FileNotFoundError:
         return FileState(name, path, exists=False)
-    except OSError as exc:
-        return FileState(name, path, exists=False, error=exc.strerror or str(exc))
+    except OSError as exc:  # a loop in a directory of the path: it is there, and cannot be reached
+        return FileState(name, path, exists=True, error=describe_error(exc))
     fs = FileState(name, path, exists=True)
     if stat.S_ISLNK(lst.st_mode):
         fs.is_symlink = True
@@ -65,8 +65,8 @@ def file_state(model_dir: str, name: str) -> FileState:
         except FileNotFoundError:
             fs.dangling = True
             return fs
-        except OSError as exc:
-            fs.error = exc.strerror or str(exc)
+        except OSError as exc:  # a symlink loop is said to be one, never "missing"
+            fs.error = describe_error(exc)
             return fs
         base = os.path.basename(os.path.realpath(path))
         if SHA256_RE.match(base):

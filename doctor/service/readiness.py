@@ -102,8 +102,12 @@ def alive(pid: int) -> bool:
     except (ProcessLookupError, OverflowError):
         return False
     except PermissionError:
+        pass
+    try:  # a zombie has exited: only its parent has not collected its status yet
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
         return True
-    return True
 
 
 def wait_ready(url: str, timeout_s: float, *, interval_s: float = 2.0,
