@@ -83,12 +83,6 @@ def test_a_fifo_where_a_patch_target_is(tmp_path_factory: pytest.TempPathFactory
     assert eng.status().files, "status reads every target without blocking"
 
 
-def test_a_fifo_shard_is_not_hashed_forever(base_model: Path, tmp_path: Path) -> None:
-    model = model_with(base_model, tmp_path / "m", **{"model-00002-of-000004.safetensors": "fifo"})
-    out = run_doctor("manifest", "verify", str(model), "--no-cache", timeout=60)
-    assert out.returncode == 1 and "model-00002-of-000004.safetensors" in out.stdout, out.stdout + out.stderr
-
-
 def test_timeout_is_the_deadline_of_the_whole_run(base_model: Path, tmp_path: Path) -> None:
     """A service interpreter that never answers: every probe hangs; --timeout 3 ends the run (fix planning and
     its probes included) by then, and no probe outlives the doctor."""
