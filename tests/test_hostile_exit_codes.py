@@ -65,6 +65,13 @@ def test_a_config_value_of_the_wrong_type_is_exit_2(tmp_path: Path, toml: str, w
     refused("check", "--only", "host.port", "--config", str(cfg), words=words)
 
 
+def test_a_ten_megabyte_host_is_refused_in_a_line_of_its_own(tmp_path: Path) -> None:
+    cfg = tmp_path / "k26.toml"
+    cfg.write_text('[server]\nhost = "' + "a" * 10_000_000 + '"\n')
+    err = refused("check", "--only", "host.*", "--config", str(cfg), words="[server] host = 'aaaa")
+    assert "(10000000 long)" in err and len(err) < 1000 and "collector crashed" not in err
+
+
 def test_a_directory_or_fifo_as_config_says_what_it_is(tmp_path: Path) -> None:
     fifo = tmp_path / "fifo.toml"
     os.mkfifo(fifo)

@@ -186,6 +186,7 @@ def test_every_kind_is_redacted_in_text(text: str, secret: str) -> None:
                                   "https://hub/x?revision=main&keyword=a", "--tp-size 8", "PWD=/home/user",
                                   "special token: <|im_end|>", "TOKENIZERS_PARALLELISM=false", "api_key: true",
                                   "--api-key ${K26_SERVER_API_KEY}", 'api_key = "$(openssl rand -hex 32)"',
+                                  '[server] api_key = "..." in the config',
                                   "secret values (--api-key, URL credentials) are shown as <redacted>",
                                   "HTTP Basic authentication", '"mask_token_id": 163838, "bos_token": "<s>"'])
 def test_what_is_not_a_secret_is_left(text: str) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import stat
 import sys
 from collections.abc import Callable
@@ -64,7 +65,8 @@ SCHEMA_PATH = Path(__file__).resolve().parents[1] / "data" / "config_schema.toml
 KIND_WORDS = {"str": "a string", "bool": "true or false", "int": "an integer", "posint": "an integer >= 1",
               "port": "a port number (1-65535)", "number": "a finite number >= 0", "fraction": "a number in (0, 1]",
               "list_str": "a list of strings", "table_scalar": "a table of NAME = value (strings, numbers, booleans)",
-              "path": "a non-empty path", "spec": "a version specifier such as \"==2.11.0\""}
+              "path": "a non-empty path", "spec": "a version specifier such as \"==2.11.0\"",
+              "host": "a host name or address (at most 253 characters, e.g. \"127.0.0.1\")"}
 
 
 def config_schema() -> dict[str, str]:
@@ -86,6 +88,8 @@ def _kind_ok(kind: str, value: Any) -> bool:
             except InvalidSpecifier:
                 return False
         return True
+    if kind == "host":  # what a socket can bind and a URL can hold: never a 10 MB string
+        return isinstance(value, str) and len(value) <= 253 and not re.search(r"[\s\x00-\x1f\x7f/?#@]", value)
     if kind == "bool":
         return isinstance(value, bool)
     if kind == "int":
@@ -105,6 +109,16 @@ def _kind_ok(kind: str, value: Any) -> bool:
     return True
 
 
+def shown(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for a message that names a value (a 10 MB one included)."""
+    head = value[: limit * 2] if isinstance(value, (str, bytes)) else value
+    text = repr(head)
+    if len(text) <= limit:
+        return text
+    size = f" ({len(value)} long)" if isinstance(value, (str, bytes, list, dict)) else ""
+    return f"{text[: limit - 12]}...{size}"
+
+
 def validate_profile(merged: dict[str, Any], config: dict[str, Any], config_path: str | None,
                      profile_name: str) -> None:
     """Every known key of the merged profile/config has a value of its kind; else ``ConfigError`` (exit 2)
@@ -119,7 +133,7 @@ def validate_profile(merged: dict[str, Any], config: dict[str, Any], config_path
             continue
         table, _, key = dotted.rpartition(".")
         where = f"config file {config_path}" if from_config is not MISSING else f"profile {profile_name}"
-        raise ConfigError(f"invalid configuration: [{table}] {key} = {node!r} in the {where} must be "
+        raise ConfigError(f"invalid configuration: [{table}] {key} = {shown(node)} in the {where} must be "
                           f"{KIND_WORDS.get(kind, kind)}")
 
 

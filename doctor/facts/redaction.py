@@ -158,8 +158,9 @@ def _assignment(m: re.Match[str]) -> str:
         return m.group(0)
     if m.group("sep").strip() == ":" and len(_words(name)) == 1 and name.lower() not in PROSE_SECRET_WORDS:
         return m.group(0)  # "token: <|im_end|>" in a sentence; "password: x" and "DB_PASS: x" are secrets
-    if m.group("value").lower() in ("true", "false", "none", "null", "unset", "set", "yes", "no"):
-        return m.group(0)  # a flag saying whether there is one (api_key: true), not the secret
+    value = m.group("value")
+    if value.lower() in ("true", "false", "none", "null", "unset", "set", "yes", "no") or not value.strip("."):
+        return m.group(0)  # whether there is one (api_key: true), or a placeholder ("..."): not the secret
     return m.group("head") + REDACTED
 
 
