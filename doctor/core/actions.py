@@ -137,7 +137,7 @@ class StopProcess(Action):
 def process_start_ticks(pid: int) -> int | None:
     """Start time of a process in clock ticks since boot; tells a reused PID apart."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        stat = read_text(f"/proc/{pid}/stat", 1 << 16, "a process status", errors="replace")
     except OSError:
         return None
     try:

@@ -13,11 +13,12 @@ from pathlib import Path
 
 
 def main() -> int:
-    from doctor.service.diagnose import diagnose_lines, load_signatures
+    from doctor.core.fileio import read_text
+    from doctor.service.diagnose import MAX_LOG_BYTES, diagnose_lines, load_signatures
 
     req = json.loads(sys.stdin.read())
     signatures = load_signatures([Path(p) for p in req["signatures"]])
-    lines = Path(req["log"]).read_text(encoding="utf-8", errors="replace").splitlines()
+    lines = read_text(req["log"], MAX_LOG_BYTES, "a log", errors="replace").splitlines()
 
     def progress(sig_id: str) -> None:
         sys.stderr.write(sig_id + "\n")

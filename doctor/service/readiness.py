@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO
 
+from doctor.core.fileio import open_regular
 from doctor.service import http
 
 READY, STARTING, REFUSED, UNREACHABLE, BAD = "ready", "starting", "refused", "unreachable", "unexpected"
@@ -104,8 +105,8 @@ def alive(pid: int) -> bool:
     except PermissionError:
         pass
     try:  # a zombie has exited: only its parent has not collected its status yet
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+        with open_regular(f"/proc/{pid}/stat") as fh:
+            return fh.read(1 << 16).rsplit(b")", 1)[1].split()[0] != b"Z"
     except (OSError, IndexError):
         return True
 
