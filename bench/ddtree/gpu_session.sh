@@ -79,23 +79,44 @@ stage_pair() {
   fi
 }
 
-stage_serve() {
-  local plan=${1:?plan} budget=${2:-420}
-  local t0; t0=$(date +%s)
-  # under `all`, the budget counts from the session's start
-  [ -n "${SESSION_T0:-}" ] && budget=$(( budget - (t0 - SESSION_T0) ))
-  export PAIR=$WORK/pair TINY=$WORK/tiny
-  wait_jit
-  local left=$(( budget - ($(date +%s) - t0) ))
-  python3 "$REPO/bench/ddtree/serve_check.py" up --plan "$plan" --state "$WORK/state.json" --logs "$WORK/logs" \
-    --out "$OUT/results.json" --budget-s $(( left * 45 / 100 ))
-  left=$(( budget - ($(date +%s) - t0) - 45 ))
-  python3 "$REPO/bench/ddtree/serve_check.py" measure --plan "$plan" --state "$WORK/state.json" --out "$OUT/results.json" \
-    --budget-s "$left"
-  python3 "$REPO/bench/ddtree/serve_check.py" down --state "$WORK/state.json" --out "$OUT/results.json"
-  python3 "$REPO/bench/ddtree/serve_check.py" compare "$OUT/results.json" --json "$OUT/verdicts.json" | tee "$OUT/compare.txt"
+sc() { python3 "$REPO/bench/ddtree/serve_check.py" "$@"; }
+left_s() { echo $(( ${DEADLINE:?} - $(date +%s) )); }
+
+finish() {  # measure, down, compare, and what the next session can reuse
+  local plan=$1; shift
+  sc measure --plan "$plan" "$@" --out "$OUT/results.json" --budget-s $(( $(left_s) - 40 ))
+  sc down "$@" --out "$OUT/results.json"
+  sc compare "$OUT/results.json" --json "$OUT/verdicts.json" | tee "$OUT/compare.txt"
   tar -czf "$OUT/logs.tgz" -C "$WORK" logs 2>/dev/null
-  rm -f "$WORK/state.json"
+  tar -cJf "$OUT/jit-cache.tar.xz" -C "$WORK" flashinfer-cache 2>/dev/null
+  ls -la "$OUT"
+  rm -f "$WORK"/state*.json
+}
+
+stage_serve() {  # servers of every wave, on a host whose pairs exist already
+  local plan=${1:?plan} budget=${2:-420}
+  export DEADLINE=${DEADLINE:-$(( $(date +%s) + budget ))} PAIR=$WORK/pair TINY=$WORK/tiny
+  wait_jit
+  sc up --plan "$plan" --state "$WORK/state1.json" --logs "$WORK/logs" --budget-s $(( $(left_s) * 45 / 100 ))
+  finish "$plan" --state "$WORK/state1.json"
+}
+
+stage_all() {  # setup, wave 0 on the random pair while the trained pair trains, then the rest
+  local plan=${1:?plan} budget=${2:-540}
+  export DEADLINE=$(( $(date +%s) + budget )) PAIR=$WORK/pair TINY=$WORK/tiny
+  stage_setup || return $?
+  grep -q '\$TINY' "$plan" && stage_tiny
+  local w0=""
+  if grep -q '"wave": 0' "$plan"; then
+    sc up --plan "$plan" --wave 0 --state "$WORK/state0.json" --logs "$WORK/logs" --budget-s $(( $(left_s) / 2 )) &
+    w0=$!
+  fi
+  grep -q '\$PAIR' "$plan" && stage_pair "${PAIR_SEED:-1}"
+  wait_jit
+  [ -n "$w0" ] && wait "$w0"
+  sc up --plan "$plan" --wave 1 2 3 --state "$WORK/state1.json" --logs "$WORK/logs" \
+    --budget-s $(( $(left_s) * 40 / 100 ))
+  finish "$plan" --state "$WORK/state0.json" --state "$WORK/state1.json"
 }
 
 main() {
@@ -105,12 +126,7 @@ main() {
     tiny) stage_tiny ;;
     pair) stage_pair "$@" ;;
     serve) stage_serve "$@" ;;
-    all)
-      export SESSION_T0; SESSION_T0=$(date +%s)
-      stage_setup || return $?
-      grep -q '\$TINY' "$1" && stage_tiny
-      grep -q '\$PAIR' "$1" && stage_pair "${PAIR_SEED:-1}"
-      stage_serve "$@" ;;
+    all) stage_all "$@" ;;
     *) echo "unknown stage $stage"; return 2 ;;
   esac
 }

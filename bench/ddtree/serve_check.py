@@ -250,10 +250,11 @@ def cmd_up(args) -> int:
     plan = load_plan(args.plan)
     logdir = Path(args.logs)
     logdir.mkdir(parents=True, exist_ok=True)
-    state_path = Path(args.state)
+    state_path = Path(args.state[0])
     state = json.loads(state_path.read_text()) if state_path.exists() else {}
     deadline = time.time() + args.budget_s
-    chosen = [s for s in plan["servers"] if not args.only or s["name"] in args.only]
+    chosen = [s for s in plan["servers"] if (not args.only or s["name"] in args.only)
+              and (args.wave is None or int(s.get("wave", 1)) in args.wave)]
     waves = sorted({int(s.get("wave", 1)) for s in chosen})
     for wave in waves:
         group = [s for s in chosen if int(s.get("wave", 1)) == wave and not state.get(s["name"], {}).get("healthy")]
@@ -296,8 +297,17 @@ def scan_log(path: Path) -> dict:
             "tree_hashes": TREE_HASH.findall(text)[:20000]}
 
 
+def read_state(paths: list[str]) -> dict:
+    """The servers of one or more state files (``up`` commands run side by side write one each)."""
+    state: dict = {}
+    for path in paths:
+        if Path(path).exists():
+            state.update(json.loads(Path(path).read_text()))
+    return state
+
+
 def cmd_down(args) -> int:
-    state = json.loads(Path(args.state).read_text())
+    state = read_state(args.state)
     results = read_results(args.out)
     for rec in state.values():  # every server told at once, then waited for
         if rec.get("pid"):
@@ -376,7 +386,7 @@ def hash_ids(items: list[list[int]]) -> str:
 
 def cmd_measure(args) -> int:
     plan = load_plan(args.plan)
-    state = json.loads(Path(args.state).read_text())
+    state = read_state(args.state)
     results = read_results(args.out)
     results["plan"] = {k: plan.get(k) for k in ("name", "note", "prompts")}
     results["servers"].update({n: {k: v for k, v in r.items() if not k.startswith("_")} for n, r in state.items()})
@@ -738,12 +748,13 @@ def main() -> int:
     for name in ("up", "measure", "down", "run"):
         p = sub.add_parser(name)
         p.add_argument("--plan")
-        p.add_argument("--state", required=True)
+        p.add_argument("--state", required=True, action="append", help="state file (repeatable: merged)")
         p.add_argument("--out", default="results.json")
         p.add_argument("--logs", default="logs")
         p.add_argument("--budget-s", type=float, default=480)
         p.add_argument("--stagger-s", type=float, default=1.0)
         p.add_argument("--only", nargs="*")
+        p.add_argument("--wave", type=int, nargs="*", help="up: only the servers of these waves")
     c = sub.add_parser("compare")
     c.add_argument("results")
     c.add_argument("--json")
