@@ -112,10 +112,12 @@ stage_all() {  # setup, wave 0 on the random pair while the trained pair trains,
     w0=$!
   fi
   grep -q '\$PAIR' "$plan" && stage_pair "${PAIR_SEED:-1}"
-  wait_jit
-  [ -n "$w0" ] && wait "$w0"
+  # No wait for the JIT pre-compile: a server that reaches FlashInfer meanwhile waits on its file lock and loads
+  # what it built, while the rest of its start (imports, weights, Triton) overlaps the compile.
   sc up --plan "$plan" --wave 1 2 3 --state "$WORK/state1.json" --logs "$WORK/logs" \
     --budget-s $(( $(left_s) * 40 / 100 ))
+  [ -n "$w0" ] && wait "$w0"
+  wait_jit
   finish "$plan" --state "$WORK/state0.json" --state "$WORK/state1.json"
 }
 
