@@ -47,35 +47,40 @@ def test_output_onto_a_device_is_refused_and_the_device_survives(model: Path) ->
         assert stat.S_ISCHR(DEV_FULL.stat().st_mode), f"{argv} replaced /dev/full"
 
 
+def planted_targets(where: Path) -> tuple[Path, Path, Path]:
+    """(a file, a symlink to it, a FIFO): what no write may replace or write through."""
+    victim = where / "victim.txt"
+    victim.write_text("keep me\n")
+    link = where / "link.json"
+    link.symlink_to(victim)
+    fifo = where / "pipe.json"
+    os.mkfifo(fifo)
+    return victim, link, fifo
+
+
+def intact(victim: Path, link: Path, fifo: Path) -> bool:
+    return (link.is_symlink() and os.readlink(link) == str(victim) and victim.read_text() == "keep me\n"
+            and stat.S_ISFIFO(fifo.lstat().st_mode))
+
+
 def test_output_onto_a_symlink_or_fifo_is_refused_and_nothing_is_written_through(model: Path,
                                                                                   tmp_path: Path) -> None:
-    victim = tmp_path / "victim.txt"
-    victim.write_text("keep me\n")
-    link = tmp_path / "link.json"
-    link.symlink_to(victim)
-    fifo = tmp_path / "pipe.json"
-    os.mkfifo(fifo)
+    victim, link, fifo = planted_targets(tmp_path)
     for target, words in ((link, "is a symbolic link"), (fifo, "is a FIFO")):
         for argv in output_commands(model, str(target)):
             out = run_doctor(*argv, timeout=120)
             assert out.returncode == 2 and words in out.stderr, (argv, out.stderr)
-    assert link.is_symlink() and os.readlink(link) == str(victim) and victim.read_text() == "keep me\n"
-    assert stat.S_ISFIFO(fifo.lstat().st_mode)
+    assert intact(victim, link, fifo)
 
 
 def test_the_writer_never_replaces_what_is_not_a_regular_file(tmp_path: Path) -> None:
     from doctor.core.fileio import atomic_write
 
-    victim = tmp_path / "victim"
-    victim.write_text("keep\n")
-    link = tmp_path / "link"
-    link.symlink_to(victim)
-    fifo = tmp_path / "fifo"
-    os.mkfifo(fifo)
+    victim, link, fifo = planted_targets(tmp_path)
     for target in (link, fifo, tmp_path):
         with pytest.raises(OSError, match="not a regular file"):
             atomic_write(target, b"new")
-    assert link.is_symlink() and victim.read_text() == "keep\n" and stat.S_ISFIFO(fifo.lstat().st_mode)
+    assert intact(victim, link, fifo)
 
 
 def _can_mount_tmpfs() -> bool:

@@ -83,16 +83,25 @@ def describe_error(exc: OSError) -> str:
     return worded.strerror or str(worded)
 
 
-def open_regular(path: str | os.PathLike[str], buffering: int = -1) -> BinaryIO:
-    """``path`` opened for reading (binary), only if it is a regular file: never blocks in ``open()`` on a
-    FIFO or a device, whatever it is named (see the module docstring). Raises ``OSError``."""
-    name = os.fspath(path)
+def _open_nonblocking(name: str) -> tuple[int, int]:
+    """A descriptor for reading ``name`` that never blocks in ``open()``, and its ``st_mode`` (failures worded)."""
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     except OSError as exc:
         raise _worded(exc, name) from None
     try:
-        mode = os.fstat(fd).st_mode
+        return fd, os.fstat(fd).st_mode
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def open_regular(path: str | os.PathLike[str], buffering: int = -1) -> BinaryIO:
+    """``path`` opened for reading (binary), only if it is a regular file: never blocks in ``open()`` on a
+    FIFO or a device, whatever it is named (see the module docstring). Raises ``OSError``."""
+    name = os.fspath(path)
+    fd, mode = _open_nonblocking(name)
+    try:
         if not stat.S_ISREG(mode):
             raise NotRegularFile(name, kind_of(mode))
         fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
@@ -127,12 +136,8 @@ def read_pipe_or_file(path: str | os.PathLike[str], limit: int, kind: str, deadl
     import time
 
     name = os.fspath(path)
+    fd, mode = _open_nonblocking(name)
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
-    except OSError as exc:
-        raise _worded(exc, name) from None
-    try:
-        mode = os.fstat(fd).st_mode
         if stat.S_ISREG(mode):
             os.close(fd)
             fd = -1
