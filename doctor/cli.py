@@ -108,6 +108,9 @@ def fix(flags: dict[str, Any], do_apply: bool, yes: bool) -> None:
             print_plans(plans, report)
         sys.exit(EXIT_OK if not plans and report.exit_code() == 0 else report.exit_code())
     print_plans(plans, report)
+    from doctor.core import deadline
+
+    deadline.clear()  # --timeout bounded the checks and the planning; the changes the user asked for run whole
     code = apply_plans(plans, settings, ask=not yes, fmt=fmt)
     sys.exit(code)
 

@@ -140,6 +140,9 @@ def launch(flags: dict[str, Any], dry_run: bool, no_check: bool, no_flag_check: 
         ok, ctx = _run_gate(settings, flags)
         if not ok:
             sys.exit(EXIT_FAILED)
+        from doctor.core import deadline
+
+        deadline.clear()  # --timeout bounded the gate's checks; the flag check and the server have their own
     if not no_flag_check and not _flag_gate(plan, settings, ctx):
         sys.exit(EXIT_FAILED)
     for note in plan.notes:
