@@ -94,7 +94,7 @@ def blocking_files(model_dir: str, remote: dict[str, Any]) -> list[str]:
     """The tokenizer's files (and remote code) that exist but are not regular files, in words
     (``tokenizer.json is a FIFO (named pipe)``): a load in the service's interpreter would block on them."""
     out = []
-    for name in [*TOKENIZER_FILES, *(remote.get("files") or {})]:
+    for name in [*TOKENIZER_FILES, "config.json", *(remote.get("files") or {})]:  # AutoConfig reads config.json
         try:
             mode = os.stat(os.path.join(model_dir, name)).st_mode
         except (OSError, ValueError):
