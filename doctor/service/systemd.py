@@ -110,6 +110,11 @@ def _quote(argv: list[str]) -> str:
     return " ".join(out)
 
 
+def exec_line(argv: list[str]) -> str:
+    """An ``Exec*=`` command line for ``argv``, quoted and escaped as systemd reads it."""
+    return _quote(argv)
+
+
 def absolute(path: str) -> str:
     """systemd runs commands from ``/``: a relative path given here must become the one it meant here."""
     return os.path.abspath(os.path.expanduser(path))
