@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 DAEMONS = {"munged": "munge", "munge": "munge", "slurmctld": "slurmctld", "slurmd": "slurmd",
-           "scontrol": "slurm-client"}
+           "scontrol": "slurm-client", "srun": "slurm-client", "squeue": "slurm-client", "scancel": "slurm-client"}
 START_S = 40.0
 
 
@@ -147,8 +147,26 @@ class Cluster:
         self.procs.append(proc)
         return proc
 
+    def jobs(self) -> list[str]:
+        res = _run([*self.prefix, _tool("squeue") or "squeue", "-h", "-o", "%i"], env=self.env())
+        return res.stdout.split() if res.returncode == 0 else []
+
+    def cancel_jobs(self, timeout: float = 20) -> None:
+        """Cancel every job of this cluster and wait for their processes (slurmstepd's, outside the daemons'
+        process groups) to be gone."""
+        deadline = time.monotonic() + timeout
+        while self.jobs() and time.monotonic() < deadline:
+            _run([*self.prefix, _tool("scancel") or "scancel", *self.jobs()], env=self.env())
+            time.sleep(0.3)
+
     def stop(self) -> None:
-        """SIGTERM each daemon's process group (last started first), SIGKILL what is left after 10 s."""
+        """Cancel the jobs, then SIGTERM each daemon's process group (last started first), SIGKILL what is left
+        after 10 s."""
+        if self.procs:
+            try:
+                self.cancel_jobs()
+            except (OSError, subprocess.TimeoutExpired):
+                pass
         for proc in reversed(self.procs):
             _signal_group(proc, signal.SIGTERM)
         deadline = time.monotonic() + 10
