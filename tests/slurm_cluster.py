@@ -6,7 +6,8 @@ Every daemon listens on loopback only, on free ports. Two ways, chosen by what t
 * ``loopback``: the host name resolves to a loopback address (Debian's ``127.0.1.1 host``): slurmctld and slurmd
   bind exactly that address (``CommunicationParameters=NoCtldInAddrAny,NoInAddrAny``);
 * ``netns``: otherwise (a container whose name resolves to its bridge address), as root: the daemons and every
-  command that talks to them run in a network namespace of their own whose only interface is ``lo``.
+  command that talks to them run in a network namespace of their own whose only interface is ``lo``
+  (``K26_TEST_SLURM_NETNS=1`` forces this way).
 
 munge's socket and key, slurm.conf, the state and the logs live in the test's directory; the daemons run as the
 user running the tests. ``why_not()`` says exactly what is missing when the cluster cannot run here.
@@ -14,6 +15,7 @@ user running the tests. ``why_not()`` says exactly what is missing when the clus
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import ipaddress
 import os
@@ -21,12 +23,15 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 DAEMONS = {"munged": "munge", "munge": "munge", "slurmctld": "slurmctld", "slurmd": "slurmd",
            "scontrol": "slurm-client", "srun": "slurm-client", "squeue": "slurm-client", "scancel": "slurm-client"}
 START_S = 40.0
+FORCE_NETNS = "K26_TEST_SLURM_NETNS"  # =1: the network namespace even where the host name is loopback
 
 
 def _tool(name: str) -> str | None:
@@ -57,7 +62,7 @@ def why_not() -> str | None:
     missing = sorted({pkg for name, pkg in DAEMONS.items() if _tool(name) is None})
     if missing:
         return "not installed: " + " ".join(missing) + " (apt-get install munge slurmctld slurmd slurm-client)"
-    if loopback_address() is None and not netns_possible():
+    if (loopback_address() is None or os.environ.get(FORCE_NETNS)) and not netns_possible():
         return (f"the host name {socket.gethostname()!r} does not resolve to a loopback address and a private "
                 "network namespace needs root with unshare, nsenter and ip (iproute2)")
     return None
@@ -86,7 +91,7 @@ class Cluster:
         self.extra_conf = extra_conf
         self.procs: list[subprocess.Popen[bytes]] = []
         self.prefix: list[str] = []
-        self.mode = "loopback" if loopback_address() else "netns"
+        self.mode = "loopback" if loopback_address() and not os.environ.get(FORCE_NETNS) else "netns"
 
     # -- life cycle ---------------------------------------------------------------------------------------
     def start(self) -> Cluster:
@@ -106,7 +111,10 @@ class Cluster:
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
         if self.mode == "netns":
-            holder = self._spawn("netns", ["unshare", "--net", "sh", "-c", "ip link set lo up && exec sleep 3600"])
+            # lo up, plus an address that is not loopback (on lo, so still nowhere else): getaddrinfo's
+            # AI_ADDRCONFIG, which Slurm uses, resolves nothing, not even 127.0.0.1, without one.
+            up = "ip link set lo up && ip addr add 10.254.254.254/32 dev lo && exec sleep 3600"
+            holder = self._spawn("netns", ["unshare", "--net", "sh", "-c", up])
             self.prefix = ["nsenter", f"--net=/proc/{holder.pid}/ns/net", "--"]
             _wait(lambda: _run([*self.prefix, "ip", "-o", "link", "show", "lo"]).stdout.find("UP") >= 0,
                   "the network namespace's lo to come up")
@@ -201,6 +209,20 @@ class Cluster:
 
         m = re.search(r"(?:^| )Reason=(.*)$", self.show().strip())
         return m.group(1) if m else None
+
+    @contextlib.contextmanager
+    def holding(self, port: int) -> Iterator[None]:
+        """Someone listens on ``port`` where the daemons and the doctor run (in their namespace, if any)."""
+        code = ("import socket, sys, time\ns = socket.socket(); s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen(1)\n"
+                "print('ready', flush=True)\ntime.sleep(600)\n")
+        holder = subprocess.Popen([*self.prefix, sys.executable, "-c", code, str(port)], stdout=subprocess.PIPE,
+                                  stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+        try:
+            assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
+            yield
+        finally:
+            _signal_group(holder, signal.SIGKILL)
+            holder.wait(10)
 
     def logs(self) -> str:
         out = []

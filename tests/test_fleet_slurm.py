@@ -5,7 +5,6 @@ here (munged, slurmctld, slurmd from the distribution's packages, on loopback): 
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
@@ -158,13 +157,6 @@ def health(cluster: slurm_cluster.Cluster, n: dict, *args: str, **env: str) -> s
     return subprocess.run(argv, capture_output=True, text=True, env=e, timeout=120, stdin=subprocess.DEVNULL)
 
 
-def held(port: int) -> socket.socket:
-    s = socket.socket()
-    s.bind(("127.0.0.1", port))
-    s.listen(1)
-    return s
-
-
 def wait_until(pred, what: str, cluster: slurm_cluster.Cluster, timeout: float = 45) -> None:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -176,7 +168,7 @@ def wait_until(pred, what: str, cluster: slurm_cluster.Cluster, timeout: float =
 
 @needs_cluster
 def test_a_failing_check_drains_the_node_and_passing_resumes_it(cluster: slurm_cluster.Cluster, node: dict) -> None:
-    with held(node["port"]):
+    with cluster.holding(node["port"]):
         r = health(cluster, node, "--only", "host.port")
         assert r.returncode == 1, r.stdout + r.stderr
         assert "DRAIN" in cluster.states()
@@ -194,7 +186,7 @@ def test_a_failing_check_drains_the_node_and_passing_resumes_it(cluster: slurm_c
 def test_a_drain_by_someone_else_is_left_alone(cluster: slurm_cluster.Cluster, node: dict) -> None:
     drain = cluster.scontrol("update", f"nodename={cluster.node}", "state=drain", "reason=maintenance: PSU")
     assert drain.returncode == 0, drain.stderr
-    with held(node["port"]):
+    with cluster.holding(node["port"]):
         r = health(cluster, node, "--only", "host.port")
     assert r.returncode == 1 and "someone else" in r.stdout
     r = health(cluster, node, "--only", "host.port")
@@ -244,7 +236,7 @@ def test_on_a_node_with_a_job_the_pre_start_checks_are_left_out_but_not_in_the_p
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     try:
         wait_until(lambda: "ALLOCATED" in cluster.states(), "the job to start", cluster)
-        with held(node["port"]):
+        with cluster.holding(node["port"]):
             r = health(cluster, node, "--only", "host.*")
             assert r.returncode == 0, r.stdout + r.stderr
             assert "--while-serving: left out" in r.stdout and "DRAIN" not in cluster.states()
@@ -267,7 +259,7 @@ def _defaults(cluster: slurm_cluster.Cluster, node: dict, flags: str) -> None:
 def test_slurmd_runs_it_as_health_check_program_through_the_shipped_wrapper(cluster: slurm_cluster.Cluster,
                                                                               node: dict) -> None:
     _defaults(cluster, node, "--only host.port")
-    with held(node["port"]):
+    with cluster.holding(node["port"]):
         (cluster.root / "health.on").touch()
         wait_until(lambda: (cluster.reason() or "").startswith(f"{PREFIX} host.port"), "slurmd's health check to drain",
                    cluster)
@@ -280,7 +272,7 @@ def test_as_prolog_a_failure_drains_with_our_reason_and_the_job_does_not_run(clu
                                                                            node: dict) -> None:
     _defaults(cluster, node, "--only host.port")
     mark = node["tmp"] / "ran"
-    with held(node["port"]):
+    with cluster.holding(node["port"]):
         (cluster.root / "prolog.on").touch()
         job = subprocess.run([*cluster.prefix, "srun", "--immediate=20", "-N1", "touch", str(mark)],
                              env=cluster.env(), capture_output=True, text=True, timeout=90)
