@@ -154,6 +154,24 @@ def test_check_writes_the_textfile_whole_and_promtool_accepts_it(tmp_path: Path)
                           timeout=30).returncode == 0
 
 
+def test_the_launch_gate_writes_its_verdict_as_a_textfile_too(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as holder:  # the port is taken: the gate refuses, and says so in the textfile
+        holder.bind(("127.0.0.1", 0))
+        holder.listen(1)
+        cfg = tmp_path / "c.toml"
+        cfg.write_text(f'[server]\nhost = "127.0.0.1"\nport = {holder.getsockname()[1]}\n')
+        out = tmp_path / "gate.prom"
+        res = run_doctor("launch", "--config", str(cfg), "--only", "host.port", "--format", "openmetrics",
+                         "--output", str(out))
+    assert res.returncode == 1 and "not launching" in res.stderr, res.stderr
+    assert "host.port" in res.stderr and "# EOF" not in res.stderr  # the text report on stderr
+    samples = parse(out.read_text())
+    assert value(samples, openmetrics.CHECK_STATUS, check="host.port", status="fail") == 1
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
 def test_a_textfile_that_cannot_be_written_is_an_invalid_invocation(tmp_path: Path) -> None:
     for target in (tmp_path / "absent" / "k.prom", tmp_path):
         res = run_doctor("check", "--only", "host.disk", "--format", "openmetrics", "--output", str(target))

@@ -19,7 +19,7 @@ from typing import Any
 
 import click
 
-from doctor.commands.options import guarded, selection_options, settings_from
+from doctor.commands.options import guarded, selection_options, settings_from, textfile_of
 from doctor.core.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
 DEFAULT_WAIT_S = 1800.0
@@ -37,7 +37,12 @@ def _run_gate(settings: Any, flags: dict[str, Any]) -> tuple[bool, Any]:
 
     report, ctx = run(settings)
     fmt = flags.get("fmt") or "text"
-    if flags.get("output"):
+    if textfile_of(flags):  # node_exporter's textfile: replaced whole, never half-written
+        from doctor.report.openmetrics import to_openmetrics
+        from doctor.service.textfile import write_report
+
+        write_report(flags["output"], to_openmetrics(report))
+    elif flags.get("output"):
         with open(flags["output"], "w", encoding="utf-8") as fh:
             render(report, fmt, flags.get("verbose") or 0, fh, color=False)
     render(report, "text" if fmt in ("junit", "openmetrics") else fmt, flags.get("verbose") or 0, sys.stderr,
