@@ -25,7 +25,13 @@ from doctor import __version__
 from doctor.core.settings import Settings
 from doctor.host.facts import interpreter_bin_dir
 from doctor.service.fleet import fleet_data
-from doctor.service.systemd import SYSTEMD_DEFAULT_PATH, doctor_command, exec_line, selection_args
+from doctor.service.systemd import (
+    KERNEL_PROTECTION,
+    SYSTEMD_DEFAULT_PATH,
+    doctor_command,
+    exec_line,
+    selection_args,
+)
 
 RANDOM_DELAY_S = 30
 
@@ -106,15 +112,7 @@ def render_check_service(settings: Settings, opts: TimerOptions, *, config: str 
         f"ReadWritePaths={exec_line(['-' + os.path.dirname(opts.textfile)])}",
         "ProtectHome=read-only",
         "PrivateTmp=yes",
-        "ProtectKernelTunables=yes",
-        "ProtectKernelModules=yes",
-        "ProtectKernelLogs=yes",
-        "ProtectControlGroups=yes",
-        "ProtectClock=yes",
-        "ProtectHostname=yes",
-        "RestrictSUIDSGID=yes",
-        "RestrictRealtime=yes",
-        "LockPersonality=yes",
+        *KERNEL_PROTECTION,
         "",
     ]
     return "\n".join(lines)
