@@ -179,6 +179,12 @@ def test_a_textfile_that_cannot_be_written_is_an_invalid_invocation(tmp_path: Pa
         assert "Traceback" not in res.stderr
     res = run_doctor("fix", "--format", "openmetrics")
     assert res.returncode == 2 and "openmetrics" in res.stderr
+    out = tmp_path / "k.prom"  # an invalid selection leaves the last verdict as it was: no start of a run
+    assert run_doctor("check", "--only", "host.disk", "--format", "openmetrics", "--output", str(out)).returncode < 2
+    before = out.read_bytes()
+    for bad in (["--only", "host.dsik"], ["--while-serving", "--only", "host.port"]):
+        res = run_doctor("check", *bad, "--format", "openmetrics", "--output", str(out))
+        assert res.returncode == 2 and out.read_bytes() == before, res.stderr
 
 
 def test_a_hostile_previous_file_is_replaced_not_read(tmp_path: Path) -> None:

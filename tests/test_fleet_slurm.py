@@ -219,7 +219,7 @@ def test_what_scontrol_cannot_do_is_an_exit_status_not_a_traceback(cluster: slur
     elsewhere.write_text("\n".join(f"SlurmctldPort={dead}" if ln.startswith("SlurmctldPort=") else ln
                                    for ln in cluster.conf.read_text().splitlines()) + "\n")
     started = time.monotonic()
-    r = health(cluster, node, "--only", "host.port", "--scontrol-timeout", "3", SLURM_CONF=str(elsewhere))
+    r = health(cluster, node, "--only", "host.port", "--scontrol-timeout", "1.5", SLURM_CONF=str(elsewhere))
     assert r.returncode == 1 and "cannot read the node from Slurm" in r.stderr, r.stdout + r.stderr
     assert time.monotonic() - started < 60
     r = health(cluster, node, "--only", "host.port", "--scontrol", str(tmp_path / "no-scontrol"))

@@ -158,7 +158,10 @@ def begin_report(settings: Any, flags: dict[str, Any]) -> None:
     path = textfile_of(flags)
     if not path:
         return
+    from doctor.app import selected_checks
     from doctor.core.settings import ConfigError
+
+    selected_checks(settings)  # an invalid selection (exit 2) leaves the last verdict as it was
     from doctor.report.openmetrics import run_labels
     from doctor.service.textfile import mark_started, textfile_note
 
