@@ -187,6 +187,16 @@ def test_a_textfile_that_cannot_be_written_is_an_invalid_invocation(tmp_path: Pa
         assert res.returncode == 2 and out.read_bytes() == before, res.stderr
 
 
+def test_a_fifo_or_a_device_as_the_textfile_is_refused_without_hanging(tmp_path: Path) -> None:
+    fifo = tmp_path / "k.prom"
+    os.mkfifo(fifo)
+    for target in (fifo, Path(os.devnull)):
+        res = run_doctor("check", "--only", "host.disk", "--format", "openmetrics", "--output", str(target),
+                         timeout=60)
+        assert res.returncode == 2 and "not a regular file" in res.stderr, res.stderr
+    assert fifo.is_fifo()
+
+
 def test_a_hostile_previous_file_is_replaced_not_read(tmp_path: Path) -> None:
     out = tmp_path / "k.prom"
     with open(out, "wb") as fh:  # larger than any file of ours: not read into memory, not kept

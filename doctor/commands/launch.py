@@ -38,10 +38,14 @@ def _run_gate(settings: Any, flags: dict[str, Any]) -> tuple[bool, Any]:
     report, ctx = run(settings)
     fmt = flags.get("fmt") or "text"
     if textfile_of(flags):  # node_exporter's textfile: replaced whole, never half-written
+        from doctor.core.settings import ConfigError
         from doctor.report.openmetrics import to_openmetrics
         from doctor.service.textfile import write_report
 
-        write_report(flags["output"], to_openmetrics(report))
+        try:
+            write_report(flags["output"], to_openmetrics(report))
+        except OSError as exc:
+            raise ConfigError(f"--output {flags['output']}: cannot write: {exc.strerror or exc}") from None
     elif flags.get("output"):
         with open(flags["output"], "w", encoding="utf-8") as fh:
             render(report, fmt, flags.get("verbose") or 0, fh, color=False)
