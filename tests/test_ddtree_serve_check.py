@@ -158,3 +158,19 @@ def test_plan_expansion_and_server_command_line(tmp_path: Path, monkeypatch: pyt
     assert argv[argv.index("--speculative-ddtree-budget") + 1] == "32"
     assert argv[-2:] == ["--a", "--b"]
     assert p["phases"][0]["servers"] == ["dd"]
+
+
+def test_twin_and_tree_hash_criteria() -> None:
+    base = [[i, i + 1] for i in range(400)]
+    servers = {"tp1": _server("DDTREE"), "tp2": _server("DDTREE", greedy_twin="tp1")}
+    phases = [_phase("tp1", base, accept_len=3.0), _phase("tp2", base, accept_len=2.97)]
+    v = sc.compare(_results(servers, phases))
+    assert v["ok"] and v["twins"][0]["pass"]
+    phases[1]["accept_len"] = 2.8  # 6.7 % below TP1's
+    assert not sc.compare(_results(servers, phases))["ok"]
+    phases[1]["accept_len"] = 3.0
+    servers["tp2"]["tree_hashes"] = [("0", "0", "aa"), ("1", "0", "aa"), ("0", "1", "bb"), ("1", "1", "bb")]
+    assert sc.compare(_results(servers, phases))["tree_hashes"][0]["pass"]
+    servers["tp2"]["tree_hashes"][3] = ("1", "1", "cc")
+    v = sc.compare(_results(servers, phases))
+    assert not v["ok"] and v["tree_hashes"][0]["steps_that_differ"] == 1

@@ -655,6 +655,54 @@ def compare(results: dict) -> dict:
                      + (f", vs {rival}: {'more' if more_than_rival else 'not more'}" if rival else "")
                      + (f", errors {agg['errors']}" if agg["errors"] else ""))
 
+    # twins: the same algorithm at another parallel size -- greedy outputs identical within the near-tie rule
+    # (probed on the baseline), accept length within a tolerance
+    for name, s in sorted(servers.items()):
+        cfg = s.get("config") or {}
+        twin = cfg.get("greedy_twin")
+        if not twin or twin not in servers:
+            continue
+        same = n = 0
+        accepts = []
+        for ph in [p for p in greedy if p["server"] == name]:
+            tph = find_phase(results, ph["phase"], twin)
+            if not tph or tph["inputs_digest"] != ph["inputs_digest"]:
+                continue
+            pairs = list(zip(ph["outputs"], tph["outputs"], strict=False))
+            n += len(pairs)
+            same += sum(1 for a, b in pairs if a == b and a is not None)
+            if ph.get("accept_len") and tph.get("accept_len"):
+                accepts.append(ph["accept_len"] / tph["accept_len"])
+        agg = by_server.get(name, {})
+        twin_div = sum(len(v) for v in by_server.get(twin, {}).get("diverged", {}).values())
+        own_div = sum(len(v) for v in agg.get("diverged", {}).values())
+        tol = float(cfg.get("accept_tolerance", 0.02))
+        accept_ok = bool(accepts) and all(abs(r - 1) <= tol for r in accepts)
+        verdict = n > 0 and same / n >= GREEDY_SAME_MIN and own_div <= twin_div + (n - same) and accept_ok
+        ok = ok and verdict
+        out.setdefault("twins", []).append({"server": name, "twin": twin, "n": n, "identical": same,
+                                            "accept_ratios": accepts, "pass": verdict})
+        lines.append(f"{'PASS' if verdict else 'FAIL'} twin {name} vs {twin}: identical {same}/{n}, accept length "
+                     f"ratios {[round(r, 4) for r in accepts]} (within {tol:.0%})")
+
+    # tree hashes: every rank built the same tree at every step
+    for name, s in sorted(servers.items()):
+        hashes = s.get("tree_hashes") or []
+        if not hashes:
+            continue
+        steps: dict[str, set] = {}
+        ranks = set()
+        for rank, step, digest in hashes:
+            steps.setdefault(step, set()).add(digest)
+            ranks.add(rank)
+        split = [st for st, d in steps.items() if len(d) > 1]
+        verdict = len(ranks) > 1 and not split
+        ok = ok and verdict
+        out.setdefault("tree_hashes", []).append({"server": name, "ranks": sorted(ranks), "steps": len(steps),
+                                                  "steps_that_differ": len(split), "pass": verdict})
+        lines.append(f"{'PASS' if verdict else 'FAIL'} tree hashes {name}: {len(steps)} steps over ranks "
+                     f"{sorted(ranks)}, {len(split)} steps differ between ranks")
+
     # sampled: per position chi-square vs the baseline, Bonferroni over all tests
     sampled = [p for p in results["phases"] if "outputs" in p and p["sampling"]["temperature"] > 0]
     tests = []
