@@ -26,6 +26,7 @@ from doctor.commands.options import (
     guarded,
     selection_options,
     settings_from,
+    textfile_of,
     write_requested,
 )
 from doctor.core.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
@@ -45,11 +46,22 @@ def _run_gate(settings: Any, flags: dict[str, Any]) -> tuple[bool, Any]:
 
     report, ctx = run(settings)
     fmt = flags.get("fmt") or "text"
-    if flags.get("output"):
+    if textfile_of(flags):  # node_exporter's textfile: replaced whole, never half-written
+        from doctor.core.fileio import describe_error
+        from doctor.core.settings import ConfigError
+        from doctor.facts.redaction import redact_text
+        from doctor.report.openmetrics import to_openmetrics
+        from doctor.service.textfile import write_report
+
+        try:
+            write_report(flags["output"], redact_text(to_openmetrics(report)))
+        except OSError as exc:
+            raise ConfigError(f"--output {flags['output']}: cannot write: {describe_error(exc)}") from None
+    elif flags.get("output"):
         buf = io.StringIO()
         render(report, fmt, flags.get("verbose") or 0, buf, color=False)
         write_requested(flags["output"], buf.getvalue())
-    render(report, "text" if fmt == "junit" else fmt, flags.get("verbose") or 0, sys.stderr,
+    render(report, "text" if fmt in ("junit", "openmetrics") else fmt, flags.get("verbose") or 0, sys.stderr,
            problems=bool(flags.get("problems")))
     why = report.gate_refusal()  # a failure, or a check of the profile not judged for want of facts
     if why is not None:
@@ -238,14 +250,23 @@ def _stop(child: subprocess.Popen[Any], grace: float = 30.0) -> None:
 @click.option("--secrets-file", default=None, type=click.Path(dir_okay=False),
               help="Where a secret of the server arguments (-- --api-key X) is written (mode 0600) for the unit's "
                    "EnvironmentFile=; the unit itself never holds it.")
+@click.option("--timer", is_flag=True, help="Instead: a oneshot service and timer that run the checks periodically "
+              "(not the server) and refresh node_exporter's textfile; --output NAME.service writes NAME.timer beside.")
+@click.option("--interval", type=Seconds(10), default=None,
+              help="--timer: seconds between runs (default 300).")
+@click.option("--textfile", default=None, help="--timer: the node_exporter textfile, *.prom "
+              "(default /var/lib/prometheus/node-exporter/k26-doctor.prom).")
+@click.option("--idle-node", is_flag=True, help="--timer: the node runs no server; keep the checks that judge a host "
+              "before a start (gpu.idle, host.port, ...), which --while-serving leaves out.")
 @click.argument("server_args", nargs=-1, type=click.UNPROCESSED)
 @guarded
 def systemd_unit(flags: dict[str, Any], user: str | None, no_hardening: bool, start_timeout: float | None,
-                 doctor_path: str | None, no_diagnose: bool, smoke: bool, secrets_file: str | None,
-                 server_args: tuple[str, ...]) -> None:
+                 doctor_path: str | None, no_diagnose: bool, smoke: bool, secrets_file: str | None, timer: bool,
+                 interval: float | None, textfile: str | None, idle_node: bool, server_args: tuple[str, ...]) -> None:
     """Print a systemd unit: ExecStartPre runs `k26-doctor check`, ExecStart launches the server.
 
     Install: `k26-doctor systemd-unit --config /etc/k26-doctor/config.toml > /etc/systemd/system/UNIT`.
+    With --timer: `k26-doctor systemd-unit --timer --output /etc/systemd/system/k26-doctor-check.service`.
     """
     from doctor.core.settings import ConfigError
     from doctor.service.launcher import build_plan
@@ -260,6 +281,12 @@ def systemd_unit(flags: dict[str, Any], user: str | None, no_hardening: bool, st
     )
 
     settings = settings_from(flags)
+    if timer:
+        from doctor.commands.fleet import timer_units
+
+        timer_units(settings, flags, user=user, doctor_path=doctor_path, interval=interval, textfile=textfile,
+                    idle_node=idle_node, server_args=server_args)
+        return
     build_plan(settings, list(server_args))  # the same validation launch will do: fail now, not at boot
     config = settings.config_path
     if config:
