@@ -54,7 +54,13 @@ def test_prepare_verify_builds_the_tree_batch_and_mask(worker):
         tree = dd.build_ddtree(lp[b], tok[b], 10, int(roots[b]))
         assert batch.draft_tokens[b].tolist() == list(tree.tokens)
         assert batch.positions.view(2, 11)[b].tolist() == [int(prefix[b]) + d for d in tree.depths]
-    assert torch.equal(mask, dd.build_verify_custom_mask(batch.tree_mask, prefix))
+    # compact: W x W per request; the FULL_MASK layout of revision 3 held the same cells after its prefix part
+    assert mask.numel() == 2 * 11 * 11 and torch.equal(mask, dd.compact_verify_mask(batch.tree_mask))
+    full, off = dd.build_verify_custom_mask(batch.tree_mask, prefix), 0
+    for b, n in enumerate(prefix.tolist()):
+        block = full[off: off + 11 * (n + 11)].view(11, n + 11)
+        assert torch.equal(block[:, n:].reshape(-1), mask[b * 121: (b + 1) * 121]) and bool(block[:, :n].all())
+        off += 11 * (n + 11)
 
 
 def test_ddtree_stops_at_startup_in_this_revision(worker, monkeypatch):
