@@ -19,12 +19,14 @@ def _run(fn, *args, **kwargs):
         pytest.skip(str(exc))
 
 
-@pytest.mark.parametrize("mask_dtype", ["bool", "uint8"])
+@pytest.mark.parametrize(("mask_dtype", "layout"), [("bool", "compact"), ("uint8", "compact"), ("bool", "full")])
 @pytest.mark.parametrize("shape", sorted(harness.SHAPES))
-def test_triton_extend_attention_with_tree_mask_matches_float64(shape, mask_dtype):
-    res = _run(harness.run_extend_case, shape, mask_dtype)
+def test_triton_extend_attention_with_tree_mask_matches_float64(shape, mask_dtype, layout):
+    res = _run(harness.run_extend_case, shape, mask_dtype, layout=layout)
     assert res["max_abs_err"] < 3e-2, res  # bf16 inputs and output
     assert res["causal_max_abs_err"] > 0.1, res  # without the mask the tree is attended causally: wrong
+    if layout == "compact":
+        assert res["misread_max_abs_err"] > 0.1, res  # the compact mask read with FULL_MASK strides: wrong
 
 
 def test_sglang_triton_greedy_tree_verify_matches_reference():

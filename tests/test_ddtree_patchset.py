@@ -167,7 +167,27 @@ def test_server_args_parse_and_resolve_ddtree(tmp_path_factory):
     assert "pp_size == 1" in refused.pop("pp")  # SGLang's DFlash resolution refuses PP before DDTREE's own check
     assert "--enable-two-batch-overlap" in refused["tbo"]
     assert "PD disaggregation (--disaggregation-mode decode)" in refused["pd"]
+    assert "--dcp-size 2" in refused["dcp"]
+    assert "--enable-deterministic-inference" in refused["deterministic"]
+    assert "ROCm/HIP" in refused["hip"]
     assert all(v.startswith("ValueError: DDTREE was not validated with:") for v in refused.values()), refused
+
+
+def test_only_a_validated_configuration_passes_argument_resolution(tmp_path_factory):
+    """The gate reads ddtree_worker.VALIDATED at argument resolution: the configuration the resolution
+    sees (SGLang, TP size, backend, graph and overlap modes, compute capability, torch), listed, starts
+    without the opt-in; changing one key, or an empty table (this revision), refuses naming both."""
+    out = bare_part(tmp_path_factory, "server_args", "to import sglang.srt.server_args")
+    cfg, gates = out["configuration"], out["gates"]
+    assert set(cfg) == {"sglang", "tp_size", "attention_backend", "cuda_graph", "overlap_schedule",
+                        "compute_capability", "torch"}
+    assert cfg["sglang"] == "0.5.23" and cfg["tp_size"] == 1 and cfg["attention_backend"] == "triton"
+    assert cfg["cuda_graph"] is True and cfg["overlap_schedule"] is True
+    assert gates["listed"] == "completed", gates
+    for name in ("other_tp", "other_torch", "empty"):
+        assert gates[name].startswith("NotImplementedError: DDTREE: this revision"), gates
+        assert "SGLANG_DDTREE_UNVALIDATED_WORKER=1" in gates[name] and "tp_size=1" in gates[name]
+    assert "none yet" in gates["empty"] and "tp_size=8" in gates["other_tp"]
 
 
 def test_the_patch_engines_generator_agrees_with_the_manifest(tmp_path):
