@@ -213,3 +213,20 @@ def test_triton_keeps_the_custom_mask_for_ddtree_only(tmp_path_factory):
     fastapi, tvm-ffi, ...) in ``$K26_SGLANG_ARGS_PYTHON``; skips naming the first missing module otherwise."""
     assert bare_part(tmp_path_factory, "mask_policy", "to import dflash_utils and the Triton backend") == \
         [False, False, True]
+
+
+def test_the_manifest_mirrors_the_validated_record_of_the_worker():
+    """manifest.json ``validated`` is ddtree_worker.VALIDATED (read from the patched file's AST: the literal
+    the gate checks), each entry pinning every key the gate matches; empty in this revision."""
+    import ast
+
+    tree = ast.parse((patched_tree() / "sglang/srt/speculative/ddtree_worker.py").read_text())
+    assigned = {}
+    for node in tree.body:
+        target = node.target if isinstance(node, ast.AnnAssign) else (node.targets[0] if isinstance(node, ast.Assign)
+                                                                       else None)
+        if isinstance(target, ast.Name) and target.id in ("VALIDATED", "CONFIG_KEYS"):
+            assigned[target.id] = ast.literal_eval(node.value)
+    assert list(assigned["VALIDATED"]) == manifest()["validated"] == []
+    for entry in manifest()["validated"]:
+        assert set(assigned["CONFIG_KEYS"]) <= set(entry), entry

@@ -248,3 +248,28 @@ def test_sampled_ddtree_rounds_follow_the_target_distribution(st):
     fallback, _ = sample_three(st, toy, prompt, groups[:1], per // 5, 99, greedy_fallback)
     stat, df = chi_square(fallback, exact_three(toy, prompt, 0.7, V, 1.0))
     assert stat > chi_square_critical(df)
+
+
+def test_acceptance_thresholds_below_one_are_lossy_and_the_statistic_sees_it(st):
+    """--speculative-accept-threshold-acc below 1 (as DFLASH applies it, here through the sampling kernel's
+    torch reference) accepts drafts more often than the target distribution allows: the chi-square that the
+    default (1.0) passes fails for it -- the biased control a distribution test must reject."""
+    toy = Toy(5)
+    prompt = [2, 0, 3]
+    groups = [(0.7, V, 1.0)]
+    per = 2500
+
+    def with_thresholds(single, acc):
+        def factory(temps, top_ks, top_ps, gen):
+            return lambda tv, logits: st.accept_tree_reference(
+                tv, logits, all_greedy=False, temperatures=temps, top_ks=top_ks, top_ps=top_ps, generator=gen,
+                threshold_single=single, threshold_acc=acc)
+        return factory
+
+    exact = exact_three(toy, prompt, 0.7, V, 1.0)
+    codes, _ = sample_three(st, toy, prompt, groups, per, 99, with_thresholds(1.0, 1.0))
+    stat, df = chi_square(codes, exact)
+    assert stat < chi_square_critical(df), (stat, df)
+    biased, per_round = sample_three(st, toy, prompt, groups, per, 99, with_thresholds(1.0, 0.3))
+    stat, df = chi_square(biased, exact)
+    assert stat > chi_square_critical(df), (stat, df)
