@@ -48,8 +48,9 @@ def _need(module: str):
         raise Unavailable(f"{module} is not importable: {exc}") from None
 
 ATTN = "sglang/kernels/ops/attention"
+SPEC = "sglang/kernels/ops/speculative"
 KERNEL_FILES = [f"{ATTN}/extend_attention.py", f"{ATTN}/decode_attention.py", f"{ATTN}/score_mod.py",
-                "sglang/srt/environ.py", "sglang/kernels/ops/speculative/spec_tree.py"]
+                "sglang/srt/environ.py", f"{SPEC}/spec_tree.py", f"{SPEC}/lilicorr.py", f"{SPEC}/dflash.py"]
 
 
 def _torch(device: str = "cuda"):
@@ -153,6 +154,50 @@ def extend_attention_module(torch) -> types.ModuleType:
         sys.modules.update(saved)
     _KERNELS["extend"] = mod
     return mod
+
+
+def lilicorr_module(torch) -> types.ModuleType:
+    """``sglang/kernels/ops/speculative/lilicorr.py``: ``lilicorr_topk_lse``, the shard top-k + log-sum-exp
+    under the ``candidate_topk(..., with_partition=True)`` the DDTREE worker takes its draft top-k from (Triton
+    kernels on a GPU, its torch path elsewhere)."""
+    if "lilicorr" in _KERNELS:
+        return _KERNELS["lilicorr"]
+    root = _source_root()
+    saved = {k: v for k, v in sys.modules.items() if k == "sglang" or k.startswith("sglang.")}
+    for k in saved:
+        del sys.modules[k]
+    try:
+        for name in ("sglang", "sglang.kernels", "sglang.kernels.ops", "sglang.kernels.ops.speculative"):
+            pkg = types.ModuleType(name)
+            pkg.__path__ = [str(root / name.replace(".", "/"))]
+            sys.modules[name] = pkg
+        mod = importlib.import_module("sglang.kernels.ops.speculative.lilicorr")
+    finally:
+        for k in [k for k in sys.modules if k == "sglang" or k.startswith("sglang.")]:
+            del sys.modules[k]
+        sys.modules.update(saved)
+    _KERNELS["lilicorr"] = mod
+    return mod
+
+
+def run_draft_topk_case(device: str = "cuda", seed: int = 0) -> dict:
+    """The worker's draft top-k (``lilicorr_topk_lse``: top-k logits, ids, full-vocabulary log-sum-exp, so
+    log-probs = logit - lse) against the revision-3 path (``log_softmax`` over the vocabulary, then top-k):
+    the same ids and log-probs, for tile-selected (min(K, tiles) a power of two) and fallback shapes."""
+    torch = _torch(device)
+    mod = lilicorr_module(torch)
+    dd = ddtree_utils_module()
+    dev = torch.device(device)
+    g = torch.Generator(device=dev).manual_seed(seed)
+    cases = []
+    for vocab, k in ((4096, 4), (20000, 16), (163840, 64), (3000, 5)):
+        logits = torch.randn(24, vocab, generator=g, device=dev) * 3.0
+        vals, ids, lse = mod.lilicorr_topk_lse(logits, k)
+        ref_lp, ref_ids = dd.ddtree_topk_from_logits(logits, k)
+        lp = vals.float() - lse.unsqueeze(-1)
+        cases.append({"vocab": vocab, "k": k, "ids_equal": bool(torch.equal(ids.long(), ref_ids)),
+                      "max_abs_err": float((lp - ref_lp).abs().max())})
+    return {"cases": cases, "ok": all(c["ids_equal"] and c["max_abs_err"] < 1e-4 for c in cases)}
 
 
 def verify_greedy_kernel_module() -> types.ModuleType:
@@ -508,6 +553,9 @@ def main(argv: list[str]) -> int:
     good = r["predicts_equal"] and r["accept_index_equal"] and r["accept_num_equal"]
     ok &= good
     print(f"verify_tree_greedy_triton {r} {'OK' if good else 'FAIL'}")
+    r = run_draft_topk_case(device="cpu" if interpret else "cuda")
+    ok &= r["ok"]
+    print(f"draft top-k (lilicorr_topk_lse) {r} {'OK' if r['ok'] else 'FAIL'}")
     r = run_step_loop_greedy_case(device="cpu" if interpret else "cuda")
     good = r["equal_to_autoregressive"]
     ok &= good

@@ -91,7 +91,8 @@ REFUSED = {
     "return_routed_experts": "return_routed_experts", "return_indexer_topk": "return_indexer_topk",
     "return_hidden_states": "return_hidden_states", "custom_logit_processor": "custom_logit_processor",
     "min_p": "min_p=0.05", "frequency_penalty": "frequency_penalty=0.5", "presence_penalty": "presence_penalty=-0.5",
-    "repetition_penalty": "repetition_penalty=1.1", "min_new_tokens": "min_new_tokens=3", "regex": "constrained decoding",
+    "repetition_penalty": "repetition_penalty=1.1", "min_new_tokens": "min_new_tokens=3",
+    "regex": "constrained decoding",
 }
 
 

@@ -35,6 +35,11 @@ def test_sglang_triton_greedy_tree_verify_matches_reference():
     assert res["mean_accepted"] > 1.0, res
 
 
+def test_draft_topk_from_the_upstream_shard_helper_is_exact():
+    res = _run(harness.run_draft_topk_case)
+    assert res["ok"], res
+
+
 def test_ddtree_step_loop_with_sglang_greedy_kernel_equals_autoregressive():
     res = _run(harness.run_step_loop_greedy_case)
     assert res["equal_to_autoregressive"], res

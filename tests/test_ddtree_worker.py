@@ -157,11 +157,11 @@ def test_startup_warms_the_verify_kernels_and_a_toolchain_fault_fails_it(worker)
         raise RuntimeError("nvcc fatal: Unsupported gpu architecture 'compute_103'")
 
     spec_tree.verify_tree_greedy_func = broken
-    with pytest.raises(RuntimeError, match="greedy tree-verify kernel .*nvcc fatal"):
+    with pytest.raises(RuntimeError, match=r"greedy tree-verify kernel .*nvcc fatal"):
         worker.warm_verify_kernels(torch.device("cpu"), 17, 7, 64)
     spec_tree.verify_tree_greedy_func = _greedy_func(dd)
     _module("sglang.kernels.ops.speculative.verify_sampling", tree_speculative_sampling_target_only=broken)
-    with pytest.raises(RuntimeError, match="tree_speculative_sampling_target_only.*nvcc fatal"):
+    with pytest.raises(RuntimeError, match=r"tree_speculative_sampling_target_only.*nvcc fatal"):
         worker.warm_verify_kernels(torch.device("cpu"), 17, 7, 64)
 
 
