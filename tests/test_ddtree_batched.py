@@ -100,6 +100,7 @@ def test_batched_trees_are_the_reference_trees(dd, sp, debug_checks, depth, topk
     trees, ref = reference(dd, sp, lp, tok, roots, budgets, width, prefix)
     for name in FIELDS:
         assert torch.equal(getattr(got, name), getattr(ref, name)), name
+        assert getattr(got, name).is_contiguous(), name  # SGLang's JIT kernels read them as flat arrays
     for b, tree in enumerate(trees):
         assert got.scores[b].tolist() == pytest.approx(list(tree.scores))
         assert got.ranks[b].tolist() == list(tree.ranks)
