@@ -77,6 +77,51 @@ def accept_outputs(torch, dd, tv, seed: int = 0):
     return pred.to(dev, torch.int32), acc.to(dev, torch.int32), num.to(dev, torch.int32)
 
 
+def run_case(torch, dd, st, device, budget: int, bs: int, prefix_len: int, repeat: int, timed) -> list[str]:
+    """The report lines of one (budget, batch size): both implementations on the same inputs, checked equal."""
+    kw = inputs(torch, dd, bs, budget, prefix_len, device)
+    tv = st.build_tree_verify(**kw)
+    pred, acc, num = accept_outputs(torch, dd, tv)
+    loc, prefix, w = kw["out_cache_loc"], kw["prefix_lens"], kw["width"]
+
+    def reference():
+        t = st.build_tree_verify_reference(**kw)
+        st.plan_commit_reference(pred, acc, num, loc, prefix, w)
+        return t
+
+    def batched():
+        t = st.build_tree_verify(**kw)
+        st.plan_commit(pred, acc, num, loc, prefix, w)
+        return t
+
+    ref_tv = reference()
+    for name in ("draft_tokens", "retrieve_next_token", "retrieve_next_sibling", "tree_mask"):
+        assert torch.equal(getattr(ref_tv.batch, name).cpu(), getattr(tv.batch, name).cpu()), name
+    r = measure(timed(reference), repeat)
+    n = measure(timed(batched), repeat)
+    out = [f"{budget:>6} {bs:>3} | {r.best * 1e3:7.3f} / {r.median * 1e3:7.3f} | "
+           f"{n.best * 1e3:6.3f} / {n.median * 1e3:6.3f} | {r.best * 1e3 / bs:11.3f} "
+           f"{n.best * 1e3 / bs:11.3f} | {r.median / n.median:6.2f} | "
+           f"{ref_tv.custom_mask.numel():>10} {tv.custom_mask.numel():>9}"]
+    if device.type != "cuda":
+        return out
+    graphs = st.TreeBuildGraphs(width=w, depth=DEPTH, topk=budget, budget=budget, batch_sizes=[bs], device=device)
+    try:
+        graphs.capture()
+    except Exception as exc:  # report, do not hide: the worker would run eager then
+        return [*out, f"{'':>10} graph capture failed: {type(exc).__name__}: {exc}"]
+
+    def replayed():
+        t = graphs.build(**kw)
+        st.plan_commit(pred, acc, num, loc, prefix, w)
+        return t
+
+    assert torch.equal(replayed().custom_mask, tv.custom_mask)  # the replay gives the eager trees
+    g = measure(timed(replayed), repeat)
+    return [*out, f"{'':>10} tree build replayed from a CUDA graph + plan_commit: {g.best * 1e3:6.3f} / "
+                  f"{g.median * 1e3:6.3f} ms; ratio reference/graph {r.median / g.median:6.2f}"]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cpu")
@@ -114,43 +159,7 @@ def main() -> int:
              f"{'per req new':>11} | {'ratio':>6} | {'mask ref':>10} {'mask new':>9}"]
     for budget in [int(x) for x in args.budgets.split(",")]:
         for bs in [int(x) for x in args.batch_sizes.split(",")]:
-            kw = inputs(torch, dd, bs, budget, args.prefix, device)
-            tv = st.build_tree_verify(**kw)
-            pred, acc, num = accept_outputs(torch, dd, tv)
-            loc, prefix, w = kw["out_cache_loc"], kw["prefix_lens"], kw["width"]
-
-            def reference():
-                t = st.build_tree_verify_reference(**kw)
-                st.plan_commit_reference(pred, acc, num, loc, prefix, w)
-                return t
-
-            def batched():
-                t = st.build_tree_verify(**kw)
-                st.plan_commit(pred, acc, num, loc, prefix, w)
-                return t
-
-            ref_tv = reference()
-            for name in ("draft_tokens", "retrieve_next_token", "retrieve_next_sibling", "tree_mask"):
-                assert torch.equal(getattr(ref_tv.batch, name).cpu(), getattr(tv.batch, name).cpu()), name
-            r = measure(timed(reference), args.repeat)
-            n = measure(timed(batched), args.repeat)
-            lines.append(f"{budget:>6} {bs:>3} | {r.best * 1e3:7.3f} / {r.median * 1e3:7.3f} | "
-                         f"{n.best * 1e3:6.3f} / {n.median * 1e3:6.3f} | {r.best * 1e3 / bs:11.3f} "
-                         f"{n.best * 1e3 / bs:11.3f} | {r.median / n.median:6.2f} | "
-                         f"{ref_tv.custom_mask.numel():>10} {tv.custom_mask.numel():>9}")
-            if cuda:
-                graphs = st.TreeBuildGraphs(width=w, depth=DEPTH, topk=budget, budget=budget, batch_sizes=[bs],
-                                            device=device)
-                try:
-                    graphs.capture()
-                except Exception as exc:  # report, do not hide: the worker would run eager then
-                    lines.append(f"{'':>10} graph capture failed: {type(exc).__name__}: {exc}")
-                    continue
-                g = measure(timed(lambda: (graphs.build(**kw), st.plan_commit(pred, acc, num, loc, prefix, w))),
-                            args.repeat)
-                lines.append(f"{'':>10} tree build replayed from a CUDA graph + plan_commit: "
-                             f"{g.best * 1e3:6.3f} / {g.median * 1e3:6.3f} ms; ratio reference/graph "
-                             f"{r.median / g.median:6.2f}")
+            lines += run_case(torch, dd, st, device, budget, bs, args.prefix, args.repeat, timed)
     report = "\n".join(lines)
     print(report)
     if args.output:

@@ -56,15 +56,17 @@ class Pool:
         self.v[idx] = v.view(self.v[idx].shape)
 
 
-def make_backend(tb, torch, *, width, max_bs, ctx, heads, kv_heads, dq, dv, pool, translator, ddtree):
+def make_backend(tb, torch, *, width, max_bs, ctx, heads, kv_heads, dq, dv, pool, translator, ddtree,
+                 draft=False):
     from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
 
     be = object.__new__(tb.TritonAttnBackend)
     cpu = torch.device("cpu")
     be.__dict__.update(
         device=cpu, num_head=heads, num_kv_head=kv_heads, v_head_dim=dv, swa_v_head_dim=None, max_kv_splits=8,
-        lean_total_programs=1, lean_block_m=16, max_context_len=ctx, is_draft_runner=False, skip_prefill=False,
-        num_draft_tokens=width, requires_tree_verify_mask=ddtree, compact_tree_verify_mask=ddtree,
+        lean_total_programs=1, lean_block_m=16, max_context_len=ctx, is_draft_runner=draft, skip_prefill=False,
+        num_draft_tokens=width, requires_tree_verify_mask=ddtree and not draft,
+        compact_tree_verify_mask=ddtree and not draft, verify_only_graphs=ddtree,
         sliding_window_size=None, use_sliding_window_kv_pool=False, dllm_attention=None,
         kv_indptr=torch.zeros(max_bs + 1, dtype=torch.int32), qo_indptr=torch.zeros(max_bs + 1, dtype=torch.int64),
         mask_indptr=torch.zeros(max_bs + 1, dtype=torch.int64), window_kv_indptr=None,
@@ -159,6 +161,16 @@ def run_case(shape):
         result["ddtree_sizes" if ddtree else "pristine_sizes"] = {
             "attn_logits": list(be.cuda_graph_attn_logits.shape), "kv_indices": be.cuda_graph_kv_indices.numel(),
             "verify_mask": be._verify_mask.buffer.numel()}
+    # DDTREE's drafter runner (its graphs verify the DFlash block): no mask, one decode token per request
+    block = 8
+    for ddtree in (True, False):
+        be = make_backend(tb, torch, width=block, max_bs=max_bs, ctx=ctx, heads=heads, kv_heads=kv_heads, dq=dq,
+                          dv=dv, pool=Pool(k_buf.clone(), v_buf.clone()), translator=Translator(req_to_token),
+                          ddtree=ddtree, draft=True)
+        be.init_cuda_graph_state(max_bs, max_bs * block)
+        result["draft_ddtree_sizes" if ddtree else "draft_pristine_sizes"] = {
+            "attn_logits": list(be.cuda_graph_attn_logits.shape), "kv_indices": be.cuda_graph_kv_indices.numel(),
+            "verify_mask": None if be._verify_mask is None else be._verify_mask.buffer.numel()}
     compact = dd.compact_verify_mask(batch.tree_mask)
     spec = types.SimpleNamespace(custom_mask=compact, num_tokens_per_req=width)
     # eager target verify
@@ -206,7 +218,7 @@ def run_case(shape):
 def main():
     install(sys.argv[1])
     out = {}
-    for name, shape in (("gqa", (4, 2, 64, 64)), ("mla_absorbed", (4, 1, 576, 512))):
+    for name, shape in (("gqa", (4, 2, 64, 64)), ("mla_absorbed", (2, 1, 576, 512))):
         try:
             out[name] = run_case(shape)
         except Exception:

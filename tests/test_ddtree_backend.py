@@ -62,3 +62,7 @@ def test_ddtree_graph_state_is_sized_by_what_the_verify_reads(probe, shape):
     assert dd["attn_logits"][0] == max_bs and pristine["attn_logits"][0] == max_bs * width
     assert dd["kv_indices"] == max_bs * ctx and pristine["kv_indices"] == max_bs * width * ctx
     assert dd["verify_mask"] == max_bs * width * width and pristine["verify_mask"] == max_bs * width * (ctx + width)
+    draft, draft_pristine, block = r["draft_ddtree_sizes"], r["draft_pristine_sizes"], 8
+    assert draft["attn_logits"][0] == max_bs and draft_pristine["attn_logits"][0] == max_bs * block
+    assert draft["kv_indices"] == max_bs * ctx and draft_pristine["kv_indices"] == max_bs * block * ctx
+    assert draft["verify_mask"] is None and draft_pristine["verify_mask"] is None

@@ -123,7 +123,7 @@ def test_graph_buffers_follow_the_verify_width_and_ddtree_sizes_them_by_what_ver
     assert pristine["verify_mask"] == 48 * 65 * (262_144 + 65)
     ddtree = memory.triton_graph_buffers(g, tp=8, max_bs=48, tokens_per_req=65, context_len=262_144,
                                          num_kv_splits=8, sms=memory.sm_count("NVIDIA H200"), verify_mask=True,
-                                         ddtree_target=True)
+                                         ddtree=True)
     assert ddtree["kv_indices"] == 48 * 262_144 * 8
     assert ddtree["attn_logits"] == 48 * (64 // 8) * splits * 512 * 4
     assert ddtree["attn_lse"] == 48 * 8 * splits * 4
@@ -133,6 +133,11 @@ def test_graph_buffers_follow_the_verify_width_and_ddtree_sizes_them_by_what_ver
     items = memory.outside_pool(g, s, draft=None, sms=132)
     assert items["target graph verify_mask"] == 48 * 65 * 65
     assert items["target graph kv_indices"] == 48 * 262_144 * 8
+    # the drafter's graphs (its 16-token block) likewise: one decode token, one prefix of indices per request
+    drafter = memory.Geometry(layers=1, heads=32, mla=False, kv_heads=8, head_dim=128, v_head_dim=128)
+    items = memory.outside_pool(g, s, draft=drafter, sms=132)
+    assert items["draft graph kv_indices"] == 48 * 262_144 * 8 and "draft graph verify_mask" not in items
+    assert items["draft graph attn_logits"] == 48 * (32 // 8) * 8 * 128 * 4
     # a DFLASH chain keeps SGLang's own sizing
     chain = memory.server_shape(["--tp-size", "8", "--speculative-algorithm", "DFLASH"], g, gpu_gib=140.4,
                                 draft_block=16)

@@ -280,19 +280,19 @@ def sm_count(gpu_name: str | None, c: dict[str, Any] | None = None) -> int:
 
 
 def triton_graph_buffers(g: Geometry, *, tp: int, max_bs: int, tokens_per_req: int, context_len: int,
-                         num_kv_splits: int, sms: int, verify_mask: bool, ddtree_target: bool = False,
+                         num_kv_splits: int, sms: int, verify_mask: bool, ddtree: bool = False,
                          c: dict[str, Any] | None = None) -> dict[str, int]:
     """Bytes of the Triton backend's CUDA-graph state (``TritonAttnBackend.init_cuda_graph_state``).
 
-    ``ddtree_target``: the DDTree patch set's target runner (its graphs verify ``W = tokens_per_req`` tree
-    nodes per request): the split-KV decode buffers hold one token per request, the KV indices each
-    request's committed prefix once, and the verify mask is the compact ``W x W`` per request
-    (``doctor/data/sglang_memory.toml`` [triton] has the formulas)."""
+    ``ddtree``: a runner of the DDTree patch set (the target, whose graphs verify ``W = tokens_per_req`` tree
+    nodes per request, or the drafter at its block): the split-KV decode buffers hold one token per request,
+    the KV indices each request's committed prefix once, and the target's verify mask is the compact
+    ``W x W`` per request (``doctor/data/sglang_memory.toml`` [triton] has the formulas)."""
     c = c or constants()
     t = c["triton"]
     if max_bs <= 0:
         return {}
-    tokens = max_bs if ddtree_target else max_bs * tokens_per_req
+    tokens = max_bs if ddtree else max_bs * tokens_per_req
     heads = max(1, g.heads // max(1, tp))
     splits = num_kv_splits
     if g.mla:
@@ -303,7 +303,7 @@ def triton_graph_buffers(g: Geometry, *, tp: int, max_bs: int, tokens_per_req: i
         "kv_indices": tokens * context_len * t["kv_index_bytes"],
     }
     if verify_mask and tokens_per_req > 1:
-        cols = tokens_per_req if ddtree_target else context_len + tokens_per_req
+        cols = tokens_per_req if ddtree else context_len + tokens_per_req
         out["verify_mask"] = max_bs * tokens_per_req * cols * t["mask_bytes"]
     return out
 
@@ -376,7 +376,7 @@ def outside_pool(target: Geometry, shape: ServerShape, *, draft: Geometry | None
         for name, n in triton_graph_buffers(target, tp=tp, max_bs=shape.graph_max_bs,
                                             tokens_per_req=shape.verify_width, context_len=shape.context_len,
                                             num_kv_splits=shape.num_kv_splits, sms=sms,
-                                            verify_mask=speculative, ddtree_target=shape.algorithm == "DDTREE",
+                                            verify_mask=speculative, ddtree=shape.algorithm == "DDTREE",
                                             c=c).items():
             items[f"target graph {name}"] = n
         rows = shape.graph_max_bs * shape.verify_width
@@ -386,7 +386,7 @@ def outside_pool(target: Geometry, shape: ServerShape, *, draft: Geometry | None
             for name, n in triton_graph_buffers(draft, tp=tp, max_bs=shape.graph_max_bs,
                                                 tokens_per_req=shape.draft_block, context_len=shape.context_len,
                                                 num_kv_splits=shape.num_kv_splits, sms=sms, verify_mask=False,
-                                                c=c).items():
+                                                ddtree=shape.algorithm == "DDTREE", c=c).items():
                 items[f"draft graph {name}"] = n
     if shape.prefill_graphs:
         if target.mla:
