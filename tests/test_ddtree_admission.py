@@ -1,4 +1,4 @@
-"""Revision 3 of the DDTree glue, on the patched 0.5.23 sources: what the review found and the fixes do.
+"""The DDTree glue on the patched 0.5.23 sources: what the reviews found and the fixes do.
 
 * requests DDTREE cannot serve get an error response at admission (the scheduler's hunk calls
   ``ddtree_unsupported_request``) instead of a RuntimeError that stopped the batch;
