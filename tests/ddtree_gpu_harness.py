@@ -34,7 +34,7 @@ import zipfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ddtree_support import SET_DIR, find_wheel, load_file
+from ddtree_support import SET_DIR, bare_sglang, find_wheel, load_file
 
 
 class Unavailable(Exception):
@@ -135,49 +135,21 @@ _KERNELS: dict[str, types.ModuleType] = {}
 
 
 def extend_attention_module(torch) -> types.ModuleType:
-    if "extend" in _KERNELS:
-        return _KERNELS["extend"]
-    root = _source_root()
-    saved = {k: v for k, v in sys.modules.items() if k == "sglang" or k.startswith("sglang.")}
-    for k in saved:
-        del sys.modules[k]
-    try:
-        for name in ("sglang", "sglang.kernels", "sglang.kernels.ops", "sglang.kernels.ops.attention", "sglang.srt"):
-            pkg = types.ModuleType(name)
-            pkg.__path__ = [str(root / name.replace(".", "/"))]
-            sys.modules[name] = pkg
-        sys.modules["sglang.srt.utils"] = _platform_utils(torch)
-        mod = importlib.import_module("sglang.kernels.ops.attention.extend_attention")
-    finally:
-        for k in [k for k in sys.modules if k == "sglang" or k.startswith("sglang.")]:
-            del sys.modules[k]
-        sys.modules.update(saved)
-    _KERNELS["extend"] = mod
-    return mod
+    if "extend" not in _KERNELS:
+        with bare_sglang(_source_root(), ("sglang.kernels", "sglang.kernels.ops", "sglang.kernels.ops.attention",
+                                          "sglang.srt"), {"sglang.srt.utils": _platform_utils(torch)}):
+            _KERNELS["extend"] = importlib.import_module("sglang.kernels.ops.attention.extend_attention")
+    return _KERNELS["extend"]
 
 
 def lilicorr_module(torch) -> types.ModuleType:
     """``sglang/kernels/ops/speculative/lilicorr.py``: ``lilicorr_topk_lse``, the shard top-k + log-sum-exp
     under the ``candidate_topk(..., with_partition=True)`` the DDTREE worker takes its draft top-k from (Triton
     kernels on a GPU, its torch path elsewhere)."""
-    if "lilicorr" in _KERNELS:
-        return _KERNELS["lilicorr"]
-    root = _source_root()
-    saved = {k: v for k, v in sys.modules.items() if k == "sglang" or k.startswith("sglang.")}
-    for k in saved:
-        del sys.modules[k]
-    try:
-        for name in ("sglang", "sglang.kernels", "sglang.kernels.ops", "sglang.kernels.ops.speculative"):
-            pkg = types.ModuleType(name)
-            pkg.__path__ = [str(root / name.replace(".", "/"))]
-            sys.modules[name] = pkg
-        mod = importlib.import_module("sglang.kernels.ops.speculative.lilicorr")
-    finally:
-        for k in [k for k in sys.modules if k == "sglang" or k.startswith("sglang.")]:
-            del sys.modules[k]
-        sys.modules.update(saved)
-    _KERNELS["lilicorr"] = mod
-    return mod
+    if "lilicorr" not in _KERNELS:
+        with bare_sglang(_source_root(), ("sglang.kernels", "sglang.kernels.ops", "sglang.kernels.ops.speculative")):
+            _KERNELS["lilicorr"] = importlib.import_module("sglang.kernels.ops.speculative.lilicorr")
+    return _KERNELS["lilicorr"]
 
 
 def run_draft_topk_case(device: str = "cuda", seed: int = 0) -> dict:

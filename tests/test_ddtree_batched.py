@@ -17,8 +17,6 @@ the reference heap builder it replaces, on the patched modules (CPU torch).
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -27,6 +25,7 @@ pytest.importorskip("hypothesis")
 from ddtree_support import ddtree_step, ddtree_utils  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
+from test_ddtree_tree import brute_force_top as brute_force_scores  # noqa: E402
 
 FIELDS = ("draft_tokens", "positions", "retrieve_index", "retrieve_next_token", "retrieve_next_sibling", "tree_mask",
           "parents", "depths")
@@ -73,16 +72,6 @@ def rank_paths(batch, b):
             cur = parents[cur]
         out.append(tuple(reversed(path)))
     return out
-
-
-def brute_force_scores(lp, budget):
-    depth, topk = lp.shape
-    scored = []
-    for d in range(1, depth + 1):
-        for ranks in itertools.product(range(topk), repeat=d):
-            scored.append((sum(float(lp[i, r]) for i, r in enumerate(ranks)), ranks))
-    scored.sort(key=lambda x: -x[0])
-    return scored[:budget]
 
 
 @settings(max_examples=80, deadline=None,

@@ -7,13 +7,11 @@ import argparse
 import json
 import re
 import shutil
-import sys
-import types
 import zipfile
 from pathlib import Path
 
 import pytest
-from ddtree_support import SET_DIR, bare_part, patched_tree, patchset_tool, pristine_tree, require_wheel
+from ddtree_support import SET_DIR, bare_part, bare_sglang, patched_tree, patchset_tool, pristine_tree, require_wheel
 
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -100,25 +98,14 @@ def _spec_parser(root: Path) -> argparse.ArgumentParser:
     not run; ``arg_utils``, ``choices`` and ``fields/spec.py`` are the real files.
     """
     pytest.importorskip("msgspec")
-    saved = {k: v for k, v in sys.modules.items() if k == "sglang" or k.startswith("sglang.")}
-    for k in saved:
-        del sys.modules[k]
-    try:
-        for name in ("sglang", "sglang.srt", "sglang.srt.arg_groups", "sglang.srt.arg_groups.fields"):
-            mod = types.ModuleType(name)
-            mod.__path__ = [str(root / name.replace(".", "/"))]
-            sys.modules[name] = mod
-        import importlib
+    import importlib
 
+    with bare_sglang(root, ("sglang.srt", "sglang.srt.arg_groups", "sglang.srt.arg_groups.fields")):
         spec = importlib.import_module("sglang.srt.arg_groups.fields.spec")
         arg_utils = importlib.import_module("sglang.srt.arg_groups.arg_utils")
         parser = argparse.ArgumentParser(exit_on_error=False)
         arg_utils.add_cli_args_from_dataclass(parser, spec.Spec)
         return parser
-    finally:
-        for k in [k for k in sys.modules if k == "sglang" or k.startswith("sglang.")]:
-            del sys.modules[k]
-        sys.modules.update(saved)
 
 
 def test_flags_parse_with_sglangs_field_generated_parser():
