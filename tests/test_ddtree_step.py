@@ -257,7 +257,7 @@ def test_acceptance_thresholds_below_one_are_lossy_and_the_statistic_sees_it(st)
     toy = Toy(5)
     prompt = [2, 0, 3]
     groups = [(0.7, V, 1.0)]
-    per = 2500
+    per = 1000
 
     def with_thresholds(single, acc):
         def factory(temps, top_ks, top_ps, gen):
@@ -266,10 +266,7 @@ def test_acceptance_thresholds_below_one_are_lossy_and_the_statistic_sees_it(st)
                 threshold_single=single, threshold_acc=acc)
         return factory
 
-    exact = exact_three(toy, prompt, 0.7, V, 1.0)
-    codes, _ = sample_three(st, toy, prompt, groups, per, 99, with_thresholds(1.0, 1.0))
-    stat, df = chi_square(codes, exact)
-    assert stat < chi_square_critical(df), (stat, df)
+    # (the defaults, 1.0, pass this statistic on the same group in the sampled test above)
     biased, _ = sample_three(st, toy, prompt, groups, per, 99, with_thresholds(1.0, 0.3))
-    stat, df = chi_square(biased, exact)
+    stat, df = chi_square(biased, exact_three(toy, prompt, 0.7, V, 1.0))
     assert stat > chi_square_critical(df), (stat, df)

@@ -147,6 +147,7 @@ def test_startup_warms_the_verify_kernels_and_a_toolchain_fault_fails_it(worker)
     spec_tree = _module("sglang.kernels.ops.speculative.spec_tree", verify_tree_greedy_func=_greedy_func(dd))
     _module("sglang.kernels.ops.speculative.verify_sampling", tree_speculative_sampling_target_only=None)
     assert worker.warm_verify_kernels(torch.device("cpu"), 17, 7, 64) == {"greedy": "ok", "sampling": "absent"}
+    assert worker.warm_verify_kernels("cpu", 17, 7, 64)["greedy"] == "ok"  # SGLang's workers hold a device string
     sampled = []
     _module("sglang.kernels.ops.speculative.verify_sampling",
             tree_speculative_sampling_target_only=lambda **kw: sampled.append(kw["target_probs"].shape))
