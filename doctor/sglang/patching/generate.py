@@ -111,6 +111,9 @@ def generate(set_dir: str | Path, installed: Installed, *, name: str | None = No
         "sglang": sglang or old.get("sglang") or f"=={installed.version}",
         "patches": patches_out,
     }
+    # What a set records besides its hashes (e.g. ddtree-0.5.23's "validated" configurations) is not
+    # generated: it is kept as the existing manifest has it.
+    doc.update({k: v for k, v in old.items() if k not in doc})
     try:
         pset = mf.from_dict(doc, set_dir, origin=str(set_dir / mf.MANIFEST_NAME))
     except mf.ManifestError as exc:
