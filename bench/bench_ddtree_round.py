@@ -18,7 +18,7 @@ With ``--device cuda`` the batched work runs on the GPU (each call synchronised)
 be captured, its replay per batch-size bucket (what the worker does with decode graphs on) is timed too.
 
     python3 bench/bench_ddtree_round.py                      # CPU, the patched tree from the 0.5.23 wheel
-    python3 bench/bench_ddtree_round.py --device cuda --repeat 200 --output bench/results/h200-ddtree-round.txt
+    K26_DDTREE_SITE=<patched site-packages> python3 bench/bench_ddtree_round.py --device cuda --repeat 200
 """
 
 from __future__ import annotations
@@ -43,10 +43,12 @@ def load_modules():
     applied, as the tests build it)."""
     import ddtree_support
 
-    step = ddtree_support.load_file(ddtree_support.patched_tree() / "sglang/srt/speculative/ddtree_utils.py",
+    # On a GPU host without network: the installed, patched SGLang's site-packages (K26_DDTREE_SITE).
+    site = os.environ.get("K26_DDTREE_SITE")
+    root = Path(site) if site else ddtree_support.patched_tree()
+    step = ddtree_support.load_file(root / "sglang/srt/speculative/ddtree_utils.py",
                                     "sglang.srt.speculative.ddtree_utils")
-    return step, ddtree_support.load_file(ddtree_support.patched_tree() / "sglang/srt/speculative/ddtree_step.py",
-                                          "k26_bench_ddtree_step")
+    return step, ddtree_support.load_file(root / "sglang/srt/speculative/ddtree_step.py", "k26_bench_ddtree_step")
 
 
 def inputs(torch, dd, bs: int, budget: int, prefix: int, device, seed: int = 0):
