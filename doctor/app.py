@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import socket
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import IO, Any
 
 from doctor import __version__
-from doctor.core import runner
+from doctor.core import deadline, runner
 from doctor.core.causes import mark_unexplained
 from doctor.core.context import Context
 from doctor.core.decision import Decision, decide
-from doctor.core.fixing import plan_for, wants_fix
+from doctor.core.fixing import not_plannable, plan_for, wants_fix
 from doctor.core.registry import Check, Registry, load
 from doctor.core.result import Notice, Remediation, Result, Status
 from doctor.core.runner import RunOutcome, select
@@ -73,6 +74,8 @@ class Report:
     context: Context | None = field(default=None, repr=False)
     registry: Registry | None = field(default=None, repr=False)
     fixable_ids: list[str] | None = field(default=None, repr=False)  # known already (``fix`` planned them)
+    started_at: float | None = None  # wall clock (time.time()) when the run began and ended: the OpenMetrics
+    finished_at: float | None = None  # report's timestamps (a verdict that stops advancing is stale)
 
     def fixable(self) -> list[str]:
         """The failing (or warning) checks whose fixer would change something now: the footer offers
@@ -81,6 +84,8 @@ class Report:
             out = []
             for res in self.results:
                 if not wants_fix(res):
+                    continue
+                if not_plannable(res):  # past the run's deadline, or the check never finished: no plan waited on
                     continue
                 if self.context is None or self.registry is None or plan_for(self.registry, self.context,
                                                                                res).actions:
@@ -139,7 +144,7 @@ def selected_checks(settings: Settings, registry: Registry | None = None) -> lis
     is an invalid invocation (``ConfigError``): nothing checked is never a pass."""
     reg = registry or registry_for(settings)
     validate_selection(settings, reg)
-    chosen = select(reg.sorted_checks(), settings.only, settings.skip, settings.deep)
+    chosen = select(reg.sorted_checks(), settings.only, settings.skip + serving_skips_of(settings, reg), settings.deep)
     if not chosen:
         deep = [c.id for c in reg.sorted_checks() if c.deep and runner.matches(c.id, settings.only or ["*"])
                 and not runner.matches(c.id, settings.skip)]
@@ -147,6 +152,15 @@ def selected_checks(settings: Settings, registry: Registry | None = None) -> lis
         raise ConfigError("the selection runs no check (--only " + " ".join(settings.only or ["*"])
                           + (" --skip " + " ".join(settings.skip) if settings.skip else "") + f"){hint}")
     return chosen
+
+
+def serving_skips_of(settings: Settings, registry: Registry) -> list[str]:
+    """With ``--while-serving``: the registered checks that judge a host before a start (doctor/service/fleet.py)."""
+    if not settings.while_serving:
+        return []
+    from doctor.service.fleet import serving_skips
+
+    return serving_skips(registry.checks)
 
 
 def validate_selection(settings: Settings, registry: Registry) -> None:
@@ -180,11 +194,14 @@ def plugin_id(name: str) -> str:
 def run(settings: Settings, on_result: Callable[[Result], None] | None = None,
         checks: list[Check] | None = None, registry: Registry | None = None,
         progress: Callable[[str], None] | None = None) -> tuple[Report, Context]:
+    started_at = time.time()
     reg = registry or registry_for(settings)
     chosen = selected_checks(settings, reg) if checks is None else checks
     if any(c.deep for c in chosen) and not settings.deep:  # a deep check named by --only runs as with --deep
         settings = replace(settings, deep=True)
     ctx = make_context(settings, reg)
+    deadline.start(settings.timeout, f"the run's deadline (--timeout {settings.timeout:g}s)" if settings.timeout
+                   else "")
     for before in reg.hooks_of("before_checks"):  # e.g. the GPU area's bounded wait for the NVSwitch fabric
         before.func(ctx, chosen, progress or _say_stderr)
     outcome = runner.run_all(chosen, ctx, on_result=on_result)
@@ -204,9 +221,15 @@ def run(settings: Settings, on_result: Callable[[Result], None] | None = None,
     notices = [n for h in reg.hooks_of("notice") if (n := h.func(ctx, outcome.results)) is not None]
     mark_unexplained(outcome.results, notices)
     notes: list[str] = []
+    if deadline.expired():
+        notes.append(f"{deadline.ended()}: what had not finished is an error, and no fix was planned")
     if settings.from_snapshot:
         notes.append(f"judged from snapshot {settings.from_snapshot}, not the live host")
-    return Report(settings, outcome, notes, notices, ctx, reg), ctx
+    if settings.while_serving:
+        from doctor.service.fleet import serving_note
+
+        notes.append(serving_note(serving_skips_of(settings, reg)))
+    return Report(settings, outcome, notes, notices, ctx, reg, started_at=started_at, finished_at=time.time()), ctx
 
 
 def _say_stderr(msg: str) -> None:
@@ -214,10 +237,32 @@ def _say_stderr(msg: str) -> None:
     sys.stderr.flush()
 
 
+def redacted(report: Report) -> Report:
+    """The report with every result's summary, details, remediation, exhibit and traceback redacted
+    (``doctor.facts.redaction``): what every renderer renders, so no format shows a secret a check read
+    (``[server] args = ["--api-key", "X"]`` in details, a token in a traceback)."""
+    from doctor.facts.redaction import redact, redact_text
+
+    def clean(res: Result) -> Result:
+        rem = res.remediation
+        return replace(res, summary=redact_text(res.summary), details=redact(res.details),
+                       remediation=None if rem is None else Remediation(redact_text(rem.text),
+                                                                        [redact_text(c) for c in rem.commands]),
+                       exhibit=redact_text(res.exhibit) if res.exhibit else res.exhibit,
+                       traceback=redact_text(res.traceback) if res.traceback else res.traceback)
+
+    return replace(report, outcome=replace(report.outcome, results=[clean(r) for r in report.results]),
+                   notes=[redact_text(n) for n in report.notes])
+
+
 def render(report: Report, fmt: str, verbose: int = 0, stream: IO[str] | None = None,
            color: bool | None = None, problems: bool = False) -> None:
-    """Write the report in ``text``, ``json`` or ``junit`` to ``stream`` (stdout by default)."""
+    """Write the report in ``text``, ``json``, ``junit`` or ``openmetrics`` to ``stream`` (stdout by default),
+    redacted."""
     stream = stream or sys.stdout
+    if fmt == "text":
+        report.fixable()  # planned on the results as they are, before they are redacted for showing
+    report = redacted(report)
     if fmt == "json":
         from doctor.report.json_report import dumps
         from doctor.report.text import utf8_capable
@@ -227,6 +272,10 @@ def render(report: Report, fmt: str, verbose: int = 0, stream: IO[str] | None = 
         from doctor.report.junit import to_junit
 
         stream.write(to_junit(report))
+    elif fmt == "openmetrics":
+        from doctor.report.openmetrics import to_openmetrics
+
+        stream.write(to_openmetrics(report))
     elif fmt == "text":
         from doctor.report.text import render_text
 

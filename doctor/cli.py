@@ -14,7 +14,16 @@ from typing import Any
 import click
 
 from doctor import __version__
-from doctor.commands.options import Stop, emit, guarded, quiet_stdout, selection_options, settings_from
+from doctor.commands.options import (
+    Stop,
+    begin_report,
+    emit,
+    guarded,
+    quiet_stdout,
+    selection_options,
+    settings_from,
+    write_requested,
+)
 from doctor.core.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_SIGPIPE, EXIT_USAGE
 
 LAZY_COMMANDS = {
@@ -27,6 +36,7 @@ LAZY_COMMANDS = {
     "manifest": "doctor.commands.model:manifest",
     "env": "doctor.commands.env:env",
     "smoke": "doctor.commands.smoke:smoke",
+    "slurm-health": "doctor.commands.fleet:slurm_health",
 }
 
 
@@ -77,6 +87,7 @@ def check(flags: dict[str, Any]) -> int:
     from doctor.app import run
 
     settings = settings_from(flags)
+    begin_report(settings, flags)
     report, _ = run(settings)
     emit(report, flags)
     return report.decision().exit_code
@@ -149,6 +160,10 @@ def snapshot(flags: dict[str, Any], note: str, facts: tuple[str, ...]) -> int:
     from doctor.facts.store import FactStore
 
     settings = settings_from(flags)
+    if settings.timeout:  # --timeout bounds the whole recording, every probe included
+        from doctor.core import deadline
+
+        deadline.start(settings.timeout, f"the run's deadline (--timeout {settings.timeout:g}s)")
     collectors = registry_for(settings).collectors
     store = FactStore(collect_options(settings), collectors=collectors)
     unknown = [f for f in facts if f not in collectors]
@@ -158,8 +173,7 @@ def snapshot(flags: dict[str, Any], note: str, facts: tuple[str, ...]) -> int:
     snap = build_snapshot(store, note=note, names=list(facts) or None)
     text = json.dumps(snap, indent=1, default=str, ensure_ascii=False) + "\n"
     if flags.get("output"):
-        with open(flags["output"], "w", encoding="utf-8") as fh:
-            fh.write(text)
+        write_requested(flags["output"], text, "the snapshot")
         click.echo(f"snapshot written to {flags['output']} ({len(snap['facts'])} facts)", err=True)
     else:
         sys.stdout.write(text)
@@ -182,6 +196,9 @@ def run_cli(argv: list[str] | None = None) -> int:
     """The command line as a function: the exit code of the command ``argv`` (default ``sys.argv[1:]``) ran.
     Every command returns its code; click's own errors (usage, ``--help``) keep click's codes."""
     tolerate_terminal()
+    from doctor.facts.redaction import guard_std_streams
+
+    guard_std_streams()  # one redaction for every message and report any command prints
     try:
         code = cli.main(args=argv, prog_name="k26-doctor", standalone_mode=False)
     except Stop as stop:
@@ -195,6 +212,10 @@ def run_cli(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader went away (`k26-doctor list | head -1`): nothing left to say
         quiet_stdout()
         return EXIT_SIGPIPE
+    finally:  # a probe of a check abandoned at its deadline, or interrupted: never left running
+        from doctor.core.proc import kill_all
+
+        kill_all()
     return code if isinstance(code, int) else EXIT_OK
 
 

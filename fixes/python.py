@@ -12,9 +12,12 @@ from pathlib import Path
 
 from doctor.core.actions import Action, Plan, WriteFile
 from doctor.core.context import Context
+from doctor.core.fileio import read_text
 from doctor.core.registry import fixer
 from doctor.core.result import Result
 from doctor.python.venv import BROKEN_SHEBANGS, broken_scripts
+
+SCRIPT_LIMIT = 1 << 20  # a console script is a few hundred bytes
 
 
 def rewrite_shebang(text: str, new_interp: str) -> str | None:
@@ -51,7 +54,7 @@ def fix_venv_shebangs(ctx: Context, result: Result) -> Plan:
     for s in broken_scripts(v):
         path = root / "bin" / s["name"]
         try:
-            text = path.read_text(encoding="utf-8")
+            text = read_text(path, SCRIPT_LIMIT, "a script")
         except (OSError, UnicodeDecodeError):
             continue
         new = rewrite_shebang(text, new_interp)

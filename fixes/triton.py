@@ -16,6 +16,7 @@ from typing import Any
 
 from doctor.core.actions import Action, Plan, RunCommand, WriteFile
 from doctor.core.context import Context
+from doctor.core.fileio import read_text
 from doctor.core.registry import fixer
 from doctor.core.result import Result
 from doctor.host.facts import parse_env_file, writable_ancestor
@@ -104,7 +105,7 @@ def fix_triton_ptxas(ctx: Context, result: Result) -> Plan:
         return Plan()
     path = Path(os.path.expanduser(str(env_file)))
     try:
-        old = path.read_text(encoding="utf-8")
+        old = read_text(path, 1 << 20, "an environment file")
     except FileNotFoundError:
         old = ""
     except (OSError, UnicodeDecodeError):

@@ -8,8 +8,10 @@ dependencies, and what is tested must be the file the patch produces, not a copy
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import importlib.util
+import itertools
 import json
 import math
 import os
@@ -128,6 +130,27 @@ def pristine_tree() -> Path:
     return root
 
 
+@contextlib.contextmanager
+def bare_sglang(root: Path, packages: tuple[str, ...], modules: dict[str, ModuleType] | None = None):
+    """``sglang`` and ``packages`` as bare modules over ``root`` (their ``__init__`` files, which import the
+    serving stack, do not run) plus ``modules`` registered by name, for the duration of the block; the
+    caller's ``sglang*`` modules are put back afterwards."""
+    saved = {k: v for k, v in sys.modules.items() if k == "sglang" or k.startswith("sglang.")}
+    for k in saved:
+        del sys.modules[k]
+    try:
+        for name in ("sglang", *packages):
+            pkg = ModuleType(name)
+            pkg.__path__ = [str(Path(root) / name.replace(".", "/"))]
+            sys.modules[name] = pkg
+        sys.modules.update(modules or {})
+        yield
+    finally:
+        for k in [k for k in sys.modules if k == "sglang" or k.startswith("sglang.")]:
+            del sys.modules[k]
+        sys.modules.update(saved)
+
+
 def load_file(path: Path, name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
@@ -213,3 +236,14 @@ def patched_worker() -> Iterator[ModuleType]:
         for k in [k for k in sys.modules if k == "sglang" or k.startswith("sglang.")]:
             del sys.modules[k]
         sys.modules.update(saved)
+
+
+def brute_force_top(lp, budget):
+    """The ``budget`` best rank-prefixes by enumeration of every prefix."""
+    depth, topk = lp.shape
+    scored = []
+    for d in range(1, depth + 1):
+        for ranks in itertools.product(range(topk), repeat=d):
+            scored.append((sum(float(lp[i, r]) for i, r in enumerate(ranks)), ranks))
+    scored.sort(key=lambda x: -x[0])
+    return scored[:budget]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+
 
 def parse_unit(text: str) -> dict[str, dict[str, list[str]]]:
     """INI as systemd reads it: sections, repeated keys kept in order, comments dropped."""
@@ -19,3 +21,9 @@ def parse_unit(text: str) -> dict[str, dict[str, list[str]]]:
         key, value = line.split("=", 1)
         out[section].setdefault(key.strip(), []).append(value.strip())
     return out
+
+
+def command(value: str) -> list[str]:
+    """An Exec line's argv: strip systemd prefixes, undo %% and $$ escaping."""
+    value = value.lstrip("-@:+!")
+    return [a.replace("%%", "%").replace("$$", "$") for a in shlex.split(value)]

@@ -4,16 +4,18 @@
 2. ``fixes/`` and ``doctor/`` never import ``checks``.
 3. Every ``checks/<area>.py`` and ``fixes/<area>.py`` has its domain package ``doctor/<area>/``.
 4. One exit-code module and one crash-safe writer.
-5. The core imports nothing above it: no area, no ``doctor.app``, ``doctor.report``, ``doctor.commands``,
+5. One safe reader: no module reads a file by name itself (``open()`` for reading, ``Path.read_text``,
+   ``Path.read_bytes``, ``json.load``); ``doctor.core.fileio`` does (a FIFO never blocks, sizes are capped).
+6. The core imports nothing above it: no area, no ``doctor.app``, ``doctor.report``, ``doctor.commands``,
    ``doctor.facts``, ``doctor.service``, ``doctor.cli``, no click.
-6. Every collector declares the shape of its fact (``@collector(..., shape=...)``).
-7. One finding type: no class outside ``doctor/core/result.py`` is a finding (named ``*Finding``, ``*Verdict``,
+7. Every collector declares the shape of its fact (``@collector(..., shape=...)``).
+8. One finding type: no class outside ``doctor/core/result.py`` is a finding (named ``*Finding``, ``*Verdict``,
    ``*Problem``, or holding a severity or status with a message or summary).
-8. One exit point: ``sys.exit`` only in ``doctor.cli.main`` and in the ``__main__`` block of a program the doctor
+9. One exit point: ``sys.exit`` only in ``doctor.cli.main`` and in the ``__main__`` block of a program the doctor
    runs as a child process (probes, workers).
-9. Checks only map facts to their area's judgements: ``checks/`` builds results only from findings
-   (``Result.of``), never reads the fact store itself, keeps its functions small (mean cyclomatic complexity <= 8,
-   none over 60 lines: radon).
+10. Checks only map facts to their area's judgements: ``checks/`` builds results only from findings
+    (``Result.of``), never reads the fact store itself, keeps its functions small (mean cyclomatic complexity <= 8,
+    none over 60 lines: radon).
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ PACKAGES = ("doctor", "checks", "fixes")
 ABOVE_CORE = ("doctor.app", "doctor.report", "doctor.commands", "doctor.facts", "doctor.service", "doctor.cli",
               "click", "checks", "fixes")
 FINDING_NAMES = ("Finding", "Findings", "Verdict", "Problem")
-CHILD_PROGRAMS = ("doctor/probes/", "doctor/facts/worker.py", "doctor/model/sha256_worker.py")
+CHILD_PROGRAMS = ("doctor/probes/", "doctor/facts/worker.py", "doctor/model/sha256_worker.py",
+                  "doctor/service/diagnose_worker.py")
 ONE_STEP_RESULTS = ("passed", "warned", "failed", "not_judged", "skipped", "errored", "blocked")
 
 
@@ -71,6 +74,35 @@ def checks_imports(root: Path = ROOT) -> list[str]:
         for module, _names, line in imports(path):
             if module == "checks" or module.startswith("checks."):
                 bad.append(f"{rel}:{line}: imports {module}")
+    return bad
+
+
+# Where reading by name is not the safe reader's: the reader itself, and code that runs in another interpreter
+# with the stdlib only (the probes, the sha256 worker) or through importlib (scan.py, after a regular-file test).
+OWN_READERS = ("doctor/core/fileio.py", "doctor/model/sha256_worker.py", "doctor/stack/scan.py", "doctor/probes/")
+
+
+def direct_reads(root: Path = ROOT) -> list[str]:
+    """Reads of a file by name that do not go through ``doctor.core.fileio``."""
+    bad = []
+    for path in sorted(p for pkg in (*PACKAGES, "sglang_patches") for p in (root / pkg).rglob("*.py")):
+        rel = str(path.relative_to(root))
+        if rel.startswith(OWN_READERS):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), rel)):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func
+            if isinstance(func, ast.Name) and func.id == "open":
+                mode = node.args[1] if len(node.args) > 1 else next(
+                    (k.value for k in node.keywords if k.arg == "mode"), None)
+                if not (isinstance(mode, ast.Constant) and any(c in str(mode.value) for c in "wax")):
+                    bad.append(f"{rel}:{node.lineno}: open() for reading")
+            elif isinstance(func, ast.Attribute) and func.attr in ("read_text", "read_bytes"):
+                bad.append(f"{rel}:{node.lineno}: .{func.attr}()")
+            elif isinstance(func, ast.Attribute) and func.attr == "load" and isinstance(func.value, ast.Name) \
+                    and func.value.id == "json":
+                bad.append(f"{rel}:{node.lineno}: json.load()")
     return bad
 
 
@@ -232,6 +264,20 @@ def test_every_check_and_fix_module_is_an_area_with_its_package() -> None:
     assert areas_without_package() == []
     for area in [p.stem for p in (ROOT / "checks").glob("*.py") if p.stem != "__init__"]:
         assert (ROOT / "doctor" / area / "facts.py").is_file(), f"doctor/{area}/facts.py (its collectors) is missing"
+
+
+def test_every_file_is_read_by_the_one_safe_reader() -> None:
+    assert direct_reads() == []
+
+
+def test_a_direct_read_is_caught(tmp_path: Path) -> None:
+    for pkg in (*PACKAGES, "sglang_patches"):
+        (tmp_path / pkg).mkdir()
+    (tmp_path / "doctor" / "bad.py").write_text("import json\nfrom pathlib import Path\nopen('x')\n"
+                                                "Path('y').read_text()\njson.load(open('z', 'rb'))\n"
+                                                "open('w', 'w')\n")
+    assert direct_reads(tmp_path) == ["doctor/bad.py:3: open() for reading", "doctor/bad.py:4: .read_text()",
+                                      "doctor/bad.py:5: json.load()", "doctor/bad.py:5: open() for reading"]
 
 
 def test_exit_codes_and_the_writer_are_defined_once() -> None:

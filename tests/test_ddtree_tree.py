@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import pytest
@@ -10,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 np = pytest.importorskip("numpy")
 pytest.importorskip("hypothesis")
-from ddtree_support import ddtree_utils  # noqa: E402
+from ddtree_support import brute_force_top, ddtree_utils  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
@@ -25,17 +24,6 @@ def random_topk(rng: np.random.Generator, depth: int, topk: int, vocab: int = 50
     lp = -rng.exponential(1.0, size=(depth, topk)).cumsum(axis=1) - rng.exponential(0.3, size=(depth, 1))
     tokens = np.stack([rng.choice(vocab, size=topk, replace=False) for _ in range(depth)])
     return torch.tensor(lp, dtype=torch.float64), torch.tensor(tokens, dtype=torch.int64)
-
-
-def brute_force_top(lp, budget):
-    """The ``budget`` best rank-prefixes by enumeration of every prefix."""
-    depth, topk = lp.shape
-    scored = []
-    for d in range(1, depth + 1):
-        for ranks in itertools.product(range(topk), repeat=d):
-            scored.append((sum(float(lp[i, r]) for i, r in enumerate(ranks)), ranks))
-    scored.sort(key=lambda x: -x[0])
-    return scored[:budget]
 
 
 def tree_rank_paths(tree):

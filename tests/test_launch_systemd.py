@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 import os
-import shlex
 import shutil
 import subprocess
 import sys
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import doctor_env, run_doctor
-from systemd_units import parse_unit
+from systemd_units import command, parse_unit
 
 from doctor.core.settings import resolve
 from doctor.service.systemd import (
@@ -27,12 +26,6 @@ from doctor.service.systemd import (
 )
 
 ANALYZE = shutil.which("systemd-analyze")
-
-
-def command(value: str) -> list[str]:
-    """An Exec line's argv: strip systemd prefixes, undo %% and $$ escaping."""
-    value = value.lstrip("-@:+!")
-    return [a.replace("%%", "%").replace("$$", "$") for a in shlex.split(value)]
 
 
 def verify(path: Path) -> subprocess.CompletedProcess[str]:

@@ -16,6 +16,7 @@ import click
 
 from doctor.app import Report, registry_for, render, run
 from doctor.commands.options import guarded, selection_options, settings_from
+from doctor.core import deadline
 from doctor.core.actions import ActionError, new_backup_dir
 from doctor.core.causes import roots
 from doctor.core.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
@@ -32,6 +33,9 @@ from doctor.core.settings import Settings
 def fix(flags: dict[str, Any], do_apply: bool, yes: bool) -> int:
     """Show (and with --apply, make) the changes that fix failing checks, then check again."""
     settings = settings_from(flags)
+    if flags.get("fmt") == "openmetrics":
+        click.echo("k26-doctor: fix has no openmetrics report (it is check's: check --format openmetrics)", err=True)
+        return EXIT_USAGE
     if do_apply and not yes and not sys.stdin.isatty():
         click.echo("k26-doctor: refusing to change anything: stdin is not a terminal and --yes was not given",
                    err=True)
@@ -49,6 +53,7 @@ def fix(flags: dict[str, Any], do_apply: bool, yes: bool) -> int:
             print_plans(plans, report)
         return report.decision().exit_code
     print_plans(plans, report)
+    deadline.clear()  # --timeout bounded the checks and the planning; the changes the user asked for run whole
     return apply_plans(plans, settings, ask=not yes, fmt=fmt)
 
 

@@ -5,6 +5,7 @@ so no command module imports the CLI module."""
 from __future__ import annotations
 
 import functools
+import io
 import sys
 import traceback
 from collections.abc import Callable
@@ -15,7 +16,8 @@ import click
 from doctor.core.exitcodes import EXIT_NO_REPORT, EXIT_OK, EXIT_SIGPIPE, EXIT_USAGE
 
 REPORT_OPTIONS = {
-    "fmt": lambda: click.option("--format", "fmt", type=click.Choice(["text", "json", "junit"]), default="text",
+    "fmt": lambda: click.option("--format", "fmt", type=click.Choice(["text", "json", "junit", "openmetrics"]),
+                                default="text",
                                 show_default=True),
     "output": lambda: click.option("--output", type=click.Path(dir_okay=False), default=None,
                                    help="Write the report here."),
@@ -24,6 +26,29 @@ REPORT_OPTIONS = {
 }
 # Where the report flags sit among the setting flags in --help (after --deep, as CONTRACT.md lists them).
 REPORT_AFTER = "deep"
+
+
+class Seconds(click.ParamType):
+    """A duration on the command line: finite, > 0 (or >= ``minimum``), read by the one reading of durations
+    (``doctor.core.settings.duration``): ``nan``, ``inf`` and negative values are usage errors (exit 2)."""
+
+    name = "seconds"
+
+    def __init__(self, minimum: float | None = None, *, number: bool = False) -> None:
+        self.minimum = minimum
+        self.number = number  # a plain finite number >= 0 (a threshold), not a duration
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        from doctor.core.settings import ConfigError, duration
+
+        try:
+            number = duration(value, "the value", positive=not self.number)
+        except ConfigError as exc:
+            words = str(exc).replace("the value ", "", 1)
+            self.fail(words.replace(" of seconds", "") if self.number else words, param, ctx)
+        if self.minimum is not None and number < self.minimum:
+            self.fail(f"must be at least {self.minimum:g}, got {value!r}", param, ctx)
+        return number
 
 
 def setting_option(f: Any) -> Callable[..., Any]:
@@ -39,7 +64,7 @@ def setting_option(f: Any) -> Callable[..., Any]:
         return click.option(*names, dest, is_flag=True, default=None, help=meta["help"])
     if kind == "count":
         return click.option(*names, dest, count=True, help=meta["help"])
-    typ = {"posint": int, "posfloat": float, "seconds": float}.get(kind)
+    typ = {"posint": int, "posfloat": Seconds(), "seconds": Seconds(number=True)}.get(kind)
     if dest in ("config", "from_snapshot"):
         typ = click.Path(dir_okay=False)
     return click.option(*names, dest, type=typ, default=None, help=meta["help"])
@@ -127,22 +152,30 @@ def settings_from(flags: dict[str, Any]) -> Any:
     return settings_from_flags({k: v for k, v in flags.items() if k not in REPORT_OPTIONS})
 
 
-def check_output_path(path: str) -> None:
-    """``ConfigError`` unless ``path`` can be written: its directory exists and is writable, and it is
-    not a directory (or an existing file this user cannot write)."""
-    import os
-
+def check_output_path(path: str, flag: str = "--output") -> None:
+    """``ConfigError`` (exit 2, before any work) unless ``path`` can be written: not a directory, a symlink or
+    anything but a regular file (``/dev/full``, a FIFO), in an existing writable directory with room
+    (``doctor.core.fileio.output_problem``)."""
+    from doctor.core.fileio import output_problem
     from doctor.core.settings import ConfigError
 
-    parent = os.path.dirname(os.path.abspath(path)) or "."
-    if os.path.isdir(path):
-        raise ConfigError(f"--output {path} is a directory; give a file name")
-    if not os.path.isdir(parent):
-        raise ConfigError(f"--output {path}: the directory {parent} does not exist")
-    if os.path.exists(path) and not os.access(path, os.W_OK):
-        raise ConfigError(f"--output {path} exists and is not writable by this user")
-    if not os.path.exists(path) and not os.access(parent, os.W_OK | os.X_OK):
-        raise ConfigError(f"--output {path}: the directory {parent} is not writable by this user")
+    problem = output_problem(path)
+    if problem:
+        raise ConfigError(f"{flag} {path}: {problem}" if problem.startswith("the ") else f"{flag} {path} {problem}")
+
+
+def write_requested(path: str, text: str, what: str = "the report") -> None:
+    """Write a file a command was asked to write (``--output``): checked again, redacted, atomic (a failure
+    leaves what was there); an I/O failure (a full disk) is ``ConfigError``: exit 2, naming the file."""
+    from doctor.core.fileio import describe_error, write_output
+    from doctor.core.settings import ConfigError
+    from doctor.facts.redaction import redact_text
+
+    check_output_path(path)
+    try:
+        write_output(path, redact_text(text).encode("utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot write {what} to {path}: {describe_error(exc)}") from None
 
 
 def quiet_stdout() -> None:
@@ -158,17 +191,60 @@ def quiet_stdout() -> None:
         pass
 
 
+def textfile_of(flags: dict[str, Any]) -> str | None:
+    """The node_exporter textfile of this run: ``--output`` with ``--format openmetrics``."""
+    return flags.get("output") if flags.get("fmt") == "openmetrics" else None
+
+
+def begin_report(settings: Any, flags: dict[str, Any]) -> None:
+    """Before the checks: a textfile (``--format openmetrics --output F``) gets this run's start time, its last
+    verdict kept, so that a run that never finishes shows (``doctor.service.textfile``)."""
+    import time
+
+    path = textfile_of(flags)
+    if not path:
+        return
+    from doctor.app import selected_checks
+    from doctor.core.settings import ConfigError
+
+    selected_checks(settings)  # an invalid selection (exit 2) leaves the last verdict as it was
+    from doctor.report.openmetrics import run_labels
+    from doctor.service.textfile import mark_started, textfile_note
+
+    note = textfile_note(path)
+    if note:
+        click.echo(f"k26-doctor: note: {note}", err=True)
+    try:
+        mark_started(path, time.time(), run_labels(settings))
+    except OSError as exc:
+        raise ConfigError(f"--output {path}: cannot write: {exc.strerror or exc}") from None
+
+
 def emit(report: Any, flags: dict[str, Any]) -> None:
     """Write the report where the flags say. A reader that closes the pipe early (``| head``) does not
-    change the verdict: the exit code still says it."""
+    change the verdict: the exit code still says it. A textfile for node_exporter is replaced whole (the
+    atomic writer): its collector must never read half a file."""
     from doctor.app import render
 
     fmt, output = flags.get("fmt") or "text", flags.get("output")
     verbose, problems = flags.get("verbose") or 0, bool(flags.get("problems"))
     try:
-        if output:
-            with open(output, "w", encoding="utf-8") as fh:
-                render(report, fmt, verbose, fh, color=False, problems=problems)
+        if textfile_of(flags):
+            from doctor.core.fileio import describe_error
+            from doctor.core.settings import ConfigError
+            from doctor.facts.redaction import redact_text
+            from doctor.report.openmetrics import to_openmetrics
+            from doctor.service.textfile import write_report
+
+            try:
+                write_report(output, redact_text(to_openmetrics(report)))
+            except OSError as exc:
+                raise ConfigError(f"--output {output}: cannot write: {describe_error(exc)}") from None
+            render(report, "text", verbose, sys.stdout, problems=problems)
+        elif output:
+            buf = io.StringIO()
+            render(report, fmt, verbose, buf, color=False, problems=problems)
+            write_requested(output, buf.getvalue())
             if fmt != "text":
                 render(report, "text", verbose, sys.stdout, problems=problems)
         else:

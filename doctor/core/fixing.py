@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from doctor.core import deadline
 from doctor.core.actions import Plan
 from doctor.core.context import Context
 from doctor.core.registry import Registry
@@ -44,6 +45,9 @@ def plan_for(registry: Registry, ctx: Context, res: Result) -> CheckPlan:
     fx = registry.fixers.get(res.fixer or "")
     if fx is None:
         return CheckPlan(res.id, str(res.fixer), "?", res, error=f"fixer {res.fixer!r} is not registered")
+    why_not = not_plannable(res)
+    if why_not:
+        return CheckPlan(res.id, fx.id, fx.title, res, error=why_not)
     chk = registry.checks.get(res.id)
     view = ctx.view(registry.fact_needs(chk) if chk is not None else fx.needs)
     try:
@@ -53,3 +57,11 @@ def plan_for(registry: Registry, ctx: Context, res: Result) -> CheckPlan:
         return CheckPlan(res.id, fx.id, fx.title, res, error=f"cannot plan: {type(exc).__name__}: {exc}")
 
 
+def not_plannable(res: Result) -> str | None:
+    """Why no plan is made for ``res`` (None: plan it): the run's deadline passed (``--timeout``, Ctrl-C), or
+    the check itself never finished (its facts may still be being collected: planning would wait on them)."""
+    if deadline.expired():
+        return f"not planned: {deadline.ended()}"
+    if isinstance(res.details, dict) and "timeout_s" in res.details:
+        return "not planned: the check did not finish in time"
+    return None

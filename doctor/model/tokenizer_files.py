@@ -12,6 +12,7 @@ from doctor.core.result import Findings, NotJudged, Remediation, Severity
 from doctor.core.settings import Settings
 from doctor.model.consistency import config_view
 from doctor.model.modelconfig import json_data, json_object
+from doctor.model.remote_code import named_module_problems
 from doctor.model.tokenizer import judge_files, judge_load
 from doctor.model.weights import TARGET, dir_problem, redownload_commands
 
@@ -36,8 +37,10 @@ class TokenizerFiles:
         self.files = tok.get("files") or {}
         self.problems: list[str] = []
         self.notes: list[str] = []
-        self.problems += [f"{n} is a dangling symlink" for n, v in self.files.items()
-                          if isinstance(v, dict) and v.get("dangling")]
+        self.problems += [f"{n} is {'a symlink loop' if v.get('loop') else 'a dangling symlink'}"
+                          for n, v in self.files.items() if isinstance(v, dict) and v.get("dangling")]
+        self.problems += [f"{n} is {v['kind']}, not a regular file" for n, v in self.files.items()
+                          if isinstance(v, dict) and v.get("kind")]
         tc = tok.get("tokenizer_config") or {}
         data, problem = json_object(tc, "tokenizer_config.json")
         if not tc.get("present"):  # tokenizer.json alone is enough
@@ -57,7 +60,11 @@ class TokenizerFiles:
         if not self.has_template and data:
             self.problems.append("no chat template (chat_template in tokenizer_config.json, chat_template.jinja or "
                                  "chat_template.json): chat completions will fail")
-        self.missing_mods = self.remote_modules((fact.get("files") or {}).get("entries") or {})
+        self.notes += [f"auto_map {ref} loads code from another repository at start (needs network)"
+                       for ref in self.remote if "--" in ref]
+        module_problems, download = named_module_problems(fact.get("remote_code") or {})
+        self.problems += module_problems
+        self.missing_mods = sorted(set(download))
         self.needs_trc = bool(self.remote)
         if self.needs_trc and trust_remote_code is False:
             self.problems.append("auto_map means the server needs --trust-remote-code, but the profile sets "
@@ -72,21 +79,6 @@ class TokenizerFiles:
             self.problems.append("no vocabulary file (tokenizer.json, tokenizer.model, vocab.json or tiktoken.model)")
         if "vocab.json" in files and "merges.txt" not in files and "tokenizer.json" not in files:
             self.problems.append("vocab.json without merges.txt (BPE needs both)")
-
-    def remote_modules(self, listing: dict[str, Any]) -> list[str]:
-        """The remote-code modules auto_map names that are not in the directory (sorted, each once)."""
-        missing = []
-        for ref in self.remote:
-            if "--" in ref:
-                self.notes.append(f"auto_map {ref} loads code from another repository at start (needs network)")
-                continue
-            module = ref.rsplit(".", 1)[0]
-            fname = module.replace(".", "/") + ".py"
-            if fname not in listing and module + ".py" not in listing:
-                missing.append(fname)
-        out = sorted(set(missing))
-        self.problems += [f"remote-code module {fname} named by auto_map is missing" for fname in out]
-        return out
 
 
 def the_load(fact: dict[str, Any], tok: Any, settings: Settings) -> tuple[Findings, NotJudged | None]:

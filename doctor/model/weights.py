@@ -17,6 +17,7 @@ from typing import Any
 from doctor.core.result import Findings, NotJudged, Remediation
 from doctor.core.settings import Settings
 from doctor.host.access import access_fix, describe
+from doctor.model.layout import redownload_argv
 
 GIB = 1024 ** 3
 MANIFEST_FILE = "k26-doctor.manifest.json"
@@ -109,7 +110,8 @@ def redownload_commands(settings: Settings, fact: dict[str, Any], files: list[st
         return []
     if not repo:
         return [f"# set [{role.name}] repo in the config to get the exact download command"]
-    return [shlex.join(["hf", "download", str(repo), *files, "--local-dir", str(path), "--force-download"])]
+    argv, note = redownload_argv(str(repo), str(path), files)
+    return [shlex.join(argv)] + ([f"# {note}"] if note else [])
 
 
 def deep_command(role: Role, path: Any) -> str:
@@ -176,8 +178,9 @@ class ShardReading:
         """The files to fetch again: damaged shards, the shards of leftovers, the index when it is the problem."""
         redo = sorted({s["name"] for s in self.damaged} | {lo["for"] for lo in self.leftovers if lo.get("for")})
         codes = {p.get("code") for p in self.general}
-        if codes & {"index_missing", "index_invalid", "index_dangling"}:
-            redo = ["model.safetensors.index.json", *redo]
+        if codes & {"index_missing", "index_invalid", "index_dangling"} or (self.general
+                                                                           and self.weights.get("layout") == "index"):
+            redo = ["model.safetensors.index.json", *redo]  # the index is wrong (names a path outside, unreadable...)
         return redo
 
 
@@ -253,7 +256,8 @@ def damaged(fact: dict[str, Any], role: Role, settings: Settings, seen: ShardRea
     elif seen.denied:
         head = f"{len(seen.denied)} of {n_shards} shards unreadable by {reader}: "
     text = ("Re-download the damaged files (never mix revisions). `k26-doctor fix` plans it; by hand:"
-            if redo else "Fix the index or path by hand:" if (seen.general or seen.leftovers or seen.damaged) else "")
+            if redo else "Move the download leftovers named above out of the model directory (`k26-doctor fix` "
+            "plans it)." if seen.leftovers else "")
     commands = redownload_commands(settings, fact, redo, role)
     if seen.denied:
         access = access_fix([s["access"] for s in seen.denied if s.get("access")]

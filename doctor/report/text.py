@@ -1,7 +1,7 @@
 """The report for people: a glyph, the id and one line per check; remediation under each failure;
 details with ``-v``; a footer with counts, time and what fixes or ignores what.
 
-One root line per cause: a result whose cause failed (``doctor.report.causes``) says "same cause as X"
+One root line per cause: a result whose cause failed (``doctor.core.causes``) says "same cause as X"
 instead of repeating X's sentence; ``-q``/``--problems`` shows only what is not a pass, with the
 dependents listed under their root. Something said once (the service interpreter not set) comes first.
 
