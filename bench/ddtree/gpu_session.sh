@@ -125,6 +125,18 @@ stage_all() {  # setup, wave 0 on the random pair while the trained pair trains,
   if grep -q '"wave": 0' "$plan"; then
     sc up --plan "$plan" --wave 0 --state "$WORK/state0.json" --logs "$WORK/logs" --budget-s $(( $(left_s) / 2 )) &
     w0=$!
+    # Wave 0 captures its CUDA graphs with the GPU to itself (the memory it logs for them is then a reading of
+    # its own, not of other processes allocating meanwhile): the pair trains once that is done (120 s at most).
+    local t=0
+    while [ $t -lt 120 ] && kill -0 "$w0" 2>/dev/null; do
+      local pending=0
+      for f in $(python3 -c "import json,os;p=json.load(open('$plan'));print(' '.join(s['name'] for s in p['servers'] if s.get('wave')==0))"); do
+        grep -q "Capture target verify CUDA graph end\|Capture decode CUDA graph end\|Capture cuda graph end" "$WORK/logs/$f.log" 2>/dev/null || pending=1
+      done
+      [ $pending -eq 0 ] && break
+      sleep 2; t=$((t + 2))
+    done
+    log "wave 0 captured its graphs (or gave up) after ${t} s"
   fi
   [ -n "${GPU_TESTS:-1}" ] && [ "${GPU_TESTS:-1}" != 0 ] && stage_gputests
   grep -q '\$PAIR' "$plan" && stage_pair "${PAIR_SEED:-1}"
