@@ -1,10 +1,14 @@
-"""Forked header parsing: same verdicts as in-process, and a failing child never changes the result."""
+"""Header parsing in worker processes: same verdicts as in-process, a failing worker never changes the
+result, and no worker is forked from the doctor's own (threaded) process: every test here turns Python's
+"multi-threaded, use of fork() may lead to deadlocks" DeprecationWarning into an error."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -18,39 +22,70 @@ from doctor.model.forked import map_forked
 from doctor.model.scan import clear_cache, scan_weights, tensor_summary
 
 SPEC = K26Spec.small(shards=16)
+pytestmark = pytest.mark.filterwarnings("error::DeprecationWarning")
+
+
+def square(x):
+    return {"sq": x * x, "pid": os.getpid(), "ppid": os.getppid()}
+
+
+def crash_in_children(parent, x):
+    if os.getpid() != parent:
+        if x % 2:
+            raise RuntimeError("child crash")
+        os._exit(3)
+    return x + 1
+
+
+def late_in_children(parent, x):
+    if os.getpid() != parent:
+        time.sleep(30)
+    return x
 
 
 def test_map_forked_matches_serial():
     items = list(range(37))
-    assert map_forked(lambda x: {"sq": x * x}, items, workers=3) == [{"sq": x * x} for x in items]
+    got = map_forked(square, items, workers=3)
+    assert [g["sq"] for g in got] == [x * x for x in items]
+    assert len({g["pid"] for g in got}) == 3 and os.getpid() in {g["pid"] for g in got}  # two workers did shares
 
 
 def test_failing_children_are_redone_in_the_parent():
-    parent = os.getpid()
-
-    def func(x):
-        if os.getpid() != parent:
-            if x % 2:
-                raise RuntimeError("child crash")
-            os._exit(3)
-        return x + 1
-
-    assert map_forked(func, list(range(20)), workers=4) == [x + 1 for x in range(20)]
+    assert map_forked(functools.partial(crash_in_children, os.getpid()), list(range(20)), workers=4) == \
+        [x + 1 for x in range(20)]
 
 
 def test_late_child_is_killed_and_redone():
-    import time
-
-    parent = os.getpid()
-
-    def func(x):
-        if os.getpid() != parent:
-            time.sleep(30)
-        return x
-
     t0 = time.monotonic()
-    assert map_forked(func, list(range(10)), workers=2, timeout=0.5) == list(range(10))
+    assert map_forked(functools.partial(late_in_children, os.getpid()), list(range(10)), workers=2,
+                      timeout=0.5) == list(range(10))
     assert time.monotonic() - t0 < 10
+
+
+def test_what_does_not_pickle_runs_here():
+    """A lambda cannot reach a worker: the parent computes every share, nothing is lost."""
+    assert map_forked(lambda x: (x, os.getpid()), list(range(12)), workers=3) == [(x, os.getpid()) for x in range(12)]
+
+
+def test_workers_are_not_forked_from_this_threaded_process():
+    """The doctor runs checks in threads; its workers come from the forkserver, never from ``fork()`` here
+    (Python 3.12+ warns, as an error in this test: -W error::DeprecationWarning)."""
+    import threading
+    import warnings
+
+    stop = threading.Event()
+    busy = threading.Thread(target=stop.wait, daemon=True)
+    busy.start()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", DeprecationWarning)
+            got = map_forked(square, list(range(16)), workers=4)
+    finally:
+        stop.set()
+    assert [g["sq"] for g in got] == [x * x for x in range(16)]
+    shares = [g for g in got if g["pid"] != os.getpid()]
+    assert len({g["pid"] for g in shares}) == 3
+    assert all(g["ppid"] != os.getpid() for g in shares)  # forked by the server, not by this process
 
 
 @pytest.fixture

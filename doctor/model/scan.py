@@ -195,14 +195,15 @@ def clear_cache() -> None:
 def tensor_summary(model_dir: str, shard_names: list[str]) -> dict[str, Any] | None:
     """The tensor summary of the valid shards among ``shard_names`` (None when there is none)."""
     paths = [p for p in (os.path.join(model_dir, n) for n in shard_names) if os.path.isfile(p)]
-
-    def part(path: str) -> dict[str, Any] | None:
-        rep = _read_cached(path)
-        return shard_summary(rep) if rep.ok else None
-
     with no_gc():
-        parts = [p for p in map_forked(part, paths) if p is not None]
+        parts = [p for p in map_forked(summary_part, paths) if p is not None]
         return merge_summaries(parts) if parts else None
+
+
+def summary_part(path: str) -> dict[str, Any] | None:
+    """One valid shard's part of the tensor summary (a module-level function: it runs in workers too)."""
+    rep = _read_cached(path)
+    return shard_summary(rep) if rep.ok else None
 
 
 def shard_verdict(path: str, shard: str, weight_map: dict[str, str], indexed: int,
@@ -226,12 +227,24 @@ def _fast_index_scan(model_dir: str, index: Index, readable: list[str],
     """Verdicts for every readable shard, spread over forked children; None when it cannot help."""
     if len(readable) < 2:
         return None
-    indexed = Counter(index.weight_map.values())
     wmap = index.weight_map
     n_workers = workers_for(len(readable))
-    results = map_forked(lambda n: shard_verdict(states[n].path, n, wmap, indexed[n], cache=n_workers == 1),
-                         readable, workers=n_workers)
+    if n_workers <= 1:
+        indexed = Counter(wmap.values())
+        return {n: shard_verdict(states[n].path, n, wmap, indexed[n], cache=True) for n in readable}
+    # Workers get each shard's indexed tensor names (not the whole map: it would be pickled once per worker).
+    names: dict[str, list[str]] = {n: [] for n in readable}
+    for tensor, shard in wmap.items():
+        if shard in names:
+            names[shard].append(tensor)
+    results = map_forked(indexed_verdict, [(states[n].path, n, names[n]) for n in readable], workers=n_workers)
     return dict(zip(readable, results, strict=True))
+
+
+def indexed_verdict(item: tuple[str, str, list[str]]) -> dict[str, Any]:
+    """``shard_verdict`` of ``(path, shard, the tensor names the index puts in it)``, in a worker."""
+    path, shard, names = item
+    return shard_verdict(path, shard, dict.fromkeys(names, shard), len(names))
 
 
 def _fast_result(out: dict[str, Any], model_dir: str, index: Index, names: list[str], states: dict[str, Any],
