@@ -17,12 +17,13 @@ from __future__ import annotations
 import ast
 import types
 
+import ci_requirements
 import pytest
 
-pytest.importorskip("torch")
+ci_requirements.require("torch")
 
-from ddtree_support import patched_tree
-from test_ddtree_worker import worker  # noqa: F401  (the fixture: patched ddtree_worker.py loaded)
+from ddtree_support import patched_tree  # noqa: E402  (after the skip: it needs torch)
+from test_ddtree_worker import worker  # noqa: E402, F401  (the fixture: patched ddtree_worker.py loaded)
 
 
 def req(return_logprob=False, **sampling):

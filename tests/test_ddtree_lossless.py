@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import math
 
+import ci_requirements
 import pytest
 
-torch = pytest.importorskip("torch")
+torch = ci_requirements.importorskip("torch")
 
 from ddtree_support import ddtree_utils  # noqa: E402
 

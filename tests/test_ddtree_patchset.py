@@ -12,6 +12,7 @@ import types
 import zipfile
 from pathlib import Path
 
+import ci_requirements
 import pytest
 from ddtree_support import SET_DIR, bare_part, patched_tree, patchset_tool, pristine_tree, require_wheel
 
@@ -99,7 +100,7 @@ def _spec_parser(root: Path) -> argparse.ArgumentParser:
     Parent packages are bare modules so their ``__init__`` (which imports torch, transformers, ...) does
     not run; ``arg_utils``, ``choices`` and ``fields/spec.py`` are the real files.
     """
-    pytest.importorskip("msgspec")
+    ci_requirements.require("msgspec", needed_for="to import sglang.srt.server_args")
     saved = {k: v for k, v in sys.modules.items() if k == "sglang" or k.startswith("sglang.")}
     for k in saved:
         del sys.modules[k]

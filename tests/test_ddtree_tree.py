@@ -5,9 +5,10 @@ from __future__ import annotations
 import itertools
 import math
 
+import ci_requirements
 import pytest
 
-torch = pytest.importorskip("torch")
+torch = ci_requirements.importorskip("torch")
 np = pytest.importorskip("numpy")
 pytest.importorskip("hypothesis")
 from ddtree_support import ddtree_utils  # noqa: E402

@@ -12,9 +12,10 @@ from __future__ import annotations
 import sys
 import types
 
+import ci_requirements
 import pytest
 
-torch = pytest.importorskip("torch")
+torch = ci_requirements.importorskip("torch")
 
 from ddtree_support import ddtree_utils, load_file, patched_tree  # noqa: E402
 

@@ -19,6 +19,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import ci_requirements
+import downloads
 import pytest
 from interpreters import bare_python
 from kernel_wheels import torch_site
@@ -41,7 +43,7 @@ sys.addaudithook(_k26_hook)
 '''
 
 
-@functools.cache
+@downloads.reads("the torch 2.11.0 wheel")
 def poisoned_site() -> Path:
     """torch 2.11.0+cu130's real version.py, libraries and metadata in a package whose import raises."""
     site = workdir() / "site-poisoned"
@@ -58,7 +60,7 @@ def poisoned_site() -> Path:
     return site
 
 
-@functools.cache
+@downloads.reads("the sglang 0.5.23 wheel")
 def sglang_sources() -> Path:
     """The real SGLang 0.5.23 sources and metadata (its dependencies absent)."""
     import zipfile
@@ -115,9 +117,9 @@ def exec_version_py(path: Path) -> dict:
 def installed_torch_version_py() -> Path:
     import importlib.util
 
+    ci_requirements.require("torch", needed_for="to compare its version.py with the import")
     spec = importlib.util.find_spec("torch")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("no torch in the test interpreter")
+    assert spec is not None and spec.submodule_search_locations, spec
     return Path(next(iter(spec.submodule_search_locations))) / "version.py"
 
 
@@ -136,6 +138,7 @@ def test_version_py_parsed_as_torch_reads_it(which):
 
 def test_installed_torch_version_matches_the_real_import():
     """The running interpreter's torch: the file's answer equals ``torch.version.cuda`` in a child."""
+    ci_requirements.require("torch", needed_for="to import it")
     out = subprocess.run([sys.executable, "-c", "import json, torch; print(json.dumps([torch.__version__, "
                           "torch.version.cuda]))"], capture_output=True, text=True, timeout=300, check=True)
     version, cuda = json.loads(out.stdout.strip().splitlines()[-1])
