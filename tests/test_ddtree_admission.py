@@ -25,6 +25,8 @@ ci_requirements.require("torch")
 from ddtree_support import patched_tree  # noqa: E402  (after the skip: it needs torch)
 from test_ddtree_worker import worker  # noqa: E402, F401  (the fixture: patched ddtree_worker.py loaded)
 
+pytestmark = pytest.mark.network  # reads the released wheels (tests/downloads.py)
+
 
 def req(return_logprob=False, **sampling):
     params = dict.fromkeys(("json_schema", "regex", "ebnf", "structural_tag"))

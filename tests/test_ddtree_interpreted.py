@@ -14,7 +14,10 @@ import sys
 from pathlib import Path
 
 import ci_requirements
+import pytest
 from ddtree_support import require_wheel
+
+pytestmark = pytest.mark.network  # reads the released wheels (tests/downloads.py)
 
 GPU_TEST = Path(__file__).resolve().parent / "ddtree_gpu_harness.py"
 

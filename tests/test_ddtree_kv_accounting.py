@@ -44,6 +44,8 @@ import ci_requirements
 import pytest
 from ddtree_support import patched_tree
 
+pytestmark = pytest.mark.network  # reads the released wheels (tests/downloads.py)
+
 _PROBE = textwrap.dedent(
     r'''
     import json, random, sys

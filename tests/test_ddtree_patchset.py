@@ -41,6 +41,7 @@ def test_manifest_shape():
     assert "sglang/srt/speculative/ddtree_utils.py" in paths
 
 
+@pytest.mark.network
 def test_before_hashes_are_the_wheels_record():
     tool = patchset_tool()
     record = tool.record_hashes(require_wheel())
@@ -52,11 +53,13 @@ def test_before_hashes_are_the_wheels_record():
                 assert f["before"] == record[f["path"]]
 
 
+@pytest.mark.network
 def test_applies_strictly_compiles_and_reverts_to_record(tmp_path):
     problems = patchset_tool().verify(SET_DIR, require_wheel(), workdir=tmp_path)
     assert problems == []
 
 
+@pytest.mark.network
 def test_manifest_hashes_are_regenerated_identically(tmp_path):
     copy = tmp_path / SET_DIR.name
     shutil.copytree(SET_DIR, copy)
@@ -64,6 +67,7 @@ def test_manifest_hashes_are_regenerated_identically(tmp_path):
     assert json.loads((copy / "manifest.json").read_text()) == manifest()
 
 
+@pytest.mark.network
 def test_verify_catches_a_drifted_diff_and_a_wrong_hash(tmp_path):
     tool = patchset_tool()
     wheel = require_wheel()
@@ -87,6 +91,7 @@ def test_verify_catches_a_drifted_diff_and_a_wrong_hash(tmp_path):
     assert any("after-hash mismatch" in p for p in problems)
 
 
+@pytest.mark.network
 def test_every_patched_python_file_compiles():
     root = patched_tree()
     for p in manifest()["patches"]:
@@ -122,6 +127,7 @@ def _spec_parser(root: Path) -> argparse.ArgumentParser:
         sys.modules.update(saved)
 
 
+@pytest.mark.network
 def test_flags_parse_with_sglangs_field_generated_parser():
     parser = _spec_parser(patched_tree(whole=True))
     args = parser.parse_args(["--speculative-algorithm", "DDTREE", "--speculative-ddtree-budget", "64"])
@@ -132,12 +138,14 @@ def test_flags_parse_with_sglangs_field_generated_parser():
         parser.parse_args(["--speculative-ddtree-budget", "many"])
 
 
+@pytest.mark.network
 def test_pristine_parser_rejects_the_budget_flag():
     parser = _spec_parser(pristine_tree())
     with pytest.raises(SystemExit):
         parser.parse_args(["--speculative-ddtree-budget", "64"])
 
 
+@pytest.mark.network
 def test_field_order_appends_the_new_field_last():
     text = (patched_tree() / "sglang/srt/arg_groups/field_order.py").read_text()
     body = text[text.index("POSITIONAL_FIELD_ORDER = ("):]
@@ -145,6 +153,7 @@ def test_field_order_appends_the_new_field_last():
     assert names[-1] == "speculative_ddtree_budget" and names.count("speculative_ddtree_budget") == 1
 
 
+@pytest.mark.network
 def test_server_args_parse_and_resolve_ddtree(tmp_path_factory):
     """The full 0.5.23 ServerArgs parser and DDTREE's resolution, where SGLang's light deps are importable.
 
@@ -171,6 +180,7 @@ def test_server_args_parse_and_resolve_ddtree(tmp_path_factory):
     assert all(v.startswith("ValueError: DDTREE was not validated with:") for v in refused.values()), refused
 
 
+@pytest.mark.network
 def test_the_patch_engines_generator_agrees_with_the_manifest(tmp_path):
     """doctor.sglang.patching's own manifest generator, run on a pristine unpack, yields the same hashes."""
     generate = pytest.importorskip("doctor.sglang.patching.generate")
@@ -188,6 +198,7 @@ def test_the_patch_engines_generator_agrees_with_the_manifest(tmp_path):
     assert files(generated) == files(manifest())
 
 
+@pytest.mark.network
 def test_triton_keeps_the_custom_mask_for_ddtree_only(tmp_path_factory):
     """DFLASH on Triton skips the verify mask (a chain is causal); DDTREE must keep it. The ``mask_policy``
     part of tests/ddtree_bare_probe.py: needs SGLang's runtime dependencies (transformers, torchvision,

@@ -15,6 +15,8 @@ from ddtree_support import ddtree_utils  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+pytestmark = pytest.mark.network  # reads the released wheels (tests/downloads.py)
+
 
 @pytest.fixture(scope="module")
 def dd():

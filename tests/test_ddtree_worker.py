@@ -19,6 +19,8 @@ torch = ci_requirements.importorskip("torch")
 
 from ddtree_support import ddtree_utils, load_file, patched_tree  # noqa: E402
 
+pytestmark = pytest.mark.network  # reads the released wheels (tests/downloads.py)
+
 PKGS = ("sglang", "sglang.srt", "sglang.srt.speculative", "sglang.kernels", "sglang.kernels.ops",
         "sglang.kernels.ops.speculative")
 

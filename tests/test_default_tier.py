@@ -81,6 +81,7 @@ def tier_ctx(marks: Path, *, deep: bool = False):
                     env={"PYTHONPATH": path, "K26_IMPORT_MARKS": str(marks)})
 
 
+@pytest.mark.network
 def test_the_whole_default_tier_imports_nothing_heavy(tmp_path):
     marks = tmp_path / "imports.txt"
     ctx = tier_ctx(marks)
@@ -99,6 +100,7 @@ def test_the_whole_default_tier_imports_nothing_heavy(tmp_path):
     assert "numpy" in install.details["requirements"]["missing"]
 
 
+@pytest.mark.network
 def test_deep_imports_torch_for_real(tmp_path):
     """--deep keeps the import (and the matmul): here it meets the torch that cannot be imported."""
     marks = tmp_path / "imports.txt"
@@ -123,6 +125,7 @@ def installed_torch_version_py() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "version.py"
 
 
+@pytest.mark.network
 @pytest.mark.parametrize("which", ["wheel-2.11.0", "installed"])
 def test_version_py_parsed_as_torch_reads_it(which):
     path = torch_site() / "torch" / "version.py" if which == "wheel-2.11.0" else installed_torch_version_py()
@@ -146,6 +149,7 @@ def test_installed_torch_version_matches_the_real_import():
     assert exec_version_py(installed_torch_version_py())["__version__"] == version
 
 
+@pytest.mark.network
 @pytest.mark.parametrize(("driver", "cuda", "status"), [("580.159.04", 13000, Status.PASS),
                                                         ("570.26", 12080, Status.FAIL)])
 def test_cuda_compat_judges_the_wheels_cuda_against_the_driver(tmp_path, driver, cuda, status):
@@ -156,6 +160,7 @@ def test_cuda_compat_judges_the_wheels_cuda_against_the_driver(tmp_path, driver,
     assert not (tmp_path / "imports.txt").exists()
 
 
+@pytest.mark.network
 def test_a_cpu_build_version_py_is_a_cpu_build(tmp_path):
     """torch/version.py as a CPU wheel writes it (``cuda: Optional[str] = None``): no CUDA at all, said so."""
     site = tmp_path / "site"
@@ -283,6 +288,7 @@ def install_ctx(path: Path, profile: str = "h200-tp8"):
                     env={"PYTHONPATH": str(path), "CUDA_HOME": str(cuda_home())})
 
 
+@pytest.mark.network
 @pytest.mark.parametrize(("kw", "status", "words"), [
     ({}, Status.PASS, "DFlash sampling kernel available"),  # as {"available": True} from the import
     ({"dflash_kernel": False}, Status.WARN, "verify greedily"),  # as {"available": False}
@@ -296,6 +302,7 @@ def test_sglang_install_from_files_judges_as_the_import_did(tmp_path, kw, status
     assert "sglang_import" not in ctx.facts.collected()
 
 
+@pytest.mark.network
 def test_flashinfer_installed_without_its_sampling_module_stops_a_ddtree_start(tmp_path):
     """Its metadata there (SGLang's requirement met) but not ``flashinfer/sampling.py``: the runtime rule names it."""
     path = complete_site(tmp_path)

@@ -185,6 +185,7 @@ def test_env_is_a_short_redacted_summary(tmp_path: Path) -> None:
     assert [g["nvlinks_active"] for g in js["gpus"]].count(17) == 1
 
 
+@pytest.mark.network
 def test_patches_status_wraps_descriptions_by_whole_words(tmp_path_factory: pytest.TempPathFactory,
                                                           tmp_path: Path) -> None:
     from patches_install import fresh_venv

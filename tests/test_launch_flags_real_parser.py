@@ -24,6 +24,8 @@ import sglang_wheels
 from doctor.sglang.flag_reader import read_flags
 from doctor.sglang.flag_validator import validate_args
 
+pytestmark = pytest.mark.network  # reads the released wheels (tests/downloads.py)
+
 PYTHON = os.environ.get("K26_SGLANG_ARGS_PYTHON", sys.executable)
 
 REAL_PARSER = r'''
