@@ -624,7 +624,8 @@ def _auto_map_modules(auto_map: Any) -> list[str]:
     return refs
 
 
-@check("model.tokenizer", "Tokenizer and chat template files the server needs", needs=("model",), timeout=200)
+@check("model.tokenizer", "Tokenizer and chat template files the server needs", needs=("model",),
+       depends=("python.venv",), timeout=200)
 def model_tokenizer(ctx: Context) -> Result:
     """Looks for what the server's tokenizer loads: tokenizer_config.json (valid JSON), the vocabulary
     (tiktoken.model for TikToken tokenizers such as K2.6's, else tokenizer.json / tokenizer.model /
