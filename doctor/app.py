@@ -28,6 +28,7 @@ def settings_from_flags(flags: dict[str, Any]) -> Settings:
     a replay judges the host as it was recorded.
     """
     snap = None
+    given_python = bool(flags.get("python"))
     if flags.get("from_snapshot"):
         from doctor.facts.snapshot import SnapshotError
 
@@ -45,6 +46,8 @@ def settings_from_flags(flags: dict[str, Any]) -> Settings:
             flags["profile"] = rec_profile
     settings = resolve(flags)
     settings.snapshot = snap
+    if snap is not None and not given_python:  # as recorded (a recording that does not say: as given)
+        settings.python_given = bool((snap.get("options") or {}).get("python_given", True))
     return settings
 
 
@@ -141,7 +144,17 @@ class Report:
         return status
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON report (CONTRACT.md); ``doctor/report/report.schema.json`` describes it."""
+        """The JSON report (CONTRACT.md); ``doctor/report/report.schema.json`` describes it. It tells the story
+        the text tells (``doctor.report.story``): the root causes in order, each dependent's root, the next step."""
+        from doctor.report.story import story
+
+        st = story(self)
+        results = []
+        for res in self.results:
+            out = res.to_dict()
+            if res.id in st.root_of:
+                out["root"] = st.root_of[res.id]
+            results.append(out)
         return {
             "schema_version": 1,
             "summary": {
@@ -150,8 +163,10 @@ class Report:
                 "duration_s": round(self.outcome.duration_s, 4),
                 "interrupted": self.outcome.interrupted,
                 "unjudged": [r.id for r in self.unjudged],
+                "roots": [n.id for n, deps in st.notices if deps] + [r.id for r in st.roots],
+                "next_step": st.next_step,
             },
-            "results": [r.to_dict() for r in self.results],
+            "results": results,
             "doctor": {
                 "version": __version__,
                 "profile": self.settings.profile_name,
