@@ -295,10 +295,13 @@ def wait_ready(url: str | None, config: str | None, profile: str | None, timeout
 @click.option("--on-service-failure", is_flag=True,
               help="For ExecStopPost: do nothing unless $SERVICE_RESULT says the start failed.")
 @click.option("--signatures", multiple=True, type=click.Path(dir_okay=False), help="More signatures (TOML).")
+@click.option("--python", "python", default=None,
+              help="The service's interpreter, for fixes that name its packages (Python.h); default: what the log "
+                   "names.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @guarded
 def diagnose(logfile: str | None, unit: str | None, invocation: str | None, on_service_failure: bool,
-             signatures: tuple[str, ...], fmt: str) -> None:
+             signatures: tuple[str, ...], python: str | None, fmt: str) -> None:
     """Map a failed start's log (FILE, `-` for stdin, or --journal UNIT) to the checks that catch it.
 
     Exit 0 when a known signature was found, 1 when none was, 2 on bad input: an unreadable file or
@@ -312,6 +315,7 @@ def diagnose(logfile: str | None, unit: str | None, invocation: str | None, on_s
     from doctor.service.diagnose import (
         SignatureError,
         diagnose_lines,
+        host_values,
         journal_argv,
         load_signatures,
         read_log,
@@ -347,7 +351,7 @@ def diagnose(logfile: str | None, unit: str | None, invocation: str | None, on_s
         except OSError as exc:
             _say(f"cannot read {logfile}: {exc.strerror or exc}")
             sys.exit(EXIT_USAGE)
-    findings = diagnose_lines(lines, sigs)
+    findings = diagnose_lines(lines, sigs, host=lambda clean: host_values(clean, python))
     if fmt == "json":
         click.echo(json.dumps({"source": source, "lines": len(lines),
                                "findings": [f.to_dict() for f in findings]}, indent=2))
