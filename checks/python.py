@@ -36,8 +36,7 @@ def python_venv(ctx: Any) -> Result:
     wrong = describe(v) if not v.get("exists") or not (v.get("is_venv") or v.get("starts")) else None
     if wrong:
         return Result.failed(wrong, Remediation(
-            "Point --python (or [doctor] python in the config) at the service's interpreter: the bin/python of "
-            "the venv that runs SGLang. Every check of what is installed reads that interpreter.",
+            "pass the SGLang venv's bin/python as --python",
             [shlex.join(["k26-doctor", "check", "--python", "/path/to/service/venv/bin/python"])]), **v)
     problems: list[str] = []
     warnings: list[str] = []

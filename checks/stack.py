@@ -125,8 +125,10 @@ def cuda_compat(ctx: Any) -> Result:
 
 def _torch_unusable(ctx: Any, info: dict[str, Any]) -> Result:
     if info.get("missing_module") == "torch":
-        return Result.failed(f"torch is not installed in {service_python(ctx)}",
-                             Remediation("Install the torch the profile pins.", [pip_install(ctx, "torch", "torch")]))
+        res = Result.failed(f"torch is not installed in {service_python(ctx)}",
+                            Remediation("Install the torch the profile pins.", [pip_install(ctx, "torch", "torch")]))
+        res.cause = "stack.versions"  # which names every package missing: said once
+        return res
     return Result.failed(f"torch cannot be imported by {service_python(ctx)}: {info.get('error') or 'probe failed'}",
                          Remediation("Reinstall torch in the service's environment.",
                                      [pip_install(ctx, "torch", "torch")]), probe=info)

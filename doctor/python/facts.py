@@ -14,7 +14,7 @@ from doctor.core import proc
 from doctor.core.registry import collector
 from doctor.facts.store import CollectOptions
 from doctor.host.facts import service_env
-from doctor.python.interpreter import not_python_error, path_facts
+from doctor.python.interpreter import not_python_error, path_facts, start_output
 
 MAX_SCRIPTS = 5000
 SHEBANG_BYTES = 1024
@@ -144,10 +144,12 @@ def collect_venv(opts: CollectOptions) -> dict[str, Any]:
         except (ValueError, IndexError):
             out["starts"] = False
             out["start_error"] = not_python_error(run.returncode, run.stdout, run.stderr)
+            out["start_output"] = start_output(run.stdout, run.stderr)
     else:
         out["starts"] = False
         out["start_error"] = (not_python_error(run.returncode, run.stdout, run.stderr)
                               if run.start_error is None and not run.timed_out else run.why())
+        out["start_output"] = start_output(run.stdout, run.stderr)
     return out
 
 

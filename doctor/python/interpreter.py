@@ -81,7 +81,7 @@ def describe(v: dict[str, Any]) -> str | None:
     access = v.get("access") or {}
     if kind == "missing" or (kind is None and not v.get("exists")):
         near = v.get("nearest")
-        return f"{py} does not exist" + (f" (the nearest existing directory is {near})" if near else "")
+        return f"{py} does not exist" + (f" (nearest existing directory: {near})" if near else "")
     if kind == "dangling":
         chain = " -> ".join(v.get("link_chain") or [])
         return f"{py} is a dangling symlink ({chain})" if chain else f"{py} is a dangling symlink"
@@ -101,12 +101,12 @@ def describe(v: dict[str, Any]) -> str | None:
 
 
 def not_python_error(rc: int | None, stdout: str, stderr: str) -> str:
-    """How a program that is not Python answered ``-I -c 'print(version)'``."""
-    said = [ln.strip() for ln in (stderr or stdout).strip().splitlines() if ln.strip()]
-    if rc == 0:
-        return "asked for its version, it exited 0 " + (f"printing {_cut(said[0])!r}" if said else "printing nothing")
-    return f"asked for its version, it exited {rc}" + (f": {_cut(said[-1])}" if said else "")
+    """How a program that is not Python answered ``-I -c 'print(version)'`` (what it printed: ``start_output``)."""
+    said = (stderr or stdout).strip()
+    return f"asked for its version, it exited {rc}" + (" printing nothing" if not said else "")
 
 
-def _cut(text: str, limit: int = 90) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+def start_output(stdout: str, stderr: str, limit: int = 400) -> str:
+    """The last lines it printed, for the details."""
+    text = (stderr or stdout).strip()
+    return text[-limit:]

@@ -135,17 +135,51 @@ def _details_lines(details: dict[str, Any], indent: str, skip_lines: list[str] |
     return lines
 
 
-def _fix_lines(rem: Any, pad: str, columns: int) -> list[str]:
+def _fix_lines(rem: Any, pad: str, columns: int, said_last: str | None = None) -> list[str]:
+    """``fix: text`` and its commands. A fix whose one command is the step the report ends with (``said_last``)
+    is that step: not said twice."""
     if not rem or not (rem.text or rem.commands):
         return []
+    commands = [c for c in rem.commands if c != said_last]
+    if rem.commands and not commands:
+        return []
     out = wrap(f"fix: {rem.text}", columns, pad, pad + "  ") if rem.text else []
-    for c in rem.commands:
+    for c in commands:
         out.extend(wrap_command(c, columns, pad + "  "))
     return out
 
 
+def fold_ids(ids: list[str]) -> str:
+    """``cuda.{compat, libcuda}, model.fit``: ids of one area folded (in their order), so that a cause with a dozen
+    dependents stays on a line or two; ``-v`` and the JSON report list each one."""
+    groups: dict[str, list[str]] = {}
+    for i in ids:
+        area, _, rest = i.partition(".")
+        groups.setdefault(area, []).append(rest if rest else "")
+    parts = []
+    for area, rests in groups.items():
+        if len(rests) > 1 and all(rests):
+            parts.append(f"{area}.{{{', '.join(rests)}}}")
+        else:
+            parts.extend(f"{area}.{r}" if r else area for r in rests)
+    return ", ".join(parts)
+
+
+def unfold_ids(text: str) -> list[str]:
+    """``fold_ids`` undone: the ids a folded list names."""
+    import re
+
+    out: list[str] = []
+    for m in re.finditer(r"([\w.-]+)\.\{([^}]*)\}|([\w.-]+)", text):
+        if m.group(1):
+            out.extend(f"{m.group(1)}.{r.strip()}" for r in m.group(2).split(","))
+        else:
+            out.append(m.group(3))
+    return out
+
+
 def _ids_line(label: str, ids: list[str], pad: str, columns: int) -> list[str]:
-    return wrap(f"{label} ({len(ids)}): " + ", ".join(ids), columns, pad, pad + "  ")
+    return wrap(f"{label} ({len(ids)}): " + fold_ids(ids), columns, pad, pad + "  ")
 
 
 def render_text(report: Any, verbose: int = 0, color: bool | None = None, stream: IO[str] | None = None,
@@ -155,9 +189,8 @@ def render_text(report: Any, verbose: int = 0, color: bool | None = None, stream
     st = story(report)
     s = report.settings
     out: list[str] = []
-    where = f" · snapshot {s.from_snapshot}" if s.from_snapshot else ""
     out.extend(_paint(ln, "1", color) for ln in wrap(f"k26-doctor · {s.profile_name} · TP{s.tp} · python "
-                                                     f"{s.python}{where}", columns, "", "    "))
+                                                     f"{s.python}", columns, "", "    "))
     for notice, dependents in st.notices:
         out.extend(_notice_lines(notice, dependents, color, stream, columns, bool(verbose)))
     shown = [r.result for r in st.roots] + (st.passed if verbose else [])
@@ -168,7 +201,8 @@ def render_text(report: Any, verbose: int = 0, color: bool | None = None, stream
     pad = " " * (width + 4)
     for root in st.roots:
         full = bool(verbose) or root.id == st.next_for or len(st.roots) == 1
-        out.extend(_root_lines(root, width, pad, color, stream, columns, verbose, full))
+        out.extend(_root_lines(root, width, pad, color, stream, columns, verbose, full,
+                               None if verbose else st.next_step))
     if verbose:
         for res in st.passed + st.not_applicable:
             out.extend(render_result_line(res, width, color, stream, columns=columns))
@@ -179,7 +213,7 @@ def render_text(report: Any, verbose: int = 0, color: bool | None = None, stream
             parts.append(f"{glyph(Status.PASS, stream)} passed ({len(st.passed)}): "
                          + ", ".join(r.id for r in st.passed))
         if st.not_applicable:
-            parts.append(f"{glyph(Status.SKIP, stream)} not applicable here ({len(st.not_applicable)}): "
+            parts.append(f"not applicable here ({len(st.not_applicable)}): "
                          + ", ".join(r.id for r in st.not_applicable))
         if parts:
             out.extend(wrap("; ".join(parts), columns, "", "    "))
@@ -205,13 +239,13 @@ def _notice_lines(notice: Any, dependents: list[Any], color: bool, stream: IO[st
 
 
 def _root_lines(root: Root, width: int, pad: str, color: bool, stream: IO[str] | None, columns: int,
-                verbose: int, full: bool) -> list[str]:
+                verbose: int, full: bool, said_last: str | None) -> list[str]:
     """A root cause: its line, and (for the first one, or with -v) its fix; its exhibit; its dependents."""
     res = root.result
     summary = f"not judged: {res.summary}" if res.unjudged else None
     lines = render_result_line(res, width, color, stream, summary, columns)
     if full:
-        lines.extend(_fix_lines(res.remediation, pad, columns))
+        lines.extend(_fix_lines(res.remediation, pad, columns, said_last))
     if res.exhibit:
         lines.extend(pad + ln for ln in res.exhibit.splitlines())
     if verbose:
