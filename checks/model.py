@@ -133,13 +133,11 @@ def judge_weights(ctx: Context, fact: dict[str, Any], what: str, repo_key: str) 
     damaged = [s for s in bad if s not in denied]
     general = list(w.get("problems") or [])
     leftovers = list(w.get("leftovers") or [])
-    lines: list[str] = []
-    for p in general:
-        lines.append(p["message"])
-    for s in bad:
-        probs = s.get("problems") or [{"code": "?", "message": "invalid"}]
-        lines.append(f"{s['name']}: " + "; ".join(p["message"] for p in probs)
-                     + (f" ({describe(s['access'])})" if s in denied and s.get("access") else ""))
+    lines: list[str] = [p["message"] for p in general]
+    shard_lines = [f"{s['name']}: " + "; ".join(p["message"] for p in s.get("problems") or [{"message": "invalid"}])
+                   + (f" ({describe(s['access'])})" if s in denied and s.get("access") else "") for s in bad]
+    # no index: the files found stand in for the shards, and what is wrong with them is said first
+    lines = shard_lines + lines if w.get("layout") == "none" else lines + shard_lines
     for lo in leftovers:
         lines.append(f"{lo['path']}: {LEFTOVER_WHAT.get(lo['kind'], 'download leftover')}")
     details: dict[str, Any] = {

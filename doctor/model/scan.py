@@ -29,6 +29,7 @@ from doctor.model.index import INDEX_NAME, SINGLE_NAME, Index, cross_check, inde
 from doctor.model.layout import file_state, find_leftovers, hf_cache_root, read_hf_local_metadata
 
 MAX_PROBLEMS_PER_SHARD = 8
+MAX_STRAY_SHARDS = 256  # *.safetensors files read as shards when there is no index (a model has 64)
 
 
 @contextlib.contextmanager
@@ -81,11 +82,15 @@ def _scan_weights(model_dir: str, workers: int) -> dict[str, Any]:
         hint = ""
         if os.path.isdir(os.path.join(model_dir, "snapshots")) and os.path.isdir(os.path.join(model_dir, "blobs")):
             hint = " (this is a Hugging Face cache repository: point at its snapshots/<revision> directory)"
-        out["problems"].append(_p("index_missing", f"neither {INDEX_NAME} nor {SINGLE_NAME} is in {model_dir}{hint}"))
-        names = []
         stray = _stray_shards(model_dir)
-        if stray:
+        if stray:  # without an index SGLang loads every *.safetensors there: those are judged as the shards
             out["stray_safetensors"] = stray[:100]
+            names = stray[:MAX_STRAY_SHARDS]
+            hint += (f"; without an index SGLang would load the {len(stray)} *.safetensors file(s) there, read "
+                     "below as the shards")
+        else:
+            names = []
+        out["problems"].append(_p("index_missing", f"neither {INDEX_NAME} nor {SINGLE_NAME} is in {model_dir}{hint}"))
 
     states = {n: file_state(model_dir, n) for n in names}
     readable = [n for n, s in states.items() if s.exists and not s.dangling and s.error is None]
