@@ -110,3 +110,49 @@ def start_output(stdout: str, stderr: str, limit: int = 400) -> str:
     """The last lines it printed, for the details."""
     text = (stderr or stdout).strip()
     return text[-limit:]
+
+
+NEEDS_SCRIPT = (
+    "import json, os, sys, sysconfig\n"
+    "p = sysconfig.get_paths()\n"
+    "lib = sysconfig.get_config_var('LIBDIR') or ''\n"
+    "ld = sysconfig.get_config_var('LDLIBRARY') or ''\n"
+    "shared = bool(sysconfig.get_config_var('Py_ENABLE_SHARED'))\n"
+    "print(json.dumps({'executable': os.path.realpath(sys.executable), 'prefix': sys.prefix,\n"
+    " 'base_prefix': getattr(sys, 'base_prefix', sys.prefix), 'stdlib': p.get('stdlib'),\n"
+    " 'platstdlib': p.get('platstdlib'), 'purelib': p.get('purelib'), 'platlib': p.get('platlib'),\n"
+    " 'dynload': os.path.join(p.get('platstdlib') or '', 'lib-dynload'),\n"
+    " 'libpython': os.path.join(lib, ld) if shared and lib and ld else None}))\n"
+)
+
+
+def needed_paths(python: str, timeout: float = 20.0) -> tuple[list[tuple[str, str, str]], str | None]:
+    """What starting ``python`` reads and runs, as ``(what, path, need)``: the path as given and the binary it
+    resolves to (executed), ``pyvenv.cfg``, the standard library and its extension modules, ``libpython`` when
+    the build is shared, the environment's site-packages. Asked of the interpreter itself (as this user); when
+    it cannot answer, only the paths that do not need it, and why."""
+    from doctor.core import proc
+
+    out: list[tuple[str, str, str]] = [("the interpreter", python, "x")]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(python)))
+    if os.path.isfile(os.path.join(root, "pyvenv.cfg")):
+        out.append(("pyvenv.cfg", os.path.join(root, "pyvenv.cfg"), "r"))
+    res = proc.run([python, "-I", "-c", NEEDS_SCRIPT], timeout)
+    if not res.ok:
+        return out, res.why()
+    import json
+
+    try:
+        info = json.loads(res.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return out, "the interpreter printed no paths"
+    out.append(("the interpreter's binary", info["executable"], "x"))
+    for key, what in (("stdlib", "the standard library"), ("platstdlib", "the standard library"),
+                      ("dynload", "the standard library's extension modules"), ("purelib", "site-packages"),
+                      ("platlib", "site-packages")):
+        path = info.get(key)
+        if path and os.path.isdir(path) and path not in {p for _, p, _ in out}:
+            out.append((what, path, "rx"))
+    if info.get("libpython") and os.path.exists(info["libpython"]):
+        out.append(("libpython", info["libpython"], "r"))
+    return out, None
