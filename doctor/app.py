@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import IO, Any
@@ -75,6 +76,8 @@ class Report:
     context: Context | None = field(default=None, repr=False)
     registry: Registry | None = field(default=None, repr=False)
     _fixable: list[str] | None = field(default=None, repr=False)
+    started_at: float | None = None  # wall clock (time.time()) when the run began and ended: the OpenMetrics
+    finished_at: float | None = None  # report's timestamps (a verdict that stops advancing is stale)
 
     def fixable(self) -> list[str]:
         """The failing (or warning) checks whose fixer would change something now: the footer offers
@@ -187,7 +190,7 @@ def selected_checks(settings: Settings, registry: Registry | None = None) -> lis
     is an invalid invocation (``ConfigError``): nothing checked is never a pass."""
     reg = registry or registry_for(settings)
     validate_selection(settings, reg)
-    chosen = select(reg.sorted_checks(), settings.only, settings.skip, settings.deep)
+    chosen = select(reg.sorted_checks(), settings.only, settings.skip + serving_skips_of(settings, reg), settings.deep)
     if not chosen:
         deep = [c.id for c in reg.sorted_checks() if c.deep and _runner.matches(c.id, settings.only or ["*"])
                 and not _runner.matches(c.id, settings.skip)]
@@ -195,6 +198,15 @@ def selected_checks(settings: Settings, registry: Registry | None = None) -> lis
         raise ConfigError("the selection runs no check (--only " + " ".join(settings.only or ["*"])
                           + (" --skip " + " ".join(settings.skip) if settings.skip else "") + f"){hint}")
     return chosen
+
+
+def serving_skips_of(settings: Settings, registry: Registry) -> list[str]:
+    """With ``--while-serving``: the registered checks that judge a host before a start (doctor/service/fleet.py)."""
+    if not settings.while_serving:
+        return []
+    from doctor.service.fleet import serving_skips
+
+    return serving_skips(registry.checks)
 
 
 def validate_selection(settings: Settings, registry: Registry) -> None:
@@ -228,6 +240,7 @@ def plugin_id(name: str) -> str:
 def run(settings: Settings, on_result: Callable[[Result], None] | None = None,
         checks: list[Check] | None = None, registry: Registry | None = None,
         progress: Callable[[str], None] | None = None) -> tuple[Report, Context]:
+    started_at = time.time()
     reg = registry or registry_for(settings)
     chosen = selected_checks(settings, reg) if checks is None else checks
     if any(c.deep for c in chosen) and not settings.deep:  # a deep check named by --only runs as with --deep
@@ -256,7 +269,11 @@ def run(settings: Settings, on_result: Callable[[Result], None] | None = None,
     notes: list[str] = []
     if settings.from_snapshot:
         notes.append(f"judged from snapshot {settings.from_snapshot}, not the live host")
-    return Report(settings, outcome, notes, notices, ctx, reg), ctx
+    if settings.while_serving:
+        from doctor.service.fleet import serving_note
+
+        notes.append(serving_note(serving_skips_of(settings, reg)))
+    return Report(settings, outcome, notes, notices, ctx, reg, started_at=started_at, finished_at=time.time()), ctx
 
 
 def _say_stderr(msg: str) -> None:
@@ -271,7 +288,7 @@ def run_checks(settings: Settings) -> Report:
 
 def render(report: Report, fmt: str, verbose: int = 0, stream: IO[str] | None = None,
            color: bool | None = None, problems: bool = False) -> None:
-    """Write the report in ``text``, ``json`` or ``junit`` to ``stream`` (stdout by default)."""
+    """Write the report in ``text``, ``json``, ``junit`` or ``openmetrics`` to ``stream`` (stdout by default)."""
     stream = stream or sys.stdout
     if fmt == "json":
         from doctor.report.json_report import dumps
@@ -282,6 +299,10 @@ def render(report: Report, fmt: str, verbose: int = 0, stream: IO[str] | None = 
         from doctor.report.junit import to_junit
 
         stream.write(to_junit(report))
+    elif fmt == "openmetrics":
+        from doctor.report.openmetrics import to_openmetrics
+
+        stream.write(to_openmetrics(report))
     elif fmt == "text":
         from doctor.report.text import render_text
 

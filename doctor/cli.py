@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from doctor import __version__
-from doctor.commands.options import emit, guarded, quiet_stdout, selection_options, settings_from
+from doctor.commands.options import begin_report, emit, guarded, quiet_stdout, selection_options, settings_from
 from doctor.core.exitcodes import EXIT_OK, EXIT_SIGPIPE, EXIT_USAGE
 
 LAZY_COMMANDS = {
@@ -26,6 +26,7 @@ LAZY_COMMANDS = {
     "manifest": "doctor.commands.model:manifest",
     "env": "doctor.commands.env:env",
     "smoke": "doctor.commands.smoke:smoke",
+    "slurm-health": "doctor.commands.fleet:slurm_health",
 }
 
 
@@ -76,6 +77,7 @@ def check(flags: dict[str, Any]) -> None:
     from doctor.app import run
 
     settings = settings_from(flags)
+    begin_report(settings, flags)
     report, _ = run(settings)
     emit(report, flags)
     sys.exit(report.exit_code())
@@ -91,6 +93,9 @@ def fix(flags: dict[str, Any], do_apply: bool, yes: bool) -> None:
     from doctor.core.fixing import apply_plans, make_plans, print_plans
 
     settings = settings_from(flags)
+    if flags.get("fmt") == "openmetrics":
+        click.echo("k26-doctor: fix has no openmetrics report (it is check's: check --format openmetrics)", err=True)
+        sys.exit(EXIT_USAGE)
     if do_apply and not yes and not sys.stdin.isatty():
         click.echo("k26-doctor: refusing to change anything: stdin is not a terminal and --yes was not given",
                    err=True)

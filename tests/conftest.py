@@ -87,7 +87,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 # Test files whose every test must run in CI (.ci/run installs what they need): there a skip of one of their
 # tests that is not marked ``gpu`` is turned into a failure, so a missing install cannot pass as green.
-CI_MUST_RUN = ("test_ddtree_",)
+# test_fleet_: node_exporter, promtool, munge + Slurm, the kubernetes client (apt packages and the test extra).
+CI_MUST_RUN = ("test_ddtree_", "test_fleet_")
 
 
 def _must_run_in_ci(path: Path, keywords) -> bool:

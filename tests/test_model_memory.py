@@ -244,7 +244,7 @@ def test_tiny_ddtree_servers_match_the_arithmetic():
     buffers at the verify width are part of the target verify capture."""
     runs = ddtree_runs()
     if not runs:
-        pytest.skip("no DDTree server logs under bench/results/ddtree-*/ yet (bench/ddtree/gpu_run.sh writes them)")
+        pytest.skip("no DDTree server logs under bench/results/ddtree-*/ yet (bench/ddtree/gpu_session.sh writes them)")
     c = memory.constants()
     checked = 0
     for name, run, lines in runs:

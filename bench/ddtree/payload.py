@@ -75,6 +75,13 @@ DROP_SGLANG = {
     "sglang/srt/rust_extensions/_grpc.cpython-312-x86_64-linux-gnu.so": "the gRPC front end (--grpc-mode)",
     "sglang/srt/rust_extensions/_multimodal.cpython-312-x86_64-linux-gnu.so": "image/video preprocessing",
 }
+# Dropped from the dependencies' trees, with the reason: a call carries at most 64 MiB (site + flashinfer + the
+# repository), and these are never imported by a text-only server.
+DROP_DEPS = {
+    "jedi": "IPython's completion engine: IPython imports it only when a completion is asked for (32 MB of stubs)",
+    "zstandard/_cffi.cpython-312-x86_64-linux-gnu.so": "zstandard's CFFI backend: its C backend is the default",
+    "tvm_ffi/lib/libtvm_ffi_testing.so": "apache-tvm-ffi's test library",
+}
 # Kept from sglang-kernel 0.4.5: its Python modules and the sm90 common ops (H200 is sm_90).
 KEEP_KERNEL_LIBS = {"sgl_kernel/sm90/common_ops.abi3.so", "sgl_kernel/spatial_ops.abi3.so"}
 
@@ -157,6 +164,8 @@ def stage(site: Path, wheels: list[Path], kernel: Path, out: Path) -> dict:
     for whl in wheels:
         with zipfile.ZipFile(whl) as zf:
             for n in zf.namelist():
+                if any(n == d or n.startswith(d + "/") for d in DROP_DEPS):
+                    continue
                 parts = n.split("/")
                 if ".data" in parts[0] and len(parts) > 2 and parts[1] in ("purelib", "platlib"):
                     target = stage_dir / "/".join(parts[2:])
@@ -164,6 +173,7 @@ def stage(site: Path, wheels: list[Path], kernel: Path, out: Path) -> dict:
                     target.write_bytes(zf.read(n))
                 elif ".data" not in parts[0]:
                     zf.extract(n, stage_dir)
+    dropped.update(DROP_DEPS)
     return dropped
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import click
 
-from doctor.commands.options import guarded, selection_options, settings_from
+from doctor.commands.options import guarded, selection_options, settings_from, textfile_of
 from doctor.core.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
 DEFAULT_WAIT_S = 1800.0
@@ -37,10 +37,19 @@ def _run_gate(settings: Any, flags: dict[str, Any]) -> tuple[bool, Any]:
 
     report, ctx = run(settings)
     fmt = flags.get("fmt") or "text"
-    if flags.get("output"):
+    if textfile_of(flags):  # node_exporter's textfile: replaced whole, never half-written
+        from doctor.core.settings import ConfigError
+        from doctor.report.openmetrics import to_openmetrics
+        from doctor.service.textfile import write_report
+
+        try:
+            write_report(flags["output"], to_openmetrics(report))
+        except OSError as exc:
+            raise ConfigError(f"--output {flags['output']}: cannot write: {exc.strerror or exc}") from None
+    elif flags.get("output"):
         with open(flags["output"], "w", encoding="utf-8") as fh:
             render(report, fmt, flags.get("verbose") or 0, fh, color=False)
-    render(report, "text" if fmt == "junit" else fmt, flags.get("verbose") or 0, sys.stderr,
+    render(report, "text" if fmt in ("junit", "openmetrics") else fmt, flags.get("verbose") or 0, sys.stderr,
            problems=bool(flags.get("problems")))
     why = report.gate_refusal()  # a failure, or a check of the profile not judged for want of facts
     if why is not None:
@@ -223,18 +232,34 @@ def _stop(child: subprocess.Popen[Any], grace: float = 30.0) -> None:
               help="Command that runs k26-doctor in the unit, e.g. '/opt/k26/bin/k26-doctor' (default: this one).")
 @click.option("--no-diagnose", is_flag=True, help="No ExecStopPost diagnosis of a failed start.")
 @click.option("--smoke", is_flag=True, help="ExecStartPost: `k26-doctor smoke` once the server is ready.")
+@click.option("--timer", is_flag=True, help="Instead: a oneshot service and timer that run the checks periodically "
+              "(not the server) and refresh node_exporter's textfile; --output NAME.service writes NAME.timer beside.")
+@click.option("--interval", type=click.FloatRange(min=10), default=None,
+              help="--timer: seconds between runs (default 300).")
+@click.option("--textfile", default=None, help="--timer: the node_exporter textfile, *.prom "
+              "(default /var/lib/prometheus/node-exporter/k26-doctor.prom).")
+@click.option("--idle-node", is_flag=True, help="--timer: the node runs no server; keep the checks that judge a host "
+              "before a start (gpu.idle, host.port, ...), which --while-serving leaves out.")
 @click.argument("server_args", nargs=-1, type=click.UNPROCESSED)
 @guarded
 def systemd_unit(flags: dict[str, Any], user: str | None, no_hardening: bool, start_timeout: float | None,
-                 doctor_path: str | None, no_diagnose: bool, smoke: bool, server_args: tuple[str, ...]) -> None:
+                 doctor_path: str | None, no_diagnose: bool, smoke: bool, timer: bool, interval: float | None,
+                 textfile: str | None, idle_node: bool, server_args: tuple[str, ...]) -> None:
     """Print a systemd unit: ExecStartPre runs `k26-doctor check`, ExecStart launches the server.
 
     Install: `k26-doctor systemd-unit --config /etc/k26-doctor/config.toml > /etc/systemd/system/UNIT`.
+    With --timer: `k26-doctor systemd-unit --timer --output /etc/systemd/system/k26-doctor-check.service`.
     """
     from doctor.service.launcher import build_plan
     from doctor.service.systemd import absolute, doctor_command, reachability_notes, render_unit, service_user
 
     settings = settings_from(flags)
+    if timer:
+        from doctor.commands.fleet import timer_units
+
+        timer_units(settings, flags, user=user, doctor_path=doctor_path, interval=interval, textfile=textfile,
+                    idle_node=idle_node, server_args=server_args)
+        return
     build_plan(settings, list(server_args))  # the same validation launch will do: fail now, not at boot
     config = settings.config_path
     if config:

@@ -15,7 +15,8 @@ import click
 from doctor.core.exitcodes import EXIT_NO_REPORT, EXIT_SIGPIPE, EXIT_USAGE
 
 REPORT_OPTIONS = {
-    "fmt": lambda: click.option("--format", "fmt", type=click.Choice(["text", "json", "junit"]), default="text",
+    "fmt": lambda: click.option("--format", "fmt", type=click.Choice(["text", "json", "junit", "openmetrics"]),
+                                default="text",
                                 show_default=True),
     "output": lambda: click.option("--output", type=click.Path(dir_okay=False), default=None,
                                    help="Write the report here."),
@@ -144,15 +145,55 @@ def quiet_stdout() -> None:
         pass
 
 
+def textfile_of(flags: dict[str, Any]) -> str | None:
+    """The node_exporter textfile of this run: ``--output`` with ``--format openmetrics``."""
+    return flags.get("output") if flags.get("fmt") == "openmetrics" else None
+
+
+def begin_report(settings: Any, flags: dict[str, Any]) -> None:
+    """Before the checks: a textfile (``--format openmetrics --output F``) gets this run's start time, its last
+    verdict kept, so that a run that never finishes shows (``doctor.service.textfile``)."""
+    import time
+
+    path = textfile_of(flags)
+    if not path:
+        return
+    from doctor.app import selected_checks
+    from doctor.core.settings import ConfigError
+
+    selected_checks(settings)  # an invalid selection (exit 2) leaves the last verdict as it was
+    from doctor.report.openmetrics import run_labels
+    from doctor.service.textfile import mark_started, textfile_note
+
+    note = textfile_note(path)
+    if note:
+        click.echo(f"k26-doctor: note: {note}", err=True)
+    try:
+        mark_started(path, time.time(), run_labels(settings))
+    except OSError as exc:
+        raise ConfigError(f"--output {path}: cannot write: {exc.strerror or exc}") from None
+
+
 def emit(report: Any, flags: dict[str, Any]) -> None:
     """Write the report where the flags say. A reader that closes the pipe early (``| head``) does not
-    change the verdict: the exit code still says it."""
+    change the verdict: the exit code still says it. A textfile for node_exporter is replaced whole (the
+    atomic writer): its collector must never read half a file."""
     from doctor.app import render
 
     fmt, output = flags.get("fmt") or "text", flags.get("output")
     verbose, problems = flags.get("verbose") or 0, bool(flags.get("problems"))
     try:
-        if output:
+        if textfile_of(flags):
+            from doctor.core.settings import ConfigError
+            from doctor.report.openmetrics import to_openmetrics
+            from doctor.service.textfile import write_report
+
+            try:
+                write_report(output, to_openmetrics(report))
+            except OSError as exc:
+                raise ConfigError(f"--output {output}: cannot write: {exc.strerror or exc}") from None
+            render(report, "text", verbose, sys.stdout, problems=problems)
+        elif output:
             with open(output, "w", encoding="utf-8") as fh:
                 render(report, fmt, verbose, fh, color=False, problems=problems)
             if fmt != "text":

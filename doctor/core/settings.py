@@ -174,6 +174,9 @@ class Settings:
     import_sglang: bool = setting(False, kind="bool", flag="--import-sglang", help=(
         "sglang.install imports SGLang for real, as --deep does (launch and the systemd unit always do)."))
     strict: bool = setting(False, kind="bool", flag="--strict", help="Warnings fail too.")
+    while_serving: bool = setting(False, kind="bool", flag="--while-serving", help=(
+        "The node's server is running: leave out the checks that judge a host before a start (gpu.idle, "
+        "host.port, gpu.memory, model.fit; doctor/data/fleet.toml). For periodic runs beside the server."))
     timeout: float | None = setting(kind="posfloat", flag="--timeout", help="Deadline per check, seconds.")
     verbose: int = setting(0, kind="count", config=False, flag="-v/--verbose", help="Details and tracebacks.")
     from_snapshot: str | None = setting(config=False, flag="--from-snapshot",

@@ -113,6 +113,11 @@ def _quote(argv: list[str]) -> str:
     return " ".join(out)
 
 
+def exec_line(argv: list[str]) -> str:
+    """An ``Exec*=`` command line for ``argv``, quoted and escaped as systemd reads it."""
+    return _quote(argv)
+
+
 def absolute(path: str) -> str:
     """systemd runs commands from ``/``: a relative path given here must become the one it meant here."""
     return os.path.abspath(os.path.expanduser(path))
@@ -173,6 +178,22 @@ def writable_paths(settings: Settings) -> list[str]:
     return list(dict.fromkeys(paths))
 
 
+# The kernel, clock, host name and control groups out of reach, no set-uid, realtime or new namespaces: the
+# server's unit and the periodic checks' (doctor/service/timer.py) alike.
+KERNEL_PROTECTION = (
+    "ProtectKernelTunables=yes",
+    "ProtectKernelModules=yes",
+    "ProtectKernelLogs=yes",
+    "ProtectControlGroups=yes",
+    "ProtectClock=yes",
+    "ProtectHostname=yes",
+    "RestrictSUIDSGID=yes",
+    "RestrictRealtime=yes",
+    "RestrictNamespaces=yes",
+    "LockPersonality=yes",
+)
+
+
 def hardening_lines(settings: Settings, user: str) -> list[str]:
     """The sandbox (see the module docstring); each line keeps the GPU server working."""
     rw = writable_paths(settings)
@@ -208,16 +229,7 @@ def hardening_lines(settings: Settings, user: str) -> list[str]:
         "# is a filesystem and stays shared. Triton and CUDA JIT code at run time: MemoryDenyWriteExecute is off.",
         "DevicePolicy=closed",
         "DeviceAllow=char-nvidia* rw",
-        "ProtectKernelTunables=yes",
-        "ProtectKernelModules=yes",
-        "ProtectKernelLogs=yes",
-        "ProtectControlGroups=yes",
-        "ProtectClock=yes",
-        "ProtectHostname=yes",
-        "RestrictSUIDSGID=yes",
-        "RestrictRealtime=yes",
-        "RestrictNamespaces=yes",
-        "LockPersonality=yes",
+        *KERNEL_PROTECTION,
         "SystemCallArchitectures=native",
         "# Only groups no GPU server calls (NUMA binding, affinity, chown, ptrace-like calls stay allowed);",
         "# a denied call fails with EPERM instead of killing the process.",

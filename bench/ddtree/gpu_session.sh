@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# One GPU-host session of the DDTree validation, in stages that a command (at most 10 minutes) strings
+# together; what a stage leaves in $WORK (/tmp/k26-gpu) a later command on the same warm host reuses.
+#
+#   bash bench/ddtree/gpu_session.sh setup            unpack the payload (.payload/, bench/ddtree/payload.py), apply
+#                                                     the repository's DDTree set with `k26-doctor patches apply`,
+#                                                     pre-compile FlashInfer's JIT modules (in the background)
+#   bash bench/ddtree/gpu_session.sh tiny             the random tiny pair (make_tiny.py) in $WORK/tiny
+#   bash bench/ddtree/gpu_session.sh pair [SEED]      the trained pair (make_trained.py) and its prompt sets in $WORK/pair
+#   bash bench/ddtree/gpu_session.sh serve PLAN S     up + measure + down of PLAN within S seconds, then compare
+#   bash bench/ddtree/gpu_session.sh all PLAN S       setup, the pair(s) the plan needs, serve
+#
+# Everything printed and every result lands in $OUT (the device tool's output folder) when it is set.
+set -uo pipefail
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
+WORK=${WORK:-/tmp/k26-gpu}; OUT=${OUT:-$WORK/out}; mkdir -p "$WORK" "$OUT"
+SITE=$WORK/site PARTS=$WORK/parts
+export REPO WORK
+export PYTHONPATH=$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages PYTHONUNBUFFERED=1
+# The Rust radix-tree core in the 0.5.23 wheel is built against torch 2.14 and misreads tensor dtypes under
+# torch 2.11 ("insert value must be an int64 tensor, got Int"): SGLang's Python tree core instead.
+export SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python
+# sglang-kernel 0.4.5 (the newest whose sm90 library resolves against torch 2.11) is below the 0.4.9 SGLang 0.5.23
+# asks for: SGLang's own switch skips that check on this test stack.
+export SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export FLASHINFER_WORKSPACE_BASE=$WORK/flashinfer-cache TRITON_CACHE_DIR=$WORK/triton-cache
+export SGLANG_CACHE_DIR=$WORK/sglang-cache
+
+log() { echo "[$(date +%T)] $*"; }
+
+stage_setup() {
+  if [ -e "$WORK/.setup-done" ]; then log "setup: already done on this host"; return 0; fi
+  mkdir -p "$SITE" "$PARTS"
+  cp -n "$REPO"/.payload/*.tar.xz.* "$PARTS"/ 2>/dev/null
+  for group in site flashinfer; do
+    [ -e "$SITE/.unpacked-$group" ] && continue
+    want=$(python3 -c "import json;print(sum(1 for p in json.load(open('$REPO/.payload/manifest.json'))['parts'] if p.startswith('$group.')))" 2>/dev/null || echo 0)
+    have=$(ls "$PARTS"/$group.tar.xz.* 2>/dev/null | wc -l)
+    if [ "$want" -gt 0 ] && [ "$have" -eq "$want" ]; then
+      cat "$PARTS"/$group.tar.xz.* | xz -d -T0 | tar -x -C "$SITE" && touch "$SITE/.unpacked-$group" && log "unpacked $group"
+    else
+      log "payload group $group: $have of $want parts here"
+    fi
+  done
+  [ -e "$SITE/.unpacked-site" ] || { log "no SGLang payload on this host"; return 3; }
+  nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
+  python3 -c "import torch,triton,transformers;print('torch',torch.__version__,'triton',triton.__version__,'transformers',transformers.__version__)"
+  log "patch set (k26-doctor patches apply)"
+  (cd "$REPO" && PYTHONPATH=$REPO:$PYTHONPATH python3 -m doctor patches apply --python python3 --set ddtree-0.5.23 \
+      --state-dir "$WORK/k26state" --yes | tail -3)
+  (cd "$REPO" && PYTHONPATH=$REPO:$PYTHONPATH python3 -m doctor patches status --python python3 --set ddtree-0.5.23 \
+      --state-dir "$WORK/k26state" | tail -1)
+  python3 -c "import sgl_kernel, sglang; print('sgl_kernel', sgl_kernel.__version__, 'sglang', sglang.__version__)"
+  # FlashInfer's sampling and norm modules, compiled once for every server of the session (105 s cold).
+  (python3 "$REPO/bench/ddtree/jit_prewarm.py" > "$OUT/jit-prewarm.txt" 2>&1; echo "rc=$?" >> "$OUT/jit-prewarm.txt") &
+  echo $! > "$WORK/jit-prewarm.pid"
+  touch "$WORK/.setup-done"
+}
+
+wait_jit() {
+  local pid; pid=$(cat "$WORK/jit-prewarm.pid" 2>/dev/null) || return 0
+  while kill -0 "$pid" 2>/dev/null; do sleep 1; done
+  log "jit prewarm: $(tail -2 "$OUT/jit-prewarm.txt" 2>/dev/null | tr '\n' ' ')"
+}
+
+stage_tiny() {
+  [ -d "$WORK/tiny/dsv3" ] || python3 "$REPO/bench/ddtree/make_tiny.py" "$WORK/tiny"
+}
+
+stage_pair() {
+  local seed=${1:-1}
+  if [ ! -e "$WORK/pair/.done" ]; then
+    log "trained pair (seed $seed)"
+    python3 "$REPO/bench/ddtree/make_trained.py" "$WORK/pair" --seed "$seed" --device cuda --report \
+      --prompts-out "$WORK/pair/prompts.json" > "$OUT/pair-build.txt" 2>&1 && touch "$WORK/pair/.done"
+    tail -30 "$OUT/pair-build.txt"
+    cp "$WORK/pair/report.json" "$OUT/pair-report.json" 2>/dev/null
+  fi
+}
+
+sc() { python3 "$REPO/bench/ddtree/serve_check.py" "$@"; }
+left_s() { echo $(( ${DEADLINE:?} - $(date +%s) )); }
+
+finish() {  # measure, down, compare, and what the next session can reuse
+  local plan=$1; shift
+  sc measure --plan "$plan" "$@" --out "$OUT/results.json" --budget-s $(( $(left_s) - 40 ))
+  sc down "$@" --out "$OUT/results.json"
+  sc compare "$OUT/results.json" --json "$OUT/verdicts.json" | tee "$OUT/compare.txt"
+  tar -czf "$OUT/logs.tgz" -C "$WORK" logs 2>/dev/null
+  tar -cJf "$OUT/jit-cache.tar.xz" -C "$WORK" flashinfer-cache 2>/dev/null
+  ls -la "$OUT"
+  rm -f "$WORK"/state*.json
+}
+
+stage_serve() {  # servers of every wave, on a host whose pairs exist already
+  local plan=${1:?plan} budget=${2:-420}
+  export DEADLINE=${DEADLINE:-$(( $(date +%s) + budget ))} PAIR=$WORK/pair TINY=$WORK/tiny
+  wait_jit
+  sc up --plan "$plan" --state "$WORK/state1.json" --logs "$WORK/logs" --budget-s $(( $(left_s) * 45 / 100 ))
+  finish "$plan" --state "$WORK/state1.json"
+}
+
+stage_all() {  # setup, wave 0 on the random pair while the trained pair trains, then the rest
+  local plan=${1:?plan} budget=${2:-540}
+  export DEADLINE=$(( $(date +%s) + budget )) PAIR=$WORK/pair TINY=$WORK/tiny
+  stage_setup || return $?
+  grep -q '\$TINY' "$plan" && stage_tiny
+  local w0=""
+  if grep -q '"wave": 0' "$plan"; then
+    sc up --plan "$plan" --wave 0 --state "$WORK/state0.json" --logs "$WORK/logs" --budget-s $(( $(left_s) / 2 )) &
+    w0=$!
+  fi
+  grep -q '\$PAIR' "$plan" && stage_pair "${PAIR_SEED:-1}"
+  # No wait for the JIT pre-compile: a server that reaches FlashInfer meanwhile waits on its file lock and loads
+  # what it built, while the rest of its start (imports, weights, Triton) overlaps the compile.
+  sc up --plan "$plan" --wave 1 2 3 --state "$WORK/state1.json" --logs "$WORK/logs" \
+    --budget-s $(( $(left_s) * 40 / 100 ))
+  [ -n "$w0" ] && wait "$w0"
+  wait_jit
+  finish "$plan" --state "$WORK/state0.json" --state "$WORK/state1.json"
+}
+
+main() {
+  local stage=${1:?stage}; shift
+  case "$stage" in
+    setup) stage_setup ;;
+    tiny) stage_tiny ;;
+    pair) stage_pair "$@" ;;
+    serve) stage_serve "$@" ;;
+    all) stage_all "$@" ;;
+    *) echo "unknown stage $stage"; return 2 ;;
+  esac
+}
+
+main "$@" 2>&1 | tee -a "$OUT/session.txt"

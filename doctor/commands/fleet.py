@@ -1,0 +1,134 @@
+"""The doctor on the engines a fleet already runs: ``slurm-health`` (Slurm's HealthCheckProgram and prolog) and
+``systemd-unit --timer`` (periodic checks for Prometheus' node_exporter). Prometheus itself is
+``check --format openmetrics``; Kubernetes is manifests (``deploy/kubernetes/``) around ``check``."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import click
+
+from doctor.commands.options import begin_report, emit, guarded, selection_options, settings_from
+from doctor.core.exitcodes import EXIT_FAILED
+
+
+def _say(msg: str) -> None:
+    from doctor.facts.redaction import redact_text
+
+    click.echo(f"k26-doctor: {redact_text(msg)}", err=True)
+
+
+def timer_units(settings: Any, flags: dict[str, Any], *, user: str | None, doctor_path: str | None,
+                interval: float | None, textfile: str | None, idle_node: bool, server_args: tuple[str, ...]) -> None:
+    """``systemd-unit --timer``: the oneshot service and its timer, printed or written (``--output NAME.service``:
+    NAME.service and NAME.timer, each replaced whole)."""
+    from doctor.core.fileio import atomic_write
+    from doctor.core.settings import ConfigError
+    from doctor.service.systemd import absolute
+    from doctor.service.textfile import textfile_note
+    from doctor.service.timer import TimerOptions, render_check_service, render_check_timer
+
+    if server_args:
+        raise ConfigError("--timer runs the checks, not the server: it takes no server arguments")
+    opts = TimerOptions.defaults()
+    output = flags.get("output")
+    if output:
+        if not output.endswith(".service"):
+            raise ConfigError(f"--output {output}: with --timer, name the service file (NAME.service); "
+                              "NAME.timer is written beside it")
+        opts.unit = Path(output).name[: -len(".service")]
+    if textfile:
+        opts.textfile = absolute(textfile)
+    note = textfile_note(opts.textfile)
+    if note:
+        raise ConfigError(f"--textfile {note}")
+    if interval:
+        opts.interval_s = interval
+    opts.user, opts.idle_node = user, idle_node
+    config = str(Path(settings.config_path).resolve()) if settings.config_path else None
+    doctor = shlex.split(doctor_path) if doctor_path else None
+    if doctor and os.sep in doctor[0]:
+        doctor[0] = absolute(doctor[0])
+    selection = [arg for key, flag in (("only", "--only"), ("skip", "--skip"), ("ignore", "--ignore"))
+                 for pattern in (flags.get(key) or ()) for arg in (flag, pattern)]
+    service = render_check_service(settings, opts, config=config, doctor=doctor, selection=selection)
+    timer = render_check_timer(settings, opts)
+    if not output:
+        sys.stdout.write(f"# ---- {opts.unit}.service ----\n{service}\n# ---- {opts.unit}.timer ----\n{timer}")
+        return
+    timer_path = output[: -len(".service")] + ".timer"
+    atomic_write(output, service.encode("utf-8"), 0o644)
+    atomic_write(timer_path, timer.encode("utf-8"), 0o644)
+    _say(f"units written: {output}, {timer_path}; enable with: systemctl daemon-reload && "
+         f"systemctl enable --now {opts.unit}.timer")
+
+
+@click.command("slurm-health", context_settings={"help_option_names": ["-h", "--help"]})
+@selection_options
+@click.option("--node", default=None, help="The node as slurm.conf names it (default: $SLURMD_NODENAME, else the "
+              "short host name).")
+@click.option("--scontrol", "scontrol_path", default=None, type=click.Path(dir_okay=False),
+              help="scontrol to use (default: on PATH, else /usr/bin/scontrol).")
+@click.option("--scontrol-timeout", type=click.FloatRange(min=0.1), default=None,
+              help="Seconds each scontrol call may take (default 20; slurmd kills a health check after 60).")
+@click.option("--dry-run", is_flag=True, help="Say what would be done to the node; change nothing.")
+@click.option("--drain-unjudged", is_flag=True, help="Also drain for checks that could not be judged for want of "
+              "facts (the reason says 'not judged'); by default they are listed and drain nothing.")
+@click.option("--serving", type=click.Choice(["auto", "yes", "no"]), default="auto", show_default=True,
+              help="Leave out the checks that judge a host before a start (--while-serving): auto does on a node "
+              "with jobs, except in a prolog.")
+@guarded
+def slurm_health(flags: dict[str, Any], node: str | None, scontrol_path: str | None, scontrol_timeout: float | None,
+                 dry_run: bool, drain_unjudged: bool, serving: str) -> None:
+    """Slurm node health check / prolog: drain the node with the failing root cause, resume it when the checks pass.
+
+    \b
+    slurm.conf:  HealthCheckProgram=/usr/local/sbin/k26-doctor-slurm-health
+                 Prolog=/usr/local/sbin/k26-doctor-slurm-health
+    Exit 0 healthy (a drain of ours resumed), 1 failing (drained) or scontrol failed, 2 invalid invocation or
+    unknown node, 3 the doctor could not run.
+    """
+    from doctor.app import run
+    from doctor.core.settings import ConfigError
+    from doctor.service import slurm
+
+    settings = settings_from(flags)
+    if settings.from_snapshot:
+        raise ConfigError("slurm-health judges the live node; --from-snapshot is for check")
+    env = dict(os.environ)
+    path = slurm.find_scontrol(scontrol_path, env)
+    if path is None:
+        raise ConfigError("scontrol not found (PATH, /usr/bin, /usr/local/bin); give --scontrol PATH")
+    tool = slurm.Scontrol(path, scontrol_timeout or float(slurm.slurm_table()["scontrol_timeout_s"]), env)
+    name = slurm.node_name(node, env)
+    try:
+        state = tool.show_node(name)
+    except slurm.UnknownNode as exc:
+        raise ConfigError(str(exc)) from None
+    except slurm.SlurmError as exc:
+        _say(f"cannot read the node from Slurm: {exc}")
+        sys.exit(EXIT_FAILED)
+    if slurm.serving(serving, state, env):
+        settings = replace(settings, while_serving=True)
+    begin_report(settings, flags)
+    report, _ = run(settings)
+    if flags.get("output") or (flags.get("fmt") or "text") != "text":
+        emit(report, flags)
+    else:
+        emit(report, {**flags, "problems": True})
+    decision = slurm.decide(report, state, drain_unjudged=drain_unjudged)
+    for line in decision.lines:
+        click.echo(("(dry run) " if dry_run and decision.action != "keep" else "") + line)
+    if dry_run or decision.action == "keep":
+        sys.exit(decision.exit_code)
+    try:
+        slurm.carry_out(tool, state, decision)
+    except slurm.SlurmError as exc:
+        _say(f"could not {decision.action} {name}: {exc}")
+        sys.exit(EXIT_FAILED)
+    sys.exit(decision.exit_code)

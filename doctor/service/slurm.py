@@ -1,0 +1,234 @@
+"""Slurm: the node health check and prolog (``k26-doctor slurm-health``).
+
+The profile's checks run on the node; a failing one drains it with its root cause as the reason
+(``scontrol update nodename=N state=drain reason="k26-doctor: gpu.nvlink: ..."``), and a node this program
+drained is resumed once the checks pass again. As LBNL NHC does: a drain of ours carries a prefix
+(``doctor/data/fleet.toml`` ``[slurm] reason_prefix``), and only such a drain is ever resumed; a node an
+administrator drained keeps its reason and stays drained.
+
+* A check that could not be judged for want of facts drains nothing unless ``--drain-unjudged`` is given, and
+  the output says which were not judged; with the flag, the reason says "not judged".
+* In the prolog (``SLURM_SCRIPT_CONTEXT=prolog_slurmd``) the job has not started: every check runs, and a failure
+  exits 1 so that Slurm requeues the job (the node is already drained with our reason, which Slurm keeps).
+  As ``HealthCheckProgram`` on a node with jobs (ALLOCATED, MIXED, COMPLETING) the GPUs and the port are the
+  job's: the checks that judge a host before a start are left out (``--while-serving``).
+* ``scontrol`` runs with a deadline (it retries a missing controller for a minute): ``HealthCheckProgram`` is
+  killed by slurmd after 60 s, and it runs with an empty environment (no PATH): scontrol is looked up in the
+  usual places.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from doctor.core import proc
+from doctor.core.result import Status
+from doctor.facts.redaction import redact_text
+from doctor.report.causes import roots
+from doctor.service.fleet import fleet_data
+
+BUSY_STATES = ("ALLOCATED", "MIXED", "COMPLETING")
+SCONTROL_PLACES = ("/usr/bin/scontrol", "/usr/local/bin/scontrol", "/opt/slurm/bin/scontrol")
+_REASON_SUFFIX = re.compile(r"\s*\[[^\]\s]*@[^\]\s]*\]\s*$")  # "[root@2026-12-01T09:04:02]" that scontrol adds
+
+
+class SlurmError(Exception):
+    """scontrol could not do what was asked (the controller unreachable, a refusal, a timeout)."""
+
+
+class UnknownNode(SlurmError):
+    """The controller does not know this node name."""
+
+
+def slurm_table() -> dict[str, Any]:
+    return fleet_data()["slurm"]
+
+
+@dataclass
+class NodeState:
+    """One node as ``scontrol -o show node`` prints it."""
+
+    name: str
+    states: list[str]  # the base state first, then its flags: ["IDLE", "DRAIN"]
+    reason: str | None = None  # without the "[user@time]" scontrol appends
+
+    @property
+    def drained(self) -> bool:
+        return any(s.startswith("DRAIN") for s in self.states)
+
+    @property
+    def busy(self) -> bool:
+        """Jobs run on it: the GPUs and the port belong to them."""
+        return any(s in BUSY_STATES for s in self.states)
+
+    def drained_by(self, prefix: str) -> bool:
+        return self.drained and (self.reason or "").startswith(prefix)
+
+
+def parse_node(text: str) -> NodeState | None:
+    """The node of ``scontrol -o show node NAME`` (one line; ``Reason=`` is last and may hold spaces)."""
+    for line in text.splitlines():
+        name = re.match(r"NodeName=(\S+)", line)
+        state = re.search(r"(?:^| )State=(\S+)", line)
+        if not name or not state:
+            continue
+        reason = re.search(r"(?:^| )Reason=(.*)$", line)
+        text_reason = _REASON_SUFFIX.sub("", reason.group(1)).strip() if reason else None
+        if text_reason in ("", "(null)", "None"):
+            text_reason = None
+        return NodeState(name.group(1), [s for s in re.split(r"[+*~#!%$@^-]", state.group(1)) if s], text_reason)
+    return None
+
+
+def find_scontrol(given: str | None = None, env: Mapping[str, str] | None = None) -> str | None:
+    """``--scontrol``, else scontrol on PATH, else where distributions put it (a health check gets no PATH)."""
+    if given:
+        return given
+    found = shutil.which("scontrol", path=(env or os.environ).get("PATH") or None)
+    if found:
+        return found
+    return next((p for p in SCONTROL_PLACES if os.access(p, os.X_OK)), None)
+
+
+@dataclass
+class Scontrol:
+    """``scontrol``, each call under a deadline."""
+
+    path: str
+    timeout: float
+    env: dict[str, str] | None = None
+
+    def _run(self, *args: str) -> proc.CommandResult:
+        return proc.run([self.path, *args], self.timeout, env=self.env)
+
+    def show_node(self, name: str) -> NodeState:
+        res = self._run("-o", "show", "node", name)
+        if not res.ok:
+            why = res.why()
+            if res.returncode is not None and re.search(r"not found|Invalid node name", res.stderr + res.stdout, re.I):
+                raise UnknownNode(f"Slurm knows no node {name!r} ({why}); give --node NAME as slurm.conf names it")
+            raise SlurmError(f"scontrol show node {name}: {why}")
+        node = parse_node(res.stdout)
+        if node is None:
+            raise SlurmError(f"scontrol show node {name}: no node in its answer: {res.stdout.strip()[:200]!r}")
+        return node
+
+    def update(self, name: str, *fields: str) -> None:
+        res = self._run("update", f"nodename={name}", *fields)
+        if not res.ok:
+            raise SlurmError(f"scontrol update nodename={name} {' '.join(fields)}: {res.why()}")
+
+
+def node_name(given: str | None, env: Mapping[str, str]) -> str:
+    """``--node``, else ``SLURMD_NODENAME`` (set by slurmd for the prolog and the health check), else the short
+    host name (what slurm.conf usually names a node)."""
+    import socket
+
+    return given or env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+
+
+def in_prolog(env: Mapping[str, str]) -> bool:
+    """A prolog or epilog of a job: the job's own processes are not running."""
+    return bool(env.get("SLURM_JOB_ID")) or env.get("SLURM_SCRIPT_CONTEXT", "").startswith(("prolog", "epilog"))
+
+
+def serving(mode: str, node: NodeState, env: Mapping[str, str]) -> bool:
+    """Whether to leave out the checks that judge a host before a start: ``yes``/``no``, or ``auto``: on a node
+    with jobs, outside a prolog."""
+    if mode in ("yes", "no"):
+        return mode == "yes"
+    return node.busy and not in_prolog(env)
+
+
+@dataclass
+class Decision:
+    """What to do with the node, what to say, and the exit status."""
+
+    action: str  # "drain", "resume" or "keep"
+    reason: str | None = None
+    lines: list[str] = field(default_factory=list)
+    exit_code: int = 0
+
+
+def _one_line(text: str) -> str:
+    return " ".join(redact_text(str(text)).split())
+
+
+def drain_reason(prefix: str, causes: list[tuple[str, str]], limit: int, what: str = "") -> str:
+    """``k26-doctor: gpu.nvlink: <its summary> (+2 more: host.disk, model.shards)``, at most ``limit`` characters."""
+    first_id, first_summary = causes[0]
+    more = [cid for cid, _ in causes[1:]]
+    tail = f" (+{len(more)} more: {', '.join(more)})" if more else ""
+    head = f"{prefix} {what}{first_id}: "
+    room = limit - len(head) - len(tail)
+    summary = _one_line(first_summary)
+    if room < 16:  # many causes: the ids are what matters
+        tail = f" (+{len(more)} more)"
+        room = limit - len(head) - len(tail)
+    if len(summary) > room:
+        summary = summary[: max(0, room - 3)].rstrip() + "..."
+    return (head + summary + tail)[:limit]
+
+
+def root_causes(report: Any, failing: list[Any]) -> list[tuple[str, str]]:
+    """(id, summary) of what explains the failing results in the end, each once, in report order."""
+    root = roots(report.results, report.notices)
+    notices = {n.id: n.summary for n in report.notices}
+    summaries = {r.id: r.summary for r in report.results}
+    out: dict[str, str] = {}
+    for res in failing:
+        cid = root.get(res.id, res.id)
+        out.setdefault(cid, notices.get(cid) or summaries.get(cid, res.summary))
+    return list(out.items())
+
+
+def decide(report: Any, node: NodeState, *, drain_unjudged: bool = False) -> Decision:
+    """The node's fate from the report (pure): drain with the root cause, resume a drain of ours, or keep."""
+    table = slurm_table()
+    prefix, limit = table["reason_prefix"], int(table["reason_max_chars"])
+    strict = bool(report.settings.strict)
+    failing = [r for r in report.results if r.status.failed or (strict and r.status is Status.WARN)]
+    unjudged = list(report.unjudged)
+    lines: list[str] = []
+    reason = None
+    if failing:
+        reason = drain_reason(prefix, root_causes(report, failing), limit)
+    elif unjudged and (drain_unjudged or strict):
+        reason = drain_reason(prefix, [(r.id, r.summary) for r in unjudged], limit, what="not judged: ")
+    elif report.outcome.interrupted:
+        return Decision("keep", None, [f"{node.name}: the run was interrupted; the node is left as it is"], 1)
+    if unjudged and reason is None:
+        lines.append(f"{node.name}: not judged for want of facts (not drained for them; --drain-unjudged drains): "
+                     + ", ".join(r.id for r in unjudged))
+    if reason is not None:
+        if node.drained and not node.drained_by(prefix):
+            lines.append(f"{node.name}: {reason}; the node is drained already by someone else "
+                         f"({node.reason or 'no reason'}): left as it is")
+            return Decision("keep", reason, lines, 1)
+        if node.drained and node.reason == reason:
+            lines.append(f"{node.name}: still drained: {reason}")
+            return Decision("keep", reason, lines, 1)
+        lines.append(f"{node.name}: drain: {reason}")
+        return Decision("drain", reason, lines, 1)
+    if node.drained_by(prefix):
+        lines.append(f"{node.name}: the checks pass: resume (it was drained: {node.reason})")
+        return Decision("resume", None, lines, 0)
+    if node.drained:
+        lines.append(f"{node.name}: the checks pass; drained by someone else ({node.reason or 'no reason'}): "
+                     "left drained")
+        return Decision("keep", None, lines, 0)
+    lines.append(f"{node.name}: the checks pass")
+    return Decision("keep", None, lines, 0)
+
+
+def carry_out(tool: Scontrol, node: NodeState, decision: Decision) -> None:
+    """Drain or resume through scontrol (``SlurmError`` when it refuses or does not answer)."""
+    if decision.action == "drain":
+        tool.update(node.name, "state=drain", f"reason={decision.reason}")
+    elif decision.action == "resume":
+        tool.update(node.name, "state=resume")

@@ -1,0 +1,176 @@
+"""The judgements of bench/ddtree/serve_check.py: what makes a DDTREE server lossless in the GPU validation.
+
+The servers only run on a GPU host; what is decided from their answers is decided here, on results built from
+known distributions, so that a criterion that cannot fail (or that fails a correct server) is caught before
+it is trusted: the chi-square tail against textbook quantiles, the two-sample test's size and power, the
+greedy near-tie rule, and the controls that must be rejected.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("k26_serve_check", ROOT / "bench" / "ddtree" / "serve_check.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+sc = _load()
+
+
+@pytest.mark.parametrize(("x", "df", "p"), [(3.841, 1, 0.05), (6.635, 1, 0.01), (18.307, 10, 0.05),
+                                            (23.209, 10, 0.01), (124.342, 100, 0.05), (0.0158, 1, 0.9)])
+def test_chi2_tail_matches_the_tables(x: float, df: int, p: float) -> None:
+    assert sc.chi2_sf(x, df) == pytest.approx(p, rel=2e-3)
+
+
+def _draw(rng: random.Random, weights: list[float], n: int) -> list[int]:
+    return rng.choices(range(len(weights)), weights=weights, k=n)
+
+
+def test_two_sample_test_keeps_its_size_and_has_power() -> None:
+    rng = random.Random(5)
+    w, shift = [0.55, 0.3, 0.15], [0.65, 0.23, 0.12]
+    same = [sc.chi2_sf(*sc.chi2_two_sample(_draw(rng, w, 2000), _draw(rng, w, 2000))) for _ in range(200)]
+    # under the null the p-values are uniform: about 1 % below 0.01
+    assert sum(p < 0.01 for p in same) <= 8
+    shifted = [sc.chi2_sf(*sc.chi2_two_sample(_draw(rng, w, 2000), _draw(rng, shift, 2000))) for _ in range(50)]
+    assert all(p < 1e-3 for p in shifted)
+
+
+def test_rare_categories_are_pooled_not_dropped() -> None:
+    a = [0] * 1990 + list(range(1, 11))
+    b = [0] * 1990 + list(range(11, 21))
+    stat, df = sc.chi2_two_sample(a, b)
+    assert df == 1 and stat == pytest.approx(0.0)
+
+
+def _results(servers: dict, phases: list) -> dict:
+    return {"servers": servers, "phases": phases}
+
+
+def _server(algo: str, **cfg) -> dict:
+    return {"healthy": True, "alive_at_end": True, "log_errors": [], "config": {"algo": algo, **cfg}}
+
+
+def _phase(server: str, outputs: list, temperature: float = 0.0, name: str = "g", **extra) -> dict:
+    return {"phase": name, "server": server, "outputs": outputs, "inputs_digest": "d", "n_errors": 0,
+            "sampling": {"temperature": temperature, "max_new_tokens": len(outputs[0])}, **extra}
+
+
+def test_greedy_criterion_passes_near_ties_and_fails_real_divergences() -> None:
+    base = [[i, i + 1, i + 2] for i in range(400)]
+    spec = [list(o) for o in base]
+    spec[7][2] = 99
+    servers = {"base": _server("none"), "dd": _server("DDTREE", baseline="base")}
+    tie = {"request": 7, "position": 2, "delta_logprob": 0.03}
+    ok = sc.compare(_results(servers, [_phase("base", base), _phase("dd", spec, divergences=[tie])]))
+    assert ok["ok"] and ok["greedy"][0]["share"] == pytest.approx(399 / 400)
+    not_tie = dict(tie, delta_logprob=0.8)
+    bad = sc.compare(_results(servers, [_phase("base", base), _phase("dd", spec, divergences=[not_tie])]))
+    assert not bad["ok"] and bad["greedy"][0]["not_near_ties"] == 1
+    unprobed = sc.compare(_results(servers, [_phase("base", base), _phase("dd", spec)]))
+    assert not unprobed["ok"] and unprobed["greedy"][0]["unprobed"] == 1
+    # 3 near-ties in 400 requests: 99.25 % identical, below the 99.5 % floor
+    for i in (8, 9):
+        spec[i][1] = 98
+    many = [dict(tie, request=r) for r in (7, 8, 9)]
+    low = sc.compare(_results(servers, [_phase("base", base), _phase("dd", spec, divergences=many)]))
+    assert not low["ok"] and low["greedy"][0]["share"] < sc.GREEDY_SAME_MIN
+
+
+def test_greedy_criterion_never_more_divergences_than_the_rival() -> None:
+    base = [[i, i + 1] for i in range(400)]
+    spec = [list(o) for o in base]
+    spec[3][1] = 77
+    tie = [{"request": 3, "position": 1, "delta_logprob": 0.01}]
+    servers = {"base": _server("none"), "df": _server("DFLASH", baseline="base"),
+               "dd": _server("DDTREE", baseline="base", greedy_rival="df")}
+    phases = [_phase("base", base), _phase("df", base), _phase("dd", spec, divergences=tie)]
+    worse = sc.compare(_results(servers, phases))
+    assert not worse["ok"]
+    assert next(g for g in worse["greedy"] if g["server"] == "dd")["more_divergences_than_rival"] is True
+    even = sc.compare(_results(servers, [_phase("base", base), _phase("df", spec, divergences=tie),
+                                         _phase("dd", spec, divergences=tie)]))
+    assert even["ok"]
+
+
+def _sampled(rng: random.Random, weights: list[list[float]], n: int) -> list[list[int]]:
+    cols = [_draw(rng, w, n) for w in weights]
+    return [list(t) for t in zip(*cols, strict=True)]
+
+
+def test_sampled_criterion_accepts_the_same_distribution_and_rejects_a_biased_control() -> None:
+    rng = random.Random(11)
+    w = [[0.55, 0.3, 0.15], [0.5, 0.5], [0.6, 0.25, 0.15], [0.7, 0.3]]
+    biased = [[0.65, 0.25, 0.1], [0.5, 0.5], [0.6, 0.25, 0.15], [0.7, 0.3]]
+    servers = {"base": _server("none"), "dd": _server("DDTREE", baseline="base"),
+               "ctl": _server("DDTREE", baseline="base", expect_fail=True)}
+    phases = [_phase("base", _sampled(rng, w, 2400), 1.0, "s"), _phase("dd", _sampled(rng, w, 2400), 1.0, "s"),
+              _phase("ctl", _sampled(rng, biased, 2400), 1.0, "s")]
+    v = sc.compare(_results(servers, phases))
+    cells = {c["server"]: c for c in v["sampled"]}
+    assert cells["dd"]["rejected"] == 0 and cells["dd"]["pass_"]
+    assert cells["ctl"]["rejected"] >= 1 and cells["ctl"]["pass_"]
+    assert v["ok"]
+    # the same biased server judged as a real one fails: the criterion can fail
+    servers["ctl"]["config"]["expect_fail"] = False
+    assert not sc.compare(_results(servers, phases))["ok"]
+
+
+def test_sampled_criterion_refuses_too_few_samples() -> None:
+    rng = random.Random(3)
+    w = [[0.55, 0.3, 0.15]] * 4
+    servers = {"base": _server("none"), "dd": _server("DDTREE", baseline="base")}
+    v = sc.compare(_results(servers, [_phase("base", _sampled(rng, w, 500), 1.0, "s"),
+                                      _phase("dd", _sampled(rng, w, 500), 1.0, "s")]))
+    assert not v["ok"] and not v["sampled"][0]["enough"]
+
+
+def test_a_server_that_serves_what_it_must_refuse_fails() -> None:
+    servers = {"dd": dict(_server("DDTREE"), refusals=[{"what": "min_p", "code": 200, "health_after": 200}])}
+    v = sc.compare(_results(servers, []))
+    assert not v["ok"] and v["servers"]["dd"]["refusals_not_refused"] == ["min_p"]
+
+
+def test_plan_expansion_and_server_command_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PAIR", "/p")
+    plan = tmp_path / "plan.json"
+    plan.write_text('{"defaults": {"model": "$PAIR/target", "draft": "${PAIR}/drafter", "args": ["--a"]},'
+                    ' "servers": [{"name": "dd", "algo": "DDTREE", "budget": 32, "args": ["--b"]},'
+                    ' {"name": "base", "algo": "none"}],'
+                    ' "phases": [{"name": "x", "servers": ["d.*"], "n": 1}]}')
+    p = sc.load_plan(str(plan))
+    argv = sc.server_argv(p["servers"][0])
+    assert argv[argv.index("--model-path") + 1] == "/p/target"
+    assert argv[argv.index("--speculative-draft-model-path") + 1] == "/p/drafter"
+    assert argv[argv.index("--speculative-ddtree-budget") + 1] == "32"
+    assert argv[-2:] == ["--a", "--b"]
+    assert p["phases"][0]["servers"] == ["dd"]
+
+
+def test_twin_and_tree_hash_criteria() -> None:
+    base = [[i, i + 1] for i in range(400)]
+    servers = {"tp1": _server("DDTREE"), "tp2": _server("DDTREE", greedy_twin="tp1")}
+    phases = [_phase("tp1", base, accept_len=3.0), _phase("tp2", base, accept_len=2.97)]
+    v = sc.compare(_results(servers, phases))
+    assert v["ok"] and v["twins"][0]["pass"]
+    phases[1]["accept_len"] = 2.8  # 6.7 % below TP1's
+    assert not sc.compare(_results(servers, phases))["ok"]
+    phases[1]["accept_len"] = 3.0
+    servers["tp2"]["tree_hashes"] = [("0", "0", "aa"), ("1", "0", "aa"), ("0", "1", "bb"), ("1", "1", "bb")]
+    assert sc.compare(_results(servers, phases))["tree_hashes"][0]["pass"]
+    servers["tp2"]["tree_hashes"][3] = ("1", "1", "cc")
+    v = sc.compare(_results(servers, phases))
+    assert not v["ok"] and v["tree_hashes"][0]["steps_that_differ"] == 1
