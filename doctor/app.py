@@ -287,7 +287,7 @@ def run_checks(settings: Settings) -> Report:
 
 
 def render(report: Report, fmt: str, verbose: int = 0, stream: IO[str] | None = None,
-           color: bool | None = None, problems: bool = False) -> None:
+           color: bool | None = None, problems: bool = False, each: bool = False) -> None:
     """Write the report in ``text``, ``json``, ``junit`` or ``openmetrics`` to ``stream`` (stdout by default)."""
     stream = stream or sys.stdout
     if fmt == "json":
@@ -306,6 +306,6 @@ def render(report: Report, fmt: str, verbose: int = 0, stream: IO[str] | None = 
     elif fmt == "text":
         from doctor.report.text import render_text
 
-        stream.write(render_text(report, verbose=verbose, color=color, stream=stream, problems=problems))
+        stream.write(render_text(report, verbose=verbose, color=color, stream=stream, problems=problems, each=each))
     else:  # pragma: no cover - click validates choices
         raise ConfigError(f"unknown format {fmt!r}")

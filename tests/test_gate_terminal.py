@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, doctor_env, run_doctor
 
+from doctor.report.text import unfold_ids
+
 SNAPS = ROOT / "tests" / "fixtures" / "snapshots"
 LINK_DOWN = SNAPS / "b300x8-link-down.json"
 NO_DRIVER = "nvmlInit failed: LibraryNotFound: libnvidia-ml.so.1 was not found"
@@ -146,7 +148,7 @@ def test_one_root_line_when_one_cause_fails_many_checks(tmp_path: Path) -> None:
         lines = out.stdout.splitlines()
         assert out.stdout.count(NO_DRIVER) == 1 and not any(ln.startswith("✔") for ln in lines)
         root = next(i for i, ln in enumerate(lines) if ln.startswith("✘ gpu.driver"))
-        deps = next(ln for ln in lines[root:] if "same cause (" in ln)
+        deps = unfold_ids(next(ln for ln in lines[root:] if "same cause (" in ln).split("): ", 1)[1])
         for dep in ("cuda.compat", "gpu.arch", "gpu.count", "gpu.nvlink", "model.fit"):
             assert dep in deps
             assert not any(ln.startswith(("-", "✘")) and f" {dep} " in ln for ln in lines)

@@ -183,7 +183,9 @@ def _ids_line(label: str, ids: list[str], pad: str, columns: int) -> list[str]:
 
 
 def render_text(report: Any, verbose: int = 0, color: bool | None = None, stream: IO[str] | None = None,
-                problems: bool = False, columns: int | None = None) -> str:
+                problems: bool = False, columns: int | None = None, each: bool = False) -> str:
+    """The report as text; ``each``: every pass on a line of its own with its summary (after ``fix --apply``, what
+    was verified), ``problems``: only what is not a pass, ``verbose``: every result with its details."""
     color = use_color(stream) if color is None else color
     columns = columns or terminal_width(stream)
     st = story(report)
@@ -193,7 +195,7 @@ def render_text(report: Any, verbose: int = 0, color: bool | None = None, stream
                                                      f"{s.python}", columns, "", "    "))
     for notice, dependents in st.notices:
         out.extend(_notice_lines(notice, dependents, color, stream, columns, bool(verbose)))
-    shown = [r.result for r in st.roots] + (st.passed if verbose else [])
+    shown = [r.result for r in st.roots] + (st.passed if verbose or each else [])
     if verbose:
         shown += [d for r in st.roots for d in r.dependents] + [d for _, deps in st.notices for d in deps]
         shown += st.not_applicable
@@ -207,6 +209,9 @@ def render_text(report: Any, verbose: int = 0, color: bool | None = None, stream
         for res in st.passed + st.not_applicable:
             out.extend(render_result_line(res, width, color, stream, columns=columns))
             out.extend(_verbose_lines(res, pad, exhibit=True))
+    elif each:
+        for res in st.passed:
+            out.extend(render_result_line(res, width, color, stream, columns=columns))
     elif not problems:
         parts = []
         if st.passed:
