@@ -10,6 +10,7 @@ keeps the --python notice of a run that judged the doctor's own interpreter.
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import subprocess
@@ -108,15 +109,29 @@ def words(text: str) -> list[str]:
     return [w for w in text.split() if w != "\\" and not re.fullmatch(r"\d+\.\d\ds", w)]
 
 
-def stories(snapshot: Path, *extra: str) -> tuple[dict, dict, dict, str]:
-    args = ["check", "--from-snapshot", str(snapshot), *extra]
-    js = from_json(json.loads(run(*args, "--format", "json").stdout))
-    ju = from_junit(run(*args, "--format", "junit").stdout)
-    wide = run(*args, columns="1000").stdout
+def stories(snapshot: Path, *, strict: bool = False) -> tuple[dict, dict, dict, str]:
+    """One replay, rendered the three ways (in this process: the renderers are what is compared)."""
+    from doctor.app import run as run_report
+    from doctor.app import settings_from_flags
+    from doctor.report.json_report import dumps
+    from doctor.report.junit import to_junit
+    from doctor.report.text import render_text
+
+    report, _ = run_report(settings_from_flags({"from_snapshot": str(snapshot), "strict": strict or None}))
+    js = from_json(json.loads(dumps(report)))
+    ju = from_junit(to_junit(report))
+    wide = render_text(report, color=False, columns=1000, stream=io.StringIO())  # a UTF-8 stream: the glyphs
     tx = from_text(wide, set(js["results"]))
-    narrow = run(*args).stdout
+    narrow = render_text(report, color=False, columns=80, stream=io.StringIO())
     assert words(narrow) == words(wide), "80 columns only wraps: the same words as an unwrapped report"
+    assert max(len(ln) for ln in narrow.splitlines()) <= 100
     return js, ju, tx, narrow
+
+
+@pytest.fixture(autouse=True)
+def _no_site_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("K26_DOCTOR_CONFIG", raising=False)
+    monkeypatch.setenv("NO_COLOR", "1")
 
 
 @pytest.mark.parametrize("snapshot", SNAPSHOTS, ids=[p.stem for p in SNAPSHOTS])
@@ -138,7 +153,7 @@ def test_every_recorded_snapshot_tells_one_story_in_text_json_and_junit(snapshot
 
 def test_strict_fails_on_what_is_not_judged_in_every_rendering() -> None:
     snap = next(p for p in SNAPSHOTS if p.name == "h200x1-real.json")  # a recording with few facts
-    js, ju, tx, _ = stories(snap, "--strict")
+    js, ju, tx, _ = stories(snap, strict=True)
     assert js["unjudged"] and js["verdict"] == "fail" == tx["verdict"] == ju["verdict"]
 
 
@@ -149,14 +164,13 @@ def test_a_live_run_and_the_replay_of_its_snapshot_agree(tmp_path: Path) -> None
     snap = tmp_path / "host.json"
     rec = run("snapshot", *flags, "--output", str(snap))
     assert rec.returncode == 0, rec.stderr
-    live = from_json(json.loads(run("check", *flags, "--format", "json").stdout))
-    replay = from_json(json.loads(run("check", "--from-snapshot", str(snap), "--format", "json").stdout))
+    live_doc = json.loads(run("check", *flags, "--format", "json").stdout)
+    doc = json.loads(run("check", "--from-snapshot", str(snap), "--format", "json").stdout)
+    live, replay = from_json(live_doc), from_json(doc)
     volatile = {"host.port", "gpu.idle", "host.disk"}  # what another process may change between the two runs
     assert {k: v for k, v in live["results"].items() if k not in volatile} == \
         {k: v for k, v in replay["results"].items() if k not in volatile}
     assert live["roots"] == replay["roots"] and live["next"] == replay["next"]
-    doc = json.loads(run("check", "--from-snapshot", str(snap), "--format", "json").stdout)
-    live_doc = json.loads(run("check", *flags, "--format", "json").stdout)
     assert [n["id"] for n in doc["doctor"]["notices"]] == [n["id"] for n in live_doc["doctor"]["notices"]]
     if live_doc["doctor"]["notices"]:
         python = live_doc["doctor"]["python"]

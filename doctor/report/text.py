@@ -252,7 +252,7 @@ def _root_lines(root: Root, width: int, pad: str, color: bool, stream: IO[str] |
     if full:
         lines.extend(_fix_lines(res.remediation, pad, columns, said_last))
     if res.exhibit:
-        lines.extend(pad + ln for ln in res.exhibit.splitlines())
+        lines.extend(_exhibit_lines(res.exhibit, pad, columns))
     if verbose:
         lines.extend(_verbose_lines(res, pad))
         for dep in root.dependents:
@@ -264,11 +264,20 @@ def _root_lines(root: Root, width: int, pad: str, color: bool, stream: IO[str] |
     return lines
 
 
+def _exhibit_lines(exhibit: str, pad: str, columns: int) -> list[str]:
+    """A block as it was laid out (a matrix keeps its columns); a line of prose wider than the terminal wraps."""
+    out: list[str] = []
+    for ln in exhibit.splitlines():
+        out.extend(wrap(ln, columns, pad, pad + "  ") if len(pad) + len(ln) > columns and " " in ln.strip()
+                   else [pad + ln])
+    return out
+
+
 def _verbose_lines(res: Any, pad: str, exhibit: bool = False) -> list[str]:
     """With -v: the exhibit (when not shown already), the details, the traceback."""
     lines: list[str] = []
     if exhibit and res.exhibit:
-        lines.extend(pad + ln for ln in res.exhibit.splitlines())
+        lines.extend(_exhibit_lines(res.exhibit, pad, DEFAULT_WIDTH))
     if res.details:
         lines.extend(_details_lines(res.details, pad, res.exhibit.splitlines() if res.exhibit else None))
     if res.traceback:
