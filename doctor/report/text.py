@@ -193,14 +193,18 @@ def render_text(report: Any, verbose: int = 0, color: bool | None = None, stream
     out: list[str] = []
     out.extend(_paint(ln, "1", color) for ln in wrap(f"k26-doctor · {s.profile_name} · TP{s.tp} · python "
                                                      f"{s.python}", columns, "", "    "))
-    for notice, dependents in st.notices:
-        out.extend(_notice_lines(notice, dependents, color, stream, columns, bool(verbose)))
     shown = [r.result for r in st.roots] + (st.passed if verbose or each else [])
     if verbose:
         shown += [d for r in st.roots for d in r.dependents] + [d for _, deps in st.notices for d in deps]
         shown += st.not_applicable
     width = max((len(r.id) for r in shown), default=10)
     pad = " " * (width + 4)
+    for notice, dependents in st.notices:
+        out.extend(_notice_lines(notice, dependents, color, stream, columns, bool(verbose)))
+        for dep in dependents if verbose else []:
+            out.extend(render_result_line(dep, width, color, stream, f"[same cause as {notice.id}] {dep.summary}",
+                                          columns))
+            out.extend(_verbose_lines(dep, pad, exhibit=True))
     for root in st.roots:
         full = bool(verbose) or root.id == st.next_for or len(st.roots) == 1
         out.extend(_root_lines(root, width, pad, color, stream, columns, verbose, full,
