@@ -13,9 +13,10 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 REQUIREMENTS = Path(__file__).resolve().parents[1] / ".ci" / "sglang-test-requirements.txt"
-HOW = f"`bash .ci/run` installs it (pip install -r {REQUIREMENTS.parent.name}/{REQUIREMENTS.name})"
+HOW = f"`bash .ci/run` installs {{}} (pip install -r {REQUIREMENTS.parent.name}/{REQUIREMENTS.name})"
 
 
 def missing(modules: tuple[str, ...], python: str | None = None) -> list[str]:
@@ -34,7 +35,8 @@ def reason(absent: list[str], python: str | None = None, needed_for: str = "") -
     what = ", ".join(absent)
     verb = "is" if len(absent) == 1 else "are"
     for_what = f" (needed {needed_for})" if needed_for else ""
-    return f"{what} {verb} not installed in {python or sys.executable}{for_what}: {HOW}"
+    return f"{what} {verb} not installed in {python or sys.executable}{for_what}: " + HOW.format(
+        "it" if len(absent) == 1 else "them")
 
 
 def require(*modules: str, python: str | None = None, needed_for: str = "") -> None:
@@ -44,7 +46,7 @@ def require(*modules: str, python: str | None = None, needed_for: str = "") -> N
         unavailable(reason(absent, python, needed_for))
 
 
-def unavailable(why: str) -> None:
+def unavailable(why: str) -> NoReturn:
     """The test cannot run without what ``.ci/run`` installs: skip, saying ``why``; under CI, fail."""
     import pytest
 
