@@ -18,8 +18,9 @@ from doctor.facts.store import FactUnavailable, MalformedFact
 from doctor.host.access import access_fix, describe
 from doctor.model import memory
 from doctor.model.drafter import DraftFinding, judge_pairing, same_directory
+from doctor.model.layout import redownload_argv
 from doctor.model.modelconfig import ConfigView, is_pos_int, json_data, json_object, read_config
-from doctor.model.remote_code import download_command
+from doctor.model.remote_code import download_command, named_module_problems
 from doctor.model.tokenizer import TokenizerVerdict, judge_files, judge_load
 from doctor.service.launcher import build_server_args
 
@@ -79,7 +80,8 @@ def _redownload_commands(ctx: Context, fact: dict[str, Any], files: list[str], r
         return []
     if not repo:
         return [f"# set [{repo_key.split('.')[0]}] repo in the config to get the exact download command"]
-    return [shlex.join(["hf", "download", str(repo), *files, "--local-dir", str(path), "--force-download"])]
+    argv, note = redownload_argv(str(repo), str(path), files)
+    return [shlex.join(argv)] + ([f"# {note}"] if note else [])
 
 
 DEEP_CHECKS = {"model": ("model.shards.deep", "--model-path"), "drafter": ("model.drafter.deep", "--draft-model-path")}
@@ -177,8 +179,8 @@ def judge_weights(ctx: Context, fact: dict[str, Any], what: str, repo_key: str) 
                              + ", no partial downloads" + note, **details)
     redo = sorted({s["name"] for s in damaged} | {lo["for"] for lo in leftovers if lo.get("for")})
     codes = {p.get("code") for p in general}
-    if codes & {"index_missing", "index_invalid", "index_dangling"}:
-        redo = ["model.safetensors.index.json", *redo]
+    if codes & {"index_missing", "index_invalid", "index_dangling"} or (general and w.get("layout") == "index"):
+        redo = ["model.safetensors.index.json", *redo]  # the index is wrong (names a path outside, unreadable...)
     details["redownload"] = redo
     first = lines[0]
     more = f" (+{len(lines) - 1} more)" if len(lines) > 1 else ""
@@ -191,7 +193,8 @@ def judge_weights(ctx: Context, fact: dict[str, Any], what: str, repo_key: str) 
     elif denied:
         head = f"{len(denied)} of {n_shards} shards unreadable by {reader}: "
     text = ("Re-download the damaged files (never mix revisions). `k26-doctor fix` plans it; by hand:"
-            if redo else "Fix the index or path by hand:" if (general or leftovers or damaged) else "")
+            if redo else "Move the download leftovers named above out of the model directory (`k26-doctor fix` "
+            "plans it)." if leftovers else "")
     commands = _redownload_commands(ctx, fact, redo, repo_key)
     if denied:
         access = access_fix([s["access"] for s in denied if s.get("access")] or [{"path": str(path), "is_dir": True}],
@@ -658,11 +661,12 @@ def model_tokenizer(ctx: Context) -> Result:
                               "(requests carry input_ids)", server_flag="--skip-tokenizer-init")
     tok = fact.get("tokenizer") or {}
     files = tok.get("files") or {}
-    listing = ((fact.get("files") or {}).get("entries") or {})
     problems: list[str] = []
     notes: list[str] = []
     dangling = [n for n, v in files.items() if isinstance(v, dict) and v.get("dangling")]
-    problems += [f"{n} is a dangling symlink" for n in dangling]
+    problems += [f"{n} is {'a symlink loop' if files[n].get('loop') else 'a dangling symlink'}" for n in dangling]
+    problems += [f"{n} is {v['kind']}, not a regular file" for n, v in files.items() if isinstance(v, dict)
+                 and v.get("kind")]
     tc = tok.get("tokenizer_config") or {}
     data, problem = json_object(tc, "tokenizer_config.json")
     if not tc.get("present"):  # tokenizer.json alone is enough
@@ -687,17 +691,10 @@ def model_tokenizer(ctx: Context) -> Result:
         problems.append("no chat template (chat_template in tokenizer_config.json, chat_template.jinja or "
                         "chat_template.json): chat completions will fail")
     remote = refs + cfg_refs
-    missing_mods = []
-    for ref in remote:
-        if "--" in ref:
-            notes.append(f"auto_map {ref} loads code from another repository at start (needs network)")
-            continue
-        module = ref.rsplit(".", 1)[0]
-        fname = module.replace(".", "/") + ".py"
-        if fname not in listing and module + ".py" not in listing:
-            missing_mods.append(fname)
-    for fname in sorted(set(missing_mods)):
-        problems.append(f"remote-code module {fname} named by auto_map is missing")
+    notes += [f"auto_map {ref} loads code from another repository at start (needs network)" for ref in remote
+              if "--" in ref]
+    module_problems, missing_mods = named_module_problems(fact.get("remote_code") or {})
+    problems += module_problems
     trc = ctx.expect("model.trust_remote_code")
     needs_trc = bool(remote)
     if needs_trc and trc is False:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from typing import IO, Any
 
 from doctor import __version__
+from doctor.core import deadline
 from doctor.core import runner as _runner
 from doctor.core.context import Context
 from doctor.core.exitcodes import EXIT_FAILED, EXIT_OK
@@ -83,11 +84,13 @@ class Report:
         """The failing (or warning) checks whose fixer would change something now: the footer offers
         only these (a fixer with nothing to do is not a fix). Planning reads; it changes nothing."""
         if self._fixable is None:
-            from doctor.core.fixing import plan_for
+            from doctor.core.fixing import not_plannable, plan_for
 
             out = []
             for res in self.results:
                 if not res.fixer or not (res.status.failed or res.status is Status.WARN):
+                    continue
+                if not_plannable(res):  # past the run's deadline, or the check never finished: no plan waited on
                     continue
                 if self.context is None or self.registry is None:
                     out.append(res.id)
@@ -246,6 +249,8 @@ def run(settings: Settings, on_result: Callable[[Result], None] | None = None,
     if any(c.deep for c in chosen) and not settings.deep:  # a deep check named by --only runs as with --deep
         settings = replace(settings, deep=True)
     ctx = make_context(settings, reg)
+    deadline.start(settings.timeout, f"the run's deadline (--timeout {settings.timeout:g}s)" if settings.timeout
+                   else "")
     if settings.wait_fabric and settings.snapshot is None and any("nvml" in c.needs for c in chosen):
         from doctor.gpu.fabric import wait_before_checks  # --wait-fabric / launch: fabric readiness first
 
@@ -267,6 +272,8 @@ def run(settings: Settings, on_result: Callable[[Result], None] | None = None,
     notices = [n for n in [interpreter_notice(settings, ctx.facts, outcome.results)] if n is not None]
     settle(outcome.results, notices)
     notes: list[str] = []
+    if deadline.expired():
+        notes.append(f"{deadline.ended()}: what had not finished is an error, and no fix was planned")
     if settings.from_snapshot:
         notes.append(f"judged from snapshot {settings.from_snapshot}, not the live host")
     if settings.while_serving:
@@ -286,10 +293,32 @@ def run_checks(settings: Settings) -> Report:
     return run(settings)[0]
 
 
+def redacted(report: Report) -> Report:
+    """The report with every result's summary, details, remediation, exhibit and traceback redacted
+    (``doctor.facts.redaction``): what every renderer renders, so no format shows a secret a check read
+    (``[server] args = ["--api-key", "X"]`` in details, a token in a traceback)."""
+    from doctor.facts.redaction import redact, redact_text
+
+    def clean(res: Result) -> Result:
+        rem = res.remediation
+        return replace(res, summary=redact_text(res.summary), details=redact(res.details),
+                       remediation=None if rem is None else Remediation(redact_text(rem.text),
+                                                                        [redact_text(c) for c in rem.commands]),
+                       exhibit=redact_text(res.exhibit) if res.exhibit else res.exhibit,
+                       traceback=redact_text(res.traceback) if res.traceback else res.traceback)
+
+    return replace(report, outcome=replace(report.outcome, results=[clean(r) for r in report.results]),
+                   notes=[redact_text(n) for n in report.notes])
+
+
 def render(report: Report, fmt: str, verbose: int = 0, stream: IO[str] | None = None,
            color: bool | None = None, problems: bool = False, each: bool = False) -> None:
-    """Write the report in ``text``, ``json``, ``junit`` or ``openmetrics`` to ``stream`` (stdout by default)."""
+    """Write the report in ``text``, ``json``, ``junit`` or ``openmetrics`` to ``stream`` (stdout by default),
+    redacted."""
     stream = stream or sys.stdout
+    if fmt in ("text", "json", "junit"):  # their next step names a fix plan when the first cause has one
+        report.fixable()  # planned on the results as they are, before they are redacted for showing
+    report = redacted(report)
     if fmt == "json":
         from doctor.report.json_report import dumps
         from doctor.report.text import utf8_capable

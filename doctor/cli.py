@@ -14,7 +14,15 @@ from typing import Any
 import click
 
 from doctor import __version__
-from doctor.commands.options import begin_report, emit, guarded, quiet_stdout, selection_options, settings_from
+from doctor.commands.options import (
+    begin_report,
+    emit,
+    guarded,
+    quiet_stdout,
+    selection_options,
+    settings_from,
+    write_requested,
+)
 from doctor.core.exitcodes import EXIT_OK, EXIT_SIGPIPE, EXIT_USAGE
 
 LAZY_COMMANDS = {
@@ -113,6 +121,9 @@ def fix(flags: dict[str, Any], do_apply: bool, yes: bool) -> None:
             print_plans(plans, report)
         sys.exit(EXIT_OK if not plans and report.exit_code() == 0 else report.exit_code())
     print_plans(plans, report)
+    from doctor.core import deadline
+
+    deadline.clear()  # --timeout bounded the checks and the planning; the changes the user asked for run whole
     code = apply_plans(plans, settings, ask=not yes, fmt=fmt)
     sys.exit(code)
 
@@ -182,6 +193,10 @@ def snapshot(flags: dict[str, Any], note: str, facts: tuple[str, ...]) -> None:
     from doctor.facts.store import FactStore
 
     settings = settings_from(flags)
+    if settings.timeout:  # --timeout bounds the whole recording, every probe included
+        from doctor.core import deadline
+
+        deadline.start(settings.timeout, f"the run's deadline (--timeout {settings.timeout:g}s)")
     collectors = registry_for(settings).collectors
     store = FactStore(collect_options(settings), collectors=collectors)
     unknown = [f for f in facts if f not in collectors]
@@ -191,8 +206,7 @@ def snapshot(flags: dict[str, Any], note: str, facts: tuple[str, ...]) -> None:
     snap = build_snapshot(store, note=note, names=list(facts) or None)
     text = json.dumps(snap, indent=1, default=str, ensure_ascii=False) + "\n"
     if flags.get("output"):
-        with open(flags["output"], "w", encoding="utf-8") as fh:
-            fh.write(text)
+        write_requested(flags["output"], text, "the snapshot")
         click.echo(f"snapshot written to {flags['output']} ({len(snap['facts'])} facts)", err=True)
     else:
         sys.stdout.write(text)
@@ -212,6 +226,9 @@ def tolerate_terminal() -> None:
 
 def main() -> None:
     tolerate_terminal()
+    from doctor.facts.redaction import guard_std_streams
+
+    guard_std_streams()  # one redaction for every message and report any command prints
     try:
         cli(prog_name="k26-doctor")
     except KeyboardInterrupt:
@@ -220,6 +237,10 @@ def main() -> None:
     except BrokenPipeError:  # the reader went away (`k26-doctor list | head -1`): nothing left to say
         quiet_stdout()
         sys.exit(EXIT_SIGPIPE)
+    finally:  # a probe of a check abandoned at its deadline, or interrupted: never left running
+        from doctor.core.proc import kill_all
+
+        kill_all()
 
 
 if __name__ == "__main__":  # pragma: no cover

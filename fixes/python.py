@@ -12,7 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from doctor.core.actions import Action, Plan, WriteFile
+from doctor.core.fileio import read_text
 from doctor.core.registry import fixer
+
+SCRIPT_LIMIT = 1 << 20  # a console script is a few hundred bytes
 
 
 def rewrite_shebang(text: str, new_interp: str) -> str | None:
@@ -50,7 +53,7 @@ def fix_venv_shebangs(ctx: Any, result: Any) -> Plan:
             continue
         path = root / "bin" / s["name"]
         try:
-            text = path.read_text(encoding="utf-8")
+            text = read_text(path, SCRIPT_LIMIT, "a script")
         except (OSError, UnicodeDecodeError):
             continue
         new = rewrite_shebang(text, new_interp)

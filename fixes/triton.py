@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from doctor.core.actions import Action, Plan, RunCommand, WriteFile
+from doctor.core.fileio import read_text
 from doctor.core.registry import fixer
 from doctor.host.facts import parse_env_file, writable_ancestor
 from doctor.python.headers import family, headers_advice
@@ -97,7 +98,7 @@ def fix_triton_ptxas(ctx: Any, result: Any) -> Plan:
         return Plan()
     path = Path(os.path.expanduser(str(env_file)))
     try:
-        old = path.read_text(encoding="utf-8")
+        old = read_text(path, 1 << 20, "an environment file")
     except FileNotFoundError:
         old = ""
     except (OSError, UnicodeDecodeError):

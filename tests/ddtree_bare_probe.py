@@ -3,19 +3,20 @@
 ``python ddtree_bare_probe.py ROOT STUBBABLE``: ``ROOT`` is ``ddtree_support.patched_tree(whole=True)``;
 ``sglang`` is a bare module whose ``__path__`` is ``ROOT/sglang`` (the package's ``__init__`` -- the frontend
 language, its HTTP client -- is not run), so ``sglang.srt.*`` import against the patched files and this
-interpreter's torch/transformers/triton. Importing those costs 10-25 s per process; the three probes below
+interpreter's torch/transformers/triton. Importing those costs 10-25 s per process; the probes below
 share one (``ddtree_support.bare_package_probe``: once per test session) and each reports on its own:
 
 * ``mask_policy`` (tests/test_ddtree_patchset.py): DFlash's verify-mask policy on the Triton backend;
 * ``server_args`` (tests/test_ddtree_patchset.py): the ServerArgs parser and DDTREE's argument resolution;
+* ``admission`` (tests/test_ddtree_admission.py): DDTREE's admission refusals on SGLang's own ``Req``;
 * ``worker_glue`` (tests/test_ddtree_worker_glue.py): the worker glue against SGLang's real modules.
 
-They run in that order: the first two read the environment as a user's launch would (the opt-in variable
+They run in that order: the first three read the environment as a user's launch would (the opt-in variable
 unset: the caller removes it), the glue probe then sets it and may stub ``setproctitle``/``aiohttp`` (only
 those, only when absent), which the others must not see. A part that raises reports ``error`` (the
 traceback) and, for a missing module, ``missing``; the others still run.
 
-Prints one line: ``RESULT {"mask_policy": {...}, "server_args": {...}, "worker_glue": {...}}``.
+Prints one line: ``RESULT {"mask_policy": {...}, "server_args": {...}, "admission": {...}, "worker_glue": {...}}``.
 """
 
 import argparse
@@ -101,7 +102,90 @@ def server_args_part():
             refused[name] = "accepted"
         except (ValueError, NotImplementedError) as e:
             refused[name] = f"{type(e).__name__}: {e}"
+    # decode-context parallelism and deterministic inference (their kernels read the FULL_MASK layout or
+    # raise on custom masks), and ROCm/HIP (split-KV verify ignores the mask): refused, naming the flag
+    for name, extra in (("dcp", {"dcp_size": 2}), ("deterministic", {"enable_deterministic_inference": True})):
+        args = server_args.ServerArgs(model_path="/m", speculative_algorithm="DDTREE", speculative_ddtree_budget=64,
+                                      speculative_draft_model_path="/d", speculative_dflash_block_size=16,
+                                      device="cuda", attention_backend="triton", **extra)
+        try:
+            hook._handle_ddtree(args)
+            refused[name] = "accepted"
+        except (ValueError, NotImplementedError, AssertionError) as e:
+            refused[name] = f"{type(e).__name__}: {e}"
+    utils = importlib.import_module("sglang.srt.utils")
+    real_is_hip = utils.is_hip
+    utils.is_hip = lambda: True
+    try:
+        args = server_args.ServerArgs(model_path="/m", speculative_algorithm="DDTREE", speculative_ddtree_budget=64,
+                                      speculative_draft_model_path="/d", speculative_dflash_block_size=16,
+                                      device="cuda", attention_backend="triton")
+        hook._handle_ddtree(args)
+        refused["hip"] = "accepted"
+    except (ValueError, NotImplementedError) as e:
+        refused["hip"] = f"{type(e).__name__}: {e}"
+    finally:
+        utils.is_hip = real_is_hip
     out["refused"] = refused
+    # the validated record: the configuration the resolution sees, listed, opens the gate; any other
+    # value of one of its keys keeps it closed
+    worker = importlib.import_module("sglang.srt.speculative.ddtree_worker")
+    cfg = overrides.resolving_view(sa)
+    here = worker.server_configuration(cfg)
+    out["configuration"] = here
+    gates = {}
+    for name, table in (("listed", (dict(here, date="2026-12-01"),)),
+                        ("other_tp", (dict(here, tp_size=8),)),
+                        ("other_torch", (dict(here, torch="0.0.1"),)),
+                        ("empty", ())):
+        saved = worker.VALIDATED
+        worker.VALIDATED = table
+        fresh = server_args.ServerArgs(model_path="/m", speculative_algorithm="DDTREE", speculative_ddtree_budget=64,
+                                       speculative_draft_model_path="/d", speculative_dflash_block_size=16,
+                                       device="cuda", attention_backend="triton")
+        try:
+            hook._handle_ddtree(fresh)
+            gates[name] = "completed"
+        except NotImplementedError as e:
+            gates[name] = "NotImplementedError: " + str(e)
+        finally:
+            worker.VALIDATED = saved
+    out["gates"] = gates
+    return out
+
+
+ADMISSION_CASES = {
+    "plain": ({}, {}),
+    "sampled": ({}, {"temperature": 0.7, "top_p": 0.9, "top_k": 20, "min_p": 0.0, "frequency_penalty": 0.0,
+                     "presence_penalty": 0.0, "repetition_penalty": 1.0, "min_new_tokens": 0}),
+    "logit_bias": ({}, {"logit_bias": {"5": 1.0}}),
+    "return_logprob": ({"return_logprob": True}, {}),
+    "return_sampling_mask": ({"return_sampling_mask": True}, {}),
+    "return_routed_experts": ({"return_routed_experts": True}, {}),
+    "return_indexer_topk": ({"return_indexer_topk": True}, {}),
+    "return_hidden_states": ({"return_hidden_states": True}, {}),
+    "custom_logit_processor": ({"custom_logit_processor": "serialized-processor"}, {}),
+    "min_p": ({}, {"min_p": 0.05}),
+    "frequency_penalty": ({}, {"frequency_penalty": 0.5}),
+    "presence_penalty": ({}, {"presence_penalty": -0.5}),
+    "repetition_penalty": ({}, {"repetition_penalty": 1.1}),
+    "min_new_tokens": ({}, {"min_new_tokens": 3}),
+    "regex": ({}, {"regex": "[a-z]+"}),
+}
+
+
+def admission():
+    """ddtree_unsupported_request on SGLang's own ``Req`` and ``SamplingParams`` (the scheduler's objects,
+    built as the tokenizer manager's request would make them)."""
+    from array import array
+
+    sb = importlib.import_module("sglang.srt.managers.schedule_batch")
+    spm = importlib.import_module("sglang.srt.sampling.sampling_params")
+    w = importlib.import_module("sglang.srt.speculative.ddtree_worker")
+    out = {}
+    for name, (flags, sampling) in ADMISSION_CASES.items():
+        req = sb.Req("rid", "", array("q", [1, 2, 3]), spm.SamplingParams(**sampling), **flags)
+        out[name] = w.ddtree_unsupported_request(req)
     return out
 
 
@@ -154,7 +238,10 @@ def worker_glue(stubbable):
         "forward_batch_generation": TpModelWorker.forward_batch_generation,
         "apply_dflash_verify_logits_adjustments": mod.apply_dflash_verify_logits_adjustments,
         "ddtree_accept": mod.ddtree_accept, "build_tree_verify": mod.build_tree_verify,
-        "plan_commit": mod.plan_commit, "vocab_parallel_topk": mod.vocab_parallel_topk,
+        "plan_commit": mod.plan_commit, "candidate_topk": mod.candidate_topk,
+        "warm_verify_kernels": mod.warm_verify_kernels, "TreeBuildGraphs": mod.TreeBuildGraphs,
+        "build": mod.TreeBuildGraphs.build, "phase": mod.RoundProfiler.phase,
+        "gather_path_rows": mod.gather_path_rows,
     }
     bad, checked = [], 0
     for node in ast.walk(ast.parse(inspect.getsource(mod))):
@@ -185,7 +272,7 @@ def main():
     pkg.__path__ = [root + "/sglang"]
     sys.modules["sglang"] = pkg
     out = {}
-    for name, part in (("mask_policy", mask_policy), ("server_args", server_args_part),
+    for name, part in (("mask_policy", mask_policy), ("server_args", server_args_part), ("admission", admission),
                        ("worker_glue", lambda: worker_glue(stubbable))):
         try:
             out[name] = {"result": part()}

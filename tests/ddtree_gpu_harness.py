@@ -34,7 +34,7 @@ import zipfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ddtree_support import SET_DIR, find_wheel, load_file
+from ddtree_support import SET_DIR, bare_sglang, find_wheel, load_file
 
 
 class Unavailable(Exception):
@@ -48,8 +48,9 @@ def _need(module: str):
         raise Unavailable(f"{module} is not importable: {exc}") from None
 
 ATTN = "sglang/kernels/ops/attention"
+SPEC = "sglang/kernels/ops/speculative"
 KERNEL_FILES = [f"{ATTN}/extend_attention.py", f"{ATTN}/decode_attention.py", f"{ATTN}/score_mod.py",
-                "sglang/srt/environ.py", "sglang/kernels/ops/speculative/spec_tree.py"]
+                "sglang/srt/environ.py", f"{SPEC}/spec_tree.py", f"{SPEC}/lilicorr.py", f"{SPEC}/dflash.py"]
 
 
 def _torch(device: str = "cuda"):
@@ -60,21 +61,57 @@ def _torch(device: str = "cuda"):
     return torch
 
 
+EXTEND = f"{ATTN}/extend_attention.py"
+COMPACT_MARK = "CUSTOM_MASK_COMPACT"
+
+
 def _source_root() -> Path:
-    """A directory holding ``sglang/...`` kernel sources: an installed sglang, else the wheel."""
+    """A directory holding ``sglang/...`` kernel sources as the patched server runs them: an installed
+    sglang with the set applied; else its pristine files (or the 0.5.23 wheel's) with the set's
+    ``extend_attention.py`` change applied here (strict, hash-checked against the manifest)."""
+    if "root" in _KERNELS:
+        return _KERNELS["root"]
     spec = importlib.util.find_spec("sglang")
+    base = None
     if spec is not None and spec.submodule_search_locations:
-        base = Path(next(iter(spec.submodule_search_locations))).parent
-        if all((base / f).is_file() for f in KERNEL_FILES):
-            return base
-    wheel = find_wheel()
-    if wheel is None:
-        raise Unavailable("neither an installed sglang nor the sglang 0.5.23 wheel is available")
+        cand = Path(next(iter(spec.submodule_search_locations))).parent
+        if all((cand / f).is_file() for f in KERNEL_FILES):
+            base = cand
+    if base is not None and COMPACT_MARK in (base / EXTEND).read_text():
+        _KERNELS["root"] = base
+        return base
     dest = Path(tempfile.mkdtemp(prefix="ddtree-kernels-"))
-    with zipfile.ZipFile(wheel) as zf:
+    if base is not None:
         for f in KERNEL_FILES:
-            zf.extract(f, dest)
+            (dest / f).parent.mkdir(parents=True, exist_ok=True)
+            (dest / f).write_bytes((base / f).read_bytes())
+    else:
+        wheel = find_wheel()
+        if wheel is None:
+            raise Unavailable("neither an installed sglang nor the sglang 0.5.23 wheel is available")
+        with zipfile.ZipFile(wheel) as zf:
+            for f in KERNEL_FILES:
+                zf.extract(f, dest)
+    (dest / EXTEND).write_bytes(patched_file(EXTEND, (dest / EXTEND).read_bytes()))
+    _KERNELS["root"] = dest
     return dest
+
+
+def patched_file(rel: str, pristine: bytes) -> bytes:
+    """``pristine`` (which must hash to the manifest's ``before``) with the set's section for ``rel``
+    applied by the patch engine's strict applier; the result must hash to the manifest's ``after``."""
+    sys.path.insert(0, str(SET_DIR.parents[1]))
+    from doctor.sglang.patching import udiff
+
+    manifest = json.loads((SET_DIR / "manifest.json").read_text())
+    patch = next(p for p in manifest["patches"] if any(f["path"] == rel for f in p["files"]))
+    entry = next(f for f in patch["files"] if f["path"] == rel)
+    if hashlib.sha256(pristine).hexdigest() != entry["before"]:
+        raise Unavailable(f"{rel} here is neither the patched file nor the 0.5.23 original")
+    section = udiff.match_section(udiff.parse((SET_DIR / patch["diff"]).read_bytes()), rel)
+    out = udiff.apply(pristine, section)
+    assert hashlib.sha256(out).hexdigest() == entry["after"], f"{rel}: diff and manifest disagree"
+    return out
 
 
 def _platform_utils(torch) -> types.ModuleType:
@@ -98,25 +135,41 @@ _KERNELS: dict[str, types.ModuleType] = {}
 
 
 def extend_attention_module(torch) -> types.ModuleType:
-    if "extend" in _KERNELS:
-        return _KERNELS["extend"]
-    root = _source_root()
-    saved = {k: v for k, v in sys.modules.items() if k == "sglang" or k.startswith("sglang.")}
-    for k in saved:
-        del sys.modules[k]
-    try:
-        for name in ("sglang", "sglang.kernels", "sglang.kernels.ops", "sglang.kernels.ops.attention", "sglang.srt"):
-            pkg = types.ModuleType(name)
-            pkg.__path__ = [str(root / name.replace(".", "/"))]
-            sys.modules[name] = pkg
-        sys.modules["sglang.srt.utils"] = _platform_utils(torch)
-        mod = importlib.import_module("sglang.kernels.ops.attention.extend_attention")
-    finally:
-        for k in [k for k in sys.modules if k == "sglang" or k.startswith("sglang.")]:
-            del sys.modules[k]
-        sys.modules.update(saved)
-    _KERNELS["extend"] = mod
-    return mod
+    if "extend" not in _KERNELS:
+        with bare_sglang(_source_root(), ("sglang.kernels", "sglang.kernels.ops", "sglang.kernels.ops.attention",
+                                          "sglang.srt"), {"sglang.srt.utils": _platform_utils(torch)}):
+            _KERNELS["extend"] = importlib.import_module("sglang.kernels.ops.attention.extend_attention")
+    return _KERNELS["extend"]
+
+
+def lilicorr_module(torch) -> types.ModuleType:
+    """``sglang/kernels/ops/speculative/lilicorr.py``: ``lilicorr_topk_lse``, the shard top-k + log-sum-exp
+    under the ``candidate_topk(..., with_partition=True)`` the DDTREE worker takes its draft top-k from (Triton
+    kernels on a GPU, its torch path elsewhere)."""
+    if "lilicorr" not in _KERNELS:
+        with bare_sglang(_source_root(), ("sglang.kernels", "sglang.kernels.ops", "sglang.kernels.ops.speculative")):
+            _KERNELS["lilicorr"] = importlib.import_module("sglang.kernels.ops.speculative.lilicorr")
+    return _KERNELS["lilicorr"]
+
+
+def run_draft_topk_case(device: str = "cuda", seed: int = 0) -> dict:
+    """The worker's draft top-k (``lilicorr_topk_lse``: top-k logits, ids, full-vocabulary log-sum-exp, so
+    log-probs = logit - lse) against the revision-3 path (``log_softmax`` over the vocabulary, then top-k):
+    the same ids and log-probs, for tile-selected (min(K, tiles) a power of two) and fallback shapes."""
+    torch = _torch(device)
+    mod = lilicorr_module(torch)
+    dd = ddtree_utils_module()
+    dev = torch.device(device)
+    g = torch.Generator(device=dev).manual_seed(seed)
+    cases = []
+    for vocab, k in ((4096, 4), (20000, 16), (163840, 64), (3000, 5)):
+        logits = torch.randn(24, vocab, generator=g, device=dev) * 3.0
+        vals, ids, lse = mod.lilicorr_topk_lse(logits, k)
+        ref_lp, ref_ids = dd.ddtree_topk_from_logits(logits, k)
+        lp = vals.float() - lse.unsqueeze(-1)
+        cases.append({"vocab": vocab, "k": k, "ids_equal": bool(torch.equal(ids.long(), ref_ids)),
+                      "max_abs_err": float((lp - ref_lp).abs().max())})
+    return {"cases": cases, "ok": all(c["ids_equal"] and c["max_abs_err"] < 1e-4 for c in cases)}
 
 
 def verify_greedy_kernel_module() -> types.ModuleType:
@@ -143,22 +196,12 @@ def verify_greedy_kernel_module() -> types.ModuleType:
 
 
 def ddtree_utils_module():
-    """The patch set's ddtree_utils.py, rebuilt from its creating diff and checked against the manifest.
-
-    Patch 0001 only creates this file, so its content is the diff's ``+`` lines; the sha256 must equal the
-    manifest's ``after`` hash. No wheel and no ``patch`` binary needed on the GPU machine.
-    """
-    rel = "sglang/srt/speculative/ddtree_utils.py"
-    manifest = json.loads((SET_DIR / "manifest.json").read_text())
-    entry = next(f for p in manifest["patches"] for f in p["files"] if f["path"] == rel)
-    patch = next(p for p in manifest["patches"] if any(f["path"] == rel for f in p["files"]))
-    lines = (SET_DIR / patch["diff"]).read_text().splitlines(keepends=True)
-    assert entry["before"] is None and lines[0].startswith("--- /dev/null"), "0001 must create the file"
-    body = "".join(ln[1:] for ln in lines[3:] if ln.startswith("+"))
-    assert hashlib.sha256(body.encode()).hexdigest() == entry["after"], "diff and manifest disagree"
-    dest = Path(tempfile.mkdtemp(prefix="ddtree-utils-")) / "ddtree_utils.py"
-    dest.write_text(body)
-    return load_file(dest, "k26_ddtree_utils_gpu")
+    """The patch set's ddtree_utils.py, rebuilt from its creating diff and checked against the manifest
+    (patch 0001 only creates it; no wheel and no ``patch`` binary needed on the GPU machine)."""
+    if "ddtree_utils" not in _KERNELS:
+        _KERNELS["ddtree_utils"] = created_file_module("sglang/srt/speculative/ddtree_utils.py",
+                                                       "k26_ddtree_utils_gpu", {})
+    return _KERNELS["ddtree_utils"]
 
 
 def created_file_module(rel: str, name: str, deps: dict[str, types.ModuleType]) -> types.ModuleType:
@@ -330,8 +373,12 @@ SHAPES = {
 
 
 def run_extend_case(shape: str, mask_dtype: str, *, seed: int = 0, device: str = "cuda", dtype_name: str = "bfloat16",
-                    prefix: tuple[int, ...] = (0, 29, 300), heads: int | None = None) -> dict:
+                    prefix: tuple[int, ...] = (0, 29, 300), heads: int | None = None, layout: str = "compact") -> dict:
     """One comparison; ``device="cpu"`` with ``TRITON_INTERPRET=1`` runs the same kernel in Triton's interpreter.
+
+    ``layout``: ``"compact"`` (DDTREE's ``W x W`` per request, ``custom_mask_compact=True``) or ``"full"``
+    (the FULL_MASK layout EAGLE and revision 3 used). Controls: the kernel without a mask (causal over the
+    tree) and, for the compact layout, the compact mask read with the FULL_MASK strides.
 
     ``heads`` overrides the shape's query-head count (a multiple of its KV heads): the interpreter runs each
     head's program in numpy, so the CPU run uses fewer heads with the same head dimensions and grouping."""
@@ -366,29 +413,48 @@ def run_extend_case(shape: str, mask_dtype: str, *, seed: int = 0, device: str =
     qo_indptr = torch.arange(0, (bs + 1) * w, w, dtype=torch.int32, device=dev)
     kv_indptr = torch.tensor([0, *torch.tensor(prefix).cumsum(0).tolist()], dtype=torch.int32, device=dev)
     kv_indices = torch.cat(slots).to(torch.int64)
-    custom_mask = dd.build_verify_custom_mask(enc.tree_mask, torch.tensor(prefix)).to(dev)
+    if layout == "compact":  # what DDTREE's target verify passes: W x W per request, mask_indptr = b * W * W
+        custom_mask = dd.compact_verify_mask(enc.tree_mask).to(dev)
+        mask_indptr = torch.arange(0, (bs + 1) * w * w, w * w, device=dev, dtype=torch.int64)
+    else:  # the FULL_MASK layout (W x (prefix + W) per request), which the kernel still reads unchanged
+        custom_mask = dd.build_verify_custom_mask(enc.tree_mask, torch.tensor(prefix)).to(dev)
+        mask_indptr = torch.tensor([0, *[w * (p + w) for p in prefix]], device=dev).cumsum(0).to(torch.int64)
     if mask_dtype == "uint8":
         custom_mask = custom_mask.to(torch.uint8)
-    mask_indptr = torch.tensor([0, *[w * (p + w) for p in prefix]], device=dev).cumsum(0).to(torch.int64)
     sm_scale = 1.0 / cfg["dq"] ** 0.5
 
-    def run(mask):
+    def run(mask, compact=False):
         o = torch.empty(n_tok, cfg["heads"], cfg["dv"], device=dev, dtype=dtype)
         ext.extend_attention_fwd(q, k_ext, v_ext, o, k_buf, v_buf, qo_indptr, kv_indptr, kv_indices, mask, True,
-                                 mask_indptr if mask is not None else None, w, 1.0, 1.0, sm_scale)
+                                 mask_indptr if mask is not None else None, w, 1.0, 1.0, sm_scale,
+                                 **({"custom_mask_compact": True} if compact else {}))
         if dev.type == "cuda":
             torch.cuda.synchronize()
         return o
 
-    masked, causal = run(custom_mask), run(None)
-    err = causal_err = 0.0
+    masked, causal = run(custom_mask, compact=layout == "compact"), run(None)
+    # the control of the layout: the compact mask read as if it were FULL_MASK (what the pristine kernel, or
+    # a missing custom_mask_compact, would do) is wrong on every request with a prefix. It sits at the start
+    # of a zeroed buffer of the FULL_MASK size (as in the graph's mask buffer), so the misread stays in bounds.
+    misread = None
+    if layout == "compact":
+        padded = torch.zeros(sum(w * (p + w) for p in prefix), dtype=custom_mask.dtype, device=dev)
+        padded[: custom_mask.numel()] = custom_mask
+        misread = run(padded, compact=False)
+    err = causal_err = misread_err = 0.0
     for b in range(bs):
         rows = slice(b * w, (b + 1) * w)
         ref = reference_attention(torch, q[rows], k_ext[rows], v_ext[rows], k_buf, v_buf, slots[b],
                                   enc.tree_mask[b].to(dev), sm_scale)
         err = max(err, float((masked[rows].double() - ref).abs().max()))
         causal_err = max(causal_err, float((causal[rows].double() - ref).abs().max()))
-    return {"max_abs_err": err, "causal_max_abs_err": causal_err, "width": w}
+        if misread is not None and prefix[b] > 0:
+            misread_err = max(misread_err, float((misread[rows].double() - ref).abs().max()))
+    out = {"layout": layout, "max_abs_err": err, "causal_max_abs_err": causal_err, "width": w,
+           "mask_cells": int(custom_mask.numel())}
+    if misread is not None:
+        out["misread_max_abs_err"] = misread_err
+    return out
 
 
 def run_verify_greedy_case(seed: int = 0, device: str = "cuda") -> dict:
@@ -426,6 +492,11 @@ def run_verify_greedy_case(seed: int = 0, device: str = "cuda") -> dict:
     }
 
 
+def extend_case_holds(r: dict, tol: float) -> bool:
+    """The masked kernel matches float64 attention; the controls (no mask; compact read as FULL_MASK) do not."""
+    return r["max_abs_err"] < tol and r["causal_max_abs_err"] > 0.1 and r.get("misread_max_abs_err", 1.0) > 0.1
+
+
 def main(argv: list[str]) -> int:
     """Without pytest: print the measurements, 1 on a failed comparison.
 
@@ -445,15 +516,18 @@ def main(argv: list[str]) -> int:
     tol = 1e-4 if interpret else 3e-2
     ok = True
     for shape in sorted(SHAPES):
-        for mask_dtype in ("bool", "uint8"):
-            r = run_extend_case(shape, mask_dtype, **kw)
-            good = r["max_abs_err"] < tol and r["causal_max_abs_err"] > 0.1
+        for mask_dtype, layout in (("bool", "compact"), ("uint8", "compact"), ("bool", "full")):
+            r = run_extend_case(shape, mask_dtype, layout=layout, **kw)
+            good = extend_case_holds(r, tol)
             ok &= good
             print(f"extend_attention {shape:13s} mask={mask_dtype:5s} {r} {'OK' if good else 'FAIL'}")
     r = run_verify_greedy_case(device="cpu" if interpret else "cuda")
     good = r["predicts_equal"] and r["accept_index_equal"] and r["accept_num_equal"]
     ok &= good
     print(f"verify_tree_greedy_triton {r} {'OK' if good else 'FAIL'}")
+    r = run_draft_topk_case(device="cpu" if interpret else "cuda")
+    ok &= r["ok"]
+    print(f"draft top-k (lilicorr_topk_lse) {r} {'OK' if r['ok'] else 'FAIL'}")
     r = run_step_loop_greedy_case(device="cpu" if interpret else "cuda")
     good = r["equal_to_autoregressive"]
     ok &= good

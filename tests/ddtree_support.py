@@ -8,6 +8,7 @@ dependencies, and what is tested must be the file the patch produces, not a copy
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import importlib.util
 import json
@@ -128,6 +129,27 @@ def pristine_tree() -> Path:
     extra = ["sglang/srt/arg_groups/arg_utils.py", "sglang/srt/arg_groups/choices.py"]
     tool.unpack(wheel, root, tool.touched_paths(SET_DIR, tool.load_manifest(SET_DIR)) + extra)
     return root
+
+
+@contextlib.contextmanager
+def bare_sglang(root: Path, packages: tuple[str, ...], modules: dict[str, ModuleType] | None = None):
+    """``sglang`` and ``packages`` as bare modules over ``root`` (their ``__init__`` files, which import the
+    serving stack, do not run) plus ``modules`` registered by name, for the duration of the block; the
+    caller's ``sglang*`` modules are put back afterwards."""
+    saved = {k: v for k, v in sys.modules.items() if k == "sglang" or k.startswith("sglang.")}
+    for k in saved:
+        del sys.modules[k]
+    try:
+        for name in ("sglang", *packages):
+            pkg = ModuleType(name)
+            pkg.__path__ = [str(Path(root) / name.replace(".", "/"))]
+            sys.modules[name] = pkg
+        sys.modules.update(modules or {})
+        yield
+    finally:
+        for k in [k for k in sys.modules if k == "sglang" or k.startswith("sglang.")]:
+            del sys.modules[k]
+        sys.modules.update(saved)
 
 
 def load_file(path: Path, name: str) -> ModuleType:

@@ -147,24 +147,33 @@ class Engine:
         """Write every node's KV at out_cache_loc, then attend as the verify kernel does: the prefix
         through req_to_token, the tree through out_cache_loc, cells from the flattened custom mask.
 
-        Vectorised over the batch: request b's mask is the ``w x (n_b + w)`` block at offset
-        ``sum_{c<b} w * (n_c + w)`` of the flattened mask; its columns are the prefix slots (req_to_token)
-        then the tree slots (out_cache_loc). Cells past a request's own ``n_b + w`` columns are padding."""
+        Vectorised over the batch. The compact layout (``tv.compact_mask``, what the patched Triton kernel
+        reads for DDTREE): request b's ``w x w`` tree cells at offset ``b * w * w``, the prefix visible to
+        every node. The reference (FULL_MASK) layout: the ``w x (n_b + w)`` block at offset
+        ``sum_{c<b} w * (n_c + w)``, its first ``n_b`` columns for the prefix. Columns are the prefix slots
+        (req_to_token) then the tree slots (out_cache_loc); cells past a request's ``n_b + w`` are padding."""
         toy = self.toy
         w, bs = tv.width, tv.batch.bs
         self.tok_pool[tv.out_cache_loc] = tv.input_ids
         self.pos_pool[tv.out_cache_loc] = tv.positions
         n = tv.prefix_lens.to(torch.int64)
-        sizes = w * (n + w)
-        assert int(sizes.sum()) == tv.custom_mask.numel()
-        offsets = torch.cumsum(sizes, 0) - sizes
         cols = int(n.max()) + w if bs else w
         j = torch.arange(cols).view(1, 1, cols)
         i = torch.arange(w).view(1, w, 1)
         valid = (j < (n + w).view(bs, 1, 1)).expand(bs, w, cols)
-        flat = offsets.view(bs, 1, 1) + i * (n + w).view(bs, 1, 1) + j
         mask = torch.zeros(bs, w, cols, dtype=torch.bool)
-        mask[valid] = tv.custom_mask[flat[valid]]
+        if tv.compact_mask:
+            assert tv.custom_mask.numel() == bs * w * w, "compact mask: W x W cells per request"
+            tree = tv.custom_mask.view(bs, w, w)
+            in_tree = valid & (j >= n.view(bs, 1, 1))
+            tree_col = (j - n.view(bs, 1, 1)).clamp(0, w - 1).expand(bs, w, cols)
+            mask = (valid & ~in_tree) | (in_tree & tree.gather(2, tree_col))
+        else:
+            sizes = w * (n + w)
+            assert int(sizes.sum()) == tv.custom_mask.numel()
+            offsets = torch.cumsum(sizes, 0) - sizes
+            flat = offsets.view(bs, 1, 1) + i * (n + w).view(bs, 1, 1) + j
+            mask[valid] = tv.custom_mask[flat[valid]]
         rows = self.req_to_token[self.req_pool_indices]  # [bs, MAX_LEN]
         jj = j.view(1, cols).expand(bs, cols)
         is_prefix = jj < n.view(bs, 1)
@@ -189,13 +198,16 @@ class Engine:
         self.draft_pool[cache_loc[keep]] = hidden[keep]
 
     # one round ---------------------------------------------------------------------------------
-    def round(self, budgets: list[int], width: int, accept):
+    def round(self, budgets: list[int], width: int, accept, reference: bool = False):
+        """One ``ddtree_round``; ``reference``: revision 3's host tree builder, FULL_MASK mask and commit plan."""
         lp, ids = self.draft_topk(budgets)
+        impl = dict(build=self.st.build_tree_verify_reference, commit=self.st.plan_commit_reference) if reference \
+            else {}
         plan, self.allocated = self.st.ddtree_round(
             req_to_token=self.req_to_token, req_pool_indices=self.req_pool_indices, prefix_lens=self.prefix,
             allocated_lens=self.allocated, root_tokens=self.roots, topk_log_probs=lp, topk_tokens=ids,
             budgets=budgets, width=width, alloc=self.alloc, free=self.free, target_forward=self.target_forward,
-            accept=accept, move_kv=self.move_kv, append_draft_kv=self.append_draft_kv, reserve_width=BLOCK)
+            accept=accept, move_kv=self.move_kv, append_draft_kv=self.append_draft_kv, reserve_width=BLOCK, **impl)
         self.prefix = plan.new_seq_lens
         self.roots = plan.bonus_tokens
         return self.st.committed_token_lists(plan.out_tokens, plan.commit_lens)

@@ -6,6 +6,8 @@
 4. One exit-code module and one crash-safe writer.
 5. No input looked for at a machine-specific absolute path (the machine the project is built on keeps its
    shared files under ``/work``): what the code and the tests read is in the repository.
+6. One safe reader: no module reads a file by name itself (``open()`` for reading, ``Path.read_text``,
+   ``Path.read_bytes``, ``json.load``); ``doctor.core.fileio`` does (a FIFO never blocks, sizes are capped).
 """
 
 from __future__ import annotations
@@ -63,6 +65,35 @@ def checks_imports(root: Path = ROOT) -> list[str]:
     return bad
 
 
+# Where reading by name is not the safe reader's: the reader itself, and code that runs in another interpreter
+# with the stdlib only (the probes, the sha256 worker) or through importlib (scan.py, after a regular-file test).
+OWN_READERS = ("doctor/core/fileio.py", "doctor/model/sha256_worker.py", "doctor/stack/scan.py", "doctor/probes/")
+
+
+def direct_reads(root: Path = ROOT) -> list[str]:
+    """Reads of a file by name that do not go through ``doctor.core.fileio``."""
+    bad = []
+    for path in sorted(p for pkg in (*PACKAGES, "sglang_patches") for p in (root / pkg).rglob("*.py")):
+        rel = str(path.relative_to(root))
+        if rel.startswith(OWN_READERS):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), rel)):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func
+            if isinstance(func, ast.Name) and func.id == "open":
+                mode = node.args[1] if len(node.args) > 1 else next(
+                    (k.value for k in node.keywords if k.arg == "mode"), None)
+                if not (isinstance(mode, ast.Constant) and any(c in str(mode.value) for c in "wax")):
+                    bad.append(f"{rel}:{node.lineno}: open() for reading")
+            elif isinstance(func, ast.Attribute) and func.attr in ("read_text", "read_bytes"):
+                bad.append(f"{rel}:{node.lineno}: .{func.attr}()")
+            elif isinstance(func, ast.Attribute) and func.attr == "load" and isinstance(func.value, ast.Name) \
+                    and func.value.id == "json":
+                bad.append(f"{rel}:{node.lineno}: json.load()")
+    return bad
+
+
 def areas_without_package(root: Path = ROOT) -> list[str]:
     bad = []
     for pkg in ("checks", "fixes"):
@@ -110,6 +141,20 @@ def test_a_machine_specific_path_is_caught(tmp_path: Path) -> None:
     (tmp_path / "tests" / "fixtures").mkdir(parents=True)
     (tmp_path / "tests" / "fixtures" / "kit.py").write_text(f"REF = {MACHINE_ROOTS[0] + 'shared/ref.json'!r}\n")
     assert machine_paths(tmp_path) == [f"tests/fixtures/kit.py:1: {MACHINE_ROOTS[0] + 'shared/ref.json'!r}"]
+
+
+def test_every_file_is_read_by_the_one_safe_reader() -> None:
+    assert direct_reads() == []
+
+
+def test_a_direct_read_is_caught(tmp_path: Path) -> None:
+    for pkg in (*PACKAGES, "sglang_patches"):
+        (tmp_path / pkg).mkdir()
+    (tmp_path / "doctor" / "bad.py").write_text("import json\nfrom pathlib import Path\nopen('x')\n"
+                                                "Path('y').read_text()\njson.load(open('z', 'rb'))\n"
+                                                "open('w', 'w')\n")
+    assert direct_reads(tmp_path) == ["doctor/bad.py:3: open() for reading", "doctor/bad.py:4: .read_text()",
+                                      "doctor/bad.py:5: json.load()", "doctor/bad.py:5: open() for reading"]
 
 
 def test_exit_codes_and_the_writer_are_defined_once() -> None:

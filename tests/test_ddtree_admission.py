@@ -1,4 +1,4 @@
-"""Revision 3 of the DDTree glue, on the patched 0.5.23 sources: what the review found and the fixes do.
+"""The DDTree glue on the patched 0.5.23 sources: what the reviews found and the fixes do.
 
 * requests DDTREE cannot serve get an error response at admission (the scheduler's hunk calls
   ``ddtree_unsupported_request``) instead of a RuntimeError that stopped the batch;
@@ -22,7 +22,7 @@ import pytest
 
 ci_requirements.require("torch")
 
-from ddtree_support import patched_tree  # noqa: E402  (after the skip: it needs torch)
+from ddtree_support import bare_part, patched_tree  # noqa: E402  (after the skip: it needs torch)
 from test_ddtree_worker import worker  # noqa: E402, F401  (the fixture: patched ddtree_worker.py loaded)
 
 pytestmark = pytest.mark.network  # reads the released wheels (tests/downloads.py)
@@ -87,3 +87,24 @@ def test_trees_come_from_rank_zeros_topk_and_sampled_matrices_are_borrowed():
                               if isinstance(n, ast.FunctionDef) and n.name == "ddtree_accept"))
     borrow = accept.index("borrow_graph_pool(")
     assert borrow < accept.index("build_speculative_verify_target_probs(") < accept.index("del target_probs")
+
+
+REFUSED = {
+    "return_logprob": "return_logprob", "return_sampling_mask": "return_sampling_mask",
+    "return_routed_experts": "return_routed_experts", "return_indexer_topk": "return_indexer_topk",
+    "return_hidden_states": "return_hidden_states", "custom_logit_processor": "custom_logit_processor",
+    "min_p": "min_p=0.05", "frequency_penalty": "frequency_penalty=0.5", "presence_penalty": "presence_penalty=-0.5",
+    "repetition_penalty": "repetition_penalty=1.1", "min_new_tokens": "min_new_tokens=3",
+    "regex": "constrained decoding",
+}
+
+
+def test_requests_a_tree_cannot_serve_exactly_are_refused_at_admission(tmp_path_factory):
+    """On SGLang 0.5.23's own Req and SamplingParams (the ``admission`` part of tests/ddtree_bare_probe.py):
+    the capture fields (sampling mask, routed experts, indexer top-k, hidden states), min_p, the path-dependent
+    penalties and custom logit processors get an error response naming the field; neutral values, ordinary
+    temperature / top-p / top-k sampling and logit_bias (the same for every row: exact) pass."""
+    out = bare_part(tmp_path_factory, "admission", "to build SGLang's Req and SamplingParams")
+    assert out["plain"] is None and out["sampled"] is None and out["logit_bias"] is None, out
+    for case, needle in REFUSED.items():
+        assert out[case] and out[case].startswith("DDTREE does not support") and needle in out[case], (case, out[case])

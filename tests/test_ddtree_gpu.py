@@ -19,18 +19,25 @@ def _run(fn, *args, **kwargs):
         pytest.skip(str(exc))
 
 
-@pytest.mark.parametrize("mask_dtype", ["bool", "uint8"])
+@pytest.mark.parametrize(("mask_dtype", "layout"), [("bool", "compact"), ("uint8", "compact"), ("bool", "full")])
 @pytest.mark.parametrize("shape", sorted(harness.SHAPES))
-def test_triton_extend_attention_with_tree_mask_matches_float64(shape, mask_dtype):
-    res = _run(harness.run_extend_case, shape, mask_dtype)
+def test_triton_extend_attention_with_tree_mask_matches_float64(shape, mask_dtype, layout):
+    res = _run(harness.run_extend_case, shape, mask_dtype, layout=layout)
     assert res["max_abs_err"] < 3e-2, res  # bf16 inputs and output
     assert res["causal_max_abs_err"] > 0.1, res  # without the mask the tree is attended causally: wrong
+    if layout == "compact":
+        assert res["misread_max_abs_err"] > 0.1, res  # the compact mask read with FULL_MASK strides: wrong
 
 
 def test_sglang_triton_greedy_tree_verify_matches_reference():
     res = _run(harness.run_verify_greedy_case)
     assert res["predicts_equal"] and res["accept_index_equal"] and res["accept_num_equal"], res
     assert res["mean_accepted"] > 1.0, res
+
+
+def test_draft_topk_from_the_upstream_shard_helper_is_exact():
+    res = _run(harness.run_draft_topk_case)
+    assert res["ok"], res
 
 
 def test_ddtree_step_loop_with_sglang_greedy_kernel_equals_autoregressive():

@@ -7,14 +7,12 @@ import argparse
 import json
 import re
 import shutil
-import sys
-import types
 import zipfile
 from pathlib import Path
 
 import ci_requirements
 import pytest
-from ddtree_support import SET_DIR, bare_part, patched_tree, patchset_tool, pristine_tree, require_wheel
+from ddtree_support import SET_DIR, bare_part, bare_sglang, patched_tree, patchset_tool, pristine_tree, require_wheel
 
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -106,25 +104,14 @@ def _spec_parser(root: Path) -> argparse.ArgumentParser:
     not run; ``arg_utils``, ``choices`` and ``fields/spec.py`` are the real files.
     """
     ci_requirements.require("msgspec", needed_for="to import sglang.srt.server_args")
-    saved = {k: v for k, v in sys.modules.items() if k == "sglang" or k.startswith("sglang.")}
-    for k in saved:
-        del sys.modules[k]
-    try:
-        for name in ("sglang", "sglang.srt", "sglang.srt.arg_groups", "sglang.srt.arg_groups.fields"):
-            mod = types.ModuleType(name)
-            mod.__path__ = [str(root / name.replace(".", "/"))]
-            sys.modules[name] = mod
-        import importlib
+    import importlib
 
+    with bare_sglang(root, ("sglang.srt", "sglang.srt.arg_groups", "sglang.srt.arg_groups.fields")):
         spec = importlib.import_module("sglang.srt.arg_groups.fields.spec")
         arg_utils = importlib.import_module("sglang.srt.arg_groups.arg_utils")
         parser = argparse.ArgumentParser(exit_on_error=False)
         arg_utils.add_cli_args_from_dataclass(parser, spec.Spec)
         return parser
-    finally:
-        for k in [k for k in sys.modules if k == "sglang" or k.startswith("sglang.")]:
-            del sys.modules[k]
-        sys.modules.update(saved)
 
 
 @pytest.mark.network
@@ -177,7 +164,28 @@ def test_server_args_parse_and_resolve_ddtree(tmp_path_factory):
     assert "pp_size == 1" in refused.pop("pp")  # SGLang's DFlash resolution refuses PP before DDTREE's own check
     assert "--enable-two-batch-overlap" in refused["tbo"]
     assert "PD disaggregation (--disaggregation-mode decode)" in refused["pd"]
+    assert "--dcp-size 2" in refused["dcp"]
+    assert "--enable-deterministic-inference" in refused["deterministic"]
+    assert "ROCm/HIP" in refused["hip"]
     assert all(v.startswith("ValueError: DDTREE was not validated with:") for v in refused.values()), refused
+
+
+@pytest.mark.network
+def test_only_a_validated_configuration_passes_argument_resolution(tmp_path_factory):
+    """The gate reads ddtree_worker.VALIDATED at argument resolution: the configuration the resolution
+    sees (SGLang, TP size, backend, graph and overlap modes, compute capability, torch), listed, starts
+    without the opt-in; changing one key, or an empty table (this revision), refuses naming both."""
+    out = bare_part(tmp_path_factory, "server_args", "to import sglang.srt.server_args")
+    cfg, gates = out["configuration"], out["gates"]
+    assert set(cfg) == {"sglang", "tp_size", "attention_backend", "cuda_graph", "overlap_schedule",
+                        "compute_capability", "torch"}
+    assert cfg["sglang"] == "0.5.23" and cfg["tp_size"] == 1 and cfg["attention_backend"] == "triton"
+    assert cfg["cuda_graph"] is True and cfg["overlap_schedule"] is True
+    assert gates["listed"] == "completed", gates
+    for name in ("other_tp", "other_torch", "empty"):
+        assert gates[name].startswith("NotImplementedError: DDTREE: this revision"), gates
+        assert "SGLANG_DDTREE_UNVALIDATED_WORKER=1" in gates[name] and "tp_size=1" in gates[name]
+    assert "none yet" in gates["empty"] and "tp_size=8" in gates["other_tp"]
 
 
 @pytest.mark.network
@@ -205,3 +213,20 @@ def test_triton_keeps_the_custom_mask_for_ddtree_only(tmp_path_factory):
     fastapi, tvm-ffi, ...) in ``$K26_SGLANG_ARGS_PYTHON``; skips naming the first missing module otherwise."""
     assert bare_part(tmp_path_factory, "mask_policy", "to import dflash_utils and the Triton backend") == \
         [False, False, True]
+
+
+def test_the_manifest_mirrors_the_validated_record_of_the_worker():
+    """manifest.json ``validated`` is ddtree_worker.VALIDATED (read from the patched file's AST: the literal
+    the gate checks), each entry pinning every key the gate matches; empty in this revision."""
+    import ast
+
+    tree = ast.parse((patched_tree() / "sglang/srt/speculative/ddtree_worker.py").read_text())
+    assigned = {}
+    for node in tree.body:
+        target = node.target if isinstance(node, ast.AnnAssign) else (node.targets[0] if isinstance(node, ast.Assign)
+                                                                       else None)
+        if isinstance(target, ast.Name) and target.id in ("VALIDATED", "CONFIG_KEYS"):
+            assigned[target.id] = ast.literal_eval(node.value)
+    assert list(assigned["VALIDATED"]) == manifest()["validated"] == []
+    for entry in manifest()["validated"]:
+        assert set(assigned["CONFIG_KEYS"]) <= set(entry), entry

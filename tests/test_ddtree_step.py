@@ -83,14 +83,8 @@ def test_a_wrong_mask_or_skipped_kv_move_is_caught(st):
         fwd = eng.target_forward
 
         def forward(tv):
-            w = tv.width
-            parts, off = [], 0
-            for b in range(tv.batch.bs):
-                n = int(tv.prefix_lens[b])
-                parts.append(torch.cat([torch.ones(w, n, dtype=torch.bool),
-                                        torch.ones(w, w, dtype=torch.bool).tril()], 1).reshape(-1))
-                off += w * (n + w)
-            tv.custom_mask = torch.cat(parts)
+            w = tv.width  # the compact layout: W x W tree cells per request, made causal
+            tv.custom_mask = torch.ones(w, w, dtype=torch.bool).tril().repeat(tv.batch.bs, 1, 1).reshape(-1)
             return fwd(tv)
         eng.target_forward = forward
 
@@ -147,8 +141,14 @@ def test_verify_inputs_for_a_batch_with_different_budgets(st, dd):
         for f in range(n, width):
             assert b.tree_mask[r, f].nonzero().view(-1).tolist() == [f]
     assert b.retrieve_index.tolist() == torch.arange(bs * width).view(bs, width).tolist()
-    sizes = [width * (int(p) + width) for p in prefix]
-    assert tv.custom_mask.numel() == sum(sizes) and tv.custom_mask.dtype == torch.bool
+    # the compact layout: W x W cells per request, whatever the prefix; the prefix part is implicit
+    assert tv.custom_mask.numel() == bs * width * width and tv.custom_mask.dtype == torch.bool
+    assert torch.equal(tv.custom_mask.view(bs, width, width), b.tree_mask)
+    ref = st.build_tree_verify_reference(topk_log_probs=lp, topk_tokens=ids, root_tokens=torch.tensor([7, 8, 1]),
+                                         prefix_lens=prefix, budgets=[6, 2, 0], width=width, out_cache_loc=loc)
+    assert not ref.compact_mask and ref.custom_mask.numel() == sum(width * (int(p) + width) for p in prefix)
+    for name in ("draft_tokens", "positions", "retrieve_next_token", "retrieve_next_sibling", "tree_mask"):
+        assert torch.equal(getattr(b, name), getattr(ref.batch, name)), name
     with pytest.raises(ValueError, match="budgets"):
         st.build_tree_verify(topk_log_probs=lp, topk_tokens=ids, root_tokens=torch.tensor([7, 8, 1]),
                              prefix_lens=prefix, budgets=[7, 2, 0], width=width, out_cache_loc=loc)
@@ -165,7 +165,13 @@ def test_commit_plan_moves_frees_and_output_ids(st):
     assert plan.out_tokens.tolist() == [[9, 7, 5, -1], [6, -1, -1, -1]]
     assert plan.commit_lens.tolist() == [3, 1] and plan.commit_lens.dtype == torch.int32
     assert plan.new_seq_lens.tolist() == [13, 4] and plan.bonus_tokens.tolist() == [5, 6]
-    assert list(zip(plan.kv_src.tolist(), plan.kv_dst.tolist(), strict=True)) == [(42, 41), (43, 42)]
+    # fixed shape: one pair per path position; nodes in place and positions past the path copy onto themselves
+    assert plan.kv_src.shape == plan.kv_dst.shape == (2 * 3,)
+    moves = [(a, b) for a, b in zip(plan.kv_src.tolist(), plan.kv_dst.tolist(), strict=True) if a != b]
+    assert moves == [(42, 41), (43, 42)]
+    assert plan.kv_src.tolist()[3:] == plan.kv_dst.tolist()[3:] == [50, 50, 50]  # request 1: its root slot
+    ref = st.plan_commit_reference(predicts, accept_index, accept_num, loc, torch.tensor([10, 3]), width)
+    assert list(zip(ref.kv_src.tolist(), ref.kv_dst.tolist(), strict=True)) == [(42, 41), (43, 42)]
     assert plan.path_rows.tolist() == [[0, 2, 3, 0], [4, 4, 4, 4]]
     assert plan.path_positions.tolist() == [[10, 11, 12, 13], [3, 4, 5, 6]]
     assert st.committed_token_lists(plan.out_tokens, plan.commit_lens) == [[9, 7, 5], [6]]
@@ -183,10 +189,14 @@ def test_commit_plan_moves_frees_and_output_ids(st):
                                                 torch.tensor([14, 7]))
     assert slots.tolist() == [43, 51, 52, 53] and alloc.tolist() == [13, 4]
 
-    with pytest.raises(ValueError, match="outside"):
-        st.plan_commit(predicts, torch.tensor([[0, 5, 3], [4, -1, -1]]), accept_num, loc, torch.tensor([10, 3]), width)
-    with pytest.raises(ValueError, match="out of range"):
-        st.plan_commit(predicts, accept_index, torch.tensor([3, 0]), loc, torch.tensor([10, 3]), width)
+    # malformed kernel outputs: checked under the debug switch (the checks read the device back)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SGLANG_DDTREE_DEBUG_CHECKS", "1")
+        with pytest.raises(ValueError, match="outside"):
+            st.plan_commit(predicts, torch.tensor([[0, 5, 3], [4, -1, -1]]), accept_num, loc, torch.tensor([10, 3]),
+                           width)
+        with pytest.raises(ValueError, match="out of range"):
+            st.plan_commit(predicts, accept_index, torch.tensor([3, 0]), loc, torch.tensor([10, 3]), width)
 
 
 def test_reservation_fails_cleanly_when_the_pool_is_full(st):
@@ -241,3 +251,25 @@ def test_sampled_ddtree_rounds_follow_the_target_distribution(st):
     fallback, _ = sample_three(st, toy, prompt, groups[:1], per // 5, 99, greedy_fallback)
     stat, df = chi_square(fallback, exact_three(toy, prompt, 0.7, V, 1.0))
     assert stat > chi_square_critical(df)
+
+
+def test_acceptance_thresholds_below_one_are_lossy_and_the_statistic_sees_it(st):
+    """--speculative-accept-threshold-acc below 1 (as DFLASH applies it, here through the sampling kernel's
+    torch reference) accepts drafts more often than the target distribution allows: the chi-square that the
+    default (1.0) passes fails for it -- the biased control a distribution test must reject."""
+    toy = Toy(5)
+    prompt = [2, 0, 3]
+    groups = [(0.7, V, 1.0)]
+    per = 1000
+
+    def with_thresholds(single, acc):
+        def factory(temps, top_ks, top_ps, gen):
+            return lambda tv, logits: st.accept_tree_reference(
+                tv, logits, all_greedy=False, temperatures=temps, top_ks=top_ks, top_ps=top_ps, generator=gen,
+                threshold_single=single, threshold_acc=acc)
+        return factory
+
+    # (the defaults, 1.0, pass this statistic on the same group in the sampled test above)
+    biased, _ = sample_three(st, toy, prompt, groups, per, 99, with_thresholds(1.0, 0.3))
+    stat, df = chi_square(biased, exact_three(toy, prompt, 0.7, V, 1.0))
+    assert stat > chi_square_critical(df), (stat, df)

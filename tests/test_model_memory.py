@@ -102,27 +102,46 @@ def test_public_k25_start_matches_the_window_arithmetic():
 
 # -- SGLang 0.5.23's buffers, from its sources --------------------------------------------------------
 
-def test_ddtree_graph_buffers_follow_the_tree_width():
-    """triton_backend.init_cuda_graph_state: logits and LSE per token x head x kv split, KV indices int64
-    max_bs x W x context, the FULL_MASK verify mask max_bs x W x (context + W) bytes; W = budget + 1."""
+def test_graph_buffers_follow_the_verify_width_and_ddtree_sizes_them_by_what_verify_reads():
+    """triton_backend.init_cuda_graph_state, pristine: logits and LSE per token x head x kv split, KV indices
+    int64 max_bs x W x context, the FULL_MASK verify mask max_bs x W x (context + W) bytes. The DDTree patch
+    set's target runner (W = budget + 1): one decode token per request, one prefix of KV indices per
+    request, the compact W x W mask -- its state no longer grows with W except the mask's W^2."""
     g = k26_geometry()
     args = ["--tp-size", "8", "--speculative-algorithm", "DDTREE", "--speculative-ddtree-budget", "64",
             "--attention-backend", "triton"]
     s = memory.server_shape(args, g, gpu_gib=140.4, draft_block=16)
     assert (s.verify_width, s.draft_block, s.max_running_requests, s.graph_max_bs) == (65, 16, 48, 48)
     assert s.context_len == 262_144 and s.chunked_prefill == 8192
-    buf = memory.triton_graph_buffers(g, tp=8, max_bs=48, tokens_per_req=65, context_len=262_144,
-                                      num_kv_splits=8, sms=memory.sm_count("NVIDIA H200"), verify_mask=True)
-    tokens = 48 * 65
     splits = 256  # _mla_decode_kv_splits_cap: max(8, min(next_pow2(132), next_pow2(262144 / 32)))
-    assert buf["kv_indices"] == tokens * 262_144 * 8
-    assert buf["attn_logits"] == tokens * (64 // 8) * splits * 512 * 4
-    assert buf["attn_lse"] == tokens * 8 * splits * 4
-    assert buf["verify_mask"] == 48 * 65 * (262_144 + 65)
-    # The same graphs for a DFLASH chain of 16, or without speculation, are a fraction of it.
-    chain = memory.triton_graph_buffers(g, tp=8, max_bs=48, tokens_per_req=16, context_len=262_144,
-                                        num_kv_splits=8, sms=132, verify_mask=True)
-    assert sum(buf.values()) > 3.9 * sum(chain.values())
+    pristine = memory.triton_graph_buffers(g, tp=8, max_bs=48, tokens_per_req=65, context_len=262_144,
+                                           num_kv_splits=8, sms=memory.sm_count("NVIDIA H200"), verify_mask=True)
+    tokens = 48 * 65
+    assert pristine["kv_indices"] == tokens * 262_144 * 8
+    assert pristine["attn_logits"] == tokens * (64 // 8) * splits * 512 * 4
+    assert pristine["attn_lse"] == tokens * 8 * splits * 4
+    assert pristine["verify_mask"] == 48 * 65 * (262_144 + 65)
+    ddtree = memory.triton_graph_buffers(g, tp=8, max_bs=48, tokens_per_req=65, context_len=262_144,
+                                         num_kv_splits=8, sms=memory.sm_count("NVIDIA H200"), verify_mask=True,
+                                         ddtree=True)
+    assert ddtree["kv_indices"] == 48 * 262_144 * 8
+    assert ddtree["attn_logits"] == 48 * (64 // 8) * splits * 512 * 4
+    assert ddtree["attn_lse"] == 48 * 8 * splits * 4
+    assert ddtree["verify_mask"] == 48 * 65 * 65
+    assert sum(pristine.values()) > 60 * sum(ddtree.values())
+    # model.fit's items for the profile's DDTREE server use the patched sizes
+    items = memory.outside_pool(g, s, draft=None, sms=132)
+    assert items["target graph verify_mask"] == 48 * 65 * 65
+    assert items["target graph kv_indices"] == 48 * 262_144 * 8
+    # the drafter's graphs (its 16-token block) likewise: one decode token, one prefix of indices per request
+    drafter = memory.Geometry(layers=1, heads=32, mla=False, kv_heads=8, head_dim=128, v_head_dim=128)
+    items = memory.outside_pool(g, s, draft=drafter, sms=132)
+    assert items["draft graph kv_indices"] == 48 * 262_144 * 8 and "draft graph verify_mask" not in items
+    assert items["draft graph attn_logits"] == 48 * (32 // 8) * 8 * 128 * 4
+    # a DFLASH chain keeps SGLang's own sizing
+    chain = memory.server_shape(["--tp-size", "8", "--speculative-algorithm", "DFLASH"], g, gpu_gib=140.4,
+                                draft_block=16)
+    assert memory.outside_pool(g, chain, draft=None, sms=132)["target graph kv_indices"] == 48 * 16 * 262_144 * 8
 
 
 def test_server_shape_reads_the_argv_like_sglang():
@@ -279,9 +298,12 @@ def test_tiny_ddtree_servers_match_the_arithmetic():
             verify = [usage for phase, usage, _ in figs["capture_end"] if phase.endswith("verify")
                       and not phase.startswith("draft")]
             if verify and shape.graph_max_bs:
+                # (the DDTree set's sizing: a lower bound for a server of revision 4, whose target graph state it
+                # is, and of an earlier revision, whose pristine W-fold buffers were larger)
                 buffers = memory.triton_graph_buffers(target, tp=shape.tp, max_bs=shape.graph_max_bs,
                                                       tokens_per_req=shape.verify_width, context_len=shape.context_len,
-                                                      num_kv_splits=shape.num_kv_splits, sms=132, verify_mask=True)
+                                                      num_kv_splits=shape.num_kv_splits, sms=132, verify_mask=True,
+                                                      ddtree=shape.algorithm == "DDTREE")
                 assert sum(buffers.values()) / GIB <= verify[0], (name, sum(buffers.values()) / GIB, verify)
         checked += 1
     assert checked, "the DDTree logs had no SGLang memory lines"

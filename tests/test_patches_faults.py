@@ -240,16 +240,16 @@ def test_oversized_files_are_refused_unread(tmp_path: Path, monkeypatch: pytest.
     assert read_capped(big, 11, "a thing") == b"x" * 11
     with pytest.raises(OSError) as info:
         read_capped(big, 10, "a thing")
-    assert info.value.errno == errno.EFBIG and info.value.strerror == "larger than 0 MiB: not a thing"
+    assert info.value.errno == errno.EFBIG and info.value.strerror == "larger than 10 bytes: not a thing"
     dist = tmp_path / "sglang-0.5.23.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.23\n")
     (dist / "RECORD").write_bytes(b"a,,\n" * 8)
     monkeypatch.setattr(record, "MAX_RECORD_BYTES", 16)
-    with pytest.raises(record.RecordError, match=r"cannot read .*RECORD: larger than 0 MiB: not a RECORD"):
+    with pytest.raises(record.RecordError, match=r"cannot read .*RECORD: larger than 16 bytes: not a RECORD"):
         record.load_installed(dist)
     (tmp_path / "set").mkdir()
     (tmp_path / "set" / manifest.MANIFEST_NAME).write_text("{}" + " " * 64)
     monkeypatch.setattr(manifest, "MAX_MANIFEST_BYTES", 16)
-    with pytest.raises(manifest.ManifestError, match=r"manifest\.json: larger than 0 MiB: not a manifest"):
+    with pytest.raises(manifest.ManifestError, match=r"manifest\.json: larger than 16 bytes: not a manifest"):
         manifest.load(tmp_path / "set")

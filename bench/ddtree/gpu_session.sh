@@ -13,7 +13,7 @@
 # Everything printed and every result lands in $OUT (the device tool's output folder) when it is set.
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
-WORK=${WORK:-/tmp/k26-gpu}; OUT=${OUT:-$WORK/out}; mkdir -p "$WORK" "$OUT"
+WORK=${WORK:-/tmp/k26-gpu}; OUT=${OUT:-$WORK/out}; AUX=$WORK/aux; mkdir -p "$WORK" "$OUT" "$AUX"
 SITE=$WORK/site PARTS=$WORK/parts
 export REPO WORK
 export PYTHONPATH=$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages PYTHONUNBUFFERED=1
@@ -53,7 +53,7 @@ stage_setup() {
       --state-dir "$WORK/k26state" | tail -1)
   python3 -c "import sgl_kernel, sglang; print('sgl_kernel', sgl_kernel.__version__, 'sglang', sglang.__version__)"
   # FlashInfer's sampling and norm modules, compiled once for every server of the session (105 s cold).
-  (python3 "$REPO/bench/ddtree/jit_prewarm.py" > "$OUT/jit-prewarm.txt" 2>&1; echo "rc=$?" >> "$OUT/jit-prewarm.txt") &
+  (python3 "$REPO/bench/ddtree/jit_prewarm.py" > "$AUX/jit-prewarm.txt" 2>&1; echo "rc=$?" >> "$AUX/jit-prewarm.txt") &
   echo $! > "$WORK/jit-prewarm.pid"
   touch "$WORK/.setup-done"
 }
@@ -61,7 +61,22 @@ stage_setup() {
 wait_jit() {
   local pid; pid=$(cat "$WORK/jit-prewarm.pid" 2>/dev/null) || return 0
   while kill -0 "$pid" 2>/dev/null; do sleep 1; done
-  log "jit prewarm: $(tail -2 "$OUT/jit-prewarm.txt" 2>/dev/null | tr '\n' ' ')"
+  log "jit prewarm: $(tail -3 "$AUX/jit-prewarm.txt" 2>/dev/null | tr '\n' ' ')"
+}
+
+stage_gputests() {  # the set's kernels on this GPU, and one round's tree work timed on it
+  (cd "$REPO" && python3 -m pytest -q -p no:cacheprovider -n 0 -m gpu tests/test_ddtree_gpu.py -rs \
+      > "$AUX/pytest-ddtree-gpu.txt" 2>&1
+   K26_DDTREE_SITE=$SITE python3 bench/bench_ddtree_round.py --device cuda --repeat 100 \
+      --output "$AUX/ddtree-round-cuda.txt" > "$AUX/ddtree-round-cuda.log" 2>&1) &
+  echo $! > "$WORK/gputests.pid"
+}
+
+wait_gputests() {
+  local pid; pid=$(cat "$WORK/gputests.pid" 2>/dev/null) || return 0
+  while kill -0 "$pid" 2>/dev/null; do sleep 1; done
+  log "gpu tests: $(tail -1 "$AUX/pytest-ddtree-gpu.txt" 2>/dev/null)"
+  cat "$AUX/ddtree-round-cuda.txt" 2>/dev/null
 }
 
 stage_tiny() {
@@ -73,8 +88,8 @@ stage_pair() {
   if [ ! -e "$WORK/pair/.done" ]; then
     log "trained pair (seed $seed)"
     python3 "$REPO/bench/ddtree/make_trained.py" "$WORK/pair" --seed "$seed" --device cuda --report \
-      --prompts-out "$WORK/pair/prompts.json" > "$OUT/pair-build.txt" 2>&1 && touch "$WORK/pair/.done"
-    tail -30 "$OUT/pair-build.txt"
+      --prompts-out "$WORK/pair/prompts.json" > "$AUX/pair-build.txt" 2>&1 && touch "$WORK/pair/.done"
+    tail -30 "$AUX/pair-build.txt"
     cp "$WORK/pair/report.json" "$OUT/pair-report.json" 2>/dev/null
   fi
 }
@@ -87,7 +102,7 @@ finish() {  # measure, down, compare, and what the next session can reuse
   sc measure --plan "$plan" "$@" --out "$OUT/results.json" --budget-s $(( $(left_s) - 40 ))
   sc down "$@" --out "$OUT/results.json"
   sc compare "$OUT/results.json" --json "$OUT/verdicts.json" | tee "$OUT/compare.txt"
-  tar -czf "$OUT/logs.tgz" -C "$WORK" logs 2>/dev/null
+  tar -czf "$OUT/logs.tgz" -C "$WORK" logs aux 2>/dev/null
   tar -cJf "$OUT/jit-cache.tar.xz" -C "$WORK" flashinfer-cache 2>/dev/null
   ls -la "$OUT"
   rm -f "$WORK"/state*.json
@@ -111,6 +126,7 @@ stage_all() {  # setup, wave 0 on the random pair while the trained pair trains,
     sc up --plan "$plan" --wave 0 --state "$WORK/state0.json" --logs "$WORK/logs" --budget-s $(( $(left_s) / 2 )) &
     w0=$!
   fi
+  [ -n "${GPU_TESTS:-1}" ] && [ "${GPU_TESTS:-1}" != 0 ] && stage_gputests
   grep -q '\$PAIR' "$plan" && stage_pair "${PAIR_SEED:-1}"
   # No wait for the JIT pre-compile: a server that reaches FlashInfer meanwhile waits on its file lock and loads
   # what it built, while the rest of its start (imports, weights, Triton) overlaps the compile.
@@ -118,6 +134,7 @@ stage_all() {  # setup, wave 0 on the random pair while the trained pair trains,
     --budget-s $(( $(left_s) * 40 / 100 ))
   [ -n "$w0" ] && wait "$w0"
   wait_jit
+  wait_gputests
   finish "$plan" --state "$WORK/state0.json" --state "$WORK/state1.json"
 }
 

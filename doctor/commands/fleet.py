@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from doctor.commands.options import begin_report, emit, guarded, selection_options, settings_from
+from doctor.commands.options import begin_report, emit, guarded, selection_options, settings_from, write_requested
 from doctor.core.exitcodes import EXIT_FAILED
 
 
@@ -27,9 +27,8 @@ def timer_units(settings: Any, flags: dict[str, Any], *, user: str | None, docto
                 interval: float | None, textfile: str | None, idle_node: bool, server_args: tuple[str, ...]) -> None:
     """``systemd-unit --timer``: the oneshot service and its timer, printed or written (``--output NAME.service``:
     NAME.service and NAME.timer, each replaced whole)."""
-    from doctor.core.fileio import atomic_write
     from doctor.core.settings import ConfigError
-    from doctor.service.systemd import absolute
+    from doctor.service.systemd import absolute, unit_value
     from doctor.service.textfile import textfile_note
     from doctor.service.timer import TimerOptions, render_check_service, render_check_timer
 
@@ -49,7 +48,8 @@ def timer_units(settings: Any, flags: dict[str, Any], *, user: str | None, docto
         raise ConfigError(f"--textfile {note}")
     if interval:
         opts.interval_s = interval
-    opts.user, opts.idle_node = user, idle_node
+    opts.user, opts.idle_node = (unit_value(user, "--user") if user else user), idle_node
+    unit_value(opts.textfile, "--textfile")
     config = str(Path(settings.config_path).resolve()) if settings.config_path else None
     doctor = shlex.split(doctor_path) if doctor_path else None
     if doctor and os.sep in doctor[0]:
@@ -62,8 +62,8 @@ def timer_units(settings: Any, flags: dict[str, Any], *, user: str | None, docto
         sys.stdout.write(f"# ---- {opts.unit}.service ----\n{service}\n# ---- {opts.unit}.timer ----\n{timer}")
         return
     timer_path = output[: -len(".service")] + ".timer"
-    atomic_write(output, service.encode("utf-8"), 0o644)
-    atomic_write(timer_path, timer.encode("utf-8"), 0o644)
+    write_requested(output, service, "the service unit")  # never through a link, onto a device, half-written
+    write_requested(timer_path, timer, "the timer unit")
     _say(f"units written: {output}, {timer_path}; enable with: systemctl daemon-reload && "
          f"systemctl enable --now {opts.unit}.timer")
 

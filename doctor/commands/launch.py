@@ -8,6 +8,7 @@ tell systemd ``READY=1`` and supervise it.
 
 from __future__ import annotations
 
+import io
 import os
 import shlex
 import signal
@@ -19,7 +20,15 @@ from typing import Any
 
 import click
 
-from doctor.commands.options import guarded, selection_options, settings_from, textfile_of
+from doctor.commands.options import (
+    Seconds,
+    check_output_path,
+    guarded,
+    selection_options,
+    settings_from,
+    textfile_of,
+    write_requested,
+)
 from doctor.core.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
 DEFAULT_WAIT_S = 1800.0
@@ -38,17 +47,20 @@ def _run_gate(settings: Any, flags: dict[str, Any]) -> tuple[bool, Any]:
     report, ctx = run(settings)
     fmt = flags.get("fmt") or "text"
     if textfile_of(flags):  # node_exporter's textfile: replaced whole, never half-written
+        from doctor.core.fileio import describe_error
         from doctor.core.settings import ConfigError
+        from doctor.facts.redaction import redact_text
         from doctor.report.openmetrics import to_openmetrics
         from doctor.service.textfile import write_report
 
         try:
-            write_report(flags["output"], to_openmetrics(report))
+            write_report(flags["output"], redact_text(to_openmetrics(report)))
         except OSError as exc:
-            raise ConfigError(f"--output {flags['output']}: cannot write: {exc.strerror or exc}") from None
+            raise ConfigError(f"--output {flags['output']}: cannot write: {describe_error(exc)}") from None
     elif flags.get("output"):
-        with open(flags["output"], "w", encoding="utf-8") as fh:
-            render(report, fmt, flags.get("verbose") or 0, fh, color=False)
+        buf = io.StringIO()
+        render(report, fmt, flags.get("verbose") or 0, buf, color=False)
+        write_requested(flags["output"], buf.getvalue())
     render(report, "text" if fmt in ("junit", "openmetrics") else fmt, flags.get("verbose") or 0, sys.stderr,
            problems=bool(flags.get("problems")))
     why = report.gate_refusal()  # a failure, or a check of the profile not judged for want of facts
@@ -99,9 +111,9 @@ def _flag_gate(plan: Any, settings: Any, ctx: Any = None) -> bool:
 @click.option("--no-flag-check", is_flag=True, help="Do not check the flags against SGLang's sources.")
 @click.option("--wait", is_flag=True, help="Start the server as a child, wait until /health answers 200 "
               "(READY=1 to systemd), then supervise it.")
-@click.option("--wait-timeout", type=click.FloatRange(min=1), default=DEFAULT_WAIT_S, show_default=True,
+@click.option("--wait-timeout", type=Seconds(1), default=DEFAULT_WAIT_S, show_default=True,
               help="Seconds to wait for readiness with --wait.")
-@click.option("--wait-interval", type=click.FloatRange(min=0.01), default=2.0, show_default=True,
+@click.option("--wait-interval", type=Seconds(0.01), default=2.0, show_default=True,
               help="Seconds between polls.")
 @click.argument("server_args", nargs=-1, type=click.UNPROCESSED)
 @guarded
@@ -140,6 +152,9 @@ def launch(flags: dict[str, Any], dry_run: bool, no_check: bool, no_flag_check: 
         ok, ctx = _run_gate(settings, flags)
         if not ok:
             sys.exit(EXIT_FAILED)
+        from doctor.core import deadline
+
+        deadline.clear()  # --timeout bounded the gate's checks; the flag check and the server have their own
     if not no_flag_check and not _flag_gate(plan, settings, ctx):
         sys.exit(EXIT_FAILED)
     for note in plan.notes:
@@ -227,14 +242,17 @@ def _stop(child: subprocess.Popen[Any], grace: float = 30.0) -> None:
 @click.option("--user", default=None, help="User= of the service (default: [server] user, else sglang; never root "
               "unless asked).")
 @click.option("--no-hardening", is_flag=True, help="Leave out the sandbox (User=, ProtectSystem=, DevicePolicy=...).")
-@click.option("--start-timeout", type=float, default=None, help="TimeoutStartSec in seconds (default: sized).")
+@click.option("--start-timeout", type=Seconds(1), default=None, help="TimeoutStartSec in seconds (default: sized).")
 @click.option("--doctor", "doctor_path", default=None,
               help="Command that runs k26-doctor in the unit, e.g. '/opt/k26/bin/k26-doctor' (default: this one).")
 @click.option("--no-diagnose", is_flag=True, help="No ExecStopPost diagnosis of a failed start.")
 @click.option("--smoke", is_flag=True, help="ExecStartPost: `k26-doctor smoke` once the server is ready.")
+@click.option("--secrets-file", default=None, type=click.Path(dir_okay=False),
+              help="Where a secret of the server arguments (-- --api-key X) is written (mode 0600) for the unit's "
+                   "EnvironmentFile=; the unit itself never holds it.")
 @click.option("--timer", is_flag=True, help="Instead: a oneshot service and timer that run the checks periodically "
               "(not the server) and refresh node_exporter's textfile; --output NAME.service writes NAME.timer beside.")
-@click.option("--interval", type=click.FloatRange(min=10), default=None,
+@click.option("--interval", type=Seconds(10), default=None,
               help="--timer: seconds between runs (default 300).")
 @click.option("--textfile", default=None, help="--timer: the node_exporter textfile, *.prom "
               "(default /var/lib/prometheus/node-exporter/k26-doctor.prom).")
@@ -243,15 +261,24 @@ def _stop(child: subprocess.Popen[Any], grace: float = 30.0) -> None:
 @click.argument("server_args", nargs=-1, type=click.UNPROCESSED)
 @guarded
 def systemd_unit(flags: dict[str, Any], user: str | None, no_hardening: bool, start_timeout: float | None,
-                 doctor_path: str | None, no_diagnose: bool, smoke: bool, timer: bool, interval: float | None,
-                 textfile: str | None, idle_node: bool, server_args: tuple[str, ...]) -> None:
+                 doctor_path: str | None, no_diagnose: bool, smoke: bool, secrets_file: str | None, timer: bool,
+                 interval: float | None, textfile: str | None, idle_node: bool, server_args: tuple[str, ...]) -> None:
     """Print a systemd unit: ExecStartPre runs `k26-doctor check`, ExecStart launches the server.
 
     Install: `k26-doctor systemd-unit --config /etc/k26-doctor/config.toml > /etc/systemd/system/UNIT`.
     With --timer: `k26-doctor systemd-unit --timer --output /etc/systemd/system/k26-doctor-check.service`.
     """
+    from doctor.core.settings import ConfigError
     from doctor.service.launcher import build_plan
-    from doctor.service.systemd import absolute, doctor_command, reachability_notes, render_unit, service_user
+    from doctor.service.systemd import (
+        absolute,
+        doctor_command,
+        reachability_notes,
+        render_unit,
+        secrets_file_text,
+        service_user,
+        split_secrets,
+    )
 
     settings = settings_from(flags)
     if timer:
@@ -267,25 +294,56 @@ def systemd_unit(flags: dict[str, Any], user: str | None, no_hardening: bool, st
     doctor = shlex.split(doctor_path) if doctor_path else None
     if doctor and os.sep in doctor[0]:  # systemd runs it from /: a relative path must mean what it meant here
         doctor[0] = absolute(doctor[0])
+    extra, secrets = split_secrets(list(server_args))
+    if secrets and not secrets_file:
+        raise ConfigError(f"the server arguments carry a secret ({', '.join(_flag_names(extra))}): a unit file is "
+                          "readable by every user (systemctl cat), so it is not written there. Give --secrets-file "
+                          "PATH (written mode 0600, read by EnvironmentFile=), or put the key in the config "
+                          "([server] api_key, a file of mode 0640)")
+    if secrets_file:
+        secrets_file = absolute(secrets_file)
+        check_output_path(secrets_file, "--secrets-file")
     text = render_unit(settings, config=config, doctor=doctor, user=user, timeout_override=start_timeout,
-                       extra=list(server_args), diagnose_on_failure=not no_diagnose, harden=not no_hardening,
-                       smoke=smoke)
+                       extra=extra, diagnose_on_failure=not no_diagnose, harden=not no_hardening,
+                       smoke=smoke, secrets_file=secrets_file if secrets else None)
+    if secrets and secrets_file:
+        write_secrets(secrets_file, secrets_file_text(secrets))
+        _say(f"the value(s) of {', '.join(f'`{n}`' for n in _flag_names(extra))} went to {secrets_file} (mode "
+             "0600, EnvironmentFile= of the unit), not into the unit")
     if not no_hardening:
         for note in reachability_notes(settings, doctor or doctor_command(), service_user(settings, user)):
             _say(f"note: {note}")
     if flags.get("output"):
-        Path(flags["output"]).write_text(text, encoding="utf-8")
+        write_requested(flags["output"], text, "the unit")
         _say(f"unit written to {flags['output']}")
     else:
         sys.stdout.write(text)
+
+
+def _flag_names(args: list[str]) -> list[str]:
+    from doctor.service.systemd import EnvRef
+
+    return [args[i - 1] for i, a in enumerate(args) if isinstance(a, EnvRef) and i > 0]
+
+
+def write_secrets(path: str, text: str) -> None:
+    """The unit's secrets file: mode 0600 from its first byte on (the atomic writer's temporary file is 0600),
+    never through a symlink; a failure is exit 2."""
+    from doctor.core.fileio import atomic_write, describe_error
+    from doctor.core.settings import ConfigError
+
+    try:
+        atomic_write(path, text.encode("utf-8"), 0o600)
+    except OSError as exc:
+        raise ConfigError(f"cannot write the secrets file {path}: {describe_error(exc)}") from None
 
 
 @click.command("wait-ready", context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--url", default=None, help="Health URL (default: http://HOST:PORT/health of the profile).")
 @click.option("--config", "config", default=None, type=click.Path(dir_okay=False))
 @click.option("--profile", default=None)
-@click.option("--timeout", type=float, default=DEFAULT_WAIT_S, show_default=True, help="Seconds.")
-@click.option("--interval", type=float, default=2.0, show_default=True, help="Seconds between polls.")
+@click.option("--timeout", type=Seconds(), default=DEFAULT_WAIT_S, show_default=True, help="Seconds.")
+@click.option("--interval", type=Seconds(), default=2.0, show_default=True, help="Seconds between polls.")
 @click.option("--pid", type=int, default=None, help="Stop waiting when this process (the server) exits.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress output.")
 @guarded
@@ -296,7 +354,8 @@ def wait_ready(url: str | None, config: str | None, profile: str | None, timeout
     Exit 0 when ready, 1 on timeout or when --pid exits first.
     """
     from doctor.core.settings import ConfigError
-    from doctor.service.readiness import health_url, url_problem
+    from doctor.service.http import shown_url
+    from doctor.service.readiness import alive, health_url, url_problem
     from doctor.service.readiness import wait_ready as wait
 
     if url is None:
@@ -304,9 +363,9 @@ def wait_ready(url: str | None, config: str | None, profile: str | None, timeout
         url = health_url(str(settings.get("server.host", "127.0.0.1")), int(settings.get("server.port", 30000)))
     why = url_problem(url)
     if why:
-        raise ConfigError(f"--url {url!r} {why}")
-    if timeout <= 0 or interval <= 0:
-        raise click.BadParameter("--timeout and --interval must be positive")
+        raise ConfigError(f"--url {shown_url(url)!r} {why}")
+    if pid is not None and not alive(pid):
+        raise ConfigError(f"--pid {pid}: no such process (give the server's process id)")
     outcome = wait(url, timeout, interval_s=interval, pid=pid, progress=None if quiet else sys.stderr)
     if not quiet:
         _say(outcome.reason)
@@ -324,9 +383,11 @@ def wait_ready(url: str | None, config: str | None, profile: str | None, timeout
               help="The service's interpreter, for fixes that name its packages (Python.h); default: what the log "
                    "names.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--timeout", "match_timeout", type=Seconds(), default=60.0, show_default=True,
+              help="Seconds the matching may take with --signatures (matched in a child process killed then).")
 @guarded
 def diagnose(logfile: str | None, unit: str | None, invocation: str | None, on_service_failure: bool,
-             signatures: tuple[str, ...], python: str | None, fmt: str) -> None:
+             signatures: tuple[str, ...], python: str | None, fmt: str, match_timeout: float) -> None:
     """Map a failed start's log (FILE, `-` for stdin, or --journal UNIT) to the checks that catch it.
 
     Exit 0 when a known signature was found, 1 when none was, 2 on bad input: an unreadable file or
@@ -343,8 +404,10 @@ def diagnose(logfile: str | None, unit: str | None, invocation: str | None, on_s
         host_values,
         journal_argv,
         load_signatures,
+        match_bounded,
         read_log,
         render_text,
+        with_host_values,
     )
 
     if on_service_failure and os.environ.get("SERVICE_RESULT", "success") == "success":
@@ -376,7 +439,13 @@ def diagnose(logfile: str | None, unit: str | None, invocation: str | None, on_s
         except OSError as exc:
             _say(f"cannot read {logfile}: {exc.strerror or exc}")
             sys.exit(EXIT_USAGE)
-    findings = diagnose_lines(lines, sigs, host=lambda clean: host_values(clean, python))
+    try:  # a site's patterns are matched in a killable child under a deadline; the built-in ones here
+        findings = (match_bounded(lines, [Path(s) for s in signatures], match_timeout) if signatures
+                    else diagnose_lines(lines, sigs))
+    except SignatureError as exc:
+        _say(str(exc))
+        sys.exit(EXIT_USAGE)
+    with_host_values(findings, lambda clean: host_values(clean, python), lines)
     if fmt == "json":
         click.echo(json.dumps({"source": source, "lines": len(lines),
                                "findings": [f.to_dict() for f in findings]}, indent=2))

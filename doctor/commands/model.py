@@ -47,9 +47,14 @@ def write_cmd(model_dir: str, output: str | None, from_hf_metadata: bool, force:
 
     Record only a download you trust (e.g. right after `hf download`, whose etags are the published
     sha256: use --from-hf-metadata to take those without trusting the bytes on disk)."""
-    from doctor.core.fileio import atomic_write
+    from doctor.core.exitcodes import EXIT_USAGE
+    from doctor.core.fileio import atomic_write, describe_error, output_problem
 
     target = output or os.path.join(model_dir, MANIFEST_NAME)
+    problem = output_problem(target)
+    if problem:  # a symlink, a device (/dev/full), a FIFO, a directory: refused before hashing anything
+        click.echo(f"k26-doctor: {'--output ' if output else ''}{target} {problem}", err=True)
+        sys.exit(EXIT_USAGE)
     if os.path.exists(target) and not force:
         raise click.ClickException(f"{target} exists; pass --force to replace it")
     names, problem = shard_names(model_dir)
@@ -84,8 +89,9 @@ def write_cmd(model_dir: str, output: str | None, from_hf_metadata: bool, force:
         _rate(res)
     try:
         atomic_write(target, manifest_text(files, note).encode(), 0o644)
-    except OSError as exc:
-        raise click.ClickException(f"cannot write {target}: {exc.strerror or exc}") from None
+    except OSError as exc:  # a full disk: an I/O failure of the output, exit 2, the old manifest kept
+        click.echo(f"k26-doctor: cannot write {target}: {describe_error(exc)}", err=True)
+        sys.exit(EXIT_USAGE)
     click.echo(f"wrote {target} ({len(files)} files)")
 
 

@@ -5,6 +5,7 @@ so no command module imports the CLI module."""
 from __future__ import annotations
 
 import functools
+import io
 import sys
 import traceback
 from collections.abc import Callable
@@ -27,6 +28,29 @@ REPORT_OPTIONS = {
 REPORT_AFTER = "deep"
 
 
+class Seconds(click.ParamType):
+    """A duration on the command line: finite, > 0 (or >= ``minimum``), read by the one reading of durations
+    (``doctor.core.settings.duration``): ``nan``, ``inf`` and negative values are usage errors (exit 2)."""
+
+    name = "seconds"
+
+    def __init__(self, minimum: float | None = None, *, number: bool = False) -> None:
+        self.minimum = minimum
+        self.number = number  # a plain finite number >= 0 (a threshold), not a duration
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        from doctor.core.settings import ConfigError, duration
+
+        try:
+            number = duration(value, "the value", positive=not self.number)
+        except ConfigError as exc:
+            words = str(exc).replace("the value ", "", 1)
+            self.fail(words.replace(" of seconds", "") if self.number else words, param, ctx)
+        if self.minimum is not None and number < self.minimum:
+            self.fail(f"must be at least {self.minimum:g}, got {value!r}", param, ctx)
+        return number
+
+
 def setting_option(f: Any) -> Callable[..., Any]:
     """The click option of one ``Settings`` field, from its ``setting()`` metadata."""
     from doctor.core.settings import key_of
@@ -40,7 +64,7 @@ def setting_option(f: Any) -> Callable[..., Any]:
         return click.option(*names, dest, is_flag=True, default=None, help=meta["help"])
     if kind == "count":
         return click.option(*names, dest, count=True, help=meta["help"])
-    typ = {"posint": int, "posfloat": float, "seconds": float}.get(kind)
+    typ = {"posint": int, "posfloat": Seconds(), "seconds": Seconds(number=True)}.get(kind)
     if dest in ("config", "from_snapshot"):
         typ = click.Path(dir_okay=False)
     return click.option(*names, dest, type=typ, default=None, help=meta["help"])
@@ -114,22 +138,30 @@ def settings_from(flags: dict[str, Any]) -> Any:
     return settings_from_flags({k: v for k, v in flags.items() if k not in REPORT_OPTIONS})
 
 
-def check_output_path(path: str) -> None:
-    """``ConfigError`` unless ``path`` can be written: its directory exists and is writable, and it is
-    not a directory (or an existing file this user cannot write)."""
-    import os
-
+def check_output_path(path: str, flag: str = "--output") -> None:
+    """``ConfigError`` (exit 2, before any work) unless ``path`` can be written: not a directory, a symlink or
+    anything but a regular file (``/dev/full``, a FIFO), in an existing writable directory with room
+    (``doctor.core.fileio.output_problem``)."""
+    from doctor.core.fileio import output_problem
     from doctor.core.settings import ConfigError
 
-    parent = os.path.dirname(os.path.abspath(path)) or "."
-    if os.path.isdir(path):
-        raise ConfigError(f"--output {path} is a directory; give a file name")
-    if not os.path.isdir(parent):
-        raise ConfigError(f"--output {path}: the directory {parent} does not exist")
-    if os.path.exists(path) and not os.access(path, os.W_OK):
-        raise ConfigError(f"--output {path} exists and is not writable by this user")
-    if not os.path.exists(path) and not os.access(parent, os.W_OK | os.X_OK):
-        raise ConfigError(f"--output {path}: the directory {parent} is not writable by this user")
+    problem = output_problem(path)
+    if problem:
+        raise ConfigError(f"{flag} {path}: {problem}" if problem.startswith("the ") else f"{flag} {path} {problem}")
+
+
+def write_requested(path: str, text: str, what: str = "the report") -> None:
+    """Write a file a command was asked to write (``--output``): checked again, redacted, atomic (a failure
+    leaves what was there); an I/O failure (a full disk) is ``ConfigError``: exit 2, naming the file."""
+    from doctor.core.fileio import describe_error, write_output
+    from doctor.core.settings import ConfigError
+    from doctor.facts.redaction import redact_text
+
+    check_output_path(path)
+    try:
+        write_output(path, redact_text(text).encode("utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot write {what} to {path}: {describe_error(exc)}") from None
 
 
 def quiet_stdout() -> None:
@@ -184,18 +216,21 @@ def emit(report: Any, flags: dict[str, Any]) -> None:
     verbose, problems = flags.get("verbose") or 0, bool(flags.get("problems"))
     try:
         if textfile_of(flags):
+            from doctor.core.fileio import describe_error
             from doctor.core.settings import ConfigError
+            from doctor.facts.redaction import redact_text
             from doctor.report.openmetrics import to_openmetrics
             from doctor.service.textfile import write_report
 
             try:
-                write_report(output, to_openmetrics(report))
+                write_report(output, redact_text(to_openmetrics(report)))
             except OSError as exc:
-                raise ConfigError(f"--output {output}: cannot write: {exc.strerror or exc}") from None
+                raise ConfigError(f"--output {output}: cannot write: {describe_error(exc)}") from None
             render(report, "text", verbose, sys.stdout, problems=problems)
         elif output:
-            with open(output, "w", encoding="utf-8") as fh:
-                render(report, fmt, verbose, fh, color=False, problems=problems)
+            buf = io.StringIO()
+            render(report, fmt, verbose, buf, color=False, problems=problems)
+            write_requested(output, buf.getvalue())
             if fmt != "text":
                 render(report, "text", verbose, sys.stdout, problems=problems)
         else:

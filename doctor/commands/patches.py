@@ -20,6 +20,7 @@ import click
 
 from doctor.commands.options import settings_options
 from doctor.core.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from doctor.core.fileio import read_text
 from doctor.core.settings import ConfigError, Settings
 from doctor.sglang.patching import locate, manifest, record
 from doctor.sglang.patching.engine import Engine, EngineError, Plan
@@ -334,7 +335,7 @@ def make_manifest(set_dir: str, python: str | None, site_packages: str | None, n
     path = Path(set_dir) / manifest.MANIFEST_NAME
     if check_only:
         try:
-            current = json.loads(path.read_text(encoding="utf-8"))
+            current = json.loads(read_text(path, manifest.MAX_MANIFEST_BYTES, "a manifest"))
         except (OSError, ValueError):
             current = None
         if current != pset.to_dict():

@@ -7,13 +7,14 @@ periodic probe (a timer): one deadline bounds the whole run, exit codes are ``ch
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from typing import Any
 
 import click
 
-from doctor.commands.options import guarded, settings_from
+from doctor.commands.options import Seconds, guarded, settings_from
 from doctor.core.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
 API_KEY_ENV = "K26_DOCTOR_API_KEY"
@@ -35,16 +36,16 @@ def _ids(text: str | None) -> tuple[int, ...] | None:
 @click.option("--url", default=None, help="The server (default: http://HOST:PORT of the profile's [server]).")
 @click.option("--config", "config", default=None, type=click.Path(dir_okay=False), help="TOML config.")
 @click.option("--profile", default=None, help="Deployment profile (host, port, thresholds).")
-@click.option("--timeout", type=click.FloatRange(min=1), default=60.0, show_default=True,
+@click.option("--timeout", type=Seconds(1), default=60.0, show_default=True,
               help="Seconds for the whole smoke (every request shares this deadline).")
 @click.option("--requests", "n_requests", type=click.IntRange(1, 64), default=3, show_default=True,
               help="/generate requests.")
 @click.option("--max-tokens", type=click.IntRange(2, 4096), default=64, show_default=True,
               help="Tokens generated per request (greedy).")
-@click.option("--fail-below", type=click.FloatRange(min=0), default=None,
+@click.option("--fail-below", type=Seconds(number=True), default=None,
               help="Fail a speculative server whose accept length is below this (default: profile "
                    "[smoke] fail_accept_length_below, else 1.1).")
-@click.option("--warn-below", type=click.FloatRange(min=0), default=None,
+@click.option("--warn-below", type=Seconds(number=True), default=None,
               help="Warn below this accept length (default: profile [smoke] warn_accept_length_below).")
 @click.option("--input-ids", default=None, help="Prompt token ids for a --skip-tokenizer-init server "
               "(default 5..20).")
@@ -61,7 +62,9 @@ def smoke(url: str | None, config: str | None, profile: str | None, timeout: flo
     Exit 0 when nothing failed (warnings too, unless --strict), 1 when a request failed, timed out, or the
     accept length says the drafter does not match the target, 2 on bad usage.
     """
-    from doctor.service.readiness import health_url
+    from doctor.core.settings import ConfigError
+    from doctor.service.http import shown_url
+    from doctor.service.readiness import health_url, url_problem
     from doctor.service.smoke import SmokeOptions, render_text, run_smoke
 
     settings: Any = None
@@ -69,14 +72,15 @@ def smoke(url: str | None, config: str | None, profile: str | None, timeout: flo
         settings = settings_from({"config": config, "profile": profile})
     if url is None:
         url = health_url(str(settings.get("server.host", "127.0.0.1")), int(settings.get("server.port", 30000)), "/")
-    if not url.startswith(("http://", "https://")):
-        raise click.BadParameter(f"--url must be http(s)://HOST:PORT, got {url!r}")
+    why = url_problem(url)
+    if why:  # 'http://[::1', a bad port, no host: an invalid invocation (exit 2), never a crash
+        raise ConfigError(f"--url {shown_url(url)!r} {why}")
 
     def number(key: str, default: float | None) -> float | None:
         v = settings.get(f"smoke.{key}") if settings is not None else None
         if v is None:
             return default
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
             click.echo(f"k26-doctor: [smoke] {key} must be a number, got {v!r}", err=True)
             sys.exit(EXIT_USAGE)
         return float(v)

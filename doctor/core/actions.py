@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from doctor.core import proc
-from doctor.core.fileio import atomic_write
+from doctor.core.fileio import DEFAULT_LIMIT, atomic_write, read_capped, read_text
 
 
 class ActionError(Exception):
@@ -78,7 +78,7 @@ class WriteFile(Action):
 
     def old_text(self) -> str | None:
         try:
-            return Path(self.path).read_text(encoding="utf-8")
+            return read_text(self.path, DEFAULT_LIMIT, "a text file to rewrite")
         except FileNotFoundError:
             return None
 
@@ -137,7 +137,7 @@ class StopProcess(Action):
 def process_start_ticks(pid: int) -> int | None:
     """Start time of a process in clock ticks since boot; tells a reused PID apart."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        stat = read_text(f"/proc/{pid}/stat", 1 << 16, "a process status", errors="replace")
     except OSError:
         return None
     try:
@@ -150,7 +150,7 @@ def backup_file(target: Path, backup_dir: Path) -> Path:
     """Copy ``target`` under ``backup_dir`` keeping its absolute path, fsynced; returns the copy."""
     dest = backup_dir / str(Path(target).resolve()).lstrip("/")
     dest.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(dest, Path(target).read_bytes(), Path(target).stat().st_mode & 0o7777)
+    atomic_write(dest, read_capped(target, DEFAULT_LIMIT, "a file to back up"), Path(target).stat().st_mode & 0o7777)
     return dest
 
 
@@ -161,6 +161,8 @@ def new_backup_dir(state_dir: str) -> Path:
     """
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
     for base in (Path(state_dir), Path.home() / ".local/state/k26-doctor"):
+        if base.exists() and not base.is_dir():  # a file where the state directory should be: never elsewhere
+            raise ActionError(f"the state directory {base} is not a directory: give --state-dir a directory")
         try:
             path = base / "backups" / stamp
             path.mkdir(parents=True, exist_ok=False)

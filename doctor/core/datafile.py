@@ -14,12 +14,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from doctor.core.fileio import read_capped
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - py310
     import tomli as tomllib
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
+MAX_TOML_BYTES = 16 * 1024 * 1024  # a config, profile or signatures file; far larger is not one
+MAX_NESTING = 64  # tables and arrays within each other: no file the doctor reads needs more
 
 
 class DataFileError(Exception):
@@ -50,7 +54,7 @@ def read_toml(path: str | Path, what: str = "data file") -> dict[str, Any]:
     """
     path = Path(path)
     try:
-        data = path.read_bytes()
+        data = read_capped(path, MAX_TOML_BYTES, f"a {what}")
     except OSError as exc:
         reason = exc.strerror or str(exc)
         raise DataFileError(f"cannot read {what} {path}: {reason}", path, reason) from None
@@ -60,10 +64,32 @@ def read_toml(path: str | Path, what: str = "data file") -> dict[str, Any]:
         reason = _utf8_error(data, exc)
         raise DataFileError(f"{what} {path} is not valid TOML: {reason}", path, reason) from None
     try:
-        return tomllib.loads(text)
+        doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         reason = str(exc)
         raise DataFileError(f"{what} {path} is not valid TOML: {reason}", path, reason) from None
+    except RecursionError:
+        reason = f"arrays or tables nested too deeply (more than {MAX_NESTING} levels)"
+        raise DataFileError(f"{what} {path} cannot be used: {reason}", path, reason) from None
+    if too_deep(doc):
+        reason = f"arrays or tables nested more than {MAX_NESTING} levels deep"
+        raise DataFileError(f"{what} {path} cannot be used: {reason}", path, reason)
+    return doc
+
+
+def too_deep(value: Any, limit: int = MAX_NESTING) -> bool:
+    """Whether dicts and lists nest more than ``limit`` levels in ``value`` (walked without recursion, so a
+    hostile file cannot make a reader of it, or any recursive walk after it, overflow the stack)."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node)
+    return False
 
 
 @functools.lru_cache(maxsize=32)

@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 
+from doctor.core import deadline
 from doctor.core.actions import Plan
 from doctor.core.result import Result, Status
 from doctor.core.settings import Settings
@@ -41,11 +42,24 @@ def plan_for(registry: Any, ctx: Any, res: Result) -> CheckPlan:
     fx = registry.fixers.get(res.fixer)
     if fx is None:
         return CheckPlan(res.id, str(res.fixer), "?", res, error=f"fixer {res.fixer!r} is not registered")
+    why_not = not_plannable(res)
+    if why_not:
+        return CheckPlan(res.id, fx.id, fx.title, res, error=why_not)
     try:
         plan = Plan.of(fx.plan(ctx, res))
         return CheckPlan(res.id, fx.id, fx.title, res, plan.actions, notes=plan.notes)
     except Exception as exc:  # a fixer that cannot plan says so; it never takes the run down
         return CheckPlan(res.id, fx.id, fx.title, res, error=f"cannot plan: {type(exc).__name__}: {exc}")
+
+
+def not_plannable(res: Result) -> str | None:
+    """Why no plan is made for ``res`` (None: plan it): the run's deadline passed (``--timeout``, Ctrl-C), or
+    the check itself never finished (its facts may still be being collected: planning would wait on them)."""
+    if deadline.expired():
+        return f"not planned: {deadline.ended()}"
+    if isinstance(res.details, dict) and "timeout_s" in res.details:
+        return "not planned: the check did not finish in time"
+    return None
 
 
 def make_plans(settings: Settings) -> tuple[list[CheckPlan], Any]:

@@ -7,7 +7,10 @@ the deadline, so abandoned threads are only ever waiting on something already be
 
 Dependencies: a check whose dependency failed, errored or was skipped is ``skip`` with the reason.
 Ignores (``--ignore``, config): a failure is reported as ``warn`` with ``ignored`` set, never hidden.
-Ctrl-C: the run stops at once; unfinished checks become ``error`` ("interrupted") in a partial report.
+Ctrl-C: the run stops at once; unfinished checks become ``error`` ("interrupted") in a partial report,
+and the run's deadline expires (``doctor.core.deadline``) so nothing after it waits for what is still running.
+The run's deadline (``--timeout``) also bounds every check: one that starts late gets what is left, and one
+that would start after it is not run.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from doctor.core import deadline
 from doctor.core.context import Context
 from doctor.core.registry import DEFAULT_TIMEOUT_S, Check
 from doctor.core.result import Remediation, Result, Status
@@ -131,8 +135,27 @@ def run_checks(
         if on_result is not None:
             on_result(res)
 
+    threads: dict[str, threading.Thread] = {}
+    limits: dict[str, tuple[float, bool]] = {}  # id -> (seconds it was given, whether the run's deadline set it)
+
     def worker(chk: Check) -> None:
         results_q.put(execute(chk, ctx, settings.verbose > 0))
+
+    def late(cid: str) -> Result:
+        limit, by_run = limits[cid]
+        waiting = ctx.facts.collecting(threads[cid].ident) if cid in threads else []
+        on = f" while it waited for the fact {waiting[-1]!r}" if waiting else ""
+        if by_run:
+            res = Result.errored(f"{deadline.ended()}{on or ' before it finished'} (abandoned)", timeout_s=limit)
+        else:
+            res = Result.errored(f"timed out after {limit:g}s{on} (abandoned; raise with --timeout if the host is "
+                                 "slow)", timeout_s=limit)
+        res.remediation = Remediation(
+            (f"The fact {waiting[-1]!r} did not arrive in time: its probe (the service's interpreter), a driver "
+             "call or a stuck filesystem did not answer." if waiting else "The check did not finish in time.")
+            + " Look at `nvidia-smi` and `dmesg`, or run this check alone with -v.")
+        res.duration_s = limit
+        return _stamp(res, by_id[cid])
 
     def blocked_by(chk: Check) -> tuple[bool, list[str]]:
         deps = [d for d in chk.depends if d in by_id]
@@ -154,8 +177,16 @@ def run_checks(
                     why = ", ".join(f"{d} ({(done[d].ignored or done[d].status).value})" for d in bad)
                     finish(_stamp(Result.blocked(f"skipped: depends on {why}", bad[0], depends_on=bad), chk))
                     continue
-                running[chk.id] = time.monotonic() + deadline_for(chk, settings.timeout)
-                threading.Thread(target=worker, args=(chk,), name=f"check:{chk.id}", daemon=True).start()
+                limit = deadline_for(chk, settings.timeout)
+                left = deadline.remaining()
+                if left is not None and left <= 0:
+                    finish(_stamp(Result.errored(f"not run: {deadline.ended()}"), chk))
+                    continue
+                limits[chk.id] = (min(limit, left), True) if left is not None and left < limit else (limit, False)
+                running[chk.id] = time.monotonic() + limits[chk.id][0]
+                thread = threading.Thread(target=worker, args=(chk,), name=f"check:{chk.id}", daemon=True)
+                threads[chk.id] = thread
+                thread.start()
             if not running:
                 if pending and all(blocked_by(c)[0] for c in pending):  # a cycle or a missing dep
                     for chk in pending:
@@ -175,17 +206,10 @@ def run_checks(
             for cid, dl in list(running.items()):
                 if now >= dl:
                     running.pop(cid)
-                    limit = deadline_for(by_id[cid], settings.timeout)
-                    late = Result.errored(
-                        f"timed out after {limit:g}s (abandoned; raise with --timeout if the host is slow)",
-                        timeout_s=limit)
-                    late.remediation = Remediation(
-                        "A probe did not answer in time: often a hung driver call or a stuck filesystem. "
-                        "Look at `nvidia-smi` and `dmesg`, or run this check alone with -v.")
-                    late.duration_s = limit
-                    finish(_stamp(late, by_id[cid]))
+                    finish(late(cid))
     except KeyboardInterrupt:
         interrupted = True
+        deadline.expire("the run was interrupted (Ctrl-C)")
         for cid in list(running) + [c.id for c in pending]:
             if cid not in done:
                 res = Result.errored("interrupted (Ctrl-C) before it finished")

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import copy
 import os
+import re
+import stat
 import sys
 from collections.abc import Callable
 from dataclasses import MISSING, Field, dataclass, field, fields
@@ -61,9 +63,10 @@ def _read_toml(path: Path, what: str) -> dict[str, Any]:
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "data" / "config_schema.toml"
 KIND_WORDS = {"str": "a string", "bool": "true or false", "int": "an integer", "posint": "an integer >= 1",
-              "port": "a port number (1-65535)", "number": "a number >= 0", "fraction": "a number in (0, 1]",
+              "port": "a port number (1-65535)", "number": "a finite number >= 0", "fraction": "a number in (0, 1]",
               "list_str": "a list of strings", "table_scalar": "a table of NAME = value (strings, numbers, booleans)",
-              "path": "a non-empty path", "spec": "a version specifier such as \"==2.11.0\""}
+              "path": "a non-empty path", "spec": "a version specifier such as \"==2.11.0\"",
+              "host": "a host name or address (at most 253 characters, e.g. \"127.0.0.1\")"}
 
 
 def config_schema() -> dict[str, str]:
@@ -85,6 +88,8 @@ def _kind_ok(kind: str, value: Any) -> bool:
             except InvalidSpecifier:
                 return False
         return True
+    if kind == "host":  # what a socket can bind and a URL can hold: never a 10 MB string
+        return isinstance(value, str) and len(value) <= 253 and not re.search(r"[\s\x00-\x1f\x7f/?#@]", value)
     if kind == "bool":
         return isinstance(value, bool)
     if kind == "int":
@@ -93,8 +98,8 @@ def _kind_ok(kind: str, value: Any) -> bool:
         return is_int and value >= 1
     if kind == "port":
         return is_int and 1 <= value <= 65535
-    if kind == "number":
-        return is_num and value >= 0
+    if kind == "number":  # finite: inf is no deadline and no size (int(inf) would crash a reader of it)
+        return is_num and value >= 0 and value != float("inf")
     if kind == "fraction":
         return is_num and 0 < value <= 1
     if kind == "list_str":
@@ -102,6 +107,16 @@ def _kind_ok(kind: str, value: Any) -> bool:
     if kind == "table_scalar":
         return isinstance(value, dict) and all(isinstance(v, (str, int, float, bool)) for v in value.values())
     return True
+
+
+def shown(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for a message that names a value (a 10 MB one included)."""
+    head = value[: limit * 2] if isinstance(value, (str, bytes)) else value
+    text = repr(head)
+    if len(text) <= limit:
+        return text
+    size = f" ({len(value)} long)" if isinstance(value, (str, bytes, list, dict)) else ""
+    return f"{text[: limit - 12]}...{size}"
 
 
 def validate_profile(merged: dict[str, Any], config: dict[str, Any], config_path: str | None,
@@ -118,7 +133,7 @@ def validate_profile(merged: dict[str, Any], config: dict[str, Any], config_path
             continue
         table, _, key = dotted.rpartition(".")
         where = f"config file {config_path}" if from_config is not MISSING else f"profile {profile_name}"
-        raise ConfigError(f"invalid configuration: [{table}] {key} = {node!r} in the {where} must be "
+        raise ConfigError(f"invalid configuration: [{table}] {key} = {shown(node)} in the {where} must be "
                           f"{KIND_WORDS.get(kind, kind)}")
 
 
@@ -241,18 +256,39 @@ DOCTOR_KEYS = frozenset(key_of(f) for f in setting_fields() if f.metadata["confi
 COLLECT_FIELDS = tuple(f.name for f in fields(Settings) if f.metadata.get("collect"))
 
 
-def _seconds(name: str, value: Any) -> float:
-    """``value`` as a float, for the settings given in seconds; ``ConfigError`` (exit 2) when it is none."""
+def duration(value: Any, name: str, *, positive: bool = True) -> float:
+    """``value`` as a number of seconds: finite, and > 0 (``positive``) or >= 0; ``ConfigError`` (exit 2)
+    otherwise. The one reading of every duration the doctor takes (``--timeout``, ``--wait-fabric``,
+    ``wait-ready``/``smoke``/``launch`` timeouts and intervals, ``systemd-unit --start-timeout``, the
+    config's): ``nan`` would compare false with every deadline and wait forever, ``inf`` is no deadline,
+    a negative one has passed before it starts."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{name} must be a number of seconds, got {value!r}")
     try:
-        return float(value)
-    except (TypeError, ValueError):
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
         raise ConfigError(f"{name} must be a number of seconds, got {value!r}") from None
+    if number != number or number in (float("inf"), float("-inf")):
+        raise ConfigError(f"{name} must be a finite number of seconds, got {value!r}")
+    if number < 0 or (positive and number == 0):
+        raise ConfigError(f"{name} must be a number of seconds {'> 0' if positive else '>= 0'}, got {value!r}")
+    return number
 
 
-def _convert(f: Field[Any], value: Any, source: str = "") -> Any:
+CONFIG_TYPES = {"path": (str,), "str": (str,), "bool": (bool,), "posint": (int,), "posfloat": (int, float),
+                "seconds": (int, float)}
+
+
+def _convert(f: Field[Any], value: Any, source: str = "", config_path: str | None = None) -> Any:
+    """A setting's value checked and converted by its kind; ``config_path``: it came from that config file's
+    ``[doctor]`` table (so its TOML type is checked too). ``ConfigError`` (exit 2) naming ``source``."""
     kind, name = f.metadata["kind"], key_of(f)
     if value is None:
         return None
+    want = CONFIG_TYPES.get(kind)
+    if config_path and want and (not isinstance(value, want) or (bool not in want and isinstance(value, bool))):
+        raise ConfigError(f"invalid configuration: [doctor] {name} = {value!r} in {config_path} must be "
+                          f"{_KIND_WORD.get(kind, kind)}")
     if kind == "path":
         if not str(value).strip():  # an empty path given on purpose is a mistake, never "not set"
             raise ConfigError(f"{source or name} is empty: give a path, or leave it out")
@@ -260,24 +296,42 @@ def _convert(f: Field[Any], value: Any, source: str = "") -> Any:
     if kind == "bool":
         return bool(value)
     if kind == "posint":
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise ConfigError(f"{name} must be an integer, got {value!r}")
         try:
             number = int(value)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise ConfigError(f"{name} must be an integer, got {value!r}") from None
         if number < 1:
             raise ConfigError(f"{name} must be >= 1, got {number}")
         return number
     if kind == "seconds":
-        number = _seconds(name, value)
-        if not number >= 0 or number == float("inf"):
-            raise ConfigError(f"{name} must be a number of seconds >= 0, got {value!r}")
-        return number
+        return duration(value, source or name, positive=False)
     if kind == "posfloat":
-        number = _seconds(name, value)
-        if number <= 0:
-            raise ConfigError(f"{name} must be positive")
-        return number
+        return duration(value, source or name)
     return value
+
+
+_KIND_WORD = {"path": "a non-empty path (a string)", "str": "a string", "bool": "true or false",
+              "posint": "an integer >= 1", "posfloat": "a number of seconds > 0", "seconds": "a number of seconds >= 0",
+              "list": "a list of strings"}
+
+
+def _state_dir_problem(path: str) -> str | None:
+    """A state directory that exists but is not a directory is refused (never another one silently)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        from doctor.core.fileio import describe_error
+
+        return f"cannot be used: {describe_error(exc)}"
+    if not stat.S_ISDIR(st.st_mode):
+        from doctor.core.fileio import kind_of
+
+        return f"is {kind_of(st.st_mode)}, not a directory"
+    return None
 
 
 def resolve(flags: dict[str, Any], environ: dict[str, str] | None = None) -> Settings:
@@ -293,9 +347,9 @@ def resolve(flags: dict[str, Any], environ: dict[str, str] | None = None) -> Set
         config_path = DEFAULT_CONFIG
     config: dict[str, Any] = {}
     if config_path:
-        if not os.path.isfile(config_path):
+        if not os.path.lexists(config_path):
             raise ConfigError(f"config file {config_path} does not exist")
-        config = _read_toml(Path(config_path), "config file")
+        config = _read_toml(Path(config_path), "config file")  # a directory, FIFO or loop: said as such
     doctor_cfg = config.pop("doctor", {}) or {}
     if not isinstance(doctor_cfg, dict):
         raise ConfigError("[doctor] in the config file must be a table")
@@ -313,6 +367,9 @@ def resolve(flags: dict[str, Any], environ: dict[str, str] | None = None) -> Set
         return default
 
     profile_name = pick("profile", DEFAULT_PROFILE)
+    if not isinstance(profile_name, str) or not profile_name:
+        raise ConfigError(f"invalid configuration: [doctor] profile = {profile_name!r} in {config_path} must be a "
+                          f"profile name or a profile file; built-in profiles: {', '.join(profile_names())}")
     profile = deep_merge(load_profile(profile_name), config)
     validate_profile(profile, config, config_path, str(profile_name))
     values: dict[str, Any] = {}
@@ -321,7 +378,11 @@ def resolve(flags: dict[str, Any], environ: dict[str, str] | None = None) -> Set
         if f.name == "config_path":
             values[f.name] = config_path
         elif kind == "list":
-            items = list(doctor_cfg.get(name) or []) + list(flags.get(name) or [])
+            from_cfg = doctor_cfg.get(name) or []
+            if not isinstance(from_cfg, list):
+                raise ConfigError(f"invalid configuration: [doctor] {name} = {from_cfg!r} in {config_path} must be "
+                                  "a list of strings (check ids or globs)")
+            items = list(from_cfg) + list(flags.get(name) or [])
             if not all(isinstance(i, str) for i in items):
                 raise ConfigError(f"{name} must be a list of check ids or globs")
             values[f.name] = list(dict.fromkeys(items))
@@ -346,7 +407,11 @@ def resolve(flags: dict[str, Any], environ: dict[str, str] | None = None) -> Set
             else:
                 source = f"[{f.metadata['profile_key'].replace('.', '] ', 1)} in the profile/config" if (
                     f.metadata["profile_key"]) else name
-            values[f.name] = _convert(f, value, source)
+            from_config = flags.get(name) in (None, (), []) and name in doctor_cfg
+            values[f.name] = _convert(f, value, source, config_path if from_config else None)
+    problem = _state_dir_problem(values["state_dir"]) if values.get("state_dir") else None
+    if problem:
+        raise ConfigError(f"--state-dir {values['state_dir']} {problem}: give a directory (it is created if absent)")
     values["profile_name"] = str(profile.get("name", profile_name))
     values["python_given"] = bool(pick("python"))
     values["python"] = values["python"] or sys.executable

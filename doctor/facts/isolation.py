@@ -23,8 +23,11 @@ def collect_isolated(coll: Collector, options: CollectOptions) -> Any:
                           "options": options.to_dict()})
     res = run([sys.executable, "-m", "doctor.facts.worker"], coll.timeout, input=payload,
               env=worker_env())
+    if res.timed_out and res.extra.get("not_started"):
+        raise FactUnavailable(coll.name, f"not collected: {res.extra['not_started']}")
     if res.timed_out:
-        raise FactUnavailable(coll.name, f"collector hung and was killed after {coll.timeout:g}s")
+        waited = res.extra.get("timeout", coll.timeout)
+        raise FactUnavailable(coll.name, f"collector hung and was killed after {waited:g}s")
     if not res.ok:
         raise FactUnavailable(coll.name, f"collector process failed: {res.why()}")
     try:

@@ -1,50 +1,93 @@
-"""Secrets out of facts, snapshots and reports: by the words of a name, and token-shaped values.
+"""Secrets out of everything the doctor prints or writes: one redaction, by the words of a name and by the
+shape of a value.
 
-Values are redacted wherever they are recorded or printed: a URL's userinfo
-(``http://alice:pa55word@proxy:3128`` -> ``http://<redacted>@proxy:3128``, as in HTTPS_PROXY), query
-parameters that carry credentials (``?token=``, ``sig=``, ``X-Amz-Signature=``...), token-shaped strings
-(``hf_...``, ``sk-...``), a command line's ``--api-key VALUE``, and values under secret-looking names.
+What is a secret, in one place:
+
+* values under secret-looking names, in data (``{"HF_TOKEN": ...}``) and in text (``DB_PASS=x``,
+  ``"api_key": "x"``, ``AccountKey=x;`` in a connection string, ``password: x`` in a log line);
+* the value of a secret command-line flag (``--api-key X``, ``--api-key=X``, an abbreviation argparse accepts
+  such as ``--api-ke X``, ``--ssl-keyfile-password X``; in an argv list the element after it);
+* a URL's userinfo (``http://alice:p@ss@proxy:3128`` -> ``http://<redacted>@proxy:3128``), credential query
+  parameters (``token=``, ``hf_token=``, ``private_token=``, ``sig=``, ``X-Amz-Signature=``...), Slack and
+  Discord webhook paths;
+* token-shaped strings wherever they stand: ``hf_...``, ``sk-...``, ``ghp_...``, ``github_pat_...``,
+  ``glpat-...``, ``xoxb-...``, ``nvapi-...``, ``AKIA...``, ``AIza...``, JSON Web Tokens, ``Bearer``/``Basic``
+  credentials, PEM private keys.
+
+``redact`` walks JSON data (names, argv lists, strings); ``redact_text`` does free text. Both are applied where
+output leaves the doctor, so no printer or writer can forget them: ``RedactingStream`` wraps stdout and stderr
+for the whole CLI (``doctor.cli.main``), ``doctor.commands.options.write_requested`` every file a command is
+asked to write (reports, snapshots, units), and the structured writers (snapshot, JSON report, ``env``) redact
+their data before serialising it (names are only visible there).
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import IO, Any
 
-# Name-based redaction works on the words of a name, so that HF_TOKEN, DB_PASSWORD and MY_API_KEY are
-# secrets while mask_token_id, tokenizer_class, bos_token and num_key_value_heads (model configs) are not.
-SECRET_WORDS = {"TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL", "CREDENTIALS", "APIKEY",
-                "AUTH", "COOKIE"}
-NOT_SECRET_LAST = {"ID", "IDS", "CLASS", "TYPE", "HEADS", "COUNT", "SIZE", "LEN", "LENGTH", "DIM", "LIMIT", "MAX",
-                   "MIN", "FILE", "PATH", "DIR", "URL", "ENDPOINT", "PARALLELISM", "NAME", "KIND"}
-LOWER_SECRET_NAMES = {"token", "hf_token", "access_token", "auth_token", "api_key", "apikey", "password", "passwd",
-                      "secret", "client_secret", "private_key", "secret_key", "access_key", "cookie"}
-SECRET_VALUE = re.compile(
-    r"\b(hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|AKIA[0-9A-Z]{16})\b")
 REDACTED = "<redacted>"
-# scheme://user[:password]@host: everything before the last '@' of the authority is userinfo.
-URL_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^/?#@\s'\"]+)@")
-SECRET_PARAMS = ("token", "access_token", "auth_token", "id_token", "refresh_token", "api_key", "apikey", "key",
-                 "password", "passwd", "pwd", "secret", "client_secret", "sig", "signature", "x-amz-signature",
-                 "x-amz-credential", "x-amz-security-token", "x-goog-signature", "x-goog-credential", "sas",
-                 "code", "auth", "authorization")
-QUERY_SECRET = re.compile(r"(?P<head>[?&;](?P<name>" + "|".join(re.escape(p) for p in SECRET_PARAMS)
-                          + r")=)(?P<value>[^&#\s'\"]+)", re.IGNORECASE)
-SECRET_FLAG = re.compile(r"(?P<flag>--(?:admin-)?api-key(?:=|\s+))(?P<value>(?!<redacted>)[^\s'\"]+)")
+
+# -- names ------------------------------------------------------------------------------------------------
+# Name-based redaction works on the words of a name, so that HF_TOKEN, DB_PASSWORD, MY_API_KEY, SMTP_PASS and
+# AccountKey are secrets while mask_token_id, tokenizer_class, bos_token and num_key_value_heads (model configs)
+# are not.
+SECRET_WORDS = {"TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "PASS", "PWD", "CREDENTIAL", "CREDENTIALS",
+                "APIKEY", "AUTH", "COOKIE", "SIGNATURE", "PRIVATEKEY", "ACCESSKEY", "SECRETKEY", "CONNECTIONSTRING",
+                "WEBHOOK"}
+NOT_SECRET_LAST = {"ID", "IDS", "CLASS", "TYPE", "HEADS", "COUNT", "SIZE", "LEN", "LENGTH", "DIM", "LIMIT", "MAX",
+                   "MIN", "FILE", "PATH", "DIR", "URL", "ENDPOINT", "PARALLELISM", "NAME", "KIND", "TTL", "EXPIRY",
+                   "ENABLED", "REQUIRED", "MODE", "METHOD", "HEADER"}
+NOT_SECRET_ALONE = {"PWD", "OLDPWD", "PASS", "AUTH", "TOKEN"}  # the shell's cwd; a bare word in prose
+LOWER_SECRET_NAMES = {"token", "hf_token", "access_token", "auth_token", "refresh_token", "id_token", "api_key",
+                      "apikey", "password", "passwd", "pwd", "secret", "client_secret", "private_key", "secret_key",
+                      "access_key", "cookie", "private_token", "bearer_token", "session_token", "github_token",
+                      "slack_token", "webhook_url", "connection_string", "accountkey", "sharedaccesskey"}
+LOWER_SECRET_SUFFIXES = ("_password", "_passwd", "_pass", "_pwd", "_secret", "_api_key", "_apikey", "_access_key",
+                         "_secret_key", "_private_key", "_auth_token", "_access_token", "_refresh_token",
+                         "_webhook_url")
+PROSE_SECRET_WORDS = {"password", "passwd", "passphrase", "apikey", "api_key"}
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 
 
-def redact_text(text: str) -> str:
-    """Secrets inside free text: URL userinfo, credential query parameters, token-shaped values, --api-key."""
-    if not text:
-        return text
-    text = URL_USERINFO.sub(lambda m: f"{m.group('scheme')}{REDACTED}@", text)
-    text = QUERY_SECRET.sub(lambda m: f"{m.group('head')}{REDACTED}", text)
-    text = SECRET_FLAG.sub(lambda m: f"{m.group('flag')}{REDACTED}", text)
-    return SECRET_VALUE.sub(REDACTED, text)
+def _words(name: str) -> list[str]:
+    return [w for w in re.split(r"[_\-.\s]+", _CAMEL.sub("_", name).upper()) if w]
+
+
+def is_secret_name(name: str) -> bool:
+    """Environment-style (upper case) and camelCase names (``AccountKey``) by their words; config-style
+    (lower case) names only when well known (``bos_token`` is a tokenizer's, ``hf_token`` a secret)."""
+    words = _words(name)
+    if not words:
+        return False
+    if name.lower() == name:  # a config or JSON key
+        low = name.lower().replace("-", "_")
+        return low in LOWER_SECRET_NAMES or low.endswith(LOWER_SECRET_SUFFIXES)
+    if words[-1] in NOT_SECRET_LAST or (len(words) == 1 and words[0] in NOT_SECRET_ALONE):
+        return False
+    return any(w in SECRET_WORDS for w in words) or (words[-1] == "KEY" and len(words) > 1)
+
+
+# -- flags ------------------------------------------------------------------------------------------------
+SECRET_FLAGS = ("--api-key", "--admin-api-key", "--hf-token", "--token", "--ssl-keyfile-password", "--password",
+                "--secret")
+MIN_ABBREVIATION = 5  # "--api" and longer: argparse takes an unambiguous prefix of a flag
+
+
+def is_secret_flag(flag: str) -> bool:
+    """``--api-key``, ``--ssl-keyfile-password``, any flag whose words name a secret (``--hf-token``), and an
+    abbreviation of a secret flag that argparse would accept (``--api-ke``)."""
+    if not flag.startswith("--") or flag == "--":
+        return False
+    name = flag[2:]
+    if is_secret_name(name.upper().replace("-", "_")):
+        return True
+    return len(flag) >= MIN_ABBREVIATION and any(s.startswith(flag) for s in SECRET_FLAGS)
 
 
 def redact_argv(argv: list[str]) -> list[str]:
-    """A command line with the values of secret flags (``--api-key X``, ``--api-key=X``) and URL secrets hidden."""
+    """A command line with the values of secret flags (``--api-key X``, ``--api-key=X``, ``--api-ke X``) and
+    every secret in the other arguments hidden."""
     out: list[str] = []
     hide_next = False
     for arg in argv:
@@ -53,7 +96,7 @@ def redact_argv(argv: list[str]) -> list[str]:
             hide_next = False
             continue
         name = arg.split("=", 1)[0]
-        if name in ("--api-key", "--admin-api-key"):
+        if is_secret_flag(name):
             if "=" in arg:
                 out.append(f"{name}={REDACTED}")
             else:
@@ -64,27 +107,131 @@ def redact_argv(argv: list[str]) -> list[str]:
     return out
 
 
-def is_secret_name(name: str) -> bool:
-    """Environment-style names (upper case) by their words; config-style (lower case) only when well known."""
-    words = [w for w in re.split(r"[_\-.]+", name.upper()) if w]
-    if not words:
-        return False
-    if name.upper() == name:  # an environment variable
-        if words[-1] in NOT_SECRET_LAST:
-            return False
-        return any(w in SECRET_WORDS for w in words) or (words[-1] == "KEY" and len(words) > 1)
+# -- values and text --------------------------------------------------------------------------------------
+TOKEN_SHAPES = (
+    r"hf_[A-Za-z0-9]{20,}", r"sk-[A-Za-z0-9_-]{20,}", r"gh[pousr]_[A-Za-z0-9]{20,}", r"github_pat_[A-Za-z0-9_]{20,}",
+    r"glpat-[A-Za-z0-9_-]{20,}", r"xox[abposr]-[A-Za-z0-9-]{10,}", r"nvapi-[A-Za-z0-9_-]{20,}", r"AKIA[0-9A-Z]{16}",
+    r"AIza[0-9A-Za-z_-]{35}", r"eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*",
+)
+SECRET_VALUE = re.compile(r"(?<![A-Za-z0-9_])(?:" + "|".join(TOKEN_SHAPES) + r")(?![A-Za-z0-9_])")
+PEM_KEY = re.compile(r"-----BEGIN (?P<kind>[A-Z ]*PRIVATE KEY)-----.*?(?:-----END (?P=kind)-----|\Z)", re.S)
+BEARER = re.compile(r"(?P<head>\b(?:Bearer\s+|Authorization:\s*\w+\s+))"
+                    r"(?P<value>(?!<redacted>)[A-Za-z0-9._~+/=-]{8,})")
+WEBHOOK = re.compile(r"(?P<head>\b(?:hooks\.slack\.com/(?:services|workflows|triggers)|discord(?:app)?\.com/api/"
+                     r"webhooks)/)(?P<value>[A-Za-z0-9/_-]+)")
+# scheme://user[:password]@host: everything before the last '@' of the authority is userinfo ('@' in a password).
+URL_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^/?#\s'\"<>]+)@")
+SECRET_PARAMS = ("token", "key", "pwd", "pass", "secret", "sig", "signature", "sas", "code", "auth",
+                 "authorization", "x-amz-credential", "x-amz-security-token", "x-goog-credential", "credential")
+QUERY_PARAM = re.compile(r"(?P<head>[?&;](?P<name>[A-Za-z0-9_.\-]+)=)(?P<value>(?!<redacted>)[^&#\s'\"\\]+)")
+QUOTED_PAIR = re.compile(r"(?P<head>(?P<q>[\"'])(?P<name>[A-Za-z0-9_.\-]+)(?P=q)\s*:\s*)(?P<vq>[\"'])"
+                         r"(?P<value>(?:[^\"'\\]|\\.)*)(?P=vq)")
+ASSIGNMENT = re.compile(r"(?P<head>(?<![\w.\-/])(?P<name>[A-Za-z_][A-Za-z0-9_.\-]*)(?P<sep>\s*=\s*|:\s+)"
+                        r"(?P<q>(?:\\?[\"'])?))(?P<value>(?!<redacted>)(?!\$[({])[^\s\"'&;,\\]+)")
+FLAG_VALUE = re.compile(r"(?P<head>(?P<flag>--[A-Za-z][A-Za-z0-9-]*)"
+                        r"(?:=(?:\\?[\"'])?|\s+(?:\\?[\"'])?|\\?[\"']\s*,\s*\\?[\"']))"
+                        r"(?P<value>(?!<redacted>)(?!--)(?!\$\{[A-Za-z_][A-Za-z0-9_]*\})[^\s'\",\]\\]+)")
+
+
+def is_secret_param(name: str) -> bool:
+    """A query parameter that carries a credential: one of ``SECRET_PARAMS`` or a name whose words say so
+    (``hf_token``, ``private_token``, ``X-Amz-Signature``, ``api_key``, ``AccountKey``)."""
     low = name.lower()
-    return low in LOWER_SECRET_NAMES or low.endswith(("_password", "_secret", "_api_key", "_access_key"))
+    if low in SECRET_PARAMS or is_secret_name(low) or is_secret_name(name.upper().replace("-", "_")):
+        return True
+    return any(w in ("TOKEN", "SECRET", "PASSWORD", "SIGNATURE", "APIKEY", "CREDENTIAL") for w in _words(name))
+
+
+def _param(m: re.Match[str]) -> str:
+    return m.group("head") + REDACTED if is_secret_param(m.group("name")) else m.group(0)
+
+
+def _pair(m: re.Match[str]) -> str:
+    if not is_secret_name(m.group("name")) or m.group("value") in ("", REDACTED):
+        return m.group(0)
+    return f"{m.group('head')}{m.group('vq')}{REDACTED}{m.group('vq')}"
+
+
+def _assignment(m: re.Match[str]) -> str:
+    name = m.group("name")
+    if not is_secret_name(name):
+        return m.group(0)
+    if m.group("sep").strip() == ":" and len(_words(name)) == 1 and name.lower() not in PROSE_SECRET_WORDS:
+        return m.group(0)  # "token: <|im_end|>" in a sentence; "password: x" and "DB_PASS: x" are secrets
+    value = m.group("value")
+    if value.lower() in ("true", "false", "none", "null", "unset", "set", "yes", "no") or not value.strip("."):
+        return m.group(0)  # whether there is one (api_key: true), or a placeholder ("..."): not the secret
+    return m.group("head") + REDACTED
+
+
+def _flag(m: re.Match[str]) -> str:
+    return m.group("head") + REDACTED if is_secret_flag(m.group("flag")) else m.group(0)
+
+
+def redact_text(text: str) -> str:
+    """Every secret of free text (the module docstring's list), replaced by ``<redacted>``; idempotent."""
+    if not text:
+        return text
+    text = PEM_KEY.sub(lambda m: f"-----BEGIN {m.group('kind')}-----{REDACTED}-----END {m.group('kind')}-----", text)
+    text = URL_USERINFO.sub(lambda m: f"{m.group('scheme')}{REDACTED}@", text)
+    text = WEBHOOK.sub(lambda m: m.group("head") + REDACTED, text)
+    text = QUERY_PARAM.sub(_param, text)
+    text = FLAG_VALUE.sub(_flag, text)
+    text = QUOTED_PAIR.sub(_pair, text)
+    text = ASSIGNMENT.sub(_assignment, text)
+    text = BEARER.sub(lambda m: m.group("head") + REDACTED, text)
+    return SECRET_VALUE.sub(REDACTED, text)
 
 
 def redact(value: Any, key: str = "") -> Any:
-    """Redact secrets anywhere in a JSON value: values under secret-looking keys, token-like strings."""
+    """Redact secrets anywhere in a JSON value: values under secret-looking keys, the element after a secret
+    flag in a list of strings (``["--api-key", "X"]``), secrets inside every string."""
     if isinstance(value, dict):
         return {k: (REDACTED if isinstance(k, str) and is_secret_name(k) and v not in (None, "")
                     and not isinstance(v, (dict, list, bool)) else redact(v, k))
                 for k, v in value.items()}
     if isinstance(value, list):
+        if value and all(isinstance(v, str) for v in value):
+            return redact_argv(value)
         return [redact(v, key) for v in value]
     if isinstance(value, str):
         return redact_text(value)
     return value
+
+
+def redact_pair(name: str, value: str) -> str:
+    """``value`` as it may be shown next to ``name``: hidden when the name is a secret's."""
+    return REDACTED if is_secret_name(name) and value else redact_text(value)
+
+
+class RedactingStream:
+    """A text stream whose every write is redacted first: stdout and stderr of the CLI, so no message of any
+    command can print a secret. It offers no ``buffer``, so nothing (click included) writes around it."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        if not isinstance(text, str):
+            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+        self._stream.write(redact_text(text))
+        return len(text)
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "buffer":
+            raise AttributeError(name)
+        return getattr(self._stream, name)
+
+
+def guard_std_streams() -> None:
+    """Wrap ``sys.stdout`` and ``sys.stderr`` in ``RedactingStream`` (once)."""
+    import sys
+
+    if not isinstance(sys.stdout, RedactingStream):
+        sys.stdout = RedactingStream(sys.stdout)  # type: ignore[assignment]
+    if not isinstance(sys.stderr, RedactingStream):
+        sys.stderr = RedactingStream(sys.stderr)  # type: ignore[assignment]

@@ -9,6 +9,8 @@ import socket
 from typing import TYPE_CHECKING, Any
 
 from doctor import __version__
+from doctor.core.datafile import MAX_NESTING, too_deep
+from doctor.core.fileio import read_text
 from doctor.facts.redaction import redact
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -41,14 +43,24 @@ class SnapshotError(Exception):
     """The snapshot file cannot be used (invocation error: exit 2)."""
 
 
+MAX_SNAPSHOT_BYTES = 256 * 1024 * 1024
+
+
 def load_snapshot(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A snapshot file, read by the safe reader (a FIFO, a device or a directory is refused at once) and
+    bounded in size and nesting; ``SnapshotError`` (exit 2) for anything that is not a usable snapshot."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
+        data = json.loads(read_text(path, MAX_SNAPSHOT_BYTES, "a snapshot"))
     except OSError as exc:
         raise SnapshotError(f"cannot read snapshot {path}: {exc.strerror or exc}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise SnapshotError(f"snapshot {path} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise SnapshotError(f"snapshot {path} cannot be used: nested too deeply (more than {MAX_NESTING} "
+                            "levels)") from None
+    if too_deep(data):
+        raise SnapshotError(f"snapshot {path} cannot be used: nested more than {MAX_NESTING} levels deep "
+                            "(no recorded fact is)")
     if not isinstance(data, dict) or data.get("kind") != SNAPSHOT_KIND or not isinstance(data.get("facts"), dict):
         raise SnapshotError(f"{path} is not a k26-doctor snapshot (kind {SNAPSHOT_KIND!r} with 'facts')")
     if data.get("schema_version") != SNAPSHOT_SCHEMA_VERSION:

@@ -10,6 +10,7 @@ import traceback
 from dataclasses import MISSING, asdict, field, fields, make_dataclass
 from typing import Any
 
+from doctor.core import deadline
 from doctor.core.registry import Collector
 from doctor.facts.isolation import collect_isolated
 
@@ -85,6 +86,7 @@ class FactStore:
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
         self._shaped: dict[str, MalformedFact | None] = {}  # shape verdict per fact, once
+        self._active: dict[int, list[str]] = {}  # thread ident -> the facts it is collecting (innermost last)
         if snapshot is not None:
             for name, value in (snapshot.get("facts") or {}).items():
                 if isinstance(value, dict) and "__error__" in value:
@@ -131,7 +133,16 @@ class FactStore:
             raise FactUnavailable(name, "not recorded in the snapshot", status="skip")
         with self._guard:
             lock = self._locks.setdefault(name, threading.Lock())
-        with lock:
+        wait = deadline.remaining()
+        active = self._active.setdefault(threading.get_ident(), [])
+        active.append(name)  # waited for or collected: what a check past its deadline is stuck on
+        try:
+            if not lock.acquire(timeout=-1 if wait is None else wait):  # another check is still collecting it
+                raise FactUnavailable(name, f"still being collected by another check when {deadline.ended()}")
+        except BaseException:
+            active.pop()
+            raise
+        try:
             if name in self._values:
                 return self._values[name]
             if name in self._errors:
@@ -154,6 +165,13 @@ class FactStore:
                 self._durations[name] = time.monotonic() - start
             self._values[name] = value
             return value
+        finally:
+            active.pop()
+            lock.release()
+
+    def collecting(self, thread_ident: int | None) -> list[str]:
+        """The facts the thread ``thread_ident`` is collecting now (what a check past its deadline waits on)."""
+        return list(self._active.get(thread_ident or 0, []))
 
     def collected(self) -> set[str]:
         """Names of the facts that have a value in this store (collected, replayed or seeded)."""
@@ -173,9 +191,9 @@ class FactStore:
         for t in threads:
             t.start()
         longest = max((self.collectors[n].timeout for n in names if n in self.collectors), default=5)
-        deadline = time.monotonic() + longest + 5
+        end = time.monotonic() + deadline.clip(longest + 5)
         for t in threads:
-            t.join(max(0.0, deadline - time.monotonic()))
+            t.join(max(0.0, end - time.monotonic()))
         for n in names:
             if n in self._values:
                 out[n] = self._values[n]

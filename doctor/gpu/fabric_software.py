@@ -26,6 +26,8 @@ import shutil
 from collections.abc import Callable
 from typing import Any
 
+from doctor.core.fileio import open_regular
+
 FM_UNIT = "nvidia-fabricmanager.service"
 NVLSM_UNITS = ("nvlsm.service", "nvidia-nvlsm.service")
 FM_BINARY = "nv-fabricmanager"
@@ -121,15 +123,15 @@ def processes(proc_root: str, names: tuple[str, ...]) -> dict[str, Any]:
         if count > MAX_PIDS:
             break
         try:
-            with open(os.path.join(proc_root, entry, "comm"), encoding="utf-8", errors="replace") as fh:
-                comm = fh.read(64).strip()
+            with open_regular(os.path.join(proc_root, entry, "comm")) as fh:
+                comm = fh.read(64).decode("utf-8", "replace").strip()
         except OSError:
             continue
         if comm in found:
             found[comm].append(int(entry))
     try:
-        with open(os.path.join(proc_root, "1", "comm"), encoding="utf-8", errors="replace") as fh:
-            pid1: str | None = fh.read(64).strip()
+        with open_regular(os.path.join(proc_root, "1", "comm")) as fh:
+            pid1: str | None = fh.read(64).decode("utf-8", "replace").strip()
     except OSError:
         pid1 = None
     return {"readable": True, "error": None, "pids": {k: sorted(v) for k, v in found.items()}, "pid1": pid1}

@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from doctor.core.fileio import open_regular
 from doctor.core.registry import collector
 from doctor.facts.shape import NUM, opt
 
@@ -207,22 +208,22 @@ def describe_process(pid: int, proc_root: str = "/proc") -> dict[str, Any]:
     if not info["in_namespace"]:
         return info
     try:
-        with open(os.path.join(base, "cmdline"), "rb") as fh:
+        with open_regular(os.path.join(base, "cmdline")) as fh:
             raw = fh.read(65536)
         info["cmdline"] = " ".join(p.decode("utf-8", "replace") for p in raw.split(b"\0") if p) or None
     except OSError:
         pass
     try:
-        with open(os.path.join(base, "status"), encoding="utf-8", errors="replace") as fh:
-            for line in fh:
+        with open_regular(os.path.join(base, "status")) as fh:
+            for line in fh.read(1 << 16).decode("utf-8", "replace").splitlines():
                 if line.startswith("Uid:"):
                     info["uid"] = int(line.split()[1])
                     break
     except (OSError, ValueError, IndexError):
         pass
     try:
-        with open(os.path.join(base, "stat"), encoding="utf-8", errors="replace") as fh:
-            info["start_ticks"] = int(fh.read().rsplit(")", 1)[1].split()[19])
+        with open_regular(os.path.join(base, "stat")) as fh:
+            info["start_ticks"] = int(fh.read(1 << 16).decode("utf-8", "replace").rsplit(")", 1)[1].split()[19])
     except (OSError, ValueError, IndexError):
         pass
     try:
@@ -244,8 +245,8 @@ def describe_process(pid: int, proc_root: str = "/proc") -> dict[str, Any]:
 def kernel_module_version(path: str = "/proc/driver/nvidia/version") -> str | None:
     """The loaded kernel module's version (independent of NVML), e.g. ``580.159.04``."""
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            first = fh.readline()
+        with open_regular(path) as fh:
+            first = fh.read(4096).decode("utf-8", "replace").split("\n", 1)[0]
     except OSError:
         return None
     for word in first.split():

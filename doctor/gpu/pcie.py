@@ -26,6 +26,8 @@ import os
 import re
 from typing import Any
 
+from doctor.core.fileio import open_regular
+
 EXT_CAP_START = 0x100
 CONFIG_SPACE_SIZE = 4096
 STANDARD_SIZE = 256
@@ -151,15 +153,15 @@ def norm_bdf(bus_id: str) -> str:
 
 def _read_text(path: str) -> str | None:
     try:
-        with open(path, encoding="ascii", errors="replace") as fh:
-            return fh.read(4096).strip()
+        with open_regular(path) as fh:
+            return fh.read(4096).decode("ascii", "replace").strip()
     except OSError:
         return None
 
 
 def _read_config(path: str) -> tuple[bytes | None, str | None]:
     try:
-        with open(path, "rb") as fh:
+        with open_regular(path) as fh:
             return fh.read(MAX_CONFIG_READ), None
     except OSError as exc:
         return None, f"{exc.strerror or exc}"
@@ -271,11 +273,8 @@ def iommu_vendor(units: list[str], cpu_vendor: str | None) -> str | None:
 
 def cpu_vendor(proc_root: str) -> str | None:
     try:
-        with open(os.path.join(proc_root, "cpuinfo"), encoding="ascii", errors="replace") as fh:
-            for _ in range(64):
-                line = fh.readline()
-                if not line:
-                    break
+        with open_regular(os.path.join(proc_root, "cpuinfo")) as fh:
+            for line in fh.read(1 << 16).decode("ascii", "replace").splitlines()[:64]:
                 if line.startswith("vendor_id"):
                     return line.split(":", 1)[1].strip()
     except OSError:

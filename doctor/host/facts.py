@@ -8,6 +8,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
+from doctor.core.fileio import read_capped, read_text
 from doctor.core.registry import collector
 from doctor.facts.redaction import redact
 from doctor.facts.store import CollectOptions
@@ -75,8 +76,7 @@ def service_env(opts: CollectOptions) -> tuple[dict[str, str], dict[str, Any]]:
                             "cuda_visible_devices_from": "environment" if "CUDA_VISIBLE_DEVICES" in env else None}
     if path:
         try:
-            with open(path, encoding="utf-8", errors="replace") as fh:
-                extra = parse_env_file(fh.read(1_000_000))
+            extra = parse_env_file(read_text(path, 1_000_000, "an environment file", errors="replace"))
         except FileNotFoundError:
             info["env_file_state"], info["env_file_error"] = "missing", "not present"
         except OSError as exc:
@@ -157,7 +157,7 @@ def _port_owner(port: int) -> list[dict[str, Any]]:
     inodes: set[str] = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
-            lines = Path(table).read_text().splitlines()[1:]
+            lines = read_text(table, 64 << 20, "a socket table", errors="replace").splitlines()[1:]
         except OSError:
             continue
         for line in lines:
@@ -174,7 +174,8 @@ def _port_owner(port: int) -> list[dict[str, Any]]:
             for fd in (pid_dir / "fd").iterdir():
                 target = os.readlink(fd)
                 if target.startswith("socket:[") and target[8:-1] in inodes:
-                    cmd = (pid_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+                    cmd = read_capped(pid_dir / "cmdline", 1 << 16, "a command line").replace(b"\0", b" ").decode(
+                        errors="replace").strip()
                     owners.append({"pid": int(pid_dir.name), "cmdline": cmd[:300]})
                     break
         except OSError:

@@ -11,11 +11,13 @@ what ``model.config`` and ``model.fit`` compare with config.json.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
 from typing import Any
 
+from doctor.core.fileio import describe_error, kind_of, read_capped
 from doctor.core.registry import collector
 from doctor.facts.shape import opt
 from doctor.host.access import current_user, ownership
@@ -23,13 +25,10 @@ from doctor.model.hashing import verify_model_hashes
 from doctor.model.modelconfig import json_data
 from doctor.model.remote_code import auto_map_refs, scan_remote_code
 from doctor.model.scan import scan_weights, tensor_summary
-from doctor.model.tokenizer import tokenizer_fact
+from doctor.model.tokenizer import TOKENIZER_FILES, tokenizer_fact
 
 MAX_JSON_BYTES = 4 * 1024 * 1024
 MAX_LISTED_FILES = 400
-TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json", "tokenizer.model", "tiktoken.model", "vocab.json",
-                   "merges.txt", "special_tokens_map.json", "chat_template.jinja", "chat_template.json",
-                   "generation_config.json")
 
 
 def read_json_file(path: str) -> dict[str, Any]:
@@ -37,23 +36,16 @@ def read_json_file(path: str) -> dict[str, Any]:
 
     The JSON is kept as text, not as a parsed object: snapshot redaction blanks values under keys
     that look secret, and configs are full of them (``mask_token_id``, ``num_key_value_heads``)."""
+    name = os.path.basename(path)
     try:
-        st = os.stat(path)
+        raw = read_capped(path, MAX_JSON_BYTES, "a config")  # a FIFO or a device: refused, never waited on
     except FileNotFoundError:
         if os.path.islink(path):
-            return {"present": True, "error": f"{os.path.basename(path)} is a dangling symlink"}
+            return {"present": True, "error": f"{name} is a dangling symlink"}
         return {"present": False}
     except OSError as exc:
-        return {"present": True, "error": f"cannot stat {os.path.basename(path)}: {exc.strerror or exc}"}
-    if not stat.S_ISREG(st.st_mode):
-        return {"present": True, "error": f"{os.path.basename(path)} is not a regular file"}
-    if st.st_size > MAX_JSON_BYTES:
-        return {"present": True, "error": f"{os.path.basename(path)} is {st.st_size} bytes: too large for a config"}
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read()
-    except OSError as exc:
-        return {"present": True, "error": f"cannot read {os.path.basename(path)}: {exc.strerror or exc}"}
+        return {"present": True, "error": f"{name} {exc.strerror}" if exc.strerror and exc.strerror.startswith("is ")
+                else f"cannot read {name}: {exc.strerror or exc}"}
     try:
         text = raw.decode("utf-8")
         json.loads(text)
@@ -103,10 +95,14 @@ def tokenizer_facts(model_dir: str) -> dict[str, Any]:
     for name in TOKENIZER_FILES:
         p = os.path.join(model_dir, name)
         try:
-            present[name] = {"size": os.stat(p).st_size}
-        except OSError:
-            if os.path.islink(p):
-                present[name] = {"dangling": True}
+            st = os.stat(p)
+        except OSError as exc:
+            if os.path.islink(p):  # a link to nothing, or a loop of links: never "missing"
+                present[name] = {"dangling": True, **({"loop": True} if exc.errno == errno.ELOOP else {})}
+            continue
+        present[name] = {"size": st.st_size}
+        if not stat.S_ISREG(st.st_mode):
+            present[name]["kind"] = kind_of(st.st_mode)
     return {"tokenizer_config": cfg, "files": present}
 
 
@@ -121,7 +117,7 @@ def describe_dir(path: str | None, *, what: str) -> dict[str, Any]:
         out.update(exists=False, error="does not exist" + (" (dangling symlink)" if os.path.islink(path) else ""))
         return out
     except OSError as exc:
-        out.update(exists=False, error=f"cannot be accessed: {exc.strerror or exc}")
+        out.update(exists=False, error=f"cannot be accessed: {describe_error(exc)}")
         return out
     out["exists"] = True
     if not stat.S_ISDIR(st.st_mode):

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from doctor.core.fileio import atomic_write
+from doctor.core import proc as proc_registry
+from doctor.core.fileio import atomic_write, open_regular, read_capped
 from doctor.model.index import INDEX_NAME, SINGLE_NAME, read_index
 from doctor.model.layout import file_state, read_hf_local_metadata
 from doctor.model.manifest import MANIFEST_NAME, read_manifest
@@ -38,6 +39,7 @@ BLOCK = 1024 * 1024  # the in-process read loop: large enough for the GIL, small
 WORKER = Path(__file__).with_name("sha256_worker.py")
 CACHE_FILE = "verify-cache.json"
 CACHE_VERSION = 1
+MAX_CACHE_BYTES = 256 * 1024 * 1024
 
 
 def default_workers() -> int:
@@ -65,7 +67,7 @@ def sha256_file(path: str, on_bytes: Callable[[int], None] | None = None, block:
     h = hashlib.sha256()
     buf = bytearray(block)
     view = memoryview(buf)
-    with open(path, "rb", buffering=0) as fh:
+    with open_regular(path, buffering=0) as fh:  # a FIFO where a shard should be is refused, never waited on
         while True:
             n = fh.readinto(buf)  # type: ignore[attr-defined]
             if not n:
@@ -93,9 +95,8 @@ class VerifyCache:
 
     def _load(self) -> dict[str, dict[str, Any]]:
         try:
-            with open(self.path, encoding="utf-8") as fh:
-                doc = json.load(fh)
-        except (OSError, ValueError):
+            doc = json.loads(read_capped(self.path, MAX_CACHE_BYTES, "a verification cache"))
+        except (OSError, ValueError, RecursionError):
             return {}
         if not isinstance(doc, dict) or doc.get("version") != CACHE_VERSION or not isinstance(doc.get("entries"), dict):
             return {}
@@ -299,6 +300,7 @@ class WorkerProcess:
                                     encoding="utf-8", errors="replace", bufsize=1, close_fds=True)
         except OSError:
             return None
+        proc_registry.track(proc)  # killed if the doctor exits while it hashes (Ctrl-C, the run's deadline)
         return cls(proc)
 
     def hash(self, path: str, on_bytes: Callable[[int], None] | None) -> dict[str, Any] | None:
@@ -339,6 +341,7 @@ class WorkerProcess:
         finally:
             if self.proc.stdout is not None:
                 self.proc.stdout.close()
+            proc_registry.untrack(self.proc)
         return self.proc.returncode
 
 

@@ -16,11 +16,12 @@ import json
 import math
 import operator
 import os
-import stat
 import struct
 from dataclasses import dataclass, field
 from itertools import compress
 from typing import Any
+
+from doctor.core.fileio import NotRegularFile, open_regular
 
 # The limit of the reference implementation (safetensors' MAX_HEADER_SIZE).
 MAX_HEADER_BYTES = 100_000_000
@@ -75,11 +76,9 @@ def read_header(path: str | os.PathLike[str]) -> HeaderReport:
     path = os.fspath(path)
     rep = HeaderReport(path)
     try:
-        st = os.stat(path)  # before open(): opening a FIFO or device could block forever
-        if not stat.S_ISREG(st.st_mode):
-            return rep.fail("not_a_file", "is not a regular file")
-        rep.size = st.st_size
-        with open(path, "rb") as fh:
+        with open_regular(path) as fh:  # a FIFO or a device is refused, never waited on
+            st = os.fstat(fh.fileno())
+            rep.size = st.st_size
             head = fh.read(8)
             if head.startswith(LFS_POINTER_PREFIX[:8]):
                 head += fh.read(200)
@@ -101,6 +100,8 @@ def read_header(path: str | os.PathLike[str]) -> HeaderReport:
                 return rep.fail("truncated", f"file is {st.st_size} bytes but its header alone needs {8 + n}: "
                                 "truncated download")
             raw = fh.read(n)
+    except NotRegularFile as exc:
+        return rep.fail("not_a_file", exc.strerror)
     except OSError as exc:
         if exc.errno in (errno.EACCES, errno.EPERM):  # access, not damage: a chmod, never a download
             return rep.fail("permission", f"cannot be read: {_os_reason(exc)}")

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from doctor.core.fileio import read_capped
 from doctor.model.header import HeaderReport, Problem
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -113,13 +114,7 @@ def parse_index_bytes(raw: bytes, path: str = INDEX_NAME) -> Index:
 def read_index(path: str) -> Index:
     """Read and parse the index file at ``path``."""
     try:
-        size = os.stat(path).st_size
-        if size > MAX_INDEX_BYTES:
-            idx = Index(path)
-            idx.problems.append(Problem("index_invalid", f"index is {size} bytes: too large to be an index"))
-            return idx
-        with open(path, "rb") as fh:
-            raw = fh.read()
+        raw = read_capped(path, MAX_INDEX_BYTES, "a safetensors index")  # a FIFO or device: refused, not waited on
     except OSError as exc:
         idx = Index(path)
         code = "index_missing" if isinstance(exc, FileNotFoundError) else "index_unreadable"

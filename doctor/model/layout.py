@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from doctor.core.fileio import describe_error, open_regular
+
 LEFTOVER_SUFFIXES = (".aria2", ".incomplete", ".part", ".partial")
 HF_LOCAL_META_DIR = os.path.join(".cache", "huggingface", "download")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -49,8 +51,8 @@ def file_state(model_dir: str, name: str) -> FileState:
         lst = os.lstat(path)
     except FileNotFoundError:
         return FileState(name, path, exists=False)
-    except OSError as exc:
-        return FileState(name, path, exists=False, error=exc.strerror or str(exc))
+    except OSError as exc:  # a loop in a directory of the path: it is there, and cannot be reached
+        return FileState(name, path, exists=True, error=describe_error(exc))
     fs = FileState(name, path, exists=True)
     if stat.S_ISLNK(lst.st_mode):
         fs.is_symlink = True
@@ -63,8 +65,8 @@ def file_state(model_dir: str, name: str) -> FileState:
         except FileNotFoundError:
             fs.dangling = True
             return fs
-        except OSError as exc:
-            fs.error = exc.strerror or str(exc)
+        except OSError as exc:  # a symlink loop is said to be one, never "missing"
+            fs.error = describe_error(exc)
             return fs
         base = os.path.basename(os.path.realpath(path))
         if SHA256_RE.match(base):
@@ -88,8 +90,8 @@ def read_hf_local_metadata(model_dir: str, name: str) -> dict[str, Any] | None:
     """huggingface_hub's record of a file fetched with ``--local-dir``: commit, etag (sha256 for LFS), time."""
     path = os.path.join(model_dir, HF_LOCAL_META_DIR, name + ".metadata")
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            lines = fh.read(4096).splitlines()
+        with open_regular(path) as fh:
+            lines = fh.read(4096).decode("utf-8", errors="replace").splitlines()
     except OSError:
         return None
     if len(lines) < 3:
@@ -168,3 +170,33 @@ def _leftover(rel: str, full: str, fname: str) -> dict[str, Any]:
     except OSError:
         size = None
     return {"path": rel, "kind": kind, "for": target, "size": size}
+
+
+MAX_LISTED_DOWNLOADS = 20  # more files than this: a command naming them all is no command to paste
+_DIGITS = re.compile(r"[0-9]+")
+
+
+def download_globs(files: list[str]) -> list[str]:
+    """Shell-free ``--include`` patterns covering ``files``: each name with its runs of digits as ``*``
+    (``model-00007-of-000064.safetensors`` -> ``model-*-of-*.safetensors``), fewest first."""
+    return sorted(dict.fromkeys(_DIGITS.sub("*", f) for f in files))
+
+
+def redownload_argv(repo: str, model_dir: str, files: list[str]) -> tuple[list[str], str]:
+    """``hf download`` of ``files`` into ``model_dir`` and what it does: the files by name (forced: a damaged
+    file that is present must be replaced) while they are few; beyond ``MAX_LISTED_DOWNLOADS`` the patterns
+    they share (``--include``), which fetch every missing file of those names and skip those already complete
+    (10,000 broken shards: one short command, not 330,000 characters; the exact list is the result's
+    details, and ``k26-doctor fix`` plans exactly those files)."""
+    if len(files) <= MAX_LISTED_DOWNLOADS:
+        return ["hf", "download", repo, *files, "--local-dir", model_dir, "--force-download"], ""
+    globs = download_globs(files)
+    if len(globs) > MAX_LISTED_DOWNLOADS:
+        globs = sorted({"*" + os.path.splitext(g)[1] if os.path.splitext(g)[1] else "*" for g in globs})
+    argv = ["hf", "download", repo]
+    for g in globs:
+        argv += ["--include", g]
+    note = (f"{len(files)} files (listed in the result's details): `k26-doctor fix` plans exactly those; the "
+            "command fetches what is missing by pattern (add --force-download to replace damaged files that are "
+            "present: it fetches every file of the pattern again)")
+    return [*argv, "--local-dir", model_dir], note

@@ -18,6 +18,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from doctor.core.fileio import read_capped
+
 MANIFEST_NAME = "k26-doctor.manifest.json"
 MANIFEST_KIND = "k26-doctor-manifest"
 MANIFEST_VERSION = 1
@@ -41,9 +43,11 @@ def read_manifest(path: str) -> Manifest:
     """Parse a manifest; anything malformed is an ``error`` (the caller falls back to other sources)."""
     man = Manifest(path)
     try:
-        with open(path, "rb") as fh:
-            raw = fh.read(64 * 1024 * 1024)
+        raw = read_capped(path, 64 * 1024 * 1024, "a manifest")
     except FileNotFoundError:
+        if os.path.islink(path):
+            man.present = True
+            man.error = f"{path} is a dangling symlink"
         return man
     except OSError as exc:
         man.present = True

@@ -9,8 +9,10 @@ target and the drafter, then sizes the KV pool (``mem_cache/kv_cache_configurato
     tokens   = KV bytes // bytes per token (target cell + the DFLASH/DDTREE draft cell)
 
 and leaves ``pre x (1 - f)`` for everything allocated later: the request-to-token table, the attention
-backends' CUDA-graph buffers (Triton's grow with the verify width and the context length: DDTree's tree
-of ``budget + 1`` tokens per request), the graphs themselves, activations, NCCL, allocator slack. So:
+backends' CUDA-graph buffers (Triton's grow with the verify width and the context length; the DDTree patch
+set sizes its target's by what the tree verify reads: one decode token and one prefix of KV indices per
+request, a ``W x W`` mask), the graph logits buffer (``W`` rows per request), the graphs themselves,
+activations, NCCL, allocator slack. So:
 
     f_min = (weights + the KV the profile's context and concurrency need) / pre
     f_max = 1 - (what is allocated outside the pool) / pre
@@ -278,14 +280,19 @@ def sm_count(gpu_name: str | None, c: dict[str, Any] | None = None) -> int:
 
 
 def triton_graph_buffers(g: Geometry, *, tp: int, max_bs: int, tokens_per_req: int, context_len: int,
-                         num_kv_splits: int, sms: int, verify_mask: bool,
+                         num_kv_splits: int, sms: int, verify_mask: bool, ddtree: bool = False,
                          c: dict[str, Any] | None = None) -> dict[str, int]:
-    """Bytes of the Triton backend's CUDA-graph state (``TritonAttnBackend.init_cuda_graph_state``)."""
+    """Bytes of the Triton backend's CUDA-graph state (``TritonAttnBackend.init_cuda_graph_state``).
+
+    ``ddtree``: a runner of the DDTree patch set (the target, whose graphs verify ``W = tokens_per_req`` tree
+    nodes per request, or the drafter at its block): the split-KV decode buffers hold one token per request,
+    the KV indices each request's committed prefix once, and the target's verify mask is the compact
+    ``W x W`` per request (``doctor/data/sglang_memory.toml`` [triton] has the formulas)."""
     c = c or constants()
     t = c["triton"]
     if max_bs <= 0:
         return {}
-    tokens = max_bs * tokens_per_req
+    tokens = max_bs if ddtree else max_bs * tokens_per_req
     heads = max(1, g.heads // max(1, tp))
     splits = num_kv_splits
     if g.mla:
@@ -296,7 +303,8 @@ def triton_graph_buffers(g: Geometry, *, tp: int, max_bs: int, tokens_per_req: i
         "kv_indices": tokens * context_len * t["kv_index_bytes"],
     }
     if verify_mask and tokens_per_req > 1:
-        out["verify_mask"] = max_bs * tokens_per_req * (context_len + tokens_per_req) * t["mask_bytes"]
+        cols = tokens_per_req if ddtree else context_len + tokens_per_req
+        out["verify_mask"] = max_bs * tokens_per_req * cols * t["mask_bytes"]
     return out
 
 
@@ -368,7 +376,8 @@ def outside_pool(target: Geometry, shape: ServerShape, *, draft: Geometry | None
         for name, n in triton_graph_buffers(target, tp=tp, max_bs=shape.graph_max_bs,
                                             tokens_per_req=shape.verify_width, context_len=shape.context_len,
                                             num_kv_splits=shape.num_kv_splits, sms=sms,
-                                            verify_mask=speculative, c=c).items():
+                                            verify_mask=speculative, ddtree=shape.algorithm == "DDTREE",
+                                            c=c).items():
             items[f"target graph {name}"] = n
         rows = shape.graph_max_bs * shape.verify_width
         if target.vocab:
@@ -377,7 +386,7 @@ def outside_pool(target: Geometry, shape: ServerShape, *, draft: Geometry | None
             for name, n in triton_graph_buffers(draft, tp=tp, max_bs=shape.graph_max_bs,
                                                 tokens_per_req=shape.draft_block, context_len=shape.context_len,
                                                 num_kv_splits=shape.num_kv_splits, sms=sms, verify_mask=False,
-                                                c=c).items():
+                                                ddtree=shape.algorithm == "DDTREE", c=c).items():
                 items[f"draft graph {name}"] = n
     if shape.prefill_graphs:
         if target.mla:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from doctor.core.datafile import load_toml
+from doctor.core.fileio import describe_error, read_text
 
 COMPAT_FILE = Path(__file__).resolve().parents[1] / "data" / "tokenizer_compat.toml"
 MAX_SOURCE_BYTES = 2 * 1024 * 1024
@@ -37,6 +38,13 @@ def auto_map_refs(auto_map: Any) -> list[str]:
                 if isinstance(ref, str) and "." in ref and ref not in refs:
                     refs.append(ref)
     return refs
+
+
+def outside_name(name: str) -> bool:
+    """A file name that does not stay inside the model directory: absolute, or with an empty or ``..`` part
+    (``"/opt/x.py"``, ``"..x.Cls"`` read as ``//x.py``)."""
+    parts = name.split("/")
+    return name.startswith("/") or any(p in ("", "..") for p in parts)
 
 
 def module_file(ref: str) -> str | None:
@@ -102,23 +110,34 @@ def scan_remote_code(model_dir: str, refs: list[str]) -> dict[str, Any]:
         name = queue.pop(0)
         if name in out["files"]:
             continue
-        path = os.path.join(model_dir, name)
         rec: dict[str, Any] = {"needed_by": needed_by.get(name)}
         out["files"][name] = rec
+        if outside_name(name):  # never read: transformers takes remote code from the model directory only
+            rec.update(present=os.path.lexists(name) if name.startswith("/") else False, outside=True)
+            out.setdefault("outside", []).append(name)
+            continue
+        path = os.path.join(model_dir, name)
         try:
-            size = os.path.getsize(path)
-        except OSError:
-            rec["present"] = False
-            out["missing"].append(name)
+            text = read_text(path, MAX_SOURCE_BYTES, "Python source")
+        except FileNotFoundError:
+            rec["present"] = os.path.islink(path)
+            if rec["present"]:
+                rec["error"] = describe_error(FileNotFoundError(2, "No such file or directory", path))
+            else:
+                out["missing"].append(name)
+            continue
+        except OSError as exc:  # a FIFO, a device, a symlink loop, too large, unreadable: said as such
+            rec["present"] = True
+            rec["error"] = exc.strerror or str(exc)
+            continue
+        except UnicodeDecodeError as exc:
+            rec["present"] = True
+            rec["error"] = f"not readable Python: {type(exc).__name__}: {exc}"
             continue
         rec["present"] = True
-        if size > MAX_SOURCE_BYTES:
-            rec["error"] = f"{size} bytes: too large to be read as source"
-            continue
         try:
-            with open(path, encoding="utf-8", errors="strict") as fh:
-                rec.update(analyse_source(fh.read()))
-        except (OSError, UnicodeDecodeError, SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+            rec.update(analyse_source(text))
+        except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
             rec["error"] = f"not readable Python: {type(exc).__name__}: {exc}"
             continue
         for sibling in rec.get("relative", []):
@@ -126,6 +145,28 @@ def scan_remote_code(model_dir: str, refs: list[str]) -> dict[str, Any]:
                 needed_by.setdefault(sibling, name)
                 queue.append(sibling)
     return out
+
+
+def named_module_problems(remote: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """What is wrong with the modules ``auto_map`` names itself (``scan_remote_code``'s record: files with no
+    ``needed_by``): (one line per problem, the files a download fixes). A module outside the model directory is
+    said to be outside (it may well exist: transformers does not look there), never "missing"; one that is not
+    a regular file or is a symlink loop is said to be that."""
+    problems: list[str] = []
+    download: list[str] = []
+    files = remote.get("files") if isinstance(remote.get("files"), dict) else {}
+    for name, rec in files.items():
+        if not isinstance(rec, dict) or rec.get("needed_by"):
+            continue
+        if rec.get("outside"):
+            problems.append(f"remote-code module {name} named by auto_map is outside the model directory"
+                            + (" (it exists there, but" if rec.get("present") else " (")
+                            + " transformers loads remote code only from the model directory): name a module "
+                            "inside it, as the model's repository does")
+        elif rec.get("present") is False:
+            problems.append(f"remote-code module {name} named by auto_map is missing")
+            download.append(name)
+    return problems, download
 
 
 def download_command(repo: str | None, model_dir: str | None, files: list[str]) -> str:

@@ -15,6 +15,8 @@ import os
 import re
 from typing import Any
 
+from doctor.core.fileio import open_regular
+
 MAX_BYTES = 64 * 1024 * 1024
 MAX_PROBLEMS = 5
 _B64 = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/="
@@ -38,13 +40,13 @@ def read_tiktoken_bpe(path: str) -> dict[str, Any]:
     """``{"ok", "tokens", "max_rank", "bytes", "problems": [...]}``; never raises."""
     out: dict[str, Any] = {"ok": False, "tokens": 0, "max_rank": None, "problems": []}
     try:
-        size = os.path.getsize(path)
-        out["bytes"] = size
-        if size > MAX_BYTES:
-            out["problems"].append(f"{os.path.basename(path)} is {size} bytes: larger than any BPE vocabulary")
-            return out
-        with open(path, "rb") as fh:
-            data = fh.read()
+        with open_regular(path) as fh:
+            size = os.fstat(fh.fileno()).st_size
+            out["bytes"] = size
+            if size > MAX_BYTES:
+                out["problems"].append(f"{os.path.basename(path)} is {size} bytes: larger than any BPE vocabulary")
+                return out
+            data = fh.read(MAX_BYTES + 1)
     except OSError as exc:
         out["problems"].append(f"cannot read {os.path.basename(path)}: {exc.strerror or exc}")
         return out

@@ -21,6 +21,7 @@ import functools
 import json
 import os
 import shlex
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from doctor.core.datafile import load_toml
+from doctor.core.fileio import kind_of, read_capped
 from doctor.core.proc import run_probe
 from doctor.model.remote_code import auto_map_refs, compat_table, download_command, scan_remote_code
 from doctor.model.tiktoken_bpe import read_tiktoken_bpe
@@ -36,6 +38,9 @@ from doctor.model.tiktoken_bpe import read_tiktoken_bpe
 MARKERS_FILE = Path(__file__).resolve().parents[1] / "data" / "tokenizer_markers.toml"
 PROBE_TIMEOUT_S = 120.0
 MAX_JSON_BYTES = 8 * 1024 * 1024
+TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json", "tokenizer.model", "tiktoken.model", "vocab.json",
+                   "merges.txt", "special_tokens_map.json", "chat_template.jinja", "chat_template.json",
+                   "generation_config.json")
 MAX_SPECIAL_PROBED = 64
 GENERIC_BACKEND = "TokenizersBackend"
 
@@ -75,14 +80,28 @@ def required_markers(parsers: dict[str, str]) -> dict[str, list[str]]:
 
 def _read_json(path: str) -> tuple[Any, str | None]:
     try:
-        if os.path.getsize(path) > MAX_JSON_BYTES:
-            return None, f"{os.path.basename(path)} is too large"
-        with open(path, encoding="utf-8") as fh:
-            return json.load(fh), None
+        return json.loads(read_capped(path, MAX_JSON_BYTES, "a tokenizer config")), None
     except FileNotFoundError:
         return None, None
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+    except OSError as exc:
+        return None, f"{os.path.basename(path)} {exc.strerror}" if (exc.strerror or "").startswith("is ") else \
+            f"{os.path.basename(path)}: {exc.strerror or exc}"
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         return None, f"{os.path.basename(path)}: {exc}"
+
+
+def blocking_files(model_dir: str, remote: dict[str, Any]) -> list[str]:
+    """The tokenizer's files (and remote code) that exist but are not regular files, in words
+    (``tokenizer.json is a FIFO (named pipe)``): a load in the service's interpreter would block on them."""
+    out = []
+    for name in [*TOKENIZER_FILES, "config.json", *(remote.get("files") or {})]:  # AutoConfig reads config.json
+        try:
+            mode = os.stat(os.path.join(model_dir, name)).st_mode
+        except (OSError, ValueError):
+            continue
+        if not stat.S_ISREG(mode):
+            out.append(f"{name} is {kind_of(mode)}")
+    return out
 
 
 def special_tokens(tokenizer_config: Any) -> dict[str, int]:
@@ -125,6 +144,11 @@ def tokenizer_fact(opts: Any) -> dict[str, Any]:
     for content in sorted(out["special_tokens"], key=out["special_tokens"].get):
         if content not in markers and len(markers) < MAX_SPECIAL_PROBED:
             markers.append(content)
+    blocking = blocking_files(path, out["remote_code"])
+    if blocking:  # transformers would open it and wait (a FIFO) or read a device: the probe is not started
+        out["probe"] = {"probe_failed": True, "python": opts.python,
+                        "error": f"not run: {blocking[0]}, which the tokenizer load would open"}
+        return out
     imports = sorted({m for f in out["remote_code"]["files"].values() for m in f.get("imports", [])})
     args = ["--model", path, "--trust-remote-code", "1" if trust else "0", "--markers", json.dumps(markers),
             "--imports", json.dumps(imports)]

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from doctor.core import proc
+from doctor.core.fileio import open_regular
 from doctor.core.registry import collector
 from doctor.facts.store import CollectOptions
 from doctor.host.facts import service_env
@@ -36,7 +37,7 @@ def parse_pyvenv_cfg(text: str) -> dict[str, str]:
 def read_shebang(path: Path) -> str | None:
     """The interpreter a script runs: ``#!/x/python`` or pip's ``#!/bin/sh`` + ``'''exec' "/x/python"`` form."""
     try:
-        with open(path, "rb") as fh:
+        with open_regular(path) as fh:  # a FIFO among the scripts is refused, never waited on
             head = fh.read(SHEBANG_BYTES)
     except OSError:
         return None
@@ -117,8 +118,8 @@ def collect_venv(opts: CollectOptions) -> dict[str, Any]:
     out["is_venv"] = bool(cfg_path and cfg_path.is_file())
     if out["is_venv"] and root is not None and cfg_path is not None:
         try:
-            with open(cfg_path, encoding="utf-8", errors="replace") as fh:
-                cfg = parse_pyvenv_cfg(fh.read(65536))  # a few lines; never read a hostile giant
+            with open_regular(cfg_path) as fh:
+                cfg = parse_pyvenv_cfg(fh.read(65536).decode("utf-8", "replace"))  # a few lines; never a giant
             out["pyvenv_cfg"] = cfg
         except OSError as exc:
             cfg = {}

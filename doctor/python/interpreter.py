@@ -13,6 +13,7 @@ import os
 import stat
 from typing import Any
 
+from doctor.core.fileio import open_regular
 from doctor.host.access import ownership
 
 ELF_MAGIC = b"\x7fELF"
@@ -32,7 +33,7 @@ def nearest_existing(path: str) -> str | None:
 def file_kind(path: str) -> str:
     """``an ELF executable``, ``a script for /bin/sh``, ``a file``: what the first bytes say."""
     try:
-        with open(path, "rb") as fh:
+        with open_regular(path) as fh:  # never waits on a FIFO
             head = fh.read(256)
     except OSError:
         return "a file"

@@ -24,57 +24,92 @@ ENV_PREFIXES = ("CUDA_", "NCCL_", "TRITON_", "SGLANG_", "TORCH_", "NVIDIA_", "HF
 GIB = 1024 ** 3
 
 
-def _fact(facts: Any, name: str) -> Any:
-    """A fact this run collected (or recorded); None when it is not there: ``env`` says "not read"."""
+def _fact(facts: Any, name: str) -> dict[str, Any]:
+    """A fact this run collected (or recorded) when it is a JSON object; ``{}`` when it is not there or is
+    something else (a snapshot with a fact of the wrong type): ``env`` says "not read", never crashes."""
     try:
-        return facts.get(name)
-    except Exception:  # FactUnavailable: shown as not read, never a crash of a bug-report helper
-        return None
+        value = facts.get(name)
+    except Exception:  # FactUnavailable, MalformedFact: shown as not read, never a crash of a bug-report helper
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _obj(value: Any, *keys: str) -> dict[str, Any]:
+    """``value[k1][k2]...`` when every step is a JSON object, else ``{}``."""
+    for key in keys:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value if isinstance(value, dict) else {}
+
+
+def _scalar(value: Any) -> Any:
+    """A value shown as it is only when it is a string, number or boolean (None otherwise)."""
+    return value if isinstance(value, (str, int, float, bool)) else None
+
+
+def _strings(value: Any) -> list[str] | None:
+    return [str(v) for v in value if isinstance(v, (str, int))] if isinstance(value, list) else None
 
 
 def os_release() -> str:
+    from doctor.core.fileio import read_text
+
     try:
-        with open("/etc/os-release", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("PRETTY_NAME="):
-                    return line.split("=", 1)[1].strip().strip('"')
+        for line in read_text("/etc/os-release", 1 << 16, "an os-release file", errors="replace").splitlines():
+            if line.startswith("PRETTY_NAME="):
+                return line.split("=", 1)[1].strip().strip('"')
     except OSError:
         pass
     return "unknown"
 
 
+def _gpu(d: dict[str, Any]) -> dict[str, Any]:
+    cc = d.get("compute_capability")
+    total = _obj(d, "memory").get("total")
+    return {"index": _scalar(d.get("index")), "name": _scalar(d.get("name")),
+            "cc": ".".join(str(x) for x in cc if isinstance(x, int)) or None if isinstance(cc, list) else None,
+            "memory_gib": round(total / GIB, 1) if isinstance(total, (int, float)) and not isinstance(total, bool)
+            else 0,
+            "mig": _scalar(_obj(d, "mig_mode").get("current")),
+            "nvlinks_active": _scalar(_obj(d, "nvlink").get("active"))}
+
+
 def collect_summary(report: Any, facts: Any, live: bool) -> dict[str, Any]:
-    """The summary as data (``--format json``), redacted."""
+    """The summary as data (``--format json``), redacted. Every value is read defensively: a recorded fact
+    of the wrong type is left out, never a crash."""
     s = report.settings
-    nvml = _fact(facts, "nvml") or {}
-    stack = _fact(facts, "stack") or {}
-    torch = _fact(facts, "torch_info") or {}
-    env = (_fact(facts, "env") or {}).get("vars") or {}
-    devices = [d for d in (nvml.get("devices") or []) if isinstance(d, dict)]
+    nvml = _fact(facts, "nvml")
+    stack = _fact(facts, "stack")
+    torch = _fact(facts, "torch_info")
+    env = {str(k): str(v) for k, v in _obj(_fact(facts, "env"), "vars").items() if _scalar(v) is not None}
+    raw_devices = nvml.get("devices")
+    devices = [d for d in raw_devices if isinstance(d, dict)] if isinstance(raw_devices, list) else []
     cuda_drv = nvml.get("cuda_driver_version")
-    dists = stack.get("distributions") or {}
-    py = stack.get("python") or {}
+    dists = _obj(stack, "distributions")
+    py = _obj(stack, "python")
+    try:
+        topology = links.matrix(nvml, devices) if len(devices) > 1 else []
+    except (TypeError, ValueError, KeyError, AttributeError):  # recorded links of the wrong type
+        topology = []
     out: dict[str, Any] = {
         "doctor": {"version": __version__, "profile": s.profile_name, "tp": s.tp,
                    "from_snapshot": s.from_snapshot},
         "host": ({"kernel": platform.release(), "machine": platform.machine(), "os": os_release(),
                   "libc": " ".join(platform.libc_ver())} if live else {"recorded": "see the snapshot"}),
-        "driver": {"available": bool(nvml.get("available")), "version": nvml.get("driver_version"),
-                   "kernel_module": nvml.get("kernel_module_version"),
-                   "cuda": f"{cuda_drv // 1000}.{cuda_drv % 1000 // 10}" if isinstance(cuda_drv, int) else None,
-                   "error": nvml.get("error")},
-        "gpus": [{"index": d.get("index"), "name": d.get("name"),
-                  "cc": ".".join(str(x) for x in d.get("compute_capability") or []) or None,
-                  "memory_gib": round((d.get("memory") or {}).get("total", 0) / GIB, 1),
-                  "mig": (d.get("mig_mode") or {}).get("current"),
-                  "nvlinks_active": (d.get("nvlink") or {}).get("active")} for d in devices],
+        "driver": {"available": bool(nvml.get("available")), "version": _scalar(nvml.get("driver_version")),
+                   "kernel_module": _scalar(nvml.get("kernel_module_version")),
+                   "cuda": f"{cuda_drv // 1000}.{cuda_drv % 1000 // 10}"
+                   if isinstance(cuda_drv, int) and not isinstance(cuda_drv, bool) else None,
+                   "error": _scalar(nvml.get("error"))},
+        "gpus": [_gpu(d) for d in devices],
         "cuda_visible_devices": env.get("CUDA_VISIBLE_DEVICES"),
-        "topology": links.matrix(nvml, devices) if len(devices) > 1 else [],
-        "python": {"service": s.python, "service_version": py.get("version"), "in_venv": py.get("in_venv"),
-                   "doctor_version": platform.python_version()},
-        "torch": {"version": torch.get("version"), "cuda": torch.get("cuda"), "arch_flags": torch.get("arch_flags"),
-                  "cuda_available": torch.get("cuda_available"), "error": torch.get("error")} if torch else None,
-        "packages": {name: (dists.get(name) or {}).get("version") for name in PACKAGES if dists.get(name)},
+        "topology": topology,
+        "python": {"service": s.python, "service_version": _scalar(py.get("version")),
+                   "in_venv": _scalar(py.get("in_venv")), "doctor_version": platform.python_version()},
+        "torch": {"version": _scalar(torch.get("version")), "cuda": _scalar(torch.get("cuda")),
+                  "arch_flags": _strings(torch.get("arch_flags")),
+                  "cuda_available": _scalar(torch.get("cuda_available")),
+                  "error": _scalar(torch.get("error"))} if torch else None,
+        "packages": {name: _scalar(_obj(dists, name).get("version")) for name in PACKAGES if _obj(dists, name)},
         "env": {k: v for k, v in sorted(env.items()) if k.startswith(ENV_PREFIXES)},
         "verdict": {"status": report.verdict().value, "counts": report.counts(),
                     "failed": [r.id for r in report.results if r.status.failed],

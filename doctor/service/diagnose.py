@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from doctor.core.datafile import DataFileError, read_toml
+from doctor.core.fileio import read_pipe_or_file
 
 if sys.version_info >= (3, 11):
     import re._parser as _sre_parse
@@ -44,6 +45,8 @@ SIGNATURES_FILE = Path(__file__).resolve().parents[1] / "data" / "failure_signat
 MAX_LINE = 8192  # a pathological line (a tensor dump) is cut, not matched for minutes
 MIN_LITERAL = 8  # shorter literals select too many lines and slow grep's multi-string scan down
 GREP_TIMEOUT_S = 120
+LOG_READ_S = 120.0  # a pipe's writer (journalctl) has this long to finish
+MAX_LOG_BYTES = 1 << 30
 GREP_MIN_CHARS = 1 << 20  # below this, starting grep costs more than searching in Python
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _PLACEHOLDER = re.compile(r"\{(\w+)\}")
@@ -138,10 +141,54 @@ def _patterns(value: Any, where: str, key: str) -> tuple[re.Pattern[str], ...]:
     compiled = []
     for pat in value:
         try:
-            compiled.append(re.compile(pat))
-        except re.error as exc:
+            rx = re.compile(pat)
+        except (re.error, RecursionError, OverflowError) as exc:
             raise SignatureError(f"{where}: bad pattern {pat!r}: {exc}") from None
+        nested = nested_repeat(rx)
+        if nested:
+            raise SignatureError(f"{where}: pattern {pat!r} repeats a repeat ({nested}): on a line that almost "
+                                 "matches it takes exponential time (catastrophic backtracking); write the inner "
+                                 "repeat once (e.g. 'a+' for '(a+)+')")
+        compiled.append(rx)
     return tuple(compiled)
+
+
+def nested_repeat(pattern: re.Pattern[str]) -> str | None:
+    """The part of ``pattern`` that repeats nothing but an unbounded repeat (``(a+)+``, ``(?:\\w*)*``,
+    ``(.+)+``), or None. Such a pattern means the same as its inner repeat, and backtracks exponentially on
+    a near miss; refused when signatures are loaded. (Other slow patterns are bounded by the matcher's
+    deadline: ``match_bounded``.)"""
+    try:
+        parsed = _sre_parse.parse(pattern.pattern, pattern.flags)
+    except Exception:  # a parser change across Python versions: the deadline still bounds it
+        return None
+    unbounded = getattr(_sre_parse, "MAXREPEAT", None)
+
+    def body(items: list[Any]) -> list[Any]:
+        while len(items) == 1 and str(items[0][0]) == "SUBPATTERN":
+            items = list(items[0][1][-1])
+        return items
+
+    def walk(items: list[Any]) -> str | None:
+        for op, av in items:
+            name = str(op)
+            if name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
+                inner = body(list(av[2]))
+                if (name != "POSSESSIVE_REPEAT" and av[1] == unbounded and len(inner) == 1
+                        and str(inner[0][0]) in ("MAX_REPEAT", "MIN_REPEAT") and inner[0][1][1] == unbounded):
+                    return "a group of an unbounded repeat, itself repeated without bound"
+                found = walk(list(av[2]))
+            elif name == "SUBPATTERN":
+                found = walk(list(av[-1]))
+            elif name == "BRANCH":
+                found = next((f for f in (walk(list(alt)) for alt in av[1]) if f), None)
+            else:
+                found = None
+            if found:
+                return found
+        return None
+
+    return walk(list(parsed))
 
 
 def _int(entry: dict[str, Any], key: str, default: int, where: str) -> int:
@@ -350,11 +397,12 @@ def order(findings: list[Finding]) -> list[Finding]:
 
 
 def diagnose_lines(lines: list[str], signatures: list[Signature], context: int = 2,
-                   use_grep: bool = True, host: Any = None) -> list[Finding]:
+                   use_grep: bool = True, on_signature: Any = None, host: Any = None) -> list[Finding]:
     """Every signature that occurs in ``lines``, the likely root cause first (see ``order``).
 
-    ``use_grep=False`` keeps the search in Python (the fallback when the host has no grep). ``host``: a callable
-    ``lines -> dict`` of this host's values (``host_values``), asked only when a found signature uses one."""
+    ``use_grep=False`` keeps the search in Python (the fallback when the host has no grep);
+    ``on_signature(id)`` is called before each signature is matched (the bounded matcher's progress); ``host``: a
+    callable ``lines -> dict`` of this host's values (``host_values``), asked only when a found signature uses one."""
     clean = list(lines)
     if not clean:
         return []
@@ -370,6 +418,8 @@ def diagnose_lines(lines: list[str], signatures: list[Signature], context: int =
     candidates = candidate_lines(text, starts, plan, use_grep)
     per_line: dict[int, dict[str, re.Match[str]]] = {}
     for sig in signatures:
+        if on_signature is not None:
+            on_signature(sig.id)
         for idx, m in _hits(sig, text, starts, clean, candidates).items():
             per_line.setdefault(idx, {})[sig.id] = m
     by_id = {s.id: s for s in signatures}
@@ -386,12 +436,7 @@ def diagnose_lines(lines: list[str], signatures: list[Signature], context: int =
             values = {k: v for k, v in m.groupdict().items() if v is not None and _SAFE_VALUE.fullmatch(v)}
             lo, hi = max(0, idx - context), min(len(clean), idx + 1 + context)
             found[sid] = Finding(by_id[sid], idx + 1, clean[idx].strip(), 1, clean[lo:hi], values)
-    findings = order(list(found.values()))
-    if host is not None and uses_host_values(findings):
-        values = host(clean)
-        for f in findings:
-            f.host = values
-    return findings
+    return with_host_values(order(list(found.values())), host, clean)
 
 
 HOST_PLACEHOLDERS = ("python_headers", "python_headers_install")
@@ -401,6 +446,15 @@ _INCLUDE = re.compile(r"(?:-I|\s|'|\")(?P<inc>/[^\s'\",]*?/include/python\d+\.\d
 def uses_host_values(findings: list[Finding]) -> bool:
     return any("{" + name + "}" in text for f in findings
                for text in (f.signature.fix, *f.signature.commands) for name in HOST_PLACEHOLDERS)
+
+
+def with_host_values(findings: list[Finding], host: Any, lines: list[str]) -> list[Finding]:
+    """``findings`` with this host's values (``host(lines)``, asked once and only when a signature uses one)."""
+    if host is not None and uses_host_values(findings):
+        values = host(lines)
+        for f in findings:
+            f.host = values
+    return findings
 
 
 def host_values(lines: list[str], python: str | None = None,
@@ -436,12 +490,47 @@ def host_values(lines: list[str], python: str | None = None,
     return {"python_headers": advice.text, "python_headers_install": advice.commands[-1] if advice.commands else ""}
 
 
-def read_log(path: str) -> list[str]:
-    """A log file's lines; ``-`` is stdin. Undecodable bytes are replaced, never fatal."""
+MATCH_TIMEOUT_S = 60.0
+
+
+def match_bounded(lines: list[str], paths: list[Path], timeout: float = MATCH_TIMEOUT_S) -> list[Finding]:
+    """``diagnose_lines`` with the built-in and the site's signatures (``paths``), in a child process killed
+    after ``timeout`` seconds: a site's pattern that backtracks catastrophically on this log (one the load-time
+    refusal of ``nested_repeat`` does not catch, e.g. ``(a|aa)+$``) ends the matching with ``SignatureError``
+    naming the signature, never a hang. The built-in signatures alone are matched in-process (they are tested
+    against a corpus)."""
+    import json
+
+    from doctor.core.proc import run
+    from doctor.facts.isolation import worker_env
+
+    signatures = load_signatures(paths)
+    with tempfile.TemporaryDirectory(prefix="k26-diagnose-") as tmp:
+        log = Path(tmp) / "log"
+        log.write_text("\n".join(lines), encoding="utf-8", errors="replace")
+        request = json.dumps({"log": str(log), "signatures": [str(p) for p in paths]})
+        res = run([sys.executable, "-m", "doctor.service.diagnose_worker"], timeout, input=request, env=worker_env())
+    if res.timed_out:
+        last = (res.stderr.strip().splitlines() or ["?"])[-1]
+        raise SignatureError(f"matching the signatures did not finish within {timeout:g}s: signature {last!r} was "
+                             "being matched (a pattern that backtracks catastrophically on this log?); fix that "
+                             "pattern, or leave its file out")
+    try:
+        found = json.loads(res.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise SignatureError(f"matching the signatures failed: {res.why()}") from None
+    by_id = {s.id: s for s in signatures}
+    return order([Finding(by_id[f["id"]], f["line_no"], f["line"], f["count"], f["context"], f["values"])
+                  for f in found if f.get("id") in by_id])
+
+
+def read_log(path: str, deadline_s: float = LOG_READ_S) -> list[str]:
+    """A log file's lines; ``-`` is stdin. Undecodable bytes are replaced, never fatal. A pipe
+    (``<(journalctl ...)``) is read until its writer is done, within ``deadline_s``; a device, a directory or a
+    FIFO nobody writes never blocks (``doctor.core.fileio.read_pipe_or_file``)."""
     if path == "-":
         return sys.stdin.read().splitlines()
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        return fh.read().splitlines()
+    return read_pipe_or_file(path, MAX_LOG_BYTES, "a log", deadline_s).decode("utf-8", "replace").splitlines()
 
 
 def journal_argv(unit: str, invocation: str | None = None, lines: int = 20000) -> list[str]:

@@ -21,10 +21,11 @@ import os
 import shutil
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from doctor.core.fileio import read_text
 from doctor.core.settings import ConfigError, Settings
+from doctor.facts.redaction import redact_pair
 
 SERVER_MODULE = "sglang.launch_server"
 MODEL_PLACEHOLDER = "<model-path>"
@@ -199,18 +200,21 @@ def build_env(settings: Settings, environ: dict[str, str] | None = None) -> tupl
         text = ("1" if value else "0") if isinstance(value, bool) else str(value)
         wanted[str(key)] = text
         if key in env and env[key] != text:
-            notes.append(f"{key}={env[key]} pinned by the site is kept (profile wants {text})")
+            notes.append(f"{key}={redact_pair(key, env[key])} pinned by the site is kept (profile wants "
+                         f"{redact_pair(key, text)})")
             continue
         env[str(key)] = text
     env_file = settings.get("server.env_file")
     if env_file:
         try:
-            file_vars = parse_env_file(Path(str(env_file)).read_text(encoding="utf-8", errors="replace"))
+            file_vars = parse_env_file(read_text(os.path.expanduser(str(env_file)), 1 << 20, "an environment file",
+                                                 errors="replace"))
         except OSError:
             file_vars = {}  # absent or unreadable: host.env reports it
         for key, value in file_vars.items():
             if key in wanted and wanted[key] != value and env.get(key) == wanted[key]:
-                notes.append(f"{key}={value} pinned by {env_file} is kept (profile wants {wanted[key]})")
+                notes.append(f"{key}={redact_pair(key, value)} pinned by {env_file} is kept (profile wants "
+                             f"{redact_pair(key, wanted[key])})")
             env[key] = value
     return with_interpreter_bin(env, settings.python), notes
 

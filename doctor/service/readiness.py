@@ -10,15 +10,15 @@ process has died (no point waiting 30 minutes for a crashed start).
 
 from __future__ import annotations
 
-import http.client
 import os
 import socket
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO
+
+from doctor.core.fileio import open_regular
+from doctor.service import http
 
 READY, STARTING, REFUSED, UNREACHABLE, BAD = "ready", "starting", "refused", "unreachable", "unexpected"
 POLL_TIMEOUT_S = 25.0  # SGLang's health generation answers within SGLANG_HEALTH_CHECK_TIMEOUT (20 s)
@@ -68,31 +68,20 @@ class Probe:
 
 
 def probe(url: str, timeout: float = 5.0) -> Probe:
-    """One poll. Never raises for network conditions."""
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, method="GET"), timeout=timeout) as resp:
-            resp.read(4096)
-            if resp.status == 200:
-                return Probe(READY, "HTTP 200", 200)
-            return Probe(BAD, f"HTTP {resp.status}", resp.status)
-    except urllib.error.HTTPError as exc:
-        if exc.code in (502, 503, 504):
-            return Probe(STARTING, f"HTTP {exc.code}", exc.code)
-        return Probe(BAD, f"HTTP {exc.code}", exc.code)
-    except urllib.error.URLError as exc:
-        reason = exc.reason
-        if isinstance(reason, ConnectionRefusedError):
-            return Probe(REFUSED, "connection refused")
-        if isinstance(reason, (socket.timeout, TimeoutError)):
-            return Probe(UNREACHABLE, "timed out")
-        return Probe(UNREACHABLE, str(reason))
-    except ConnectionRefusedError:
+    """One poll, bounded as a whole by ``timeout`` (a server that drips or never ends its answer included:
+    ``doctor.service.http``). Never raises for network conditions."""
+    reply = http.request(url, timeout, limit=4096)
+    if reply.kind == http.REFUSED:
         return Probe(REFUSED, "connection refused")
-    except TimeoutError:
+    if reply.kind == http.TIMEOUT:
         return Probe(UNREACHABLE, "timed out")
-    except (http.client.HTTPException, ConnectionError, OSError) as exc:
-        # Reset or closed mid-answer: the server is coming up or going down.
-        return Probe(UNREACHABLE, f"{type(exc).__name__}: {exc}")
+    if reply.status is None:  # reset or closed mid-answer: the server is coming up or going down
+        return Probe(UNREACHABLE, reply.error or "no answer")
+    if reply.status == 200 and reply.error is None:
+        return Probe(READY, "HTTP 200", 200)
+    if reply.status in (502, 503, 504):
+        return Probe(STARTING, f"HTTP {reply.status}", reply.status)
+    return Probe(BAD, f"HTTP {reply.status}" + (f" ({reply.error})" if reply.error else ""), reply.status)
 
 
 @dataclass
@@ -105,14 +94,21 @@ class ReadyOutcome:
     exit_code: int | None = None  # the server's, when it died while we waited
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (another user's counts); 0 and negative ids name groups, not a process."""
+    if pid <= 0:
+        return False
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):
         return False
     except PermissionError:
+        pass
+    try:  # a zombie has exited: only its parent has not collected its status yet
+        with open_regular(f"/proc/{pid}/stat") as fh:
+            return fh.read(1 << 16).rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
         return True
-    return True
 
 
 def wait_ready(url: str, timeout_s: float, *, interval_s: float = 2.0,
@@ -127,6 +123,7 @@ def wait_ready(url: str, timeout_s: float, *, interval_s: float = 2.0,
     line, anything else a line per state change. ``notify(status)``: e.g. systemd STATUS=.
     """
     start = clock()
+    shown = http.shown_url(url)  # never the URL's credentials in a progress line
     tty = bool(progress is not None and hasattr(progress, "isatty") and progress.isatty())
     last_state = None
     polls = 0
@@ -134,21 +131,24 @@ def wait_ready(url: str, timeout_s: float, *, interval_s: float = 2.0,
     detail = ""
     while True:
         code = exited() if exited is not None else None
-        if code is None and pid is not None and not _alive(pid):
-            code = -1
         if code is not None:
             _finish(progress, tty)
             return ReadyOutcome(False, "exited", clock() - start, polls,
                                 f"the server exited (status {code}) before it was ready", code)
+        if pid is not None and not alive(pid):  # not our child: its exit status is its parent's to see
+            _finish(progress, tty)
+            return ReadyOutcome(False, "exited", clock() - start, polls,
+                                f"the server process {pid} exited before it was ready (its exit status is known "
+                                "only to its parent: see its log or `journalctl`)")
         remaining = timeout_s - (clock() - start)
         result = probe(url, timeout=max(0.5, min(POLL_TIMEOUT_S, remaining)))
         polls += 1
         state, detail = result.state, result.detail
         elapsed = clock() - start
         if state == READY:
-            _show(progress, tty, f"{url}: ready after {elapsed:.0f}s", final=True)
-            return ReadyOutcome(True, READY, elapsed, polls, f"{url} answered 200 after {elapsed:.1f}s")
-        line = f"waiting for {url}: {_DESCRIBE.get(state, state)} ({detail}) {elapsed:.0f}s / {timeout_s:.0f}s"
+            _show(progress, tty, f"{shown}: ready after {elapsed:.0f}s", final=True)
+            return ReadyOutcome(True, READY, elapsed, polls, f"{shown} answered 200 after {elapsed:.1f}s")
+        line = f"waiting for {shown}: {_DESCRIBE.get(state, state)} ({detail}) {elapsed:.0f}s / {timeout_s:.0f}s"
         if tty or state != last_state:
             _show(progress, tty, line)
             if notify is not None and state != last_state:

@@ -21,16 +21,15 @@ whose accept length is below ``fail_below`` (the drafter does not match the targ
 
 from __future__ import annotations
 
-import http.client
 import json
 import math
 import re
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from doctor.service import http
 
 PROMPTS = ("The capital of France is", "Write a Python function that returns the sum of a list.",
            "List three prime numbers greater than ten.", "Explain in one sentence what a hash table is.")
@@ -121,28 +120,13 @@ class Client:
             headers["Content-Type"] = "application/json"
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
-        req = urllib.request.Request(self.base + path, data=data, headers=headers, method=method)
-        t0 = time.monotonic()
-        try:
-            with urllib.request.urlopen(req, timeout=max(0.1, left)) as resp:
-                call.status = resp.status
-                text = resp.read().decode("utf-8", errors="replace")
-        except urllib.error.HTTPError as exc:
-            call.status = exc.code
-            try:
-                text = exc.read().decode("utf-8", errors="replace")
-            except OSError:
-                text = ""
-        except urllib.error.URLError as exc:
-            call.error = _network_error(exc.reason, left)
-            text = ""
-        except TimeoutError:
-            call.error = f"no answer within {left:.0f}s (timed out)"
-            text = ""
-        except (http.client.HTTPException, ConnectionError, OSError) as exc:
-            call.error = f"{type(exc).__name__}: {exc}"
-            text = ""
-        call.seconds = time.monotonic() - t0
+        reply = http.request(self.base + path, max(0.1, left), method=method, body=data, headers=headers)
+        call.status, call.seconds = reply.status, reply.seconds
+        text = reply.body.decode("utf-8", errors="replace")
+        if reply.kind == http.REFUSED:
+            call.error = "connection refused (is the server running and listening on this port?)"
+        elif reply.error:  # timed out (a server that drips or never ends its answer too), reset, too large
+            call.error = reply.error
         if raw:
             call.body = text
         else:
@@ -153,14 +137,6 @@ class Client:
                 if call.status == 200:
                     call.error = "the answer is not JSON"
         return call
-
-
-def _network_error(reason: Any, left: float) -> str:
-    if isinstance(reason, ConnectionRefusedError):
-        return "connection refused (is the server running and listening on this port?)"
-    if isinstance(reason, TimeoutError):
-        return f"no answer within {left:.0f}s (timed out)"
-    return str(reason)
 
 
 @dataclass
@@ -253,8 +229,8 @@ def run_smoke(opts: SmokeOptions, clock: Callable[[], float] = time.monotonic) -
             if gen:
                 parts.append(f"/generate p50 {gen['p50_s']:.2f}s")
             summary = ", ".join(parts) + (f"; {warnings[0]}" if warnings else "")
-        return SmokeReport(status, summary, opts.base_url, problems, warnings, notes, spec, acc, acc_m, tokens,
-                           verify, latency or {}, client.calls, clock() - t0)
+        return SmokeReport(status, summary, http.shown_url(opts.base_url), problems, warnings, notes, spec, acc,
+                           acc_m, tokens, verify, latency or {}, client.calls, clock() - t0)
 
     health = client.request("GET", "/health", raw=True)
     if not health.ok:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -36,7 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from doctor import __version__
-from doctor.core.settings import Settings
+from doctor.core.fileio import read_text
+from doctor.core.settings import ConfigError, Settings
 from doctor.host.access import account, describe, first_denied
 from doctor.python.interpreter import needed_paths
 
@@ -103,11 +105,36 @@ def doctor_command() -> list[str]:
     return [sys.executable, "-m", "doctor"]
 
 
+class EnvRef(str):
+    """An argument systemd fills in from the unit's environment (``${NAME}``, one argument): a secret the unit
+    reads from its ``EnvironmentFile=`` instead of holding it."""
+
+
+class UnitValueError(ConfigError):
+    """A value that cannot go into a unit file (exit 2)."""
+
+
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def unit_value(value: str, what: str) -> str:
+    """``value`` when it can stand in a unit line: a newline (or any control character) would end the line and
+    let the rest be read as directives of its own (``--model-path $'/m\nExecStartPre=/bin/evil'``)."""
+    if CONTROL.search(value):
+        raise UnitValueError(f"{what} {value!r} holds a newline or another control character: it cannot be "
+                             "written into a unit file (it would inject lines); fix the value")
+    return value
+
+
 def _quote(argv: list[str]) -> str:
-    """systemd command-line quoting: shell-like; ``%`` and ``$`` must be doubled/escaped."""
+    """systemd command-line quoting: shell-like; ``%`` and ``$`` must be doubled/escaped; an ``EnvRef``
+    becomes ``${NAME}``. A value with a control character is refused (``unit_value``)."""
     out = []
     for arg in argv:
-        arg = arg.replace("%", "%%").replace("$", "$$")
+        if isinstance(arg, EnvRef):
+            out.append("${" + str(arg) + "}")
+            continue
+        arg = unit_value(arg, "the command-line argument").replace("%", "%%").replace("$", "$$")
         out.append(shlex.quote(arg) if arg and not any(c in arg for c in "'") else '"' + arg.replace("\\", "\\\\")
                    .replace('"', '\\"') + '"')
     return " ".join(out)
@@ -156,7 +183,8 @@ def service_env_values(settings: Settings) -> dict[str, str]:
     env_file = settings.get("server.env_file")
     if env_file:
         try:
-            env.update(parse_env_file(Path(str(env_file)).read_text(encoding="utf-8", errors="replace")))
+            env.update(parse_env_file(read_text(os.path.expanduser(str(env_file)), 1 << 20, "an environment file",
+                                                errors="replace")))
         except OSError:
             pass
     return env
@@ -309,13 +337,70 @@ def service_user(settings: Settings, user: str | None) -> str:
     return user or str(settings.get("server.user") or DEFAULT_USER)
 
 
+SECRET_VAR_PREFIX = "K26_SERVER_"
+
+
+def split_secrets(args: list[str]) -> tuple[list[str], dict[str, str]]:
+    """Server arguments with the value of every secret flag (``--api-key X``, ``--api-key=X``, an abbreviation)
+    replaced by an ``EnvRef`` to a variable of the unit's secrets file, and those variables' values."""
+    from doctor.facts.redaction import is_secret_flag
+
+    out: list[str] = []
+    secrets: dict[str, str] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        name, eq, value = arg.partition("=")
+        if is_secret_flag(name) and (eq or i + 1 < len(args)):
+            var = SECRET_VAR_PREFIX + re.sub(r"[^A-Z0-9]", "_", name[2:].upper())
+            secrets[var] = value if eq else args[i + 1]
+            out += [name, EnvRef(var)]
+            i += 1 if eq else 2
+            continue
+        out.append(arg)
+        i += 1
+    return out, secrets
+
+
+def secrets_file_text(secrets: dict[str, str]) -> str:
+    """The unit's secrets file (``EnvironmentFile=`` syntax, values quoted literally)."""
+    lines = ["# Secrets of the server's command line, read by the unit (EnvironmentFile=). Keep it mode 0600."]
+    for var, value in secrets.items():
+        unit_value(value, f"the value of {var}")
+        if "'" not in value:
+            lines.append(f"{var}='{value}'")
+        else:
+            escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$").replace("`", "\\`")
+            lines.append(f'{var}="{escaped}"')
+    return "\n".join(lines) + "\n"
+
+
+def unit_inputs(settings: Settings, config: str | None, doctor: list[str], user: str | None,
+                extra: list[str]) -> list[tuple[str, str]]:
+    """Every value of the settings, flags and config that goes into the unit, with what it is."""
+    values: list[tuple[str, Any]] = [
+        ("--model-path", settings.model_path), ("--draft-model-path", settings.draft_model_path),
+        ("--python", settings.python), ("--config", config), ("--profile", settings.profile_name),
+        ("--user", user), ("[server] user", settings.get("server.user")), ("--state-dir", settings.state_dir),
+        ("--patches-dir", settings.patches_dir), ("[server] unit", settings.get("server.unit")),
+        ("[server] env_file", settings.get("server.env_file")), ("[model] repo", settings.get("model.repo")),
+    ]
+    values += [("[server] read_write_paths", p) for p in settings.get("server.read_write_paths") or []]
+    values += [("--doctor", d) for d in doctor] + [("a server argument", a) for a in extra]
+    return [(what, str(v)) for what, v in values if v is not None and not isinstance(v, EnvRef)]
+
+
 def render_unit(settings: Settings, *, config: str | None, doctor: list[str] | None = None,
                 user: str | None = None, timeout_override: float | None = None,
                 extra: list[str] | None = None, diagnose_on_failure: bool = True, harden: bool = True,
-                smoke: bool = False) -> str:
+                smoke: bool = False, secrets_file: str | None = None) -> str:
     """The unit file text; ``smoke``: an ``ExecStartPost`` running ``k26-doctor smoke`` once the server is ready;
-    ``harden``: the sandbox (``hardening_lines``)."""
+    ``harden``: the sandbox (``hardening_lines``); ``secrets_file``: the ``EnvironmentFile=`` holding the values
+    ``extra`` refers to (``split_secrets``). A value with a newline or another control character anywhere is
+    refused (``UnitValueError``, exit 2): it would inject directives."""
     doctor = doctor or doctor_command()
+    for what, value in unit_inputs(settings, config, doctor, user, list(extra or [])):
+        unit_value(value, what)
     sel = selection_args(settings, config)
     timeout, why = start_timeout(settings, timeout_override)
     unit = str(settings.get("server.unit", DEFAULT_UNIT))
@@ -354,6 +439,10 @@ def render_unit(settings: Settings, *, config: str | None, doctor: list[str] | N
     if env_file:
         lines.append("# The site's pins (CUDA_VISIBLE_DEVICES, NCCL_*...): kept over the profile's [server.env].")
         lines.append(f"EnvironmentFile=-{env_file}")
+    if secrets_file:
+        lines.append("# Secrets of the server's command line (--api-key...): in this file (mode 0600), not in the")
+        lines.append("# unit, which every user can read (systemctl cat).")
+        lines.append(f"EnvironmentFile={secrets_file}")
     if config:
         lines.append(f"Environment={_quote(['K26_DOCTOR_CONFIG=' + config])}")
     from doctor.host.facts import interpreter_bin_dir

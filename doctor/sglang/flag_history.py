@@ -30,6 +30,7 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from doctor.core.datafile import load_toml
+from doctor.core.fileio import read_text
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 HISTORY_FILE = DATA / "sglang_flag_history.json"
@@ -78,7 +79,7 @@ class FlagHistory:
 
 @functools.lru_cache(maxsize=4)
 def load_history(path: Path = HISTORY_FILE) -> FlagHistory:
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    data = json.loads(read_text(path, 64 << 20, "a flag history"))
     return FlagHistory(tuple(data.get("releases") or ()), dict(data.get("flags") or {}),
                        dict(data.get("unreadable") or {}), dict(data.get("forks") or {}))
 

@@ -22,6 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from doctor.core.fileio import read_text
+
+MAX_SOURCE_BYTES = 16 * 1024 * 1024  # server_args.py is ~200 kB
 SCHEMA = 1
 _ZERO_ARG_ACTIONS = {"store_true", "store_false", "store_const", "append_const", "count", "help", "version"}
 
@@ -91,7 +94,7 @@ class _Sources:
 
     def _parse(self, path: Path) -> _Module | None:
         try:
-            text = path.read_text(encoding="utf-8", errors="replace")
+            text = read_text(path, MAX_SOURCE_BYTES, "Python source", errors="replace")
             tree = ast.parse(text, filename=str(path))
         except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
             return None

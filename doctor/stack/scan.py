@@ -42,8 +42,12 @@ def is_candidate(path: str) -> bool:
 
 def record_files(dist: Any) -> list[str] | None:
     """The dist's shared objects and cubins as RECORD lists them (relative paths), None without a file list."""
+    base = getattr(dist, "_path", None)  # importlib's PathDistribution: its dist-info directory
     try:
-        text = dist.read_text("RECORD")
+        if base is not None and not os.path.isfile(os.path.join(str(base), "RECORD")):
+            text = None  # absent, or not a regular file (a FIFO would block the read below)
+        else:
+            text = dist.read_text("RECORD")
     except (OSError, UnicodeDecodeError, ValueError):
         text = None
     if text is None:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from doctor.core import proc
+from doctor.core.fileio import open_regular
 from doctor.core.registry import collector
 from doctor.facts.store import CollectOptions
 from doctor.host.facts import parse_env_file, service_env
@@ -29,8 +30,8 @@ def read_os_release(path: str = "/etc/os-release") -> dict[str, str]:
     """``/etc/os-release`` (ID, ID_LIKE, VERSION_ID...): which package manager and names a fix uses."""
     for candidate in (path, "/usr/lib/os-release"):
         try:
-            with open(candidate, encoding="utf-8", errors="replace") as fh:
-                return parse_env_file(fh.read(65536))
+            with open_regular(candidate) as fh:
+                return parse_env_file(fh.read(65536).decode("utf-8", "replace"))
         except OSError:
             continue
     return {}

@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # run from a checkout: use this checkout's engine
     sys.path.insert(0, str(ROOT))
 
+from doctor.core.fileio import DEFAULT_LIMIT, read_capped, read_or_none, read_text  # noqa: E402
 from doctor.sglang.patching import generate, udiff  # noqa: E402
 from doctor.sglang.patching import manifest as mf  # noqa: E402
 from doctor.sglang.patching.engine import Engine, EngineError  # noqa: E402
@@ -65,7 +66,7 @@ def unpack(wheel: Path, dest: Path, members: list[str] | None = None) -> None:
 
 
 def load_manifest(set_dir: Path) -> dict:
-    return json.loads((Path(set_dir) / mf.MANIFEST_NAME).read_text())
+    return json.loads(read_text(Path(set_dir) / mf.MANIFEST_NAME, mf.MAX_MANIFEST_BYTES, "a manifest"))
 
 
 def diff_paths(diff_text: str) -> list[tuple[str, bool]]:
@@ -77,7 +78,7 @@ def touched_paths(set_dir: Path, manifest: dict) -> list[str]:
     """Every path the set's diffs touch (what an unpack for hashing needs)."""
     out: list[str] = []
     for patch in manifest["patches"]:
-        for rel, _ in diff_paths((Path(set_dir) / patch["diff"]).read_text()):
+        for rel, _ in diff_paths(read_text(Path(set_dir) / patch["diff"], mf.MAX_DIFF_BYTES, "a source patch")):
             if rel not in out:
                 out.append(rel)
     return out
@@ -117,16 +118,16 @@ def verify(set_dir: Path, wheel: Path, workdir: Path | None = None) -> list[str]
         installed = site_of(set_dir, wheel, site)
         for patch in manifest["patches"]:
             listed = [(f["path"], f["before"] is None) for f in patch["files"]]
-            if diff_paths((Path(set_dir) / patch["diff"]).read_text()) != listed:
+            if diff_paths(read_text(Path(set_dir) / patch["diff"], mf.MAX_DIFF_BYTES, "a source patch")) != listed:
                 problems.append(f"{patch['id']}: manifest files differ from the diff's files")
         # The chain of diffs on the pristine files gives every manifest hash (the engine's udiff, strict).
         current: dict[str, bytes | None] = {}
         for patch in manifest["patches"]:
-            sections = udiff.parse((Path(set_dir) / patch["diff"]).read_bytes())
+            sections = udiff.parse(read_capped(Path(set_dir) / patch["diff"], mf.MAX_DIFF_BYTES, "a source patch"))
             for f in patch["files"]:
                 if f["path"] not in current:
                     p = site / f["path"]
-                    current[f["path"]] = p.read_bytes() if p.exists() else None
+                    current[f["path"]] = read_or_none(p)
                 cur = current[f["path"]]
                 if (None if cur is None else sha256_bytes(cur)) != f["before"]:
                     problems.append(f"{patch['id']}: {f['path']} before-hash mismatch")
@@ -165,7 +166,7 @@ def verify(set_dir: Path, wheel: Path, workdir: Path | None = None) -> list[str]
             if path not in record:
                 if p.exists():
                     problems.append(f"{path} still exists after revert")
-            elif not p.exists() or sha256_bytes(p.read_bytes()) != record[path]:
+            elif not p.exists() or sha256_bytes(read_capped(p, DEFAULT_LIMIT, "a source file")) != record[path]:
                 problems.append(f"{path} does not match RECORD after revert")
     finally:
         if own_tmp:
@@ -187,8 +188,8 @@ def cmd_diff(pristine: Path, modified: Path, out: Path, rels: list[str]) -> int:
     chunks = []
     for rel in rels:
         a, b = pristine / rel, modified / rel
-        old = a.read_bytes() if a.exists() else None
-        new = b.read_bytes() if b.exists() else None
+        old = read_or_none(a)
+        new = read_or_none(b)
         if old == new:
             raise ValueError(f"{rel}: no change")
         chunks.append(udiff.make_diff(rel, old, new))

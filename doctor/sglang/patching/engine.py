@@ -37,6 +37,7 @@ class EngineError(Exception):
     """The run did not happen or was rolled back; the message says what state the files are in."""
 
 
+MAX_TARGET_BYTES = 64 << 20  # a source file SGLang ships (its largest is ~1 MB)
 PLAN_FAILURES = (udiff.HunkMismatch, EngineError, OSError)  # what reading and patching a file in memory raise
 
 
@@ -163,10 +164,13 @@ class Engine:
     def _read(self, path: str) -> tuple[bytes | None, os.stat_result | None]:
         target = self.root / path
         try:
-            st = os.stat(target)
+            with fileio.open_regular(target) as fh:  # a FIFO or a device is refused, never waited on
+                st = os.fstat(fh.fileno())
+                return fh.read(MAX_TARGET_BYTES + 1), st
         except FileNotFoundError:
+            if os.path.islink(target):
+                raise
             return None, None
-        return target.read_bytes(), st
 
     def _stored(self, digest: str | None) -> bytes | None:
         for store in StateStore.existing(self.state_dir, self.installed.site_packages):
@@ -350,11 +354,16 @@ class Engine:
         return chosen
 
     def _preflight(self, plan: Plan) -> None:
-        """Refuse before writing: a directory that cannot be written (as this user), a symlinked file."""
+        """Refuse before writing: a directory that cannot be written (as this user), a symlinked file, a file
+        whose directory leads out of the package root through a symbolic link."""
         for change in plan.changes:
             if (self.root / change.path).is_symlink():
                 plan.refusals.append(f"{change.path} is a symbolic link; the engine does not write through links "
                                      "(replace it with the file, or patch its target's checkout)")
+                continue
+            escape = escapes(self.root, change.path)
+            if escape:
+                plan.refusals.append(f"{change.path}: {escape}; the engine writes only inside {self.root}")
                 continue
             parent = (self.root / change.path).parent
             while not parent.exists() and parent != parent.parent:
@@ -472,13 +481,22 @@ class Engine:
         return "; ".join(messages) or None
 
     def _roll_back(self, doc: dict[str, Any], store: StateStore) -> list[str]:
-        """Put every file of a journal back to its old bytes; returns what could not be."""
-        root = Path(doc.get("package_root") or self.root)
+        """Put every file of a journal back to its old bytes; returns what could not be.
+
+        A journal is data in a directory others may write: its ``package_root`` must be this environment's
+        (the package root or inside its site-packages) and every file must stay inside it, else nothing of
+        it is touched."""
+        root = Path(str(doc.get("package_root") or self.root))
+        if not (same_or_inside(root, self.root) or same_or_inside(root, self.installed.site_packages)):
+            return [f"the journal names package_root {root}, outside this environment's site-packages "
+                    f"({self.installed.site_packages}): nothing of it was touched; inspect {store.journal_path} "
+                    "and remove it by hand"]
         problems: list[str] = []
-        for entry in reversed(doc.get("files", [])):
-            path = str(entry.get("path", ""))
+        files = doc.get("files")
+        for entry in reversed(files if isinstance(files, list) else []):
+            path = str(entry.get("path", "")) if isinstance(entry, dict) else ""
             target = root / path
-            if not path or path.startswith("/") or ".." in path.split("/"):
+            if not path or path.startswith("/") or ".." in path.split("/") or escapes(root, path):
                 problems.append(f"journal entry {entry!r} is not a file inside {root}")
                 continue
             for tmp in fileio.leftover_tmp_files(target):
@@ -518,6 +536,8 @@ class Engine:
                 problems.append(f"{path}: cannot restore: {exc.strerror or exc}")
         if not problems:
             for d in reversed(doc.get("made_dirs") or []):
+                if not isinstance(d, str) or not same_or_inside(Path(d), root):
+                    continue
                 try:
                     os.rmdir(d)
                 except OSError:
@@ -566,6 +586,24 @@ class Engine:
     def _event(self, event: str, path: Path) -> None:
         if self.hook is not None:
             self.hook(event, str(path))
+
+
+def same_or_inside(path: Path, root: Path) -> bool:
+    """Whether ``path`` is ``root`` or below it, symbolic links resolved on both sides."""
+    real, base = os.path.realpath(path), os.path.realpath(root)
+    return real == base or real.startswith(base.rstrip("/") + "/")
+
+
+def escapes(root: Path, rel: str) -> str | None:
+    """Why writing ``root/rel`` would land outside ``root`` (a directory on the way that is a symbolic link
+    to elsewhere), or None. The file itself is judged apart (a symlinked file is refused as such)."""
+    parent = (Path(root) / rel).parent
+    while not os.path.lexists(parent) and parent != parent.parent:
+        parent = parent.parent
+    if same_or_inside(parent, root):
+        return None
+    return (f"its directory {parent} leads to {os.path.realpath(parent)} through a symbolic link, outside "
+            f"{os.path.realpath(root)}")
 
 
 def _why(exc: BaseException) -> str:

@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from doctor.core.fileio import atomic_write, read_or_none
+from doctor.core.fileio import atomic_write, read_capped, read_or_none, read_text
 from doctor.sglang.patching import manifest as mf
 from doctor.sglang.patching import udiff
 from doctor.sglang.patching.hashing import sha256_bytes
@@ -31,7 +31,7 @@ def _existing(set_dir: Path) -> dict[str, Any] | None:
     if not path.exists():
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_text(path, mf.MAX_MANIFEST_BYTES, "a manifest"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise GenerateError(f"{path} exists but cannot be read as JSON ({exc}); move it away to start afresh") from None
     if not isinstance(data, dict) or not isinstance(data.get("patches"), list):
@@ -75,7 +75,7 @@ def generate(set_dir: str | Path, installed: Installed, *, name: str | None = No
         if not isinstance(diff_name, str):
             raise GenerateError(f"patch {entry.get('id')!r} has no 'diff'")
         try:
-            sections = udiff.parse((set_dir / diff_name).read_bytes())
+            sections = udiff.parse(read_capped(set_dir / diff_name, mf.MAX_DIFF_BYTES, "a source patch"))
         except OSError as exc:
             raise GenerateError(f"cannot read {set_dir / diff_name}: {exc.strerror or exc}") from None
         except udiff.PatchFormatError as exc:
@@ -111,6 +111,9 @@ def generate(set_dir: str | Path, installed: Installed, *, name: str | None = No
         "sglang": sglang or old.get("sglang") or f"=={installed.version}",
         "patches": patches_out,
     }
+    # What a set records besides its hashes (e.g. ddtree-0.5.23's "validated" configurations) is not
+    # generated: it is kept as the existing manifest has it.
+    doc.update({k: v for k, v in old.items() if k not in doc})
     try:
         pset = mf.from_dict(doc, set_dir, origin=str(set_dir / mf.MANIFEST_NAME))
     except mf.ManifestError as exc:

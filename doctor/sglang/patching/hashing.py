@@ -12,6 +12,8 @@ import hashlib
 import re
 from pathlib import Path
 
+from doctor.core.fileio import open_regular
+
 HEX_RE = re.compile(r"^[0-9a-f]{64}$")
 CHUNK = 1 << 20
 
@@ -23,7 +25,7 @@ def sha256_bytes(data: bytes) -> str:
 def sha256_file(path: str | Path) -> str:
     """Hex digest of a file's bytes; raises ``OSError`` (FileNotFoundError when absent)."""
     h = hashlib.sha256()
-    with open(path, "rb") as fh:
+    with open_regular(path) as fh:  # a FIFO or a device is refused, never waited on
         while True:
             block = fh.read(CHUNK)
             if not block:

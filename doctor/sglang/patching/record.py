@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 from email.parser import HeaderParser
 from pathlib import Path
 
-from doctor.core.fileio import read_capped
+from doctor.core.fileio import read_capped, read_text
 from doctor.sglang.patching.hashing import record_to_hex
 
 MAX_RECORD_BYTES = 64 << 20
+MAX_METADATA_BYTES = 16 << 20
 
 
 class RecordError(Exception):
@@ -59,7 +60,7 @@ def read_metadata(dist_info: Path) -> tuple[str, str]:
     """(Name, Version) from METADATA; ``RecordError`` if absent or without them."""
     meta = dist_info / "METADATA"
     try:
-        text = meta.read_text(encoding="utf-8", errors="replace")
+        text = read_text(meta, MAX_METADATA_BYTES, "a METADATA file", errors="replace")
     except OSError as exc:
         raise RecordError(f"cannot read {meta}: {exc.strerror or exc}") from None
     headers = HeaderParser().parsestr(text.split("\n\n", 1)[0] + "\n\n")

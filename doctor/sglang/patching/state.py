@@ -26,13 +26,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from doctor.core.fileio import atomic_write, fsync_dir
+from doctor.core.fileio import atomic_write, fsync_dir, read_capped, read_text
 from doctor.sglang.patching.hashing import HEX_RE, sha256_bytes
 
 DEFAULT_STATE_DIR = "/var/lib/k26-doctor"
 JOURNAL = "journal.json"
 JOURNAL_KIND = "k26-doctor-patch-journal"
 JOURNAL_SCHEMA = 1
+MAX_JOURNAL_BYTES = 16 << 20
+MAX_OBJECT_BYTES = 64 << 20  # a backed-up source file; SGLang's largest is ~1 MB
 
 
 class StateError(Exception):
@@ -75,6 +77,8 @@ class StateStore:
         """The first writable root (creating its directories), as ``doctor.core.actions.new_backup_dir`` does."""
         errors = []
         for root in candidate_roots(state_dir):
+            if root.exists() and not root.is_dir():  # a file where the state directory should be: said, not skipped
+                raise StateError(f"the state directory {root} is not a directory: give --state-dir a directory")
             store = cls(root, site_packages)
             try:
                 for d in (store.objects, store.history):
@@ -108,7 +112,7 @@ class StateStore:
         if not digest or not HEX_RE.match(digest):
             return None
         try:
-            data = (self.objects / digest).read_bytes()
+            data = read_capped(self.objects / digest, MAX_OBJECT_BYTES, "a stored file")
         except OSError:
             return None
         return data if sha256_bytes(data) == digest else None
@@ -189,14 +193,14 @@ def lock_holder(store: StateStore) -> str | None:
 
 def read_journal_file(path: Path) -> dict[str, Any] | None:
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_text(path, MAX_JOURNAL_BYTES, "a journal")
     except FileNotFoundError:
         return None
     except OSError as exc:
         raise StateError(f"cannot read {path}: {exc.strerror or exc}") from None
     try:
         doc = json.loads(text)
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise StateError(f"{path} is not valid JSON ({exc}); it was written atomically, so something "
                          "else damaged it: inspect it and remove it by hand") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("files"), list):

@@ -1,0 +1,68 @@
+"""The patched Triton attention backend on a DDTREE target verify: eager and CUDA-graph paths, compact mask.
+
+tests/ddtree_backend_probe.py drives SGLang 0.5.23's own ``TritonAttnBackend`` (the patched file) and the
+patched extend-attention kernel under ``TRITON_INTERPRET=1`` on a CPU, for a GQA shape and Kimi / DeepSeek's
+absorbed-MLA shape (576/512, one KV head): the verify output equals float64 attention over the committed
+prefix and each node's tree ancestors, eager (``init_forward_metadata``) and from the graph buffers
+(``_update_target_verify_buffers`` copying the mask into the graph's buffer over stale bytes,
+``_build_cuda_graph_forward_metadata``); the mask is the compact ``W x W`` per request (``mask_indptr =
+b * W * W``), and the graph state is sized by what the verify reads. Controls: a DDTREE verify without a
+mask raises (eager and graph); the compact mask given to a runner that reads the FULL_MASK layout attends
+wrongly; the FULL_MASK layout on that runner is still right (nothing else changed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from ddtree_support import patched_tree
+
+PROBE = Path(__file__).resolve().parent / "ddtree_backend_probe.py"
+
+
+@pytest.fixture(scope="module")
+def probe() -> dict:
+    python = os.environ.get("K26_SGLANG_ARGS_PYTHON", sys.executable)
+    check = subprocess.run([python, "-c", "import torch, triton"], capture_output=True, text=True, timeout=120)
+    if check.returncode != 0:
+        pytest.skip(f"{python} cannot import torch and triton: {check.stderr.strip().splitlines()[-1:]}")
+    root = patched_tree(whole=True)
+    env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run([python, str(PROBE), str(root)], capture_output=True, text=True, timeout=600, env=env,
+                          cwd=PROBE.parent)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert lines, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+@pytest.mark.parametrize("shape", ["gqa", "mla_absorbed"])
+def test_tree_verify_through_the_backend_matches_float64_eager_and_graph(probe, shape):
+    r = probe[shape]
+    assert "error" not in r, r.get("error")
+    cells = 13 * 13  # W = 13: budget 12
+    assert r["eager_mask_indptr"] == r["graph_mask_indptr"] == [0, cells, 2 * cells, 3 * cells]
+    assert r["eager_err"] < 1e-4 and r["graph_err"] < 1e-4, r
+    assert r["graph_mask_is_buffer"]
+    assert "causal attention" in r["eager_without_mask"] and "causal attention" in r["graph_without_mask"]
+    assert r["misread_err"] > 0.1, r  # the compact mask read with FULL_MASK strides
+    assert r["full_layout_err"] < 1e-4, r  # the pristine layout, unchanged
+
+
+@pytest.mark.parametrize("shape", ["gqa", "mla_absorbed"])
+def test_ddtree_graph_state_is_sized_by_what_the_verify_reads(probe, shape):
+    r = probe[shape]
+    assert "error" not in r, r.get("error")
+    max_bs, width, ctx = 4, 13, 64
+    dd, pristine = r["ddtree_sizes"], r["pristine_sizes"]
+    assert dd["attn_logits"][0] == max_bs and pristine["attn_logits"][0] == max_bs * width
+    assert dd["kv_indices"] == max_bs * ctx and pristine["kv_indices"] == max_bs * width * ctx
+    assert dd["verify_mask"] == max_bs * width * width and pristine["verify_mask"] == max_bs * width * (ctx + width)
+    draft, draft_pristine, block = r["draft_ddtree_sizes"], r["draft_pristine_sizes"], 8
+    assert draft["attn_logits"][0] == max_bs and draft_pristine["attn_logits"][0] == max_bs * block
+    assert draft["kv_indices"] == max_bs * ctx and draft_pristine["kv_indices"] == max_bs * block * ctx
+    assert draft["verify_mask"] is None and draft_pristine["verify_mask"] is None
