@@ -905,7 +905,7 @@ def _pcie_readings(pcie: Any) -> dict[str, Any]:
 # -- gpu.p2p_bandwidth (--deep) ----------------------------------------------------------------------
 
 @check("gpu.p2p_bandwidth", "Measured GPU-to-GPU copy bandwidth of every pair (--deep)",
-       needs=("nvml", "p2p_bandwidth"), depends=("gpu.driver",), deep=True, timeout=330)
+       needs=("nvml", "p2p_bandwidth"), depends=("gpu.driver", "python.venv"), deep=True, timeout=330)
 def gpu_p2p_bandwidth(ctx: Any) -> Result:
     """With --deep: copies 256 MiB 20 times between every ordered pair of the TP group, with torch
     in the service's interpreter, and compares the one-direction rate with what the links should

@@ -135,13 +135,11 @@ def judge_weights(ctx: Context, fact: dict[str, Any], what: str, repo_key: str) 
     damaged = [s for s in bad if s not in denied]
     general = list(w.get("problems") or [])
     leftovers = list(w.get("leftovers") or [])
-    lines: list[str] = []
-    for p in general:
-        lines.append(p["message"])
-    for s in bad:
-        probs = s.get("problems") or [{"code": "?", "message": "invalid"}]
-        lines.append(f"{s['name']}: " + "; ".join(p["message"] for p in probs)
-                     + (f" ({describe(s['access'])})" if s in denied and s.get("access") else ""))
+    lines: list[str] = [p["message"] for p in general]
+    shard_lines = [f"{s['name']}: " + "; ".join(p["message"] for p in s.get("problems") or [{"message": "invalid"}])
+                   + (f" ({describe(s['access'])})" if s in denied and s.get("access") else "") for s in bad]
+    # no index: the files found stand in for the shards, and what is wrong with them is said first
+    lines = shard_lines + lines if w.get("layout") == "none" else lines + shard_lines
     for lo in leftovers:
         lines.append(f"{lo['path']}: {LEFTOVER_WHAT.get(lo['kind'], 'download leftover')}")
     details: dict[str, Any] = {
@@ -627,7 +625,8 @@ def _auto_map_modules(auto_map: Any) -> list[str]:
     return refs
 
 
-@check("model.tokenizer", "Tokenizer and chat template files the server needs", needs=("model",), timeout=200)
+@check("model.tokenizer", "Tokenizer and chat template files the server needs", needs=("model",),
+       depends=("python.venv",), timeout=200)
 def model_tokenizer(ctx: Context) -> Result:
     """Looks for what the server's tokenizer loads: tokenizer_config.json (valid JSON), the vocabulary
     (tiktoken.model for TikToken tokenizers such as K2.6's, else tokenizer.json / tokenizer.model /

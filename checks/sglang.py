@@ -15,12 +15,14 @@ from doctor.core.context import Context
 from doctor.core.registry import check
 from doctor.core.result import Remediation, Result
 from doctor.core.settings import ConfigError
+from doctor.facts.store import FactUnavailable
 from doctor.service.launcher import build_server_args
 from doctor.sglang.flags import judge_flags
 from doctor.sglang.patching.status import APPLIED, DRIFTED, MISSING, PARTIAL, PRISTINE, evaluate
 from doctor.sglang.runtime import flashinfer_jit_problems, runtime_problems
 from doctor.stack.judging import (
     applicable_requirements,
+    has_sglang,
     installed_dist,
     is_under,
     norm,
@@ -34,7 +36,7 @@ from doctor.stack.judging import (
 # -- sglang.install ------------------------------------------------------------------------------
 
 @check("sglang.install", "SGLang importable from the service's interpreter, version as the profile pins",
-       needs=("stack", "sglang_import"), timeout=300)
+       needs=("stack", "sglang_import"), depends=("python.venv",), timeout=300)
 def sglang_install(ctx: Any) -> Result:
     """Finds SGLang without importing it (package metadata and ``find_spec``) and checks its version against
     the profile's pin. By default that is all from files, in the ``stack`` probe: every ``Requires-Dist`` of
@@ -210,7 +212,8 @@ def patches_command(ctx: Context, verb: str, *extra: str) -> str:
 
 
 @check("sglang.patches", "Every patch of the profile's SGLang patch set applied, none drifted",
-       needs=("sglang_patches",), tags=("sglang", "patches"), fixer="sglang.patches.apply", timeout=60)
+       needs=("sglang_patches",), depends=("python.venv",), tags=("sglang", "patches"), fixer="sglang.patches.apply",
+       timeout=60)
 def sglang_patches(ctx: Context) -> Result:
     """Hashes every file the profile's patch set (`[patches] set`, from `sglang_patches/<set>/` or the
     site's `patches_dir`) touches in the service interpreter's SGLang, without importing SGLang,
@@ -301,7 +304,7 @@ def sglang_patches(ctx: Context) -> Result:
 # -- sglang.flags -------------------------------------------------------------------------------
 
 @check("sglang.flags", "Every server flag is one the installed SGLang accepts", needs=("sglang_flags",),
-       tags=("sglang", "launch"))
+       depends=("python.venv",), tags=("sglang", "launch"))
 def sglang_flags(ctx: Context) -> Result:
     """Reads the flags the service interpreter's SGLang accepts from its sources (the annotated
     fields of ``sglang/srt/arg_groups/fields/`` in 0.5.2x, ``add_argument`` calls in older releases;
@@ -328,7 +331,7 @@ def sglang_flags(ctx: Context) -> Result:
 GATE = "SGLANG_DDTREE_UNVALIDATED_WORKER"
 
 
-@check("sglang.ddtree", "DDTREE will be accepted by the patched SGLang (worker gate)", needs=("env",))
+@check("sglang.ddtree", "DDTREE will be accepted by the patched SGLang (worker gate)", needs=("env", "stack"))
 def ddtree_gate(ctx: Context) -> Result:
     """When the profile launches `--speculative-algorithm DDTREE`, reads the service's environment
     (process, profile [server.env], EnvironmentFile) for SGLANG_DDTREE_UNVALIDATED_WORKER.
@@ -352,9 +355,17 @@ def ddtree_gate(ctx: Context) -> Result:
             "Compare the first outputs token for token with a non-speculative server (patch set README, "
             "'Validating on a real host') before serving traffic.", variable=GATE, value=value)
     env_file = ctx.expect("server.env_file", "/etc/k26-doctor/sglang-k26.env")
+    try:
+        absent = has_sglang(ctx.fact("stack")) is False
+    except FactUnavailable:  # not recorded: the gate is judged all the same
+        absent = False
+    if absent:
+        summary = f"DDTREE needs SGLang with the DDTree patch set (not installed) and {GATE}=1 (not set)"
+    else:
+        summary = (f"the profile launches DDTREE, but {GATE}=1 is not set: SGLang with the DDTree patch set "
+                   "refuses DDTREE without it (its worker is not yet validated on a real host)")
     return Result.failed(
-        f"the profile launches DDTREE, but the patched SGLang refuses it without {GATE}=1 "
-        "(its worker is not yet validated on a real host)",
+        summary,
         Remediation("Launch the DFlash chain instead (server.speculative_algorithm = \"DFLASH\" in the config), "
                     f"or opt in knowingly with {GATE}=1 in the service's environment file and validate "
                     "as sglang_patches/ddtree-0.5.23/README.md says.",

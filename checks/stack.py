@@ -43,7 +43,7 @@ PIP_NAMES = {"torch": "torch", "triton": "triton", "sglang": "sglang", "sglang_k
 # -- cuda.compat ---------------------------------------------------------------------------------
 
 @check("cuda.compat", "Driver CUDA version vs the CUDA runtime torch was built with",
-       needs=("nvml", "stack", "torch_info"), timeout=180)
+       needs=("nvml", "stack", "torch_info"), depends=("python.venv",), timeout=180)
 def cuda_compat(ctx: Any) -> Result:
     """Compares the CUDA version the NVIDIA driver supports (NVML) with the CUDA runtime torch was built
     with: by default ``cuda`` of ``torch/version.py``, parsed from its syntax tree in the ``stack`` probe
@@ -125,8 +125,10 @@ def cuda_compat(ctx: Any) -> Result:
 
 def _torch_unusable(ctx: Any, info: dict[str, Any]) -> Result:
     if info.get("missing_module") == "torch":
-        return Result.failed(f"torch is not installed in {service_python(ctx)}",
-                             Remediation("Install the torch the profile pins.", [pip_install(ctx, "torch", "torch")]))
+        res = Result.failed(f"torch is not installed in {service_python(ctx)}",
+                            Remediation("Install the torch the profile pins.", [pip_install(ctx, "torch", "torch")]))
+        res.cause = "stack.versions"  # which names every package missing: said once
+        return res
     return Result.failed(f"torch cannot be imported by {service_python(ctx)}: {info.get('error') or 'probe failed'}",
                          Remediation("Reinstall torch in the service's environment.",
                                      [pip_install(ctx, "torch", "torch")]), probe=info)
@@ -135,7 +137,7 @@ def _torch_unusable(ctx: Any, info: dict[str, Any]) -> Result:
 # -- torch.arch ----------------------------------------------------------------------------------
 
 @check("torch.arch", "torch has kernels that run on each GPU's architecture", needs=("torch_info", "nvml"),
-       timeout=300)
+       depends=("python.venv",), timeout=300)
 def torch_arch(ctx: Any) -> Result:
     """Matches the targets compiled into torch (``torch._C._cuda_getArchFlags()``, read in a child
     process) against every GPU's compute capability by CUDA's binary compatibility rules
@@ -268,7 +270,7 @@ def _result(v: Verdict) -> Result:
 
 
 @check("stack.kernels", "GPU code (SASS/PTX) of every kernel package against every GPU; the libtorch ABI",
-       needs=("kernels", "nvml", "stack"), timeout=120)
+       needs=("kernels", "nvml", "stack"), depends=("python.venv",), timeout=120)
 def stack_kernels(ctx: Any) -> Result:
     """Reads every installed package's GPU code from its files (``.nv_fatbin`` of each shared object,
     bare cubins; doctor/stack/fatbin.py, nothing imported) and judges it against every GPU's compute
@@ -300,7 +302,7 @@ def _optional(ctx: Any, name: str) -> Any:
 
 
 @check("cuda.libcuda", "The libcuda.so.1 the service loads against the kernel module; forward compatibility",
-       needs=("libcuda", "nvml"), timeout=60)
+       needs=("libcuda", "nvml"), depends=("python.venv",), timeout=60)
 def cuda_libcuda(ctx: Any) -> Result:
     """Loads ``libcuda.so.1`` in a child of the service's interpreter, with the service's environment,
     as torch does, and reads which file the loader mapped (``/proc/self/maps``) and its version (its real
@@ -323,7 +325,7 @@ def cuda_libcuda(ctx: Any) -> Result:
 # -- stack.versions ------------------------------------------------------------------------------
 
 @check("stack.versions", "torch / triton / sglang / sglang-kernel / flashinfer against the supported matrix",
-       needs=("stack",))
+       needs=("stack",), depends=("python.venv",))
 def stack_versions(ctx: Any) -> Result:
     """Reads the installed versions from the service interpreter's package metadata (nothing is
     imported) and compares them with the profile's [stack] pins and the supported matrix

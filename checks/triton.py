@@ -14,15 +14,16 @@ from typing import Any
 
 from doctor.core.registry import check
 from doctor.core.result import Remediation, Result
+from doctor.python.headers import family, headers_advice
 from doctor.stack import compat
 from doctor.stack.cuda_arch import cc_str
 from doctor.stack.judging import gpu_ccs, probe_failed, service_python
-from doctor.triton.toolchain import good_ptxas, interpreter_kind, os_family, ptxas_choice, triton_arch
+from doctor.triton.toolchain import good_ptxas, interpreter_kind, no_driver, ptxas_choice, triton_arch
 
 # -- triton.jit ----------------------------------------------------------------------------------
 
 @check("triton.jit", "Triton can build its runtime helpers: C compiler, Python.h, libcuda",
-       needs=("triton_build", "stack"), fixer="triton.jit.headers", timeout=180)
+       needs=("triton_build", "stack", "libcuda"), depends=("python.venv",), fixer="triton.jit.headers", timeout=180)
 def triton_jit(ctx: Any) -> Result:
     """Repeats what Triton's runtime does on the first kernel (``triton/runtime/build.py``): picks the
     C compiler (``CC``, else gcc, else clang), compiles a small C extension with Triton's flags
@@ -66,6 +67,9 @@ def triton_jit(ctx: Any) -> Result:
         return Result.failed(f"built, but {service_python(ctx)} cannot load it: {err}", Remediation(
             "The headers do not match this interpreter (another Python's include dir?). Reinstall the headers "
             "of exactly this interpreter."), **details)
+    if libcuda.get("error") and no_driver(ctx):
+        return Result.blocked(f"compiler and Python.h work; libcuda.so.1 comes with the NVIDIA driver, which is not "
+                              f"installed here (gpu.driver judges it): {libcuda['error']}", "gpu.driver", **details)
     if libcuda.get("error"):
         return Result.failed(f"compiler and Python.h work, but Triton will not find libcuda.so.1: {libcuda['error']}",
                              _libcuda_remedy(), **details)
@@ -75,39 +79,16 @@ def triton_jit(ctx: Any) -> Result:
 
 
 def _headers_remedy(kind: dict[str, Any], build: dict[str, Any], compiler: bool) -> Remediation:
-    mm, base, ver = kind["major_minor"], kind["base_prefix"], kind["version"]
-    fam = os_family(build.get("os_release") or {})
-    if kind["kind"] == "system":
-        if fam == "fedora":
-            cmd = f"dnf install -y python{mm}-devel gcc"
-            pkg = f"python{mm}-devel (or python3-devel for the default python3) and gcc"
-        else:
-            cmd = f"apt-get install -y python{mm}-dev build-essential"
-            pkg = f"python{mm}-dev (it pulls libpython{mm}-dev) and build-essential"
-        return Remediation(f"The system Python {mm} needs its development headers: install {pkg}. "
-                           "`k26-doctor fix --apply` runs this.", [cmd])
-    if compiler and not build.get("python_h"):
-        extra = " Also install a C compiler (build-essential / gcc)."
-    elif compiler:
+    """The package of this distribution that holds the interpreter's headers, or its own prefix's answer."""
+    os_release = build.get("os_release") or {}
+    if compiler and build.get("python_h"):
+        _, fam = family(os_release)
         return Remediation("Install a C compiler, or point CC at one in the service's environment.",
-                           ["apt-get install -y build-essential" if fam != "fedora" else "dnf install -y gcc"])
-    else:
-        extra = ""
-    texts = {
-        "pyenv": (f"This pyenv interpreter ({base}) keeps its headers in its own prefix "
-                  f"({base}/include/python{mm}); a system -dev package does not help. Reinstall it (pyenv builds "
-                  "from source and installs the headers), then recreate or re-point the venv.",
-                  [f"pyenv install --force {ver}"]),
-        "uv": (f"This uv-managed interpreter ({base}) ships its headers in its own prefix; reinstall it.",
-               [f"uv python install --reinstall {ver}"]),
-        "conda": (f"This conda interpreter ({base}) keeps its headers in {base}/include; reinstall python there.",
-                  [f"conda install -p {base} --force-reinstall python={ver}"]),
-        "other": (f"The interpreter at {base or '?'} was installed without its headers; they belong in "
-                  f"{base or '<prefix>'}/include/python{mm}. Reinstall it from a full build (make install "
-                  "includes them) or copy the include directory of the identical build.", []),
-    }
-    text, cmds = texts[kind["kind"]]
-    return Remediation(text + extra, cmds)
+                           [shlex.join([*fam.get("install", ["apt-get", "install", "-y"]),
+                                        fam.get("compiler", "build-essential")])])
+    advice = headers_advice(os_release, kind["major_minor"], kind["base_prefix"], kind["version"],
+                            conda=kind["kind"] == "conda", compiler=compiler)
+    return Remediation(advice.text, advice.commands)
 
 
 def _libcuda_remedy() -> Remediation:
@@ -120,7 +101,7 @@ def _libcuda_remedy() -> Remediation:
 
 
 @check("triton.ptxas", "The ptxas Triton will use knows the GPU architecture (e.g. sm_103a)",
-       needs=("ptxas", "nvml"), fixer="triton.ptxas.env", timeout=120)
+       needs=("ptxas", "nvml"), depends=("python.venv",), fixer="triton.ptxas.env", timeout=120)
 def triton_ptxas(ctx: Any) -> Result:
     """Triton compiles every kernel to PTX and assembles it with ptxas for ``sm_<cc>a``. It uses
     ``TRITON_PTXAS_PATH`` (or, from Triton 3.6 for arch >= 100, ``TRITON_PTXAS_BLACKWELL_PATH``) when

@@ -17,12 +17,15 @@ from __future__ import annotations
 import ast
 import types
 
+import ci_requirements
 import pytest
 
-pytest.importorskip("torch")
+ci_requirements.require("torch")
 
-from ddtree_support import bare_part, patched_tree
-from test_ddtree_worker import worker  # noqa: F401  (the fixture: patched ddtree_worker.py loaded)
+from ddtree_support import bare_part, patched_tree  # noqa: E402  (after the skip: it needs torch)
+from test_ddtree_worker import worker  # noqa: E402, F401  (the fixture: patched ddtree_worker.py loaded)
+
+pytestmark = pytest.mark.network  # reads the released wheels (tests/downloads.py)
 
 
 def req(return_logprob=False, **sampling):

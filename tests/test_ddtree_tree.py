@@ -5,14 +5,17 @@ from __future__ import annotations
 import itertools
 import math
 
+import ci_requirements
 import pytest
 
-torch = pytest.importorskip("torch")
+torch = ci_requirements.importorskip("torch")
 np = pytest.importorskip("numpy")
 pytest.importorskip("hypothesis")
 from ddtree_support import ddtree_utils  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
+
+pytestmark = pytest.mark.network  # reads the released wheels (tests/downloads.py)
 
 
 @pytest.fixture(scope="module")

@@ -12,11 +12,14 @@ from __future__ import annotations
 import sys
 import types
 
+import ci_requirements
 import pytest
 
-torch = pytest.importorskip("torch")
+torch = ci_requirements.importorskip("torch")
 
 from ddtree_support import ddtree_utils, load_file, patched_tree  # noqa: E402
+
+pytestmark = pytest.mark.network  # reads the released wheels (tests/downloads.py)
 
 PKGS = ("sglang", "sglang.srt", "sglang.srt.speculative", "sglang.kernels", "sglang.kernels.ops",
         "sglang.kernels.ops.speculative")

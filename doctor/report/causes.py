@@ -46,9 +46,21 @@ def explains(res: Result | None) -> bool:
 
 
 def settle(results: list[Result], notices: list[Notice] | None = None) -> None:
-    """Mark the skips that nothing in this run explains as not judged for want of facts."""
+    """Mark the skips that nothing in this run explains as not judged for want of facts, and the skips whose
+    cause was itself not judged (``python.venv`` not recorded: nothing that needs the interpreter is judged)."""
     by = {r.id: r for r in results}
     noticed = {n.id for n in notices or []}
+    _unexplained(results, by, noticed)
+    changed = True
+    while changed:  # through chains, whatever order the results come in
+        changed = False
+        for res in results:
+            cause = by.get(res.cause or "")
+            if res.status is Status.SKIP and not res.unjudged and cause is not None and cause.unjudged:
+                res.unjudged = changed = True
+
+
+def _unexplained(results: list[Result], by: dict[str, Result], noticed: set[str]) -> None:
     for res in results:
         if res.status is not Status.SKIP or res.unjudged or not res.cause or res.cause in noticed:
             continue
@@ -92,16 +104,6 @@ def roots(results: list[Result], notices: list[Notice] | None = None) -> dict[st
     return out
 
 
-def _has_sglang(stack: Any) -> bool | None:
-    from doctor.stack.judging import installed_dist
-
-    if not isinstance(stack, dict) or not stack.get("ok"):
-        return None
-    if installed_dist(stack, "sglang") is not None:
-        return True
-    return bool(((stack.get("packages") or {}).get("sglang") or {}).get("found"))
-
-
 def interpreter_notice(settings: Any, facts: Any, results: list[Result]) -> Notice | None:
     """The notice when the checks judged the doctor's own interpreter and it has no SGLang.
 
@@ -112,16 +114,17 @@ def interpreter_notice(settings: Any, facts: Any, results: list[Result]) -> Noti
         stack = facts.get("stack")
     except Exception:  # a stack fact that failed is judged by its checks
         return None
-    if _has_sglang(stack) is not False:
+    from doctor.stack.judging import has_sglang
+
+    if has_sglang(stack) is not False:
         return None
     python = str(settings.python)
     config = settings.config_path or "/etc/k26-doctor/config.toml"
     notice = Notice(
         PYTHON_NOTICE,
-        f"--python is not set, so the checks judged the doctor's own interpreter {python}, which has no SGLang. "
-        "Point the doctor at the service's interpreter (the venv that runs SGLang), once, in the config: "
-        f"[doctor] python = \"/path/to/service/venv/bin/python\" in {config} (or pass --python). "
-        "If this interpreter is the service's, install SGLang into it (see sglang.install).",
+        f"--python is not set: the checks judged the doctor's own interpreter {python}, which has no SGLang. "
+        f"Set the service's once: [doctor] python = \"/path/to/service/venv/bin/python\" in {config} (or pass "
+        "--python).",
         Remediation(f"In {config}, under [doctor]: python = \"/path/to/service/venv/bin/python\"; to try it first:",
                     ["k26-doctor check --python /path/to/service/venv/bin/python"]))
     markers = {f"{shlex.quote(python)} -m pip", f"{python} -m pip"}

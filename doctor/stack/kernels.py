@@ -329,7 +329,10 @@ def judge(fact: dict[str, Any], ccs: list[tuple[int, int]], where: str, driver_c
         fails.append("no installed package carries GPU code (no CUDA build of torch, no kernel package)")
         fixes.append("Install the CUDA build of torch and the kernel packages the profile pins.")
     if fails:
-        return Verdict("fail", _first(fails), " ".join(dict.fromkeys(fixes)), list(dict.fromkeys(commands)), details)
+        # with nothing installed, stack.versions names what is missing: one root line for the bare venv
+        cause = "stack.versions" if not pkgs and torch_version is None else None
+        return Verdict("fail", _first(fails), " ".join(dict.fromkeys(fixes)), list(dict.fromkeys(commands)), details,
+                       cause=cause)
     if warns:
         return Verdict("warn", _first(warns), " ".join(dict.fromkeys(fixes)), list(dict.fromkeys(commands)), details)
     if not ccs:
