@@ -78,11 +78,24 @@ def log(msg: str) -> None:
 
 
 def torch_setup(device: str):
-    import torch
+    """Float32 matmuls without TF32 and torch's deterministic kernels where it has them (CUDA): the same
+    seed on the same device and stack gives the same bytes."""
+    import os
 
     if device == "cuda":
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    import torch
+
+    # One CPU thread: reductions then run in one order on every host (the bytes do not depend on the core
+    # count), and on a shared machine one thread wastes no time spinning (a training step took 1.6 CPU-s
+    # with one thread and 8.7 with two on a loaded 2-core host).
+    torch.set_num_threads(1)
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit("--device cuda: no CUDA device is visible to torch")
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
+        torch.use_deterministic_algorithms(True, warn_only=True)
     return torch
 
 
@@ -167,7 +180,7 @@ def train_target(lang: synthlang.Language, recipe: Recipe, seed: int, device: st
         opt.step()
         if step % 20 == 0 or step == recipe.target_steps - 1:
             ent = -(tgt * torch.log(tgt.clamp_min(1e-30))).sum(-1).mean()
-            log(f"target step {step}: kl {float(ce - ent):.4f} hinge {float(hinge):.4f} "
+            log(f"target step {step}: kl {float((ce - ent).detach()):.4f} hinge {float(hinge.detach()):.4f} "
                 f"({time.perf_counter() - t0:.0f} s)")
     return model
 
@@ -288,7 +301,7 @@ def train_drafter(lang: synthlang.Language, target, recipe: Recipe, seed: int, d
         opt.step()
         if step % 25 == 0 or step == recipe.drafter_steps - 1:
             ent = -(tgts * torch.log(tgts.clamp_min(1e-30))).sum(-1).mean()
-            log(f"drafter step {step}: kl {float(loss - ent):.4f} ({time.perf_counter() - t0:.0f} s)")
+            log(f"drafter step {step}: kl {float((loss - ent).detach()):.4f} ({time.perf_counter() - t0:.0f} s)")
     return drafter
 
 

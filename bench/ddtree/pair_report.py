@@ -214,6 +214,7 @@ def judge(report: dict) -> dict:
 
 
 def write_report(out: Path, device: str = "cpu") -> dict:
+    mt.torch_setup(device)
     build = json.loads((out / "build.json").read_text())
     size = SIZES["mini" if build["recipe"] == "mini" else "full"]
     seq_len = build["recipe_values"]["seq_len"]
