@@ -143,7 +143,8 @@ def test_prompt_sets():
         state = LANG.parse(p)
         marg = LANG.marginals(state, 5)
         assert sorted(marg[0].values(), reverse=True) == list(synthlang.FORK)
-        assert sum(len(m) > 1 for m in marg) >= 3  # several positions with real mass in several categories
+        # every one of the first five positions has several categories with real mass
+        assert all(sum(v >= 0.1 for v in m.values()) >= 2 for m in marg), marg
     with pytest.raises(ValueError):
         synthlang.prompts(LANG, 1, "beam", seed=0)
 

@@ -165,15 +165,19 @@ def speculative(target, drafter, dd, lang: synthlang.Language, size: Size, refer
         for algo in algos:
             t0 = time.perf_counter()
             res = specsim.run(target, drafter, dd, prompts, algo, size.sim_tokens, lang.mask_token, seed=3)
+            ideal = specsim.run_ideal(lang, dd, prompts, algo, size.sim_tokens, drafter.shape.block, seed=3)
             rec = {"algo": res["algo"], "temperature": temp, "accept_length": round(res["accept_length"], 4),
+                   "completion_tokens_per_verify": round(res["completion_tokens_per_verify"], 4),
                    "rounds": res["n_rounds"], "committed": sum(sum(r) for r in res["rounds"]),
                    "committed_per_round_histogram": histogram(res["rounds"]),
+                   "ideal_pair_accept_length": round(ideal["accept_length"], 4),
                    "wall_s": round(time.perf_counter() - t0, 1)}
             if temp == 0.0:
                 rec["identical_to_target_greedy"] = sum(o == w[:size.sim_tokens] for o, w in
                                                         zip(res["outputs"], want, strict=True))
             out["runs"][f"{res['algo']}@T{temp:g}"] = rec
-            mt.log(f"report: {res['algo']} T={temp:g}: accept length {rec['accept_length']} ({rec['wall_s']} s)")
+            mt.log(f"report: {res['algo']} T={temp:g}: accept length {rec['accept_length']} (ideal pair "
+                   f"{rec['ideal_pair_accept_length']}; {rec['wall_s']} s)")
     return out
 
 

@@ -163,63 +163,112 @@ def sample_first(logits: torch.Tensor, temperature: float, gen: torch.Generator)
     return torch.multinomial(probs.cpu(), 1, generator=gen).view(-1).to(logits.device)
 
 
+def make_trees(dd: ModuleType, logits: torch.Tensor, roots: list[int], algo: Algo, block: int) -> list:
+    """One tree per request from draft logits ``[B, block - 1, V]``: DDTREE's best-first tree of ``budget``
+    nodes over the top-``min(budget, V)`` tokens per position, or DFLASH's chain of argmaxes."""
+    vocab = logits.shape[-1]
+    trees = []
+    for i, root in enumerate(roots):
+        if algo.name == "DDTREE":
+            lp, tk = dd.ddtree_topk_from_logits(logits[i], min(algo.budget, vocab))
+            trees.append(dd.build_ddtree(lp, tk, algo.budget, root))
+        else:
+            lp, tk = dd.ddtree_topk_from_logits(logits[i], 1)
+            trees.append(dd.build_ddtree(lp, tk, block - 1, root))
+    return trees
+
+
+def accept(dd: ModuleType, enc, target_logits: torch.Tensor, temperature: float, gen: torch.Generator):
+    """The reference verifiers on target logits ``[B, W, V]``: committed tokens and accepted path nodes."""
+    num_spec = enc.num_spec_tokens()
+    b, width = enc.draft_tokens.shape
+    links = (enc.draft_tokens, enc.retrieve_index, enc.retrieve_next_token, enc.retrieve_next_sibling)
+    if temperature == 0.0:
+        res = dd.verify_tree_greedy_reference(*links, target_logits.argmax(-1).reshape(-1).cpu(), num_spec)
+    else:
+        probs = torch.softmax(target_logits.double().cpu() / temperature, -1)
+        coins = torch.rand((b, width), generator=gen, dtype=torch.float64)
+        final = torch.rand((b,), generator=gen, dtype=torch.float64)
+        res = dd.verify_tree_sampling_reference(*links, probs, coins, final, num_spec)
+    return dd.committed_tokens(*res), dd.accepted_path_nodes(res[1], res[2], width)
+
+
+def summary(algo: Algo, outputs: list[list[int]], rounds: list[list[int]], max_new: int) -> dict:
+    """Outputs and rounds; ``accept_length`` = committed tokens per round; ``completion_tokens_per_verify``
+    = what serve_check.py reports (the prefill's token included, outputs cut at ``max_new``)."""
+    n_rounds = sum(len(r) for r in rounds)
+    completion = sum(min(len(o), max_new) for o in outputs)
+    return {"algo": algo.label, "temperature": algo.temperature, "outputs": [o[:max_new] for o in outputs],
+            "rounds": rounds, "n_rounds": n_rounds,
+            "accept_length": sum(sum(r) for r in rounds) / n_rounds if n_rounds else None,
+            "completion_tokens_per_verify": completion / n_rounds if n_rounds else None}
+
+
 def run(target: pm.Dsv3, drafter: pm.DFlashDrafter, dd: ModuleType, prompts: list[list[int]], algo: Algo,
         max_new: int, mask_token: int, seed: int = 0) -> dict:
-    """Decode ``prompts`` with ``algo`` until each has ``max_new`` tokens; the outputs and per-round
-    committed counts."""
+    """Decode ``prompts`` with ``algo`` until each has ``max_new`` tokens (see :func:`summary`)."""
     gen = torch.Generator().manual_seed(seed)
-    layer_ids = list(drafter.shape.target_layer_ids)
     block = drafter.shape.block
     with torch.no_grad():
-        sess = Session(target, prompts, layer_ids)
+        sess = Session(target, prompts, list(drafter.shape.target_layer_ids))
         b = len(prompts)
         roots = sample_first(sess.last_logits, algo.temperature, gen)
         outputs = [[int(r)] for r in roots]
         rounds: list[list[int]] = [[] for _ in range(b)]
-        vocab = target.shape.vocab
         while True:
             active = torch.tensor([len(o) < max_new for o in outputs], device=sess.dev)
             if not bool(active.any()):
                 break
             logits = draft(drafter, target, sess, roots, mask_token)
-            trees = []
-            for i in range(b):
-                if algo.name == "DDTREE":
-                    lp, tk = dd.ddtree_topk_from_logits(logits[i], min(algo.budget, vocab))
-                    trees.append(dd.build_ddtree(lp, tk, algo.budget, int(roots[i])))
-                else:
-                    lp, tk = dd.ddtree_topk_from_logits(logits[i], 1)
-                    trees.append(dd.build_ddtree(lp, tk, block - 1, int(roots[i])))
-            enc = dd.encode_eagle(trees, prefix_lens=sess.n.cpu())
-            width = enc.width
-            tokens = enc.draft_tokens.to(sess.dev)
-            positions = enc.positions.view(b, width).to(sess.dev)
-            out = sess.forward(tokens, positions, enc.tree_mask.to(sess.dev))
-            num_spec = enc.num_spec_tokens()
-            if algo.temperature == 0.0:
-                predicts, acc_index, acc_num = dd.verify_tree_greedy_reference(
-                    enc.draft_tokens, enc.retrieve_index, enc.retrieve_next_token, enc.retrieve_next_sibling,
-                    out.logits.argmax(-1).reshape(-1).cpu(), num_spec)
-            else:
-                probs = torch.softmax(out.logits.double().cpu() / algo.temperature, -1)
-                coins = torch.rand((b, width), generator=gen, dtype=torch.float64)
-                final = torch.rand((b,), generator=gen, dtype=torch.float64)
-                predicts, acc_index, acc_num = dd.verify_tree_sampling_reference(
-                    enc.draft_tokens, enc.retrieve_index, enc.retrieve_next_token, enc.retrieve_next_sibling,
-                    probs, coins, final, num_spec)
-            committed = dd.committed_tokens(predicts, acc_index, acc_num)
-            paths = dd.accepted_path_nodes(acc_index, acc_num, width)
-            sess.commit(paths, out, width, active)
+            enc = dd.encode_eagle(make_trees(dd, logits, [int(r) for r in roots], algo, block),
+                                  prefix_lens=sess.n.cpu())
+            out = sess.forward(enc.draft_tokens.to(sess.dev), enc.positions.view(b, -1).to(sess.dev),
+                               enc.tree_mask.to(sess.dev))
+            committed, paths = accept(dd, enc, out.logits, algo.temperature, gen)
+            sess.commit(paths, out, enc.width, active)
             for i in range(b):
                 if bool(active[i]):
                     outputs[i].extend(committed[i])
                     rounds[i].append(len(committed[i]))
                     roots[i] = committed[i][-1]
-    committed_total = sum(sum(r) for r in rounds)
-    n_rounds = sum(len(r) for r in rounds)
-    return {"algo": algo.label, "temperature": algo.temperature, "outputs": [o[:max_new] for o in outputs],
-            "rounds": rounds, "accept_length": committed_total / n_rounds if n_rounds else None,
-            "n_rounds": n_rounds}
+    return summary(algo, outputs, rounds, max_new)
+
+
+def log_probs(dist: dict[int, float] | None, vocab: int) -> torch.Tensor:
+    """Log of an exact distribution as logits (zero mass: -1e4; unknown text: uniform)."""
+    out = torch.full((vocab,), -1e4 if dist else 0.0, dtype=torch.float64)
+    for tok, p in (dist or {}).items():
+        out[tok] = torch.log(torch.tensor(p, dtype=torch.float64))
+    return out
+
+
+def run_ideal(lang, dd: ModuleType, prompts: list[list[int]], algo: Algo, max_new: int, block: int = 8,
+              seed: int = 0) -> dict:
+    """The same rounds with the language itself as the target and its exact per-position marginals as the
+    drafter: the ceiling a perfect pair would reach (no neural network involved)."""
+    gen = torch.Generator().manual_seed(seed)
+    vocab = lang.vocab
+    texts = [list(p) for p in prompts]
+    roots = [int(sample_first(log_probs(lang.conditional(p), vocab)[None], algo.temperature, gen)) for p in texts]
+    outputs = [[r] for r in roots]
+    rounds: list[list[int]] = [[] for _ in prompts]
+    while any(len(o) < max_new for o in outputs):
+        idx = [i for i, o in enumerate(outputs) if len(o) < max_new]
+        logits = torch.stack([torch.stack([log_probs(m, vocab) for m in
+                                           lang.marginals(lang.parse(texts[i] + [roots[i]]), block - 1)])
+                              for i in idx])
+        trees = make_trees(dd, logits, [roots[i] for i in idx], algo, block)
+        enc = dd.encode_eagle(trees)
+        target = torch.stack([torch.stack([log_probs(lang.conditional(texts[i] + [tree.tokens[k] for k in
+                                                                                  tree.path(node)]), vocab)
+                                           for node in range(tree.size)]) for i, tree in zip(idx, trees, strict=True)])
+        committed, _ = accept(dd, enc, target, algo.temperature, gen)
+        for i, c in zip(idx, committed, strict=True):
+            texts[i] += [roots[i], *c[:-1]]
+            outputs[i].extend(c)
+            rounds[i].append(len(c))
+            roots[i] = c[-1]
+    return summary(algo, outputs, rounds, max_new)
 
 
 def greedy_decode(target: pm.Dsv3, prompts: list[list[int]], n: int) -> tuple[list[list[int]], list[list[float]]]:

@@ -12,12 +12,14 @@ Motif kinds (``FORK``: 0.55 / 0.30 / 0.15; ``PAIR``: 0.55 / 0.45):
 
 * ``plain``: one phrase;
 * ``fork``: ``P -> {Q1, Q2, Q3}`` with ``FORK``, every ``Q`` exits (the branches reconverge at the next
-  motif); ``Q2`` and ``Q3`` share their second token;
-* ``flip``: ``P -> {Q1 (2 tokens), Q2, Q3 (3 tokens)}`` with ``FORK``, then ``Q1 -> {R1, R2}`` with
-  ``PAIR``; ``Q2[2] == Q3[2] == R2[0] != R1[0]``. Three tokens after ``P`` the greedy path (Q1, R1) holds
-  0.55 * 0.55 = 0.30 of the mass while the shared token holds 0.70: the drafter's per-position marginal
-  puts its argmax off the target's greedy path there, so a chain (DFLASH) is cut where a tree (DDTREE)
-  holding the runner-up is not -- under greedy decoding too, not only under sampling.
+  motif); ``Q1`` has two tokens, ``Q2`` three and ``Q3`` is ``Q2`` with another first token;
+* ``flip``: ``P -> {Q1 = [a, b], Q2 = [c, b, y], Q3 = [d, b, y]}`` with ``FORK``, then
+  ``Q1 -> {[x], [y]}`` with ``PAIR``; all exit. Three tokens after ``P`` the greedy path (``a b x``) holds
+  0.55 * 0.55 = 0.30 of the mass and ``y`` 0.70, and from the fourth token every branch has reconverged:
+  the drafter's per-position marginal puts its argmax off the target's greedy path there, so a chain
+  (DFLASH) is cut where a tree (DDTREE) holding the runner-up is not -- under greedy decoding too -- and
+  the tree's budget is not spread over continuations that differ. After ``b`` the next token depends on
+  the token before ``b`` (``a``: x or y; ``c``, ``d``: y).
 
 The first content token is the entry of one of the topic's motifs, uniformly; entry heads are distinct
 within a topic and sibling heads are distinct, so a text has one parse and the conditional distribution
@@ -231,9 +233,9 @@ class Language:
 # -- building -------------------------------------------------------------------------------------
 
 
-def build(seed: int = 0, vocab: int = 64, n_topics: int = 4, pool: Sequence[str] = ("plain",) * 4 +
-          ("fork",) * 3 + ("flip",) * 3, cycle: Sequence[str] = ("plain", "fork", "plain", "flip", "fork",
-                                                                   "flip", "plain")) -> Language:
+def build(seed: int = 0, vocab: int = 64, n_topics: int = 4,
+          pool: Sequence[str] = ("plain",) * 3 + ("fork",) * 4 + ("flip",) * 5,
+          cycle: Sequence[str] = ("flip", "fork", "flip", "plain", "flip", "fork", "flip")) -> Language:
     """A language from ``seed``: a motif pool of the ``pool`` kinds, and per topic a cycle of motifs of the
     ``cycle`` kinds drawn from that pool in a topic-specific order."""
     rng = random.Random(seed)
@@ -259,27 +261,21 @@ def build(seed: int = 0, vocab: int = 64, n_topics: int = 4, pool: Sequence[str]
 
     for m, kind in enumerate(pool):
         if kind == "plain":
-            entry = add(m, words(rng.randint(3, 5)))
+            entry = add(m, words(rng.randint(3, 4)))
         elif kind == "fork":
-            entry = add(m, words(rng.randint(2, 3)))
-            q1 = words(rng.randint(2, 3))
-            q2 = words(rng.randint(2, 3), avoid_first=[q1[0]])
+            entry = add(m, words(2))
+            q1 = words(2)
+            q2 = words(3, avoid_first=[q1[0]])
+            if q2[1] == q1[1]:
+                q2[1] = next(t for t in content if t not in (q1[1], q2[0], q2[2]))
             q3 = words(1, avoid_first=[q1[0], q2[0], q2[1]]) + q2[1:]  # Q3 reconverges with Q2
             internal[entry] = tuple(zip((add(m, q1), add(m, q2), add(m, q3)), FORK, strict=True))
         elif kind == "flip":
             entry = add(m, words(2))
-            y = rng.choice(content)
-            q1 = words(2)
-            q2 = words(1, avoid_first=[q1[0], y]) + words(1, avoid_first=[y]) + [y]
-            q3 = words(1, avoid_first=[q1[0], q2[0], y]) + words(1, avoid_first=[y]) + [y]
-            for q in (q2, q3):
-                if q[1] == q[0]:
-                    q[1] = next(t for t in content if t not in (q[0], y))
-            r1 = words(rng.randint(2, 3), avoid_first=[y])
-            r2 = words(rng.randint(2, 3), first=y)
-            internal[entry] = tuple(zip((add(m, q1), add(m, q2), add(m, q3)), FORK, strict=True))
-            q1_id = entry + 1
-            internal[q1_id] = tuple(zip((add(m, r1), add(m, r2)), PAIR, strict=True))
+            a, b, c, d, x, y = rng.sample(content, 6)
+            q1, q2, q3 = add(m, [a, b]), add(m, [c, b, y]), add(m, [d, b, y])
+            internal[entry] = tuple(zip((q1, q2, q3), FORK, strict=True))
+            internal[q1] = tuple(zip((add(m, [x]), add(m, [y])), PAIR, strict=True))
         else:
             raise ValueError(f"unknown motif kind {kind!r}")
         motifs.append((kind, entry))
@@ -327,10 +323,10 @@ def prompts(lang: Language, n: int, kind: str, seed: int, min_len: int = 8, max_
     """Prompts (token-id lists, BOS first) of the language.
 
     ``greedy``: texts cut at uniformly drawn lengths in ``[min_len, max_len]``. ``sampled``: texts cut
-    right after a ``flip`` motif's branching phrase ``P`` (at least ``min_len`` tokens long), so the
-    first generated token has three continuations (0.55 / 0.30 / 0.15), the third and fourth are again
-    branching (0.55 / 0.45 after Q1), and a chi-square over the first 3-5 generated positions has several
-    categories with real mass."""
+    right after a ``fork`` motif's branching phrase ``P`` (at least ``min_len`` tokens long): the first
+    generated token has three continuations (0.55 / 0.30 / 0.15); Q1 is two tokens long and Q2, Q3 three,
+    so the second to fifth generated tokens mix two continuations each (0.55 / 0.45): a chi-square over
+    the first 3-5 generated positions has several categories with real mass at every position."""
     if kind not in ("greedy", "sampled"):
         raise ValueError(f"kind must be greedy or sampled, not {kind!r}")
     if not 3 <= min_len <= max_len:
@@ -346,7 +342,7 @@ def prompts(lang: Language, n: int, kind: str, seed: int, min_len: int = 8, max_
         for end in range(max(min_len, 3), len(text) + 1):
             state = lang.parse(text[:end])
             kind_, entry = lang.motifs[lang.motif_of[state[1]]]
-            if (kind_ == "flip" and state[1] == entry and state[2] == len(lang.phrases[entry]) - 1):
+            if kind_ == "fork" and state[1] == entry and state[2] == len(lang.phrases[entry]) - 1:
                 cuts.append(end)
         if cuts:
             out.append(text[:rng.choice(cuts)])
