@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import synthlang
 
 TARGET_DIR, DRAFTER_DIR = "dsv3", "dsv3-dflash"
-ROUTER_BIAS_SPAN = 0.2  # e_score_correction_bias drawn in [-0.1, 0.1]: it changes expert choices
+ROUTER_BIAS_SPAN = 0.2  # e_score_correction_bias drawn in [-0.1, 0.1]: a tie-breaker that decides some choices
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,7 @@ class Recipe:
     target_lr: float = 3e-3
     hinge_margin: float = 0.1
     hinge_weight: float = 1.0
+    balance_weight: float = 0.3
     drafter_texts: int = 160
     drafter_steps: int = 300
     drafter_batch: int = 8
@@ -143,6 +144,16 @@ def router_gaps(routing, k: int):
     return top[:, k - 1] - top[:, k]
 
 
+def balance_loss(routing, experts: int, temperature: float = 0.05):
+    """``E * sum_e q_e^2 - 1`` (0 when the load is uniform), ``q`` the mean over tokens of a sharp softmax of
+    the biased choice scores: without it the hinge is met most easily by the bias alone, sending every
+    token to the same two experts (a MoE that never routes)."""
+    import torch
+
+    q = torch.softmax(routing.choice / temperature, dim=-1).mean(0)
+    return experts * (q * q).sum() - 1.0
+
+
 def lr_at(step: int, steps: int, base: float, warmup: int = 20) -> float:
     return base * min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / max(1, steps))))
 
@@ -173,7 +184,10 @@ def train_target(lang: synthlang.Language, recipe: Recipe, seed: int, device: st
         out = model(x)
         ce = -(tgt * torch.log_softmax(out.logits, -1)).sum(-1).mean()
         hinge = sum(torch.relu(recipe.hinge_margin - router_gaps(r, k)).mean() for r in out.routing)
-        loss = ce + recipe.hinge_weight * hinge
+        balance = sum(balance_loss(r, model.shape.experts) for r in out.routing) / len(out.routing)
+        # The hinge weighs more as the fit converges: routing margins widen once the function is learnt.
+        hinge_w = recipe.hinge_weight * (0.5 + 2.5 * step / max(1, recipe.target_steps - 1))
+        loss = ce + hinge_w * hinge + recipe.balance_weight * balance
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -181,6 +195,7 @@ def train_target(lang: synthlang.Language, recipe: Recipe, seed: int, device: st
         if step % 20 == 0 or step == recipe.target_steps - 1:
             ent = -(tgt * torch.log(tgt.clamp_min(1e-30))).sum(-1).mean()
             log(f"target step {step}: kl {float((ce - ent).detach()):.4f} hinge {float(hinge.detach()):.4f} "
+                f"balance {float(balance.detach()):.3f} "
                 f"({time.perf_counter() - t0:.0f} s)")
     return model
 

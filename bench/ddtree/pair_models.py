@@ -27,25 +27,25 @@ Drafter (:class:`DFlashDrafter`), from ``sglang/srt/models/dflash.py`` and
   residual stream entering layer ``i`` (``layers/layer_boundary/stage.py`` 461-479, ``stream.residual``
   after the add), i.e. transformers' ``hidden_states[id + 1]``: the output of layer ``id``. The features
   of one token are those captures concatenated in ``target_layer_ids`` order.
-* ``project_target_hidden`` = ``hidden_norm(fc(concat))`` (``dflash.py`` 836-851).
-* Context K/V of every draft layer (``dflash_worker_v2.py`` 1970-1990 and 2009-2030,
+* ``project_target_hidden`` = ``hidden_norm(fc(concat))`` (``dflash.py`` 830-846).
+* Context K/V of every draft layer (``dflash_worker_v2.py`` 1965-1972 and 2015-2028,
   ``_append_target_hidden_*``): ``prepare_context_hidden_for_kv`` is the identity for
-  ``DFlashDraftModel`` (``dflash.py`` 831-834: no ``input_layernorm``), then ``kv_proj_only`` (``dflash.py``
-  428-453: K and V rows of the fused QKV weight), ``apply_k_norm`` (per-head RMSNorm, 455-458), and
-  ``apply_k_rope`` at the *context token's own position* (460-464). Context token ``j`` sits at position
+  ``DFlashDraftModel`` (``dflash.py`` 825-828: no ``input_layernorm``), then ``kv_proj_only`` (``dflash.py``
+  429-455: K and V rows of the fused QKV weight), ``apply_k_norm`` (per-head RMSNorm, 457-460), and
+  ``apply_k_rope`` at the *context token's own position* (462-466). Context token ``j`` sits at position
   ``j``; the context of a block rooted at position ``p`` is positions ``0 .. p - 1``.
-* The block (``dflash_worker_v2.py`` 2548-2581 and the patched DDTREE worker): ``[last committed token,
+* The block (``dflash_worker_v2.py`` 2550-2582 and the patched DDTREE worker): ``[last committed token,
   mask x (block - 1)]``, embedded with the *target's* embedding (no noise scale for DeepSeek: it has no
-  ``get_dflash_noise_embedding_scale``), at positions ``p .. p + block - 1`` where ``p`` = committed
+  ``get_dflash_noise_embedding_scale``, 538-542), at positions ``p .. p + block - 1`` where ``p`` = committed
   length (the last committed token, the "bonus", is not yet in the target's KV).
-* Layers (``dflash.py`` 588-629 ``DFlashDecoderLayer.forward``): fused residual pre-norm,
+* Layers (``dflash.py`` 628-668 ``DFlashDecoderLayer.forward``): fused residual pre-norm,
   ``input_layernorm`` -> attention -> ``post_attention_layernorm`` -> SiLU-gated MLP; attention
-  (``dflash.py`` 375-422): fused QKV, ``q_norm`` / ``k_norm`` per head (RMSNorm over ``head_dim``), neox
-  RoPE (``rope_is_neox_style`` default True, 270-277: rotate halves), scale ``head_dim ** -0.5``, GQA over
+  (``dflash.py`` 374-422): fused QKV, ``q_norm`` / ``k_norm`` per head (RMSNorm over ``head_dim``), neox
+  RoPE (``rope_is_neox_style`` default True, 265-277: rotate halves), scale ``head_dim ** -0.5`` (281), GQA over
   ``num_key_value_heads``; ``ENCODER_ONLY`` attention when the config has no ``layer_types``
-  (``dflash.py`` 166-170) and the Triton backend runs it non-causally (``triton_backend.py`` 1747-1752):
+  (``dflash.py`` 166-171) and the Triton backend runs it non-causally (``triton_backend.py`` 1747-1752):
   every block token reads the whole context and the *whole* block, itself included.
-* Final ``norm`` (``dflash.py`` 870-876); the draft logits are the target's ``lm_head`` on that hidden
+* Final ``norm`` (``dflash.py`` 874-879); the draft logits are the target's ``lm_head`` on that hidden
   state (no target final norm: DDTREE ``_draft_topk``, DFLASH's greedy head), log-softmax in fp32
   (``ddtree_utils.ddtree_topk_from_logits``). Block index ``i >= 1`` predicts the token at position
   ``p + i``; index 0 (the root) is not a prediction.
