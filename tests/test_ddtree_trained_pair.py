@@ -149,6 +149,30 @@ def test_prompt_sets():
         synthlang.prompts(LANG, 1, "beam", seed=0)
 
 
+def test_router_training_terms():
+    """The hinge reads the k-th minus the (k+1)-th *biased* score; the load term is 0 for a uniform load and
+    E - 1 when every token picks the same experts."""
+    choice = torch.tensor([[0.9, 0.8, 0.3, 0.1], [0.2, 0.7, 0.65, 0.6]])
+    r = pm.Routing(logits=torch.zeros(2, 4), choice=choice, experts=torch.topk(choice, 2).indices)
+    assert torch.allclose(mt.router_gaps(r, 2), torch.tensor([0.5, 0.05]))
+    spread = torch.eye(4).repeat(25, 1)
+    assert abs(float(mt.balance_loss(pm.Routing(spread, spread, spread[:, :2].long()), 4))) < 1e-6
+    same = torch.tensor([[1.0, 0.0, 0.0, 0.0]]).repeat(100, 1)
+    assert math.isclose(float(mt.balance_loss(pm.Routing(same, same, same[:, :2].long()), 4)), 3.0, rel_tol=1e-4)
+
+
+def test_decision_margin_loss():
+    """The hinge reads top-1 of the exact distribution against the best other logit, with the branch floor where
+    the distribution has several tokens and the certain floor where it has one; a met floor costs nothing."""
+    tgt = torch.tensor([[[0.0, 0.55, 0.45], [0.0, 0.0, 1.0]]])
+    met = torch.tensor([[[0.0, 1.0, 0.4], [0.0, -1.0, 3.5]]])  # margins 0.6 >= 0.5 and 3.5 >= 3.0
+    assert float(mt.decision_margin_loss(met, tgt, 0.5, 3.0)) == 0.0
+    short = torch.tensor([[[0.0, 1.0, 0.9], [0.0, 1.0, 2.0]]])  # margins 0.1 and 1.0: 0.4 and 2.0 short
+    assert math.isclose(float(mt.decision_margin_loss(short, tgt, 0.5, 3.0)), (0.4 + 2.0) / 2, rel_tol=1e-5)
+    wrong = torch.tensor([[[0.0, 0.0, 1.0], [0.0, 0.0, 0.0]]])  # the runner-up on top: a negative margin
+    assert float(mt.decision_margin_loss(wrong, tgt, 0.5, 3.0)) > 1.5
+
+
 def test_prompts_cli(tmp_path: Path):
     out = tmp_path / "p.json"
     assert mt.main(["--prompts", "12", "--kind", "sampled", "--seed", "9", "-o", str(out)]) == 0

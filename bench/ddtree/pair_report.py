@@ -181,6 +181,21 @@ def speculative(target, drafter, dd, lang: synthlang.Language, size: Size, refer
     return out
 
 
+def speculative_bf16(target16, drafter16, dd, lang: synthlang.Language, size: Size) -> dict:
+    """Greedy DFLASH and DDTREE with both models in bf16, as the servers run them: accept lengths, and
+    outputs against the bf16 target's own greedy decoding (tree-shaped batches round differently)."""
+    prompts = synthlang.prompts(lang, size.sim_prompts, "greedy", seed=2)
+    want, _ = specsim.greedy_decode(target16, prompts, size.sim_tokens)
+    runs = {}
+    for algo in [specsim.Algo("DFLASH")] + [specsim.Algo("DDTREE", b) for b in size.budgets]:
+        res = specsim.run(target16, drafter16, dd, prompts, algo, size.sim_tokens, lang.mask_token, seed=3)
+        runs[res["algo"]] = {"accept_length": round(res["accept_length"], 4),
+                             "identical_to_bf16_greedy": sum(o == w for o, w in
+                                                             zip(res["outputs"], want, strict=True))}
+        mt.log(f"report: bf16 {res['algo']} T=0: accept length {runs[res['algo']]['accept_length']}")
+    return {"prompts": len(prompts), "tokens_each": size.sim_tokens, "runs": runs}
+
+
 def histogram(rounds: list[list[int]]) -> dict:
     counts: dict[int, int] = {}
     for r in rounds:
@@ -209,6 +224,11 @@ def judge(report: dict) -> dict:
         same = {k: r["identical_to_target_greedy"] for k, r in runs.items() if r["temperature"] == 0.0}
         claims["simulated_greedy_lossless"] = {"holds": all(v == n for v in same.values()), "value": same,
                                                "threshold": n}
+    if "speculative_bf16" in report:
+        n = report["speculative_bf16"]["prompts"]
+        same = {k: r["identical_to_bf16_greedy"] for k, r in report["speculative_bf16"]["runs"].items()}
+        claims["simulated_greedy_lossless_bf16"] = {"holds": all(v == n for v in same.values()), "value": same,
+                                                    "threshold": n}
     g = report["target"]["greedy"]
     claims["greedy_fp32_equals_bf16"] = {"holds": g["fp32_equals_bf16"] == g["prompts"], "value": g["fp32_equals_bf16"],
                                          "threshold": g["prompts"]}
@@ -236,6 +256,8 @@ def write_report(out: Path, device: str = "cpu") -> dict:
     report["target"]["greedy"] = {k: v for k, v in greedy.items() if not k.startswith("_")}
     report["drafter"] = drafter_fit(drafter, target, lang, texts[: max(1, len(texts) // 4)])
     report["speculative"] = speculative(target, drafter, dd, lang, size, greedy)
+    report["speculative_bf16"] = speculative_bf16(target16, mt.load_drafter(out, device, torch.bfloat16), dd, lang,
+                                                  size)
     report["target"]["transformers_agreement"] = transformers_agreement(out, mt.load_target(out), texts[:4])
     report["claims"] = judge(report)
     report["wall_s"] = round(time.perf_counter() - t0, 1)

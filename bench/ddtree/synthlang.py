@@ -8,14 +8,14 @@ the start of the text (a target that loses the prompt's first tokens, e.g. throu
 continues wrongly at every junction). Tokens are reused across phrases, so the next token depends on the
 previous tokens too, not only on the current one (a wrong tree mask or wrong positions mix them up).
 
-Motif kinds (``FORK``: 0.55 / 0.30 / 0.15; ``PAIR``: 0.55 / 0.45):
+Motif kinds (``FORK``: 0.55 / 0.30 / 0.15; ``PAIR``: 0.65 / 0.35):
 
 * ``plain``: one phrase;
 * ``fork``: ``P -> {Q1, Q2, Q3}`` with ``FORK``, every ``Q`` exits (the branches reconverge at the next
   motif); ``Q1`` has two tokens, ``Q2`` three and ``Q3`` is ``Q2`` with another first token;
 * ``flip``: ``P -> {Q1 = [a, b], Q2 = [c, b, y], Q3 = [d, b, y]}`` with ``FORK``, then
   ``Q1 -> {[x], [y]}`` with ``PAIR``; all exit. Three tokens after ``P`` the greedy path (``a b x``) holds
-  0.55 * 0.55 = 0.30 of the mass and ``y`` 0.70, and from the fourth token every branch has reconverged:
+  0.55 * 0.65 = 0.36 of the mass and ``y`` 0.64, and from the fourth token every branch has reconverged:
   the drafter's per-position marginal puts its argmax off the target's greedy path there, so a chain
   (DFLASH) is cut where a tree (DDTREE) holding the runner-up is not -- under greedy decoding too -- and
   the tree's budget is not spread over continuations that differ. After ``b`` the next token depends on
@@ -40,7 +40,7 @@ from dataclasses import dataclass
 PAD, BOS, EOS = 0, 1, 2
 TOPIC0 = 3
 FORK = (0.55, 0.30, 0.15)
-PAIR = (0.55, 0.45)
+PAIR = (0.65, 0.35)
 KINDS = ("plain", "fork", "flip")
 
 State = tuple[int, int, int]
