@@ -44,6 +44,11 @@ stage_setup() {
     fi
   done
   [ -e "$SITE/.unpacked-site" ] || { log "no SGLang payload on this host"; return 3; }
+  # apache-tvm-ffi loads its test library at import: a payload built before that was known dropped it, and a
+  # copy may travel beside the payload (.gpu/, git-ignored).
+  if [ ! -e "$SITE/tvm_ffi/lib/libtvm_ffi_testing.so" ] && [ -e "$REPO/.gpu/libtvm_ffi_testing.so" ]; then
+    cp "$REPO/.gpu/libtvm_ffi_testing.so" "$SITE/tvm_ffi/lib/" && log "tvm_ffi: test library restored from .gpu/"
+  fi
   nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
   python3 -c "import torch,triton,transformers;print('torch',torch.__version__,'triton',triton.__version__,'transformers',transformers.__version__)"
   log "patch set (k26-doctor patches apply)"
@@ -65,8 +70,9 @@ wait_jit() {
 }
 
 stage_gputests() {  # the set's kernels on this GPU, and one round's tree work timed on it
-  (cd "$REPO" && python3 -m pytest -q -p no:cacheprovider -n 0 -m gpu tests/test_ddtree_gpu.py -rs \
-      > "$AUX/pytest-ddtree-gpu.txt" 2>&1
+  # The harness that tests/test_ddtree_gpu.py runs under pytest, without pytest (the GPU image has none).
+  (cd "$REPO" && python3 tests/ddtree_gpu_harness.py > "$AUX/ddtree-gpu-harness.txt" 2>&1
+   echo "rc=$?" >> "$AUX/ddtree-gpu-harness.txt"
    K26_DDTREE_SITE=$SITE python3 bench/bench_ddtree_round.py --device cuda --repeat 100 \
       --output "$AUX/ddtree-round-cuda.txt" > "$AUX/ddtree-round-cuda.log" 2>&1) &
   echo $! > "$WORK/gputests.pid"
@@ -75,7 +81,7 @@ stage_gputests() {  # the set's kernels on this GPU, and one round's tree work t
 wait_gputests() {
   local pid; pid=$(cat "$WORK/gputests.pid" 2>/dev/null) || return 0
   while kill -0 "$pid" 2>/dev/null; do sleep 1; done
-  log "gpu tests: $(tail -1 "$AUX/pytest-ddtree-gpu.txt" 2>/dev/null)"
+  log "gpu kernel harness: $(tail -1 "$AUX/ddtree-gpu-harness.txt" 2>/dev/null)"
   cat "$AUX/ddtree-round-cuda.txt" 2>/dev/null
 }
 
@@ -83,16 +89,27 @@ stage_tiny() {
   [ -d "$WORK/tiny/dsv3" ] || python3 "$REPO/bench/ddtree/make_tiny.py" "$WORK/tiny"
 }
 
-stage_pair() {
-  local seed=${1:-1}
-  if [ ! -e "$WORK/pair/.done" ]; then
-    log "trained pair (seed $seed)"
-    python3 "$REPO/bench/ddtree/make_trained.py" "$WORK/pair" --seed "$seed" --device cuda --report \
-      --prompts-out "$WORK/pair/prompts.json" > "$AUX/pair-build.txt" 2>&1 && touch "$WORK/pair/.done"
-    tail -30 "$AUX/pair-build.txt"
-    cp "$WORK/pair/report.json" "$OUT/pair-report.json" 2>/dev/null
-  fi
+pair_build() {  # the trained pair on this GPU and its prompt sets
+  local seed=${1:-1} mt="$REPO/bench/ddtree/make_trained.py"
+  [ -e "$WORK/pair/.done" ] && return 0
+  log "trained pair (seed $seed)"
+  python3 "$mt" "$WORK/pair" --seed "$seed" --device cuda > "$AUX/pair-build.txt" 2>&1 \
+    || { log "pair build failed"; tail -30 "$AUX/pair-build.txt"; return 1; }
+  python3 "$mt" --prompts 1000 --kind greedy --seed 11 --language-seed "$seed" -o "$WORK/pair/greedy.json" \
+    && python3 "$mt" --prompts 64 --kind sampled --seed 12 --language-seed "$seed" -o "$WORK/pair/sampled.json" \
+    && python3 -c "
+import json
+d = {k: json.load(open(f'$WORK/pair/{k}.json'))['prompts'] for k in ('greedy', 'sampled')}
+json.dump(d, open('$WORK/pair/prompts.json', 'w'))" && touch "$WORK/pair/.done"
+  log "trained pair built: $(grep -c . "$AUX/pair-build.txt") log lines; $(tail -1 "$AUX/pair-build.txt")"
 }
+
+pair_report() {  # the pair's own predictions (fit, margins, simulated accept lengths), beside the servers
+  (export PYTHONPATH=; python3 "$REPO/bench/ddtree/make_trained.py" "$WORK/pair" --device cuda --report > "$AUX/pair-report.txt" 2>&1
+   cp "$WORK/pair/report.json" "$OUT/pair-report.json" 2>/dev/null) &
+}
+
+stage_pair() { pair_build "$@" && pair_report; }
 
 sc() { python3 "$REPO/bench/ddtree/serve_check.py" "$@"; }
 left_s() { echo $(( ${DEADLINE:?} - $(date +%s) )); }
@@ -119,6 +136,11 @@ stage_serve() {  # servers of every wave, on a host whose pairs exist already
 stage_all() {  # setup, wave 0 on the random pair while the trained pair trains, then the rest
   local plan=${1:?plan} budget=${2:-540}
   export DEADLINE=$(( $(date +%s) + budget )) PAIR=$WORK/pair TINY=$WORK/tiny
+  # The pair trains from the first second (torch and transformers of the image suffice), beside the unpacking,
+  # the JIT pre-compile and the kernel harness.
+  local pp=""
+  # The image's own packages only (PYTHONPATH cleared): the payload's site is being unpacked meanwhile.
+  if grep -q '\$PAIR' "$plan"; then (export PYTHONPATH=; pair_build "${PAIR_SEED:-1}") & pp=$!; fi
   stage_setup || return $?
   grep -q '\$TINY' "$plan" && stage_tiny
   local w0=""
@@ -139,7 +161,11 @@ stage_all() {  # setup, wave 0 on the random pair while the trained pair trains,
     log "wave 0 captured its graphs (or gave up) after ${t} s"
   fi
   [ -n "${GPU_TESTS:-1}" ] && [ "${GPU_TESTS:-1}" != 0 ] && stage_gputests
-  grep -q '\$PAIR' "$plan" && stage_pair "${PAIR_SEED:-1}"
+  if [ -n "$pp" ]; then
+    wait "$pp"
+    [ -e "$WORK/pair/.done" ] || { log "no trained pair: its servers cannot start"; }
+    pair_report
+  fi
   # No wait for the JIT pre-compile: a server that reaches FlashInfer meanwhile waits on its file lock and loads
   # what it built, while the rest of its start (imports, weights, Triton) overlaps the compile.
   sc up --plan "$plan" --wave 1 2 3 --state "$WORK/state1.json" --logs "$WORK/logs" \
