@@ -49,6 +49,10 @@ stage_setup() {
   if [ ! -e "$SITE/tvm_ffi/lib/libtvm_ffi_testing.so" ] && [ -e "$REPO/.gpu/libtvm_ffi_testing.so" ]; then
     cp "$REPO/.gpu/libtvm_ffi_testing.so" "$SITE/tvm_ffi/lib/" && log "tvm_ffi: test library restored from .gpu/"
   fi
+  # FlashInfer's JIT modules from an earlier session on the same stack (its jit-cache.tar.xz), when carried.
+  if [ -e "$REPO/.gpu/jit-cache.tar.xz" ] && [ ! -d "$WORK/flashinfer-cache" ]; then
+    tar -xJf "$REPO/.gpu/jit-cache.tar.xz" -C "$WORK" && log "flashinfer JIT cache restored from .gpu/"
+  fi
   nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
   python3 -c "import torch,triton,transformers;print('torch',torch.__version__,'triton',triton.__version__,'transformers',transformers.__version__)"
   log "patch set (k26-doctor patches apply)"
@@ -176,6 +180,41 @@ stage_all() {  # setup, wave 0 on the random pair while the trained pair trains,
   finish "$plan" --state "$WORK/state0.json" --state "$WORK/state1.json"
 }
 
+stage_product() {  # the product's own path on the trained pair: check, the gate, launch --wait, smoke, SIGTERM
+  local prof=$WORK/trained.toml k="python3 -m doctor" url=http://127.0.0.1:30000 t=0 pid
+  sed "s|/tmp/trained|$WORK/pair|g" "$REPO/bench/ddtree/profiles/h200-trained-ddtree.toml" > "$prof"
+  export PYTHONPATH=$REPO:$PYTHONPATH
+  log "product: check --import-sglang"
+  (cd "$REPO" && timeout 90 $k check --profile "$prof" --python python3 --import-sglang -v > "$AUX/product-check.txt" 2>&1
+   echo "exit $?" >> "$AUX/product-check.txt"); tail -4 "$AUX/product-check.txt"
+  log "product: the worker's gate without SGLANG_DDTREE_UNVALIDATED_WORKER (this configuration is not validated)"
+  (cd "$REPO" && SGLANG_DDTREE_UNVALIDATED_WORKER= timeout 150 python3 -m sglang.launch_server \
+      --model-path "$WORK/pair/dsv3" --speculative-algorithm DDTREE --speculative-draft-model-path "$WORK/pair/dsv3-dflash" \
+      --speculative-ddtree-budget 16 --attention-backend triton --sampling-backend pytorch --skip-tokenizer-init \
+      --mem-fraction-static 0.2 --port 30010 > "$AUX/product-gate-refusal.log" 2>&1; echo "exit $?" >> "$AUX/product-gate-refusal.log") &
+  local gate=$!
+  log "product: launch --wait"
+  (cd "$REPO" && exec setsid $k launch --profile "$prof" --python python3 --wait --wait-timeout 300 \
+      > "$AUX/product-launch.log" 2>&1) & pid=$!
+  while [ $t -lt ${PRODUCT_WAIT_S:-150} ] && kill -0 $pid 2>/dev/null && ! curl -sf $url/health >/dev/null 2>&1; do sleep 2; t=$((t + 2)); done
+  log "product: healthy after ${t} s (launch pid alive: $(kill -0 $pid 2>/dev/null && echo yes || echo no))"
+  local ids; ids=$(python3 -c "import json;print(','.join(map(str, json.load(open('$WORK/pair/prompts.json'))['greedy'][0])))")
+  (cd "$REPO" && $k smoke --profile "$prof" --url $url --input-ids "$ids" --max-tokens 48 --requests 8 \
+      > "$AUX/product-smoke.txt" 2>&1; echo "exit $?" >> "$AUX/product-smoke.txt"); cat "$AUX/product-smoke.txt" | tail -12
+  if python3 -c "import pytest" 2>/dev/null; then
+    (cd "$REPO" && K26_SMOKE_URL=$url K26_SMOKE_INPUT_IDS="$ids" python3 -m pytest -q -p no:cacheprovider -o addopts= \
+        -m gpu tests/test_smoke_gpu.py -rs > "$AUX/product-pytest-smoke.txt" 2>&1); tail -3 "$AUX/product-pytest-smoke.txt"
+  else
+    log "product: no pytest in this image: tests/test_smoke_gpu.py not run"
+  fi
+  kill -TERM -- -$pid 2>/dev/null || kill -TERM $pid 2>/dev/null; t=0
+  while [ $t -lt 60 ] && kill -0 $pid 2>/dev/null; do sleep 1; t=$((t + 1)); done
+  log "product: launch gone ${t} s after SIGTERM; GPU memory used now: $(nvidia-smi --query-gpu=memory.used --format=csv,noheader)"
+  tail -5 "$AUX/product-launch.log"
+  wait $gate; grep -m3 -i "validated\|exit [0-9]" "$AUX/product-gate-refusal.log"
+  tar -czf "$OUT/logs.tgz" -C "$WORK" logs aux 2>/dev/null
+}
+
 main() {
   local stage=${1:?stage}; shift
   case "$stage" in
@@ -184,6 +223,7 @@ main() {
     pair) stage_pair "$@" ;;
     serve) stage_serve "$@" ;;
     all) stage_all "$@" ;;
+    product) stage_product ;;
     *) echo "unknown stage $stage"; return 2 ;;
   esac
 }
