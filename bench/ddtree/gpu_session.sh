@@ -46,8 +46,9 @@ stage_setup() {
   [ -e "$SITE/.unpacked-site" ] || { log "no SGLang payload on this host"; return 3; }
   # apache-tvm-ffi loads its test library at import: a payload built before that was known dropped it, and a
   # copy may travel beside the payload (.gpu/, git-ignored).
-  if [ ! -e "$SITE/tvm_ffi/lib/libtvm_ffi_testing.so" ] && [ -e "$REPO/.gpu/libtvm_ffi_testing.so" ]; then
-    cp "$REPO/.gpu/libtvm_ffi_testing.so" "$SITE/tvm_ffi/lib/" && log "tvm_ffi: test library restored from .gpu/"
+  if [ ! -e "$SITE/tvm_ffi/lib/libtvm_ffi_testing.so" ] && [ -e "$REPO/.gpu/libtvm_ffi_testing.so.xz" ]; then
+    xz -dc "$REPO/.gpu/libtvm_ffi_testing.so.xz" > "$SITE/tvm_ffi/lib/libtvm_ffi_testing.so" \
+      && log "tvm_ffi: test library restored from .gpu/"
   fi
   # FlashInfer's JIT modules from an earlier session on the same stack (its jit-cache.tar.xz), when carried.
   if [ -e "$REPO/.gpu/jit-cache.tar.xz" ] && [ ! -d "$WORK/flashinfer-cache" ]; then
