@@ -148,7 +148,7 @@ def gpu_p2p(ctx: Context) -> Result:
 
 
 @check("gpu.p2p_bandwidth", "Measured GPU-to-GPU copy bandwidth of every pair, each under a deadline (--deep)",
-       needs=("nvml", "p2p_bandwidth"), depends=("gpu.driver",), deep=True, timeout=330)
+       needs=("nvml", "p2p_bandwidth"), depends=("gpu.driver", "python.venv"), deep=True, timeout=330)
 def gpu_p2p_bandwidth(ctx: Context) -> Result:
     """With --deep: copies 256 MiB 20 times between every ordered pair of the TP group, with torch
     in the service's interpreter, and compares the one-direction rate with what the links should

@@ -84,7 +84,7 @@ def model_config(ctx: Context) -> Result:
 
 
 @check("model.tokenizer", "Tokenizer and chat template files the server needs", needs=("model", "model.tokenizer"),
-       timeout=200)
+       depends=("python.venv",), timeout=200)
 def model_tokenizer(ctx: Context) -> Result:
     """Looks for what the server's tokenizer loads: tokenizer_config.json (valid JSON), the vocabulary
     (tiktoken.model for TikToken tokenizers such as K2.6's, else tokenizer.json / tokenizer.model /

@@ -19,7 +19,7 @@ from doctor.sglang.patchset import judge_patches
 
 
 @check("sglang.install", "SGLang importable from the service's interpreter, version as the profile pins",
-       needs=("stack", "sglang_import"), timeout=300)
+       needs=("stack", "sglang_import"), depends=("python.venv",), timeout=300)
 def sglang_install(ctx: Context) -> Result:
     """Finds SGLang without importing it (package metadata and ``find_spec``) and checks its version against
     the profile's pin. By default that is all from files, in the ``stack`` probe: every ``Requires-Dist`` of
@@ -42,7 +42,8 @@ def sglang_install(ctx: Context) -> Result:
 
 
 @check("sglang.patches", "Every patch of the profile's SGLang patch set applied, none drifted",
-       needs=("sglang_patches",), tags=("sglang", "patches"), fixer="sglang.patches.apply", timeout=60)
+       needs=("sglang_patches",), depends=("python.venv",), tags=("sglang", "patches"),
+       fixer="sglang.patches.apply", timeout=60)
 def sglang_patches(ctx: Context) -> Result:
     """Hashes every file the profile's patch set (`[patches] set`, from `sglang_patches/<set>/` or the
     site's `patches_dir`) touches in the service interpreter's SGLang, without importing SGLang,
@@ -61,7 +62,7 @@ def sglang_patches(ctx: Context) -> Result:
 
 
 @check("sglang.flags", "Every server flag is one the installed SGLang accepts", needs=("sglang_flags",),
-       tags=("sglang", "launch"))
+       depends=("python.venv",), tags=("sglang", "launch"))
 def sglang_flags(ctx: Context) -> Result:
     """Reads the flags the service interpreter's SGLang accepts from its sources (the annotated
     fields of ``sglang/srt/arg_groups/fields/`` in 0.5.2x, ``add_argument`` calls in older releases;
@@ -77,7 +78,7 @@ def sglang_flags(ctx: Context) -> Result:
     return Result.of(judge_server_flags(ctx.fact("sglang_flags"), *planned_args(ctx.settings)))
 
 
-@check("sglang.ddtree", "DDTREE will be accepted by the patched SGLang (worker gate)", needs=("env",))
+@check("sglang.ddtree", "DDTREE will be accepted by the patched SGLang (worker gate)", needs=("env", "stack"))
 def ddtree_gate(ctx: Context) -> Result:
     """When the profile launches `--speculative-algorithm DDTREE`, reads the service's environment
     (process, profile [server.env], EnvironmentFile) for SGLANG_DDTREE_UNVALIDATED_WORKER.
@@ -90,4 +91,4 @@ def ddtree_gate(ctx: Context) -> Result:
     validated upstream), or opt in knowingly (`SGLANG_DDTREE_UNVALIDATED_WORKER=1` in the env file)
     and validate as the patch set's README says.
     """
-    return Result.of(judge_gate(lambda: ctx.fact("env"), ctx.settings))
+    return Result.of(judge_gate(lambda: ctx.fact("env"), lambda: ctx.fact("stack"), ctx.settings))

@@ -30,6 +30,7 @@ def settings_from_flags(flags: dict[str, Any]) -> Settings:
     a replay judges the host as it was recorded.
     """
     snap = None
+    given_python = bool(flags.get("python"))
     if flags.get("from_snapshot"):
         from doctor.facts.snapshot import SnapshotError
 
@@ -47,6 +48,8 @@ def settings_from_flags(flags: dict[str, Any]) -> Settings:
             flags["profile"] = rec_profile
     settings = resolve(flags)
     settings.snapshot = snap
+    if snap is not None and not given_python:  # as recorded (a recording that does not say: as given)
+        settings.python_given = bool((snap.get("options") or {}).get("python_given", True))
     return settings
 
 
@@ -113,7 +116,17 @@ class Report:
         return [r for r in self.results if r.status is Status.SKIP and r.unjudged]
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON report (CONTRACT.md); ``doctor/report/report.schema.json`` describes it."""
+        """The JSON report (CONTRACT.md); ``doctor/report/report.schema.json`` describes it. It tells the story
+        the text tells (``doctor.report.story``): the root causes in order, each dependent's root, the next step."""
+        from doctor.report.story import story
+
+        st = story(self)
+        results = []
+        for res in self.results:
+            out = res.to_dict()
+            if res.id in st.root_of:
+                out["root"] = st.root_of[res.id]
+            results.append(out)
         return {
             "schema_version": 1,
             "summary": {
@@ -122,8 +135,10 @@ class Report:
                 "duration_s": round(self.outcome.duration_s, 4),
                 "interrupted": self.outcome.interrupted,
                 "unjudged": [r.id for r in self.unjudged],
+                "roots": [n.id for n, deps in st.notices if deps] + [r.id for r in st.roots],
+                "next_step": st.next_step,
             },
-            "results": [r.to_dict() for r in self.results],
+            "results": results,
             "doctor": {
                 "version": __version__,
                 "profile": self.settings.profile_name,
@@ -256,11 +271,11 @@ def redacted(report: Report) -> Report:
 
 
 def render(report: Report, fmt: str, verbose: int = 0, stream: IO[str] | None = None,
-           color: bool | None = None, problems: bool = False) -> None:
+           color: bool | None = None, problems: bool = False, each: bool = False) -> None:
     """Write the report in ``text``, ``json``, ``junit`` or ``openmetrics`` to ``stream`` (stdout by default),
     redacted."""
     stream = stream or sys.stdout
-    if fmt == "text":
+    if fmt in ("text", "json", "junit"):  # their next step names a fix plan when the first cause has one
         report.fixable()  # planned on the results as they are, before they are redacted for showing
     report = redacted(report)
     if fmt == "json":
@@ -279,6 +294,6 @@ def render(report: Report, fmt: str, verbose: int = 0, stream: IO[str] | None = 
     elif fmt == "text":
         from doctor.report.text import render_text
 
-        stream.write(render_text(report, verbose=verbose, color=color, stream=stream, problems=problems))
+        stream.write(render_text(report, verbose=verbose, color=color, stream=stream, problems=problems, each=each))
     else:  # pragma: no cover - click validates choices
         raise ConfigError(f"unknown format {fmt!r}")

@@ -41,7 +41,7 @@ def rewrite_shebang(text: str, new_interp: str) -> str | None:
 
 @fixer("python.venv.shebangs", "Rewrite console scripts' shebangs to this environment's interpreter")
 def fix_venv_shebangs(ctx: Context, result: Result) -> Plan:
-    """When python.venv found scripts with a broken shebang: one atomic rewrite per script, each backed up; the
+    """When python.venv.scripts found scripts with a broken shebang: one atomic rewrite per script, each backed up; the
     interpreter is <venv>/bin/python."""
     v = ctx.fact("venv")
     if not result.has(*BROKEN_SHEBANGS) or not v.get("root"):

@@ -20,39 +20,36 @@ from doctor.core.fileio import read_text
 from doctor.core.registry import fixer
 from doctor.core.result import Result
 from doctor.host.facts import parse_env_file, writable_ancestor
+from doctor.python.headers import family, headers_advice
 from doctor.stack.cuda_arch import judged_ccs
 from doctor.triton.jit import NO_HEADERS_OR_COMPILER
 from doctor.triton.ptxas import REJECTS_ARCH
-from doctor.triton.toolchain import good_ptxas, interpreter_kind, os_family, ptxas_choice, triton_arch
+from doctor.triton.toolchain import good_ptxas, interpreter_kind, ptxas_choice, triton_arch
 
 # -- triton.jit: headers and compiler ------------------------------------------------------------
 
 
 def package_plan(os_release: dict[str, str], major_minor: str, need_headers: bool, need_cc: bool,
                  which: Any = shutil.which) -> list[Action]:
-    """The package-manager commands that install a system Python's headers and/or a C compiler."""
-    fam = os_family(os_release)
-    if fam == "debian":
-        pkgs = ([f"python{major_minor}-dev"] if need_headers else []) + (["build-essential"] if need_cc else [])
-        if not pkgs:
-            return []
+    """The package-manager commands that install a system Python's headers and/or a C compiler: the packages
+    that exist on this distribution release (``doctor.python.headers``); nothing when none does."""
+    fam_name, fam = family(os_release)
+    if not fam:
+        return []
+    if need_headers:
+        advice = headers_advice(os_release, major_minor, "/usr", compiler=need_cc)
+        pkgs = advice.packages
+    else:
+        pkgs = [fam["compiler"]] if need_cc else []
+    if not pkgs:
+        return []
+    if fam_name == "debian":
         env = {"DEBIAN_FRONTEND": "noninteractive"}
         return [RunCommand("refresh the apt package lists", needs_root=True, argv=["apt-get", "update"], env=env),
                 RunCommand(f"install {' '.join(pkgs)}", needs_root=True,
                            argv=["apt-get", "install", "-y", "--no-install-recommends", *pkgs], env=env)]
-    if fam == "fedora":
-        tool = "dnf" if which("dnf") else "yum"
-        pkgs = ([_fedora_devel(major_minor)] if need_headers else []) + (["gcc"] if need_cc else [])
-        if not pkgs:
-            return []
-        return [RunCommand(f"install {' '.join(pkgs)}", needs_root=True, argv=[tool, "install", "-y", *pkgs])]
-    return []
-
-
-def _fedora_devel(major_minor: str) -> str:
-    """``python3-devel`` for the distribution's default python3, ``python3.X-devel`` for the others."""
-    default = os.path.basename(os.path.realpath("/usr/bin/python3"))
-    return "python3-devel" if default == f"python{major_minor}" else f"python{major_minor}-devel"
+    tool = fam["install"][0] if which(fam["install"][0]) else "yum"
+    return [RunCommand(f"install {' '.join(pkgs)}", needs_root=True, argv=[tool, *fam["install"][1:], *pkgs])]
 
 
 @fixer("triton.jit.headers", "Install the system Python's headers and a C compiler", needs_root=True)

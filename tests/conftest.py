@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -11,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import downloads
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,6 +43,39 @@ def nvidia_gpu_count() -> int:
         return int((out.stdout.strip() or "0").splitlines()[-1])
     except (subprocess.TimeoutExpired, ValueError, OSError):
         return 0
+
+
+def _deselects_network(markexpr: str) -> bool:
+    """Whether ``-m EXPR`` leaves out a test marked only ``network`` (``not network``, ``not network and ...``)."""
+    if not markexpr.strip():
+        return False
+    try:
+        from _pytest.mark.expression import Expression
+
+        return not Expression.compile(markexpr).evaluate(lambda name, **_: name == downloads.MARK)
+    except Exception:  # another pytest's private API: read the expression as text
+        return f"not {downloads.MARK}" in " ".join(markexpr.split())
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The first run's downloads (tests/downloads.py): refused when ``network`` is deselected, announced on
+    the terminal past pytest's capture otherwise."""
+    downloads.current["offline"] = _deselects_network(config.getoption("markexpr", "") or "")
+
+    def write(text: str) -> None:
+        capture = config.pluginmanager.getplugin("capturemanager")
+        with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
+            sys.stderr.write(text + "\n")
+            sys.stderr.flush()
+
+    downloads._writer[:] = [write]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Before the test's fixtures: which test reads the first run's downloads, and whether it may."""
+    downloads.current["nodeid"] = item.nodeid
+    downloads.current["marked"] = item.get_closest_marker(downloads.MARK) is not None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
+import downloads
 import sglang_wheels
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,7 +59,7 @@ def _tmpdir(prefix: str) -> Path:
     return d
 
 
-@functools.lru_cache(maxsize=2)
+@downloads.reads("the sglang 0.5.23 wheel")
 def patched_tree(whole: bool = False) -> Path:
     """An unpack of the wheel (only the touched files unless ``whole``) with the set applied by the patch
     engine: made once into the test cache (``sglang_wheels.built_once``, about 10 s for the whole wheel) and
@@ -113,14 +114,16 @@ def bare_part(tmp_path_factory, name: str, needs: str) -> dict:
     if part is None:
         pytest.fail(f"the bare-package probe did not report {name!r} (rc {res['rc']}):\n{res['stderr']}")
     if "missing" in part:
-        pytest.skip(f"{res['python']} lacks {part['missing']!r}, needed {needs} (set K26_SGLANG_ARGS_PYTHON "
-                    "to an interpreter with SGLang's runtime dependencies)")
+        import ci_requirements
+
+        ci_requirements.unavailable(ci_requirements.reason([part["missing"]], res["python"], needs)
+                                    + "; or set K26_SGLANG_ARGS_PYTHON to an interpreter that has it")
     if "error" in part:
         pytest.fail(f"{name} raised in the probe:\n{part['error'][-3000:]}")
     return part["result"]
 
 
-@functools.lru_cache(maxsize=1)
+@downloads.reads("the sglang 0.5.23 wheel")
 def pristine_tree() -> Path:
     wheel = require_wheel()
     root = _tmpdir("ddtree-pristine-")
@@ -160,16 +163,16 @@ def load_file(path: Path, name: str) -> ModuleType:
     return mod
 
 
-@functools.lru_cache(maxsize=1)
+@downloads.reads("the sglang 0.5.23 wheel")
 def ddtree_utils() -> ModuleType:
     """``sglang/srt/speculative/ddtree_utils.py`` as the patch set creates it (torch only)."""
-    import pytest
+    import ci_requirements
 
-    pytest.importorskip("torch")
+    ci_requirements.require("torch", needed_for="by the patched ddtree_utils")
     return load_file(patched_tree() / "sglang/srt/speculative/ddtree_utils.py", "k26_ddtree_utils")
 
 
-@functools.lru_cache(maxsize=1)
+@downloads.reads("the sglang 0.5.23 wheel")
 def ddtree_step() -> ModuleType:
     """``sglang/srt/speculative/ddtree_step.py`` as the patch set creates it (torch + ddtree_utils only).
 

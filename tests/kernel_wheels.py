@@ -13,12 +13,12 @@ All are the x86_64 Linux wheels whatever the test machine, so every run reads th
 
 from __future__ import annotations
 
-import functools
 import os
 import platform
 import subprocess
 from pathlib import Path
 
+import downloads
 import pytest
 from sglang_wheels import fetch_wheel, unpacked
 from stack_support import workdir
@@ -38,7 +38,7 @@ def scanned_member(name: str) -> bool:
             or name == "torch/version.py")
 
 
-@functools.cache
+@downloads.reads("a released binary wheel")
 def site(project: str, version: str) -> Path:
     """A site-packages directory holding the wheel's binaries and metadata (shared, read-only by convention)."""
     return unpacked(fetch_wheel(project, version, PLATFORM), scanned_member)
@@ -65,17 +65,17 @@ def _tool(project: str, rel: str) -> Path:
     return path
 
 
-@functools.cache
+@downloads.reads("the nvidia-cuda-cuobjdump wheel")
 def cuobjdump() -> Path:
     return _tool("nvidia-cuda-cuobjdump", "nvidia/cu13/bin/cuobjdump")
 
 
-@functools.cache
+@downloads.reads("the nvidia-cuda-nvcc wheel")
 def ptxas() -> Path:
     return _tool("nvidia-cuda-nvcc", "nvidia/cu13/bin/ptxas")
 
 
-@functools.cache
+@downloads.reads("the nvidia-cuda-nvcc wheel")
 def fatbinary() -> Path:
     return _tool("nvidia-cuda-nvcc", "nvidia/cu13/bin/fatbinary")
 
@@ -112,7 +112,7 @@ KERNEL_PTX = ".version {isa}\n.target sm_{arch}\n.address_size 64\n.visible .ent
 SASS = ["80", "90", "90a", "100", "100a", "100f", "103a", "103f", "120", "120a", "120f"]
 
 
-@functools.cache
+@downloads.reads("the nvidia-cuda-nvcc wheel")
 def built() -> Path:
     """Cubins from ptxas and fat binaries from fatbinary (zstd by default, one LZ4, one uncompressed)."""
     d = workdir() / "fatbins"

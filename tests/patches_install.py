@@ -18,7 +18,9 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import downloads
 import pytest
+from packaging.version import Version
 from sglang_wheels import WHEELS, wheel_for  # noqa: F401 - wheel_for is used by the patch tests
 
 FIXTURE_SETS = Path(__file__).resolve().parent / "fixtures" / "patchsets"
@@ -38,11 +40,15 @@ def pip_venv(version: str, dest: Path) -> Venv:
                          timeout=120)
     if res.returncode != 0:
         pytest.skip(f"cannot create a venv: {res.stderr[-300:]}")
+    wheel = wheel_for(version, for_install=True)  # a wheel tagged for this Python (cp312 on 3.12, not cp311)
+    res = subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True, text=True, timeout=60)
+    pip = res.stdout.split()[1] if res.returncode == 0 and len(res.stdout.split()) > 1 else "?"
+    if Version(pip if pip != "?" else "0") < Version("22.3"):
+        pytest.skip(f"pip {pip} of {sys.executable} cannot install into another interpreter (--python needs pip "
+                    ">= 22.3)")
     res = subprocess.run([sys.executable, "-m", "pip", "--python", str(dest / "bin" / "python"), "install", "-q",
-                          "--no-deps", "--no-compile", str(wheel_for(version))], capture_output=True, text=True,
-                         timeout=600)
-    if res.returncode != 0:
-        pytest.skip(f"pip cannot install into another interpreter here (pip >= 22.3 needed): {res.stderr[-300:]}")
+                          "--no-deps", "--no-compile", str(wheel)], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, f"pip {pip} could not install {wheel.name} into {dest}: {res.stderr[-600:]}"
     return Venv(dest, str(dest / "bin" / "python"), _site_packages(dest))
 
 
@@ -64,6 +70,7 @@ def _make(root: Path, version: str) -> Venv:
 
 def pristine_venv(version: str, tmp_path_factory: pytest.TempPathFactory) -> Venv:
     """The session's untouched install of ``version`` (do not modify it)."""
+    downloads.used(f"the sglang {version} wheel")
     if version not in _PRISTINE:
         _PRISTINE[version] = tmp_path_factory.mktemp(f"sglang-{version}")
         _make(_PRISTINE[version] / "venv", version)

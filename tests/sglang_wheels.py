@@ -7,6 +7,9 @@ and a rename, so an interrupted run never leaves half a wheel. Without network a
 saying why -- except under CI (``$CI`` set), where a missing wheel is a failure: CI reaches PyPI, so a skip
 there would hide a test that never ran.
 
+Every download says so on the terminal while it happens, and the tests that read a wheel are marked
+``network`` (tests/downloads.py: ``-m "not network"`` runs without any of it).
+
 Importable without pytest (tests/ddtree_gpu_harness.py runs as a plain script).
 """
 
@@ -23,6 +26,8 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
+
+import downloads
 
 VERSIONS = ("0.5.23", "0.5.13.post1")
 
@@ -43,43 +48,64 @@ def _stem(project: str) -> str:
     return re.sub(r"[-_.]+", "_", project).lower()
 
 
-def _found(d: Path, version: str, project: str) -> Path | None:
+def installable(wheel: Path) -> bool:
+    """Whether pip installs ``wheel`` into this interpreter: one of its tags is one this Python supports
+    (a cp311 wheel is not, on Python 3.12)."""
+    from packaging.tags import sys_tags
+    from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+
+    try:
+        tags = parse_wheel_filename(wheel.name)[3]
+    except InvalidWheelFilename:
+        return False
+    return not tags.isdisjoint(sys_tags())
+
+
+def _found(d: Path, version: str, project: str, for_install: bool = False) -> Path | None:
     hits = sorted(d.glob(f"{_stem(project)}-{version}-*.whl")) if d.is_dir() else []
+    if for_install:
+        hits = [h for h in hits if installable(h)]
     return hits[0] if hits else None
 
 
 def locate_wheel(version: str, download: bool = True, package: str = "sglang",
-                 pip_args: tuple[str, ...] = ()) -> tuple[Path | None, str]:
+                 pip_args: tuple[str, ...] = (), for_install: bool = False) -> tuple[Path | None, str]:
     """``(wheel, "")``, or ``(None, why)``: looked for in ``wheel_dir()`` and the cache, else downloaded into
-    the cache (``pip_args`` pick one platform's wheel, e.g. ``--platform``)."""
+    the cache (``pip_args`` pick one platform's wheel, e.g. ``--platform``). Tests that only read a wheel's
+    files take any platform's; ``for_install``: one that pip installs into this interpreter."""
+    downloads.used(f"the {package} {version} wheel")
     for d in dict.fromkeys((wheel_dir(), CACHE)):
-        hit = _found(d, version, package)
+        hit = _found(d, version, package, for_install)
         if hit is not None:
             return hit, ""
     d = CACHE
+    what = f"{package} {version} wheel" + (f" for Python {sys.version_info[0]}.{sys.version_info[1]}"
+                                            if for_install else "")
     if not download:
-        return None, f"no {package} {version} wheel in {wheel_dir()} or {d}"
+        return None, f"no {what} in {wheel_dir()} or {d}"
     try:
         d.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         return None, f"no {package} {version} wheel in {d}, and it cannot be written: {exc}"
     # One download per wheel: test processes that need the same one wait for it instead of fetching it again.
     with locked(d / f".{package}-{version}-{'-'.join(pip_args).replace('/', '_')}.download.lock"):
-        hit = _found(d, version, package)
+        hit = _found(d, version, package, for_install)
         if hit is not None:
             return hit, ""
-        return _download(d, version, package, pip_args)
+        return _download(d, version, package, pip_args, for_install)
 
 
-def _download(d: Path, version: str, package: str, pip_args: tuple[str, ...]) -> tuple[Path | None, str]:
+def _download(d: Path, version: str, package: str, pip_args: tuple[str, ...],
+              for_install: bool = False) -> tuple[Path | None, str]:
     try:
         tmp = Path(tempfile.mkdtemp(prefix=".download-", dir=d))
     except OSError as exc:
         return None, f"no {package} {version} wheel in {d}, and it cannot be written: {exc}"
     try:
-        res = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(tmp), *pip_args,
-                              f"{package}=={version}"], capture_output=True, text=True, timeout=1800)
-        got = _found(tmp, version, package)
+        with downloads.downloading(f"{package}=={version}", d):
+            res = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(tmp),
+                                  *pip_args, f"{package}=={version}"], capture_output=True, text=True, timeout=1800)
+        got = _found(tmp, version, package, for_install)
         if got is None:
             return None, (f"no {package} {version} wheel in {d}, and pip download failed "
                           f"(rc {res.returncode}): {res.stderr.strip()[-300:]}")
@@ -88,15 +114,15 @@ def _download(d: Path, version: str, package: str, pip_args: tuple[str, ...]) ->
         return None, f"no {package} {version} wheel in {d}, and pip download did not finish in 1800 s"
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return _found(d, version, package), ""
+    return _found(d, version, package, for_install), ""
 
 
-def fetch_wheel(project: str, version: str, pip_args: tuple[str, ...] = ()) -> Path:
+def fetch_wheel(project: str, version: str, pip_args: tuple[str, ...] = (), for_install: bool = False) -> Path:
     """The released wheel of ``project==version``, for a test: located (downloaded if need be), else skip --
     fail under CI."""
     import pytest
 
-    wheel, why = locate_wheel(version, package=project, pip_args=pip_args)
+    wheel, why = locate_wheel(version, package=project, pip_args=pip_args, for_install=for_install)
     if wheel is None:
         if os.environ.get("CI"):
             pytest.fail(f"CI reaches PyPI, so this must not skip: {why}")
@@ -104,9 +130,9 @@ def fetch_wheel(project: str, version: str, pip_args: tuple[str, ...] = ()) -> P
     return wheel
 
 
-def wheel_for(version: str, package: str = "sglang") -> Path:
-    """SGLang's released wheel (the one pip picks for this interpreter)."""
-    return fetch_wheel(package, version)
+def wheel_for(version: str, package: str = "sglang", for_install: bool = False) -> Path:
+    """SGLang's released wheel: any platform's for its files; ``for_install``, the one pip installs here."""
+    return fetch_wheel(package, version, for_install=for_install)
 
 
 def release_requires(project: str, version: str) -> list[str]:
@@ -114,14 +140,16 @@ def release_requires(project: str, version: str) -> list[str]:
     --report``: no wheel download), kept in the cache once read. ``===``: never a local build (torch +cpu)."""
     import json
 
+    downloads.used(f"{project} {version}'s metadata from the index")
     stem = re.sub(r"[-_.]+", "_", project).lower()
     cached = CACHE / "metadata" / f"{stem}-{version}.json"
     if not cached.is_file():
         cached.parent.mkdir(parents=True, exist_ok=True)
         tmp = cached.with_suffix(f".{os.getpid()}.tmp")  # processes running in parallel write their own
-        res = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps", "--ignore-installed",
-                              "--quiet", "--report", str(tmp), f"{project}==={version}"], capture_output=True,
-                             text=True, timeout=600)
+        with downloads.downloading(f"{project} {version}'s metadata", cached.parent, "a few kB"):
+            res = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps",
+                                  "--ignore-installed", "--quiet", "--report", str(tmp), f"{project}==={version}"],
+                                 capture_output=True, text=True, timeout=600)
         if res.returncode != 0 or not tmp.is_file():
             import pytest
 
@@ -228,6 +256,7 @@ def patched_files(patches: tuple[str, ...] = FLAG_PATCHES) -> tuple[str, ...]:
 
 def site(version: str, factory) -> Path:
     """A site-packages holding the real sources of ``version``, unpacked once per session."""
+    downloads.used(f"the sglang {version} wheel")
     if version not in _SITES:
         _SITES[version] = unpack(version, factory.mktemp(f"sglang-{version}"))
     return _SITES[version]
@@ -235,6 +264,7 @@ def site(version: str, factory) -> Path:
 
 def ddtree_site(factory) -> Path:
     """0.5.23 with the project's real DDTree patches applied (git apply, as a user would patch by hand)."""
+    downloads.used("the sglang 0.5.23 wheel")
     if "ddtree" not in _SITES:
         # the parser's sources and every file the patches change (some lie outside the parser's parts)
         dest = unpack("0.5.23", factory.mktemp("sglang-0.5.23-ddtree"), also=patched_files())

@@ -18,6 +18,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+import downloads
 import pytest
 from conftest import make_context, run_check  # noqa: F401 - run_check: the stack tests run checks through it
 from interpreters import pyenv_versions
@@ -171,13 +172,13 @@ def stack_site(dest: Path, *, torch: str = "2.14.1+cu130", triton: str | None = 
     return dest
 
 
-@functools.cache
+@downloads.reads("the triton 3.6.0 wheel")
 def triton_wheel() -> Path:
     """Triton 3.6.0's wheel (its real ptxas binaries), found like every test wheel (``sglang_wheels.fetch_wheel``)."""
     return fetch_wheel("triton", "3.6.0")
 
 
-@functools.cache
+@downloads.reads("the triton 3.6.0 wheel")
 def triton_package(flavour: str = "3.6") -> Path:
     """A site dir with a Triton whose nvidia backend is the real one's ptxas + compiler.py.
 

@@ -4,16 +4,18 @@
 2. ``fixes/`` and ``doctor/`` never import ``checks``.
 3. Every ``checks/<area>.py`` and ``fixes/<area>.py`` has its domain package ``doctor/<area>/``.
 4. One exit-code module and one crash-safe writer.
-5. One safe reader: no module reads a file by name itself (``open()`` for reading, ``Path.read_text``,
+5. No input looked for at a machine-specific absolute path (the machine the project is built on keeps its
+   shared files under ``/work``): what the code and the tests read is in the repository.
+6. One safe reader: no module reads a file by name itself (``open()`` for reading, ``Path.read_text``,
    ``Path.read_bytes``, ``json.load``); ``doctor.core.fileio`` does (a FIFO never blocks, sizes are capped).
-6. The core imports nothing above it: no area, no ``doctor.app``, ``doctor.report``, ``doctor.commands``,
+7. The core imports nothing above it: no area, no ``doctor.app``, ``doctor.report``, ``doctor.commands``,
    ``doctor.facts``, ``doctor.service``, ``doctor.cli``, no click.
-7. Every collector declares the shape of its fact (``@collector(..., shape=...)``).
-8. One finding type: no class outside ``doctor/core/result.py`` is a finding (named ``*Finding``, ``*Verdict``,
+8. Every collector declares the shape of its fact (``@collector(..., shape=...)``).
+9. One finding type: no class outside ``doctor/core/result.py`` is a finding (named ``*Finding``, ``*Verdict``,
    ``*Problem``, or holding a severity or status with a message or summary).
-9. One exit point: ``sys.exit`` only in ``doctor.cli.main`` and in the ``__main__`` block of a program the doctor
+10. One exit point: ``sys.exit`` only in ``doctor.cli.main`` and in the ``__main__`` block of a program the doctor
    runs as a child process (probes, workers).
-10. Checks only map facts to their area's judgements: ``checks/`` builds results only from findings
+11. Checks only map facts to their area's judgements: ``checks/`` builds results only from findings
     (``Result.of``), never reads the fact store itself, keeps its functions small (mean cyclomatic complexity <= 8,
     none over 60 lines: radon).
 """
@@ -33,6 +35,8 @@ FINDING_NAMES = ("Finding", "Findings", "Verdict", "Problem")
 CHILD_PROGRAMS = ("doctor/probes/", "doctor/facts/worker.py", "doctor/model/sha256_worker.py",
                   "doctor/service/diagnose_worker.py")
 ONE_STEP_RESULTS = ("passed", "warned", "failed", "not_judged", "skipped", "errored", "blocked")
+SOURCE_TREES = (*PACKAGES, "tests", "bench", "scripts", "tools", "sglang_patches")
+MACHINE_ROOTS = ("/" + "work/",)  # spelt in two parts so that this file does not match itself
 
 
 def modules(root: Path = ROOT) -> list[Path]:
@@ -264,6 +268,29 @@ def test_every_check_and_fix_module_is_an_area_with_its_package() -> None:
     assert areas_without_package() == []
     for area in [p.stem for p in (ROOT / "checks").glob("*.py") if p.stem != "__init__"]:
         assert (ROOT / "doctor" / area / "facts.py").is_file(), f"doctor/{area}/facts.py (its collectors) is missing"
+
+
+def machine_paths(root: Path = ROOT) -> list[str]:
+    """String constants of every Python source that name a path under a machine-specific root."""
+    bad = []
+    for tree_name in SOURCE_TREES:
+        for path in sorted((root / tree_name).rglob("*.py")) if (root / tree_name).is_dir() else []:
+            tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                        and any(m in node.value for m in MACHINE_ROOTS):
+                    bad.append(f"{path.relative_to(root)}:{node.lineno}: {node.value.strip()[:80]!r}")
+    return bad
+
+
+def test_no_input_at_a_machine_specific_path() -> None:
+    assert machine_paths() == []
+
+
+def test_a_machine_specific_path_is_caught(tmp_path: Path) -> None:
+    (tmp_path / "tests" / "fixtures").mkdir(parents=True)
+    (tmp_path / "tests" / "fixtures" / "kit.py").write_text(f"REF = {MACHINE_ROOTS[0] + 'shared/ref.json'!r}\n")
+    assert machine_paths(tmp_path) == [f"tests/fixtures/kit.py:1: {MACHINE_ROOTS[0] + 'shared/ref.json'!r}"]
 
 
 def test_every_file_is_read_by_the_one_safe_reader() -> None:

@@ -17,11 +17,14 @@ from __future__ import annotations
 import ast
 import types
 
+import ci_requirements
 import pytest
 
-pytest.importorskip("torch")
+ci_requirements.require("torch")
 
-from ddtree_support import bare_part, patched_tree, patched_worker
+from ddtree_support import bare_part, patched_tree, patched_worker  # noqa: E402  (after the skip: it needs torch)
+
+pytestmark = pytest.mark.network  # reads the released wheels (tests/downloads.py)
 
 
 @pytest.fixture()

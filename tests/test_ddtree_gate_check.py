@@ -37,3 +37,24 @@ def test_dflash_profile_skips(tmp_path: Path) -> None:
     cfg = tmp_path / "k26.toml"
     cfg.write_text('[server]\nspeculative_algorithm = "DFLASH"\n')
     assert verdict("--config", str(cfg))["status"] == "skip"
+
+
+def test_without_sglang_it_does_not_speak_of_the_patched_sglang(tmp_path: Path) -> None:
+    """A service interpreter with no SGLang (a bare venv): the gate is still the news, but not "the patched SGLang
+    refuses it" of an SGLang that is not there; with SGLang installed, that is what it says."""
+    import subprocess
+    import sys
+
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=300)
+    res = verdict("--python", str(bare / "bin" / "python"))
+    assert res["status"] == "fail"
+    assert res["summary"] == ("DDTREE needs SGLang with the DDTree patch set (not installed) and "
+                              "SGLANG_DDTREE_UNVALIDATED_WORKER=1 (not set)")
+    site = bare / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+    (site / "sglang").mkdir()
+    (site / "sglang" / "__init__.py").write_text("")
+    (site / "sglang-0.5.23.dist-info").mkdir()
+    (site / "sglang-0.5.23.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.23\n")
+    res = verdict("--python", str(bare / "bin" / "python"))
+    assert res["summary"].startswith("the profile launches DDTREE, but SGLANG_DDTREE_UNVALIDATED_WORKER=1 is not set")

@@ -13,17 +13,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+import ci_requirements
 import pytest
 from ddtree_support import require_wheel
+
+pytestmark = pytest.mark.network  # reads the released wheels (tests/downloads.py)
 
 GPU_TEST = Path(__file__).resolve().parent / "ddtree_gpu_harness.py"
 
 
 def test_kernels_in_the_triton_interpreter():
     python = os.environ.get("K26_SGLANG_ARGS_PYTHON", sys.executable)
-    probe = subprocess.run([python, "-c", "import torch, triton"], capture_output=True, text=True, timeout=120)
-    if probe.returncode != 0:
-        pytest.skip(f"{python} cannot import torch and triton: {probe.stderr.strip().splitlines()[-1:]}")
+    ci_requirements.require("torch", "triton", python=python, needed_for="to run SGLang's kernels in Triton's "
+                            "interpreter")
     require_wheel()  # the kernel sources (located, or downloaded, before the interpreter child looks)
     env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
     proc = subprocess.run([python, str(GPU_TEST), "--interpret"], capture_output=True, text=True, timeout=600,

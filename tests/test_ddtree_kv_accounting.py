@@ -35,12 +35,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
 
+import ci_requirements
 import pytest
 from ddtree_support import patched_tree
+
+pytestmark = pytest.mark.network  # reads the released wheels (tests/downloads.py)
 
 _PROBE = textwrap.dedent(
     r'''
@@ -254,8 +258,10 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict:
                           timeout=600, cwd=d, env=env)
     missing = [ln for ln in proc.stderr.splitlines() if "No module named" in ln]
     if proc.returncode != 0 and missing:
-        pytest.skip(f"{python} cannot import SGLang's scheduler side: {missing[-1].strip()} "
-                    "(set K26_SGLANG_ARGS_PYTHON to an interpreter with .ci/sglang-test-requirements.txt)")
+        name = re.search(r"No module named '([^']+)'", missing[-1])
+        ci_requirements.unavailable(ci_requirements.reason([name.group(1) if name else missing[-1].strip()], python,
+                                                           "to import SGLang's scheduler side")
+                                    + "; or set K26_SGLANG_ARGS_PYTHON to an interpreter that has it")
     if proc.returncode != 0:
         pytest.fail(f"the probe failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}")
     return json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1][7:])

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import math
 
+import ci_requirements
 import pytest
 
-torch = pytest.importorskip("torch")
+torch = ci_requirements.importorskip("torch")
 
 from ddtree_support import ddtree_utils  # noqa: E402
+
+pytestmark = pytest.mark.network  # reads the released wheels (tests/downloads.py)
 
 VOCAB = 6
 DRAFT_POSITIONS = 4  # a DFlash block of 5: the root plus four drafted positions

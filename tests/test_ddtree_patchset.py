@@ -10,6 +10,7 @@ import shutil
 import zipfile
 from pathlib import Path
 
+import ci_requirements
 import pytest
 from ddtree_support import SET_DIR, bare_part, bare_sglang, patched_tree, patchset_tool, pristine_tree, require_wheel
 
@@ -38,6 +39,7 @@ def test_manifest_shape():
     assert "sglang/srt/speculative/ddtree_utils.py" in paths
 
 
+@pytest.mark.network
 def test_before_hashes_are_the_wheels_record():
     tool = patchset_tool()
     record = tool.record_hashes(require_wheel())
@@ -49,11 +51,13 @@ def test_before_hashes_are_the_wheels_record():
                 assert f["before"] == record[f["path"]]
 
 
+@pytest.mark.network
 def test_applies_strictly_compiles_and_reverts_to_record(tmp_path):
     problems = patchset_tool().verify(SET_DIR, require_wheel(), workdir=tmp_path)
     assert problems == []
 
 
+@pytest.mark.network
 def test_manifest_hashes_are_regenerated_identically(tmp_path):
     copy = tmp_path / SET_DIR.name
     shutil.copytree(SET_DIR, copy)
@@ -61,6 +65,7 @@ def test_manifest_hashes_are_regenerated_identically(tmp_path):
     assert json.loads((copy / "manifest.json").read_text()) == manifest()
 
 
+@pytest.mark.network
 def test_verify_catches_a_drifted_diff_and_a_wrong_hash(tmp_path):
     tool = patchset_tool()
     wheel = require_wheel()
@@ -84,6 +89,7 @@ def test_verify_catches_a_drifted_diff_and_a_wrong_hash(tmp_path):
     assert any("after-hash mismatch" in p for p in problems)
 
 
+@pytest.mark.network
 def test_every_patched_python_file_compiles():
     root = patched_tree()
     for p in manifest()["patches"]:
@@ -97,7 +103,7 @@ def _spec_parser(root: Path) -> argparse.ArgumentParser:
     Parent packages are bare modules so their ``__init__`` (which imports torch, transformers, ...) does
     not run; ``arg_utils``, ``choices`` and ``fields/spec.py`` are the real files.
     """
-    pytest.importorskip("msgspec")
+    ci_requirements.require("msgspec", needed_for="to import sglang.srt.server_args")
     import importlib
 
     with bare_sglang(root, ("sglang.srt", "sglang.srt.arg_groups", "sglang.srt.arg_groups.fields")):
@@ -108,6 +114,7 @@ def _spec_parser(root: Path) -> argparse.ArgumentParser:
         return parser
 
 
+@pytest.mark.network
 def test_flags_parse_with_sglangs_field_generated_parser():
     parser = _spec_parser(patched_tree(whole=True))
     args = parser.parse_args(["--speculative-algorithm", "DDTREE", "--speculative-ddtree-budget", "64"])
@@ -118,12 +125,14 @@ def test_flags_parse_with_sglangs_field_generated_parser():
         parser.parse_args(["--speculative-ddtree-budget", "many"])
 
 
+@pytest.mark.network
 def test_pristine_parser_rejects_the_budget_flag():
     parser = _spec_parser(pristine_tree())
     with pytest.raises(SystemExit):
         parser.parse_args(["--speculative-ddtree-budget", "64"])
 
 
+@pytest.mark.network
 def test_field_order_appends_the_new_field_last():
     text = (patched_tree() / "sglang/srt/arg_groups/field_order.py").read_text()
     body = text[text.index("POSITIONAL_FIELD_ORDER = ("):]
@@ -131,6 +140,7 @@ def test_field_order_appends_the_new_field_last():
     assert names[-1] == "speculative_ddtree_budget" and names.count("speculative_ddtree_budget") == 1
 
 
+@pytest.mark.network
 def test_server_args_parse_and_resolve_ddtree(tmp_path_factory):
     """The full 0.5.23 ServerArgs parser and DDTREE's resolution, where SGLang's light deps are importable.
 
@@ -160,6 +170,7 @@ def test_server_args_parse_and_resolve_ddtree(tmp_path_factory):
     assert all(v.startswith("ValueError: DDTREE was not validated with:") for v in refused.values()), refused
 
 
+@pytest.mark.network
 def test_only_a_validated_configuration_passes_argument_resolution(tmp_path_factory):
     """The gate reads ddtree_worker.VALIDATED at argument resolution: the configuration the resolution
     sees (SGLang, TP size, backend, graph and overlap modes, compute capability, torch), listed, starts
@@ -177,6 +188,7 @@ def test_only_a_validated_configuration_passes_argument_resolution(tmp_path_fact
     assert "none yet" in gates["empty"] and "tp_size=8" in gates["other_tp"]
 
 
+@pytest.mark.network
 def test_the_patch_engines_generator_agrees_with_the_manifest(tmp_path):
     """doctor.sglang.patching's own manifest generator, run on a pristine unpack, yields the same hashes."""
     generate = pytest.importorskip("doctor.sglang.patching.generate")
@@ -194,6 +206,7 @@ def test_the_patch_engines_generator_agrees_with_the_manifest(tmp_path):
     assert files(generated) == files(manifest())
 
 
+@pytest.mark.network
 def test_triton_keeps_the_custom_mask_for_ddtree_only(tmp_path_factory):
     """DFLASH on Triton skips the verify mask (a chain is causal); DDTREE must keep it. The ``mask_policy``
     part of tests/ddtree_bare_probe.py: needs SGLang's runtime dependencies (transformers, torchvision,

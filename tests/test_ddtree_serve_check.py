@@ -138,6 +138,21 @@ def test_sampled_criterion_refuses_too_few_samples() -> None:
     assert not v["ok"] and not v["sampled"][0]["enough"]
 
 
+def test_a_phase_of_different_prompts_at_a_temperature_is_no_sampled_test() -> None:
+    """A speed phase at T = 1 sends a different prompt each time: its few samples per context are not a cell
+    of the sampled criterion (which would fail it for too few), while a repeated prompt is."""
+    rng = random.Random(5)
+    w = [[0.55, 0.3, 0.15]] * 4
+    servers = {"base": _server("none"), "dd": _server("DDTREE", baseline="base")}
+    phases = [_phase("base", _sampled(rng, w, 96), 1.0, "speed"), _phase("dd", _sampled(rng, w, 96), 1.0, "speed")]
+    for ph in phases:
+        ph["repeat_prompt"] = False
+    assert sc.compare(_results(servers, phases))["sampled"] == []
+    for ph in phases:
+        ph["repeat_prompt"] = True
+    assert not sc.compare(_results(servers, phases))["sampled"][0]["enough"]
+
+
 def test_a_server_that_serves_what_it_must_refuse_fails() -> None:
     servers = {"dd": dict(_server("DDTREE"), refusals=[{"what": "min_p", "code": 200, "health_after": 200}])}
     v = sc.compare(_results(servers, []))

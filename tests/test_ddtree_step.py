@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import itertools
 
+import ci_requirements
 import pytest
 
-torch = pytest.importorskip("torch")
+torch = ci_requirements.importorskip("torch")
 
 from ddtree_support import chi_square, chi_square_critical, ddtree_step, ddtree_utils  # noqa: E402
 from ddtree_toy import DEPTH, Engine, Toy, V, ar_greedy, exact_three, sample_three  # noqa: E402
+
+pytestmark = pytest.mark.network  # reads the released wheels (tests/downloads.py)
 
 
 @pytest.fixture(scope="module")

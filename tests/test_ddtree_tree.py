@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import math
 
+import ci_requirements
 import pytest
 
-torch = pytest.importorskip("torch")
+torch = ci_requirements.importorskip("torch")
 np = pytest.importorskip("numpy")
 pytest.importorskip("hypothesis")
 from ddtree_support import brute_force_top, ddtree_utils  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
+
+pytestmark = pytest.mark.network  # reads the released wheels (tests/downloads.py)
 
 
 @pytest.fixture(scope="module")

@@ -12,11 +12,14 @@ from __future__ import annotations
 import sys
 import types
 
+import ci_requirements
 import pytest
 
-torch = pytest.importorskip("torch")
+torch = ci_requirements.importorskip("torch")
 
 from ddtree_support import ddtree_utils, patched_worker  # noqa: E402
+
+pytestmark = pytest.mark.network  # reads the released wheels (tests/downloads.py)
 
 
 @pytest.fixture()

@@ -14,7 +14,10 @@ the HTTP frontend, never called here -- may be absent and are then stubbed. Any 
 
 from __future__ import annotations
 
+import pytest
 from ddtree_support import BARE_STUBBABLE, bare_part
+
+pytestmark = pytest.mark.network  # reads the released wheels (tests/downloads.py)
 
 
 def test_worker_glue_imports_and_matches_sglang_signatures(tmp_path_factory):

@@ -19,6 +19,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import ci_requirements
+import downloads
 import pytest
 from interpreters import bare_python
 from kernel_wheels import torch_site
@@ -41,7 +43,7 @@ sys.addaudithook(_k26_hook)
 '''
 
 
-@functools.cache
+@downloads.reads("the torch 2.11.0 wheel")
 def poisoned_site() -> Path:
     """torch 2.11.0+cu130's real version.py, libraries and metadata in a package whose import raises."""
     site = workdir() / "site-poisoned"
@@ -58,7 +60,7 @@ def poisoned_site() -> Path:
     return site
 
 
-@functools.cache
+@downloads.reads("the sglang 0.5.23 wheel")
 def sglang_sources() -> Path:
     """The real SGLang 0.5.23 sources and metadata (its dependencies absent)."""
     import zipfile
@@ -79,6 +81,7 @@ def tier_ctx(marks: Path, *, deep: bool = False):
                     env={"PYTHONPATH": path, "K26_IMPORT_MARKS": str(marks)})
 
 
+@pytest.mark.network
 def test_the_whole_default_tier_imports_nothing_heavy(tmp_path):
     marks = tmp_path / "imports.txt"
     ctx = tier_ctx(marks)
@@ -97,6 +100,7 @@ def test_the_whole_default_tier_imports_nothing_heavy(tmp_path):
     assert "numpy" in install.details["requirements"]["missing"]
 
 
+@pytest.mark.network
 def test_deep_imports_torch_for_real(tmp_path):
     """--deep keeps the import (and the matmul): here it meets the torch that cannot be imported."""
     marks = tmp_path / "imports.txt"
@@ -115,12 +119,13 @@ def exec_version_py(path: Path) -> dict:
 def installed_torch_version_py() -> Path:
     import importlib.util
 
+    ci_requirements.require("torch", needed_for="to compare its version.py with the import")
     spec = importlib.util.find_spec("torch")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("no torch in the test interpreter")
+    assert spec is not None and spec.submodule_search_locations, spec
     return Path(next(iter(spec.submodule_search_locations))) / "version.py"
 
 
+@pytest.mark.network
 @pytest.mark.parametrize("which", ["wheel-2.11.0", "installed"])
 def test_version_py_parsed_as_torch_reads_it(which):
     path = torch_site() / "torch" / "version.py" if which == "wheel-2.11.0" else installed_torch_version_py()
@@ -136,6 +141,7 @@ def test_version_py_parsed_as_torch_reads_it(which):
 
 def test_installed_torch_version_matches_the_real_import():
     """The running interpreter's torch: the file's answer equals ``torch.version.cuda`` in a child."""
+    ci_requirements.require("torch", needed_for="to import it")
     out = subprocess.run([sys.executable, "-c", "import json, torch; print(json.dumps([torch.__version__, "
                           "torch.version.cuda]))"], capture_output=True, text=True, timeout=300, check=True)
     version, cuda = json.loads(out.stdout.strip().splitlines()[-1])
@@ -143,6 +149,7 @@ def test_installed_torch_version_matches_the_real_import():
     assert exec_version_py(installed_torch_version_py())["__version__"] == version
 
 
+@pytest.mark.network
 @pytest.mark.parametrize(("driver", "cuda", "status"), [("580.159.04", 13000, Status.PASS),
                                                         ("570.26", 12080, Status.FAIL)])
 def test_cuda_compat_judges_the_wheels_cuda_against_the_driver(tmp_path, driver, cuda, status):
@@ -153,6 +160,7 @@ def test_cuda_compat_judges_the_wheels_cuda_against_the_driver(tmp_path, driver,
     assert not (tmp_path / "imports.txt").exists()
 
 
+@pytest.mark.network
 def test_a_cpu_build_version_py_is_a_cpu_build(tmp_path):
     """torch/version.py as a CPU wheel writes it (``cuda: Optional[str] = None``): no CUDA at all, said so."""
     site = tmp_path / "site"
@@ -280,6 +288,7 @@ def install_ctx(path: Path, profile: str = "h200-tp8"):
                     env={"PYTHONPATH": str(path), "CUDA_HOME": str(cuda_home())})
 
 
+@pytest.mark.network
 @pytest.mark.parametrize(("kw", "status", "words"), [
     ({}, Status.PASS, "DFlash sampling kernel available"),  # as {"available": True} from the import
     ({"dflash_kernel": False}, Status.WARN, "verify greedily"),  # as {"available": False}
@@ -293,6 +302,7 @@ def test_sglang_install_from_files_judges_as_the_import_did(tmp_path, kw, status
     assert "sglang_import" not in ctx.facts.collected()
 
 
+@pytest.mark.network
 def test_flashinfer_installed_without_its_sampling_module_stops_a_ddtree_start(tmp_path):
     """Its metadata there (SGLang's requirement met) but not ``flashinfer/sampling.py``: the runtime rule names it."""
     path = complete_site(tmp_path)

@@ -234,7 +234,7 @@ def test_the_daemonsets_loop_refreshes_the_textfile_and_stops_on_sigterm(tmp_pat
         os.kill(proc.pid, signal.SIGTERM)  # the kubelet stopping the pod
         _, err = proc.communicate(timeout=10)
         assert proc.returncode == 0, err
-        with pytest.raises(ProcessLookupError):  # its sleep went with it: nothing left behind
+        with pytest.raises(ProcessLookupError):  # its sleep went with it, reaped: nothing left behind
             os.killpg(proc.pid, 0)
     finally:
         if proc.poll() is None:

@@ -52,7 +52,7 @@ def test_a_damaged_shard_does_not_fail_the_config(tmp_path: Path) -> None:
     assert "n_routed_experts" not in conf["summary"] and not any("config.json" in c for c in commands(conf))
     text = run_doctor("check", "--config", str(cfg), "--model-path", str(model), "--only", "model.shards",
                       "--only", "model.config").stdout
-    assert "explain:      k26-doctor explain model.shards" in text
+    assert text.rstrip().splitlines()[-1] == "next: k26-doctor fix --only model.shards   (the plan; then add --apply)"
     healthy = build(tmp_path, name="ok")
     _, js = check_json("--config", str(cfg), "--model-path", str(healthy), "--only", "model.config")
     assert by_id(js)["model.config"]["status"] == "pass"  # compared with shards that all validate

@@ -81,7 +81,8 @@ def test_a_missing_required_input_fails(tmp_path: Path) -> None:
     assert by["model.config"]["status"] == "fail" and by["model.config"]["cause"] == "model.shards"
     assert by["model.drafter"]["status"] == "fail" and "--draft-model-path" in by["model.drafter"]["summary"]
     text = run_doctor("check", "--profile", str(profile), "--only", "model.shards", "--only", "model.config").stdout
-    assert text.count("no model path") == 1 and re.search(r"model\.config +same cause as model\.shards", text)
+    assert text.count("no model path") == 1 and re.search(r"same cause \(1\): model\.config$", text, re.M)
+    assert text.rstrip().splitlines()[-1] == "next: k26-doctor check --model-path /path/to/Kimi-K2.6"
 
 
 def test_a_snapshot_missing_most_facts_fails_under_strict() -> None:

@@ -58,6 +58,7 @@ BASE = ["--model-path", "/models/Kimi-K2.6", "--tp-size", "8", "--trust-remote-c
         "--reasoning-parser", "kimi_k2", "--tool-call-parser", "kimi_k2"]
 
 
+@pytest.mark.network
 def test_0523_is_read_from_the_annotated_fields(t23: FlagTable) -> None:
     assert t23.style == "fields"
     assert len(t23.options) > 400
@@ -80,6 +81,7 @@ def test_0523_is_read_from_the_annotated_fields(t23: FlagTable) -> None:
     assert "kimi_k2" in t23.options["--reasoning-parser"]["choices"]
 
 
+@pytest.mark.network
 def test_0513_is_read_from_add_argument(t13: FlagTable) -> None:
     assert t13.style == "add_argument"
     assert len(t13.options) > 300
@@ -88,11 +90,13 @@ def test_0513_is_read_from_add_argument(t13: FlagTable) -> None:
     assert "--speculative-dflash-draft-window-size" in t13.options
 
 
+@pytest.mark.network
 def test_the_profile_command_without_ddtree_is_accepted_by_both(t23: FlagTable, t13: FlagTable) -> None:
     assert errors(t23, BASE) == []
     assert errors(t13, BASE) == []
 
 
+@pytest.mark.network
 def test_removed_cuda_graph_max_bs_names_the_replacement(t23: FlagTable, t13: FlagTable) -> None:
     argv = [*BASE, "--cuda-graph-max-bs", "256"]
     assert errors(t13, argv) == []
@@ -102,6 +106,7 @@ def test_removed_cuda_graph_max_bs_names_the_replacement(t23: FlagTable, t13: Fl
            "--cuda-graph-max-bs-prefill" in msg
 
 
+@pytest.mark.network
 def test_ddtree_flags_need_the_patch(t23: FlagTable, site_0523_ddtree: Path) -> None:
     argv = [*BASE, "--speculative-ddtree-budget", "64"]
     (msg,) = errors(t23, argv)
@@ -112,6 +117,7 @@ def test_ddtree_flags_need_the_patch(t23: FlagTable, site_0523_ddtree: Path) -> 
         "--speculative-ddtree-budget: invalid int value 'many'"]
 
 
+@pytest.mark.network
 @pytest.mark.parametrize("argv, fragment", [
     (["--tp-size"], "expects 1 value"),
     (["--trust-remote-code=yes"], "takes no value"),
@@ -125,6 +131,7 @@ def test_argparse_errors(t23: FlagTable, argv: list[str], fragment: str) -> None
     assert any(fragment in m for m in errors(t23, [*BASE, *argv])), errors(t23, [*BASE, *argv])
 
 
+@pytest.mark.network
 def test_warnings_for_abbreviations_deprecations_and_plugin_choices(t23: FlagTable) -> None:
     probs = validate(t23, [*BASE, "--mem-frac", "0.8", "--disable-cuda-graph", "--attention-backend", "mine"])
     assert all(p.severity == "warning" for p in probs)
@@ -134,6 +141,7 @@ def test_warnings_for_abbreviations_deprecations_and_plugin_choices(t23: FlagTab
     assert "only a plugin registering it" in text
 
 
+@pytest.mark.network
 def test_missing_required_flag(t23: FlagTable) -> None:
     assert any("--model-path is missing" in m for m in errors(t23, ["--tp-size", "8"]))
 
@@ -151,6 +159,7 @@ def test_unreadable_or_foreign_sources(tmp_path: Path) -> None:
         read_flags(pkg)
 
 
+@pytest.mark.network
 def test_removed_flags_table_agrees_with_the_real_sources(t23: FlagTable, t13: FlagTable) -> None:
     """Every flag the data table calls removed is really gone from 0.5.23; replacements exist."""
     for flag, info in removed_flags().items():
@@ -202,6 +211,7 @@ FLAGS = ["--tp-size", "--tp", "--port", "--cuda-graph-max-bs", "--cuda-graph-max
 VALUES = ["8", "x", "full", "0.5", "-1", "-x", "--"]
 
 
+@pytest.mark.network
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.tuples(st.sampled_from(FLAGS), st.lists(st.sampled_from(VALUES), max_size=2)), max_size=4))
 def test_validate_agrees_with_argparse(t23: FlagTable, groups: list[tuple[str, list[str]]]) -> None:
@@ -223,6 +233,7 @@ def _py(version: str) -> str:
     return str(found) if found else sys.executable
 
 
+@pytest.mark.network
 def test_fact_from_a_real_service_interpreter(site_0523: Path) -> None:
     env = dict(os.environ, PYTHONPATH=str(site_0523))
     fact = flags_fact(_py("3.10.13"), env)
@@ -246,6 +257,7 @@ def _ctx(site: Path, **flags: object) -> Context:
                         facts={"sglang_flags": fact})
 
 
+@pytest.mark.network
 def test_check_fails_on_unpatched_sglang_and_points_at_the_patches(site_0523: Path) -> None:
     res = run_check("sglang.flags", _ctx(site_0523))
     assert res.status is Status.FAIL
@@ -253,12 +265,14 @@ def test_check_fails_on_unpatched_sglang_and_points_at_the_patches(site_0523: Pa
     assert "k26-doctor patches apply" in res.remediation.commands
 
 
+@pytest.mark.network
 def test_check_passes_on_patched_sglang(site_0523_ddtree: Path) -> None:
     res = run_check("sglang.flags", _ctx(site_0523_ddtree))
     assert res.status is Status.PASS, res.summary
     assert res.details["sglang_version"] == "0.5.23"
 
 
+@pytest.mark.network
 def test_check_catches_a_removed_flag_in_the_config(site_0523_ddtree: Path, tmp_path: Path) -> None:
     cfg = tmp_path / "c.toml"
     cfg.write_text('[server]\nargs = ["--cuda-graph-max-bs", "160", "--reasoning-parser", "kimi_k2"]\n')
@@ -267,6 +281,7 @@ def test_check_catches_a_removed_flag_in_the_config(site_0523_ddtree: Path, tmp_
     assert res.details["problems"][0]["replacement"].startswith("--cuda-graph-max-bs-decode")
 
 
+@pytest.mark.network
 def test_check_runs_through_the_cli_with_a_service_interpreter(site_0523_ddtree: Path) -> None:
     from conftest import doctor_env, run_doctor
 

@@ -17,11 +17,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import ci_requirements
 import pytest
 import sglang_wheels
 from flag_support import validate
 
 from doctor.sglang.flag_reader import read_flags
+
+pytestmark = pytest.mark.network  # reads the released wheels (tests/downloads.py)
 
 PYTHON = os.environ.get("K26_SGLANG_ARGS_PYTHON", sys.executable)
 
@@ -100,7 +103,8 @@ def mine_and_real(table, real: dict) -> set[str]:
 def real_parser(version: str, factory: pytest.TempPathFactory) -> dict:
     missing = _missing_dependencies()
     if missing:
-        pytest.skip(f"{PYTHON} lacks SGLang's dependencies ({', '.join(missing)}); set K26_SGLANG_ARGS_PYTHON")
+        ci_requirements.unavailable(ci_requirements.reason(list(missing), PYTHON, "to run SGLang's own parser")
+                                    + "; or set K26_SGLANG_ARGS_PYTHON to an interpreter that has them")
     release, _, patched = version.partition("+")
     mismatch = _transformers_mismatch(release)  # before unpacking 2,000 files for nothing
     if mismatch:
@@ -116,7 +120,8 @@ def real_parser(version: str, factory: pytest.TempPathFactory) -> dict:
                           timeout=600, env=dict(os.environ, PYTHONPATH=str(site)))
     missing = re.search(r"No module named '([^']+)'", proc.stderr)
     if proc.returncode != 0 and missing:
-        pytest.skip(f"{PYTHON} lacks {missing.group(1)!r} for sglang {version}; set K26_SGLANG_ARGS_PYTHON")
+        ci_requirements.unavailable(ci_requirements.reason([missing.group(1)], PYTHON, f"by sglang {version}'s parser")
+                                    + "; or set K26_SGLANG_ARGS_PYTHON to an interpreter that has it")
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
     return {"site": site, "argvs": argvs, **json.loads(line[len("RESULT "):])}

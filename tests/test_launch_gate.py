@@ -64,6 +64,7 @@ def env_for(site: Path, mark: Path, **extra: str) -> dict[str, str]:
     return doctor_env(PYTHONPATH=str(site), K26_TEST_MARK=str(mark), **extra)
 
 
+@pytest.mark.network
 def test_passing_checks_exec_exactly_the_printed_command(tmp_path: Path, ddtree_sglang: Path) -> None:
     py, port, mark = fake_python(tmp_path), free_port(), tmp_path / "mark"
     env = env_for(ddtree_sglang, mark, K26_PROFILE_VAR="pinned-by-site")
@@ -82,6 +83,7 @@ def test_passing_checks_exec_exactly_the_printed_command(tmp_path: Path, ddtree_
     assert mark.read_text().splitlines() == printed
 
 
+@pytest.mark.network
 def test_failing_check_means_no_exec(tmp_path: Path, ddtree_sglang: Path) -> None:
     py, mark = fake_python(tmp_path), tmp_path / "mark"
     with socket.socket() as holder:  # someone else holds the server port: host.port fails
@@ -95,6 +97,7 @@ def test_failing_check_means_no_exec(tmp_path: Path, ddtree_sglang: Path) -> Non
     assert "not launching" in res.stderr and "host.port" in res.stderr
 
 
+@pytest.mark.network
 def test_a_flag_sglang_rejects_means_no_exec(tmp_path: Path, plain_sglang: Path, ddtree_sglang: Path) -> None:
     py, port, mark = fake_python(tmp_path), free_port(), tmp_path / "mark"
     # unpatched 0.5.23: the DDTree budget flag is unknown
@@ -111,6 +114,7 @@ def test_a_flag_sglang_rejects_means_no_exec(tmp_path: Path, plain_sglang: Path,
     assert res.returncode == 1 and not mark.exists()
 
 
+@pytest.mark.network
 def test_invalid_configuration_exits_2(tmp_path: Path, ddtree_sglang: Path) -> None:
     py, mark = fake_python(tmp_path), tmp_path / "mark"
     res = run_doctor("launch", *common(tmp_path, py, 70000), "--dry-run", env=env_for(ddtree_sglang, mark))
@@ -138,6 +142,7 @@ def _drain(sock: socket.socket) -> list[str]:
             return out
 
 
+@pytest.mark.network
 def test_wait_supervises_until_ready_and_tells_systemd(tmp_path: Path, ddtree_sglang: Path) -> None:
     """launch --wait against the stand-in for a starting SGLang (refuses, 503, then 200)."""
     py, port, mark = fake_python(tmp_path, server=str(STAND_IN)), free_port(), tmp_path / "mark"
@@ -157,6 +162,7 @@ def test_wait_supervises_until_ready_and_tells_systemd(tmp_path: Path, ddtree_sg
     assert took < 30
 
 
+@pytest.mark.network
 def test_wait_reports_a_server_that_dies_while_loading(tmp_path: Path, ddtree_sglang: Path) -> None:
     py, port, mark = fake_python(tmp_path, server=str(STAND_IN)), free_port(), tmp_path / "mark"
     res = run_doctor("launch", *common(tmp_path, py, port), "--no-check", "--no-flag-check", "--wait",
@@ -183,6 +189,7 @@ def test_wait_ready_command(tmp_path: Path) -> None:
     assert res.returncode == 1 and "not ready after" in res.stderr
 
 
+@pytest.mark.network
 def test_wait_forwards_sigterm_and_dies_by_it(tmp_path: Path, ddtree_sglang: Path) -> None:
     """systemctl stop: SIGTERM to the doctor reaches the server; the doctor then dies by SIGTERM too
     (a clean stop for systemd, not exit status 143)."""
@@ -215,6 +222,7 @@ def test_wait_forwards_sigterm_and_dies_by_it(tmp_path: Path, ddtree_sglang: Pat
         assert s.connect_ex(("127.0.0.1", port)) != 0  # the server is gone too
 
 
+@pytest.mark.network
 def test_the_gate_imports_sglang_where_check_reads_its_files(tmp_path: Path, ddtree_sglang: Path) -> None:
     """A failed start costs the weights' load: launch's gate imports SGLang (as --import-sglang), while the
     default tier of check only reads its files."""

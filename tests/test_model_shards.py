@@ -15,7 +15,7 @@ import pytest
 from safetensors import safe_open
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "model"))
-from model_replica import shard_name
+from model_replica import K26Spec, shard_name
 from modelkit import SMALL, build, make_ctx, run, tree_state
 
 S1, S2, S3 = (shard_name(i, SMALL.shards) for i in (1, 2, 3))
@@ -124,6 +124,25 @@ def test_missing_index(tmp_path, model):
     res = judge(tmp_path, model)
     assert res.status.value == "fail" and "model.safetensors.index.json" in res.summary
     assert res.details["stray_safetensors"]
+    assert "4 *.safetensors file(s)" in res.summary  # read as the shards: all four valid
+
+
+def test_a_truncated_single_shard_without_an_index_says_truncated(tmp_path):
+    """One shard named as one of one (``-00001-of-00001``, not the index's six-digit total), no index, cut short:
+    the truncation is the news, not only that the index is missing."""
+    model = build(tmp_path, K26Spec.small(shards=1))
+    (model / "model.safetensors.index.json").unlink()
+    shard = model / "model-00001-of-00001.safetensors"
+    (model / shard_name(1, 1)).rename(shard)
+    with open(shard, "r+b") as fh:
+        fh.truncate(os.path.getsize(shard) // 2)
+    res = judge(tmp_path, model)
+    assert res.status.value == "fail"
+    assert res.summary.startswith("1 of 1 shards damaged: model-00001-of-00001.safetensors: file is ")
+    assert "truncated download" in res.summary
+    assert [b["name"] for b in res.details["bad_shards"]] == ["model-00001-of-00001.safetensors"]
+    assert any("model.safetensors.index.json" in p["message"] for p in res.details["problems"])
+    assert res.details["redownload"] == ["model.safetensors.index.json", "model-00001-of-00001.safetensors"]
 
 
 @pytest.mark.parametrize("evil", ["../outside.safetensors", "/etc/passwd", "sub/../../x.safetensors",

@@ -40,6 +40,7 @@ PARSER_MARKERS = ["<think>", "</think>", "<|tool_calls_section_begin|>", "<|tool
 
 # -- files, without transformers ----------------------------------------------------------------
 
+@pytest.mark.network
 def test_generated_vocabulary_is_valid_and_tiktoken_reads_it_alike(tmp_path: Path) -> None:
     path = tmp_path / "tiktoken.model"
     path.write_bytes(tiktoken_bpe_bytes(163584))
@@ -68,6 +69,7 @@ def test_broken_vocabulary_named(tmp_path: Path, mutate, fragment: str) -> None:
     assert not got["ok"] and any(fragment in p for p in got["problems"]), got
 
 
+@pytest.mark.network
 def test_a_vocabulary_tiktoken_refuses_is_refused(tmp_path: Path) -> None:
     """What the reader calls broken, tiktoken's own loader cannot load either."""
     path = tmp_path / "tiktoken.model"
@@ -145,6 +147,7 @@ def k2_instruct_style_small(tmp_path_factory: pytest.TempPathFactory) -> tuple[P
     return root, replica(root, "gpt2", SPEC_SMALL)
 
 
+@pytest.mark.network
 @pytest.mark.parametrize("version", ["4.57.6", "5.19.0"])
 def test_loads_as_sglang_does_on_both_majors(portable: tuple[Path, Path], version: str) -> None:
     root, model = portable
@@ -158,6 +161,7 @@ def test_loads_as_sglang_does_on_both_majors(portable: tuple[Path, Path], versio
     assert "special tokens round-trip" in res.summary
 
 
+@pytest.mark.network
 def test_v4_only_remote_code_on_transformers_5_fails_with_the_fix(k2_instruct_style: tuple[Path, Path]) -> None:
     root, model = k2_instruct_style
     res = judge(root, model, transformers_python("5.19.0"))
@@ -170,12 +174,14 @@ def test_v4_only_remote_code_on_transformers_5_fails_with_the_fix(k2_instruct_st
             in res.remediation.commands)
 
 
+@pytest.mark.network
 def test_v4_only_remote_code_still_loads_on_transformers_4(k2_instruct_style: tuple[Path, Path]) -> None:
     root, model = k2_instruct_style
     res = judge(root, model, transformers_python("4.57.6"))
     assert res.status.value == "pass", res.details.get("problems")
 
 
+@pytest.mark.network
 def test_generic_backend_corrupts_the_think_tokens(k2_instruct_style_small: tuple[Path, Path]) -> None:
     """transformers 5.4.0 skips the remote class for kimi_k25; SGLang's fallback to the declared class
     cannot import this remote code there, so the generic backend stays, with other ids."""
@@ -189,6 +195,7 @@ def test_generic_backend_corrupts_the_think_tokens(k2_instruct_style_small: tupl
     assert res.details["loaded_as"].endswith(".TokenizersBackend")
 
 
+@pytest.mark.network
 def test_sglang_fallback_recovers_the_remote_class_on_the_bad_release(portable_small: tuple[Path, Path]) -> None:
     root, model = portable_small
     res = judge(root, model, transformers_python("5.4.0"), SPEC_SMALL)
@@ -222,6 +229,7 @@ def test_vocabulary_and_config_from_different_revisions(tmp_path: Path) -> None:
            "is 163,776, config.json says 163,840" in " | ".join(res.details["problems"])
 
 
+@pytest.mark.network
 def test_a_missing_marker_fails_when_the_parser_needs_it(tmp_path: Path) -> None:
     model = build(tmp_path, SPEC_SMALL)
     write_kimi_tokenizer(model, vocab_size=SMALL_VOCAB)
@@ -249,6 +257,7 @@ def test_probe_deadline_is_an_error_not_a_pass(portable: tuple[Path, Path], tmp_
     assert res.status.value == "error" and "did not finish within 2.0s" in res.summary
 
 
+@pytest.mark.network
 def test_a_module_the_remote_code_imports_is_missing_from_the_service_env(tmp_path: Path) -> None:
     model = build(tmp_path, SPEC_SMALL)
     write_kimi_tokenizer(model, vocab_size=SMALL_VOCAB)

@@ -52,6 +52,7 @@ def test_profile_without_a_set_skips(tmp_path: Path) -> None:
     assert res.status is Status.SKIP and "uses no SGLang patch set" in res.summary
 
 
+@pytest.mark.network
 def test_pristine_fails_with_the_command_then_passes_once_applied(v523: Venv, tmp_path: Path) -> None:
     settings = settings_for(tmp_path, v523.python)
     res, _ = judge(settings)
@@ -65,6 +66,7 @@ def test_pristine_fails_with_the_command_then_passes_once_applied(v523: Venv, tm
     assert res.status is Status.PASS and "all 3 patches applied" in res.summary
 
 
+@pytest.mark.network
 def test_drift_fails_naming_the_file(v523: Venv, tmp_path: Path) -> None:
     engine(v523, tmp_path).apply()
     rewrite(v523.site_packages / TRITON, b"# edited\n")
@@ -73,12 +75,14 @@ def test_drift_fails_naming_the_file(v523: Venv, tmp_path: Path) -> None:
     assert any("--force" in c for c in res.remediation.commands)
 
 
+@pytest.mark.network
 def test_version_mismatch_fails(tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
     old = fresh_venv("0.5.13.post1", tmp_path_factory, tmp_path / "v13")
     res, _ = judge(settings_for(tmp_path, old.python))
     assert res.status is Status.FAIL and "is for sglang ==0.5.23, installed 0.5.13.post1" in res.summary
 
 
+@pytest.mark.network
 def test_unusable_set_and_interpreter_fail_clearly(v523: Venv, tmp_path: Path) -> None:
     res, _ = judge(settings_for(tmp_path, v523.python, set_name="no-such-set"))
     assert res.status is Status.FAIL and "cannot be used" in res.summary and "not found" in res.summary
@@ -91,6 +95,7 @@ def test_unusable_set_and_interpreter_fail_clearly(v523: Venv, tmp_path: Path) -
     assert res.status is Status.FAIL and "not installed" in res.summary
 
 
+@pytest.mark.network
 def test_snapshot_replays_the_verdict(v523: Venv, tmp_path: Path) -> None:
     settings = settings_for(tmp_path, v523.python)
     live, ctx = judge(settings)
@@ -100,6 +105,7 @@ def test_snapshot_replays_the_verdict(v523: Venv, tmp_path: Path) -> None:
     assert (replayed.status, replayed.summary) == (live.status, live.summary)
 
 
+@pytest.mark.network
 def test_interrupted_run_fails_the_check(v523: Venv, tmp_path: Path) -> None:
     n = {"k": 0}
 
@@ -114,6 +120,7 @@ def test_interrupted_run_fails_the_check(v523: Venv, tmp_path: Path) -> None:
     assert res.status is Status.FAIL and "interrupted" in res.summary
 
 
+@pytest.mark.network
 def test_fixer_plans_shows_diffs_and_applies(v523: Venv, tmp_path: Path) -> None:
     load(plugins=False)
     settings = settings_for(tmp_path, v523.python)
@@ -133,6 +140,7 @@ def test_fixer_plans_shows_diffs_and_applies(v523: Venv, tmp_path: Path) -> None
     assert fx.plan(judge(settings)[1], res) == []
 
 
+@pytest.mark.network
 def test_fixer_refuses_drift_and_a_changed_plan(v523: Venv, tmp_path: Path) -> None:
     load(plugins=False)
     settings = settings_for(tmp_path, v523.python)
@@ -154,6 +162,7 @@ def cli(venv: Venv, tmp_path: Path, *args: str):
                       "--state-dir", str(tmp_path / "state"), "--set", "t-0.5.23", env=doctor_env())
 
 
+@pytest.mark.network
 def test_cli_status_apply_revert(v523: Venv, tmp_path: Path) -> None:
     res = cli(v523, tmp_path, "status")
     assert res.returncode == 1 and "overall: pristine (0/3 patches, 0/5 files applied)" in res.stdout
@@ -176,6 +185,7 @@ def test_cli_status_apply_revert(v523: Venv, tmp_path: Path) -> None:
     assert sha256_file(v523.site_packages / TRITON) == before
 
 
+@pytest.mark.network
 def test_cli_refusals_and_usage_errors(v523: Venv, tmp_path: Path) -> None:
     rewrite(v523.site_packages / TRITON, b"# edited\n")
     res = cli(v523, tmp_path, "apply", "--yes")
@@ -197,6 +207,7 @@ def test_cli_list_shows_site_and_builtin_sets(tmp_path: Path) -> None:
     assert "broken" in res.stdout and "unusable" in res.stdout
 
 
+@pytest.mark.network
 def test_cli_make_manifest(v523: Venv, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     res = run_doctor("patches", "make-manifest", str(FIXTURE_SETS / "t-0.5.23"), "--python", v523.python, "--check")
     assert res.returncode == 0, res.stderr
@@ -212,6 +223,7 @@ def test_cli_make_manifest(v523: Venv, tmp_path: Path, tmp_path_factory: pytest.
     assert res.returncode == 1
 
 
+@pytest.mark.network
 def test_cli_asks_per_patch_on_a_terminal(v523: Venv, tmp_path: Path) -> None:
     """Without --yes on a terminal: one question per patch; a patch another builds on cannot be left out."""
     import pty
@@ -258,6 +270,7 @@ def test_probe_runs_on_other_interpreters(tmp_path: Path) -> None:
             locate.from_probe(data)
 
 
+@pytest.mark.network
 def test_ddtree_set_round_trip_if_shipped(v523: Venv, tmp_path: Path) -> None:
     """The shipped DDTree set (another issue's) applies and reverts byte-exact with this engine."""
     try:
@@ -275,6 +288,7 @@ def test_ddtree_set_round_trip_if_shipped(v523: Venv, tmp_path: Path) -> None:
         assert (sha256_file(p) == digest) if listed else not p.exists()
 
 
+@pytest.mark.network
 def test_site_patches_dir_from_the_config_reaches_the_check(v523: Venv, tmp_path: Path) -> None:
     """`[doctor] patches_dir` alone: judged when the run's CollectOptions carry it, else an honest error."""
     from doctor.facts.store import CollectOptions
@@ -289,6 +303,7 @@ def test_site_patches_dir_from_the_config_reaches_the_check(v523: Venv, tmp_path
         assert res.status is Status.ERROR and "collected without the site's patch-set directory" in res.summary
 
 
+@pytest.mark.network
 def test_cli_status_from_a_snapshot(v523: Venv, tmp_path: Path) -> None:
     settings_for(tmp_path, v523.python)  # writes config.toml
     engine(v523, tmp_path).apply()
@@ -303,6 +318,7 @@ def test_cli_status_from_a_snapshot(v523: Venv, tmp_path: Path) -> None:
     assert res.returncode == 2
 
 
+@pytest.mark.network
 def test_cli_on_a_pip_installed_sglang(tmp_path: Path) -> None:
     """`pip install --no-deps sglang==0.5.13.post1` (RECORD as pip writes it: INSTALLER, bin/ scripts)."""
     from patches_install import pip_venv
@@ -320,6 +336,7 @@ def test_cli_on_a_pip_installed_sglang(tmp_path: Path) -> None:
         assert sha256_file(venv.site_packages / path) == installed.record_hash(path)[1]
 
 
+@pytest.mark.network
 def test_a_run_in_progress_is_told_apart_from_an_interrupted_one(v523: Venv, tmp_path: Path) -> None:
     """While an apply holds the lock (paused inside its hook), the check says it is running, not broken."""
     verdicts = []

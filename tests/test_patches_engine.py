@@ -58,6 +58,7 @@ def assert_matches_record(eng: Engine) -> None:
             assert not p.exists(), path
 
 
+@pytest.mark.network
 def test_pristine_detected_from_record(v523: Venv, tmp_path: Path) -> None:
     eng = engine(v523, tmp_path / "state")
     ev = eng.status()
@@ -71,6 +72,7 @@ def test_pristine_detected_from_record(v523: Venv, tmp_path: Path) -> None:
     assert not ev.ok
 
 
+@pytest.mark.network
 def test_apply_reapply_revert_byte_exact(v523: Venv, tmp_path: Path) -> None:
     eng = engine(v523, tmp_path / "state")
     out = eng.apply()
@@ -96,6 +98,7 @@ def test_apply_reapply_revert_byte_exact(v523: Venv, tmp_path: Path) -> None:
     assert store.read_journal() is None and len(list(store.history.glob("*.json"))) == 2
 
 
+@pytest.mark.network
 def test_mode_kept_and_stale_bytecode_removed(v523: Venv, tmp_path: Path) -> None:
     eng = engine(v523, tmp_path / "state")
     target = eng.root / TRITON
@@ -110,6 +113,7 @@ def test_mode_kept_and_stale_bytecode_removed(v523: Venv, tmp_path: Path) -> Non
     assert os.stat(target).st_mode & 0o7777 == 0o640
 
 
+@pytest.mark.network
 def test_version_gating_with_the_old_layout(v513: Venv, tmp_path: Path) -> None:
     """A set for 0.5.23 refuses 0.5.13.post1 before reading a diff; the set made for it works."""
     wrong = engine(v513, tmp_path / "state", "t-0.5.23")
@@ -131,6 +135,7 @@ def test_version_gating_with_the_old_layout(v513: Venv, tmp_path: Path) -> None:
     assert_matches_record(right)
 
 
+@pytest.mark.network
 def test_drift_refuses_apply_before_writing(v523: Venv, tmp_path: Path) -> None:
     eng = engine(v523, tmp_path / "state")
     edited = (eng.root / TRITON).read_bytes().replace(b"\nimport ", b"\n# by hand\nimport ", 1)
@@ -153,6 +158,7 @@ def test_drift_refuses_apply_before_writing(v523: Venv, tmp_path: Path) -> None:
     assert {f.path: f.state for f in eng.status().files}[TRITON] == DRIFTED  # honest: not the post-image
 
 
+@pytest.mark.network
 def test_force_rebuilds_from_a_stored_original(v523: Venv, tmp_path: Path) -> None:
     eng = engine(v523, tmp_path / "state")
     eng.apply()
@@ -168,6 +174,7 @@ def test_force_rebuilds_from_a_stored_original(v523: Venv, tmp_path: Path) -> No
     assert_matches_record(eng)
 
 
+@pytest.mark.network
 def test_missing_file(v523: Venv, tmp_path: Path) -> None:
     eng = engine(v523, tmp_path / "state")
     (eng.root / TRITON).unlink()
@@ -177,6 +184,7 @@ def test_missing_file(v523: Venv, tmp_path: Path) -> None:
     assert not plan.ok and any("missing" in r and "force-reinstall" in r for r in plan.refusals)
 
 
+@pytest.mark.network
 def test_missing_file_restored_by_revert_from_the_store(v523: Venv, tmp_path: Path) -> None:
     eng = engine(v523, tmp_path / "state")
     eng.apply()
@@ -185,6 +193,7 @@ def test_missing_file_restored_by_revert_from_the_store(v523: Venv, tmp_path: Pa
     assert_matches_record(eng)
 
 
+@pytest.mark.network
 def test_partial_chain_and_selection(v523: Venv, tmp_path: Path) -> None:
     eng = engine(v523, tmp_path / "state")
     assert not eng.plan_apply(only=["triton-and-chain"]).ok  # builds on spec-marker (spec_info.py chain)
@@ -203,6 +212,7 @@ def test_partial_chain_and_selection(v523: Venv, tmp_path: Path) -> None:
     assert_matches_record(eng)
 
 
+@pytest.mark.network
 def test_lock_keeps_two_runs_apart(v523: Venv, tmp_path: Path) -> None:
     eng = engine(v523, tmp_path / "state")
     store = StateStore.open(str(tmp_path / "state"), eng.installed.site_packages)
@@ -215,6 +225,7 @@ def test_lock_keeps_two_runs_apart(v523: Venv, tmp_path: Path) -> None:
     assert eng.status().ok
 
 
+@pytest.mark.network
 def test_state_dir_falls_back_to_home(v523: Venv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("x")
@@ -226,6 +237,7 @@ def test_state_dir_falls_back_to_home(v523: Venv, tmp_path: Path, monkeypatch: p
     assert_matches_record(eng)
 
 
+@pytest.mark.network
 def test_record_mismatch_is_refused(v523: Venv, tmp_path: Path) -> None:
     """A set whose 'before' is not RECORD's hash was made for another build: refused, even with --force."""
     d = tmp_path / "sets" / "other"
@@ -275,6 +287,7 @@ def test_truncated_manifest_and_unknown_set(tmp_path: Path) -> None:
         manifest.resolve("nope", str(FIXTURE_SETS))
 
 
+@pytest.mark.network
 def test_committed_fixture_manifests_are_what_the_generator_makes(tmp_path_factory: pytest.TempPathFactory,
                                                                   tmp_path: Path) -> None:
     for set_name, version in (("t-0.5.23", "0.5.23"), ("t-0.5.13", "0.5.13.post1")):
@@ -283,6 +296,7 @@ def test_committed_fixture_manifests_are_what_the_generator_makes(tmp_path_facto
         assert pset.to_dict() == json.loads((FIXTURE_SETS / set_name / "manifest.json").read_text())
 
 
+@pytest.mark.network
 def test_generator_writes_a_manifest_and_refuses_a_patched_install(v523: Venv, tmp_path: Path) -> None:
     d = tmp_path / "fresh-set"
     d.mkdir()
@@ -298,6 +312,7 @@ def test_generator_writes_a_manifest_and_refuses_a_patched_install(v523: Venv, t
         generate.generate(d, installed, write=False)
 
 
+@pytest.mark.network
 def test_a_patch_that_creates_a_package_directory(v523: Venv, tmp_path: Path) -> None:
     """New directories are made inside the transaction and removed again by a roll-back or revert."""
     d = tmp_path / "sets" / "newpkg"
@@ -325,6 +340,7 @@ def test_a_patch_that_creates_a_package_directory(v523: Venv, tmp_path: Path) ->
     assert not (v523.site_packages / "sglang/srt/k26pkg").exists()
 
 
+@pytest.mark.network
 def test_owner_kept_and_symlinks_refused(v523: Venv, tmp_path: Path) -> None:
     eng = engine(v523, tmp_path / "state")
     target = eng.root / TRITON
@@ -346,6 +362,7 @@ def test_owner_kept_and_symlinks_refused(v523: Venv, tmp_path: Path) -> None:
         assert (st.st_uid, st.st_gid) == (4321, 4321)
 
 
+@pytest.mark.network
 def test_bad_installs_are_clear_errors(v523: Venv, tmp_path: Path) -> None:
     from doctor.sglang.patching import locate
 
@@ -370,6 +387,7 @@ def test_bad_installs_are_clear_errors(v523: Venv, tmp_path: Path) -> None:
         locate.locate(str(tmp_path / "no-python"))
 
 
+@pytest.mark.network
 def test_revert_needs_no_backups(v523: Venv, tmp_path: Path) -> None:
     """Applied by hand (GNU patch, another machine's doctor): revert rebuilds RECORD's bytes from the diffs."""
     engine(v523, tmp_path / "state-a").apply()

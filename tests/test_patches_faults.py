@@ -72,6 +72,7 @@ def count_events(venv: Venv, state: Path, op: str) -> list[tuple[str, str]]:
     return seen
 
 
+@pytest.mark.network
 def test_enospc_at_every_step_rolls_back(venv: Venv, tmp_path: Path) -> None:
     state = tmp_path / "state"
     for op, start_state in (("apply", "pristine"), ("revert", "applied")):
@@ -97,6 +98,7 @@ def test_enospc_at_every_step_rolls_back(venv: Venv, tmp_path: Path) -> None:
             assert eng.status().overall == start_state
 
 
+@pytest.mark.network
 def test_full_disk_that_stays_full_leaves_a_journal_that_the_next_run_recovers(venv: Venv, tmp_path: Path) -> None:
     state = tmp_path / "state"
     events = count_events(venv, state, "apply")
@@ -143,6 +145,7 @@ getattr(eng, op)()
 """
 
 
+@pytest.mark.network
 @pytest.mark.parametrize("op", ["apply", "revert"])
 def test_killed_at_every_step_then_recovered(venv: Venv, tmp_path: Path, op: str) -> None:
     state = tmp_path / "state"
@@ -166,6 +169,7 @@ def test_killed_at_every_step_then_recovered(venv: Venv, tmp_path: Path, op: str
     assert make_engine(venv, state).status().overall == ("applied" if op == "apply" else "pristine")
 
 
+@pytest.mark.network
 def test_read_only_file(venv: Venv, tmp_path: Path) -> None:
     """A file that cannot be replaced: nothing changes (refused up front, or rolled back), then it works."""
     state = tmp_path / "state"
@@ -194,6 +198,7 @@ def test_read_only_file(venv: Venv, tmp_path: Path) -> None:
     assert eng.status().ok
 
 
+@pytest.mark.network
 def test_recovery_refuses_a_corrupt_backup_and_a_file_changed_meanwhile(venv: Venv, tmp_path: Path) -> None:
     state = tmp_path / "state"
     script = tmp_path / "child.py"

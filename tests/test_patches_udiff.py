@@ -25,6 +25,7 @@ def real_source(tmp_path_factory: pytest.TempPathFactory) -> bytes:
     return (pristine_venv("0.5.23", tmp_path_factory).site_packages / TRITON).read_bytes()
 
 
+@pytest.mark.network
 def test_roundtrip_and_reverse_on_a_real_file(real_source: bytes) -> None:
     lines = real_source.split(b"\n")
     lines[10:12] = [b"# replaced"]
@@ -50,6 +51,7 @@ def test_create_delete_and_missing_final_newline() -> None:
     assert udiff.apply(b"a\nb", eol.reversed()) == b"a\nb\n"
 
 
+@pytest.mark.network
 def test_strict_means_exact_place_and_bytes(real_source: bytes) -> None:
     new = real_source.replace(b"\nimport ", b"\nimport os  # x\nimport ", 1)
     (sec,) = udiff.parse(udiff.make_diff(TRITON, real_source, new))
@@ -100,6 +102,7 @@ def gnu_apply(site: Path, diff: Path, *, dry: bool) -> subprocess.CompletedProce
     return subprocess.run(argv + (["--dry-run"] if dry else []), capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.network
 @needs_gnu_patch
 @pytest.mark.parametrize("set_name, version", [("t-0.5.23", "0.5.23"), ("t-0.5.13", "0.5.13.post1")])
 def test_fixture_sets_agree_with_gnu_patch(set_name: str, version: str, tmp_path_factory: pytest.TempPathFactory,
@@ -117,6 +120,7 @@ def test_fixture_sets_agree_with_gnu_patch(set_name: str, version: str, tmp_path
             assert got == change.after, change.path
 
 
+@pytest.mark.network
 @needs_gnu_patch
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())

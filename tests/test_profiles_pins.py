@@ -14,6 +14,8 @@ from sglang_wheels import release_requires
 from doctor.core.settings import load_profile, profile_names
 from doctor.stack import compat
 
+pytestmark = pytest.mark.network  # reads the released wheels (tests/downloads.py)
+
 # profile [stack] key -> the distribution it pins
 DISTS = {"torch": "torch", "triton": "triton", "sglang": "sglang", "sglang_kernel": "sglang-kernel",
          "flashinfer": "flashinfer-python"}

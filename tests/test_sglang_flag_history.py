@@ -65,6 +65,7 @@ def test_history_covers_every_release_from_040_to_0523(history: FlagHistory) -> 
     assert HISTORY_FILE.stat().st_size < 200_000
 
 
+@pytest.mark.network
 @pytest.mark.parametrize("version", ["0.5.23", "0.5.13.post1"])
 def test_history_says_exactly_what_the_real_sources_say(history: FlagHistory, version: str,
                                                         tmp_path_factory: pytest.TempPathFactory) -> None:
@@ -78,6 +79,7 @@ def test_history_says_exactly_what_the_real_sources_say(history: FlagHistory, ve
             assert history.flags[opt]["dest"] == spec["dest"], opt
 
 
+@pytest.mark.network
 def test_removed_flags_table_agrees_with_the_history(history: FlagHistory, t23: FlagTable) -> None:
     """The hints table says when a flag went; the history, read from every release, must agree."""
     for flag, info in removed_flags().items():
@@ -96,6 +98,7 @@ def test_removed_flags_table_agrees_with_the_history(history: FlagHistory, t23: 
         assert flag not in t23.options
 
 
+@pytest.mark.network
 def test_vllm_table_names_only_flags_sglang_never_had(history: FlagHistory, t23: FlagTable) -> None:
     table = vllm_equivalents()
     assert {"--max-model-len", "--enable-reasoning", "--gpu-memory-utilization", "-tp"} <= set(table)
@@ -120,16 +123,19 @@ def test_fork_flags_are_read_from_the_fork_and_never_upstream(history: FlagHisto
 
 # -- what the check says ------------------------------------------------------------------------
 
+@pytest.mark.network
 def test_underscore_spelling(t23: FlagTable) -> None:
     p = only_error(t23, "--reasoning_parser", "kimi_k2")
     assert "SGLang spells it --reasoning-parser" in p.message and p.replacement == "--reasoning-parser"
 
 
+@pytest.mark.network
 def test_typo_did_you_mean(t23: FlagTable) -> None:
     p = only_error(t23, "--reasoning-parsr", "kimi_k2")
     assert "did you mean --reasoning-parser?" in p.message and p.replacement == "--reasoning-parser"
 
 
+@pytest.mark.network
 def test_flag_added_after_the_installed_release(t13: FlagTable) -> None:
     p = only_error(t13, "--cuda-graph-max-bs-decode", "160")
     assert "--cuda-graph-max-bs-decode was added in SGLang 0.5.14; the installed SGLang is 0.5.13.post1" in p.message
@@ -138,6 +144,7 @@ def test_flag_added_after_the_installed_release(t13: FlagTable) -> None:
     assert not [e for e in problems(t13, "--cuda-graph-max-bs", "160") if e.severity == "error"]
 
 
+@pytest.mark.network
 def test_flag_removed_before_the_installed_release(t23: FlagTable) -> None:
     p = only_error(t23, "--enable-piecewise-cuda-graph")
     assert "removed in SGLang 0.5.14 (last in 0.5.13.post1); the installed SGLang is 0.5.23" in p.message
@@ -147,6 +154,7 @@ def test_flag_removed_before_the_installed_release(t23: FlagTable) -> None:
     assert "--enable-ep-moe was removed in SGLang 0.5.4.post1 (last in 0.5.4)" in p.message
 
 
+@pytest.mark.network
 def test_removed_flag_that_is_now_a_unique_prefix_of_another(t23: FlagTable) -> None:
     """argparse takes --return-hidden-states as --return-hidden-states-mode (which wants a value)."""
     probs = problems(t23, "--return-hidden-states", "all")
@@ -155,6 +163,7 @@ def test_removed_flag_that_is_now_a_unique_prefix_of_another(t23: FlagTable) -> 
     assert "--return-hidden-states was removed in SGLang 0.4.3.post3 (last in 0.4.3.post2)" in warn.message
 
 
+@pytest.mark.network
 def test_vllm_spellings(t23: FlagTable, t13: FlagTable) -> None:
     p = only_error(t23, "--enable-reasoning")
     assert "vLLM's flag; SGLang's is --reasoning-parser" in p.message
@@ -169,6 +178,7 @@ def test_vllm_spellings(t23: FlagTable, t13: FlagTable) -> None:
     assert not problems(t23, "--tensor-parallel-size", "8")
 
 
+@pytest.mark.network
 def test_fork_only_flags(t23: FlagTable) -> None:
     p = only_error(t23, "--kt-gpu-experts-ratio", "0.2")
     assert "ktransformers fork of SGLang" in p.message and "sglang-kt 0.7.2 has it" in p.message
@@ -178,11 +188,13 @@ def test_fork_only_flags(t23: FlagTable) -> None:
     assert not [e for e in problems(t23, "--kt-weight-path", "/w") if e.severity == "error"]
 
 
+@pytest.mark.network
 def test_unknown_everywhere(t23: FlagTable) -> None:
     p = only_error(t23, "--no-such-flag-anywhere")
     assert p.message.endswith("nor did any release from 0.4.0 to 0.5.23") and p.replacement is None
 
 
+@pytest.mark.network
 def test_a_modified_build_lacking_a_released_flag(t23: FlagTable) -> None:
     options = {k: v for k, v in t23.options.items() if k != "--log-requests"}
     why = explain_unknown("--log-requests", options, "0.5.23", removed=removed_flags())
@@ -196,6 +208,7 @@ def test_versions_outside_the_table(history: FlagHistory, version: str, kind: st
     assert explain_unknown(flag, {}, version, history=history).kind == kind
 
 
+@pytest.mark.network
 def test_check_names_every_replacement(t23: FlagTable) -> None:
     fact = {"found": True, "python": sys.executable, "package_dir": "/x", "table": t23.to_dict()}
     argv = [*BASE, "--reasoning_parser", "kimi_k2", "--max-model-len", "65536"]
@@ -207,6 +220,7 @@ def test_check_names_every_replacement(t23: FlagTable) -> None:
 
 # -- the generator ----------------------------------------------------------------------------
 
+@pytest.mark.network
 def test_generator_reproduces_the_committed_entries(tmp_path: Path, history: FlagHistory) -> None:
     """scripts/make_flag_history.py run on the real 0.5.13.post1 and 0.5.23 wheels (from the cache,
     no index query) writes what the committed table says of those releases."""

@@ -6,7 +6,8 @@ host, with the tiny DDTree server of bench/ddtree running (``--skip-tokenizer-in
     K26_SMOKE_URL=http://127.0.0.1:30000 python -m pytest -q -p no:cacheprovider -n 0 -m gpu tests/test_smoke_gpu.py
 
 ``K26_SMOKE_MIN_ACCEPT`` (default 1.1) is the accept length the server must reach; ``K26_SMOKE_TIMEOUT`` the
-deadline (default 120 s).
+deadline (default 120 s); ``K26_SMOKE_INPUT_IDS`` (comma-separated) a prompt of the server's own language (the
+trained pair's: ``bench/ddtree/make_trained.py --prompts``), else smoke's default ids.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ URL = os.environ.get("K26_SMOKE_URL")
 def smoke(*args: str) -> tuple[int, dict]:
     env = dict(os.environ, PYTHONPATH=str(ROOT), NO_COLOR="1")
     env.pop("K26_DOCTOR_CONFIG", None)
-    out = subprocess.run([sys.executable, "-m", "doctor", "smoke", "--url", str(URL), "--format", "json", *args],
+    ids = os.environ.get("K26_SMOKE_INPUT_IDS")
+    prompt = ["--input-ids", ids] if ids else []
+    out = subprocess.run([sys.executable, "-m", "doctor", "smoke", "--url", str(URL), "--format", "json", *prompt, *args],
                          capture_output=True, text=True, env=env, timeout=600, stdin=subprocess.DEVNULL)
     return out.returncode, json.loads(out.stdout)
 

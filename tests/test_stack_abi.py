@@ -24,6 +24,7 @@ def needed(path: Path) -> list[str]:
         return abi.needed_torch_symbols(elf)
 
 
+@pytest.mark.network
 def test_sglang_kernel_0_4_10_needs_symbols_torch_2_11_lacks():
     with abi.TorchLibraries(torch_libs()) as libs:
         assert not libs.errors
@@ -31,6 +32,7 @@ def test_sglang_kernel_0_4_10_needs_symbols_torch_2_11_lacks():
     assert set(missing) == MISSING_0_4_10
 
 
+@pytest.mark.network
 def test_sglang_kernel_0_4_5_resolves_against_torch_2_11():
     with abi.TorchLibraries(torch_libs()) as libs:
         for path in sorted((kernel_site("0.4.5") / "sgl_kernel").rglob("*.so")):
@@ -39,6 +41,7 @@ def test_sglang_kernel_0_4_5_resolves_against_torch_2_11():
             assert libs.missing(want) == [], path
 
 
+@pytest.mark.network
 def test_hash_lookup_agrees_with_reading_every_symbol():
     """The .gnu.hash lookup answers exactly as decoding all 100,000 names of torch's libraries does."""
     defined: set[bytes] = set()

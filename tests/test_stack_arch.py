@@ -10,6 +10,7 @@ import importlib.util
 import os
 import sys
 
+import ci_requirements
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -182,7 +183,8 @@ def torch_python() -> str:
         return os.environ["K26_TEST_TORCH_PYTHON"]
     if importlib.util.find_spec("torch") is not None:
         return sys.executable
-    pytest.skip("no interpreter with torch: set K26_TEST_TORCH_PYTHON (e.g. a venv with `pip install torch==2.13.0`)")
+    ci_requirements.unavailable(ci_requirements.reason(["torch"], sys.executable, "for the torch_info probe")
+                                + "; or set K26_TEST_TORCH_PYTHON to a venv with torch")
 
 
 def test_torch_info_probe_with_real_cpu_torch():

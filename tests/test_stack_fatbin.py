@@ -43,12 +43,14 @@ KERNEL_FILES = ["sgl_kernel/sm90/common_ops.abi3.so", "sgl_kernel/sm100/common_o
                 "sgl_kernel/infllm_ops.cpython-310-x86_64-linux-gnu.so"]
 
 
+@pytest.mark.network
 @pytest.mark.parametrize("rel", KERNEL_FILES)
 def test_sglang_kernel_0_4_10_agrees_with_cuobjdump(rel):
     code = assert_agrees(kernel_site() / rel)
     assert code.code is not None and code.code.entries > 0
 
 
+@pytest.mark.network
 def test_sglang_kernel_0_4_10_reads_as_documented():
     """sm_100f (family) SASS in 0.4.10, where 0.4.5 had sm_100a and sm_103a (arch-specific) cubins."""
     new = fatbin.file_code(str(kernel_site() / "sgl_kernel/sm90/common_ops.abi3.so")).code
@@ -58,10 +60,12 @@ def test_sglang_kernel_0_4_10_reads_as_documented():
     assert new.compressed == new.entries  # zstd throughout: nothing was inflated to read them
 
 
+@pytest.mark.network
 def test_sglang_kernel_0_4_5_agrees_with_cuobjdump():
     assert_agrees(kernel_site("0.4.5") / "sgl_kernel/sm90/common_ops.abi3.so")
 
 
+@pytest.mark.network
 @pytest.mark.parametrize("rel", ["torch/lib/libtorch_cuda_linalg.so", "torch/lib/libtorch_nvshmem.so"])
 def test_torch_cuda_libraries_agree_with_cuobjdump(rel):
     code = assert_agrees(torch_site() / rel)
@@ -70,6 +74,7 @@ def test_torch_cuda_libraries_agree_with_cuobjdump(rel):
         assert "sm_89" not in code.code.sass
 
 
+@pytest.mark.network
 def test_libraries_without_gpu_code_have_none():
     for rel in ("torch/lib/libc10.so", "torch/lib/libtorch_cpu.so"):
         code = fatbin.file_code(str(torch_site() / rel))
@@ -88,6 +93,7 @@ def flashinfer_sample() -> list[Path]:
     return sorted(set(kinds.values()) | set(random.Random(0).sample(files, 40)))
 
 
+@pytest.mark.network
 def test_flashinfer_cubins_agree_with_cuobjdump():
     sample = flashinfer_sample()
     seen = set()
@@ -100,6 +106,7 @@ def test_flashinfer_cubins_agree_with_cuobjdump():
 
 # -- fat binaries built by NVIDIA's tools (kernel_wheels.built), contents known -----------------------------
 
+@pytest.mark.network
 def test_variants_read_from_a_fatbinary_built_fat_binary():
     lib = host_library([built() / "all.fatbin"], "variants")
     code = fatbin.file_code(str(lib)).code
@@ -113,6 +120,7 @@ def test_variants_read_from_a_fatbinary_built_fat_binary():
     assert cuobjdump_list(lib, "ptx") == code.ptx
 
 
+@pytest.mark.network
 def test_several_containers_lz4_and_uncompressed_payloads():
     d = built()
     lib = host_library([d / "lz4.fatbin", d / "plain.fatbin", d / "all.fatbin"], "containers")
@@ -126,6 +134,7 @@ def test_several_containers_lz4_and_uncompressed_payloads():
     assert_agrees(lib)
 
 
+@pytest.mark.network
 @pytest.mark.parametrize(("arch", "name"), [("90a", "sm_90a"), ("100a", "sm_100a"), ("100f", "sm_100"),
                                             ("103a", "sm_103a"), ("120", "sm_120"), ("80", "sm_80")])
 def test_bare_cubins_from_ptxas(arch, name):
@@ -146,6 +155,7 @@ def read_or_refuse(path: Path) -> fatbin.FileCode | None:
         return None
 
 
+@pytest.mark.network
 def test_truncated_library_is_refused_never_a_traceback(tmp_path):
     src = (kernel_site() / "sgl_kernel/spatial_ops.abi3.so").read_bytes()
     for cut in (0, 3, 20, 63, 64, 4096, len(src) // 2, len(src) - 1):
@@ -155,6 +165,7 @@ def test_truncated_library_is_refused_never_a_traceback(tmp_path):
             fatbin.file_code(str(p))
 
 
+@pytest.mark.network
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.tuples(st.integers(0, 81327), st.integers(0, 255)), min_size=1, max_size=8))
 def test_corrupted_bytes_give_a_reading_or_a_clear_refusal(tmp_path, flips):
@@ -166,6 +177,7 @@ def test_corrupted_bytes_give_a_reading_or_a_clear_refusal(tmp_path, flips):
     read_or_refuse(p)  # any other exception fails the test
 
 
+@pytest.mark.network
 def test_a_container_claiming_more_than_its_section_is_refused(tmp_path):
     data = bytearray((built() / "plain.fatbin").read_bytes())
     data[8:16] = (1 << 40).to_bytes(8, "little")

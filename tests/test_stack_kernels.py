@@ -22,6 +22,7 @@ def ctx_for(*sites, nvml=B300, profile="b300-tp8-ddtree", deep=False, env=None):
                     profile=profile, deep=deep)
 
 
+@pytest.mark.network
 def test_kernels_built_for_another_torch_fail_with_the_symbols_and_the_fix():
     res = run_check("stack.kernels", ctx_for(torch_site(), kernel_site(), cubin_site()))
     assert res.status is Status.FAIL
@@ -36,6 +37,7 @@ def test_kernels_built_for_another_torch_fail_with_the_symbols_and_the_fix():
     assert "sglang-kernel 0.4.10 requires torch==2.14.1, installed 2.11.0" in res.details["unmet_requirements"]
 
 
+@pytest.mark.network
 def test_details_packages_have_the_contract_shape():
     res = run_check("stack.kernels", ctx_for(torch_site(), kernel_site("0.4.5")))
     pkgs = {p["name"]: p for p in res.details["packages"]}
@@ -48,6 +50,7 @@ def test_details_packages_have_the_contract_shape():
     assert common["sass"] == ["sm_80", "sm_89", "sm_90", "sm_90a", "sm_100a", "sm_103a", "sm_120a"]
 
 
+@pytest.mark.network
 @pytest.mark.parametrize(("nvml", "where"), [(B300, "8x NVIDIA B300 SXM6 AC"), (H200, "1x NVIDIA H200")])
 def test_the_torch_2_11_stack_passes_on_b300_and_h200(nvml, where):
     res = run_check("stack.kernels", ctx_for(torch_site(), kernel_site("0.4.5"), nvml=nvml))
@@ -58,6 +61,7 @@ def test_the_torch_2_11_stack_passes_on_b300_and_h200(nvml, where):
         assert any("not built for 10.x (e.g. sgl_kernel/flash_ops.abi3.so)" in n for n in res.details["notes"])
 
 
+@pytest.mark.network
 def test_cubins_for_other_gpus_of_the_generation_warn():
     res = run_check("stack.kernels", ctx_for(torch_site(), kernel_site("0.4.5"), cubin_site()))
     assert res.status is Status.WARN
@@ -66,12 +70,14 @@ def test_cubins_for_other_gpus_of_the_generation_warn():
     assert "fmha{arch}Kernel_" in res.summary  # fmhaSm100aKernel_... grouped with fmhaSm103aKernel_...
 
 
+@pytest.mark.network
 def test_cubins_for_another_generation_are_only_noted():
     res = run_check("stack.kernels", ctx_for(torch_site(), kernel_site("0.4.5"), cubin_site(), nvml=H200))
     assert res.status is Status.PASS
     assert "flashinfer-cubin 0.4.1 carries no code for 9.0: built for other GPUs" in res.details["notes"]
 
 
+@pytest.mark.network
 def test_a_required_package_without_code_for_the_gpu_fails():
     res = run_check("stack.kernels", ctx_for(torch_site(), kernel_site("0.4.5"), nvml=nvml_fact([(7, 5)])))
     assert res.status is Status.FAIL
@@ -94,12 +100,14 @@ def ptx_only_site() -> str:
     return str(site)
 
 
+@pytest.mark.network
 def test_ptx_only_runs_by_jit_when_the_driver_knows_its_isa():
     res = run_check("stack.kernels", ctx_for(torch_site(), ptx_only_site()))
     assert res.status is Status.WARN and res.details["driver_ptx_isa"] == "9.0"
     assert "sgl-kernel 0.0.1: 1 kernel files run on 10.3 only by JIT-compiling PTX at first use" in res.summary
 
 
+@pytest.mark.network
 def test_ptx_newer_than_the_driver_is_no_code_at_all():
     res = run_check("stack.kernels", ctx_for(torch_site(), ptx_only_site(), nvml=nvml_fact([(10, 3)], cuda=12060)))
     assert res.status is Status.FAIL and res.details["driver_ptx_isa"] == "8.5"
@@ -107,6 +115,7 @@ def test_ptx_newer_than_the_driver_is_no_code_at_all():
            "driver's PTX ISA 8.5" in res.summary
 
 
+@pytest.mark.network
 def test_without_nvml_the_profile_gpu_is_judged_and_ptx_isa_assumed():
     res = run_check("stack.kernels", ctx_for(torch_site(), ptx_only_site(), nvml=NO_NVML))
     assert res.details["gpus"] == "the profile's GPU (10.3)" and res.details["driver_ptx_isa"] is None
@@ -121,6 +130,7 @@ def test_no_gpu_code_anywhere_fails(tmp_path):
 
 # -- torch.arch from the binaries ---------------------------------------------------------------------------
 
+@pytest.mark.network
 def test_torch_arch_reads_libtorch_cuda_without_importing_torch():
     ctx = ctx_for(torch_site())
     res = run_check("torch.arch", ctx)
@@ -132,11 +142,13 @@ def test_torch_arch_reads_libtorch_cuda_without_importing_torch():
     assert "torch_info" not in ctx.facts._values  # torch was never imported
 
 
+@pytest.mark.network
 def test_torch_arch_on_h200_reads_as_the_recorded_import_did():
     res = run_check("torch.arch", ctx_for(torch_site(), nvml=H200))
     assert res.summary == "torch 2.11.0+cu130 on 1x NVIDIA H200: has sm_90 for 9.0"  # the live H200 run's words
 
 
+@pytest.mark.network
 def test_torch_arch_deep_imports_torch():
     """--deep keeps the real import and matmul: here torch's Python files are absent, so the import fails."""
     res = run_check("torch.arch", ctx_for(torch_site(), deep=True))

@@ -51,6 +51,7 @@ def test_ptx_isa_versions_follow_triton():
     assert [ptx_isa_for(r) for r in ("12.8", "12.9", "13.0", "12.4", "11.8")] == ["8.7", "8.8", "9.0", "8.4", "7.8"]
 
 
+@pytest.mark.network
 def test_triton_36_on_b300_uses_ptxas_blackwell():
     res = run_check("triton.ptxas", ptxas_ctx("3.6"))
     assert res.status is Status.PASS, res.summary
@@ -59,11 +60,13 @@ def test_triton_36_on_b300_uses_ptxas_blackwell():
     assert verdict["var"] == "TRITON_PTXAS_BLACKWELL_PATH" and verdict["knows"] is True
 
 
+@pytest.mark.network
 def test_triton_36_on_h200_uses_plain_ptxas():
     res = run_check("triton.ptxas", ptxas_ctx("3.6", ccs=[(9, 0)], profile="h200-tp8"))
     assert res.status is Status.PASS and "sm_90a" in res.summary and "CUDA 12.8" in res.summary
 
 
+@pytest.mark.network
 def test_triton_35_on_b300_fails_with_both_ways_out(tmp_path, good_ptxas):
     res = run_check("triton.ptxas", ptxas_ctx("3.5", env_file=str(tmp_path / "svc.env"),
                                               extra_env={"PATH": f"{good_ptxas.parent}:/usr/bin:/bin"}))
@@ -75,6 +78,7 @@ def test_triton_35_on_b300_fails_with_both_ways_out(tmp_path, good_ptxas):
     assert str(good_ptxas) in res.details["usable"]
 
 
+@pytest.mark.network
 def test_fixer_writes_env_file_with_backup_and_check_passes_after(tmp_path, good_ptxas):
     env_file = tmp_path / "etc" / "sglang-k26.env"
     env_file.parent.mkdir()
@@ -107,6 +111,7 @@ def test_fixer_writes_env_file_with_backup_and_check_passes_after(tmp_path, good
     assert fix_triton_ptxas(ptxas_ctx("3.5", env_file=str(env_file), extra_env=extra), again) == []
 
 
+@pytest.mark.network
 def test_fixer_plans_nothing_when_no_ptxas_knows_the_gpu(tmp_path):
     ctx = ptxas_ctx("3.5", env_file=str(tmp_path / "svc.env"), extra_env={"PATH": "/nonexistent",
                                                                           "CUDA_HOME": "/nonexistent"})
@@ -119,6 +124,7 @@ def test_fixer_plans_nothing_when_no_ptxas_knows_the_gpu(tmp_path):
         assert fix_triton_ptxas(ctx, res) == [] and "none found" in res.remediation.text
 
 
+@pytest.mark.network
 def test_without_nvml_judges_profile_arch():
     res = run_check("triton.ptxas", ptxas_ctx("3.6", nvml=False))
     assert res.status is Status.PASS and "profile" in res.summary
@@ -130,6 +136,7 @@ def test_no_triton_installed_skips():
     assert run_check("triton.ptxas", ctx).status is Status.SKIP
 
 
+@pytest.mark.network
 def test_a_ptxas_that_hangs_or_crashes_is_not_trusted(tmp_path):
     bad = tmp_path / "ptxas"
     bad.write_text("#!/bin/sh\necho 'segfault' >&2\nexit 139\n")
@@ -145,6 +152,7 @@ def test_set_env_line():
     assert set_env_line("B=2", "A", "1") == "B=2\nA=1\n"
 
 
+@pytest.mark.network
 def test_env_file_is_what_the_service_sees(tmp_path):
     env_file = tmp_path / "svc.env"
     env_file.write_text(f"TRITON_PTXAS_BLACKWELL_PATH={triton_package('3.6')}/triton/backends/nvidia/bin/ptxas\n")

@@ -7,6 +7,7 @@ import os
 import shutil
 import sys
 
+import pytest
 from interpreters import bare_python
 from kernel_wheels import MISSING_0_4_10, cubin_site, kernel_site, torch_site
 from stack_support import write_dist
@@ -26,6 +27,7 @@ def by_name(data: dict) -> dict:
     return {p["name"]: p for p in data["packages"]}
 
 
+@pytest.mark.network
 def test_real_stack_scanned_from_the_service_interpreter():
     # an interpreter that sees only these sites (the test interpreter may have its own torch: CI installs one)
     data = probe(torch_site(), kernel_site(), cubin_site(), python=str(bare_python()))
@@ -50,6 +52,7 @@ def test_real_stack_scanned_from_the_service_interpreter():
     assert data["scan_s"] > 0 and data["files_read"] >= 3479
 
 
+@pytest.mark.network
 def test_the_older_kernel_resolves_and_the_first_copy_on_sys_path_wins():
     data = probe(torch_site(), kernel_site("0.4.5"), kernel_site())
     kernel = by_name(data)["sglang-kernel"]
@@ -57,12 +60,14 @@ def test_the_older_kernel_resolves_and_the_first_copy_on_sys_path_wins():
     assert kernel["abi"]["missing"] == {} and "sgl_kernel/sm90/common_ops.abi3.so" in kernel["abi"]["checked"]
 
 
+@pytest.mark.network
 def test_without_torch_the_abi_cannot_be_judged():
     # an interpreter without torch of its own (the test interpreter has one under CI)
     kernel = by_name(probe(kernel_site(), python=str(bare_python())))["sglang-kernel"]
     assert "torch is not installed" in kernel["abi"]["error"]
 
 
+@pytest.mark.network
 def test_broken_files_are_named_and_the_rest_is_read(tmp_path):
     real = kernel_site() / "sgl_kernel" / "spatial_ops.abi3.so"
     write_dist(tmp_path, "broken-kernels", "1.0")

@@ -70,12 +70,19 @@ def test_same_venv_layout_with_headers_builds_and_loads():
     assert res.details["linked_libcuda"] is True
 
 
-def test_missing_libcuda_fails_even_when_headers_are_there():
-    res = run_check("triton.jit", jit_ctx(healthy_venv(), env={"LD_LIBRARY_PATH": "/nonexistent"}))
+@pytest.mark.parametrize("driver", [True, False])
+def test_missing_libcuda_fails_even_when_headers_are_there(driver):
+    """With the NVIDIA kernel module loaded, a libcuda.so.1 Triton cannot find is Triton's failure; on a host
+    with no driver at all it is the driver's absence, which gpu.driver judges (one root cause, not two)."""
+    ctx = jit_ctx(healthy_venv(), env={"LD_LIBRARY_PATH": "/nonexistent"})
+    ctx.facts.seed("libcuda", {"kernel_module": {"present": driver, "version": "580.159.04" if driver else None}})
+    res = run_check("triton.jit", ctx)
     if os.path.exists("/sbin/ldconfig") and "libcuda.so.1" in os.popen("/sbin/ldconfig -p").read():
         assert res.status is Status.PASS  # a host with a driver
-    else:
+    elif driver:
         assert res.status is Status.FAIL and "libcuda.so.1" in res.summary
+    else:
+        assert res.status is Status.SKIP and res.cause == "gpu.driver" and "libcuda.so.1" in res.summary
 
 
 def test_no_compiler_on_path():
@@ -122,20 +129,35 @@ def system_ctx(build):
 
 
 def test_system_python_on_ubuntu_names_the_dev_package_and_plans_apt():
+    """Ubuntu 24.04's python3 is 3.12: its headers are python3-dev (which pulls python3.12-dev)."""
     ctx = system_ctx(system_build_fact(UBUNTU))
     res = run_check("triton.jit", ctx)
     assert res.status is Status.FAIL and "Python.h" in res.summary
-    assert res.remediation.commands == ["apt-get install -y python3.12-dev build-essential"]
+    assert res.remediation.commands == ["apt-get install -y python3-dev"]
+    assert "Ubuntu 24.04 has them in python3-dev" in res.remediation.text
     plan = fix_triton_jit(ctx, res)
     assert [a.argv for a in plan] == [["apt-get", "update"],
-                                      ["apt-get", "install", "-y", "--no-install-recommends", "python3.12-dev"]]
+                                      ["apt-get", "install", "-y", "--no-install-recommends", "python3-dev"]]
     assert all(a.needs_root for a in plan)
-    assert plan[1].details() == ["$ apt-get install -y --no-install-recommends python3.12-dev"]
+    assert plan[1].details() == ["$ apt-get install -y --no-install-recommends python3-dev"]
+
+
+DEBIAN12 = {"ID": "debian", "VERSION_ID": "12", "PRETTY_NAME": "Debian GNU/Linux 12 (bookworm)"}
+
+
+def test_a_system_python_the_release_does_not_package_gets_no_package():
+    """Debian 12 packages Python 3.11 only: there is no python3.12-dev to install (the issue's advice)."""
+    ctx = system_ctx(system_build_fact(DEBIAN12))
+    res = run_check("triton.jit", ctx)
+    assert res.status is Status.FAIL
+    assert res.remediation.commands == [] and "python3.12-dev" not in res.remediation.text
+    assert "Debian 12 packages Python.h only for Python 3.11" in res.remediation.text
+    assert fix_triton_jit(ctx, res) == []
 
 
 def test_rhel_family_uses_dnf_or_yum():
     plan = package_plan(ROCKY, "3.12", need_headers=True, need_cc=True, which=lambda t: None)
-    assert plan[0].argv[0] == "yum" and plan[0].argv[-1] == "gcc"
+    assert plan[0].argv == ["yum", "install", "-y", "python3.12-devel", "gcc"]  # Rocky 9 is RHEL 9's
     plan = package_plan(ROCKY, "3.12", need_headers=True, need_cc=False, which=lambda t: "/usr/bin/dnf")
     assert plan[0].argv[:3] == ["dnf", "install", "-y"]
 

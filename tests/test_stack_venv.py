@@ -1,4 +1,5 @@
-"""python.venv on real venvs: scripts from another machine, a pyvenv.cfg home that is gone, the fixer.
+"""python.venv and python.venv.scripts on real venvs: scripts from another machine, a pyvenv.cfg home that is gone,
+the fixer; a --python that is not the service's interpreter at all, as one root cause.
 
 The B300 venv was streamed from another machine; these venvs are made here with the real ``venv``
 module and then damaged the way a copy damages them.
@@ -38,7 +39,9 @@ def test_healthy_venv_passes(tmp_path):
     add_script(py, "sglang-tool", f"#!{py}\nimport sys\nprint(sys.prefix)\n")
     res = run_check("python.venv", make_ctx(py))
     assert res.status is Status.PASS, res.summary
-    assert "3.12.1" in res.summary and "1 scripts point into it" in res.summary
+    assert "3.12.1" in res.summary
+    scripts = run_check("python.venv.scripts", make_ctx(py))
+    assert scripts.status is Status.PASS and "1 script(s)" in scripts.summary, scripts.summary
 
 
 def test_not_a_venv_is_judged_as_an_interpreter():
@@ -59,7 +62,8 @@ def test_shebangs_from_another_machine_fail_and_the_fixer_rewrites_them(tmp_path
     ok = add_script(py, "fine", f"#!{py}\nprint('ok')\n")
     shell = add_script(py, "helper.sh", "#!/bin/bash\necho hi\n")
     ctx = make_ctx(py)
-    res = run_check("python.venv", ctx)
+    assert run_check("python.venv", ctx).status is Status.PASS  # the interpreter itself is whole
+    res = run_check("python.venv.scripts", ctx)
     assert res.status is Status.FAIL
     assert "2 script(s)" in res.summary and "does not exist" in res.summary
     assert {s["name"] for s in res.details["broken_scripts"]} == {"torchrun", "sglang-router"}
@@ -81,7 +85,7 @@ def test_shebangs_from_another_machine_fail_and_the_fixer_rewrites_them(tmp_path
     assert subprocess.run([str(plain)], capture_output=True, text=True).stdout.strip() == "ok"
     assert subprocess.run([str(long_form)], capture_output=True, text=True).stdout.strip() == "ok"
     assert ok.read_text() == f"#!{py}\nprint('ok')\n" and shell.read_text().startswith("#!/bin/bash")
-    again = run_check("python.venv", make_ctx(py))
+    again = run_check("python.venv.scripts", make_ctx(py))
     assert again.status is Status.PASS, again.summary
     assert fix_venv_shebangs(make_ctx(py), again) == []
 
@@ -89,7 +93,7 @@ def test_shebangs_from_another_machine_fail_and_the_fixer_rewrites_them(tmp_path
 def test_script_running_another_existing_interpreter_fails(tmp_path):
     py = fresh_venv(tmp_path)
     add_script(py, "launcher", f"#!{pyenv_python()}\nprint('runs without the venv packages')\n")
-    res = run_check("python.venv", make_ctx(py))
+    res = run_check("python.venv.scripts", make_ctx(py))
     assert res.status is Status.FAIL and "outside this environment" in res.summary
 
 
@@ -136,6 +140,6 @@ def test_binary_files_in_bin_are_ignored(tmp_path):
     (py.parent / "blob").write_bytes(b"\x7fELF\x00\x01#!/x/python")
     (py.parent / "bad-utf8").write_bytes(b"#!/gone/python\n\xff\xfe\n")
     ctx = make_ctx(py)
-    res = run_check("python.venv", ctx)
+    res = run_check("python.venv.scripts", ctx)
     assert res.status is Status.FAIL and [s["name"] for s in res.details["broken_scripts"]] == ["bad-utf8"]
     assert fix_venv_shebangs(ctx, res) == []  # not valid UTF-8: left alone rather than mangled

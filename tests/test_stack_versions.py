@@ -80,6 +80,7 @@ def ddtree_ctx(site: Path):
                     facts={"nvml": nvml_fact([(9, 0)], name="NVIDIA H200")})
 
 
+@pytest.mark.network
 def test_ddtree_stack_under_its_profile_fails_only_on_the_missing_flashinfer(tmp_path):
     """The profile pins torch 2.11.0 and sglang-kernel 0.4.5 on purpose: SGLang 0.5.23's torch==2.14.1 and
     sglang-kernel 0.4.10 are warnings (from its Requires-Dist and from the matrix alike); flashinfer-python,
@@ -94,6 +95,7 @@ def test_ddtree_stack_under_its_profile_fails_only_on_the_missing_flashinfer(tmp
     assert "flashinfer-python==0.7.2" in words and "torch==2.11.0" in words and "sglang-kernel==0.4.5" in words
 
 
+@pytest.mark.network
 def test_ddtree_stack_with_flashinfer_warns_naming_sglangs_torch_pin(tmp_path):
     res = run_check("stack.versions", ddtree_ctx(ddtree_stack(tmp_path / "site", flashinfer=True)))
     assert res.status is Status.WARN, res.summary
@@ -181,6 +183,7 @@ def sglang_site(version: str):
     return site
 
 
+@pytest.mark.network
 def test_real_sglang_without_its_dependencies_fails_naming_the_module():
     res = run_check("sglang.install", versions_ctx(sglang_site("0.5.23"), deep=True))
     assert res.status is Status.FAIL
@@ -188,6 +191,7 @@ def test_real_sglang_without_its_dependencies_fails_naming_the_module():
     assert "is missing" in res.remediation.text and "sglang==0.5.23" in shlex.split(res.remediation.commands[0])
 
 
+@pytest.mark.network
 def test_real_sglang_without_its_dependencies_fails_naming_them_without_importing():
     """The default tier: the same install fails from the metadata, naming the missing requirements."""
     res = run_check("sglang.install", versions_ctx(sglang_site("0.5.23")))
@@ -197,11 +201,13 @@ def test_real_sglang_without_its_dependencies_fails_naming_them_without_importin
     assert "sglang_import" not in res.details and "import_s" not in res.details
 
 
+@pytest.mark.network
 def test_real_sglang_wrong_version_fails_before_importing():
     res = run_check("sglang.install", versions_ctx(sglang_site("0.5.13.post1")))
     assert res.status is Status.FAIL and "sglang 0.5.13.post1 installed, the profile pins ==0.5.23" in res.summary
 
 
+@pytest.mark.network
 def test_real_sglang_metadata_pins_are_the_matrix():
     """The compat table's SGLang pins are what the released wheels declare."""
     from packaging.requirements import Requirement
@@ -248,6 +254,7 @@ def test_a_source_tree_shadowing_the_installed_sglang_is_named(tmp_path):
     assert res.status is Status.FAIL and f"would load {shadow / 'sglang'}, not the installed {site}" in res.summary
 
 
+@pytest.mark.network
 def test_sglang_jit_kernels_without_nvcc_warn():
     site = sglang_site("0.5.23")  # has sglang/kernels/jit: DFlash tree sampling is JIT-built with nvcc
     ctx = make_ctx(healthy_venv(), env={"PYTHONPATH": str(site), "CUDA_HOME": "/nonexistent/cuda"},

@@ -44,6 +44,16 @@ stage_setup() {
     fi
   done
   [ -e "$SITE/.unpacked-site" ] || { log "no SGLang payload on this host"; return 3; }
+  # apache-tvm-ffi loads its test library at import: a payload built before that was known dropped it, and a
+  # copy may travel beside the payload (.gpu/, git-ignored).
+  if [ ! -e "$SITE/tvm_ffi/lib/libtvm_ffi_testing.so" ] && [ -e "$REPO/.gpu/libtvm_ffi_testing.so.xz" ]; then
+    xz -dc "$REPO/.gpu/libtvm_ffi_testing.so.xz" > "$SITE/tvm_ffi/lib/libtvm_ffi_testing.so" \
+      && log "tvm_ffi: test library restored from .gpu/"
+  fi
+  # FlashInfer's JIT modules from an earlier session on the same stack (its jit-cache.tar.xz), when carried.
+  if [ -e "$REPO/.gpu/jit-cache.tar.xz" ] && [ ! -d "$WORK/flashinfer-cache" ]; then
+    tar -xJf "$REPO/.gpu/jit-cache.tar.xz" -C "$WORK" && log "flashinfer JIT cache restored from .gpu/"
+  fi
   nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
   python3 -c "import torch,triton,transformers;print('torch',torch.__version__,'triton',triton.__version__,'transformers',transformers.__version__)"
   log "patch set (k26-doctor patches apply)"
@@ -65,8 +75,9 @@ wait_jit() {
 }
 
 stage_gputests() {  # the set's kernels on this GPU, and one round's tree work timed on it
-  (cd "$REPO" && python3 -m pytest -q -p no:cacheprovider -n 0 -m gpu tests/test_ddtree_gpu.py -rs \
-      > "$AUX/pytest-ddtree-gpu.txt" 2>&1
+  # The harness that tests/test_ddtree_gpu.py runs under pytest, without pytest (the GPU image has none).
+  (cd "$REPO" && python3 tests/ddtree_gpu_harness.py > "$AUX/ddtree-gpu-harness.txt" 2>&1
+   echo "rc=$?" >> "$AUX/ddtree-gpu-harness.txt"
    K26_DDTREE_SITE=$SITE python3 bench/bench_ddtree_round.py --device cuda --repeat 100 \
       --output "$AUX/ddtree-round-cuda.txt" > "$AUX/ddtree-round-cuda.log" 2>&1) &
   echo $! > "$WORK/gputests.pid"
@@ -75,7 +86,7 @@ stage_gputests() {  # the set's kernels on this GPU, and one round's tree work t
 wait_gputests() {
   local pid; pid=$(cat "$WORK/gputests.pid" 2>/dev/null) || return 0
   while kill -0 "$pid" 2>/dev/null; do sleep 1; done
-  log "gpu tests: $(tail -1 "$AUX/pytest-ddtree-gpu.txt" 2>/dev/null)"
+  log "gpu kernel harness: $(tail -1 "$AUX/ddtree-gpu-harness.txt" 2>/dev/null)"
   cat "$AUX/ddtree-round-cuda.txt" 2>/dev/null
 }
 
@@ -83,16 +94,27 @@ stage_tiny() {
   [ -d "$WORK/tiny/dsv3" ] || python3 "$REPO/bench/ddtree/make_tiny.py" "$WORK/tiny"
 }
 
-stage_pair() {
-  local seed=${1:-1}
-  if [ ! -e "$WORK/pair/.done" ]; then
-    log "trained pair (seed $seed)"
-    python3 "$REPO/bench/ddtree/make_trained.py" "$WORK/pair" --seed "$seed" --device cuda --report \
-      --prompts-out "$WORK/pair/prompts.json" > "$AUX/pair-build.txt" 2>&1 && touch "$WORK/pair/.done"
-    tail -30 "$AUX/pair-build.txt"
-    cp "$WORK/pair/report.json" "$OUT/pair-report.json" 2>/dev/null
-  fi
+pair_build() {  # the trained pair on this GPU and its prompt sets
+  local seed=${1:-1} mt="$REPO/bench/ddtree/make_trained.py"
+  [ -e "$WORK/pair/.done" ] && return 0
+  log "trained pair (seed $seed)"
+  python3 "$mt" "$WORK/pair" --seed "$seed" --device cuda > "$AUX/pair-build.txt" 2>&1 \
+    || { log "pair build failed"; tail -30 "$AUX/pair-build.txt"; return 1; }
+  python3 "$mt" --prompts 1000 --kind greedy --seed 11 --language-seed "$seed" -o "$WORK/pair/greedy.json" \
+    && python3 "$mt" --prompts 64 --kind sampled --seed 12 --language-seed "$seed" -o "$WORK/pair/sampled.json" \
+    && python3 -c "
+import json
+d = {k: json.load(open(f'$WORK/pair/{k}.json'))['prompts'] for k in ('greedy', 'sampled')}
+json.dump(d, open('$WORK/pair/prompts.json', 'w'))" && touch "$WORK/pair/.done"
+  log "trained pair built: $(grep -c . "$AUX/pair-build.txt") log lines; $(tail -1 "$AUX/pair-build.txt")"
 }
+
+pair_report() {  # the pair's own predictions (fit, margins, simulated accept lengths), beside the servers
+  (export PYTHONPATH=; python3 "$REPO/bench/ddtree/make_trained.py" "$WORK/pair" --device cuda --report > "$AUX/pair-report.txt" 2>&1
+   cp "$WORK/pair/report.json" "$OUT/pair-report.json" 2>/dev/null) &
+}
+
+stage_pair() { pair_build "$@" && pair_report; }
 
 sc() { python3 "$REPO/bench/ddtree/serve_check.py" "$@"; }
 left_s() { echo $(( ${DEADLINE:?} - $(date +%s) )); }
@@ -119,15 +141,36 @@ stage_serve() {  # servers of every wave, on a host whose pairs exist already
 stage_all() {  # setup, wave 0 on the random pair while the trained pair trains, then the rest
   local plan=${1:?plan} budget=${2:-540}
   export DEADLINE=$(( $(date +%s) + budget )) PAIR=$WORK/pair TINY=$WORK/tiny
+  # The pair trains from the first second (torch and transformers of the image suffice), beside the unpacking,
+  # the JIT pre-compile and the kernel harness.
+  local pp=""
+  # The image's own packages only (PYTHONPATH cleared): the payload's site is being unpacked meanwhile.
+  if grep -q '\$PAIR' "$plan"; then (export PYTHONPATH=; pair_build "${PAIR_SEED:-1}") & pp=$!; fi
   stage_setup || return $?
   grep -q '\$TINY' "$plan" && stage_tiny
   local w0=""
   if grep -q '"wave": 0' "$plan"; then
     sc up --plan "$plan" --wave 0 --state "$WORK/state0.json" --logs "$WORK/logs" --budget-s $(( $(left_s) / 2 )) &
     w0=$!
+    # Wave 0 captures its CUDA graphs with the GPU to itself (the memory it logs for them is then a reading of
+    # its own, not of other processes allocating meanwhile): the pair trains once that is done (120 s at most).
+    local t=0
+    while [ $t -lt 120 ] && kill -0 "$w0" 2>/dev/null; do
+      local pending=0
+      for f in $(python3 -c "import json,os;p=json.load(open('$plan'));print(' '.join(s['name'] for s in p['servers'] if s.get('wave')==0))"); do
+        grep -q "Capture target verify CUDA graph end\|Capture decode CUDA graph end\|Capture cuda graph end" "$WORK/logs/$f.log" 2>/dev/null || pending=1
+      done
+      [ $pending -eq 0 ] && break
+      sleep 2; t=$((t + 2))
+    done
+    log "wave 0 captured its graphs (or gave up) after ${t} s"
   fi
   [ -n "${GPU_TESTS:-1}" ] && [ "${GPU_TESTS:-1}" != 0 ] && stage_gputests
-  grep -q '\$PAIR' "$plan" && stage_pair "${PAIR_SEED:-1}"
+  if [ -n "$pp" ]; then
+    wait "$pp"
+    [ -e "$WORK/pair/.done" ] || { log "no trained pair: its servers cannot start"; }
+    pair_report
+  fi
   # No wait for the JIT pre-compile: a server that reaches FlashInfer meanwhile waits on its file lock and loads
   # what it built, while the rest of its start (imports, weights, Triton) overlaps the compile.
   sc up --plan "$plan" --wave 1 2 3 --state "$WORK/state1.json" --logs "$WORK/logs" \
@@ -138,6 +181,41 @@ stage_all() {  # setup, wave 0 on the random pair while the trained pair trains,
   finish "$plan" --state "$WORK/state0.json" --state "$WORK/state1.json"
 }
 
+stage_product() {  # the product's own path on the trained pair: check, the gate, launch --wait, smoke, SIGTERM
+  local prof=$WORK/trained.toml k="python3 -m doctor" url=http://127.0.0.1:30000 t=0 pid
+  sed "s|/tmp/trained|$WORK/pair|g" "$REPO/bench/ddtree/profiles/h200-trained-ddtree.toml" > "$prof"
+  export PYTHONPATH=$REPO:$PYTHONPATH
+  log "product: check --import-sglang"
+  (cd "$REPO" && timeout 90 $k check --profile "$prof" --python python3 --import-sglang -v > "$AUX/product-check.txt" 2>&1
+   echo "exit $?" >> "$AUX/product-check.txt"); tail -4 "$AUX/product-check.txt"
+  log "product: the worker's gate without SGLANG_DDTREE_UNVALIDATED_WORKER (this configuration is not validated)"
+  (cd "$REPO" && SGLANG_DDTREE_UNVALIDATED_WORKER= timeout 150 python3 -m sglang.launch_server \
+      --model-path "$WORK/pair/dsv3" --speculative-algorithm DDTREE --speculative-draft-model-path "$WORK/pair/dsv3-dflash" \
+      --speculative-ddtree-budget 16 --attention-backend triton --sampling-backend pytorch --skip-tokenizer-init \
+      --mem-fraction-static 0.2 --port 30010 > "$AUX/product-gate-refusal.log" 2>&1; echo "exit $?" >> "$AUX/product-gate-refusal.log") &
+  local gate=$!
+  log "product: launch --wait"
+  (cd "$REPO" && exec setsid $k launch --profile "$prof" --python python3 --wait --wait-timeout 300 \
+      > "$AUX/product-launch.log" 2>&1) & pid=$!
+  while [ $t -lt ${PRODUCT_WAIT_S:-150} ] && kill -0 $pid 2>/dev/null && ! curl -sf $url/health >/dev/null 2>&1; do sleep 2; t=$((t + 2)); done
+  log "product: healthy after ${t} s (launch pid alive: $(kill -0 $pid 2>/dev/null && echo yes || echo no))"
+  local ids; ids=$(python3 -c "import json;print(','.join(map(str, json.load(open('$WORK/pair/prompts.json'))['greedy'][0])))")
+  (cd "$REPO" && $k smoke --profile "$prof" --url $url --input-ids "$ids" --max-tokens 48 --requests 8 \
+      > "$AUX/product-smoke.txt" 2>&1; echo "exit $?" >> "$AUX/product-smoke.txt"); cat "$AUX/product-smoke.txt" | tail -12
+  if python3 -c "import pytest" 2>/dev/null; then
+    (cd "$REPO" && K26_SMOKE_URL=$url K26_SMOKE_INPUT_IDS="$ids" python3 -m pytest -q -p no:cacheprovider -o addopts= \
+        -m gpu tests/test_smoke_gpu.py -rs > "$AUX/product-pytest-smoke.txt" 2>&1); tail -3 "$AUX/product-pytest-smoke.txt"
+  else
+    log "product: no pytest in this image: tests/test_smoke_gpu.py not run"
+  fi
+  kill -TERM -- -$pid 2>/dev/null || kill -TERM $pid 2>/dev/null; t=0
+  while [ $t -lt 60 ] && kill -0 $pid 2>/dev/null; do sleep 1; t=$((t + 1)); done
+  log "product: launch gone ${t} s after SIGTERM; GPU memory used now: $(nvidia-smi --query-gpu=memory.used --format=csv,noheader)"
+  tail -5 "$AUX/product-launch.log"
+  wait $gate; grep -m3 -i "validated\|exit [0-9]" "$AUX/product-gate-refusal.log"
+  tar -czf "$OUT/logs.tgz" -C "$WORK" logs aux 2>/dev/null
+}
+
 main() {
   local stage=${1:?stage}; shift
   case "$stage" in
@@ -146,6 +224,7 @@ main() {
     pair) stage_pair "$@" ;;
     serve) stage_serve "$@" ;;
     all) stage_all "$@" ;;
+    product) stage_product ;;
     *) echo "unknown stage $stage"; return 2 ;;
   esac
 }

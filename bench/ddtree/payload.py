@@ -80,7 +80,6 @@ DROP_SGLANG = {
 DROP_DEPS = {
     "jedi": "IPython's completion engine: IPython imports it only when a completion is asked for (32 MB of stubs)",
     "zstandard/_cffi.cpython-312-x86_64-linux-gnu.so": "zstandard's CFFI backend: its C backend is the default",
-    "tvm_ffi/lib/libtvm_ffi_testing.so": "apache-tvm-ffi's test library",
 }
 # Kept from sglang-kernel 0.4.5: its Python modules and the sm90 common ops (H200 is sm_90).
 KEEP_KERNEL_LIBS = {"sgl_kernel/sm90/common_ops.abi3.so", "sgl_kernel/spatial_ops.abi3.so"}

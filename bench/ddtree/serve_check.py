@@ -368,7 +368,8 @@ def run_phase_on(plan: dict, ph: dict, name: str, rec: dict) -> dict:
     conc = ph.get("concurrency", 1)
     return {"phase": ph["name"], "server": name, "n": len(items), "concurrency": conc, "sampling": sampling,
             "exclusive": bool(ph.get("exclusive")), "prompts": ph.get("prompts", "random"),
-            "offset": ph.get("offset", 0), "wall_s": round(wall, 3), "tokens": toks,
+            "offset": ph.get("offset", 0), "repeat_prompt": bool(ph.get("repeat_prompt")),
+            "wall_s": round(wall, 3), "tokens": toks,
             "tok_per_s": round(toks / wall, 1) if wall else None, "verify_ct": verify,
             "accept_len": round(toks / verify, 4) if verify else None,
             # time per verify round of one batch slot: with every slot busy, the cost of one round
@@ -704,7 +705,9 @@ def compare(results: dict) -> dict:
                      f"{sorted(ranks)}, {len(split)} steps differ between ranks")
 
     # sampled: per position chi-square vs the baseline, Bonferroni over all tests
-    sampled = [p for p in results["phases"] if "outputs" in p and p["sampling"]["temperature"] > 0]
+    # (a sampled test reads one context n times: a phase of different prompts at T > 0, e.g. a speed phase, is none)
+    sampled = [p for p in results["phases"] if "outputs" in p and p["sampling"]["temperature"] > 0
+               and p.get("repeat_prompt", True)]
     tests = []
     for ph in sampled:
         base = baseline_of(results, ph["server"])

@@ -150,5 +150,5 @@ def apply_plans(plans: list[CheckPlan], settings: Settings, ask: bool, fmt: str 
     again = replace(settings, only=[p.check_id for p in todo], skip=[], snapshot=None)
     report, _ = run(again)
     click.echo("\nafter the fixes:")
-    render(report, "json" if fmt == "json" else "text", settings.verbose, sys.stdout)
+    render(report, "json" if fmt == "json" else "text", settings.verbose, sys.stdout, each=True)
     return EXIT_FAILED if failed_actions or report.decision().exit_code else EXIT_OK

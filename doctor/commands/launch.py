@@ -380,12 +380,15 @@ def wait_ready(url: str | None, config: str | None, profile: str | None, timeout
 @click.option("--on-service-failure", is_flag=True,
               help="For ExecStopPost: do nothing unless $SERVICE_RESULT says the start failed.")
 @click.option("--signatures", multiple=True, type=click.Path(dir_okay=False), help="More signatures (TOML).")
+@click.option("--python", "python", default=None,
+              help="The service's interpreter, for fixes that name its packages (Python.h); default: what the log "
+                   "names.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--timeout", "match_timeout", type=Seconds(), default=60.0, show_default=True,
               help="Seconds the matching may take with --signatures (matched in a child process killed then).")
 @guarded
 def diagnose(logfile: str | None, unit: str | None, invocation: str | None, on_service_failure: bool,
-             signatures: tuple[str, ...], fmt: str, match_timeout: float) -> int:
+             signatures: tuple[str, ...], python: str | None, fmt: str, match_timeout: float) -> int:
     """Map a failed start's log (FILE, `-` for stdin, or --journal UNIT) to the checks that catch it.
 
     Exit 0 when a known signature was found, 1 when none was, 2 on bad input: an unreadable file or
@@ -399,11 +402,13 @@ def diagnose(logfile: str | None, unit: str | None, invocation: str | None, on_s
     from doctor.service.diagnose import (
         SignatureError,
         diagnose_lines,
+        host_values,
         journal_argv,
         load_signatures,
         match_bounded,
         read_log,
         render_text,
+        with_host_values,
     )
 
     if on_service_failure and os.environ.get("SERVICE_RESULT", "success") == "success":
@@ -441,6 +446,7 @@ def diagnose(logfile: str | None, unit: str | None, invocation: str | None, on_s
     except SignatureError as exc:
         _say(str(exc))
         return EXIT_USAGE
+    with_host_values(matches, lambda clean: host_values(clean, python), lines)
     if fmt == "json":
         click.echo(json.dumps({"source": source, "lines": len(lines),
                                "findings": [m.to_dict() for m in matches]}, indent=2))  # the contract's key

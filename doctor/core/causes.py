@@ -5,7 +5,8 @@ dependency that failed); the runner does the same for dependency skips; an area'
 notice said once at the top (``doctor.core.result.Notice``). Here, after a run:
 
 * ``mark_unexplained``: a ``skip`` whose cause did not fail in this run (not selected, or it passed) was
-  not explained by anything: it is a check not judged for want of facts (``unjudged``).
+  not explained by anything: it is a check not judged for want of facts (``unjudged``); so is a ``skip`` whose
+  cause was itself not judged.
 * ``root_of``: follows causes to the first result that is a cause of its own, so the text report can
   list the dependents under that one line instead of repeating the same sentence.
 """
@@ -24,9 +25,22 @@ def explains(res: Result | None) -> bool:
 
 
 def mark_unexplained(results: list[Result], notices: list[Notice] | None = None) -> None:
-    """Mark the skips that nothing in this run explains as not judged for want of facts."""
+    """Mark the skips that nothing in this run explains as not judged for want of facts, and the skips whose
+    cause was itself not judged (``python.venv`` not recorded: nothing that needs the interpreter is judged)."""
     by = {r.id: r for r in results}
     noticed = {n.id for n in notices or []}
+    unexplained(results, by, noticed)
+    changed = True
+    while changed:  # through chains, whatever order the results come in
+        changed = False
+        for res in results:
+            cause = by.get(res.cause or "")
+            if res.status is Status.SKIP and not res.unjudged and cause is not None and cause.unjudged:
+                res.unjudged = changed = True
+
+
+def unexplained(results: list[Result], by: dict[str, Result], noticed: set[str]) -> None:
+    """A skip whose cause did not fail in this run (not run, or passed): not judged, and how to judge it."""
     for res in results:
         if res.status is not Status.SKIP or res.unjudged or not res.cause or res.cause in noticed:
             continue

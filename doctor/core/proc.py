@@ -106,14 +106,35 @@ def run(
 ) -> CommandResult:
     """Run ``argv`` (no shell) with a hard deadline (bounded by the run's); kill its whole process group
     when late. After the run's deadline nothing is started (``timed_out``, ``extra["not_started"]``)."""
-    start = time.monotonic()
-    timeout = deadline.clip(timeout)
-    if timeout <= 0:
+    if deadline.clip(timeout) <= 0:
+        return CommandResult(list(argv), None, timed_out=True, extra={"timeout": 0, "not_started": deadline.ended()})
+    started = start(argv, env=env, cwd=cwd, with_input=input is not None)
+    if isinstance(started, CommandResult):
+        return started
+    return finish(started, timeout, input=input)
+
+
+@dataclass
+class Started:
+    """A child ``start`` began (registered for ``kill_all``): ``finish`` waits for it."""
+
+    proc: subprocess.Popen[str]
+    argv: list[str]
+    began: float
+
+
+def start(argv: list[str], *, env: dict[str, str] | None = None, cwd: str | None = None,
+          with_input: bool = False) -> Started | CommandResult:
+    """Start ``argv`` in a process group of its own (``finish`` waits for it); a ``CommandResult`` when it
+    cannot start, or when the run's deadline has passed. For children that run side by side: start them all,
+    then finish each."""
+    began = time.monotonic()
+    if deadline.clip(1.0) <= 0:
         return CommandResult(list(argv), None, timed_out=True, extra={"timeout": 0, "not_started": deadline.ended()})
     try:
         proc = subprocess.Popen(
             argv,
-            stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+            stdin=subprocess.PIPE if with_input else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=env,
@@ -124,21 +145,29 @@ def run(
         )
     except OSError as exc:
         return CommandResult(list(argv), None, start_error=exc.strerror or str(exc),
-                             duration_s=time.monotonic() - start)
+                             duration_s=time.monotonic() - began)
     track(proc)
+    return Started(proc, list(argv), began)
+
+
+def finish(started: Started, timeout: float, *, input: str | None = None) -> CommandResult:
+    """Wait for a ``start``ed child at most ``timeout`` seconds (bounded by the run's deadline); past it, its
+    whole process group is killed."""
+    proc, argv, began = started.proc, started.argv, started.began
+    timeout = max(0.0, deadline.clip(timeout))
     try:
         out, err = proc.communicate(input=input, timeout=timeout)
     except subprocess.TimeoutExpired:
         _kill_group(proc)
         out, err = _drain(proc)
-        return CommandResult(list(argv), None, out, err, timed_out=True,
-                             duration_s=time.monotonic() - start, extra={"timeout": round(timeout, 2)})
+        return CommandResult(argv, None, out, err, timed_out=True,
+                             duration_s=time.monotonic() - began, extra={"timeout": round(timeout, 2)})
     except BaseException:  # KeyboardInterrupt: leave nothing behind
         _kill_group(proc)
         raise
     finally:
         untrack(proc)
-    return CommandResult(list(argv), proc.returncode, out, err, duration_s=time.monotonic() - start)
+    return CommandResult(argv, proc.returncode, out, err, duration_s=time.monotonic() - began)
 
 
 def _kill_group(proc: subprocess.Popen[str]) -> None:

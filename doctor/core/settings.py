@@ -224,7 +224,8 @@ class Settings:
                                                      "once (default: one request at the full context).")
     # Derived, not settings of their own:
     profile: dict[str, Any] = field(default_factory=dict, metadata={"collect": True})  # profile < config tables
-    python_given: bool = False
+    # recorded in a snapshot: a replay of a run that judged the doctor's own interpreter says so as the run did
+    python_given: bool = field(default=False, metadata={"collect": True})
     snapshot: dict[str, Any] | None = field(default=None, repr=False)  # with --from-snapshot
 
     def get(self, dotted: str, default: Any = None) -> Any:

@@ -35,6 +35,7 @@ class CollectOptions:
     verify_cache_dir: str | None = None
     verify_cache: bool = True
     profile: dict[str, Any] = field(default_factory=dict)  # the profile merged with the config's tables
+    python_given: bool = False  # recorded in a snapshot: a replay says "--python not set" as the run did
     env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
 
     def to_dict(self) -> dict[str, Any]:

@@ -1,4 +1,6 @@
-"""Who may read or write a path: its owner, group and mode, and the exact chmod/chown that fixes access.
+"""Who may read or write a path: its owner, group and mode, and the exact chmod/chown that fixes access;
+what another user (the service's) may reach, computed from the bits, never asked of ``os.access`` (as root
+the doctor would always be let through).
 
 Permission problems are not damage: a shard that the service's user cannot read needs a chmod or a
 chown, never a download. Facts record the owner and mode (``ownership``) next to the error; checks turn
@@ -13,6 +15,7 @@ import os
 import pwd
 import shlex
 import stat
+from dataclasses import dataclass
 from typing import Any
 
 from doctor.core.result import Remediation
@@ -92,3 +95,89 @@ def access_fix(items: list[dict[str, Any]], need: str, user: dict[str, Any] | No
             + (f" and {len(items) - 3} more" if len(items) > 3 else "")
             + ". This is a permission problem, not damage: nothing needs downloading. Grant read access:")
     return Remediation(text, cmds)
+
+
+# -- what another user may reach, from mode bits, owner and groups (never os.access: root would pass) -------
+
+
+@dataclass(frozen=True)
+class Account:
+    """A user as the kernel sees it for permission checks: uid and every group it is in."""
+
+    name: str
+    uid: int | None  # None: no such user yet (it is judged as a user who owns nothing and is in no group)
+    gids: frozenset[int] = frozenset()
+
+    @property
+    def exists(self) -> bool:
+        return self.uid is not None
+
+
+def account(name: str) -> Account:
+    """The user ``name`` (its primary and supplementary groups), or one that does not exist yet."""
+    try:
+        pw = pwd.getpwnam(name)
+    except KeyError:
+        return Account(name, None)
+    try:
+        gids = frozenset(os.getgrouplist(name, pw.pw_gid))
+    except OSError:
+        gids = frozenset({pw.pw_gid})
+    return Account(name, pw.pw_uid, gids)
+
+
+def permits(st: os.stat_result, who: Account, need: str) -> bool:
+    """Whether ``who`` has every permission in ``need`` ("r", "w", "x") on a file with this stat: the owner's
+    bits if it owns it, else the group's if it is in the group, else the others' (POSIX ACLs are not read)."""
+    mode = stat.S_IMODE(st.st_mode)
+    if who.uid == 0:  # root: everything, but executing a file needs some x bit
+        return "x" not in need or stat.S_ISDIR(st.st_mode) or bool(mode & 0o111)
+    if who.uid is not None and st.st_uid == who.uid:
+        shift = 6
+    elif st.st_gid in who.gids:
+        shift = 3
+    else:
+        shift = 0
+    bits = {"r": 4, "w": 2, "x": 1}
+    return all(mode & (bits[c] << shift) for c in need)
+
+
+MAX_LINKS = 40  # the kernel's limit on symlinks followed in one path (ELOOP)
+
+
+def first_denied(path: str, who: Account, need: str = "r") -> dict[str, Any] | None:
+    """Where ``who`` is stopped on the way to ``path``, as the kernel walks it: search (x) on every directory,
+    symlinks followed hop by hop (each target walked from its own directory), then ``need`` on what is at the
+    end. ``{"path", "need", "access": ownership}`` of the first component denied; None when it gets through, or
+    when something on the way does not exist (that is not a permission question)."""
+    parts = [p for p in os.path.abspath(path).split(os.sep) if p]
+    cur = os.sep
+    hops = 0
+    while parts:
+        try:
+            st = os.stat(cur)
+        except OSError:
+            return None
+        if not permits(st, who, "x"):
+            return {"path": cur, "need": "x", "access": ownership(cur)}
+        name = parts.pop(0)
+        nxt = os.path.join(cur, name)
+        if os.path.islink(nxt):
+            hops += 1
+            if hops > MAX_LINKS:
+                return None
+            try:
+                target = os.readlink(nxt)
+            except OSError:
+                return None
+            parts = [p for p in target.split(os.sep) if p] + parts
+            cur = os.sep if target.startswith(os.sep) else cur
+            continue
+        cur = nxt
+    try:
+        st = os.stat(cur)
+    except OSError:
+        return None
+    if not permits(st, who, need):
+        return {"path": cur, "need": need, "access": ownership(cur)}
+    return None

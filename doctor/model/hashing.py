@@ -31,10 +31,10 @@ from typing import IO, Any
 
 from doctor.core import proc as proc_registry
 from doctor.core.fileio import atomic_write, open_regular, read_capped
-from doctor.core.forked import cpu_count
 from doctor.model.index import INDEX_NAME, SINGLE_NAME, read_index
 from doctor.model.layout import file_state, read_hf_local_metadata
 from doctor.model.manifest import MANIFEST_NAME, read_manifest
+from doctor.model.workers import cpu_count
 
 BLOCK = 1024 * 1024  # the in-process read loop: large enough for the GIL, small enough for the CPU caches
 WORKER = Path(__file__).with_name("sha256_worker.py")

@@ -12,24 +12,23 @@ from __future__ import annotations
 import contextlib
 import gc
 import math
-import operator
 import os
-import re
 import threading
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from itertools import repeat
 from typing import Any
 
-from doctor.core.forked import map_forked, workers_for
 from doctor.core.result import Finding
 from doctor.host.access import ownership
 from doctor.model.header import DTYPE_BITS, HeaderReport, problem, read_header, recorded
 from doctor.model.index import INDEX_NAME, SINGLE_NAME, Index, cross_check, index_summary, read_index
 from doctor.model.layout import file_state, find_leftovers, hf_cache_root, read_hf_local_metadata
+from doctor.model.shard_work import indexed_verdict, shard_summary, summary_of, verdict
+from doctor.model.workers import map_in_workers, workers_for
 
 MAX_PROBLEMS_PER_SHARD = 8
+MAX_STRAY_SHARDS = 256  # *.safetensors files read as shards when there is no index (a model has 64)
 
 
 @contextlib.contextmanager
@@ -82,11 +81,15 @@ def _scan_weights(model_dir: str, workers: int) -> dict[str, Any]:
         hint = ""
         if os.path.isdir(os.path.join(model_dir, "snapshots")) and os.path.isdir(os.path.join(model_dir, "blobs")):
             hint = " (this is a Hugging Face cache repository: point at its snapshots/<revision> directory)"
-        out["problems"].append(_p("index_missing", f"neither {INDEX_NAME} nor {SINGLE_NAME} is in {model_dir}{hint}"))
-        names = []
         stray = _stray_shards(model_dir)
-        if stray:
+        if stray:  # without an index SGLang loads every *.safetensors there: those are judged as the shards
             out["stray_safetensors"] = stray[:100]
+            names = stray[:MAX_STRAY_SHARDS]
+            hint += (f"; without an index SGLang would load the {len(stray)} *.safetensors file(s) there, read "
+                     "below as the shards")
+        else:
+            names = []
+        out["problems"].append(_p("index_missing", f"neither {INDEX_NAME} nor {SINGLE_NAME} is in {model_dir}{hint}"))
 
     states = {n: file_state(model_dir, n) for n in names}
     readable = [n for n, s in states.items() if s.exists and not s.dangling and s.error is None]
@@ -196,42 +199,37 @@ def clear_cache() -> None:
 def tensor_summary(model_dir: str, shard_names: list[str]) -> dict[str, Any] | None:
     """The tensor summary of the valid shards among ``shard_names`` (None when there is none)."""
     paths = [p for p in (os.path.join(model_dir, n) for n in shard_names) if os.path.isfile(p)]
-
-    def part(path: str) -> dict[str, Any] | None:
-        rep = _read_cached(path)
-        return shard_summary(rep) if rep.ok else None
-
     with no_gc():
-        parts = [p for p in map_forked(part, paths) if p is not None]
+        if workers_for(len(paths)) > 1:
+            parts = [p for p in map_in_workers(summary_of, paths) if p is not None]
+        else:  # in this process: the headers model.shards parsed are reused
+            parts = [shard_summary(rep) for rep in map(_read_cached, paths) if rep.ok]
         return merge_summaries(parts) if parts else None
 
 
 def shard_verdict(path: str, shard: str, weight_map: dict[str, str], indexed: int,
                   cache: bool = False) -> dict[str, Any]:
-    """One shard's header verdict and whether its tensors are exactly those the index puts there
-    (same count, and the index maps each of them to this shard): small, JSON, computed in a child.
-    ``cache``: keep the parsed header for ``model.tensors`` (in-process runs only)."""
-    rep = _read_cached(path) if cache else read_header(path)
-    v: dict[str, Any] = {"ok": rep.ok, "tensors": len(rep.tensors), "data_bytes": rep.data_bytes,
-                         "header_len": rep.header_len, "format": (rep.metadata or {}).get("format")}
-    if rep.ok:
-        names = rep.tensors.keys()
-        # operator.eq, not shard.__eq__: the latter answers NotImplemented (truthy) for a name the
-        # index lacks (get -> None).
-        v["ok"] = len(names) == indexed and all(map(operator.eq, repeat(shard), map(weight_map.get, names)))
-    return v
+    """``doctor.model.shard_work.verdict`` of one shard's header; ``cache``: keep the parsed header for
+    ``model.tensors`` (in-process runs only)."""
+    return verdict(_read_cached(path) if cache else read_header(path), shard, weight_map, indexed)
 
 
 def _fast_index_scan(model_dir: str, index: Index, readable: list[str],
                      states: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
-    """Verdicts for every readable shard, spread over forked children; None when it cannot help."""
+    """Verdicts for every readable shard, spread over worker processes; None when it cannot help."""
     if len(readable) < 2:
         return None
-    indexed = Counter(index.weight_map.values())
     wmap = index.weight_map
     n_workers = workers_for(len(readable))
-    results = map_forked(lambda n: shard_verdict(states[n].path, n, wmap, indexed[n], cache=n_workers == 1),
-                         readable, workers=n_workers)
+    if n_workers <= 1:
+        indexed = Counter(wmap.values())
+        return {n: shard_verdict(states[n].path, n, wmap, indexed[n], cache=True) for n in readable}
+    # Workers get each shard's indexed tensor names (not the whole map: it would be pickled once per worker).
+    names: dict[str, list[str]] = {n: [] for n in readable}
+    for tensor, shard in wmap.items():
+        if shard in names:
+            names[shard].append(tensor)
+    results = map_in_workers(indexed_verdict, [[states[n].path, n, names[n]] for n in readable], workers=n_workers)
     return dict(zip(readable, results, strict=True))
 
 
@@ -277,26 +275,6 @@ def _stray_shards(model_dir: str) -> list[str]:
         return []
 
 
-_NUM = re.compile(r"\.\d+(?=[.\n]|\Z)")
-_LAYER = re.compile(r"model\.layers\.(\d+)\.")
-_EXPERT = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.")
-
-
-def shard_summary(rep: HeaderReport) -> dict[str, Any]:
-    """One shard's share of the tensor summary (JSON): pattern/dtype/shape counts, layers, experts."""
-    names = list(rep.tensors)
-    if not names:
-        return {"counts": [], "layers": [], "pairs": []}
-    joined = "\n".join(names)
-    if "\n" in joined and joined.count("\n") != len(names) - 1:  # a name with a newline: fold slowly
-        patterns = [_NUM.sub(".#", n) for n in names]
-    else:
-        patterns = _NUM.sub(".#", joined).split("\n")
-    vals = rep.tensors.values()
-    counts = Counter(zip(patterns, [v["dtype"] for v in vals], [tuple(v["shape"]) for v in vals], strict=True))
-    return {"counts": [[p, d, list(s), n] for (p, d, s), n in counts.items()],
-            "layers": sorted(set(_LAYER.findall(joined))),
-            "pairs": sorted(set(_EXPERT.findall(joined)))}
 
 
 def merge_summaries(parts: list[dict[str, Any]]) -> dict[str, Any]:

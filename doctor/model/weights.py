@@ -166,11 +166,11 @@ class ShardReading:
         self.damaged = [s for s in self.bad if s not in self.denied]
         self.general = list(w.get("problems") or [])
         self.leftovers = list(w.get("leftovers") or [])
-        self.lines: list[str] = [p["message"] for p in self.general]
-        for s in self.bad:
-            probs = s.get("problems") or [{"code": "?", "message": "invalid"}]
-            self.lines.append(f"{s['name']}: " + "; ".join(p["message"] for p in probs)
-                              + (f" ({describe(s['access'])})" if s in self.denied and s.get("access") else ""))
+        general = [p["message"] for p in self.general]
+        shards = [f"{s['name']}: " + "; ".join(p["message"] for p in s.get("problems") or [{"message": "invalid"}])
+                  + (f" ({describe(s['access'])})" if s in self.denied and s.get("access") else "") for s in self.bad]
+        # no index: the files found stand in for the shards, and what is wrong with them is said first
+        self.lines: list[str] = shards + general if w.get("layout") == "none" else general + shards
         for lo in self.leftovers:
             self.lines.append(f"{lo['path']}: {LEFTOVER_WHAT.get(lo['kind'], 'download leftover')}")
 

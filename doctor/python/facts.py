@@ -16,6 +16,7 @@ from doctor.core.registry import collector
 from doctor.facts.shape import mapping, opt, required
 from doctor.facts.store import CollectOptions
 from doctor.host.facts import service_env
+from doctor.python.interpreter import not_python_error, path_facts, start_output
 
 MAX_SCRIPTS = 5000
 SHEBANG_BYTES = 1024
@@ -109,6 +110,7 @@ def collect_venv(opts: CollectOptions) -> dict[str, Any]:
         python = shutil.which(python, path=service_env(opts)[0].get("PATH")) or python
     python = os.path.abspath(python)
     out: dict[str, Any] = {"python": python, "exists": os.path.lexists(python)}
+    out.update(path_facts(python))
     out["resolved"] = os.path.realpath(python)
     out["resolves"] = os.path.exists(python)
     chain = []
@@ -155,10 +157,13 @@ def collect_venv(opts: CollectOptions) -> dict[str, Any]:
             out["runtime"] = {"version_info": ver, "prefix": prefix, "base_prefix": base}
         except (ValueError, IndexError):
             out["starts"] = False
-            out["start_error"] = "the interpreter printed no version"
+            out["start_error"] = not_python_error(run.returncode, run.stdout, run.stderr)
+            out["start_output"] = start_output(run.stdout, run.stderr)
     else:
         out["starts"] = False
-        out["start_error"] = run.why()
+        out["start_error"] = (not_python_error(run.returncode, run.stdout, run.stderr)
+                              if run.start_error is None and not run.timed_out else run.why())
+        out["start_output"] = start_output(run.stdout, run.stderr)
     return out
 
 

@@ -1,7 +1,7 @@
-"""The service's Python environment judged from outside (python.venv): interpreter, pyvenv.cfg, shebangs,
-site-packages. Read from the ``venv`` fact, collected without running the environment's interpreter, so this still
-speaks when that interpreter cannot start. The B300 venv was streamed from another machine: paths in ``pyvenv.cfg``
-and in the console scripts' shebangs belonged to that machine."""
+"""The service's Python environment judged from outside: interpreter, pyvenv.cfg, site-packages (python.venv)
+and the console scripts' shebangs (python.venv.scripts). Read from the ``venv`` fact, collected without running
+the environment's interpreter, so this still speaks when that interpreter cannot start. The B300 venv was streamed
+from another machine: paths in ``pyvenv.cfg`` and in the console scripts' shebangs belonged to that machine."""
 
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ import re
 import shlex
 from typing import Any
 
-from doctor.core.result import Findings, Remediation
+from doctor.core.result import Findings, NotJudged, Remediation
+from doctor.python.interpreter import describe
 
-BROKEN_SHEBANGS = ("python.venv.shebang_missing", "python.venv.shebang_outside")  # what the shebang fixer rewrites
+BROKEN_SHEBANGS = ("python.venv.scripts.missing", "python.venv.scripts.outside")  # what the shebang fixer rewrites
 DETAIL_KEYS = ("python", "resolved", "root", "is_venv", "home", "home_exists", "cfg_version", "runtime",
-               "start_error", "site_packages", "scanned")
+               "start_error", "site_packages")
 
 
 def broken_scripts(v: dict[str, Any]) -> list[dict[str, Any]]:
@@ -47,7 +48,7 @@ def version_problems(v: dict[str, Any], seen: Account) -> None:
 
 
 def venv_problems(v: dict[str, Any], seen: Account) -> None:
-    """What is wrong with a venv: its home, its version, its scripts' shebangs, its site-packages."""
+    """What is wrong with a venv: its home, its version, its site-packages (its scripts: ``judge_scripts``)."""
     home = v.get("home")
     if not home:
         seen.problems.append(("python.venv.no_home", "pyvenv.cfg has no 'home' key"))
@@ -55,17 +56,6 @@ def venv_problems(v: dict[str, Any], seen: Account) -> None:
         seen.problems.append(("python.venv.home_gone", f"pyvenv.cfg home {home} does not exist on this machine "
                               "(copied from another?)"))
     version_problems(v, seen)
-    broken = broken_scripts(v)
-    missing = [s for s in broken if not s.get("exists")]
-    outside = [s for s in broken if s.get("exists")]
-    if missing:
-        seen.problems.append((BROKEN_SHEBANGS[0], f"{len(missing)} script(s) in {v.get('bin')} name an interpreter "
-                              f"that does not exist (e.g. {missing[0]['name']}: #!{missing[0]['interpreter']})"))
-    if outside:
-        seen.problems.append((BROKEN_SHEBANGS[1], f"{len(outside)} script(s) run an interpreter outside this "
-                              f"environment (e.g. {outside[0]['name']}: #!{outside[0]['interpreter']})"))
-    if v.get("truncated"):
-        seen.warnings.append(("python.venv.truncated", f"only the first {v.get('scanned')} files of bin/ were read"))
     sps = v.get("site_packages") or []
     if not sps:
         seen.problems.append(("python.venv.no_site_packages", f"no lib/python3.X/site-packages under {v.get('root')}"))
@@ -84,11 +74,18 @@ def recreate_commands(v: dict[str, Any]) -> list[str]:
             f"# or set 'home' in {shlex.quote(f'{root}/pyvenv.cfg')} to this machine's python3.X bin dir"]
 
 
+NOT_PYTHON = "python.venv.not_python"  # --python is absent, not executable or another program: the one root cause
+
+
 def judge_venv(v: dict[str, Any]) -> Findings:
+    """The environment as a whole. A ``--python`` that is not a Python interpreter is said once, with what the path
+    is (``doctor.python.interpreter.describe``): every check that runs it depends on python.venv and is blocked."""
     py = v.get("python")
-    if not v.get("exists"):
-        return Findings(**v).fail("python.venv.no_interpreter", f"{py} does not exist", Remediation(
-            "Point --python (or [doctor] python) at the service's interpreter, or create the venv there."))
+    wrong = describe(v) if not v.get("exists") or not (v.get("is_venv") or v.get("starts")) else None
+    if wrong:
+        return Findings(**v).fail(NOT_PYTHON, wrong, Remediation(
+            "pass the SGLang venv's bin/python as --python",
+            [shlex.join(["k26-doctor", "check", "--python", "/path/to/service/venv/bin/python"])]))
     seen = Account()
     if not v.get("resolves"):
         seen.problems.append(("python.venv.dangling", f"{py} is a dangling symlink "
@@ -97,18 +94,47 @@ def judge_venv(v: dict[str, Any]) -> Findings:
         venv_problems(v, seen)
     if not v.get("starts"):
         seen.problems.append(("python.venv.does_not_start", f"the interpreter does not start: {v.get('start_error')}"))
-    out = Findings(**{k: v.get(k) for k in DETAIL_KEYS}, broken_scripts=broken_scripts(v))
+    out = Findings(**{k: v.get(k) for k in DETAIL_KEYS})
     if seen.problems:
-        fix = Remediation("The environment does not belong to this machine as it stands. Recreate it here, or repair "
-                          "it: `k26-doctor fix --apply` rewrites broken shebangs (with backups).", recreate_commands(v))
+        fix = Remediation("The environment does not belong to this machine as it stands: recreate it here, or repair "
+                          "it.", recreate_commands(v))
         for code, message in seen.problems:
             out.fail(code, message, fix)
         return out
     kind = "venv" if v.get("is_venv") else "interpreter (not a venv)"
     rt = v.get("runtime") or {}
+    scripts = v.get("scripts") or []
+    whole = v.get("is_venv") and not broken_scripts(v)  # python.venv.scripts judges them
     out.info("python.venv.whole", f"{kind} {v.get('root') or py} is whole: Python "
              f"{'.'.join(map(str, rt.get('version_info') or []))}"
-             + (f", {len(v.get('scripts') or [])} scripts point into it" if v.get("is_venv") else ""))
+             + (f", {len(scripts)} scripts point into it" if whole else ""))
     for code, message in seen.warnings:
         out.warn(code, message)
+    return out
+
+
+def judge_scripts(v: dict[str, Any]) -> Findings:
+    """Every console script in the venv's ``bin/`` whose shebang names a Python names one that exists inside this
+    environment (a venv copied from another machine keeps that machine's paths)."""
+    if not v.get("is_venv"):
+        raise NotJudged.inapplicable(f"{v.get('root') or v.get('python')} is not a venv: no console scripts of its "
+                                     "own")
+    scripts = v.get("scripts") or []
+    broken = broken_scripts(v)
+    out = Findings(bin=v.get("bin"), scanned=v.get("scanned"), broken_scripts=broken)
+    fix = Remediation("`k26-doctor fix --apply` rewrites these shebangs to this environment's interpreter (with "
+                      "backups); or recreate the venv on this machine.")
+    missing = [s for s in broken if not s.get("exists")]
+    outside = [s for s in broken if s.get("exists")]
+    if missing:
+        out.fail(BROKEN_SHEBANGS[0], f"{len(missing)} script(s) in {v.get('bin')} name an interpreter that does not "
+                 f"exist (e.g. {missing[0]['name']}: #!{missing[0]['interpreter']})", fix)
+    if outside:
+        out.fail(BROKEN_SHEBANGS[1], f"{len(outside)} script(s) run an interpreter outside this environment "
+                 f"(e.g. {outside[0]['name']}: #!{outside[0]['interpreter']})", fix)
+    if broken:
+        return out
+    out.info("python.venv.scripts.inside", f"{len(scripts)} script(s) in {v.get('bin')} point into the environment")
+    if v.get("truncated"):
+        out.warn("python.venv.scripts.truncated", f"only the first {v.get('scanned')} files of bin/ were read")
     return out

@@ -13,7 +13,12 @@ from doctor.core.result import Status
 def to_junit(report: Any) -> str:
     """One testcase per check. A check not judged for want of facts is ``skipped`` with that reason, and a
     ``failure`` under ``--strict`` (the run fails on it); a run with no result at all is an error case,
-    never ``tests="0"`` (which CI dashboards show as green)."""
+    never ``tests="0"`` (which CI dashboards show as green). The story is the text report's
+    (``doctor.report.story``): a result folded under a root cause says so first ("[same cause as gpu.driver]"),
+    and the suite's properties carry the root causes in order and the next step."""
+    from doctor.report.story import story
+
+    st = story(report)
     counts = report.counts()
     strict = bool(getattr(report.settings, "strict", False))
     unjudged = [r for r in report.results if r.status is Status.SKIP and r.unjudged]
@@ -28,7 +33,12 @@ def to_junit(report: Any) -> str:
         "time": f"{report.outcome.duration_s:.3f}",
         "hostname": socket.gethostname(),
     })
+    props = ET.SubElement(suite, "properties")
+    ET.SubElement(props, "property", {"name": "roots", "value": " ".join(
+        [n.id for n, deps in st.notices if deps] + [r.id for r in st.roots])})
+    ET.SubElement(props, "property", {"name": "next_step", "value": st.next_step or ""})
     for res in report.results:
+        label = f"[same cause as {st.root_of[res.id]}] " if res.id in st.root_of else ""
         case = ET.SubElement(suite, "testcase", {
             "classname": f"k26doctor.{res.id.split('.')[0]}",
             "name": res.id,
@@ -36,15 +46,16 @@ def to_junit(report: Any) -> str:
         })
         body = _body(res)
         if res.status is Status.FAIL:
-            ET.SubElement(case, "failure", {"message": res.summary, "type": "fail"}).text = body
+            ET.SubElement(case, "failure", {"message": label + res.summary, "type": "fail"}).text = body
         elif res.status is Status.ERROR:
-            ET.SubElement(case, "error", {"message": res.summary, "type": "error"}).text = body
+            ET.SubElement(case, "error", {"message": label + res.summary, "type": "error"}).text = body
         elif res.status is Status.SKIP and res.unjudged and strict:
-            ET.SubElement(case, "failure", {"message": f"not judged: {res.summary}", "type": "unjudged"}).text = body
+            ET.SubElement(case, "failure", {"message": f"not judged: {label}{res.summary}",
+                                            "type": "unjudged"}).text = body
         elif res.status is Status.SKIP:
-            ET.SubElement(case, "skipped", {"message": ("not judged: " if res.unjudged else "") + res.summary})
+            ET.SubElement(case, "skipped", {"message": ("not judged: " if res.unjudged else "") + label + res.summary})
         elif res.status is Status.WARN and strict:
-            ET.SubElement(case, "failure", {"message": res.summary, "type": "warn"}).text = body
+            ET.SubElement(case, "failure", {"message": label + res.summary, "type": "warn"}).text = body
         else:
             ET.SubElement(case, "system-out").text = f"{res.status.value.upper()}: {res.summary}\n{body}"
     if not report.results:

@@ -1,9 +1,13 @@
-"""The report for people: a glyph, the id and one line per check; remediation under each failure;
-details with ``-v``; a footer with counts, time and what fixes or ignores what.
+"""The report for people, first screen first: what is wrong, in the order to fix it, and the next step.
 
-One root line per cause: a result whose cause failed (``doctor.core.causes``) says "same cause as X"
-instead of repeating X's sentence; ``-q``/``--problems`` shows only what is not a pass, with the
-dependents listed under their root. Something said once (the service interpreter not set) comes first.
+The story (``doctor.report.story``): something said once (the service interpreter not set) at the top; then
+each root cause on its line with its fix, and the checks it explains folded under it ("same cause (3): ...")
+instead of each repeating it; then the warnings; the passes and what does not apply here, one line each; the
+counts; and last the one command that resolves the first root cause. ``-q``/``--problems`` leaves out the
+passes and what does not apply; ``-v`` adds every dependent's own line and every result's details.
+
+Lines are wrapped to the terminal (``COLUMNS``, else the terminal's width, else 80 columns for a file or a
+pipe); commands wrap at word boundaries with a shell continuation, so they still paste.
 
 Color only on a terminal, never when NO_COLOR is set (https://no-color.org). A stream that cannot
 encode UTF-8 (``PYTHONIOENCODING=ascii``, a C locale) gets ASCII glyphs and punctuation.
@@ -15,11 +19,12 @@ import codecs
 import json
 import os
 import shlex
+import textwrap
 from typing import IO, Any
 
-from doctor.core.causes import roots
 from doctor.core.result import Status
 from doctor.facts.redaction import redact_text
+from doctor.report.story import Root, Story, story
 
 GLYPHS = {Status.PASS: "✔", Status.WARN: "!", Status.FAIL: "✘", Status.SKIP: "-", Status.ERROR: "‼"}
 ASCII_GLYPHS = {Status.PASS: "ok", Status.WARN: "!!", Status.FAIL: "XX", Status.SKIP: "--", Status.ERROR: "EE"}
@@ -55,9 +60,56 @@ def glyph(status: Status, stream: IO[str] | None) -> str:
     return GLYPHS[status] if utf8_capable(stream) else ASCII_GLYPHS[status]
 
 
-def render_result_line(res: Any, width: int, color: bool, stream: IO[str] | None, summary: str | None = None) -> str:
-    mark = _paint(glyph(res.status, stream), COLORS[res.status], color)
-    return f"{mark} {res.id.ljust(width)}  {res.summary if summary is None else summary}"
+DEFAULT_WIDTH = 80  # a file, a pipe, a terminal that does not say
+MIN_WIDTH = 40
+
+
+def terminal_width(stream: IO[str] | None) -> int:
+    """``COLUMNS`` when set, else the width of the terminal ``stream`` is, else 80."""
+    env = os.environ.get("COLUMNS", "").strip()
+    if env.isdigit() and int(env) > 0:
+        return max(MIN_WIDTH, int(env))
+    try:
+        if stream is not None and stream.isatty():
+            return max(MIN_WIDTH, os.get_terminal_size(stream.fileno()).columns)
+    except (AttributeError, OSError, ValueError):
+        pass
+    return DEFAULT_WIDTH
+
+
+def wrap(text: str, width: int, first: str, rest: str) -> list[str]:
+    """``text`` wrapped at word boundaries (never inside a path or an id) after ``first``, then ``rest``."""
+    return textwrap.wrap(text, width=max(width, len(rest) + 20), initial_indent=first, subsequent_indent=rest,
+                         break_long_words=False, break_on_hyphens=False) or [first.rstrip()]
+
+
+def wrap_command(cmd: str, width: int, pad: str) -> list[str]:
+    """``$ cmd``, continued with `` \\`` at word boundaries when it is wider than the terminal (it still pastes);
+    a comment (``# ...``) or a pipeline is wrapped as prose would be, without continuation marks."""
+    first = f"{pad}$ "
+    if len(first) + len(cmd) <= width:
+        return [first + cmd]
+    if cmd.lstrip().startswith("#") or any(c in cmd for c in "|;&<>"):
+        return wrap(cmd, width, first, pad + "    ")
+    words = cmd.split(" ")
+    lines, cur = [], first
+    for w in words:
+        if cur.strip() and len(cur) + len(w) + 3 > width:
+            lines.append(cur.rstrip() + " \\")
+            cur = pad + "    "
+        cur += w + " "
+    lines.append(cur.rstrip())
+    return lines
+
+
+def render_result_line(res: Any, width: int, color: bool, stream: IO[str] | None, summary: str | None = None,
+                       columns: int = 10_000) -> list[str]:
+    """The result's line(s): glyph, id padded to ``width``, its summary wrapped under itself."""
+    mark = glyph(res.status, stream)
+    first = f"{mark} {res.id.ljust(width)}  "
+    lines = wrap(res.summary if summary is None else summary, columns, first, " " * len(first))
+    lines[0] = _paint(mark, COLORS[res.status], color) + lines[0][len(mark):]
+    return lines
 
 
 def _details_lines(details: dict[str, Any], indent: str, skip_lines: list[str] | None = None) -> list[str]:
@@ -83,108 +135,184 @@ def _details_lines(details: dict[str, Any], indent: str, skip_lines: list[str] |
     return lines
 
 
-def _fix_lines(res: Any, pad: str) -> list[str]:
-    rem = res.remediation
+def _fix_lines(rem: Any, pad: str, columns: int, said_last: str | None = None) -> list[str]:
+    """``fix: text`` and its commands. A fix whose one command is the step the report ends with (``said_last``)
+    is that step: not said twice."""
     if not rem or not (rem.text or rem.commands):
         return []
-    out = [f"{pad}fix: {rem.text}"] if rem.text else []
-    out.extend(f"{pad}  $ {c}" for c in rem.commands)
+    commands = [c for c in rem.commands if c != said_last]
+    if rem.commands and not commands:
+        return []
+    out = wrap(f"fix: {rem.text}", columns, pad, pad + "  ") if rem.text else []
+    for c in commands:
+        out.extend(wrap_command(c, columns, pad + "  "))
     return out
 
 
+def fold_ids(ids: list[str]) -> str:
+    """``cuda.{compat, libcuda}, model.fit``: ids of one area folded (in their order), so that a cause with a dozen
+    dependents stays on a line or two; ``-v`` and the JSON report list each one."""
+    groups: dict[str, list[str]] = {}
+    for i in ids:
+        area, _, rest = i.partition(".")
+        groups.setdefault(area, []).append(rest if rest else "")
+    parts = []
+    for area, rests in groups.items():
+        if len(rests) > 1 and all(rests):
+            parts.append(f"{area}.{{{', '.join(rests)}}}")
+        else:
+            parts.extend(f"{area}.{r}" if r else area for r in rests)
+    return ", ".join(parts)
+
+
+def unfold_ids(text: str) -> list[str]:
+    """``fold_ids`` undone: the ids a folded list names."""
+    import re
+
+    out: list[str] = []
+    for m in re.finditer(r"([\w.-]+)\.\{([^}]*)\}|([\w.-]+)", text):
+        if m.group(1):
+            out.extend(f"{m.group(1)}.{r.strip()}" for r in m.group(2).split(","))
+        else:
+            out.append(m.group(3))
+    return out
+
+
+def _ids_line(label: str, ids: list[str], pad: str, columns: int) -> list[str]:
+    return wrap(f"{label} ({len(ids)}): " + fold_ids(ids), columns, pad, pad + "  ")
+
+
 def render_text(report: Any, verbose: int = 0, color: bool | None = None, stream: IO[str] | None = None,
-                problems: bool = False) -> str:
+                problems: bool = False, columns: int | None = None, each: bool = False) -> str:
+    """The report as text; ``each``: every pass on a line of its own with its summary (after ``fix --apply``, what
+    was verified), ``problems``: only what is not a pass, ``verbose``: every result with its details."""
     color = use_color(stream) if color is None else color
+    columns = columns or terminal_width(stream)
+    st = story(report)
     s = report.settings
     out: list[str] = []
-    where = f" · snapshot {s.from_snapshot}" if s.from_snapshot else ""
-    out.append(_paint(f"k26-doctor · profile {s.profile_name} · TP{s.tp} · python {s.python}{where}", "1", color))
-    notices = list(getattr(report, "notices", []) or [])
-    for notice in notices:
-        out.append(_paint(f"{glyph(Status.WARN, stream)} note: {notice.summary}", COLORS[Status.WARN], color))
-        out.extend(_fix_lines(notice, "    "))
-        if notice.dependents:
-            out.append(f"    concerns: {', '.join(notice.dependents)}")
-    results = report.results
-    root = roots(results, notices)
-    under: dict[str, list[str]] = {}
-    for rid, cause in root.items():
-        under.setdefault(cause, []).append(rid)
-    shown = [r for r in results if not problems or _is_problem(r, root)]
+    out.extend(_paint(ln, "1", color) for ln in wrap(f"k26-doctor · {s.profile_name} · TP{s.tp} · python "
+                                                     f"{s.python}", columns, "", "    "))
+    shown = [r.result for r in st.roots] + (st.passed if verbose or each else [])
+    if verbose:
+        shown += [d for r in st.roots for d in r.dependents] + [d for _, deps in st.notices for d in deps]
+        shown += st.not_applicable
     width = max((len(r.id) for r in shown), default=10)
     pad = " " * (width + 4)
-    not_applicable = []
-    for res in results:
-        cause = root.get(res.id)
-        if problems and not _is_problem(res, root):
-            if res.status is Status.SKIP and not res.unjudged and cause is None:
-                not_applicable.append(res.id)
-            continue
-        summary = None
-        if cause is not None and not cause.startswith("doctor.") and not verbose:
-            summary = f"same cause as {cause}" + (" (not judged)" if res.status is Status.SKIP else "")
-        elif res.unjudged:
-            summary = f"not judged: {res.summary}"
-        out.append(render_result_line(res, width, color, stream, summary))
-        if cause is None:
-            if res.status in (Status.FAIL, Status.ERROR, Status.WARN) or res.unjudged:
-                out.extend(_fix_lines(res, pad))
-                if res.exhibit and not verbose:
-                    out.extend(pad + ln for ln in res.exhibit.splitlines())
-        if problems and under.get(res.id):
-            deps = under[res.id]
-            out.append(f"{pad}also not judged or failing for the same cause ({len(deps)}): {', '.join(deps)}")
-        if verbose and res.exhibit:
-            out.extend(pad + ln for ln in res.exhibit.splitlines())
-        if verbose and res.details:
-            out.extend(_details_lines(res.details, pad, res.exhibit.splitlines() if res.exhibit else None))
-        if verbose and res.traceback:
-            out.extend(pad + ln for ln in res.traceback.rstrip().splitlines())
-    if not_applicable:
-        out.append(f"  ({len(not_applicable)} not applicable here: {', '.join(not_applicable)})")
+    for notice, dependents in st.notices:
+        out.extend(_notice_lines(notice, dependents, color, stream, columns, bool(verbose)))
+        for dep in dependents if verbose else []:
+            out.extend(render_result_line(dep, width, color, stream, f"[same cause as {notice.id}] {dep.summary}",
+                                          columns))
+            out.extend(_verbose_lines(dep, pad, exhibit=True))
+    for root in st.roots:
+        full = bool(verbose) or root.id == st.next_for or len(st.roots) == 1
+        out.extend(_root_lines(root, width, pad, color, stream, columns, verbose, full,
+                               None if verbose else st.next_step))
+    if verbose:
+        for res in st.passed + st.not_applicable:
+            out.extend(render_result_line(res, width, color, stream, columns=columns))
+            out.extend(_verbose_lines(res, pad, exhibit=True))
+    elif each:
+        for res in st.passed:
+            out.extend(render_result_line(res, width, color, stream, columns=columns))
+    elif not problems:
+        parts = []
+        if st.passed:
+            parts.append(f"{glyph(Status.PASS, stream)} passed ({len(st.passed)}): "
+                         + ", ".join(r.id for r in st.passed))
+        if st.not_applicable:
+            parts.append(f"not applicable here ({len(st.not_applicable)}): "
+                         + ", ".join(r.id for r in st.not_applicable))
+        if parts:
+            out.extend(wrap("; ".join(parts), columns, "", "    "))
     for note in report.notes:
-        out.append(_paint(f"note: {note}", "2", color))
-    out.extend(footer(report, color, root))
+        out.extend(_paint(ln, "2", color) for ln in wrap(f"note: {note}", columns, "", "  "))
+    out.extend(footer(report, color, st, columns))
     text = redact_text("\n".join(out) + "\n")
     if not utf8_capable(stream):
         text = text.translate(ASCII_PUNCTUATION)
     return text
 
 
-def _is_problem(res: Any, root: dict[str, str]) -> bool:
-    """What ``--problems`` shows on a line of its own: not a pass, not merely not applicable, not a
-    dependent of a cause shown elsewhere (a notice's dependents are shown: their summaries differ)."""
-    cause = root.get(res.id)
-    if cause is not None and not cause.startswith("doctor."):
-        return False
-    if res.status is Status.PASS:
-        return False
-    return not (res.status is Status.SKIP and not res.unjudged)
+def _notice_lines(notice: Any, dependents: list[Any], color: bool, stream: IO[str] | None, columns: int,
+                  full: bool) -> list[str]:
+    mark = glyph(Status.WARN, stream)
+    lines = wrap(f"note: {notice.summary}", columns, f"{mark} ", "    ")
+    lines[0] = _paint(mark, COLORS[Status.WARN], color) + lines[0][len(mark):]
+    if full:
+        lines.extend(_fix_lines(notice.remediation, "    ", columns))
+    if dependents:
+        lines.extend(_ids_line("concerns", [d.id for d in dependents], "    ", columns))
+    return lines
 
 
-def footer(report: Any, color: bool, root: dict[str, str] | None = None) -> list[str]:
-    root = root or {}
+def _root_lines(root: Root, width: int, pad: str, color: bool, stream: IO[str] | None, columns: int,
+                verbose: int, full: bool, said_last: str | None) -> list[str]:
+    """A root cause: its line, and (for the first one, or with -v) its fix; its exhibit; its dependents."""
+    res = root.result
+    summary = f"not judged: {res.summary}" if res.unjudged else None
+    lines = render_result_line(res, width, color, stream, summary, columns)
+    if full:
+        lines.extend(_fix_lines(res.remediation, pad, columns, said_last))
+    if res.exhibit:
+        lines.extend(_exhibit_lines(res.exhibit, pad, columns))
+    if verbose:
+        lines.extend(_verbose_lines(res, pad))
+        for dep in root.dependents:
+            lines.extend(render_result_line(dep, width, color, stream, f"[same cause as {res.id}] {dep.summary}",
+                                            columns))
+            lines.extend(_verbose_lines(dep, pad, exhibit=True))
+    elif root.dependents:
+        lines.extend(_ids_line("same cause", [d.id for d in root.dependents], pad, columns))
+    return lines
+
+
+def _exhibit_lines(exhibit: str, pad: str, columns: int) -> list[str]:
+    """A block as it was laid out (a matrix keeps its columns); a line of prose wider than the terminal wraps."""
+    out: list[str] = []
+    for ln in exhibit.splitlines():
+        out.extend(wrap(ln, columns, pad, pad + "  ") if len(pad) + len(ln) > columns and " " in ln.strip()
+                   else [pad + ln])
+    return out
+
+
+def _verbose_lines(res: Any, pad: str, exhibit: bool = False) -> list[str]:
+    """With -v: the exhibit (when not shown already), the details, the traceback."""
+    lines: list[str] = []
+    if exhibit and res.exhibit:
+        lines.extend(_exhibit_lines(res.exhibit, pad, DEFAULT_WIDTH))
+    if res.details:
+        lines.extend(_details_lines(res.details, pad, res.exhibit.splitlines() if res.exhibit else None))
+    if res.traceback:
+        lines.extend(pad + ln for ln in res.traceback.rstrip().splitlines())
+    return lines
+
+
+def footer(report: Any, color: bool, st: Story | None = None, columns: int = DEFAULT_WIDTH) -> list[str]:
+    """Counts and time, the fixers that would change something, and last the next step."""
+    st = st or story(report)
     c = report.counts()
     unjudged = [r.id for r in report.results if r.status is Status.SKIP and r.unjudged]
     parts = [f"{c['pass']} passed", f"{c['warn']} warnings", f"{c['fail']} failed",
              f"{c['skip']} skipped" + (f" ({len(unjudged)} not judged)" if unjudged else ""), f"{c['error']} errors"]
     status = report.decision().status
-    lines = ["", _paint(f"{status.value.upper()}: " + ", ".join(parts) + f" in {report.outcome.duration_s:.2f}s",
-                        COLORS.get(status, "1"), color)]
+    lines = []
+    lines.extend(_paint(ln, COLORS.get(status, "1"), color) if i == 0 else ln for i, ln in enumerate(wrap(
+        f"{status.value.upper()}: " + ", ".join(parts) + f" in {report.outcome.duration_s:.2f}s", columns, "", "  ")))
     if report.outcome.interrupted:
         lines.append("interrupted: this report is partial")
     if unjudged:
-        lines.append("not judged:   " + ", ".join(unjudged) + "   (want of facts: `launch` refuses, --strict fails)")
-    failing = [r for r in report.results if r.status.failed]
+        lines.extend(wrap("not judged (want of facts: `launch` refuses, --strict fails): " + ", ".join(unjudged),
+                          columns, "", "  "))
     fixable = report.fixable()
     if fixable:
-        lines.append("plan fixes:   k26-doctor fix " + " ".join(f"--only {shlex.quote(i)}" for i in fixable)
-                     + "   (then add --apply)")
-    registered = [r.id for r in failing if not r.id.startswith("doctor.")]
-    if registered:
-        lines.append("ignore:       " + " ".join(f"--ignore {shlex.quote(i)}" for i in registered)
-                     + "   (reported as warn, never hidden)")
-    roots_first = [r for r in failing if r.id not in root] or failing
-    if roots_first and not roots_first[0].id.startswith("doctor."):
-        lines.append("explain:      k26-doctor explain " + roots_first[0].id)
+        lines.extend(wrap("plan fixes: k26-doctor fix " + " ".join(f"--only {shlex.quote(i)}" for i in fixable)
+                          + "   (then add --apply)", columns, "", "            "))
+    unshown = [r for r in st.roots if r.id != st.next_for and r.result.remediation is not None] if len(st.roots) > 1 \
+        else []
+    if unshown:
+        lines.extend(wrap("each fix: `k26-doctor fix` (plans them, changes nothing); details: -v", columns, "", "  "))
+    if st.next_step:
+        lines.extend(wrap(f"next: {st.next_step}", columns, "", "      "))
     return lines

@@ -89,9 +89,11 @@ class LogMatch:
     count: int = 1
     context: list[str] = field(default_factory=list)
     values: dict[str, str] = field(default_factory=dict)  # named groups of the first hit
+    host: dict[str, str] = field(default_factory=dict)  # read from this host (``host_values``)
 
     def _fill(self, text: str) -> str:
         known = dict(self.signature.defaults)
+        known.update(self.host)
         known.update(self.values)
         return _PLACEHOLDER.sub(lambda m: known.get(m.group(1), m.group(0)), text)
 
@@ -101,7 +103,7 @@ class LogMatch:
 
     @property
     def commands(self) -> list[str]:
-        return [self._fill(c) for c in self.signature.commands]
+        return [c for c in (self._fill(c) for c in self.signature.commands) if c.strip()]
 
     def to_dict(self) -> dict[str, Any]:
         s = self.signature
@@ -397,11 +399,12 @@ def order(matches: list[LogMatch]) -> list[LogMatch]:
 
 
 def diagnose_lines(lines: list[str], signatures: list[Signature], context: int = 2,
-                   use_grep: bool = True, on_signature: Any = None) -> list[LogMatch]:
+                   use_grep: bool = True, on_signature: Any = None, host: Any = None) -> list[LogMatch]:
     """Every signature that occurs in ``lines``, the likely root cause first (see ``order``).
 
     ``use_grep=False`` keeps the search in Python (the fallback when the host has no grep);
-    ``on_signature(id)`` is called before each signature is matched (the bounded matcher's progress)."""
+    ``on_signature(id)`` is called before each signature is matched (the bounded matcher's progress); ``host``: a
+    callable ``lines -> dict`` of this host's values (``host_values``), asked only when a found signature uses one."""
     clean = list(lines)
     if not clean:
         return []
@@ -435,7 +438,58 @@ def diagnose_lines(lines: list[str], signatures: list[Signature], context: int =
             values = {k: v for k, v in m.groupdict().items() if v is not None and _SAFE_VALUE.fullmatch(v)}
             lo, hi = max(0, idx - context), min(len(clean), idx + 1 + context)
             found[sid] = LogMatch(by_id[sid], idx + 1, clean[idx].strip(), 1, clean[lo:hi], values)
-    return order(list(found.values()))
+    return with_host_values(order(list(found.values())), host, clean)
+
+
+HOST_PLACEHOLDERS = ("python_headers", "python_headers_install")
+_INCLUDE = re.compile(r"(?:-I|\s|'|\")(?P<inc>/[^\s'\",]*?/include/python\d+\.\d+)")
+
+
+def uses_host_values(matches: list[LogMatch]) -> bool:
+    return any("{" + name + "}" in text for f in matches
+               for text in (f.signature.fix, *f.signature.commands) for name in HOST_PLACEHOLDERS)
+
+
+def with_host_values(matches: list[LogMatch], host: Any, lines: list[str]) -> list[LogMatch]:
+    """``matches`` with this host's values (``host(lines)``, asked once and only when a signature uses one)."""
+    if host is not None and uses_host_values(matches):
+        values = host(lines)
+        for f in matches:
+            f.host = values
+    return matches
+
+
+def host_values(lines: list[str], python: str | None = None,
+                os_release: dict[str, str] | None = None) -> dict[str, str]:
+    """What a fix needs from this host: the package that holds ``Python.h`` for the service's interpreter
+    (``--python``, else the include directory the log's compiler command names) on this distribution."""
+    from doctor.python.headers import from_include, headers_advice
+    from doctor.triton.facts import read_os_release
+
+    release = os_release if os_release is not None else read_os_release()
+    base = mm = version = ""
+    conda = False
+    if python:
+        from doctor.core.proc import run_probe
+
+        data, _ = run_probe(python, "stack", timeout=60)
+        py = (data or {}).get("python") or {}
+        if py.get("include"):
+            base, mm = str(py.get("base_prefix") or ""), ".".join(str(py.get("version", "")).split(".")[:2])
+            version, conda = str(py.get("version") or ""), bool(py.get("base_is_conda"))
+    if not mm:
+        for line in lines:
+            m = _INCLUDE.search(line)
+            found = from_include(m.group("inc")) if m else None
+            if found:
+                base, mm = found
+                break
+    if not mm:
+        return {"python_headers": "Install the development headers (Python.h) of the service's interpreter: "
+                                  "`k26-doctor check --only triton.jit --python PATH` names the package for it.",
+                "python_headers_install": ""}
+    advice = headers_advice(release, mm, base, version, conda=conda)
+    return {"python_headers": advice.text, "python_headers_install": advice.commands[-1] if advice.commands else ""}
 
 
 MATCH_TIMEOUT_S = 60.0

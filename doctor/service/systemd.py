@@ -39,6 +39,8 @@ from typing import Any
 from doctor import __version__
 from doctor.core.fileio import read_text
 from doctor.core.settings import ConfigError, Settings
+from doctor.host.access import account, describe, first_denied
+from doctor.python.interpreter import needed_paths
 
 WEIGHTS_BYTES_DEFAULT = 595e9 + 6.5e9  # Kimi K2.6 INT4 (~595 GB) + the DFlash drafter (~6.5 GB)
 MIN_READ_BYTES_PER_S = 1.0e9  # cold page cache, one NVMe namespace, TP8 ranks reading concurrently
@@ -273,41 +275,58 @@ def hardening_lines(settings: Settings, user: str) -> list[str]:
     return lines
 
 
-def blocked_for_others(path: str) -> str | None:
-    """The first directory above ``path`` that users other than its owner cannot enter (no o+x), or None.
-
-    The unit runs as its own user: a doctor or interpreter under /root (0700) would not even start."""
-    import stat as _stat
-
-    p = os.path.dirname(absolute(path))
-    while True:
-        try:
-            mode = os.stat(p).st_mode
-        except OSError:
-            return None
-        if not mode & _stat.S_IXOTH:
-            return p
-        parent = os.path.dirname(p)
-        if parent == p:
-            return None
-        p = parent
-
-
 def reachability_notes(settings: Settings, doctor: list[str], user: str) -> list[str]:
-    """What the service's user will not be able to reach: the doctor, the interpreter, the config, the model."""
+    """What the service's user will not be able to reach, judged for that user from mode bits, owners and its
+    groups (``doctor.host.access.first_denied``): the doctor and the interpreter it runs under, the service's
+    interpreter with everything it needs to start (symlinks resolved: a venv made from a pyenv Python under
+    ``/root``, mode 0700, links into it), the config, the model directories."""
     if user == "root":
         return []
-    paths = [("the doctor", doctor[0]), ("the service's interpreter", settings.python),
-             ("the config", settings.config_path), ("the model", settings.model_path),
-             ("the draft model", settings.draft_model_path)]
-    notes = []
-    for what, path in paths:
-        if path and os.sep in path:
-            blocked = blocked_for_others(path)
-            if blocked:
-                notes.append(f"{what} {path} is under {blocked}, which {user} cannot enter: install it where the "
-                             "service's user can read it (or pass --user)")
-    return notes
+    who = account(user)
+    wanted: list[tuple[str, str, str]] = []
+    if doctor and os.sep in doctor[0]:
+        wanted.append(("the doctor", doctor[0], "x"))
+    pythons = dict.fromkeys(p for p in (settings.python, _script_interpreter(doctor[0]) if doctor else None) if p)
+    reasons = []
+    for python in pythons:
+        if os.sep not in python:
+            continue
+        needed, why = needed_paths(python)
+        label = "the service's interpreter" if python == settings.python else "the doctor's interpreter"
+        wanted.extend((f"{label}: {what}" if what != "the interpreter" else label, path, need)
+                      for what, path, need in needed)
+        if why:
+            reasons.append(f"{python} did not say what it loads ({why}): only its path was judged")
+    wanted += [("the config", str(settings.config_path or ""), "r"),
+               ("the model", str(settings.model_path or ""), "rx"),
+               ("the draft model", str(settings.draft_model_path or ""), "rx")]
+    blocked: dict[str, tuple[dict[str, Any], dict[str, str]]] = {}  # denied path -> (denial, {what: path})
+    for what, path, need in wanted:
+        if not path or os.sep not in path:
+            continue
+        denied = first_denied(path, who, need)
+        if denied is not None:
+            entry = blocked.setdefault(denied["path"], (denied, {}))
+            entry[1].setdefault(what.split(": ")[0], path)
+    notes: list[str] = []
+    for where, (denied, whats) in blocked.items():
+        is_dir = bool((denied["access"] or {}).get("is_dir"))
+        verb = ("enter" if is_dir else "execute") if denied["need"] == "x" else "read"
+        names = "; ".join(f"{what} {path}" + ("" if path == where or path.startswith(where + os.sep) else
+                                               f" (it resolves into {where})") for what, path in whats.items())
+        notes.append(f"{user} cannot {verb} {where} ({describe(denied['access'] or {})}), so the service cannot use "
+                     f"{names}: install them where {user} can read them, or run as another --user")
+    if notes and not who.exists:
+        notes.append(f"{user} does not exist yet (useradd --system --shell /usr/sbin/nologin {user}): judged as a "
+                     "user who owns none of these and is in none of their groups")
+    return notes + reasons
+
+
+def _script_interpreter(script: str) -> str | None:
+    """The interpreter a console script runs (its shebang), e.g. the doctor's own venv."""
+    from doctor.python.facts import read_shebang
+
+    return read_shebang(Path(script)) if os.path.isfile(script) else None
 
 
 SYSTEMD_DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

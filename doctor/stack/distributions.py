@@ -32,6 +32,16 @@ def installed_dist(stack: dict[str, Any], component: str) -> dict[str, Any] | No
     return None
 
 
+def has_sglang(stack: Any) -> bool | None:
+    """Whether the service's interpreter has SGLang (its distribution, or its package on the path), or None
+    when the ``stack`` reading failed (the interpreter could not be asked)."""
+    if not isinstance(stack, dict) or not stack.get("ok"):
+        return None
+    if installed_dist(stack, "sglang") is not None:
+        return True
+    return bool(((stack.get("packages") or {}).get("sglang") or {}).get("found"))
+
+
 def parse_version(text: Any) -> Version | None:
     try:
         return Version(str(text))

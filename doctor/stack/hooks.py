@@ -9,24 +9,15 @@ config line to set.
 from __future__ import annotations
 
 import shlex
-from typing import Any
 
 from doctor.core.causes import roots
 from doctor.core.context import Context
 from doctor.core.registry import hook
 from doctor.core.result import Notice, Remediation, Result, Status
-from doctor.stack.distributions import installed_dist
+from doctor.stack.distributions import has_sglang
 
 PYTHON_NOTICE = "doctor.python"
 INSTALL_AREAS = ("stack.", "torch.", "sglang.", "triton.")  # checks of what is installed in the service's venv
-
-
-def has_sglang(stack: Any) -> bool | None:
-    if not isinstance(stack, dict) or not stack.get("ok"):
-        return None
-    if installed_dist(stack, "sglang") is not None:
-        return True
-    return bool(((stack.get("packages") or {}).get("sglang") or {}).get("found"))
 
 
 @hook("notice")
@@ -47,10 +38,9 @@ def interpreter_notice(ctx: Context, results: list[Result]) -> Notice | None:
     config = settings.config_path or "/etc/k26-doctor/config.toml"
     notice = Notice(
         PYTHON_NOTICE,
-        f"--python is not set, so the checks judged the doctor's own interpreter {python}, which has no SGLang. "
-        "Point the doctor at the service's interpreter (the venv that runs SGLang), once, in the config: "
-        f"[doctor] python = \"/path/to/service/venv/bin/python\" in {config} (or pass --python). "
-        "If this interpreter is the service's, install SGLang into it (see sglang.install).",
+        f"--python is not set: the checks judged the doctor's own interpreter {python}, which has no SGLang. "
+        f"Set the service's once: [doctor] python = \"/path/to/service/venv/bin/python\" in {config} (or pass "
+        "--python).",
         Remediation(f"In {config}, under [doctor]: python = \"/path/to/service/venv/bin/python\"; to try it first:",
                     ["k26-doctor check --python /path/to/service/venv/bin/python"]))
     point_at(notice, results, python)

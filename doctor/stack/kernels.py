@@ -330,6 +330,8 @@ def judge(fact: dict[str, Any], ccs: list[tuple[int, int]], where: str, driver_c
     text, cmds = " ".join(dict.fromkeys(fixes)), list(dict.fromkeys(commands))
     fix = Remediation(text, cmds) if text or cmds else None
     if fails:  # one line for many packages: the first three, and how many more
+        if not pkgs and torch_version is None:  # nothing installed: stack.versions names what is missing
+            out.cause = "stack.versions"
         return out.fail("stack.kernels.no_code", _first(fails), fix)
     if warns:
         return out.warn("stack.kernels.partial", _first(warns), fix)

@@ -74,9 +74,11 @@ def torch_reading(read: Reader, deep: bool, from_files: Callable[[Reader], dict[
 
 def torch_unusable(settings: Settings, info: dict[str, Any]) -> Findings:
     if info.get("missing_module") == "torch":
-        return Findings().fail("stack.torch.missing", f"torch is not installed in {settings.python}",
-                               Remediation("Install the torch the profile pins.",
-                                           [pip_install(settings, "torch", "torch")]))
+        found = Findings().fail("stack.torch.missing", f"torch is not installed in {settings.python}",
+                                Remediation("Install the torch the profile pins.",
+                                            [pip_install(settings, "torch", "torch")]))
+        found.cause = "stack.versions"  # which names every package missing: said once
+        return found
     return Findings(probe=info).fail(
         "stack.torch.unimportable", f"torch cannot be imported by {settings.python}: "
         f"{info.get('error') or 'probe failed'}",

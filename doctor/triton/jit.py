@@ -5,11 +5,13 @@ service failed its first start (``fatal error: Python.h: No such file or directo
 from __future__ import annotations
 
 import os
+import shlex
 from typing import Any
 
-from doctor.core.result import Findings, Remediation
+from doctor.core.result import Findings, NotJudged, Remediation
+from doctor.python.headers import family, headers_advice
 from doctor.stack.service_probe import probe_failure
-from doctor.triton.toolchain import interpreter_kind, os_family
+from doctor.triton.toolchain import interpreter_kind, no_driver
 
 NO_HEADERS_OR_COMPILER = ("triton.jit.no_compiler", "triton.jit.no_python_h")  # what the headers fixer installs
 DETAIL_KEYS = ("cc", "cc_from", "cc_path", "cc_version", "py_include", "python_h", "cmd", "stage", "libcuda",
@@ -17,41 +19,17 @@ DETAIL_KEYS = ("cc", "cc_from", "cc_path", "cc_version", "py_include", "python_h
 
 
 def headers_remedy(kind: dict[str, Any], build: dict[str, Any], compiler: bool) -> Remediation:
-    """How to get ``Python.h`` (and a C compiler) for this kind of interpreter: a system package, or a reinstall of
-    a pyenv/uv/conda/source interpreter, which keeps its headers in its own prefix."""
-    mm, base, ver = kind["major_minor"], kind["base_prefix"], kind["version"]
-    fam = os_family(build.get("os_release") or {})
-    if kind["kind"] == "system":
-        if fam == "fedora":
-            cmd = f"dnf install -y python{mm}-devel gcc"
-            pkg = f"python{mm}-devel (or python3-devel for the default python3) and gcc"
-        else:
-            cmd = f"apt-get install -y python{mm}-dev build-essential"
-            pkg = f"python{mm}-dev (it pulls libpython{mm}-dev) and build-essential"
-        return Remediation(f"The system Python {mm} needs its development headers: install {pkg}. "
-                           "`k26-doctor fix --apply` runs this.", [cmd])
-    if compiler and not build.get("python_h"):
-        extra = " Also install a C compiler (build-essential / gcc)."
-    elif compiler:
+    """The package of this distribution that holds the interpreter's headers, or its own prefix's answer
+    (``doctor.python.headers``); a compiler alone when ``Python.h`` is there."""
+    os_release = build.get("os_release") or {}
+    if compiler and build.get("python_h"):
+        _, fam = family(os_release)
         return Remediation("Install a C compiler, or point CC at one in the service's environment.",
-                           ["apt-get install -y build-essential" if fam != "fedora" else "dnf install -y gcc"])
-    else:
-        extra = ""
-    texts = {
-        "pyenv": (f"This pyenv interpreter ({base}) keeps its headers in its own prefix "
-                  f"({base}/include/python{mm}); a system -dev package does not help. Reinstall it (pyenv builds "
-                  "from source and installs the headers), then recreate or re-point the venv.",
-                  [f"pyenv install --force {ver}"]),
-        "uv": (f"This uv-managed interpreter ({base}) ships its headers in its own prefix; reinstall it.",
-               [f"uv python install --reinstall {ver}"]),
-        "conda": (f"This conda interpreter ({base}) keeps its headers in {base}/include; reinstall python there.",
-                  [f"conda install -p {base} --force-reinstall python={ver}"]),
-        "other": (f"The interpreter at {base or '?'} was installed without its headers; they belong in "
-                  f"{base or '<prefix>'}/include/python{mm}. Reinstall it from a full build (make install "
-                  "includes them) or copy the include directory of the identical build.", []),
-    }
-    text, cmds = texts[kind["kind"]]
-    return Remediation(text + extra, cmds)
+                           [shlex.join([*fam.get("install", ["apt-get", "install", "-y"]),
+                                        fam.get("compiler", "build-essential")])])
+    advice = headers_advice(os_release, kind["major_minor"], kind["base_prefix"], kind["version"],
+                            conda=kind["kind"] == "conda", compiler=compiler)
+    return Remediation(advice.text, advice.commands)
 
 
 LIBCUDA_REMEDY = Remediation("Triton links libcuda.so.1 from the NVIDIA driver: install the driver's user-space "
@@ -59,8 +37,9 @@ LIBCUDA_REMEDY = Remediation("Triton links libcuda.so.1 from the NVIDIA driver: 
                              "it.", ["ldconfig -p | grep libcuda", "sudo ldconfig"])
 
 
-def judge_jit(build: dict[str, Any], stack: Any, python: str) -> Findings:
-    """``build``: the ``triton_build`` fact; ``stack``: the ``stack`` fact or None; ``python``: the service's."""
+def judge_jit(build: dict[str, Any], stack: Any, libcuda_fact: Any, python: str) -> Findings:
+    """``build``: the ``triton_build`` fact; ``stack``, ``libcuda_fact``: those facts or None (not recorded);
+    ``python``: the service's."""
     if "stage" not in build:
         return probe_failure(python, build, "run Triton's build steps")
     kind = interpreter_kind(stack, build)
@@ -86,6 +65,10 @@ def judge_jit(build: dict[str, Any], stack: Any, python: str) -> Findings:
         return out.fail("triton.jit.load", f"built, but {python} cannot load it: {err}", Remediation(
             "The headers do not match this interpreter (another Python's include dir?). Reinstall the headers "
             "of exactly this interpreter."))
+    if libcuda.get("error") and no_driver(libcuda_fact):
+        raise NotJudged.blocked(f"compiler and Python.h work; libcuda.so.1 comes with the NVIDIA driver, which is not "
+                                f"installed here (gpu.driver judges it): {libcuda['error']}", "gpu.driver",
+                                **out.details)
     if libcuda.get("error"):
         return out.fail("triton.jit.libcuda", f"compiler and Python.h work, but Triton will not find libcuda.so.1: "
                         f"{libcuda['error']}", LIBCUDA_REMEDY)

@@ -1,10 +1,12 @@
-"""Triton's toolchain as the triton checks and fixers both see it: the interpreter's kind, the OS family,
+"""Triton's toolchain as the triton checks and fixers both see it: the interpreter's kind, whether there is a driver,
 Triton's target name for a GPU, the ptxas Triton would pick, and the ptxas binaries that know an arch."""
 
 from __future__ import annotations
 
 import re
 from typing import Any
+
+from doctor.python.headers import interpreter_kind as headers_kind
 
 
 def interpreter_kind(stack: Any, build: dict[str, Any]) -> dict[str, Any]:
@@ -17,26 +19,16 @@ def interpreter_kind(stack: Any, build: dict[str, Any]) -> dict[str, Any]:
     ver = py.get("version") or (f"{m.group(1)}.{m.group(2)}" if m else "3")
     mm = ".".join(str(ver).split(".")[:2])
     base = str(py.get("base_prefix") or (include.split("/include/")[0] if "/include/" in include else ""))
-    if "/.pyenv/versions/" in base or "/pyenv/versions/" in base:
-        kind = "pyenv"
-    elif "/uv/python/" in base or re.search(r"/cpython-\d+\.\d+", base):
-        kind = "uv"
-    elif py.get("base_is_conda"):
-        kind = "conda"
-    elif base in ("/usr", "/usr/"):
-        kind = "system"
-    else:
-        kind = "other"
+    kind = headers_kind(base, bool(py.get("base_is_conda")))
     return {"kind": kind, "base_prefix": base, "version": str(ver), "major_minor": mm}
 
 
-def os_family(os_release: dict[str, str]) -> str | None:
-    ids = {os_release.get("ID", "").lower(), *os_release.get("ID_LIKE", "").lower().split()}
-    if ids & {"debian", "ubuntu"}:
-        return "debian"
-    if ids & {"fedora", "rhel", "centos", "rocky", "almalinux", "amzn"}:
-        return "fedora"
-    return None
+def no_driver(libcuda: Any) -> bool:
+    """Whether this host has no NVIDIA driver at all (no kernel module), as the ``libcuda`` fact (or None: not
+    recorded) read it: then a missing libcuda.so.1 is the driver's absence, which ``gpu.driver`` judges, not a
+    problem of Triton's."""
+    kmd = libcuda.get("kernel_module") if isinstance(libcuda, dict) else None
+    return isinstance(kmd, dict) and kmd.get("present") is False
 
 
 def triton_arch(cc: tuple[int, int]) -> str:
