@@ -78,9 +78,15 @@ def terminal_width(stream: IO[str] | None) -> int:
 
 
 def wrap(text: str, width: int, first: str, rest: str) -> list[str]:
-    """``text`` wrapped at word boundaries (never inside a path or an id) after ``first``, then ``rest``."""
-    return textwrap.wrap(text, width=max(width, len(rest) + 20), initial_indent=first, subsequent_indent=rest,
-                         break_long_words=False, break_on_hyphens=False) or [first.rstrip()]
+    """``text`` wrapped at word boundaries (never inside a path or an id) after ``first``, then ``rest``; a word too
+    long for the indented line (a Python module path in an error) is moved left on a line of its own, not cut."""
+    lines = textwrap.wrap(text, width=max(width, len(rest) + 20), initial_indent=first, subsequent_indent=rest,
+                          break_long_words=False, break_on_hyphens=False) or [first.rstrip()]
+    for i, line in enumerate(lines[1:], 1):
+        word = line[len(rest):]
+        if len(line) > width and line.startswith(rest) and " " not in word:
+            lines[i] = " " * max(2, width - len(word)) + word
+    return lines
 
 
 def wrap_command(cmd: str, width: int, pad: str) -> list[str]:
