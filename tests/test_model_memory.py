@@ -5,6 +5,7 @@ and (when the DDTree runs' logs are in bench/results/) the tiny DDTree servers."
 
 from __future__ import annotations
 
+import gzip
 import json
 import sys
 import tarfile
@@ -232,25 +233,38 @@ def test_tiny_geometries_are_make_tiny_s():
     assert memory.kv_cell(dr, 1) == 2 * 128 * 2 * 2
 
 
+def _logs_of(tgz: Path, plain: list[Path]) -> dict[str, list[str]]:
+    logs = {p.name: p.read_text(errors="replace").splitlines() for p in plain}
+    if tgz.exists():
+        with tarfile.open(tgz) as tf:
+            for m in tf.getmembers():
+                fh = tf.extractfile(m) if m.isfile() else None
+                if fh is not None:
+                    logs[Path(m.name).name] = fh.read().decode(errors="replace").splitlines()
+    return logs
+
+
 def ddtree_runs() -> list[tuple[str, dict, list[str]]]:
-    """(name, run record, log lines) of every server run under bench/results/ddtree-*/ (results.json from
-    bench/ddtree/serve_check.py, logs as *.log or in logs.tgz)."""
+    """(name, run record, log lines) of every server run under bench/results/ddtree-*/: ``results{S}.json`` or
+    ``results{S}.json.gz`` from bench/ddtree/serve_check.py (``runs``: a list, of its first version; ``servers``:
+    by name, of the current one), its logs as ``*.log`` or in ``logs{S}.tgz`` (the same suffix ``S``: one call
+    of a session each)."""
     out = []
-    for results in sorted(ROOT.glob("bench/results/ddtree-*/results.json")):
-        logs: dict[str, list[str]] = {}
-        for p in results.parent.glob("*.log"):
-            logs[p.name] = p.read_text(errors="replace").splitlines()
-        tgz = results.parent / "logs.tgz"
-        if tgz.exists():
-            with tarfile.open(tgz) as tf:
-                for m in tf.getmembers():
-                    fh = tf.extractfile(m) if m.isfile() else None
-                    if fh is not None:
-                        logs[Path(m.name).name] = fh.read().decode(errors="replace").splitlines()
-        for run in json.loads(results.read_text()).get("runs", []):
-            lines = logs.get(run.get("log") or "")
-            if lines:
-                out.append((f"{results.parent.name}/{run['name']}", run, lines))
+    for results in sorted(ROOT.glob("bench/results/ddtree-*/results*.json*")):
+        suffix = results.name[len("results"):].split(".json")[0]
+        logs = _logs_of(results.parent / f"logs{suffix}.tgz", list(results.parent.glob("*.log")))
+        raw = gzip.decompress(results.read_bytes()) if results.name.endswith(".gz") else results.read_bytes()
+        doc = json.loads(raw)
+        records = doc.get("runs") or [{"name": n, **r} for n, r in (doc.get("servers") or {}).items()]
+        waves: dict = {}
+        for run in records:
+            waves.setdefault((run.get("config") or {}).get("wave", 1), []).append(run["name"])
+        for run in records:
+            # (the first version started one server at a time; the current one a wave at once)
+            run = {**run, "alone": "runs" in doc or len(waves[(run.get("config") or {}).get("wave", 1)]) == 1}
+            lines = logs.get(Path(run.get("log") or "").name)
+            if lines and run.get("argv") and run.get("config"):
+                out.append((f"{results.parent.name}/{results.name}/{run['name']}", run, lines))
     return out
 
 
@@ -281,6 +295,8 @@ def test_tiny_ddtree_servers_match_the_arithmetic():
         dcell = memory.kv_cell(draft, shape.tp, shape.kv_bytes) if shape.algorithm in memory.DFLASH_FAMILY else 0
         loaded = sum(u for _, u in figs["load"] if u is not None) * GIB
         tokens = (figs["pre"] * GIB * f - loaded) / (cell + dcell)
+        if shape.max_total_tokens:  # --max-total-tokens caps SGLang's own figure
+            tokens = min(tokens, shape.max_total_tokens)
         real = figs["kv"][0][0]
         assert real == pytest.approx(tokens, rel=0.02), name
         assert figs["kv"][0][1] == pytest.approx(real * cell / GIB, rel=0.10, abs=0.01), name
@@ -291,10 +307,16 @@ def test_tiny_ddtree_servers_match_the_arithmetic():
             assert len(figs["kv"]) == 2 and len(figs["pool_end"]) == 2, name
             assert figs["kv"][1][1] == pytest.approx(figs["kv"][1][0] * dcell / GIB, rel=0.10, abs=0.01), name
             assert figs["pool_end"][1] == pytest.approx((left - real * (cell + dcell)) / GIB, rel=0.10), name
-        if figs["capture_begin"] and figs["pool_end"]:
+        # The captures' "mem usage" is the device's free memory before and after: only a server that started
+        # alone measured its own (servers of one wave allocate meanwhile).
+        if figs["capture_begin"] and figs["pool_end"] and run["alone"]:
             before_capture = (figs["pool_end"][-1] - figs["capture_begin"][0]) * GIB
             eager = c["eager"]["bytes_per_kv_token"] * real
-            assert 0.6 * before_capture <= eager <= before_capture, (name, eager / GIB, before_capture / GIB)
+            assert eager <= before_capture, (name, eager / GIB, before_capture / GIB)
+            # "most of it" only where the pool is large: beside a small pool (--max-total-tokens 200000: 9 MiB of
+            # these buffers) some 0.05-0.08 GiB that the doctor does not itemize yet dominates.
+            if eager >= 0.25 * GIB:
+                assert 0.6 * before_capture <= eager, (name, eager / GIB, before_capture / GIB)
             verify = [usage for phase, usage, _ in figs["capture_end"] if phase.endswith("verify")
                       and not phase.startswith("draft")]
             if verify and shape.graph_max_bs:

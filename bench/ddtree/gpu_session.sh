@@ -134,7 +134,7 @@ stage_serve() {  # servers of every wave, on a host whose pairs exist already
   local plan=${1:?plan} budget=${2:-420}
   export DEADLINE=${DEADLINE:-$(( $(date +%s) + budget ))} PAIR=$WORK/pair TINY=$WORK/tiny
   wait_jit
-  sc up --plan "$plan" --state "$WORK/state1.json" --logs "$WORK/logs" --budget-s $(( $(left_s) * 45 / 100 ))
+  sc up --plan "$plan" --state "$WORK/state1.json" --logs "$WORK/logs" --budget-s $(( $(left_s) * ${UP_PCT:-45} / 100 ))
   finish "$plan" --state "$WORK/state1.json"
 }
 
