@@ -4,6 +4,7 @@ arithmetic's tests and model.fit's."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import tarfile
 from pathlib import Path
@@ -22,24 +23,36 @@ TINY = {
 }
 
 
+def _logs_of(tgz: Path, plain: list[Path]) -> dict[str, list[str]]:
+    logs = {p.name: p.read_text(errors="replace").splitlines() for p in plain}
+    if tgz.exists():
+        with tarfile.open(tgz) as tf:
+            for m in tf.getmembers():
+                fh = tf.extractfile(m) if m.isfile() else None
+                if fh is not None:
+                    logs[Path(m.name).name] = fh.read().decode(errors="replace").splitlines()
+    return logs
+
 
 def ddtree_runs() -> list[tuple[str, dict, list[str]]]:
-    """(name, run record, log lines) of every server run under bench/results/ddtree-*/ (results.json from
-    bench/ddtree/serve_check.py, logs as *.log or in logs.tgz)."""
+    """(name, run record, log lines) of every server run under bench/results/ddtree-*/: ``results{S}.json`` or
+    ``results{S}.json.gz`` from bench/ddtree/serve_check.py (``runs``: a list, of its first version; ``servers``:
+    by name, of the current one), its logs as ``*.log`` or in ``logs{S}.tgz`` (the same suffix ``S``: one call
+    of a session each). Each record says whether that server started ``alone`` (its wave had no other)."""
     out = []
-    for results in sorted(ROOT.glob("bench/results/ddtree-*/results.json")):
-        logs: dict[str, list[str]] = {}
-        for p in results.parent.glob("*.log"):
-            logs[p.name] = p.read_text(errors="replace").splitlines()
-        tgz = results.parent / "logs.tgz"
-        if tgz.exists():
-            with tarfile.open(tgz) as tf:
-                for m in tf.getmembers():
-                    fh = tf.extractfile(m) if m.isfile() else None
-                    if fh is not None:
-                        logs[Path(m.name).name] = fh.read().decode(errors="replace").splitlines()
-        for run in json.loads(results.read_text()).get("runs", []):
-            lines = logs.get(run.get("log") or "")
-            if lines:
-                out.append((f"{results.parent.name}/{run['name']}", run, lines))
+    for results in sorted(ROOT.glob("bench/results/ddtree-*/results*.json*")):
+        suffix = results.name[len("results"):].split(".json")[0]
+        logs = _logs_of(results.parent / f"logs{suffix}.tgz", list(results.parent.glob("*.log")))
+        raw = gzip.decompress(results.read_bytes()) if results.name.endswith(".gz") else results.read_bytes()
+        doc = json.loads(raw)
+        records = doc.get("runs") or [{"name": n, **r} for n, r in (doc.get("servers") or {}).items()]
+        waves: dict = {}
+        for run in records:
+            waves.setdefault((run.get("config") or {}).get("wave", 1), []).append(run["name"])
+        for run in records:
+            # (the first version started one server at a time; the current one a wave at once)
+            run = {**run, "alone": "runs" in doc or len(waves[(run.get("config") or {}).get("wave", 1)]) == 1}
+            lines = logs.get(Path(run.get("log") or "").name)
+            if lines and run.get("argv") and run.get("config"):
+                out.append((f"{results.parent.name}/{results.name}/{run['name']}", run, lines))
     return out

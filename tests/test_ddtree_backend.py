@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 from ddtree_support import patched_tree
 
+pytestmark = pytest.mark.network  # every test reads the released SGLang 0.5.23 wheel (a first-run download)
+
 PROBE = Path(__file__).resolve().parent / "ddtree_backend_probe.py"
 
 

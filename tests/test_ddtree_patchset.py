@@ -215,6 +215,7 @@ def test_triton_keeps_the_custom_mask_for_ddtree_only(tmp_path_factory):
         [False, False, True]
 
 
+@pytest.mark.network  # reads the released SGLang 0.5.23 wheel (a first-run download)
 def test_the_manifest_mirrors_the_validated_record_of_the_worker():
     """manifest.json ``validated`` is ddtree_worker.VALIDATED (read from the patched file's AST: the literal
     the gate checks), each entry pinning every key the gate matches; empty in this revision."""

@@ -249,6 +249,7 @@ def wheel_source(path: str) -> str:
         return zf.read(path).decode()
 
 
+@pytest.mark.network  # reads the released SGLang 0.5.23 wheel (a first-run download)
 def test_drafter_layout_is_what_dflash_load_weights_consumes(built: Path):
     """The drafter's tensors against SGLang 0.5.23's ``DFlashDraftModel.load_weights``: every checkpoint name
     goes through its ``stacked_params_mapping`` (read from the wheel) or names one of the module's own
@@ -426,6 +427,7 @@ def test_tree_verify_equals_plain_forward_of_each_path(built: Path):
                 assert (plain - out.logits[b, node]).abs().max() < 1e-4
 
 
+@pytest.mark.network  # reads the released SGLang 0.5.23 wheel (a first-run download)
 def test_ddtree_utils_rebuilt_from_the_patch_is_the_patched_file():
     dd = specsim.load_ddtree_utils()
     assert Path(dd.__file__).read_bytes() == (patched_tree() / specsim.UTILS_PATH).read_bytes()

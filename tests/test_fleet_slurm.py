@@ -250,6 +250,23 @@ def test_on_a_node_with_a_job_the_pre_start_checks_are_left_out_but_not_in_the_p
     assert cluster.jobs() == []
 
 
+def settle_undrained(cluster: slurm_cluster.Cluster, timeout: float = 45) -> None:
+    """The node undrained and staying so for longer than one HealthCheckInterval (2 s): a health check that was
+    running when the previous test switched it off may drain the node after that test's resume."""
+    deadline = time.monotonic() + timeout
+    calm_since = None
+    while time.monotonic() < deadline:
+        if "DRAIN" in cluster.states():
+            cluster.scontrol("update", f"nodename={cluster.node}", "state=resume")
+            calm_since = None
+        elif calm_since is None:
+            calm_since = time.monotonic()
+        elif time.monotonic() - calm_since > 3:
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"the node did not stay undrained: {cluster.show()}")
+
+
 def _defaults(cluster: slurm_cluster.Cluster, node: dict, flags: str) -> None:
     (cluster.root / "defaults").write_text(
         f'K26_DOCTOR="{sys.executable} -m doctor"\nK26_DOCTOR_CONFIG={node["cfg"]}\nSLURM_CONF={cluster.conf}\n'
@@ -272,6 +289,7 @@ def test_slurmd_runs_it_as_health_check_program_through_the_shipped_wrapper(clus
 def test_as_prolog_a_failure_drains_with_our_reason_and_the_job_does_not_run(cluster: slurm_cluster.Cluster,
                                                                            node: dict) -> None:
     _defaults(cluster, node, "--only host.port")
+    settle_undrained(cluster)  # the job must meet the prolog, not a drain left by the health check's test
     mark = node["tmp"] / "ran"
     with cluster.holding(node["port"]):
         (cluster.root / "prolog.on").touch()

@@ -66,6 +66,7 @@ def test_a_fifo_as_config_or_snapshot_is_refused_at_once(tmp_path: Path) -> None
     assert out.returncode == 2 and "FIFO" in out.stderr and "does not exist" not in out.stderr
 
 
+@pytest.mark.network  # reads the released SGLang 0.5.23 wheel (a first-run download)
 def test_a_fifo_where_a_patch_target_is(tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
     from patches_install import FIXTURE_SETS, fresh_venv
 
@@ -122,7 +123,9 @@ def test_ctrl_c_during_a_hung_check_ends_at_once(base_model: Path, tmp_path: Pat
                             env=doctor_env(), stdin=subprocess.DEVNULL,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
-        assert wait_for(lambda: len(running(pids)) >= 3, 30), "the probes did not start"
+        # (python.venv probes the interpreter first and blocks every check that runs it until it answers: one
+        # hung probe at least)
+        assert wait_for(lambda: len(running(pids)) >= 1, 30), "the probes did not start"
         sent = time.monotonic()
         proc.send_signal(signal.SIGINT)
         stdout, _ = proc.communicate(timeout=30)

@@ -148,6 +148,7 @@ def _engine(venv, state: Path):  # type: ignore[no-untyped-def]
                   state_dir=str(state))
 
 
+@pytest.mark.network  # reads the released SGLang 0.5.23 wheel (a first-run download)
 def test_a_journal_pointing_outside_site_packages_is_not_rolled_back(engine_venv, tmp_path: Path) -> None:
     from doctor.sglang.patching.engine import EngineError
     from doctor.sglang.patching.state import StateStore
@@ -171,6 +172,7 @@ def test_a_journal_pointing_outside_site_packages_is_not_rolled_back(engine_venv
     assert store.journal_path.exists()
 
 
+@pytest.mark.network  # reads the released SGLang 0.5.23 wheel (a first-run download)
 def test_a_patch_target_whose_directory_leads_out_of_site_packages_is_refused(engine_venv,
                                                                               tmp_path: Path) -> None:
     attention = engine_venv.site_packages / "sglang/srt/layers/attention"

@@ -208,7 +208,6 @@ def test_draft_split_keeps_fc_and_norms_whole():
 
 # -- the tiny DDTree servers of bench/ddtree (logs dropped into bench/results/ddtree-*/) ---------------
 
-# The tiny checkpoints as bench/ddtree/make_tiny.py writes them (config.json fields the arithmetic reads).
 def test_tiny_geometries_are_make_tiny_s():
     sys.path.insert(0, str(ROOT / "bench" / "ddtree"))
     import make_tiny
@@ -247,6 +246,8 @@ def test_tiny_ddtree_servers_match_the_arithmetic():
         dcell = memory.kv_cell(draft, shape.tp, shape.kv_bytes) if shape.algorithm in memory.DFLASH_FAMILY else 0
         loaded = sum(u for _, u in figs["load"] if u is not None) * GIB
         tokens = (figs["pre"] * GIB * f - loaded) / (cell + dcell)
+        if shape.max_total_tokens:  # --max-total-tokens caps SGLang's own figure
+            tokens = min(tokens, shape.max_total_tokens)
         real = figs["kv"][0][0]
         assert real == pytest.approx(tokens, rel=0.02), name
         assert figs["kv"][0][1] == pytest.approx(real * cell / GIB, rel=0.10, abs=0.01), name
@@ -257,10 +258,16 @@ def test_tiny_ddtree_servers_match_the_arithmetic():
             assert len(figs["kv"]) == 2 and len(figs["pool_end"]) == 2, name
             assert figs["kv"][1][1] == pytest.approx(figs["kv"][1][0] * dcell / GIB, rel=0.10, abs=0.01), name
             assert figs["pool_end"][1] == pytest.approx((left - real * (cell + dcell)) / GIB, rel=0.10), name
-        if figs["capture_begin"] and figs["pool_end"]:
+        # The captures' "mem usage" is the device's free memory before and after: only a server that started
+        # alone measured its own (servers of one wave allocate meanwhile).
+        if figs["capture_begin"] and figs["pool_end"] and run["alone"]:
             before_capture = (figs["pool_end"][-1] - figs["capture_begin"][0]) * GIB
             eager = c["eager"]["bytes_per_kv_token"] * real
-            assert 0.6 * before_capture <= eager <= before_capture, (name, eager / GIB, before_capture / GIB)
+            assert eager <= before_capture, (name, eager / GIB, before_capture / GIB)
+            # "most of it" only where the pool is large: beside a small pool (--max-total-tokens 200000: 9 MiB of
+            # these buffers) some 0.05-0.08 GiB that the doctor does not itemize yet dominates.
+            if eager >= 0.25 * GIB:
+                assert 0.6 * before_capture <= eager, (name, eager / GIB, before_capture / GIB)
             verify = [usage for phase, usage, _ in figs["capture_end"] if phase.endswith("verify")
                       and not phase.startswith("draft")]
             if verify and shape.graph_max_bs:

@@ -31,8 +31,8 @@ def smoke(*args: str) -> tuple[int, dict]:
     env.pop("K26_DOCTOR_CONFIG", None)
     ids = os.environ.get("K26_SMOKE_INPUT_IDS")
     prompt = ["--input-ids", ids] if ids else []
-    out = subprocess.run([sys.executable, "-m", "doctor", "smoke", "--url", str(URL), "--format", "json", *prompt, *args],
-                         capture_output=True, text=True, env=env, timeout=600, stdin=subprocess.DEVNULL)
+    argv = [sys.executable, "-m", "doctor", "smoke", "--url", str(URL), "--format", "json", *prompt, *args]
+    out = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600, stdin=subprocess.DEVNULL)
     return out.returncode, json.loads(out.stdout)
 
 

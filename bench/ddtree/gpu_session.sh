@@ -134,7 +134,7 @@ stage_serve() {  # servers of every wave, on a host whose pairs exist already
   local plan=${1:?plan} budget=${2:-420}
   export DEADLINE=${DEADLINE:-$(( $(date +%s) + budget ))} PAIR=$WORK/pair TINY=$WORK/tiny
   wait_jit
-  sc up --plan "$plan" --state "$WORK/state1.json" --logs "$WORK/logs" --budget-s $(( $(left_s) * 45 / 100 ))
+  sc up --plan "$plan" --state "$WORK/state1.json" --logs "$WORK/logs" --budget-s $(( $(left_s) * ${UP_PCT:-45} / 100 ))
   finish "$plan" --state "$WORK/state1.json"
 }
 
@@ -173,8 +173,11 @@ stage_all() {  # setup, wave 0 on the random pair while the trained pair trains,
   fi
   # No wait for the JIT pre-compile: a server that reaches FlashInfer meanwhile waits on its file lock and loads
   # what it built, while the rest of its start (imports, weights, Triton) overlaps the compile.
-  sc up --plan "$plan" --wave 1 2 3 --state "$WORK/state1.json" --logs "$WORK/logs" \
-    --budget-s $(( $(left_s) * 40 / 100 ))
+  # A cold start of a dozen servers takes 130-180 s (FlashInfer JIT, Triton, graph capture): the up budget is
+  # UP_PCT (default 40) of what is left, but never under 200 s while that leaves a minute to measure.
+  local up=$(( $(left_s) * ${UP_PCT:-40} / 100 ))
+  [ $up -lt 200 ] && up=$(( $(left_s) - 60 < 200 ? $(left_s) - 60 : 200 ))
+  sc up --plan "$plan" --wave 1 2 3 --state "$WORK/state1.json" --logs "$WORK/logs" --budget-s $up
   [ -n "$w0" ] && wait "$w0"
   wait_jit
   wait_gputests

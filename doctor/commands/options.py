@@ -38,6 +38,9 @@ class Seconds(click.ParamType):
         self.minimum = minimum
         self.number = number  # a plain finite number >= 0 (a threshold), not a duration
 
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:  # (ctx: click >= 8.2)
+        return "NUMBER" if self.number else "SECONDS"
+
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
         from doctor.core.settings import ConfigError, duration
 

@@ -48,7 +48,7 @@ def _ids(text: str | None) -> tuple[int, ...] | None:
               help="Warn below this accept length (default: profile [smoke] warn_accept_length_below).")
 @click.option("--input-ids", default=None, help="Prompt token ids for a --skip-tokenizer-init server "
               "(default 5..20).")
-@click.option("--api-key", default=None, help=f"The server's --api-key (default ${API_KEY_ENV}).")
+@click.option("--api-key", default=None, help=f"The key the server was started with (default ${API_KEY_ENV}).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--strict", is_flag=True, help="Warnings fail too.")
 @guarded

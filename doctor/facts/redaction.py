@@ -164,8 +164,16 @@ def _assignment(m: re.Match[str]) -> str:
     return m.group("head") + REDACTED
 
 
+# A command's help names the value of a flag by its metavar (click's ``--api-key TEXT``): a placeholder, not a
+# secret, and hiding it breaks the help's columns.
+METAVARS = {"TEXT", "KEY", "VALUE", "STRING", "SECRET", "TOKEN", "FILE", "PATH", "NAME", "<KEY>", "<TOKEN>",
+            "<VALUE>", "<SECRET>"}
+
+
 def _flag(m: re.Match[str]) -> str:
-    return m.group("head") + REDACTED if is_secret_flag(m.group("flag")) else m.group(0)
+    if not is_secret_flag(m.group("flag")) or m.group(0)[len(m.group("head")):] in METAVARS:
+        return m.group(0)
+    return m.group("head") + REDACTED
 
 
 def redact_text(text: str) -> str:
