@@ -10,8 +10,8 @@ from doctor.core.result import Result
 from doctor.python.venv import judge_scripts, judge_venv
 
 
-@check("python.venv", "The service's environment is whole: interpreter, pyvenv.cfg, scripts' shebangs",
-       needs=("venv",))
+@check("python.venv", "The service's environment is whole: the interpreter exists and is Python, pyvenv.cfg, "
+       "site-packages; every check of what is installed depends on it", needs=("venv",))
 def python_venv(ctx: Context) -> Result:
     """Reads the environment from outside (so it works even when its interpreter cannot start): the
     interpreter path exists, is a Python interpreter and starts; ``pyvenv.cfg``'s ``home`` exists and its
@@ -24,7 +24,7 @@ def python_venv(ctx: Context) -> Result:
     return Result.of(judge_venv(ctx.fact("venv")))
 
 
-@check("python.venv.scripts", "The environment's console scripts run its own interpreter (shebangs)",
+@check("python.venv.scripts", "The venv's console scripts run its own interpreter (shebangs)",
        needs=("venv",), depends=("python.venv",), fixer="python.venv.shebangs")
 def python_venv_scripts(ctx: Context) -> Result:
     """Every console script in the venv's ``bin/`` whose shebang names a Python must name one that exists and
