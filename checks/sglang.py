@@ -91,4 +91,4 @@ def ddtree_gate(ctx: Context) -> Result:
     validated upstream), or opt in knowingly (`SGLANG_DDTREE_UNVALIDATED_WORKER=1` in the env file)
     and validate as the patch set's README says.
     """
-    return Result.of(judge_gate(lambda: ctx.fact("env"), lambda: ctx.fact("stack"), ctx.settings))
+    return Result.of(judge_gate(lambda: ctx.fact("env"), lambda: ctx.optional("stack"), ctx.settings))

@@ -99,7 +99,7 @@ def to_openmetrics(report: Any) -> str:
                                        int(res.status is status)))
         unjudged_rows.append(_sample(CHECK_UNJUDGED, {**check, **base}, int(bool(res.unjudged))))
         duration_rows.append(_sample(CHECK_DURATION, {**check, **base}, round(float(res.duration_s), 6)))
-    verdict = report.verdict()
+    verdict = report.decision().status
     parts = [
         family(CHECK_STATUS, status_rows),
         family(CHECK_UNJUDGED, unjudged_rows),

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from doctor.core.context import FactUnavailable
 from doctor.core.result import Findings, NotJudged, Remediation
 from doctor.core.settings import Settings
 from doctor.stack.distributions import has_sglang
@@ -16,7 +15,8 @@ GATE = "SGLANG_DDTREE_UNVALIDATED_WORKER"
 
 def judge_gate(read_env: Any, read_stack: Any, settings: Settings) -> Findings:
     """``read_env()``: the ``env`` fact (read only when the profile launches DDTREE); ``read_stack()``: the
-    ``stack`` fact, which says whether SGLang is there at all (the wording then names both missing parts)."""
+    ``stack`` fact or None (not recorded), which says whether SGLang is there at all (the wording then names both
+    missing parts)."""
     algo = str(settings.get("server.speculative_algorithm", "") or "").upper()
     if algo != "DDTREE":
         raise NotJudged.inapplicable(f"the profile launches {algo or 'no speculative algorithm'}, not DDTREE")
@@ -29,11 +29,7 @@ def judge_gate(read_env: Any, read_stack: Any, settings: Settings) -> Findings:
                         "Compare the first outputs token for token with a non-speculative server (patch set README, "
                         "'Validating on a real host') before serving traffic.")
     env_file = settings.get("server.env_file", "/etc/k26-doctor/sglang-k26.env")
-    try:
-        absent = has_sglang(read_stack()) is False
-    except FactUnavailable:  # not recorded: the gate is judged all the same
-        absent = False
-    if absent:
+    if has_sglang(read_stack()) is False:  # (not recorded: None, and the gate is judged all the same)
         summary = f"DDTREE needs SGLang with the DDTree patch set (not installed) and {GATE}=1 (not set)"
     else:
         summary = (f"the profile launches DDTREE, but {GATE}=1 is not set: SGLang with the DDTree patch set "
