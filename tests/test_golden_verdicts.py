@@ -85,7 +85,10 @@ def replay_all() -> dict[str, Any]:
 
 
 def test_every_recording_replays_to_its_golden_verdicts() -> None:
-    golden = json.loads(GOLDEN.read_text(encoding="utf-8"))
+    # The checkout's own path is named in the golden text as in the replay (a recording may hold the path of the
+    # checkout it was made in: where that is this one, the replay names it <checkout>).
+    raw = GOLDEN.read_text(encoding="utf-8")
+    golden = json.loads(re.sub(re.escape(json.dumps(str(ROOT))[1:-1]) + r"(?![\w.-])", "<checkout>", raw))
     got = replay_all()
     assert sorted(got) == sorted(golden), "the recordings or cases changed: regenerate (see the module docstring)"
     diffs = []
