@@ -280,7 +280,8 @@ def find_nvcc():
         home = os.path.dirname(os.path.dirname(found)) if found else "/usr/local/cuda"
         how = "PATH" if found else "default /usr/local/cuda"
     nvcc = os.path.join(home, "bin", "nvcc")
-    out = {"nvcc": nvcc, "found_by": how, "exists": os.path.isfile(nvcc), "release": None}
+    out = {"nvcc": nvcc, "found_by": how, "exists": os.path.isfile(nvcc), "release": None, "home": home}
+    out.update(cuda_headers(home))
     if out["exists"]:
         try:
             text = subprocess.run([nvcc, "--version"], capture_output=True, timeout=20, check=False).stdout
@@ -288,6 +289,23 @@ def find_nvcc():
             out["release"] = m.group(1) if m else None
         except (OSError, subprocess.SubprocessError) as exc:
             out["error"] = str(exc)
+    return out
+
+
+HEADER_MACROS = (("cudart_version", "cuda_runtime_api.h", "CUDART_VERSION"), ("cuda_version", "cuda.h", "CUDA_VERSION"))
+
+
+def cuda_headers(home):
+    """The CUDA headers a JIT build under ``home`` includes (``<home>/include``, where FlashInfer's and tvm-ffi's
+    builds point nvcc): whether ``cuda_runtime.h`` is there, and the release macros of ``cuda_runtime_api.h``
+    (``CUDART_VERSION``, what CCCL's cuda_toolkit.h compares with nvcc's own release) and ``cuda.h``."""
+    include = os.path.join(home, "include")
+    out = {"include": include, "cuda_runtime_h": os.path.isfile(os.path.join(include, "cuda_runtime.h"))}
+    for key, name, macro in HEADER_MACROS:
+        path = os.path.join(include, name)
+        text = _read(path, 4000000) if os.path.isfile(path) else None
+        m = re.search(r"^[ \t]*#[ \t]*define[ \t]+" + macro + r"[ \t]+(\d+)", text or "", re.M)
+        out[key] = int(m.group(1)) if m else None
     return out
 
 
