@@ -172,3 +172,15 @@ def test_a_whole_toolkit_and_a_clean_path_pass(tmp_path: Path) -> None:
 def test_malformed_entries_beside_a_breaking_variable_keep_the_failure() -> None:
     found = judge_env({"vars": {"PATH": ":/usr/bin", "NCCL_P2P_DISABLE": "1"}}, 8)
     assert found.failing and [f.code for f in found] == ["host.env.breaking", PATH_EMPTY]
+
+
+# -- diagnose: the error text of a failed start ----------------------------------------------------------
+
+def test_diagnose_names_the_toolchain_for_cccls_error() -> None:
+    """The line a failed JIT build prints: the #error directive of CCCL's cuda_toolkit.h, as nvcc reports it."""
+    from doctor.service.diagnose import diagnose_lines, load_signatures
+
+    line = ('/site/flashinfer/data/cccl/libcudacxx/include/cuda/std/__cccl/cuda_toolkit.h:39:6: error: #error '
+            '"CUDA compiler and CUDA toolkit headers are incompatible, please check your include paths"')
+    found = diagnose_lines(["RuntimeError: Ninja build failed.", line], load_signatures())
+    assert found[0].signature.id == "cuda-headers-incompatible" and found[0].signature.check == "sglang.install"

@@ -151,3 +151,18 @@ def test_speculative_algorithm_in_server_args_without_a_draft_model(tmp_path: Pa
     res = run(ctx, "model.drafter")
     assert res.status is Status.FAIL and res.has("model.drafter.no_path")
     assert "--speculative-algorithm EAGLE3 (in [server] args) but no draft model is given" in res.summary
+
+
+# -- diagnose: the error text of a failed start ----------------------------------------------------------
+
+def test_diagnose_names_the_drafter_for_a_shape_mismatch_in_the_draft_step() -> None:
+    from doctor.service.diagnose import diagnose_lines, load_signatures
+
+    lines = ['  File "sglang/srt/speculative/dflash_worker.py", line 412, in forward_draft',
+             "RuntimeError: mat1 and mat2 shapes cannot be multiplied (7x21504 and 28672x7168)"]
+    found = diagnose_lines(lines, load_signatures())
+    assert found[0].signature.id == "draft-target-layers-shape" and found[0].signature.check == "model.drafter"
+    # the same torch error with no draft model about it is not blamed on the drafter
+    assert not any(f.signature.check == "model.drafter"
+                   for f in diagnose_lines(["RuntimeError: mat1 and mat2 shapes cannot be multiplied (1x2 and 3x4)"],
+                                           load_signatures()))

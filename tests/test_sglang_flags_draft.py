@@ -46,3 +46,16 @@ def test_a_draft_model_given_or_not_needed(fact: dict, extra: list[str]) -> None
     res = judged(fact, *extra)
     assert not res.has("sglang.flags.no_draft_model"), res.summary
     assert res.status is Status.PASS, res.summary
+
+
+def test_diagnose_names_sglang_flags_for_sglangs_own_message(fact: dict) -> None:
+    """The message is read from SGLang 0.5.23's sources (speculative_hook.py), as the server raises it."""
+    import re
+
+    from doctor.service.diagnose import diagnose_lines, load_signatures
+
+    hook = Path(fact["package_dir"]) / "srt" / "arg_groups" / "speculative_hook.py"
+    message = re.search(r'"(DFLASH speculative decoding requires setting --speculative-draft-model-path\.)"',
+                        hook.read_text()).group(1)
+    found = diagnose_lines([f"ValueError: {message}"], load_signatures())
+    assert found[0].signature.id == "draft-model-path-required" and found[0].signature.check == "sglang.flags"
