@@ -184,3 +184,16 @@ def test_diagnose_names_the_toolchain_for_cccls_error() -> None:
             '"CUDA compiler and CUDA toolkit headers are incompatible, please check your include paths"')
     found = diagnose_lines(["RuntimeError: Ninja build failed.", line], load_signatures())
     assert found[0].signature.id == "cuda-headers-incompatible" and found[0].signature.check == "sglang.install"
+
+
+@pytest.mark.parametrize("check_id, words", [
+    ("sglang.install", ["CUDART_VERSION", "CUDA compiler and CUDA toolkit headers are incompatible",
+                        "sglang.install.jit_toolchain"]),
+    ("host.env", ["PATH with empty entries", "include/cuda_runtime.h"]),
+])
+def test_explain_says_what_the_toolchain_judgement_reads(check_id: str, words: list[str]) -> None:
+    from conftest import run_doctor
+
+    out = run_doctor("explain", check_id)
+    text = " ".join(out.stdout.split())
+    assert out.returncode == 0 and all(w in text for w in words), out.stdout

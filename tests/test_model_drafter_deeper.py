@@ -166,3 +166,16 @@ def test_diagnose_names_the_drafter_for_a_shape_mismatch_in_the_draft_step() -> 
     assert not any(f.signature.check == "model.drafter"
                    for f in diagnose_lines(["RuntimeError: mat1 and mat2 shapes cannot be multiplied (1x2 and 3x4)"],
                                            load_signatures()))
+
+
+@pytest.mark.parametrize("check_id, words", [
+    ("model.drafter", ["draft_vocab_size", "lm_head.weight", "mat1 and mat2 shapes cannot be multiplied",
+                       "eagle_config", "num_nextn_predict_layers"]),
+    ("sglang.flags", ["--speculative-draft-model-path", "sglang.flags.no_draft_model"]),
+])
+def test_explain_says_what_the_drafter_judgement_reads(check_id: str, words: list[str]) -> None:
+    from conftest import run_doctor
+
+    out = run_doctor("explain", check_id)
+    text = " ".join(out.stdout.split())
+    assert out.returncode == 0 and all(w in text for w in words), out.stdout
