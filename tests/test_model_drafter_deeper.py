@@ -15,6 +15,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "model"))
 from model_replica import write_sparse_safetensors
 from modelkit import SMALL, build, build_drafter, make_ctx, run, tree_state
+from modelkit import edit_config as edit
 
 from doctor.core.result import Status
 
@@ -22,12 +23,6 @@ from doctor.core.result import Status
 @pytest.fixture
 def model(tmp_path: Path) -> Path:
     return build(tmp_path)
-
-
-def edit(path: Path, mutate) -> None:
-    cfg = json.loads(path.read_text())
-    mutate(cfg)
-    path.write_text(json.dumps(cfg))
 
 
 def add_tensor(shard: Path, name: str, dtype: str, shape: tuple[int, ...]) -> None:
