@@ -41,15 +41,24 @@ def nvcc_script(release: str) -> str:
             f"echo 'Cuda compilation tools, release {release}, V{release}.88'\n")
 
 
-def toolkit(root: Path, *, nvcc: Path | str | None, headers: tuple[str, ...] = HEADERS) -> Path:
-    """``root`` laid out as a toolkit: ``bin/nvcc`` (a copy of a real nvcc given as a Path, a script given as
-    text, none for None) and ``include/`` with copies of the real headers named."""
+# The lines of the nvidia-cuda-nvcc wheel's bin/nvcc.profile that place its headers (the rest sets tool paths).
+WHEEL_PROFILE = 'TOP              = $(_HERE_)/..\nINCLUDES        +=  "-I$(TOP)/include" $(_SPACE_)\n'
+
+
+def toolkit(root: Path, *, nvcc: Path | str | None, headers: tuple[str, ...] = HEADERS, profile: bool = True) -> Path:
+    """``root`` laid out as a toolkit: ``bin/nvcc`` (a copy of a real nvcc given as a Path, with the real
+    ``nvcc.profile`` beside it; a script given as text, with the wheel profile's include lines unless
+    ``profile=False``, as a wrapper script has none; none for None) and ``include/`` with copies of the real
+    headers named."""
     (root / "bin").mkdir(parents=True, exist_ok=True)
     (root / "include").mkdir(exist_ok=True)
     if isinstance(nvcc, Path):
         shutil.copyfile(nvcc, root / "bin" / "nvcc")
+        shutil.copyfile(nvcc.parent / "nvcc.profile", root / "bin" / "nvcc.profile")
     elif isinstance(nvcc, str):
         (root / "bin" / "nvcc").write_text(nvcc)
+        if profile:
+            (root / "bin" / "nvcc.profile").write_text(WHEEL_PROFILE)
     if nvcc is not None:
         (root / "bin" / "nvcc").chmod(0o755)
     real = runtime_headers()

@@ -110,6 +110,30 @@ def test_a_toolkit_without_cuda_runtime_h(tmp_path: Path) -> None:
     assert toolchain and any(f"has bin/nvcc but no {home}/include/cuda_runtime.h" in f for f in fails), fails
 
 
+def test_a_wrapper_nvcc_without_headers_beside_it_is_not_judged_on_them(tmp_path: Path) -> None:
+    """``/usr/local/bin/nvcc`` as a script that execs the real one: FlashInfer takes ``/usr/local`` as the home,
+    whose include/ has no CUDA headers, but the nvcc it runs adds its own; with no nvcc.profile beside the
+    script, what that is is not known here: no failure, and the headers are not read."""
+    wrapper = toolkit(tmp_path / "local", nvcc=nvcc_script(runtime_release()), headers=(), profile=False)
+    fi = probed(tmp_path, None, path=str(wrapper / "bin"))
+    assert fi["nvcc"]["found_by"] == "PATH" and fi["nvcc"]["cuda_runtime_h"] is None
+    fails, _, note, toolchain = judge(fi, torch_cuda=runtime_release())
+    assert fails == [] and not toolchain and note
+
+
+def test_nvccs_own_include_directory_comes_first(tmp_path: Path) -> None:
+    """A CUDA_HOME whose include/ lacks the headers while the real nvcc's profile points at its own."""
+    real = toolkit(tmp_path / "real", nvcc=nvcc_script(runtime_release()))
+    home = tmp_path / "home"
+    (home / "bin").mkdir(parents=True)
+    (home / "include").mkdir()
+    (home / "bin" / "nvcc").symlink_to(real / "bin" / "nvcc")
+    fi = probed(tmp_path, str(home))
+    assert fi["nvcc"]["includes"] == [str(real / "include"), str(home / "include")]
+    assert fi["nvcc"]["include"] == str(real / "include") and fi["nvcc"]["cuda_runtime_h"] is True
+    assert judge(fi, torch_cuda=runtime_release()).fails == []
+
+
 def test_a_toolkit_of_another_cuda_major_than_torchs(tmp_path: Path) -> None:
     rel = runtime_release()
     home = toolkit(tmp_path / "cuda", nvcc=nvcc_script(rel))

@@ -126,7 +126,7 @@ def toolchain_problems(nvcc: dict[str, Any], torch_cuda: str | None) -> tuple[li
         return fails, cmds
     if nvcc.get("cuda_runtime_h") is False:
         fails.append(f"the toolkit at {home} has bin/nvcc but no {include}/cuda_runtime.h (a compiler without the "
-                     "CUDA runtime's headers)")
+                     f"CUDA runtime's headers; looked in {', '.join(nvcc.get('includes') or [str(include)])})")
         cmds.append("# point CUDA_HOME at a whole CUDA toolkit, or install the runtime headers beside this nvcc")
     release, headers = nvcc.get("release"), header_release(nvcc.get("cudart_version"))
     if release and headers and release != headers:

@@ -46,7 +46,8 @@ RUNTIME = {"from": opt(str), "flashinfer": opt({"found": opt(bool), "importable"
 # The nvcc a JIT build runs and the headers under its toolkit (probe ``find_nvcc``): the release macros read from
 # the real cuda_runtime_api.h / cuda.h (13000 = 13.0).
 NVCC = {"exists": opt(bool), "nvcc": opt(str), "found_by": opt(str), "release": opt(str), "home": opt(str),
-        "include": opt(str), "cuda_runtime_h": opt(bool), "cudart_version": opt(int), "cuda_version": opt(int)}
+        "include": opt(str), "includes": opt([str]), "cuda_runtime_h": opt(bool),
+        "cudart_version": opt(int), "cuda_version": opt(int)}
 STACK_SHAPE = {
     **PROBE_SHAPE, "distributions": opt(mapping(DIST)),
     "packages": opt(mapping({"found": opt(bool), "dirs": opt([str]), "origin": opt(str)})),
