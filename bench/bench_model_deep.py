@@ -42,6 +42,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -56,6 +57,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))  # the replica builder is a test fixture
 
 from model_replica import header_bytes, shard_name  # noqa: E402
+from timing import measure  # noqa: E402
 
 from doctor.model import hashing  # noqa: E402
 from doctor.model.hashing import HashJob, default_workers, hash_files, verify_model_hashes  # noqa: E402
@@ -64,8 +66,9 @@ GIB = 1024 ** 3
 MIB = 1024 ** 2
 # (files, MiB each), in the order they run (what matters most first, should the budget run out): 1 GiB as
 # one file per core on 16 cores and as two large files, 8 GiB (the shape first measured on the 16-core H200
-# host), 2 GiB, 4 GiB (two files per core), 1 GiB in many small files, 4 GiB in four large files.
-SETS = [(16, 64), (2, 512), (64, 128), (32, 64), (32, 128), (64, 16), (4, 1024)]
+# host), 2 GiB, 4 GiB (two files per core), 1 GiB in many small files, 4 GiB in eight large files. Files of
+# one size are shared (32 x 64 holds 16 x 64's): 15 GiB on disk in all.
+SETS = [(16, 64), (2, 512), (64, 128), (32, 64), (32, 128), (64, 16), (8, 512)]
 COLD_SETS = [(2, 512), (16, 64), (32, 128)]
 QUICK_SETS = [(16, 64), (2, 512)]
 WARM_TARGET, COLD_TARGET = 1.0, 0.9
@@ -79,8 +82,8 @@ def say(*parts: Any) -> None:
 # -- data ------------------------------------------------------------------------------------------
 
 def write_file(path: str, size: int, block: bytes, seed: int) -> None:
-    """One shard: a real safetensors header for one U8 tensor, then random bytes; fsynced (clean pages
-    are what POSIX_FADV_DONTNEED can drop, and no writeback may run under the cold reads)."""
+    """One shard: a real safetensors header for one U8 tensor, then random bytes (fsynced before a cold
+    read, by ``drop``)."""
     head, data = header_bytes([(f"t{seed}", "U8", (size,))])
     k = (seed * 7919 * 4096) % len(block)
     rotated = block[k:] + block[:k]  # a different byte stream per file
@@ -91,30 +94,43 @@ def write_file(path: str, size: int, block: bytes, seed: int) -> None:
             chunk = rotated[: min(left, len(rotated))]
             fh.write(chunk)
             left -= len(chunk)
-        fh.flush()
-        os.fsync(fh.fileno())
 
 
-def build(root: str, sets: list[tuple[int, int]]) -> dict[tuple[int, int], str]:
-    """The data files (``data/<MiB>-<i>``, shared by the sets of one file size) and one model directory
-    per set whose shards are hard links to them (same inode: same page cache)."""
-    data = os.path.join(root, "data")
-    os.makedirs(data, exist_ok=True)
-    block = os.urandom(16 * MIB)
-    need: dict[int, int] = {}
-    for files, mib in sets:
-        need[mib] = max(need.get(mib, 0), files)
-    for mib, count in need.items():
-        for i in range(count):
-            write_file(os.path.join(data, f"{mib}-{i}"), mib * MIB, block, mib * 1000 + i)
-    dirs = {}
-    for files, mib in sets:
-        d = os.path.join(root, f"set-{files}x{mib}M")
+class Data:
+    """The sets' model directories, each made when first asked for: its shards are hard links to data files
+    (``data/<MiB>-<i>``) shared by the sets of one file size (same inode: same page cache)."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.data = os.path.join(root, "data")
+        os.makedirs(self.data)
+        self.block = os.urandom(16 * MIB)
+        self.dirs: dict[tuple[int, int], str] = {}
+        self.written = 0
+        self.seconds = 0.0
+
+    def rate(self) -> float | None:
+        """Bytes per second written so far (None before the first file)."""
+        return self.written / self.seconds if self.seconds > 0 else None
+
+    def missing_bytes(self, key: tuple[int, int]) -> int:
+        files, mib = key
+        return sum(mib * MIB for i in range(files) if not os.path.exists(os.path.join(self.data, f"{mib}-{i}")))
+
+    def dir_for(self, key: tuple[int, int]) -> str:
+        if key in self.dirs:
+            return self.dirs[key]
+        files, mib = key
+        t0 = time.monotonic()
+        d = os.path.join(self.root, f"set-{files}x{mib}M")
         os.makedirs(d)
         weight_map = {}
         for i in range(files):
+            src = os.path.join(self.data, f"{mib}-{i}")
+            if not os.path.exists(src):
+                write_file(src, mib * MIB, self.block, mib * 1000 + i)
+                self.written += os.path.getsize(src)
             name = shard_name(i + 1, files)
-            src = os.path.join(data, f"{mib}-{i}")
             try:
                 os.link(src, os.path.join(d, name))
             except OSError:  # no hard links here: a symlink (the doctor and sha256sum follow it)
@@ -122,8 +138,9 @@ def build(root: str, sets: list[tuple[int, int]]) -> dict[tuple[int, int], str]:
             weight_map[f"t{i}"] = name
         Path(d, "model.safetensors.index.json").write_text(json.dumps(
             {"metadata": {"total_size": files * mib * MIB}, "weight_map": weight_map}))
-        dirs[(files, mib)] = d
-    return dirs
+        self.seconds += time.monotonic() - t0
+        self.dirs[key] = d
+        return d
 
 
 def shard_paths(d: str) -> list[str]:
@@ -190,10 +207,12 @@ class Residency:
 
 
 def drop(paths: list[str], res: Residency) -> dict[str, Any]:
-    """Drop the files' pages; ``{"method", "resident_bytes", "cold"}`` (cold: verified)."""
+    """Drop the files' pages (written back first: only clean pages can be dropped, and no writeback may
+    run under a cold read); ``{"method", "resident_bytes", "cold"}`` (cold: verified)."""
     for p in paths:
         fd = os.open(p, os.O_RDONLY)
         try:
+            os.fsync(fd)
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
@@ -266,9 +285,10 @@ def dd_call(paths: list[str]) -> Callable[[], None]:
 
 
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
-    t0 = time.perf_counter()
-    out = fn()
-    return time.perf_counter() - t0, out
+    """One call timed by the benches' one loop (``timing.measure``, once: the tools take turns), and what
+    it returned."""
+    out: list[Any] = []
+    return measure(lambda: out.append(fn()), 1).best, out[0]
 
 
 def mode_of(paths: list[str], cores: int) -> tuple[str, float]:
@@ -483,9 +503,88 @@ def parse_args() -> argparse.Namespace:
     return ap.parse_args()
 
 
+def fit(sets: list[tuple[int, int]], parent: str) -> tuple[list[tuple[int, int]], int]:
+    """The sets whose data fits on ``parent``'s file system (with 1 GiB to spare), the largest left out
+    first, and the bytes they need."""
+    def need(chosen: list[tuple[int, int]]) -> int:
+        per_size: dict[int, int] = {}
+        for files, mib in chosen:
+            per_size[mib] = max(per_size.get(mib, 0), files)
+        return sum(mib * MIB * n for mib, n in per_size.items())
+
+    free = shutil.disk_usage(parent).free
+    while need(sets) + GIB > free and len(sets) > 1:
+        big = max(sets, key=lambda s: s[0] * s[1])
+        say(f"left out {big[0]} x {big[1]} MiB: {free / GIB:.1f} GiB free in {parent}")
+        sets = [s for s in sets if s != big]
+    return sets, need(sets)
+
+
+def warm_phase(args: argparse.Namespace, doc: dict[str, Any], data: Data, sets: list[tuple[int, int]],
+               cores: int, budget: Budget) -> None:
+    peers = {"xargs sha256sum": ["sha256sum"]}
+    if shutil.which("openssl"):
+        peers["xargs openssl"] = ["openssl", "dgst", "-sha256", "-r"]
+    say(f"warm (page-cached), GiB/s, medians of {args.runs} runs; target doctor/xargs >= {WARM_TARGET}:")
+    per_stream = None  # the slowest tool's bytes/s per file hashed at once, in the set before
+    for key in sets:
+        size = key[0] * key[1] * MIB
+        streams = min(cores, key[0])
+        est = (len(peers) + 3) * args.runs * size / (per_stream * streams) if per_stream else 0.0
+        rate = data.rate()
+        est += data.missing_bytes(key) / rate if rate else 0.0
+        if not budget.allows(est):
+            say(f"  {key[0]} x {key[1]} MiB skipped: about {est:.0f} s needed, past the budget")
+            doc["warm"][f"{key[0]}x{key[1]}"] = {"skipped": "budget"}
+            continue
+        w = warm_set(data.dir_for(key), cores, args.runs, peers)
+        per_stream = min(v * GIB for v in w["median_gib_s"].values()) / streams
+        doc["warm"][f"{key[0]}x{key[1]}"] = w
+        report_warm(key, w)
+        write_json(args.json_out, doc)
+    crossover(doc)
+
+
+def cold_phase(args: argparse.Namespace, doc: dict[str, Any], data: Data, sets: list[tuple[int, int]],
+               cores: int, budget: Budget, cold_runs: int) -> None:
+    res = Residency()
+    doc["host"]["residency_check"] = res.method
+    sets = [k for k in sets if k in data.dirs] or sets[:1]  # the sets built for the warm runs
+    probe = drop(shard_paths(data.dir_for(sets[0])), res)
+    doc["cold_drop_probe"] = probe
+    if not probe["cold"]:
+        say(f"cold: skipped: the files' pages could not be dropped ({probe['method']}; resident "
+            f"{probe['resident_bytes']} bytes by {probe['verified_by']}): tmpfs, or no way to check")
+        return
+    say(f"cold (pages dropped by {probe['method']}, verified by {probe['verified_by']} before every read), "
+        f"GiB/s, medians of {cold_runs} runs; target doctor/dd >= {COLD_TARGET}:")
+    dd_rate = None
+    for key in sets:
+        warm = doc["warm"].get(f"{key[0]}x{key[1]}")
+        c = cold_set(data.dir_for(key), cores, cold_runs, res, budget, dd_rate, warm, args.cold_xargs)
+        if c["rates_gib_s"]["dd"]:
+            dd_rate = statistics.median(c["rates_gib_s"]["dd"]) * GIB
+        doc["cold"][f"{key[0]}x{key[1]}"] = c
+        report_cold(key, c)
+        write_json(args.json_out, doc)
+
+
+def verdict(doc: dict[str, Any], json_out: str | None) -> int:
+    warm = [w["doctor_over_xargs"]["median"] for w in doc["warm"].values() if "median_gib_s" in w]
+    cold = [c["doctor_over_dd"]["median"] for c in doc["cold"].values() if c["doctor_over_dd"]["median"] is not None]
+    warm_ok = all(r >= WARM_TARGET for r in warm)
+    cold_ok = all(r >= COLD_TARGET for r in cold)
+    cold_said = ("met" if cold_ok else "NOT met") if cold else "not measured"
+    say(f"targets: warm {'met' if warm_ok else 'NOT met'}; cold {cold_said}; {doc['seconds']} s"
+        + (f"; figures in {json_out}" if json_out else ""))
+    return 0 if warm_ok and cold_ok else 1
+
+
 def main() -> int:
     args = parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `timeout`: the data is still removed
     budget = Budget(args.budget)
+    start = time.monotonic()
     cores = args.workers or default_workers()
     if args.files:
         sets, cold_sets = [(args.files, args.mib)], [(args.files, args.mib)]
@@ -500,83 +599,30 @@ def main() -> int:
             return 2
     parent = args.tmp or os.environ.get("TMPDIR") or "/var/tmp"
     os.makedirs(parent, exist_ok=True)
-    per_size: dict[int, int] = {}
-    for files, mib in sets:
-        per_size[mib] = max(per_size.get(mib, 0), files)
-    need = sum(mib * MIB * n for mib, n in per_size.items())
-    free = shutil.disk_usage(parent).free
-    while need + GIB > free and len(sets) > 1:  # what does not fit is said and left out, the largest first
-        big = max(sets, key=lambda s: s[0] * s[1])
-        say(f"left out {big[0]} x {big[1]} MiB: {free / GIB:.1f} GiB free in {parent}")
-        sets = [s for s in sets if s != big]
-        cold_sets = [s for s in cold_sets if s != big]
-        per_size = {}
-        for files, mib in sets:
-            per_size[mib] = max(per_size.get(mib, 0), files)
-        need = sum(mib * MIB * n for mib, n in per_size.items())
+    sets, need = fit(sets, parent)
+    cold_sets = [s for s in cold_sets if s in sets]
     root = tempfile.mkdtemp(prefix="k26-deep-bench-", dir=parent)
-    peers = {"xargs sha256sum": ["sha256sum"]}
-    if shutil.which("openssl"):
-        peers["xargs openssl"] = ["openssl", "dgst", "-sha256", "-r"]
     doc: dict[str, Any] = {"host": host_facts(root, cores), "targets": {"warm_doctor_over_xargs": WARM_TARGET,
                            "cold_doctor_over_dd": COLD_TARGET}, "runs": args.runs, "cold_runs": cold_runs,
                            "warm": {}, "cold": {}}
-    res = Residency()
-    doc["host"]["residency_check"] = res.method
+    h = doc["host"]
+    say(f"data: up to {need / GIB:.1f} GiB in {root} ({h.get('filesystem', '?')}, read_ahead_kb "
+        f"{h.get('read_ahead_kb', '?')}); cores {cores}; {h.get('cpu', '?')} sha_ni={h.get('sha_ni', '?')}; "
+        f"Python {h['python']}; load {h['load_average_start']}; budget {args.budget:.0f} s")
     try:
-        t0 = time.monotonic()
-        dirs = build(root, sets)
-        doc["build_seconds"] = round(time.monotonic() - t0, 1)
-        h = doc["host"]
-        say(f"data: {need / GIB:.1f} GiB in {root} ({h.get('filesystem', '?')}, read_ahead_kb "
-            f"{h.get('read_ahead_kb', '?')}), written and fsynced in {doc['build_seconds']} s; cores {cores}; "
-            f"{h.get('cpu', '?')} sha_ni={h.get('sha_ni', '?')}; Python {h['python']}; load {h['load_average_start']}")
-        say(f"warm (page-cached), GiB/s, medians of {args.runs} runs; target doctor/xargs >= {WARM_TARGET}:")
-        slowest = None
-        for key in sets:
-            gib = key[0] * key[1] / 1024
-            est = (len(peers) + 3) * args.runs * gib / slowest if slowest else 0
-            if not budget.allows(est):
-                say(f"  {key[0]} x {key[1]} MiB skipped: about {est:.0f} s needed, past the budget")
-                doc["warm"][f"{key[0]}x{key[1]}"] = {"skipped": "budget"}
-                continue
-            w = warm_set(dirs[key], cores, args.runs, peers)
-            slowest = min(w["median_gib_s"].values())
-            doc["warm"][f"{key[0]}x{key[1]}"] = w
-            report_warm(key, w)
-            write_json(args.json_out, doc)
-        crossover(doc)
-        if args.cold:
-            probe = drop(shard_paths(dirs[cold_sets[0]]), res)
-            doc["cold_drop_probe"] = probe
-            if not probe["cold"]:
-                say(f"cold: skipped: the files' pages could not be dropped ({probe['method']}; resident "
-                    f"{probe['resident_bytes']} bytes by {probe['verified_by']}): tmpfs, or no way to check")
-            else:
-                say(f"cold (pages dropped by {probe['method']}, verified by {probe['verified_by']} before every "
-                    f"read), GiB/s, medians of {cold_runs} runs; target doctor/dd >= {COLD_TARGET}:")
-                dd_rate = None
-                for key in cold_sets:
-                    warm = doc["warm"].get(f"{key[0]}x{key[1]}")
-                    c = cold_set(dirs[key], cores, cold_runs, res, budget, dd_rate, warm, args.cold_xargs)
-                    if c["rates_gib_s"]["dd"]:
-                        dd_rate = statistics.median(c["rates_gib_s"]["dd"]) * GIB
-                    doc["cold"][f"{key[0]}x{key[1]}"] = c
-                    report_cold(key, c)
-                    write_json(args.json_out, doc)
+        data = Data(root)
+        warm_phase(args, doc, data, sets, cores, budget)
+        if args.cold and cold_sets:
+            cold_phase(args, doc, data, cold_sets, cores, budget, cold_runs)
     finally:
         doc["host"]["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
-        doc["seconds"] = round(time.monotonic() - (budget.end - args.budget), 1)
+        doc["seconds"] = round(time.monotonic() - start, 1)
+        if "data" in locals():
+            doc["data"] = {"written_gib": round(data.written / GIB, 2), "write_seconds": round(data.seconds, 1)}
         write_json(args.json_out, doc)
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
-    warm_ok = all(w["doctor_over_xargs"]["median"] >= WARM_TARGET for w in doc["warm"].values() if "median_gib_s" in w)
-    cold_ok = all(c["doctor_over_dd"]["median"] >= COLD_TARGET for c in doc["cold"].values()
-                  if c["doctor_over_dd"]["median"] is not None)
-    say(f"targets: warm {'met' if warm_ok else 'NOT met'}; cold {'met' if cold_ok else 'NOT met'}"
-        + (" (cold not measured)" if not doc["cold"] else "") + f"; {doc['seconds']} s"
-        + (f"; figures in {args.json_out}" if args.json_out else ""))
-    return 0 if warm_ok and cold_ok else 1
+    return verdict(doc, args.json_out)
 
 
 if __name__ == "__main__":
