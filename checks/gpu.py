@@ -152,7 +152,7 @@ def gpu_multicast(ctx: Context) -> Result:
     `nvidia-smi -q -d FABRIC`."""
     nvml = answered(ctx.fact("nvml"), ctx.settings.world_size)
     args, _problem = planned_args(ctx.settings)
-    return Result.of(multicast.judge_multicast(nvml, ctx.fact("multicast"), ctx.optional("sglang_flags"), args,
+    return Result.of(multicast.judge_multicast(nvml, ctx.optional("multicast"), ctx.optional("sglang_flags"), args,
                                                ctx.settings))
 
 

@@ -119,7 +119,7 @@ def profile_flags(args: list[str]) -> tuple[list[dict[str, Any]], list[dict[str,
             [r for r in data.get("needs", []) if r["flag"] in names])
 
 
-def judge_multicast(nvml: dict[str, Any], mc: dict[str, Any], flags_fact: dict[str, Any] | None,
+def judge_multicast(nvml: dict[str, Any], mc: dict[str, Any] | None, flags_fact: dict[str, Any] | None,
                     args: list[str], settings: Settings) -> Findings:
     """Multicast on every GPU of the TP group, the fabric it needs, and what the server will ask of it."""
     world = settings.world_size
@@ -130,6 +130,8 @@ def judge_multicast(nvml: dict[str, Any], mc: dict[str, Any], flags_fact: dict[s
     if ready.outcome in ("pending", "failed", "mixed"):
         raise NotJudged.blocked(f"multicast needs the NVSwitch fabric, which is not ready: {ready.describe()} "
                                 "(see gpu.fabric)", "gpu.fabric")
+    if mc is None:
+        raise NotJudged.missing("multicast not read: the 'multicast' fact is not recorded (CUDA's attribute per GPU)")
     probe_problem(mc)
     seen = probe_devices(mc, group)
     unread = [f"{g}: {e.get('error') or 'not seen by CUDA'}" for g, e in seen.items()
