@@ -22,7 +22,7 @@ from doctor.core.datafile import load_toml
 from doctor.core.result import Findings, NotJudged, Remediation
 from doctor.core.settings import Settings
 from doctor.gpu import fabric
-from doctor.gpu.group import label, tp_group
+from doctor.gpu.group import compute_capability, label, tp_group
 from doctor.sglang.flag_history import load_history
 
 DATA_FILE = Path(__file__).resolve().parents[1] / "data" / "multicast.toml"
@@ -111,6 +111,14 @@ def off_remedy(flags_fact: dict[str, Any] | None, asked: list[dict[str, Any]]) -
     return Remediation(" ".join(parts), ["nvidia-smi topo -m", "nvidia-smi -q -d FABRIC"])
 
 
+def auto_fusion(group: list[dict[str, Any]]) -> bool:
+    """Whether SGLang would turn FlashInfer's all-reduce fusion on by itself on these GPUs (by compute capability;
+    unknown counts as yes: the judgement then says what would fail)."""
+    majors = set(rules().get("auto_fusion_cc_major", []))
+    caps = [compute_capability(d.get("compute_capability")) for d in group]
+    return any(c is None or c[0] in majors for c in caps)
+
+
 def profile_flags(args: list[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The ``[[off]]`` flags the server's arguments give and the ``[[needs]]`` flags they ask for."""
     names = {a.split("=", 1)[0] for a in args if a.startswith("--")}
@@ -148,6 +156,10 @@ def judge_multicast(nvml: dict[str, Any], mc: dict[str, Any] | None, flags_fact:
         if off and not asked:
             return out.info(NOT_NEEDED, f"NVLink multicast not supported on {where} ({why}); the server's "
                                         f"arguments keep its users off ({', '.join(r['flag'] for r in off)})")
+        if not asked and not auto_fusion(group):
+            return out.info(NOT_NEEDED, f"NVLink multicast not supported on {where} ({why}); SGLang turns the "
+                                        "fusion on by itself only on SM90/SM100 and no server flag asks for a "
+                                        "multicast user")
         users = ", ".join(r["flag"] for r in asked) if asked else "FlashInfer's all-reduce fusion (SGLang turns it " \
             "on by itself for DeepSeek-style models on SM90/SM100 at TP > 1)"
         return out.fail(UNSUPPORTED, f"NVLink multicast not supported on {where} ({why}): {users} fails at start "
