@@ -343,7 +343,8 @@ def hash_files(jobs: list[HashJob], *, workers: int | None = None, cache: Verify
                 if worker is not None:
                     done = by_worker(worker, job)
                     if done is None or not worker.alive():
-                        worker = None  # it died (e.g. SIGBUS: the file shrank under its map): read it here
+                        worker.close()  # it died (e.g. SIGBUS: the file shrank under its map): read it here
+                        worker = None
                     if done is not None:
                         out.append(done)
                         continue
