@@ -201,6 +201,16 @@ def run_case(shape):
         result["padded_replay_mask_indptr"] = be.mask_indptr[: max_bs + 1].tolist()
     except RuntimeError as e:
         result["padded_replay_mask_equal"] = f"raised: {e}"
+    # capture: the runner hands its all-ones buffer, sized for the FULL_MASK layout (longer, and not a whole
+    # number of W x W requests): the first max_bs * W * W cells of it are read
+    be._verify_mask.buffer.fill_(0)
+    ones = torch.ones(sum(width * (n + width) for n in seq_pad.tolist()) + 1, dtype=torch.bool)
+    try:
+        be._update_target_verify_buffers(None, max_bs, seq_pad, types.SimpleNamespace(
+            custom_mask=ones, num_tokens_per_req=width), rpi_pad)
+        result["capture_mask_ones"] = int(be._verify_mask.buffer[: max_bs * width * width].to(torch.bool).sum())
+    except RuntimeError as e:
+        result["capture_mask_ones"] = f"raised: {e}"
     try:  # a mask that is not a whole number of W x W requests is refused
         be._update_target_verify_buffers(None, max_bs, seq_pad, types.SimpleNamespace(
             custom_mask=compact[:-1], num_tokens_per_req=width), rpi_pad)

@@ -65,6 +65,8 @@ def test_padded_graph_replay_copies_the_real_requests_mask(probe, shape):
     assert r["padded_replay_mask_equal"] is True, r["padded_replay_mask_equal"]
     assert r["padded_replay_mask_indptr"] == [0, cells, 2 * cells, 3 * cells, 4 * cells]
     assert "not a whole number of requests" in r["ragged_mask"], r["ragged_mask"]
+    # capture hands the runner's longer all-ones buffer (not whole requests): its first bs x W x W cells are read
+    assert r["capture_mask_ones"] == 4 * cells, r["capture_mask_ones"]
 
 
 @pytest.mark.parametrize("shape", ["gqa", "mla_absorbed"])
