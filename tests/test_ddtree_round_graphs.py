@@ -195,7 +195,7 @@ def test_commit_graphs_without_zeroed_padding_would_corrupt_the_kv(sp):
     else:
         pytest.fail("no batch with a real move in its rows 1-3")
     graphs.commit(predicts, acc, num, loc, zero)
-    (_p_in, acc_s, num_s, slots, _prefix), _out, replay = graphs.captured[4]
+    (_p_in, _acc_s, num_s, _slots, _prefix), _out, replay = graphs.captured[4]
     kv[0].copy_(torch.randn(kv[0].shape, generator=gen))  # the slots now hold other requests' KV
     fresh = kv[0].clone()
     p, a, n = accept_outputs(sp, gen, 1, BLOCK)

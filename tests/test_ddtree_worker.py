@@ -172,7 +172,7 @@ def test_the_gate_opens_only_for_a_listed_configuration(worker, monkeypatch):
     assert worker.check_ddtree_worker_available(dict(here, cuda_graph=False)) is None
     assert worker.check_ddtree_worker_available(dict(here, cuda_graph=False, overlap_schedule=False)) is None
     for key, other in (("overlap_schedule", False), ("tp_size", 8), ("compute_capability", "10.0")):
-        with pytest.raises(NotImplementedError, match="validated inside a real server .*tp_size=1"):
+        with pytest.raises(NotImplementedError, match=r"validated inside a real server .*tp_size=1"):
             worker.check_ddtree_worker_available(dict(here, **{key: other}))
     monkeypatch.setenv(worker.UNVALIDATED_WORKER_ENV, "1")
     assert worker.check_ddtree_worker_available(dict(here, tp_size=8)) is None
