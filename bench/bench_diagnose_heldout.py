@@ -2,8 +2,9 @@
 
 Runs the shipped signatures (or `--signatures FILE` added to them) over the held-out corpus of
 tests/fixtures/diagnose_heldout/ (real logs from public threads, each labelled with the check a human engineer
-blames, from the thread's resolution) and prints, per log and in total, for the dev split, the test split and
-both: named right / named a near-miss / named nothing / named wrong (tests/diagnose_heldout.py defines them).
+blames, from the thread's resolution) and prints, per log and in total, for the dev split, the test split (and its
+batches: batch 2 was gathered after the generalisation was written) and all: named right / named a near-miss /
+named nothing / named wrong (tests/diagnose_heldout.py defines them).
 The baseline is the same corpus scored the same way: a change to the signatures shows as a change of these
 counts, split by split.
 
@@ -33,22 +34,24 @@ def main() -> int:
     args = ap.parse_args()
     sigs = load_signatures(args.signatures)
     logs = [g for g in load_manifest() if args.split == "all" or g.split == args.split]
-    by_split: dict[str, list[str]] = {"dev": [], "test": []}
+    groups: dict[str, list[str]] = {"dev": [], "test": [], "test-batch1": [], "test-batch2+": [], "all": []}
     for log in logs:
         outcome, found = diagnose(log, sigs)
-        by_split[log.split].append(outcome)
+        for name in (log.split, "all", *((f"test-batch{'1' if log.batch == 1 else '2+'}",) if log.split == "test"
+                                        else ())):
+            groups[name].append(outcome)
         if not args.quiet:
             top = found[0] if found else None
             named = f"{top.signature.check} ({top.signature.id})" if top else "-"
-            print(f"{outcome:8} {log.split:5} {log.file:58} label {log.label:16} named {named}")
+            print(f"{outcome:8} {log.split:5} b{log.batch} {log.file:58} label {log.label:16} named {named}")
     print()
-    for name, outcomes in (*by_split.items(), ("all", [o for v in by_split.values() for o in v])):
+    for name, outcomes in groups.items():
         if not outcomes:
             continue
         counts = tally(outcomes)
         n = len(outcomes)
-        print(f"{name:5} n={n:3}  " + "  ".join(f"{k} {counts[k]:2} ({100 * counts[k] / n:3.0f}%)"
-                                              for k in OUTCOMES))
+        print(f"{name:13} n={n:3}  " + "  ".join(f"{k} {counts[k]:2} ({100 * counts[k] / n:3.0f}%)"
+                                                  for k in OUTCOMES))
     return 0
 
 
