@@ -57,7 +57,10 @@ def host_env(ctx: Context) -> Result:
     """The service's environment (this process's, the profile's [server.env] and the profile's
     EnvironmentFile) against a table of variables known to break or slow SGLang/NCCL
     (doctor/data/env_rules.toml): NCCL_P2P_DISABLE=1, CUDA_LAUNCH_BLOCKING=1, TRITON_INTERPRET=1,
-    CUDA_VISIBLE_DEVICES with fewer GPUs than the TP group, and more.
+    CUDA_VISIBLE_DEVICES with fewer GPUs than the TP group, and more. It warns on a PATH with empty entries (a
+    leading or trailing ':', a '::': each searches the working directory, so which nvcc or ninja a JIT build
+    runs depends on where the service starts) and on a CUDA_HOME / CUDA_PATH that is set empty, holds a search
+    path, or names a directory without bin/nvcc or include/cuda_runtime.h.
 
     Why: these are debugging switches or site leftovers that turn TP8 over NVLink into something
     many times slower, or hide GPUs, without any error message.

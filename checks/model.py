@@ -116,8 +116,14 @@ def model_drafter(ctx: Context) -> Result:
     """The DFlash draft model: config.json valid (block_size >= 1; target_layer_ids integers within the
     target's layers and as many as the drafter's fc takes; mask_token_id inside the vocabulary; hidden size
     and vocabulary equal to the target's; the profile's architectures, and ones SGLang runs under the
-    profile's --speculative-algorithm: no EAGLE3 drafter under DDTREE), its shards valid by the same validator
-    as the target's (model.shards), not the target's own directory; under DDTREE the drafter's block against
+    profile's --speculative-algorithm: no EAGLE3 drafter under DDTREE, and an EAGLE3 or MTP draft named as what
+    it is by its config's keys when its architectures do not say it: eagle_config, num_nextn_predict_layers),
+    its shards valid by the same validator as the target's (model.shards), a declared draft vocabulary
+    (draft_vocab_size) with its own lm_head.weight of that many rows (without it the server starts and accepts
+    no drafted token), target_layer_ids inside the target (an id at or past its layer count: a drafter built
+    for a deeper target, "mat1 and mat2 shapes cannot be multiplied" at the first draft step), a
+    --speculative-algorithm in [server] args with no draft model given, not the target's own directory; under
+    DDTREE the drafter's block against
     --speculative-ddtree-budget (budget >= block - 1) and --attention-backend triton; the attention backend
     the DFlash draft will get (not an MLA-only one, which SGLang silently replaces).
 

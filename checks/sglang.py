@@ -28,7 +28,12 @@ def sglang_install(ctx: Context) -> Result:
     the server imports at start beyond ``import sglang`` (``doctor/data/sglang_runtime.toml``, each rule seen
     stopping a real server) found on disk: FlashInfer's ``sampling`` module and the JIT source directories
     DFLASH/DDTREE verify compiles, the CuTe DSL for Llama/Qwen-family MLPs, and DFlash's tree-sampling kernel
-    module (without it SGLang silently verifies greedily: warn).
+    module (without it SGLang silently verifies greedily: warn). Where the start compiles FlashInfer's modules
+    (no ``flashinfer-jit-cache`` for the GPU, nothing compiled in the cache), the toolchain exactly: nvcc's
+    release (``nvcc --version``) against the ``CUDART_VERSION`` of the ``cuda_runtime_api.h`` the build
+    includes (CCCL's cuda_toolkit.h stops a build of nvcc 13.3 with cu13.0 headers: "CUDA compiler and CUDA
+    toolkit headers are incompatible"), cuda.h against it, the CUDA major against torch's, a toolkit without
+    ``include/cuda_runtime.h`` and a ``CUDA_HOME`` holding a search path (code ``sglang.install.jit_toolchain``).
 
     Importing SGLang (it imports torch: seconds to a minute) moves to ``--deep``, ``--import-sglang`` and
     ``launch``, which sets it: a wheel can be present with every requirement yet fail to import (a
@@ -67,7 +72,10 @@ def sglang_flags(ctx: Context) -> Result:
     """Reads the flags the service interpreter's SGLang accepts from its sources (the annotated
     fields of ``sglang/srt/arg_groups/fields/`` in 0.5.2x, ``add_argument`` calls in older releases;
     nothing is imported) and replays argparse on the command ``k26-doctor launch`` would run: the
-    profile's flags, its ``[server] args``.
+    profile's flags, its ``[server] args``; and a ``--speculative-algorithm`` that runs a separate draft model
+    (DFLASH, DDTREE, EAGLE3) without ``--speculative-draft-model-path`` (``sglang.flags.no_draft_model``:
+    SGLang stops at argument resolution, "DFLASH speculative decoding requires setting
+    --speculative-draft-model-path").
 
     Why: SGLang parses its flags only after seconds to minutes of imports, then exits with status 2:
     0.5.20 removed ``--cuda-graph-max-bs`` and argparse calls it an "ambiguous option"; a DDTree flag

@@ -76,6 +76,12 @@ def ptxas() -> Path:
 
 
 @downloads.reads("the nvidia-cuda-nvcc wheel")
+def nvcc() -> Path:
+    """NVIDIA's real nvcc 13.5 (it answers ``--version`` on its own, without the rest of a toolkit)."""
+    return _tool("nvidia-cuda-nvcc", "nvidia/cu13/bin/nvcc")
+
+
+@downloads.reads("the nvidia-cuda-nvcc wheel")
 def fatbinary() -> Path:
     return _tool("nvidia-cuda-nvcc", "nvidia/cu13/bin/fatbinary")
 

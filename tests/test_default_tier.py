@@ -22,6 +22,7 @@ from pathlib import Path
 import ci_requirements
 import downloads
 import pytest
+from cuda_toolkit import nvcc_script, runtime_release, toolkit
 from interpreters import bare_python
 from kernel_wheels import torch_site
 from sglang_wheels import wheel_for
@@ -275,12 +276,9 @@ def complete_site(tmp_path: Path, *, flashinfer: bool = True, jit_dirs=JIT_DIRS,
 
 @functools.cache
 def cuda_home() -> Path:
-    """A CUDA_HOME whose bin/nvcc answers ``--version`` (SGLang's JIT finds nvcc there; not what is judged here)."""
-    home = workdir() / "cuda-home"
-    (home / "bin").mkdir(parents=True)
-    (home / "bin" / "nvcc").write_text("#!/bin/sh\necho 'Cuda compilation tools, release 13.0, V13.0.88'\n")
-    (home / "bin" / "nvcc").chmod(0o755)
-    return home
+    """A CUDA_HOME whose bin/nvcc answers ``--version`` with the release of its headers (real copies of the
+    installed CUDA runtime's: SGLang's JIT finds nvcc there; not what is judged here)."""
+    return toolkit(workdir() / "cuda-home", nvcc=nvcc_script(runtime_release()))
 
 
 def install_ctx(path: Path, profile: str = "h200-tp8"):

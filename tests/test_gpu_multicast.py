@@ -148,3 +148,14 @@ def test_the_real_probe_reads_attributes_and_never_creates_a_multicast_object(tm
 
 def test_bus_ids_of_nvml_and_cuda_are_one_key() -> None:
     assert multicast.bus_key("00000000:2A:00.0") == multicast.bus_key("0000:2a:00.0") == "0:2a:00.0"
+
+
+def test_explain_names_the_flag_that_turns_the_fusion_off() -> None:
+    from conftest import run_doctor
+
+    out = run_doctor("explain", "gpu.multicast")
+    text = " ".join(out.stdout.split())
+    assert out.returncode == 0, out.stderr
+    for words in ("multicast-supported attribute", "never a multicast object", ENFORCE, "--enable-torch-symm-mem",
+                  "NCCL_NVLS_ENABLE=0", "Device does not support multicasting", "nvidia-smi -q -d FABRIC"):
+        assert words in text, (words, out.stdout)

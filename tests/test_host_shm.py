@@ -139,3 +139,14 @@ def test_mountinfo_stacked_mounts_the_last_one_wins() -> None:
             "70 1 0:41 / /dev rw - devtmpfs udev rw\n")
     assert mount_of("/dev/shm", text)["super_options"] == "rw,size=65536k"
     assert collect_shm.__name__ == "collect_shm"
+
+
+def test_explain_gives_the_fix_per_environment() -> None:
+    from conftest import run_doctor
+
+    out = run_doctor("explain", "host.shm")
+    text = " ".join(out.stdout.split())
+    assert out.returncode == 0, out.stderr
+    for words in ("/dev/shm", "shm_estimate.toml", "--shm-size=1g", "emptyDir", "medium: Memory",
+                  "mount -o remount,size=1G /dev/shm", "No fixer"):
+        assert words in text, (words, out.stdout)

@@ -3,7 +3,6 @@ replicas (safetensors headers, configs as published) and the built-in profiles."
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "model"))
 from modelkit import build, build_drafter, make_ctx, run, tree_state
+from modelkit import edit_config as edit
 
 from doctor.model.drafter import arg_value
 
@@ -19,12 +19,6 @@ from doctor.model.drafter import arg_value
 @pytest.fixture
 def model(tmp_path: Path) -> Path:
     return build(tmp_path)
-
-
-def edit(path: Path, mutate) -> None:
-    cfg = json.loads(path.read_text())
-    mutate(cfg)
-    path.write_text(json.dumps(cfg))
 
 
 def drafter_result(tmp_path: Path, model: Path, drafter: Path, profile: str = "b300-tp8-ddtree", **server: object):

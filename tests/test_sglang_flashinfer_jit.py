@@ -4,7 +4,8 @@ A DFLASH/DDTREE server on CUDA calls FlashInfer's sampling module in its start-u
 (bench/results/ddtree-h200-round1) the server compiled FlashInfer modules with nvcc and ninja at start. The
 stack probe runs for real under an interpreter whose environment holds (or lacks) an nvcc, a ninja, a cache;
 the judgement runs on what it reported. nvcc and ninja are executables written here (the probe runs
-``nvcc --version`` and looks ninja up on PATH; it never runs a build).
+``nvcc --version`` and looks ninja up on PATH; it never runs a build); the toolkit's headers are real copies of the
+installed CUDA runtime's (``tests/cuda_toolkit.py``).
 """
 
 from __future__ import annotations
@@ -14,13 +15,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+from cuda_toolkit import nvcc_script, runtime_release, toolkit
 from stack_support import healthy_venv, make_ctx, nvml_fact, run_check, stack_site, write_dist
 
 from doctor.core import proc
 from doctor.core.result import Status
 from doctor.sglang.runtime import flashinfer_jit_problems
 
-NVCC = "#!/bin/sh\necho 'Cuda compilation tools, release 13.0, V13.0.88'\n"
+
+def cuda_home(root: Path) -> Path:
+    """A toolkit whose nvcc answers the release of its real headers (those of the installed CUDA runtime)."""
+    return toolkit(root, nvcc=nvcc_script(runtime_release()))
 
 
 def executable(path: Path, text: str = "#!/bin/sh\nexit 0\n") -> Path:
@@ -57,7 +62,7 @@ def probe(site: Path, *, python: str = sys.executable, nvcc: bool, ninja: bool, 
     if ninja:
         executable(tools / "ninja")
     env = {"PATH": str(tools), "PYTHONPATH": str(site), "SGLANG_CACHE_DIR": str(cache),
-           "CUDA_HOME": str(executable(site.parent / "cuda" / "bin" / "nvcc", NVCC).parents[1]) if nvcc
+           "CUDA_HOME": str(cuda_home(site.parent / "cuda")) if nvcc
            else str(site.parent / "no-cuda")}
     data, res = proc.run_probe(python, "stack", [], timeout=60, env=env)
     assert data is not None, res.why()
@@ -66,7 +71,7 @@ def probe(site: Path, *, python: str = sys.executable, nvcc: bool, ninja: bool, 
 
 def judge(fact: dict, cc: str = "10.3", algorithm: str | None = "DDTREE") -> tuple[list[str], list[str], str]:
     return flashinfer_jit_problems(fact["flashinfer_jit"], fact["distributions"], algorithm=algorithm,
-                                   compute_capability=cc, torch_cuda="13.0")
+                                   compute_capability=cc, torch_cuda="13.0")[:3]
 
 
 def test_no_nvcc_and_no_ninja_fail_with_the_precompiled_cache_as_the_fix(tmp_path):
@@ -85,11 +90,11 @@ def test_no_nvcc_and_no_ninja_fail_with_the_precompiled_cache_as_the_fix(tmp_pat
 
 def test_nvcc_ninja_and_a_writable_cache_compile_at_the_first_start(tmp_path):
     fact = probe(site_with_flashinfer(tmp_path), nvcc=True, ninja=True, cache=tmp_path / "new" / "cache")
-    assert fact["flashinfer_jit"]["nvcc"]["release"] == "13.0"
+    assert fact["flashinfer_jit"]["nvcc"]["release"] == runtime_release()
     assert fact["flashinfer_jit"]["writable_checked"] == str(tmp_path)  # the nearest directory that exists
     fails, cmds, note = judge(fact)
     assert fails == [] and cmds == [] and note.startswith("the first start compiles FlashInfer's sampling module")
-    assert "(13.0)" in note
+    assert f"({runtime_release()}, CUDA {runtime_release()} headers)" in note
     assert judge(fact, algorithm=None) == ([], [], "")  # no speculation: the start does not call it
 
 
@@ -157,7 +162,7 @@ def test_the_check_sees_the_venv_on_path_as_the_launcher_starts_the_server(tmp_p
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     executable(venv / "bin" / "ninja")
-    cuda = executable(tmp_path / "cuda" / "bin" / "nvcc", NVCC).parents[1]
+    cuda = cuda_home(tmp_path / "cuda")
     env = {"PYTHONPATH": str(site), "PATH": str(tmp_path / "bin"), "CUDA_HOME": str(cuda),
            "SGLANG_CACHE_DIR": str(tmp_path / "cache")}
     ctx = make_ctx(venv / "bin" / "python", env=env, facts={"nvml": nvml_fact([(10, 3)])})

@@ -154,10 +154,11 @@ stage_all() {  # setup, wave 0 on the random pair while the trained pair trains,
     w0=$!
     # Wave 0 captures its CUDA graphs with the GPU to itself (the memory it logs for them is then a reading of
     # its own, not of other processes allocating meanwhile): the pair trains once that is done (120 s at most).
-    local t=0
+    local t=0 names
+    names=$(python3 -c "import json;p=json.load(open('$plan'));print(' '.join(s['name'] for s in p['servers'] if s.get('wave')==0))")
     while [ $t -lt 120 ] && kill -0 "$w0" 2>/dev/null; do
       local pending=0
-      for f in $(python3 -c "import json,os;p=json.load(open('$plan'));print(' '.join(s['name'] for s in p['servers'] if s.get('wave')==0))"); do
+      for f in $names; do
         grep -q "Capture target verify CUDA graph end\|Capture decode CUDA graph end\|Capture cuda graph end" "$WORK/logs/$f.log" 2>/dev/null || pending=1
       done
       [ $pending -eq 0 ] && break

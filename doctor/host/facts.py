@@ -96,7 +96,25 @@ def service_env(opts: CollectOptions) -> tuple[dict[str, str], dict[str, Any]]:
 ACCESS_SHAPE = {"path": str, "owner": str, "uid": int, "group": str, "gid": int, "mode": str, "perms": str,
                 "is_dir": bool}
 USER_SHAPE = {"user": str, "uid": int, "group": str, "gid": int}
-ENV_SHAPE = {"vars": mapping(str), "env_file": opt(str), "env_file_state": opt(str), "env_file_vars": opt([str])}
+# A CUDA toolkit directory the environment names (CUDA_HOME, CUDA_PATH): what a JIT build needs of it.
+TOOLKIT_SHAPE = {"var": str, "path": str, "is_dir": bool, "nvcc": bool, "cuda_runtime_h": bool}
+ENV_SHAPE = {"vars": mapping(str), "env_file": opt(str), "env_file_state": opt(str), "env_file_vars": opt([str]),
+             "toolkits": opt([TOOLKIT_SHAPE])}
+TOOLKIT_VARS = ("CUDA_HOME", "CUDA_PATH")
+
+
+def toolkit_dirs(env: dict[str, str]) -> list[dict[str, Any]]:
+    """Each toolkit directory CUDA_HOME / CUDA_PATH names (set and not empty; a search path is judged from the
+    value): a directory, with ``bin/nvcc`` and ``include/cuda_runtime.h``. Stat calls only."""
+    out = []
+    for var in TOOLKIT_VARS:
+        path = env.get(var)
+        if not path or not path.strip() or os.pathsep in path:
+            continue
+        out.append({"var": var, "path": path, "is_dir": os.path.isdir(path),
+                    "nvcc": os.path.isfile(os.path.join(path, "bin", "nvcc")),
+                    "cuda_runtime_h": os.path.isfile(os.path.join(path, "include", "cuda_runtime.h"))})
+    return out
 # Each place: measured, or the error that stopped the measure.
 DISK_SHAPE = mapping(({"path": required(str), "error": required(str)},
                       {"path": required(str), "measured_at": required(str), "exists": bool, "writable": required(bool),
@@ -115,6 +133,7 @@ def collect_env(opts: CollectOptions) -> dict[str, Any]:
         "env_file": info["env_file"],
         "env_file_state": info["env_file_state"],
         "env_file_vars": info["env_file_keys"],
+        "toolkits": toolkit_dirs(env),
     }
 
 

@@ -91,18 +91,25 @@ def judge_pairing(draft_cfg: dict[str, Any], *, target_archs: list[str], target_
     def get(key: str) -> Any:
         return dfl.get(key, draft_cfg.get(key))
 
-    if archs and target_archs and set(archs) & set(target_archs):
+    by_keys = named_by_keys(draft_cfg)
+    copy = bool(archs and target_archs and set(archs) & set(target_archs))
+    if copy and not (by_keys and algo and by_keys != algo):
         out.append(found("fail", "copy_of_target",
                          f"the drafter's architectures {archs} are the target's: --draft-model-path "
                                         "points at a copy of the target model, not at a drafter",
                                 "Point --draft-model-path ([drafter] path) at the drafter's own directory."))
-    elif algo and entry and archs and not set(archs) & set(entry.get("architectures", [])):
+    elif algo and entry and (archs or by_keys) and not set(archs) & set(entry.get("architectures", [])):
         other = next((name for name, e in rules().get("algorithms", {}).items()
                       if name != algo and set(archs) & set(e.get("architectures", []))), None)
+        named = ", ".join(archs) or "no architectures"
+        if other is None and by_keys and by_keys != algo:
+            other = by_keys
+            keys = [k for k in rules()["algorithms"][other].get("config_keys", []) if draft_cfg.get(k)]
+            named = f"{named}; its config.json has {', '.join(keys)}"
         if other:
             what = rules()["algorithms"][other].get("what", other)
             out.append(found("fail", "wrong_algorithm",
-                             f"the drafter is {what} ({', '.join(archs)}), but "
+                             f"the drafter is {what} ({named}), but "
                         f"the server runs --speculative-algorithm {algorithm}, which needs {entry.get('what', algo)}",
                 f"Use the {algo} drafter trained for this target, or set [server] speculative_algorithm = {other} "
                 "to run this one."))
@@ -111,6 +118,7 @@ def judge_pairing(draft_cfg: dict[str, Any], *, target_archs: list[str], target_
                              f"the drafter's architectures {archs} are none SGLang 0.5.23 runs under {algo} "
                         f"({', '.join(entry.get('architectures', []))})",
                 f"Use {entry.get('what', 'the drafter')} trained for this target."))
+    out += _lm_head_findings(get("draft_vocab_size"), draft_tensors)
     ids = get("target_layer_ids")
     contexts = _fc_contexts(draft_tensors, target_hidden)
     if isinstance(ids, list) and ids and contexts is not None and contexts != len(ids):
@@ -131,6 +139,40 @@ def judge_pairing(draft_cfg: dict[str, Any], *, target_archs: list[str], target_
                             f"server has {shown}: the worker refuses it after the weights load",
                     "Set [server] attention_backend = \"triton\" (--attention-backend triton)."))
     return out
+
+
+def named_by_keys(cfg: dict[str, Any]) -> str | None:
+    """The algorithm a draft config is for by its keys (``config_keys`` of the rules: an EAGLE3 export's
+    ``eagle_config``, an MTP layer's positive ``num_nextn_predict_layers``), for a draft whose architectures do
+    not say it; None for a DFlash config (``dflash_config``) or one no key names."""
+    if isinstance(cfg.get("dflash_config"), dict):
+        return None
+    for name, entry in rules().get("algorithms", {}).items():
+        if any(cfg.get(k) not in (None, 0, False, "", [], {}) for k in entry.get("config_keys", [])):
+            return name
+    return None
+
+
+def _lm_head_findings(draft_vocab: Any, tensors: dict[str, Any] | None) -> list[Finding]:
+    """A config that declares a draft vocabulary (``draft_vocab_size``) needs the draft's own ``lm_head``: without
+    it SGLang starts with the head uninitialised and accepts no drafted token. Judged on the shards' tensors."""
+    patterns = (tensors or {}).get("patterns")
+    if not is_pos_int(draft_vocab) or not isinstance(patterns, dict):
+        return []
+    head = patterns.get("lm_head.weight")
+    if not isinstance(head, dict):
+        return [found("fail", "no_lm_head",
+                      f"config.json declares a draft vocabulary (draft_vocab_size {draft_vocab}) but the shards hold "
+                      "no lm_head.weight: the server starts with an uninitialised head and accepts no drafted token",
+                      "Re-download the drafter whole (its lm_head shard is missing), or use the drafter trained for "
+                      "this target.")]
+    rows = {int(m.group(1)) for shape in head.get("shapes") or {} for m in [_SHAPE.search(str(shape))] if m}
+    if rows and draft_vocab not in rows:
+        return [found("fail", "lm_head_rows",
+                      f"the drafter's lm_head.weight has {sorted(rows)} rows, config.json's draft_vocab_size is "
+                      f"{draft_vocab}: config.json and the weights disagree",
+                      "Re-download the drafter whole (config.json and weights of one revision).")]
+    return []
 
 
 def _block_findings(config_block: Any, args: list[str], algo: str, budget: int | None) -> list[Finding]:
@@ -218,8 +260,11 @@ def config_problems(d: dict[str, Any], tview: Any, want_archs: Any, out: Finding
         elif t_layers:
             outside = [i for i in ids if i < 0 or i >= t_layers]
             if outside:
+                deeper = (f": the drafter was built for a target of at least {max(ids) + 1} layers (the first "
+                          "draft step fails with \"mat1 and mat2 shapes cannot be multiplied\")"
+                          if max(ids) >= t_layers else "")
                 problems.append(f"target_layer_ids {outside} are outside the target's {t_layers} layers "
-                                f"(0..{t_layers - 1})")
+                                f"(0..{t_layers - 1}){deeper}")
     vocab = d.get("vocab_size")
     mtid = get("mask_token_id")
     if mtid is not None:
@@ -238,6 +283,7 @@ def config_problems(d: dict[str, Any], tview: Any, want_archs: Any, out: Finding
     return problems
 
 
+NO_DRAFT_ARG = "model.drafter.no_path"  # the argv drafts (its [server] args) and no draft model is given
 IS_TARGET = "model.drafter.is_target"  # the drafter's path is the target's: model.redownload downloads nothing
 
 
@@ -254,6 +300,13 @@ def judge_drafter(fact: dict[str, Any], read_target: Callable[[], Any], args: li
                   selected: frozenset[str]) -> Findings:
     """``fact``: the ``drafter`` fact; ``read_target()``: the ``model`` fact or None, read once the drafter's directory
     is usable; ``args``: the server command."""
+    spec_arg = arg_value(args, "--speculative-algorithm")
+    if not fact.get("given") and spec_arg and not settings.get("server.speculative_algorithm"):
+        return Findings(algorithm=spec_arg).fail(
+            NO_DRAFT_ARG, f"the server command runs --speculative-algorithm {spec_arg} (in [server] args) but no "
+            "draft model is given", Remediation("Give --draft-model-path DIR (or [drafter] path) and set [server] "
+                                                 f"speculative_algorithm = \"{spec_arg}\" instead of passing it in "
+                                                 "[server] args."))
     early = dir_problem(fact, DRAFTER, settings)
     if early is not None:
         return early
@@ -270,7 +323,8 @@ def judge_drafter(fact: dict[str, Any], read_target: Callable[[], Any], args: li
     pairing = pairing_of(d, tview, fact, args, settings) if d else []
     problems += [f.message for f in pairing if f.severity is Severity.FAIL]
     warns = [f for f in pairing if f.severity is Severity.WARN]
-    out.details.update(problems=problems, warnings=[f.message for f in warns])
+    out.details.update(problems=problems, warnings=[f.message for f in warns],
+                       problem_codes=[f.code for f in pairing if f.severity is Severity.FAIL])
     if problems or weights.status.failed:
         return drafter_failure(problems, weights, [f for f in pairing if f.severity is Severity.FAIL], out)
     if warns:

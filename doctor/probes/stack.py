@@ -280,7 +280,8 @@ def find_nvcc():
         home = os.path.dirname(os.path.dirname(found)) if found else "/usr/local/cuda"
         how = "PATH" if found else "default /usr/local/cuda"
     nvcc = os.path.join(home, "bin", "nvcc")
-    out = {"nvcc": nvcc, "found_by": how, "exists": os.path.isfile(nvcc), "release": None}
+    out = {"nvcc": nvcc, "found_by": how, "exists": os.path.isfile(nvcc), "release": None, "home": home}
+    out.update(cuda_headers(home, nvcc))
     if out["exists"]:
         try:
             text = subprocess.run([nvcc, "--version"], capture_output=True, timeout=20, check=False).stdout
@@ -288,6 +289,48 @@ def find_nvcc():
             out["release"] = m.group(1) if m else None
         except (OSError, subprocess.SubprocessError) as exc:
             out["error"] = str(exc)
+    return out
+
+
+HEADER_MACROS = (("cudart_version", "cuda_runtime_api.h", "CUDART_VERSION"), ("cuda_version", "cuda.h", "CUDA_VERSION"))
+
+
+def nvcc_includes(nvcc):
+    """The include directories nvcc adds itself: the ``-I`` entries of the ``nvcc.profile`` beside the real
+    binary (``INCLUDES += "-I$(TOP)/include"``, ``TOP = $(_HERE_)/..``; a full toolkit's ``$(_TARGET_DIR_)``),
+    or None where there is no profile (a wrapper script: what it runs is not known here)."""
+    here = os.path.dirname(os.path.realpath(nvcc))
+    text = _read(os.path.join(here, "nvcc.profile"), 100000)
+    if text is None:
+        return None
+    target = "targets/%s-linux" % ("x86_64" if platform.machine() == "x86_64" else "sbsa")
+    m = re.search(r"^[ \t]*TOP[ \t]*=[ \t]*(\S+)", text, re.M)
+    top = (m.group(1) if m else "$(_HERE_)/..").replace("$(_HERE_)", here)
+    out = []
+    for line in re.findall(r"^[ \t]*INCLUDES[ \t]*\+?=(.*)$", text, re.M):
+        for inc in re.findall(r'-I"?([^"\s]+)', line):
+            inc = inc.replace("$(TOP)", top).replace("$(_HERE_)", here).replace("$(_TARGET_DIR_)", target)
+            out.append(os.path.normpath(inc))
+    return out
+
+
+def cuda_headers(home, nvcc):
+    """The CUDA headers a JIT build includes: nvcc's own ``-I`` directories first (its ``nvcc.profile``), then
+    ``<home>/include``, where FlashInfer's and tvm-ffi's builds point ``-isystem``. Whether ``cuda_runtime.h``
+    is there (None where nvcc is a wrapper and ``<home>/include`` lacks it: not known), and the release macros
+    of the first ``cuda_runtime_api.h`` (``CUDART_VERSION``, what CCCL's cuda_toolkit.h compares with nvcc's
+    release) and ``cuda.h``."""
+    own = nvcc_includes(nvcc) if os.path.isfile(nvcc) else None
+    dirs = list(dict.fromkeys((own or []) + [os.path.normpath(os.path.join(home, "include"))]))
+    has = [d for d in dirs if os.path.isfile(os.path.join(d, "cuda_runtime.h"))]
+    include = next((d for d in dirs if os.path.isfile(os.path.join(d, "cuda_runtime_api.h"))), dirs[0])
+    out = {"include": include, "includes": dirs,
+           "cuda_runtime_h": True if has else (False if own is not None else None)}
+    for key, name, macro in HEADER_MACROS:
+        path = os.path.join(include, name)
+        text = _read(path, 4000000) if os.path.isfile(path) else None
+        m = re.search(r"^[ \t]*#[ \t]*define[ \t]+" + macro + r"[ \t]+(\d+)", text or "", re.M)
+        out[key] = int(m.group(1)) if m else None
     return out
 
 

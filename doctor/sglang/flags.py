@@ -10,12 +10,14 @@ from typing import Any
 from doctor.core.proc import run_probe
 from doctor.core.result import Findings, NotJudged, Remediation, Severity
 from doctor.core.settings import ConfigError
+from doctor.model.drafter import algorithm_of, arg_value
 from doctor.sglang.flag_reader import FlagSourceError, FlagTable, read_flags
 from doctor.sglang.flag_validator import ArgFinding, as_dict, replacement_of, validate_args
 
 PROBE_TIMEOUT_S = 20.0
 # Flags that only the DDTree patch set adds to SGLang: an unknown one means the patches are missing.
 PATCH_FLAGS = ("--speculative-ddtree-",)
+NO_DRAFT = "sglang.flags.no_draft_model"  # a drafting algorithm and no --speculative-draft-model-path
 
 
 def locate_sglang(python: str, env: dict[str, str] | None = None, timeout: float = PROBE_TIMEOUT_S
@@ -75,10 +77,19 @@ def judge_flags(fact: dict[str, Any], args: list[str]) -> Findings:
         raise NotJudged.failing(f"recorded flag table is unusable: {exc}") from None
     problems = validate_args(table, args)
     version = table.version or "?"
+    undrafted = draftless(args)
     errors = [p for p in problems if p[1].severity is Severity.FAIL]
     warnings = [p for p in problems if p[1].severity is Severity.WARN]
     out = Findings(sglang_version=version, package_dir=fact.get("package_dir"), style=table.style,
                    flags_known=len(table.options), args=args, problems=[as_dict(p) for p in problems])
+    if undrafted:
+        out.fail(NO_DRAFT, f"--speculative-algorithm {undrafted} without --speculative-draft-model-path: SGLang "
+                 f"stops at argument resolution (\"{undrafted} speculative decoding requires setting "
+                 "--speculative-draft-model-path\")",
+                 Remediation("Give the drafter: --draft-model-path DIR (or [drafter] path = \"DIR\"), and set the "
+                             "algorithm in [server] speculative_algorithm, so the launcher passes both."))
+        if not errors:
+            return out
     if errors:
         return out.fail("sglang.flags.rejected", f"{len(errors)} flag(s) SGLang {version} rejects: "
                         + "; ".join(f.message for _, f in errors[:3]) + (" ..." if len(errors) > 3 else ""),
@@ -89,6 +100,16 @@ def judge_flags(fact: dict[str, Any], args: list[str]) -> Findings:
                         "Spell flags out and move off deprecated ones before an upgrade removes them.")
     return out.info("sglang.flags.accepted", f"all {sum(1 for a in args if a.startswith('-'))} flags accepted by "
                     f"SGLang {version} (read from {table.style} sources)")
+
+
+def draftless(args: list[str]) -> str | None:
+    """The algorithm of an argv that drafts with a separate draft model and names none, else None
+    (``needs_draft_path`` of ``doctor/data/drafter_rules.toml``: NEXTN/EAGLE take the target's bundled MTP layer)."""
+    algo, entry = algorithm_of(arg_value(args, "--speculative-algorithm"))
+    if not algo or not entry.get("needs_draft_path"):
+        return None
+    given = arg_value(args, "--speculative-draft-model-path") or arg_value(args, "--speculative-draft-model")
+    return None if given else algo
 
 
 def judge_server_flags(fact: dict[str, Any], args: list[str], problem: ConfigError | None) -> Findings:

@@ -24,6 +24,9 @@ from doctor.stack.distributions import (
 )
 from doctor.stack.service_probe import probe_failure
 
+RUNTIME = "sglang.install.runtime"  # the server would stop at start: a module or file it imports is missing
+JIT_TOOLCHAIN = "sglang.install.jit_toolchain"  # only the toolkit FlashInfer's JIT compiles with is wrong
+
 
 def requirements(stack: dict[str, Any], dist: dict[str, Any]) -> tuple[list[str], list[str]]:
     """SGLang's Requires-Dist against the installed distributions, as ``pip check`` reads them: (missing,
@@ -145,17 +148,19 @@ def judge_runtime(stack: dict[str, Any], runtime: Any, dflash: Any, warnings: li
         flashinfer_pin=settings.get("stack.flashinfer"))
     out.details["runtime"] = runtime
     fi_jit = stack.get("flashinfer_jit")
+    code = RUNTIME
     if isinstance(fi_jit, dict):
         out.details["flashinfer_jit"] = fi_jit
         torch_cuda = ((stack.get("torch") or {}).get("version_py") or {}).get("cuda")
-        jit_fails, jit_cmds, jit_note = flashinfer_jit_problems(
+        jit_fails, jit_cmds, jit_note, toolchain = flashinfer_jit_problems(
             fi_jit, stack.get("distributions"), algorithm=algorithm,
             compute_capability=settings.get("gpu.compute_capability"), torch_cuda=torch_cuda)
+        code = JIT_TOOLCHAIN if toolchain and not fails else code
         fails, runtime_cmds = fails + jit_fails, runtime_cmds + jit_cmds
         if jit_note:
             summary += "; " + jit_note
     if fails:
-        return out.fail("sglang.install.runtime", f"{stop_prefix}, but the server would stop at start: "
+        return out.fail(code, f"{stop_prefix}, but the server would stop at start: "
                         + "; ".join(fails), Remediation("Install what the server imports at start into the service's "
                                                         "environment.", runtime_cmds))
     warnings.extend(runtime_warns)

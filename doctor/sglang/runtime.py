@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from doctor.core.datafile import load_toml
 
@@ -89,9 +89,67 @@ def _same_release(installed: str | None, flashinfer: str | None) -> bool:
     return bool(installed and flashinfer) and (installed == flashinfer or str(installed).startswith(f"{flashinfer}+"))
 
 
+class JitJudgement(NamedTuple):
+    """What ``flashinfer_jit_problems`` found: failures, fix commands, a note for the summary, and whether the
+    failures include the toolchain's own (``toolchain_problems``: code ``sglang.install.jit_toolchain``)."""
+    fails: list[str]
+    cmds: list[str]
+    note: str
+    toolchain: bool = False
+
+
+def header_release(macro: Any) -> str | None:
+    """``CUDART_VERSION`` / ``CUDA_VERSION`` as a release: 13000 -> "13.0", 12080 -> "12.8"."""
+    return f"{macro // 1000}.{macro % 1000 // 10}" if type(macro) is int and macro > 0 else None
+
+
+def nvcc_pip(release: str) -> str:
+    """The wheel of NVIDIA's nvcc for a CUDA release (``nvidia-cuda-nvcc`` from CUDA 13, ``-cu12`` before)."""
+    major = release.split(".")[0]
+    return f"'nvidia-cuda-nvcc{'-cu' + major if major.isdigit() and int(major) < 13 else ''}=={release}.*'"
+
+
+def toolchain_problems(nvcc: dict[str, Any], torch_cuda: str | None) -> tuple[list[str], list[str]]:
+    """(failures, fix commands) on the toolkit a JIT build would use, from the ``nvcc`` the stack probe found: a
+    ``CUDA_HOME`` that is a search path, a toolkit without ``include/cuda_runtime.h``, nvcc's release against the
+    ``CUDART_VERSION`` of the ``cuda_runtime_api.h`` it would include (CCCL's cuda_toolkit.h stops the build:
+    "CUDA compiler and CUDA toolkit headers are incompatible", nvcc 13.3 with cu13.0 headers), and the CUDA major
+    against torch's (the modules link torch's CUDA runtime). A key a recording lacks is not judged."""
+    fails: list[str] = []
+    cmds: list[str] = []
+    home, include = nvcc.get("home"), nvcc.get("include")
+    if nvcc.get("found_by") == "CUDA_HOME/CUDA_PATH" and isinstance(home, str) and (":" in home or not home.strip()):
+        fails.append(f"CUDA_HOME/CUDA_PATH is {home!r}, a search path: FlashInfer and tvm-ffi read one toolkit "
+                     "directory from it")
+        cmds.append("# set CUDA_HOME to one toolkit directory (the one holding bin/nvcc and include/cuda_runtime.h)")
+    if not nvcc.get("exists"):
+        return fails, cmds
+    if nvcc.get("cuda_runtime_h") is False:
+        fails.append(f"the toolkit at {home} has bin/nvcc but no {include}/cuda_runtime.h (a compiler without the "
+                     f"CUDA runtime's headers; looked in {', '.join(nvcc.get('includes') or [str(include)])})")
+        cmds.append("# point CUDA_HOME at a whole CUDA toolkit, or install the runtime headers beside this nvcc")
+    release, headers = nvcc.get("release"), header_release(nvcc.get("cudart_version"))
+    if release and headers and release != headers:
+        fails.append(f"nvcc {release} ({nvcc.get('nvcc')}) with CUDA {headers} headers ({include}/cuda_runtime_api.h "
+                     "CUDART_VERSION): the build stops at \"CUDA compiler and CUDA toolkit headers are incompatible\"")
+        cmds.append(f"pip install {nvcc_pip(headers)}" if "site-packages" in str(home) else
+                    f"# point CUDA_HOME at one toolkit whose nvcc and headers are both CUDA {headers} "
+                    f"or both {release}")
+    driver_api = header_release(nvcc.get("cuda_version"))
+    if headers and driver_api and driver_api != headers:
+        fails.append(f"{include} mixes two CUDA releases: cuda.h is {driver_api}, cuda_runtime_api.h {headers}")
+        cmds.append(f"# reinstall one CUDA release's headers into {include}")
+    built_for = release or headers
+    if built_for and torch_cuda and built_for.split(".")[0] != str(torch_cuda).split(".")[0]:
+        fails.append(f"the toolkit is CUDA {built_for}, torch is built for CUDA {torch_cuda}: FlashInfer's modules "
+                     "would link another CUDA major's runtime than torch's")
+        cmds.append(f"# install the CUDA {str(torch_cuda).split('.')[0]} toolkit (torch's) and point CUDA_HOME at it")
+    return fails, cmds
+
+
 def flashinfer_jit_problems(fact: Any, distributions: Any, *, algorithm: str | None,
-                            compute_capability: str | None, torch_cuda: str | None) -> tuple[list[str], list[str], str]:
-    """(failures, fix commands, note) on FlashInfer's JIT for the server the profile starts.
+                            compute_capability: str | None, torch_cuda: str | None) -> JitJudgement:
+    """(failures, fix commands, note, toolchain) on FlashInfer's JIT for the server the profile starts.
 
     A DFLASH/DDTREE server on CUDA calls FlashInfer's sampling module during its start-up rehearsal. It
     comes from an AOT ``flashinfer-jit-cache`` of FlashInfer's version (a provider per GPU architecture
@@ -100,7 +158,7 @@ def flashinfer_jit_problems(fact: Any, distributions: Any, *, algorithm: str | N
     toolkit stops there, after the weights loaded. ``fact`` is the stack probe's ``flashinfer_jit``."""
     r = rules()["flashinfer"]
     if (algorithm or "").upper() not in r["algorithms"] or not isinstance(fact, dict):
-        return [], [], ""
+        return JitJudgement([], [], "")
     dists = distributions if isinstance(distributions, dict) else {}
     fi_ver = fact.get("version")
     shim = (dists.get("flashinfer-jit-cache") or {}).get("version")
@@ -108,17 +166,18 @@ def flashinfer_jit_problems(fact: Any, distributions: Any, *, algorithm: str | N
     want = _digits(compute_capability)
     if _same_release(shim, fi_ver):
         if not providers:  # before 0.7 one wheel held every architecture
-            return [], [], f"FlashInfer's kernels come precompiled from flashinfer-jit-cache {shim}"
+            return JitJudgement([], [], f"FlashInfer's kernels come precompiled from flashinfer-jit-cache {shim}")
         mine = sorted(k for k, v in providers.items()
                       if _same_release(v, fi_ver) and _digits(k.rsplit("-sm", 1)[1]) == want)
         if mine:
-            return [], [], f"FlashInfer's kernels come precompiled from {mine[0]} {providers[mine[0]]}"
+            return JitJudgement([], [], f"FlashInfer's kernels come precompiled from {mine[0]} {providers[mine[0]]}")
     module = r["jit_module"]
     # "<archs>/<module>": FlashInfer names the directory by the architectures it built for ("90a", "100a_103a")
     compiled = [c for c in fact.get("compiled") or [] if str(c).endswith(f"/{module}")
                 and (not want or want in {_digits(a) for a in str(c).split("/", 1)[0].split("_")})]
     if compiled:
-        return [], [], f"FlashInfer's {module} module is compiled in {fact.get('cache_dir')}/{fi_ver}/{compiled[0]}"
+        return JitJudgement([], [], f"FlashInfer's {module} module is compiled in {fact.get('cache_dir')}/{fi_ver}/"
+                            f"{compiled[0]}")
     index = r["jit_cache_index"].format(cuda=_digits(torch_cuda)[:3] or "130")
     package = f"'{r['jit_cache_pip']}=={fi_ver}'" if fi_ver else r["jit_cache_pip"]
     aot = f"pip install {package} --index-url {index}"
@@ -130,6 +189,10 @@ def flashinfer_jit_problems(fact: Any, distributions: Any, *, algorithm: str | N
     if not nvcc.get("exists"):
         fails.append(f"{why}, but there is no nvcc at {nvcc.get('nvcc')} (via {nvcc.get('found_by')})")
         cmds += [aot, "# or install the CUDA toolkit and set CUDA_HOME in the service's environment"]
+    tool_fails, tool_cmds = toolchain_problems(nvcc, torch_cuda)
+    if tool_fails:
+        fails += [f"{why}, but {text}" for text in tool_fails]
+        cmds += [aot, *tool_cmds]
     if not fact.get("ninja"):
         beside = fact.get("ninja_beside_python")
         fails.append(f"{why}, but `ninja` is not on the service's PATH"
@@ -141,6 +204,8 @@ def flashinfer_jit_problems(fact: Any, distributions: Any, *, algorithm: str | N
                      f"(the cache {fact.get('cache_dir')}, from {fact.get('base_from')})")
         cmds.append("# set SGLANG_CACHE_DIR (or FLASHINFER_WORKSPACE_BASE) to a writable directory")
     if fails:
-        return fails, list(dict.fromkeys(cmds)), ""
-    return [], [], (f"the first start compiles FlashInfer's {module} module with {nvcc.get('nvcc')} "
-                    f"({nvcc.get('release') or 'release ?'}) into {fact.get('cache_dir')}")
+        return JitJudgement(fails, list(dict.fromkeys(cmds)), "", bool(tool_fails))
+    headers = header_release(nvcc.get("cudart_version"))
+    return JitJudgement([], [], f"the first start compiles FlashInfer's {module} module with {nvcc.get('nvcc')} "
+                        f"({nvcc.get('release') or 'release ?'}" + (f", CUDA {headers} headers" if headers else "")
+                        + f") into {fact.get('cache_dir')}")

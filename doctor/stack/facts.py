@@ -43,6 +43,11 @@ RUNTIME = {"from": opt(str), "flashinfer": opt({"found": opt(bool), "importable"
                                                 "package_dir": opt(str), "jit_dirs": opt(mapping(bool))}),
            "cute_dsl": opt({"found": opt(bool), "error": opt(str)}),
            "dflash": opt({"available": opt(bool), "error": opt(str)})}
+# The nvcc a JIT build runs and the headers under its toolkit (probe ``find_nvcc``): the release macros read from
+# the real cuda_runtime_api.h / cuda.h (13000 = 13.0).
+NVCC = {"exists": opt(bool), "nvcc": opt(str), "found_by": opt(str), "release": opt(str), "home": opt(str),
+        "include": opt(str), "includes": opt([str]), "cuda_runtime_h": opt(bool),
+        "cudart_version": opt(int), "cuda_version": opt(int)}
 STACK_SHAPE = {
     **PROBE_SHAPE, "distributions": opt(mapping(DIST)),
     "packages": opt(mapping({"found": opt(bool), "dirs": opt([str]), "origin": opt(str)})),
@@ -51,11 +56,10 @@ STACK_SHAPE = {
                          "in_venv": opt(bool)})),                                                   # run (its path)
     "torch": opt({"dir": opt(str), "ptxas": opt(str), "version_py": opt(mapping(opt(str)))}),
     "triton": opt(dict), "sglang_runtime": opt(RUNTIME),
-    "sglang_jit": opt({"exists": opt(bool), "nvcc": opt(str), "found_by": opt(str)}),
+    "sglang_jit": opt(NVCC),
     "flashinfer_jit": opt({"version": opt(str), "compiled": opt([str]), "cache_dir": opt(str), "ninja": opt(str),
                            "ninja_beside_python": opt(str), "writable": opt(bool), "writable_checked": opt(str),
-                           "base_from": opt(str), "nvcc": opt({"exists": opt(bool), "nvcc": opt(str),
-                                                               "found_by": opt(str), "release": opt(str)})}),
+                           "base_from": opt(str), "nvcc": opt(NVCC)}),
     "duplicates": opt([{"name": str, "shadowed_by": opt(str), "version": opt(str)}]),
     "metadata_errors": opt([str]), "env": opt(mapping(str)), "nvidia_ptxas": opt(list),
 }
