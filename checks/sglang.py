@@ -98,12 +98,13 @@ def ddtree_gate(ctx: Context) -> Result:
     `ddtree_worker.VALIDATED`), and the service's environment (process, profile [server.env], EnvironmentFile)
     for SGLANG_DDTREE_UNVALIDATED_WORKER.
 
-    Validated (ddtree-0.5.23: TP 1 on an H200, Triton, SGLang 0.5.23, torch 2.11.0, with graphs + overlap,
-    overlap only, or neither): pass, naming where and when it was shown. Anything else, without the opt-in: fail
-    with the keys that differ from the nearest validated entry (`tp_size 8 (validated: 1)`), as the server
-    refuses it -- after minutes of imports. With `SGLANG_DDTREE_UNVALIDATED_WORKER=1` (exactly 1) the server starts
-    DDTREE in any configuration: warn, saying whether this one is validated (then the opt-in is not needed). A key
-    whose fact is missing (no GPU reading, no stack) is not judged, and the check is then never a pass.
+    Validated (the shipped ddtree-0.5.23, revision 5, lists TP 1 on an H200, Triton, SGLang 0.5.23, torch
+    2.11.0, with graphs + overlap, overlap only, or neither): pass, naming where and when it was shown. Anything
+    else, without the opt-in: fail with the keys that differ from the nearest validated entry
+    (`tp_size 8 (validated: 1)`), as the server refuses it -- after minutes of imports. With
+    `SGLANG_DDTREE_UNVALIDATED_WORKER=1` (exactly 1) the server starts DDTREE in any configuration: warn, saying
+    whether this one is validated (then the opt-in is not needed). A key whose fact is missing (no GPU reading, no
+    stack) is not judged, and the check is then never a pass.
     Fix by hand: set server.speculative_algorithm = "DFLASH" in the config (chain verification, validated
     upstream), change what differs to a validated configuration, or opt in knowingly
     (`SGLANG_DDTREE_UNVALIDATED_WORKER=1` in the env file) and validate as the patch set's README says.

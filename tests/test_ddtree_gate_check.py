@@ -31,17 +31,20 @@ def verdict(*args: str, **env: str) -> dict:
     return json.loads(out.stdout)["results"][0]
 
 
-def test_ddtree_profile_without_the_opt_in_fails() -> None:
-    res = verdict()
-    assert res["status"] == "fail" and "SGLANG_DDTREE_UNVALIDATED_WORKER=1" in res["summary"]
+@pytest.mark.network  # the validated stack (validated_python)
+def test_ddtree_profile_without_the_opt_in_fails(validated_python: str) -> None:
+    res = verdict("--python", validated_python)
+    assert res["status"] == "fail" and res["summary"].endswith("SGLANG_DDTREE_UNVALIDATED_WORKER=1 not set")
     assert "DFLASH" in res["remediation"]["text"]
 
 
-def test_opt_in_is_a_warning_never_a_pass() -> None:
-    assert verdict(SGLANG_DDTREE_UNVALIDATED_WORKER="1")["status"] == "warn"
-    res = verdict(SGLANG_DDTREE_UNVALIDATED_WORKER="yes")
+@pytest.mark.network
+def test_opt_in_is_a_warning_never_a_pass(validated_python: str) -> None:
+    assert verdict("--python", validated_python, SGLANG_DDTREE_UNVALIDATED_WORKER="1")["status"] == "warn"
+    res = verdict("--python", validated_python, SGLANG_DDTREE_UNVALIDATED_WORKER="yes")
     assert res["status"] == "fail", "the patch accepts exactly 1"
-    assert "SGLANG_DDTREE_UNVALIDATED_WORKER='yes' set, which the gate does not take" in res["summary"]
+    assert res["summary"].endswith("SGLANG_DDTREE_UNVALIDATED_WORKER='yes' set, which the gate does not take "
+                                   "(exactly 1 opens it)")
 
 
 def test_opt_in_from_the_env_file(tmp_path: Path) -> None:
@@ -66,10 +69,9 @@ def test_without_sglang_it_does_not_speak_of_the_patched_sglang(tmp_path: Path) 
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=300)
     res = verdict("--python", str(bare / "bin" / "python"))
     assert res["status"] == "fail"
-    assert res["summary"].startswith("DDTREE needs SGLang with the ddtree-0.5.23 patch set (not installed), in a "
-                                     "configuration it was validated in: sglang not installed (validated: 0.5.23), "
-                                     "tp_size 8 (validated: 1), torch not installed (validated: 2.11.0)")
-    assert res["summary"].endswith("SGLANG_DDTREE_UNVALIDATED_WORKER=1 not set")
+    assert res["summary"] == ("DDTREE needs SGLang with the ddtree-0.5.23 patch set (not installed), in a validated "
+                              "configuration: tp_size 8 (validated: 1), torch not installed (validated: 2.11.0)")
+    assert res["remediation"]["text"].startswith("Install SGLang and apply the ddtree-0.5.23 patch set")
     site = bare / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
     (site / "sglang").mkdir()
     (site / "sglang" / "__init__.py").write_text("")

@@ -293,20 +293,26 @@ def opted_in(out: Findings, entry: dict[str, Any] | None, differs: list[str], un
 
 def refused(out: Findings, differs: list[str], unread: Mapping[str, str], no_sglang: bool, gate: str,
             set_name: str, settings: Settings) -> Findings:
-    """Not a validated configuration, no opt-in: the server stops at argument resolution, after its imports."""
+    """Not a validated configuration, no opt-in: the server stops at argument resolution, after its imports. Without
+    SGLang at all that comes first (the opt-in and what is not judged are in the details)."""
     if no_sglang:
-        head = (f"DDTREE needs SGLang with the {set_name} patch set (not installed), in a configuration it was "
-                "validated in")
+        rest = [d for d in differs if not d.startswith("sglang ")]
+        summary = f"DDTREE needs SGLang with the {set_name} patch set (not installed)" + (
+            f", in a validated configuration: {', '.join(rest)}" if rest else
+            f"; the other keys match the configuration validated {out.details.get('nearest')}")
+        first = f"Install SGLang and apply the {set_name} patch set (sglang.install, sglang.patches). Then: "
     else:
-        head = (f"the patched SGLang refuses DDTREE at start: the {set_name} patch set starts only in a configuration "
-                "validated inside a real server, and this one is not")
-    tail = f"; not judged: {not_judged(unread)}" if unread else ""
+        tail = f"; not judged: {not_judged(unread)}" if unread else ""
+        summary = (f"the patched SGLang refuses DDTREE at start: the {set_name} patch set starts only in a "
+                   f"configuration validated inside a real server, and this one is not: {', '.join(differs)}{tail}; "
+                   f"{gate}")
+        first = ""
     env_file = settings.get("server.env_file", "/etc/k26-doctor/sglang-k26.env")
     return out.fail(
-        "sglang.ddtree.refused", f"{head}: {', '.join(differs)}{tail}; {gate}",
-        Remediation("Launch the DFlash chain instead (server.speculative_algorithm = \"DFLASH\" in the config), or "
-                    "run DDTREE only as validated (the patch set's manifest.json \"validated\" lists each "
+        "sglang.ddtree.refused", summary,
+        Remediation(f"{first}Launch the DFlash chain instead (server.speculative_algorithm = \"DFLASH\" in the "
+                    "config), or run DDTREE only as validated (the patch set's manifest.json \"validated\" lists each "
                     f"configuration, where and how it was shown), or opt in knowingly with {GATE}=1 in the "
                     "service's environment file, only to validate this configuration as "
                     f"sglang_patches/{set_name}/README.md says.",
-                    [f"echo '{GATE}=1' | sudo tee -a {env_file}"]))
+                    [] if no_sglang else [f"echo '{GATE}=1' | sudo tee -a {env_file}"]))
