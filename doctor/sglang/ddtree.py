@@ -119,8 +119,8 @@ def stack_keys(stack: Any) -> tuple[dict[str, Any], dict[str, str]]:
     else:
         unread["sglang"] = "SGLang is on the path without distribution metadata to read its version from"
     torch = stack.get("torch") if isinstance(stack.get("torch"), dict) else {}
-    version = (torch.get("version_py") or {}).get("__version__") or (installed_dist(stack, "torch") or {}).get(
-        "version")
+    version_py = torch.get("version_py") if isinstance(torch.get("version_py"), dict) else {}
+    version = version_py.get("__version__") or (installed_dist(stack, "torch") or {}).get("version")
     if not torch and installed_dist(stack, "torch") is None:
         values["torch"] = None
     elif version:
@@ -239,7 +239,7 @@ def judge_gate(read: Reader, planned: tuple[list[str], ConfigError | None], sett
     table = pset.validated
     values, unread = server_configuration(read, planned, release_options(pset))
     env = read("env")
-    value = (env.get("vars") or {}).get(GATE) if isinstance(env, dict) else None
+    value = env["vars"].get(GATE) if isinstance(env, dict) and isinstance(env.get("vars"), dict) else None
     entry = None if unread else validated_entry(values, table)
     near = nearest(values, table)
     # what differs from every validated configuration, [] where the keys read match one
