@@ -124,10 +124,23 @@ finish() {  # measure, down, compare, and what the next session can reuse
   sc measure --plan "$plan" "$@" --out "$OUT/results.json" --budget-s $(( $(left_s) - 40 ))
   sc down "$@" --out "$OUT/results.json"
   sc compare "$OUT/results.json" --json "$OUT/verdicts.json" | tee "$OUT/compare.txt"
-  tar -czf "$OUT/logs.tgz" -C "$WORK" logs aux 2>/dev/null
-  tar -cJf "$OUT/jit-cache.tar.xz" -C "$WORK" flashinfer-cache 2>/dev/null
+  tar -czf "$OUT/logs.tgz" --exclude=aux/traces -C "$WORK" logs aux 2>/dev/null
+  pack_traces
+  # FlashInfer's JIT modules for a later session (JIT_CACHE_OUT=1; too large to come back with a full call).
+  [ "${JIT_CACHE_OUT:-0}" = 1 ] && tar -cJf "$OUT/jit-cache.tar.xz" -C "$WORK" flashinfer-cache 2>/dev/null
   ls -la "$OUT"
   rm -f "$WORK"/state*.json
+}
+
+pack_traces() {  # the torch profiler's traces of `torch_profile` phases, in one file that can come back (16 MiB)
+  [ -d "$AUX/traces" ] || return 0
+  local dirs; dirs=$(cd "$AUX/traces" && ls -d */ 2>/dev/null | tr -d /)
+  while [ -n "$dirs" ]; do
+    tar -czf "$OUT/traces.tgz" -C "$AUX/traces" $dirs
+    [ "$(stat -c %s "$OUT/traces.tgz")" -le $((15 * 1024 * 1024)) ] && break
+    log "traces: $(du -h "$OUT/traces.tgz" | cut -f1) is too large to come back; dropping $(echo "$dirs" | tail -1)"
+    dirs=$(echo "$dirs" | head -n -1); rm -f "$OUT/traces.tgz"
+  done
 }
 
 stage_serve() {  # servers of every wave, on a host whose pairs exist already
