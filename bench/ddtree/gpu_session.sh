@@ -91,7 +91,8 @@ wait_gputests() {
 }
 
 stage_tiny() {
-  [ -d "$WORK/tiny/dsv3" ] || python3 "$REPO/bench/ddtree/make_tiny.py" "$WORK/tiny"
+  # TINY_LAYERS=12,24: deeper random dsv3 targets too ($TINY/dsv3-l12, ...)
+  python3 "$REPO/bench/ddtree/make_tiny.py" "$WORK/tiny" ${TINY_LAYERS:+--dsv3-layers=$TINY_LAYERS}
 }
 
 pair_build() {  # the trained pair on this GPU and its prompt sets
@@ -172,7 +173,7 @@ stage_all() {  # setup, wave 0 on the random pair while the trained pair trains,
     while [ $t -lt 120 ] && kill -0 "$w0" 2>/dev/null; do
       local pending=0
       for f in $names; do
-        grep -q "Capture target verify CUDA graph end\|Capture decode CUDA graph end\|Capture cuda graph end" "$WORK/logs/$f.log" 2>/dev/null || pending=1
+        grep -q "Capture target verify CUDA graph end\|Capture target decode CUDA graph end\|Capture decode CUDA graph end\|Capture cuda graph end" "$WORK/logs/$f.log" 2>/dev/null || pending=1
       done
       [ $pending -eq 0 ] && break
       sleep 2; t=$((t + 2))
