@@ -173,6 +173,13 @@ def test_plan_expansion_and_server_command_line(tmp_path: Path, monkeypatch: pyt
     assert argv[argv.index("--speculative-ddtree-budget") + 1] == "32"
     assert argv[-2:] == ["--a", "--b"]
     assert p["phases"][0]["servers"] == ["dd"]
+    assert sc.launch_argv(p["servers"][0]) == argv  # no cpus: not pinned
+    pinned = sc.launch_argv({**p["servers"][0], "cpus": "2-4,9"})
+    assert pinned[:3] == ["taskset", "-c", "2,3,4,9"] and pinned[3:] == argv
+    assert sc.cpu_list("0-1, 5") == {0, 1, 5}
+    for bad in ("3-1", "a", "1-b"):
+        with pytest.raises(SystemExit):
+            sc.cpu_list(bad)
 
 
 def test_twin_and_tree_hash_criteria() -> None:

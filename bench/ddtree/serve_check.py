@@ -203,12 +203,36 @@ def generate_all(base: str, items: list[list[int]], sampling: dict, concurrency:
 # --------------------------------------------------------------------------- up / down
 
 
+def cpu_list(spec: str) -> set[int]:
+    """``"2-9,12"`` -> {2, ..., 9, 12} (taskset's list form)."""
+    cpus: set[int] = set()
+    for part in str(spec).split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()) or (hi and int(hi) < int(lo)):
+            raise SystemExit(f"plan: bad CPU list {spec!r}")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def launch_argv(s: dict) -> list[str]:
+    """The server's command line, pinned to the plan's ``cpus`` when it names some (``taskset -c``: every
+    process of the server inherits it, so one server's scheduler never shares a core with the client)."""
+    argv = server_argv(s)
+    if s.get("cpus"):
+        cpus = ",".join(str(c) for c in sorted(cpu_list(s["cpus"])))
+        argv = ["taskset", "-c", cpus, *argv]
+    return argv
+
+
 def start(s: dict, logdir: Path) -> subprocess.Popen:
     env = dict(os.environ)
     env.update({k: str(v) for k, v in s.get("env", {}).items()})
     log = logdir / f"{s['name']}.log"
     fh = log.open("w")
-    return subprocess.Popen(server_argv(s), stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+    return subprocess.Popen(launch_argv(s), stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True,
                             stdin=subprocess.DEVNULL)
 
 
@@ -464,6 +488,9 @@ def cmd_measure(args) -> int:
     results["servers"].update({n: {k: v for k, v in r.items() if not k.startswith("_")} for n, r in state.items()})
     deadline = time.time() + args.budget_s
     healthy = {n for n, r in state.items() if r.get("healthy")}
+    if plan.get("client_cpus") and hasattr(os, "sched_setaffinity"):
+        # the load generator's threads off the servers' cores (``cpus`` of the servers)
+        os.sched_setaffinity(0, cpu_list(plan["client_cpus"]) & os.sched_getaffinity(0) or os.sched_getaffinity(0))
     for ph in plan.get("phases", []):
         if args.only and ph["name"] not in args.only:
             continue
