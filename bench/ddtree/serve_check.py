@@ -912,7 +912,12 @@ def compare(results: dict) -> dict:
     for g in out["speed_groups"]:
         def span(key: str, g=g) -> str:
             v = g.get(key)
-            return f"x{v['median']} (x{v['min']}-x{v['max']})" if v else "n/a"
+            if not v:
+                return "n/a"
+            if "ci" in v:
+                return (f"x{v['median']} ({v['ci_coverage']:.0%} x{v['ci'][0]}-x{v['ci'][1]}, "
+                        f"all x{v['min']}-x{v['max']})")
+            return f"x{v['median']} (x{v['min']}-x{v['max']})"
         lines.append(f"SPEED {g['group']} {g['server']} ({g['passes']} passes): round {g['round_ms']['median']} ms, "
                      f"{g['tok_per_s']['median']} tok/s, accept {g['accept_len']['median']}"
                      + (f"; vs {g['rival']}: round cost {span('round_cost_vs_rival')}, "
@@ -932,6 +937,23 @@ def _median(xs: list[float]) -> float:
     return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
 
 
+def median_interval(xs: list[float], coverage: float = 0.9) -> tuple[float, float, float] | None:
+    """A distribution-free interval for the median of ``xs``: the ``k``-th smallest and largest values, for
+    the largest ``k`` whose coverage (1 - 2 P(Binomial(n, 1/2) < k)) is still at least ``coverage``; returns
+    (low, high, its coverage), or None for too few values to reach it."""
+    n = len(xs)
+    best = None
+    for k in range(1, n // 2 + 1):
+        cov = 1 - 2 * sum(math.comb(n, i) for i in range(k)) / 2 ** n
+        if cov >= coverage:
+            best = (k, cov)
+    if best is None:
+        return None
+    k, cov = best
+    v = sorted(xs)
+    return v[k - 1], v[n - k], cov
+
+
 def speed_groups(records: list[dict]) -> list[dict]:
     """The passes of each interleaved phase, per server: the median (and range) of every figure and of every
     ratio against the rival taken within one pass."""
@@ -949,6 +971,10 @@ def speed_groups(records: list[dict]) -> list[dict]:
             vals = [r[key] for r in recs if r.get(key) is not None]
             if vals:
                 g[key] = {"median": round(_median(vals), 4), "min": round(min(vals), 4), "max": round(max(vals), 4)}
+                ci = median_interval(vals)
+                if ci:
+                    g[key]["ci"] = [round(ci[0], 4), round(ci[1], 4)]
+                    g[key]["ci_coverage"] = round(ci[2], 3)
         out.append(g)
     return out
 
