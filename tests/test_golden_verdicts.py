@@ -8,6 +8,9 @@ see: status, summary, remediation, cause, unjudged, fixer; and per case the exit
 change a verdict regenerates the file in the same commit and says why:
 
     python tests/test_golden_verdicts.py        # rewrites tests/fixtures/golden/verdicts.json
+
+It refuses to write from a checkout whose path a recording holds (h200x1-all-facts.json recorded one): there the
+recorded path would be written as ``<checkout>`` and fail in every other checkout.
 """
 
 from __future__ import annotations
@@ -116,7 +119,19 @@ def test_the_golden_file_judges_every_area() -> None:
     assert {"gpu", "host", "model", "python", "sglang", "stack", "torch", "triton", "cuda"} <= judged
 
 
+def recorded_paths_equal_to_checkout() -> list[str]:
+    """Recordings that hold this checkout's own path as recorded text: regenerated here, that text would be
+    written as ``<checkout>`` and read back as the literal path in any other checkout (CI's)."""
+    needle = json.dumps(str(ROOT))[1:-1]
+    return sorted(str(f.relative_to(ROOT)) for f in SNAPS.rglob("*.json")
+                  if re.search(re.escape(needle) + r"(?![\w.-])", f.read_text(encoding="utf-8", errors="replace")))
+
+
 if __name__ == "__main__":
+    clash = recorded_paths_equal_to_checkout()
+    if clash:
+        sys.exit(f"not regenerated: {', '.join(clash)} recorded the path of this very checkout ({ROOT}); run this "
+                 "from a checkout at another path (git worktree add /tmp/golden && cd /tmp/golden)")
     GOLDEN.parent.mkdir(parents=True, exist_ok=True)
     GOLDEN.write_text(json.dumps(replay_all(), indent=1, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
     print(f"wrote {GOLDEN}")
