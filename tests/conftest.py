@@ -78,6 +78,17 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     downloads.current["marked"] = item.get_closest_marker(downloads.MARK) is not None
 
 
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """``--dist loadfile`` (pyproject's addopts): the longest work first, a file split where its tests share
+    nothing (tests/scheduling.py). Any other ``--dist`` is xdist's own."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    import scheduling
+
+    return scheduling.make_scheduler(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if nvidia_gpu_count() > 0:
         return

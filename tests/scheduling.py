@@ -1,0 +1,113 @@
+"""How pytest-xdist hands the suite to its workers: the longest work first, files split where nothing is shared.
+
+The suite runs on 2 cores (CI's machine), a few dozen tests take most of its time, and xdist's ``loadfile``
+sends whole files in the order of their number of tests: a file of one 30-second test (the Triton interpreter,
+the patched backend, the golden replays) went last, and the run ended with one worker busy and one idle. Here:
+
+* A file keeps its tests on one worker (as ``loadfile``) when it holds state its tests share: a fixture of
+  module, class, package or session scope, or a ``functools`` cache (set up once, not once per worker). Any
+  other file's tests are scheduled one by one, so the 8 tokenizer loads of test_model_config.py, say, run on
+  both workers.
+* Work units start longest first (``EXPECTED_S``: CPU seconds measured on the 2-core machine; a unit not
+  listed counts ``DEFAULT_S`` per test), the classic longest-processing-time order: what is left at the end
+  are the short ones, and the two workers finish together.
+
+The figures only order the work: a wrong or stale one costs time, never a result. Update them from
+``python -m pytest -q -p no:cacheprovider --durations=40`` when the slowest tests change.
+Used by tests/conftest.py (``pytest_xdist_make_scheduler``) for the README's ``--dist loadfile``; another
+``--dist`` mode is xdist's own.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections import OrderedDict
+from pathlib import Path
+
+# CPU seconds of the slowest work units (a file that keeps its tests together, or one test of a split file).
+EXPECTED_S: dict[str, float] = {
+    "tests/test_model_tokenizer.py": 42,
+    "tests/test_ddtree_backend.py": 31,
+    "tests/test_launch_flags_real_parser.py": 30,
+    "tests/test_ddtree_interpreted.py::test_kernels_in_the_triton_interpreter": 29,
+    "tests/test_golden_verdicts.py::test_every_recording_replays_to_its_golden_verdicts": 28,
+    "tests/test_ddtree_kv_accounting.py": 24,
+    "tests/test_ddtree_patchset.py::test_server_args_parse_and_resolve_ddtree": 23,  # the bare-package child
+    "tests/test_ddtree_trained_pair.py": 22,
+    "tests/test_hostile_exit_codes.py": 15,
+    "tests/test_hostile_hangs.py": 13,
+    "tests/test_default_tier.py": 13,
+    "tests/test_check_changes_nothing.py::test_check_writes_nothing_and_leaves_no_process": 12,
+    "tests/test_launch_gate.py": 11,
+    "tests/test_launch_flags.py": 11,
+    "tests/test_gate_fixes.py::test_every_suggested_command_is_shell_quoted": 11,
+    "tests/test_hostile_secrets.py": 11,
+    "tests/test_ddtree_step.py": 10,
+    "tests/test_model_config.py::test_tokenizer_missing_files": 9,  # each parameter
+    "tests/test_fleet_slurm.py": 10,
+    "tests/test_foundation_cli.py::test_snapshot_redacts_secrets_and_replays": 10,
+    "tests/test_one_verdict.py::test_a_live_run_and_the_replay_of_its_snapshot_agree": 9,
+    "tests/test_model_config.py::test_tokenizer_config_bad_json": 9,
+    "tests/test_model_config.py::test_remote_code_turned_off": 9,
+    "tests/test_model_config.py::test_snapshot_redaction_keeps_the_verdicts": 8,
+    "tests/test_gpu_probe.py::test_probe_with_cpu_torch_says_no_cuda": 8,
+    "tests/test_stack_kernels.py": 8,
+    "tests/test_gate_terminal.py::test_env_is_a_short_redacted_summary": 7,
+    "tests/test_first_screen.py::test_the_live_first_screen_follows_the_same_rules": 7,
+    "tests/test_hostile_writes.py": 7,
+    "tests/test_stack_versions.py": 7,
+}
+DEFAULT_S = 0.4
+
+# What makes a file's tests share state: a fixture scoped wider than one test, or a process-wide cache.
+SHARED_STATE = re.compile(r"""scope\s*=\s*["'](module|class|package|session)["']|functools\.(cache|lru_cache)\b"""
+                          r"|\blru_cache\(")
+
+
+@functools.cache
+def keeps_together(root: Path, path: str) -> bool:
+    """Whether the tests of the file ``path`` (relative to ``root``) run on one worker."""
+    try:
+        return bool(SHARED_STATE.search((root / path).read_text(encoding="utf-8")))
+    except OSError:  # not a file we can read (a doctest in a package, say): keep it whole, as loadfile would
+        return True
+
+
+def scope_of(root: Path, nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
+    return path if keeps_together(root, path) else nodeid
+
+
+def expected_s(scope: str, tests: int) -> float:
+    """The CPU seconds a work unit is expected to take: its entry in EXPECTED_S (a test's without its parameters,
+    a file's as the sum of its tests' entries), else DEFAULT_S per test."""
+    if scope in EXPECTED_S:
+        return EXPECTED_S[scope]
+    bare = scope.split("[", 1)[0]
+    if bare in EXPECTED_S:
+        return EXPECTED_S[bare]
+    listed = [s for k, s in EXPECTED_S.items() if k.startswith(scope + "::")]
+    return sum(listed) + DEFAULT_S * max(0, tests - len(listed)) if listed else DEFAULT_S * tests
+
+
+def make_scheduler(config, log):
+    """xdist's ``loadscope`` scheduler with the scopes and the order above."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    root = Path(config.rootpath)
+
+    class LongestFirst(LoadScopeScheduling):
+        ordered = False
+
+        def _split_scope(self, nodeid: str) -> str:
+            return scope_of(root, nodeid)
+
+        def _assign_work_unit(self, node) -> None:
+            if not self.ordered:  # the queue is complete at the first assignment: order it once
+                units = sorted(self.workqueue.items(), key=lambda kv: -expected_s(kv[0], len(kv[1])))
+                self.workqueue = OrderedDict(units)
+                self.ordered = True
+            super()._assign_work_unit(node)
+
+    return LongestFirst(config, log)
