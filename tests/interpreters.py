@@ -6,6 +6,7 @@ Looks in pyenv's versions (``$PYENV_ROOT``, else ``~/.pyenv``) and on ``PATH`` (
 from __future__ import annotations
 
 import functools
+import json
 import os
 import shutil
 import subprocess
@@ -41,3 +42,31 @@ def bare_python() -> Path:
     d = Path(tempfile.mkdtemp(prefix="k26-bare-venv-"))
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(d)], check=True, timeout=300)
     return d / "bin" / "python"
+
+
+IDENTITY = ("import importlib.metadata as m, json, os, sys\n"
+            "print(json.dumps({'executable': os.path.realpath(sys.executable), 'version': sys.version, "
+            "'path': sys.path[1:], 'distributions': sorted({(d.metadata['Name'] or '', d.version) "
+            "for d in m.distributions()})}))")
+# The environment a probe's result may depend on (compilers, devices, the libraries' own switches).
+RESULT_ENV = ("TRITON_", "TORCH", "PYTORCH_", "CUDA_", "NVIDIA_", "SGLANG_", "OMP_", "MKL_", "HF_", "TRANSFORMERS_",
+              "PYTHON")
+
+
+@functools.cache
+def identity(python: str) -> dict:
+    """What a probe run under ``python`` sees of it: its real path, version, module search path, and every
+    distribution it can import with its version (an install, upgrade or removal changes it)."""
+    res = subprocess.run([python, "-c", IDENTITY], capture_output=True, text=True, timeout=120)
+    if res.returncode != 0:
+        return {"python": python, "error": res.stderr[-500:]}
+    return json.loads(res.stdout)
+
+
+def run_identity(python: str, env: dict[str, str]) -> dict:
+    """Everything besides its own inputs that a probe's result depends on, for ``sglang_wheels.computed_once``:
+    the interpreter (``identity``), the environment variables of RESULT_ENV and the GPUs NVML sees."""
+    from conftest import nvidia_gpu_count
+
+    return {"python": identity(python), "gpus": nvidia_gpu_count(),
+            "env": {k: v for k, v in sorted(env.items()) if k.startswith(RESULT_ENV)}}
