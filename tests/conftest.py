@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -216,18 +217,29 @@ def fix_plan(check_id: str, ctx: Any, registry: Any = None) -> Any:
 # -- the site plugin, installed as a real distribution (the plugin tests of several files share it) ------------
 
 @pytest.fixture(scope="session")
-def plugin_site(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """Build the site plugin into a wheel and install it (a real distribution with an entry point)."""
-    work = tmp_path_factory.mktemp("plugin")
-    wheels, site = work / "wheels", work / "site"
-    src = source_copy(ROOT / "tests" / "fixtures" / "site_plugin", work / "src")  # the build writes into it
-    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q",
-                            "-w", str(wheels), str(src)], capture_output=True, text=True, timeout=300)
-    assert build.returncode == 0, build.stderr
-    (whl,) = wheels.glob("k26_site_checks-1.0.0-*.whl")
-    inst = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site),
-                           str(whl)], capture_output=True, text=True, timeout=300)
-    assert inst.returncode == 0, inst.stderr
+def plugin_site() -> str:
+    """The site plugin built into a wheel and installed (a real distribution with an entry point): once per
+    plugin source and interpreter into the test cache (``sglang_wheels.built_once``), reused by every test
+    process and later runs; the tests only read it."""
+    import sglang_wheels
+    from interpreters import identity
+
+    plugin = ROOT / "tests" / "fixtures" / "site_plugin"
+
+    def build(site: Path) -> None:
+        with tempfile.TemporaryDirectory(prefix="k26-plugin-") as tmp:
+            work = Path(tmp)
+            wheels = work / "wheels"
+            src = source_copy(plugin, work / "src")  # the build writes into it
+            res = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q",
+                                  "-w", str(wheels), str(src)], capture_output=True, text=True, timeout=300)
+            assert res.returncode == 0, res.stderr
+            (whl,) = wheels.glob("k26_site_checks-1.0.0-*.whl")
+            res = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site),
+                                  str(whl)], capture_output=True, text=True, timeout=300)
+            assert res.returncode == 0, res.stderr
+
+    site = sglang_wheels.built_once("site-plugin", [plugin], build, extra=identity(sys.executable))
     assert list(site.glob("k26_site_checks-1.0.0.dist-info/entry_points.txt"))
     return str(site)
 
