@@ -8,6 +8,9 @@ the patched backend, the golden replays) went last, and the run ended with one w
   module, class, package or session scope, or a ``functools`` cache (set up once, not once per worker). Any
   other file's tests are scheduled one by one, so the 8 tokenizer loads of test_model_config.py, say, run on
   both workers.
+* Files that read one result another process computes (``TOGETHER``: the bare-package probe, 20 s on a machine
+  whose test cache does not hold it yet) run on one worker, one after the other: the other worker would only
+  wait on its lock.
 * Work units start longest first (``EXPECTED_S``: CPU seconds measured on the 2-core machine; a unit not
   listed counts ``DEFAULT_S`` per test), the classic longest-processing-time order: what is left at the end
   are the short ones, and the two workers finish together.
@@ -25,7 +28,9 @@ import re
 from collections import OrderedDict
 from pathlib import Path
 
-# CPU seconds of the slowest work units (a file that keeps its tests together, or one test of a split file).
+# CPU seconds of the slowest work units (a file that keeps its tests together, a TOGETHER group, or one test of a
+# split file), on a machine whose test cache holds none of sglang_wheels.computed_once's results yet (CI's): where
+# it holds them, those units take a second or two, and starting them first costs nothing.
 EXPECTED_S: dict[str, float] = {
     "tests/test_model_tokenizer.py": 42,
     "tests/test_ddtree_backend.py": 31,
@@ -33,7 +38,7 @@ EXPECTED_S: dict[str, float] = {
     "tests/test_ddtree_interpreted.py::test_kernels_in_the_triton_interpreter": 29,
     "tests/test_golden_verdicts.py::test_every_recording_replays_to_its_golden_verdicts": 28,
     "tests/test_ddtree_kv_accounting.py": 24,
-    "tests/test_ddtree_patchset.py::test_server_args_parse_and_resolve_ddtree": 23,  # the bare-package child
+    "ddtree-bare-probe": 23,  # the bare-package child, on a machine whose test cache does not hold it yet
     "tests/test_ddtree_trained_pair.py": 22,
     "tests/test_hostile_exit_codes.py": 15,
     "tests/test_hostile_hangs.py": 13,
@@ -59,6 +64,11 @@ EXPECTED_S: dict[str, float] = {
     "tests/test_stack_versions.py": 7,
 }
 DEFAULT_S = 0.4
+# One work unit each: the files that wait on the same result (ddtree_support.bare_package_probe).
+TOGETHER: dict[str, tuple[str, ...]] = {
+    "ddtree-bare-probe": ("tests/test_ddtree_patchset.py", "tests/test_ddtree_admission.py",
+                          "tests/test_ddtree_worker_glue.py"),
+}
 
 # What makes a file's tests share state: a fixture scoped wider than one test, or a process-wide cache.
 SHARED_STATE = re.compile(r"""scope\s*=\s*["'](module|class|package|session)["']|functools\.(cache|lru_cache)\b"""
@@ -76,7 +86,8 @@ def keeps_together(root: Path, path: str) -> bool:
 
 def scope_of(root: Path, nodeid: str) -> str:
     path = nodeid.split("::", 1)[0]
-    return path if keeps_together(root, path) else nodeid
+    group = next((name for name, files in TOGETHER.items() if path in files), None)
+    return group or (path if keeps_together(root, path) else nodeid)
 
 
 def expected_s(scope: str, tests: int) -> float:
