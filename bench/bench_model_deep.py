@@ -1,161 +1,628 @@
 #!/usr/bin/env python3
-"""`--deep` hashing throughput on page-cached data against the best peer, `xargs -P cores sha256sum`.
+"""`--deep` hashing at every size, page-cached and cold, against `xargs -P cores sha256sum` and `dd`.
 
-Builds a model directory of real (random) data: an index and N shards (default 4 x cores files of
-128 MiB), reads it once so it sits in the page cache, then measures in the same run, interleaved:
-  * one hashlib thread over one shard (readinto + update, the doctor's in-process loop);
-  * the doctor's deep tier (``verify_model_hashes``, verification cache off) over every shard;
-  * the peers, one process per file, cores at once: `xargs -P cores -n 1 sha256sum`, and where the
-    `openssl` command exists `xargs -P cores -n 1 openssl dgst -sha256` (coreutils' sha256sum is built
-    without SHA extensions on some distributions, OpenSSL's uses them: the faster of the two is the peer);
-  * `sha256sum` over the same files (one process), and cores hashlib processes (8 MiB reads).
-Target: the doctor >= 1.0 x the best peer (the median of the per-run ratios). Exit 0 when met.
+Builds, under a new temporary directory, model directories of real (random) data: an index and N
+shards each, for several sizes and shapes from 1 GiB up (many small files, one file per core, a few
+large files that no per-file parallelism can spread), and measures in the same run:
 
-    python bench/bench_model_deep.py [--dir /tmp/k26-deep-bench] [--files N] [--mib 128] [--runs 5]
+warm (every file read once, so it sits in the page cache), interleaved, ``--runs`` times:
+  * doctor:      ``verify_model_hashes`` (the deep tier as ``check --deep`` calls it, verification
+                 cache off), its whole call timed, with the mode it picks for that input;
+  * threads, processes: ``hash_files`` made to hash in threads / in worker processes (to see which mode
+                 wins at which size: ``PROCESS_MIN_SHARE`` in doctor/model/hashing.py is the crossover);
+  * the baseline `xargs -P cores -n 1 sha256sum`, and `xargs ... openssl dgst -sha256` where present;
+  every tool's digests are compared with the doctor's (a mismatch ends the bench).
+cold (``--cold``, the default; ``--no-cold`` to skip): before each timed read every file's pages are
+  dropped (``posix_fadvise(POSIX_FADV_DONTNEED)`` per file, clean pages, unprivileged; then
+  ``/proc/sys/vm/drop_caches`` where writable if pages remained) and the drop is VERIFIED (pages
+  resident, per file: ``mincore(2)`` through ctypes, else util-linux ``fincore``); a run whose files
+  were not dropped is not counted. Then: `dd if=F of=/dev/null bs=16M` over the files one after another
+  (the disk's sequential read rate, one stream) and the doctor (``--cold-xargs``: the baseline too).
+
+Ratios: doctor / xargs sha256sum (warm; target >= 1.0) and doctor / dd (cold; target >= 0.9), the
+median of the per-run ratios. A cold rate is also bounded by hashing: a set of F files cannot be hashed
+faster than F cores hash (sha256 of one file is sequential), so the cold table shows the ceiling
+min(dd, warm doctor) too. A last warm line gives threads / processes by the share each worker hashes
+(where ``PROCESS_MIN_SHARE`` belongs on this host). Exit 0 when every measured target is met, 1
+otherwise, 2 on a wrong setup.
+
+    python3 bench/bench_model_deep.py [--quick] [--json OUT] [--tmp DIR] [--budget S] [--runs N]
+    python3 bench/bench_model_deep.py --files 64 --mib 128 --runs 3      # one set, as before
+
+Needs python3, this checkout and coreutils (sha256sum, dd, xargs); nothing else. ``--budget`` (seconds,
+default 110) skips what would not finish in time, and says so.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
+import ctypes
+import ctypes.util
 import json
 import os
-import resource
+import platform
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))  # the replica builder is a test fixture
 
 from model_replica import header_bytes, shard_name  # noqa: E402
+from timing import measure  # noqa: E402
 
-from doctor.model.hashing import BLOCK, default_workers, verify_model_hashes  # noqa: E402
+from doctor.model import hashing  # noqa: E402
+from doctor.model.hashing import HashJob, default_workers, hash_files, verify_model_hashes  # noqa: E402
 
-
-def build(directory: str, files: int, mib: int) -> list[str]:
-    """Shards of one U8 tensor each, filled with random bytes (a 16 MiB random block, repeated)."""
-    os.makedirs(directory, exist_ok=True)
-    size = mib << 20
-    marker = os.path.join(directory, ".bench.json")
-    names = [shard_name(i, files) for i in range(1, files + 1)]
-    if os.path.exists(marker) and json.loads(Path(marker).read_text()) == {"files": files, "mib": mib}:
-        return names
-    block = os.urandom(16 << 20)
-    weight_map = {}
-    for i, name in enumerate(names):
-        head, data = header_bytes([(f"t{i}", "U8", (size,))])
-        with open(os.path.join(directory, name), "wb") as fh:
-            fh.write(head)
-            left = data
-            while left:
-                chunk = block[: min(left, len(block))]
-                fh.write(chunk)
-                left -= len(chunk)
-        weight_map[f"t{i}"] = name
-    Path(directory, "model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {"total_size": size * files}, "weight_map": weight_map}))
-    Path(marker).write_text(json.dumps({"files": files, "mib": mib}))
-    return names
+GIB = 1024 ** 3
+MIB = 1024 ** 2
+# (files, MiB each), in the order they run (what matters most first, should the budget run out): 1 GiB as
+# one file per core on 16 cores and as two large files, 8 GiB (the shape first measured on the 16-core H200
+# host), 2 GiB, 4 GiB (two files per core), 1 GiB in many small files, 4 GiB in eight large files. Files of
+# one size are shared (32 x 64 holds 16 x 64's): 15 GiB on disk in all.
+SETS = [(16, 64), (2, 512), (64, 128), (32, 64), (32, 128), (64, 16), (8, 512)]
+COLD_SETS = [(2, 512), (16, 64), (32, 128)]
+QUICK_SETS = [(16, 64), (2, 512)]
+WARM_TARGET, COLD_TARGET = 1.0, 0.9
+RESIDENT_MAX = 0.01  # a run counts as cold when at most 1% of its bytes were resident before it
 
 
-def one_thread_rate(path: str) -> float:
-    """bytes/s of one thread hashing one page-cached file with the doctor's read loop."""
-    h = hashlib.sha256()
-    buf = bytearray(BLOCK)
-    view = memoryview(buf)
-    t0 = time.perf_counter()
-    n_total = 0
-    with open(path, "rb", buffering=0) as fh:
-        while n := fh.readinto(buf):
-            h.update(view[:n])
-            n_total += n
-    return n_total / (time.perf_counter() - t0)
+def say(*parts: Any) -> None:
+    print(*parts, flush=True)
 
 
-PROC_HASH = ("import hashlib, sys\nfor p in sys.argv[1:]:\n    h = hashlib.sha256(); buf = bytearray(1 << 23); "
-             "v = memoryview(buf)\n    with open(p, 'rb', buffering=0) as fh:\n        while n := fh.readinto(buf): "
-             "h.update(v[:n])\n")
+# -- data ------------------------------------------------------------------------------------------
+
+def write_file(path: str, size: int, block: bytes, seed: int) -> None:
+    """One shard: a real safetensors header for one U8 tensor, then random bytes (fsynced before a cold
+    read, by ``drop``)."""
+    head, data = header_bytes([(f"t{seed}", "U8", (size,))])
+    k = (seed * 7919 * 4096) % len(block)
+    rotated = block[k:] + block[:k]  # a different byte stream per file
+    with open(path, "wb") as fh:
+        fh.write(head)
+        left = data
+        while left:
+            chunk = rotated[: min(left, len(rotated))]
+            fh.write(chunk)
+            left -= len(chunk)
 
 
-def procs_rate(paths: list[str], cores: int, total: int) -> float:
-    """``cores`` separate processes (no GIL shared at all), each hashing its share: the ceiling."""
-    t0 = time.perf_counter()
-    procs = [subprocess.Popen([sys.executable, "-c", PROC_HASH, *paths[i::cores]]) for i in range(cores)]
-    for p in procs:
-        p.wait()
-    return total / (time.perf_counter() - t0)
+class Data:
+    """The sets' model directories, each made when first asked for: its shards are hard links to data files
+    (``data/<MiB>-<i>``) shared by the sets of one file size (same inode: same page cache)."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.data = os.path.join(root, "data")
+        os.makedirs(self.data)
+        self.block = os.urandom(16 * MIB)
+        self.dirs: dict[tuple[int, int], str] = {}
+        self.written = 0
+        self.seconds = 0.0
+
+    def rate(self) -> float | None:
+        """Bytes per second written so far (None before the first file)."""
+        return self.written / self.seconds if self.seconds > 0 else None
+
+    def missing_bytes(self, key: tuple[int, int]) -> int:
+        files, mib = key
+        return sum(mib * MIB for i in range(files) if not os.path.exists(os.path.join(self.data, f"{mib}-{i}")))
+
+    def dir_for(self, key: tuple[int, int]) -> str:
+        if key in self.dirs:
+            return self.dirs[key]
+        files, mib = key
+        t0 = time.monotonic()
+        d = os.path.join(self.root, f"set-{files}x{mib}M")
+        os.makedirs(d)
+        weight_map = {}
+        for i in range(files):
+            src = os.path.join(self.data, f"{mib}-{i}")
+            if not os.path.exists(src):
+                write_file(src, mib * MIB, self.block, mib * 1000 + i)
+                self.written += os.path.getsize(src)
+            name = shard_name(i + 1, files)
+            try:
+                os.link(src, os.path.join(d, name))
+            except OSError:  # no hard links here: a symlink (the doctor and sha256sum follow it)
+                os.symlink(src, os.path.join(d, name))
+            weight_map[f"t{i}"] = name
+        Path(d, "model.safetensors.index.json").write_text(json.dumps(
+            {"metadata": {"total_size": files * mib * MIB}, "weight_map": weight_map}))
+        self.seconds += time.monotonic() - t0
+        self.dirs[key] = d
+        return d
 
 
-def cmd_rate(argv: list[str], total: int, cwd: str) -> float:
-    t0 = time.perf_counter()
-    subprocess.run(argv, cwd=cwd, stdout=subprocess.DEVNULL, check=True)
-    return total / (time.perf_counter() - t0)
+def shard_paths(d: str) -> list[str]:
+    return sorted(str(p) for p in Path(d).glob("model-*.safetensors"))
+
+
+def warm_up(paths: list[str]) -> None:
+    for p in paths:
+        with open(p, "rb", buffering=0) as fh:
+            while fh.read(64 * MIB):
+                pass
+
+
+# -- the page cache: drop and verify ------------------------------------------------------------------
+
+class Residency:
+    """Bytes of a file in the page cache: ``mincore(2)`` on a shared read-only map (ctypes, no privilege:
+    the bench owns its files), else util-linux ``fincore``; ``method`` says which (None: neither works)."""
+
+    def __init__(self) -> None:
+        self.method: str | None = None
+        self._libc: Any = None
+        try:
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+            libc.mmap.restype = ctypes.c_void_p
+            libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                  ctypes.c_long]
+            libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+            libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte)]
+            self._libc = libc
+            self.method = "mincore(2)"
+        except (OSError, AttributeError):
+            if shutil.which("fincore"):
+                self.method = "fincore"
+
+    def resident(self, path: str) -> int | None:
+        if self.method == "mincore(2)":
+            return self._mincore(path)
+        if self.method == "fincore":
+            out = subprocess.run(["fincore", "--bytes", "--noheadings", "--raw", "-o", "RES", path],
+                                 capture_output=True, text=True)
+            return int(out.stdout.split()[0]) if out.returncode == 0 and out.stdout.split() else None
+        return None
+
+    def _mincore(self, path: str) -> int | None:
+        size = os.path.getsize(path)
+        if size == 0:
+            return 0
+        page = os.sysconf("SC_PAGE_SIZE")
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            addr = self._libc.mmap(None, size, 1, 1, fd, 0)  # PROT_READ, MAP_SHARED
+            if addr in (None, ctypes.c_void_p(-1).value):
+                return None
+            try:
+                vec = (ctypes.c_ubyte * ((size + page - 1) // page))()
+                if self._libc.mincore(ctypes.c_void_p(addr), size, vec) != 0:
+                    return None
+                return sum(b & 1 for b in vec) * page
+            finally:
+                self._libc.munmap(ctypes.c_void_p(addr), size)
+        finally:
+            os.close(fd)
+
+
+def drop(paths: list[str], res: Residency) -> dict[str, Any]:
+    """Drop the files' pages (written back first: only clean pages can be dropped, and no writeback may
+    run under a cold read); ``{"method", "resident_bytes", "cold"}`` (cold: verified)."""
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    method = "posix_fadvise(DONTNEED)"
+    left = _resident(paths, res)
+    total = sum(os.path.getsize(p) for p in paths)
+    if left is not None and left > RESIDENT_MAX * total:
+        try:
+            os.sync()
+            with open("/proc/sys/vm/drop_caches", "w") as fh:
+                fh.write("1\n")
+            method += " + drop_caches"
+            left = _resident(paths, res)
+        except OSError:
+            pass
+    return {"method": method, "verified_by": res.method, "resident_bytes": left,
+            "cold": left is not None and left <= RESIDENT_MAX * total}
+
+
+def _resident(paths: list[str], res: Residency) -> int | None:
+    total = 0
+    for p in paths:
+        r = res.resident(p)
+        if r is None:
+            return None
+        total += r
+    return total
+
+
+# -- the tools -------------------------------------------------------------------------------------
+
+def parse_sums(text: str) -> dict[str, str]:
+    """`sha256sum` / `openssl dgst -r` lines (``HEX *path`` or ``HEX  path``) by file name."""
+    out = {}
+    for line in text.splitlines():
+        digest, _, name = line.partition(" ")
+        out[os.path.basename(name.lstrip(" *"))] = digest
+    return out
+
+
+def xargs_cmd(paths: list[str], cores: int, tool: list[str]) -> Callable[[], dict[str, str]]:
+    def run() -> dict[str, str]:
+        out = subprocess.run(["xargs", "-0", "-P", str(cores), "-n", "1", *tool], input="\0".join(paths).encode(),
+                             stdout=subprocess.PIPE, check=True)
+        return parse_sums(out.stdout.decode())
+    return run
+
+
+def doctor_call(d: str, cores: int) -> Callable[[], dict[str, str]]:
+    def run() -> dict[str, str]:
+        res = verify_model_hashes(d, use_cache=False, progress=False, workers=cores)
+        return {f["name"]: f.get("sha256", "?") for f in res["files"]}
+    return run
+
+
+def engine_call(paths: list[str], cores: int, processes: bool) -> Callable[[], dict[str, str]]:
+    def run() -> dict[str, str]:
+        jobs = [HashJob(os.path.basename(p), p, os.stat(p)) for p in paths]
+        res = hash_files(jobs, workers=cores, processes=processes)
+        return {k: v.get("sha256", "?") for k, v in res.items()}
+    return run
+
+
+def dd_call(paths: list[str]) -> Callable[[], None]:
+    script = 'for f do dd if="$f" of=/dev/null bs=16M 2>/dev/null || exit 1; done'
+
+    def run() -> None:
+        subprocess.run(["sh", "-c", script, "sh", *paths], check=True)
+    return run
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    """One call timed by the benches' one loop (``timing.measure``, once: the tools take turns), and what
+    it returned."""
+    out: list[Any] = []
+    return measure(lambda: out.append(fn()), 1).best, out[0]
+
+
+def mode_of(paths: list[str], cores: int) -> tuple[str, float]:
+    """The mode the doctor picks for these files (``hashing.plan``, where this checkout has it), and the
+    MiB the least busy of its workers hashes (the largest file or an equal share)."""
+    sizes = [os.path.getsize(p) for p in paths]
+    plan = getattr(hashing, "plan", None)
+    if plan is None:
+        n = max(1, min(cores, len(paths)))
+        return ("processes" if n > 1 else "threads"), max(sum(sizes) / n, *sizes) / MIB
+    jobs = [HashJob(os.path.basename(p), p, os.stat(p)) for p in paths]
+    n, processes = plan(jobs, cores, None)
+    return f"{'processes' if processes else 'threads'} x{n}", max(sum(sizes) / n, *sizes) / MIB
+
+
+# -- the runs --------------------------------------------------------------------------------------
+
+class Budget:
+    def __init__(self, seconds: float) -> None:
+        self.end = time.monotonic() + seconds
+
+    def allows(self, estimate: float) -> bool:
+        return time.monotonic() + estimate <= self.end
+
+
+def med(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def warm_set(d: str, cores: int, runs: int, peers: dict[str, list[str]]) -> dict[str, Any]:
+    paths = shard_paths(d)
+    total = sum(os.path.getsize(p) for p in paths)
+    warm_up(paths)
+    tools: dict[str, Callable[[], Any]] = {
+        "doctor": doctor_call(d, cores),
+        "threads": engine_call(paths, cores, False),
+        "processes": engine_call(paths, cores, True),
+    }
+    for name, argv in peers.items():
+        tools[name] = xargs_cmd(paths, cores, argv)
+    rates: dict[str, list[float]] = {k: [] for k in tools}
+    ratios: list[float] = []
+    want: dict[str, str] | None = None
+    mode, share = mode_of(paths, cores)
+    for i in range(runs):
+        order = list(tools) if i % 2 == 0 else list(reversed(tools))  # neither side always goes first
+        for name in order:
+            seconds, digests = timed(tools[name])
+            want = want or digests
+            if digests != want:
+                raise SystemExit(f"{name} gave other digests than the doctor on {d}: {digests} != {want}")
+            rates[name].append(total / seconds)
+        ratios.append(rates["doctor"][-1] / rates["xargs sha256sum"][-1])
+    return {"rates_gib_s": {k: [round(r / GIB, 3) for r in v] for k, v in rates.items()},
+            "median_gib_s": {k: round(med(v) / GIB, 3) for k, v in rates.items()},
+            "doctor_over_xargs": {"per_run": [round(r, 3) for r in ratios], "median": round(med(ratios), 3)},
+            "mode": mode, "share_mib": round(share, 1)}
+
+
+def cold_set(d: str, cores: int, runs: int, res: Residency, budget: Budget, dd_rate: float | None,
+             warm: dict[str, Any] | None, with_xargs: bool) -> dict[str, Any]:
+    paths = shard_paths(d)
+    total = sum(os.path.getsize(p) for p in paths)
+    tools: dict[str, Callable[[], Any]] = {"dd": dd_call(paths), "doctor": doctor_call(d, cores)}
+    if with_xargs:
+        tools["xargs sha256sum"] = xargs_cmd(paths, cores, ["sha256sum"])
+    rates: dict[str, list[float]] = {k: [] for k in tools}
+    drops: list[dict[str, Any]] = []
+    ratios: list[float] = []
+    skipped = None
+    for i in range(runs):
+        est = len(tools) * total / dd_rate if dd_rate else 0.0  # a read per tool at the disk's rate, once known
+        if not budget.allows(est):
+            skipped = f"runs {i + 1}-{runs} skipped: about {est:.0f} s each, past the budget"
+            break
+        order = list(tools) if i % 2 == 0 else list(reversed(tools))
+        got: dict[str, float] = {}
+        for name in order:
+            state = drop(paths, res)
+            drops.append({"before": name, **state})
+            if not state["cold"]:
+                continue
+            seconds, _ = timed(tools[name])
+            got[name] = total / seconds
+            rates[name].append(got[name])
+            if name == "dd":
+                dd_rate = got[name]
+        if "doctor" in got and "dd" in got:
+            ratios.append(got["doctor"] / got["dd"])
+    out: dict[str, Any] = {
+        "rates_gib_s": {k: [round(r / GIB, 3) for r in v] for k, v in rates.items()},
+        "median_gib_s": {k: (round(med(v) / GIB, 3) if v else None) for k, v in rates.items()},
+        "doctor_over_dd": {"per_run": [round(r, 3) for r in ratios],
+                           "median": round(med(ratios), 3) if ratios else None},
+        "drops": drops, "skipped": skipped,
+        "not_cold": sum(1 for x in drops if not x["cold"]),
+    }
+    if warm and "median_gib_s" in warm and rates["dd"]:
+        ceiling = min(med(rates["dd"]) / GIB, warm["median_gib_s"]["doctor"])
+        out["ceiling_gib_s"] = round(ceiling, 3)
+        if rates["doctor"]:
+            out["doctor_over_ceiling"] = round(med(rates["doctor"]) / GIB / ceiling, 3)
+    return out
+
+
+def host_facts(tmp: str, cores: int) -> dict[str, Any]:
+    facts: dict[str, Any] = {"cores": cores, "os_cpu_count": os.cpu_count(), "python": platform.python_version(),
+                             "kernel": platform.release(), "machine": platform.machine(), "tmp": tmp,
+                             "load_average_start": [round(x, 2) for x in os.getloadavg()]}
+    try:
+        facts["filesystem"] = subprocess.run(["stat", "-f", "-c", "%T", tmp], capture_output=True,
+                                             text=True).stdout.strip()
+    except OSError:
+        pass
+    st = os.stat(tmp)
+    dev = f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
+    for q in (f"{dev}/queue", f"{dev}/../queue"):
+        try:
+            facts["read_ahead_kb"] = int(Path(q, "read_ahead_kb").read_text())
+            facts["rotational"] = Path(q, "rotational").read_text().strip() == "1"
+            break
+        except OSError:
+            continue
+    for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines() if os.path.exists(
+            "/proc/cpuinfo") else []:
+        if line.startswith("model name"):
+            facts["cpu"] = line.split(":", 1)[1].strip()
+            facts["sha_ni"] = " sha_ni" in Path("/proc/cpuinfo").read_text(errors="replace")
+            break
+    return facts
+
+
+def report_warm(key: tuple[int, int], w: dict[str, Any]) -> None:
+    files, mib = key
+    m = w["median_gib_s"]
+    peers = "  ".join(f"{k} {v:6.2f}" for k, v in m.items() if k.startswith("xargs"))
+    r = w["doctor_over_xargs"]
+    say(f"  {files:3d} x {mib:4d} MiB = {files * mib / 1024:4.1f} GiB  doctor {m['doctor']:6.2f} "
+        f"({w['mode']})  threads {m['threads']:6.2f}  processes {m['processes']:6.2f}  {peers}   "
+        f"doctor/xargs {r['median']:.2f} [{', '.join(f'{x:.2f}' for x in r['per_run'])}] "
+        f"{'OK' if r['median'] >= WARM_TARGET else 'UNDER'}")
+
+
+def report_cold(key: tuple[int, int], c: dict[str, Any]) -> None:
+    files, mib = key
+    m = c["median_gib_s"]
+
+    def f(x: float | None) -> str:
+        return "   n/a" if x is None else f"{x:6.2f}"
+    r = c["doctor_over_dd"]["median"]
+    xargs = f"  xargs sha256sum {f(m['xargs sha256sum'])}" if "xargs sha256sum" in m else ""
+    line = (f"  {files:3d} x {mib:4d} MiB = {files * mib / 1024:4.1f} GiB  dd {f(m['dd'])}  doctor {f(m['doctor'])}"
+            f"{xargs}   doctor/dd "
+            + ("n/a" if r is None else f"{r:.2f} [{', '.join(f'{x:.2f}' for x in c['doctor_over_dd']['per_run'])}] "
+               f"{'OK' if r >= COLD_TARGET else 'UNDER'}"))
+    if "ceiling_gib_s" in c:
+        line += f"   ceiling min(dd, warm doctor) {c['ceiling_gib_s']:.2f}"
+        if "doctor_over_ceiling" in c:
+            line += f" -> doctor/ceiling {c['doctor_over_ceiling']:.2f}"
+    if c["not_cold"]:
+        line += f"   ({c['not_cold']} reads not counted: pages not dropped)"
+    if c["skipped"]:
+        line += f"   ({c['skipped']})"
+    say(line)
+
+
+def crossover(doc: dict[str, Any]) -> None:
+    """Threads against processes by the share one worker hashes (``hashing.plan``'s measure), to place
+    ``PROCESS_MIN_SHARE`` on this host."""
+    rows = []
+    for key, w in doc["warm"].items():
+        if "median_gib_s" not in w:
+            continue
+        m = w["median_gib_s"]
+        rows.append((w["share_mib"], key, m["threads"] / m["processes"]))
+    if not rows:
+        return
+    rows.sort()
+    limit = getattr(hashing, "PROCESS_MIN_SHARE", None)
+    doc["crossover"] = {"threads_over_processes": {k: round(r, 3) for _, k, r in rows},
+                        "process_min_share_mib": limit // MIB if limit else None}
+    say("threads / processes by the MiB each worker hashes: "
+        + ", ".join(f"{share:.0f} MiB ({k}) {r:.2f}" for share, k, r in rows)
+        + (f"; PROCESS_MIN_SHARE = {limit // MIB} MiB (processes from there up)" if limit else ""))
+
+
+def write_json(path: str | None, doc: dict[str, Any]) -> None:
+    if not path:
+        return
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        json.dump(doc, fh, indent=1)
+    os.replace(tmp, path)
+
+
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help=f"sets {QUICK_SETS} only, 1 cold run")
+    ap.add_argument("--files", type=int, help="one set of FILES shards (with --mib) instead of the table")
+    ap.add_argument("--mib", type=int, default=128, help="MiB per shard of --files")
+    ap.add_argument("--runs", type=int, default=3, help="warm runs per set (default 3)")
+    ap.add_argument("--cold-runs", type=int, default=None, help="cold runs per set (default 2, --quick 1)")
+    ap.add_argument("--no-cold", dest="cold", action="store_false", help="skip the cold-cache measurements")
+    ap.add_argument("--cold-xargs", action="store_true", help="time `xargs sha256sum` on the cold cache too")
+    ap.add_argument("--tmp", "--dir", dest="tmp", default=None,
+                    help="where the temporary data directory goes (default $TMPDIR, else /var/tmp: a disk, "
+                         "not tmpfs); it is removed at the end unless --keep")
+    ap.add_argument("--keep", action="store_true", help="keep the data directory")
+    ap.add_argument("--workers", type=int, default=None, help="hashing workers (default: cores)")
+    ap.add_argument("--budget", type=float, default=110.0, help="seconds; what would run past it is skipped")
+    ap.add_argument("--json", dest="json_out", default=None, help="write every figure to this file")
+    return ap.parse_args()
+
+
+def fit(sets: list[tuple[int, int]], parent: str) -> tuple[list[tuple[int, int]], int]:
+    """The sets whose data fits on ``parent``'s file system (with 1 GiB to spare), the largest left out
+    first, and the bytes they need."""
+    def need(chosen: list[tuple[int, int]]) -> int:
+        per_size: dict[int, int] = {}
+        for files, mib in chosen:
+            per_size[mib] = max(per_size.get(mib, 0), files)
+        return sum(mib * MIB * n for mib, n in per_size.items())
+
+    free = shutil.disk_usage(parent).free
+    while need(sets) + GIB > free and len(sets) > 1:
+        big = max(sets, key=lambda s: s[0] * s[1])
+        say(f"left out {big[0]} x {big[1]} MiB: {free / GIB:.1f} GiB free in {parent}")
+        sets = [s for s in sets if s != big]
+    return sets, need(sets)
+
+
+def warm_phase(args: argparse.Namespace, doc: dict[str, Any], data: Data, sets: list[tuple[int, int]],
+               cores: int, budget: Budget) -> None:
+    peers = {"xargs sha256sum": ["sha256sum"]}
+    if shutil.which("openssl"):
+        peers["xargs openssl"] = ["openssl", "dgst", "-sha256", "-r"]
+    say(f"warm (page-cached), GiB/s, medians of {args.runs} runs; target doctor/xargs >= {WARM_TARGET}:")
+    per_stream = None  # the slowest tool's bytes/s per file hashed at once, in the set before
+    for key in sets:
+        size = key[0] * key[1] * MIB
+        streams = min(cores, key[0])
+        est = (len(peers) + 3) * args.runs * size / (per_stream * streams) if per_stream else 0.0
+        rate = data.rate()
+        est += data.missing_bytes(key) / rate if rate else 0.0
+        if not budget.allows(est):
+            say(f"  {key[0]} x {key[1]} MiB skipped: about {est:.0f} s needed, past the budget")
+            doc["warm"][f"{key[0]}x{key[1]}"] = {"skipped": "budget"}
+            continue
+        w = warm_set(data.dir_for(key), cores, args.runs, peers)
+        per_stream = min(v * GIB for v in w["median_gib_s"].values()) / streams
+        doc["warm"][f"{key[0]}x{key[1]}"] = w
+        report_warm(key, w)
+        write_json(args.json_out, doc)
+    crossover(doc)
+
+
+def cold_phase(args: argparse.Namespace, doc: dict[str, Any], data: Data, sets: list[tuple[int, int]],
+               cores: int, budget: Budget, cold_runs: int) -> None:
+    res = Residency()
+    doc["host"]["residency_check"] = res.method
+    sets = [k for k in sets if k in data.dirs] or sets[:1]  # the sets built for the warm runs
+    probe = drop(shard_paths(data.dir_for(sets[0])), res)
+    doc["cold_drop_probe"] = probe
+    if not probe["cold"]:
+        say(f"cold: skipped: the files' pages could not be dropped ({probe['method']}; resident "
+            f"{probe['resident_bytes']} bytes by {probe['verified_by']}): tmpfs, or no way to check")
+        return
+    say(f"cold (pages dropped by {probe['method']}, verified by {probe['verified_by']} before every read), "
+        f"GiB/s, medians of {cold_runs} runs; target doctor/dd >= {COLD_TARGET}:")
+    dd_rate = None
+    for key in sets:
+        warm = doc["warm"].get(f"{key[0]}x{key[1]}")
+        c = cold_set(data.dir_for(key), cores, cold_runs, res, budget, dd_rate, warm, args.cold_xargs)
+        if c["rates_gib_s"]["dd"]:
+            dd_rate = statistics.median(c["rates_gib_s"]["dd"]) * GIB
+        doc["cold"][f"{key[0]}x{key[1]}"] = c
+        report_cold(key, c)
+        write_json(args.json_out, doc)
+
+
+def verdict(doc: dict[str, Any], json_out: str | None) -> int:
+    warm = [w["doctor_over_xargs"]["median"] for w in doc["warm"].values() if "median_gib_s" in w]
+    cold = [c["doctor_over_dd"]["median"] for c in doc["cold"].values() if c["doctor_over_dd"]["median"] is not None]
+    warm_ok = all(r >= WARM_TARGET for r in warm)
+    cold_ok = all(r >= COLD_TARGET for r in cold)
+    cold_said = ("met" if cold_ok else "NOT met") if cold else "not measured"
+    say(f"targets: warm {'met' if warm_ok else 'NOT met'}; cold {cold_said}; {doc['seconds']} s"
+        + (f"; figures in {json_out}" if json_out else ""))
+    return 0 if warm_ok and cold_ok else 1
 
 
 def main() -> int:
-    cores = default_workers()
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--dir", default="/tmp/k26-deep-bench")
-    ap.add_argument("--files", type=int, default=4 * cores)
-    ap.add_argument("--mib", type=int, default=128)
-    ap.add_argument("--runs", type=int, default=5)
-    args = ap.parse_args()
-    names = build(args.dir, args.files, args.mib)
-    paths = [os.path.join(args.dir, n) for n in names]
-    total = sum(os.path.getsize(p) for p in paths)
-    for p in paths:  # into the page cache
-        with open(p, "rb") as fh:
-            while fh.read(64 << 20):
-                pass
-    gib = 1024 ** 3
-    single, doctor, sums, busy, ceiling, ratios = [], [], [], [], [], []
-    listing = f"printf '%s\\n' {' '.join(names)} | xargs -P {cores} -n 1"
-    peers = {"sha256sum": ["sh", "-c", f"{listing} sha256sum"]}
-    if shutil.which("openssl"):
-        peers["openssl dgst -sha256"] = ["sh", "-c", f"{listing} openssl dgst -sha256"]
-    peer_rates: dict[str, list[float]] = {k: [] for k in peers}
-    for i in range(args.runs):
-        single.append(one_thread_rate(paths[0]))
-        # Alternate the order, so neither the doctor nor the peers always find the caches warm.
-        first_peers = i % 2 == 1
-        if first_peers:
-            for name, argv in peers.items():
-                peer_rates[name].append(cmd_rate(argv, total, args.dir))
-        r0 = resource.getrusage(resource.RUSAGE_SELF)
-        c0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        res = verify_model_hashes(args.dir, use_cache=False, progress=False)
-        r1 = resource.getrusage(resource.RUSAGE_SELF)
-        c1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        assert all(f.get("sha256") for f in res["files"]), res
-        doctor.append(res["bytes_hashed"] / res["seconds"])
-        busy.append((r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime + c1.ru_utime - c0.ru_utime
-                     + c1.ru_stime - c0.ru_stime) / res["seconds"])
-        if not first_peers:
-            for name, argv in peers.items():
-                peer_rates[name].append(cmd_rate(argv, total, args.dir))
-        ratios.append(doctor[-1] / max(rates[-1] for rates in peer_rates.values()))
-        ceiling.append(procs_rate(paths, cores, total))
-        sums.append(cmd_rate(["sha256sum", *names], total, args.dir))
-    s, d = statistics.median(single), statistics.median(doctor)
-    ratio = statistics.median(ratios)
-    print(f"data: {len(paths)} files, {total / gib:.2f} GiB, page-cached; cores: {cores}; "
-          f"load average {os.getloadavg()[0]:.1f}; {args.runs} runs, medians")
-    print(f"one hashlib thread:          {s / gib:6.2f} GiB/s")
-    print(f"doctor --deep ({cores} workers):    {d / gib:6.2f} GiB/s  = {d / s:.2f} x one thread; "
-          f"CPU busy {statistics.median(busy):.2f} cores while hashing")
-    for name, rates in peer_rates.items():
-        print(f"xargs -P{cores} {name}: {statistics.median(rates) / gib:6.2f} GiB/s")
-    print(f"doctor / best peer: {ratio:.2f} x (per run: {', '.join(f'{r:.2f}' for r in ratios)}; "
-          f"target >= 1.00: {'OK' if ratio >= 1.0 else 'UNDER'})")
-    c = statistics.median(ceiling)
-    print(f"{cores} hashlib processes, 8 MiB reads: {c / gib:6.2f} GiB/s")
-    print(f"sha256sum (one process):     {statistics.median(sums) / gib:6.2f} GiB/s")
-    return 0 if ratio >= 1.0 else 1
+    args = parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `timeout`: the data is still removed
+    budget = Budget(args.budget)
+    start = time.monotonic()
+    cores = args.workers or default_workers()
+    if args.files:
+        sets, cold_sets = [(args.files, args.mib)], [(args.files, args.mib)]
+    elif args.quick:
+        sets, cold_sets = QUICK_SETS, QUICK_SETS
+    else:
+        sets, cold_sets = SETS, COLD_SETS
+    cold_runs = args.cold_runs if args.cold_runs is not None else (1 if args.quick else 2)
+    for tool in ("sha256sum", "xargs", "dd"):
+        if not shutil.which(tool):
+            say(f"{tool} not found: the baseline cannot run")
+            return 2
+    parent = args.tmp or os.environ.get("TMPDIR") or "/var/tmp"
+    os.makedirs(parent, exist_ok=True)
+    sets, need = fit(sets, parent)
+    cold_sets = [s for s in cold_sets if s in sets]
+    root = tempfile.mkdtemp(prefix="k26-deep-bench-", dir=parent)
+    doc: dict[str, Any] = {"host": host_facts(root, cores), "targets": {"warm_doctor_over_xargs": WARM_TARGET,
+                           "cold_doctor_over_dd": COLD_TARGET}, "runs": args.runs, "cold_runs": cold_runs,
+                           "warm": {}, "cold": {}}
+    h = doc["host"]
+    say(f"data: up to {need / GIB:.1f} GiB in {root} ({h.get('filesystem', '?')}, read_ahead_kb "
+        f"{h.get('read_ahead_kb', '?')}); cores {cores}; {h.get('cpu', '?')} sha_ni={h.get('sha_ni', '?')}; "
+        f"Python {h['python']}; load {h['load_average_start']}; budget {args.budget:.0f} s")
+    try:
+        data = Data(root)
+        warm_phase(args, doc, data, sets, cores, budget)
+        if args.cold and cold_sets:
+            cold_phase(args, doc, data, cold_sets, cores, budget, cold_runs)
+    finally:
+        doc["host"]["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+        doc["seconds"] = round(time.monotonic() - start, 1)
+        if "data" in locals():
+            doc["data"] = {"written_gib": round(data.written / GIB, 2), "write_seconds": round(data.seconds, 1)}
+        write_json(args.json_out, doc)
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+    return verdict(doc, args.json_out)
 
 
 if __name__ == "__main__":

@@ -61,7 +61,7 @@ print(json.dumps({k: v for k, v in r.items() if k != "runs" and k != "checks"}, 
 tail -3 "$OUTDIR/default-tier.err"
 
 step "5. deep hashing against xargs -P sha256sum / openssl, in one run"
-timeout 70 "$PY" bench/bench_model_deep.py --dir /tmp/k26-deep --files 16 --mib 64 --runs 3 2>&1 | tail -12
+timeout 70 "$PY" bench/bench_model_deep.py --dir /tmp/k26-deep --files 16 --mib 64 --runs 3 --budget 60 2>&1 | tail -12
 
 step "6. a real SGLang 0.5.23 server (tiny DeepSeek-V3, no speculation), smoke against it"
 export PYTHONPATH=$PWD:$SITE SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1

@@ -8,8 +8,9 @@ from __future__ import annotations
 from doctor.core.context import Context
 from doctor.core.registry import check
 from doctor.core.result import Result
-from doctor.gpu import bandwidth, fabric, fabric_software, health, inventory, nvlink, p2p_path, processes
+from doctor.gpu import bandwidth, fabric, fabric_software, health, inventory, multicast, nvlink, p2p_path, processes
 from doctor.gpu.group import answered, available
+from doctor.service.launcher import planned_args
 
 
 @check("gpu.driver", "NVIDIA driver and NVML load", needs=("nvml",), timeout=30)
@@ -128,6 +129,31 @@ def gpu_fabric_nvlsm(ctx: Context) -> Result:
     By hand: `pgrep -x nvlsm`, `dpkg -l nvlsm`, `journalctl -u nvidia-fabricmanager`."""
     nvml = fabric_software.nvlsm_host(ctx.fact("nvml"), ctx.settings)
     return Result.of(fabric_software.judge_nvlsm(nvml, ctx.fact("fabric_software"), ctx.settings))
+
+
+@check("gpu.multicast", "NVLink multicast for all-reduce fusion and symmetric memory (TP > 1)",
+       needs=("nvml", "multicast", "sglang_flags"), depends=("gpu.driver",))
+def gpu_multicast(ctx: Context) -> Result:
+    """CUDA's multicast-supported attribute of every GPU of the TP group (cuInit and cuDeviceGetAttribute in a
+    child with a deadline; never a multicast object created to find out), the NVSwitch fabric's state (NVML,
+    as gpu.fabric reads it) and the server's arguments.
+
+    Why: FlashInfer's all-reduce fusion (SGLang turns it on by itself for DeepSeek-style models on SM90/SM100
+    at TP > 1), torch's and NCCL's symmetric memory and NCCL's NVLS need NVSwitch multicast. Without it (PCIe,
+    NVLink bridges, confidential computing) the server dies at start with "[SymmDeviceMemory] Device does not
+    support multicasting"; with a fabric that is not ready, or multicast objects held by another NVLS user,
+    with "Failed to bind NVLink SHARP (NVLS) Multicast memory ... CUDA error 401" or a rendezvous that hangs.
+    Who holds multicast objects cannot be read without creating one: the check says so, and warns when other
+    processes hold GPUs of the group.
+    Fix by hand: on a host without multicast, add the installed release's flag that turns the fusion off
+    (--enforce-disable-flashinfer-allreduce-fusion where SGLang accepts it; the check names the one your
+    release has) to [server] args and drop --enable-symm-mem / --enable-torch-symm-mem / --enable-nccl-nvls;
+    NCCL_NVLS_ENABLE=0 keeps NCCL's NVLS off. On NVSwitch hosts: `systemctl status nvidia-fabricmanager`,
+    `nvidia-smi -q -d FABRIC`."""
+    nvml = answered(ctx.fact("nvml"), ctx.settings.world_size)
+    args, _problem = planned_args(ctx.settings)
+    return Result.of(multicast.judge_multicast(nvml, ctx.optional("multicast"), ctx.optional("sglang_flags"), args,
+                                               ctx.settings))
 
 
 @check("gpu.p2p", "P2P path: ACS redirect on the PCIe bridges, IOMMU translation (PCIe pairs)",

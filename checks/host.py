@@ -8,7 +8,7 @@ from __future__ import annotations
 from doctor.core.context import Context
 from doctor.core.registry import check
 from doctor.core.result import Result
-from doctor.host import disk, environment, exposure, port
+from doctor.host import disk, environment, exposure, port, shm
 from doctor.service.launcher import planned_args
 
 
@@ -23,6 +23,22 @@ def host_disk(ctx: Context) -> Result:
     roomier filesystem in the service's environment file.
     """
     return Result.of(disk.judge_disk(ctx.fact("disk"), ctx.settings))
+
+
+@check("host.shm", "/dev/shm size and free space for the TP group's shared memory", needs=("shm",))
+def host_shm(ctx: Context) -> Result:
+    """Size and free space of /dev/shm (statvfs; the mount from /proc/self/mountinfo) against an estimate
+    for the ranks of the profile (doctor/data/shm_estimate.toml: NCCL's shared-memory transport buffers per
+    channel and peer, NCCL's per-rank segment, SGLang's broadcast queue; each with its source).
+
+    Why: containers get a 64 MB /dev/shm by default; at TP8 NCCL needs hundreds of MiB there and the server
+    dies in NCCL's init with "Error while creating shared memory segment /dev/shm/nccl-... (size 9637888)",
+    "No space left on device". Segments a crashed server left behind fill it too (the check lists them).
+    Fix by hand, where the service runs: docker/podman `--shm-size=1g` (or `--ipc=host`); Kubernetes: an
+    `emptyDir` with `medium: Memory` and a `sizeLimit` mounted at /dev/shm; a host: `mount -o
+    remount,size=1G /dev/shm` and /etc/fstab. No fixer: a remount of a shared /dev/shm, or a container's
+    recreation, is the operator's to do."""
+    return Result.of(shm.judge_shm(ctx.fact("shm"), ctx.settings))
 
 
 @check("host.port", "The server port is free", needs=("port",))

@@ -86,17 +86,27 @@ def sglang_flags(ctx: Context) -> Result:
     return Result.of(judge_server_flags(ctx.fact("sglang_flags"), *planned_args(ctx.settings)))
 
 
-@check("sglang.ddtree", "DDTREE will be accepted by the patched SGLang (worker gate)", needs=("env", "stack"))
+@check("sglang.ddtree", "DDTREE will be accepted by the patched SGLang (validated-configuration gate)",
+       needs=("env", "stack", "nvml"))
 def ddtree_gate(ctx: Context) -> Result:
-    """When the profile launches `--speculative-algorithm DDTREE`, reads the service's environment
-    (process, profile [server.env], EnvironmentFile) for SGLANG_DDTREE_UNVALIDATED_WORKER.
+    """When the profile launches `--speculative-algorithm DDTREE`, judges what the patched SGLang's start-up gate
+    will judge at argument resolution: the configuration it computes -- SGLang's version and torch's release
+    (the `stack` fact of the service's interpreter), TP size, attention backend, decode CUDA graphs
+    (`--disable-cuda-graph`, `--disable-decode-cuda-graph`) and the overlap scheduler
+    (`--disable-overlap-schedule`), read from the server arguments `launch` builds, and the compute capability of
+    GPU 0 (`nvml`) -- against the patch set's `validated` list (`sglang_patches/<set>/manifest.json`, the copy of
+    `ddtree_worker.VALIDATED`), and the service's environment (process, profile [server.env], EnvironmentFile)
+    for SGLANG_DDTREE_UNVALIDATED_WORKER.
 
-    Why: the DDTree patch set's tree-verify worker has been validated on CPU (torch, Triton's
-    interpreter) and its kernels on an H200, but never inside a running SGLang server; the patched
-    SGLang refuses DDTREE at argument resolution unless the site opts in with that variable. A start
-    without it fails after minutes of imports.
-    Fix by hand: set server.speculative_algorithm = "DFLASH" in the config (chain verification,
-    validated upstream), or opt in knowingly (`SGLANG_DDTREE_UNVALIDATED_WORKER=1` in the env file)
-    and validate as the patch set's README says.
+    Validated (the shipped ddtree-0.5.23, revision 5, lists TP 1 on an H200, Triton, SGLang 0.5.23, torch
+    2.11.0, with graphs + overlap, overlap only, or neither): pass, naming where and when it was shown. Anything
+    else, without the opt-in: fail with the keys that differ from the nearest validated entry
+    (`tp_size 8 (validated: 1)`), as the server refuses it -- after minutes of imports. With
+    `SGLANG_DDTREE_UNVALIDATED_WORKER=1` (exactly 1) the server starts DDTREE in any configuration: warn, saying
+    whether this one is validated (then the opt-in is not needed). A key whose fact is missing (no GPU reading, no
+    stack) is not judged, and the check is then never a pass.
+    Fix by hand: set server.speculative_algorithm = "DFLASH" in the config (chain verification, validated
+    upstream), change what differs to a validated configuration, or opt in knowingly
+    (`SGLANG_DDTREE_UNVALIDATED_WORKER=1` in the env file) and validate as the patch set's README says.
     """
-    return Result.of(judge_gate(lambda: ctx.fact("env"), lambda: ctx.optional("stack"), ctx.settings))
+    return Result.of(judge_gate(ctx.optional, planned_args(ctx.settings), ctx.settings))

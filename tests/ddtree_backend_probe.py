@@ -188,6 +188,35 @@ def run_case(shape):
     result["graph_mask_is_buffer"] = be.forward_metadata.custom_mask.data_ptr() == be._verify_mask.buffer.data_ptr()
     result["graph_mask_indptr"] = be.forward_metadata.mask_indptr.tolist()
     result["graph_err"] = float((attend(be, fb) - ref).abs().max())
+    # graph replay of a padded bucket: the runner's batch (max_bs) above the batch's requests, whose mask covers
+    # the real requests only (the runner pads seq_lens with 1 and the pool indices with 0)
+    be._verify_mask.buffer.fill_(7)
+    pad = max_bs - bs
+    seq_pad = torch.cat([seq_lens, torch.ones(pad, dtype=seq_lens.dtype)])
+    rpi_pad = torch.cat([rpi, torch.zeros(pad, dtype=rpi.dtype)])
+    try:
+        be._update_target_verify_buffers(None, max_bs, seq_pad, spec, rpi_pad)
+        copied = be._verify_mask.buffer[: compact.numel()].to(torch.bool)
+        result["padded_replay_mask_equal"] = bool(torch.equal(copied, compact.to(torch.bool)))
+        result["padded_replay_mask_indptr"] = be.mask_indptr[: max_bs + 1].tolist()
+    except RuntimeError as e:
+        result["padded_replay_mask_equal"] = f"raised: {e}"
+    # capture: the runner hands its all-ones buffer, sized for the FULL_MASK layout (longer, and not a whole
+    # number of W x W requests): the first max_bs * W * W cells of it are read
+    be._verify_mask.buffer.fill_(0)
+    ones = torch.ones(sum(width * (n + width) for n in seq_pad.tolist()) + 1, dtype=torch.bool)
+    try:
+        be._update_target_verify_buffers(None, max_bs, seq_pad, types.SimpleNamespace(
+            custom_mask=ones, num_tokens_per_req=width), rpi_pad)
+        result["capture_mask_ones"] = int(be._verify_mask.buffer[: max_bs * width * width].to(torch.bool).sum())
+    except RuntimeError as e:
+        result["capture_mask_ones"] = f"raised: {e}"
+    try:  # a mask that is not a whole number of W x W requests is refused
+        be._update_target_verify_buffers(None, max_bs, seq_pad, types.SimpleNamespace(
+            custom_mask=compact[:-1], num_tokens_per_req=width), rpi_pad)
+        result["ragged_mask"] = "ran"
+    except RuntimeError as e:
+        result["ragged_mask"] = str(e)
     # controls: without a mask DDTREE refuses (eager and graph); the compact mask on a runner that reads the
     # FULL_MASK layout (the pristine backend) attends wrongly
     for name, call in (("eager", lambda: be.init_forward_metadata(forward_batch(types.SimpleNamespace(

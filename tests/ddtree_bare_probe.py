@@ -9,15 +9,18 @@ on its own:
 
 * ``mask_policy`` (tests/test_ddtree_patchset.py): DFlash's verify-mask policy on the Triton backend;
 * ``server_args`` (tests/test_ddtree_patchset.py): the ServerArgs parser and DDTREE's argument resolution;
+* ``gate_argv`` (tests/test_ddtree_gate_check.py): the gate's configuration of each argv of ``GATE_ARGVS``, parsed
+  by the ServerArgs parser (the doctor's sglang.ddtree must read the same from the same argv);
 * ``admission`` (tests/test_ddtree_admission.py): DDTREE's admission refusals on SGLang's own ``Req``;
 * ``worker_glue`` (tests/test_ddtree_worker_glue.py): the worker glue against SGLang's real modules.
 
-They run in that order: the first three read the environment as a user's launch would (the opt-in variable
+They run in that order: the first four read the environment as a user's launch would (the opt-in variable
 unset: the caller removes it), the glue probe then sets it and may stub ``setproctitle``/``aiohttp`` (only
 those, only when absent), which the others must not see. A part that raises reports ``error`` (the
 traceback) and, for a missing module, ``missing``; the others still run.
 
-Prints one line: ``RESULT {"mask_policy": {...}, "server_args": {...}, "admission": {...}, "worker_glue": {...}}``.
+Prints one line: ``RESULT {"mask_policy": {...}, "server_args": {...}, "gate_argv": {...}, "admission": {...},
+"worker_glue": {...}}``.
 """
 
 import argparse
@@ -155,6 +158,45 @@ def server_args_part():
     return out
 
 
+# Server argvs whose gate configuration sglang.ddtree reads from the argv itself: the launcher's for the
+# b300-tp8-ddtree profile, then what a [server] args or a site's flags can change in it (aliases, a unique
+# prefix, --opt=value, a flag given twice: the last wins, each graph and overlap switch).
+LAUNCHER_B300 = ["--model-path", "/models/Kimi-K2.6", "--tp-size", "8", "--trust-remote-code",
+                 "--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", "/models/Kimi-K2.6-DFlash",
+                 "--speculative-ddtree-budget", "64", "--attention-backend", "triton", "--mem-fraction-static",
+                 "0.85", "--host", "0.0.0.0", "--port", "30000", "--reasoning-parser", "kimi_k2",
+                 "--tool-call-parser", "kimi_k2"]
+GATE_ARGVS = {
+    "launcher b300": LAUNCHER_B300,
+    "tp 1 later": [*LAUNCHER_B300, "--tp-size", "1"],
+    "tp alias": [*LAUNCHER_B300, "--tensor-parallel-size", "2"],
+    "tp equals": [*LAUNCHER_B300, "--tp-size=4"],
+    "no backend": ["--model-path", "/m", "--speculative-algorithm", "DDTREE"],
+    "backend equals": [*LAUNCHER_B300, "--attention-backend=fa3"],
+    "eager": [*LAUNCHER_B300, "--disable-cuda-graph"],
+    "decode eager": [*LAUNCHER_B300, "--disable-decode-cuda-graph"],
+    "no overlap": [*LAUNCHER_B300, "--disable-overlap-schedule"],
+    "no overlap, prefix": [*LAUNCHER_B300, "--disable-overlap"],
+    "eager, no overlap": [*LAUNCHER_B300, "--disable-cuda-graph", "--disable-overlap-schedule"],
+    "prefill graphs off only": [*LAUNCHER_B300, "--disable-prefill-cuda-graph"],
+}
+ARGV_KEYS = ("tp_size", "attention_backend", "cuda_graph", "overlap_schedule")
+
+
+def gate_argv():
+    server_args = importlib.import_module("sglang.srt.server_args")
+    overrides = importlib.import_module("sglang.srt.arg_groups.overrides")
+    worker = importlib.import_module("sglang.srt.speculative.ddtree_worker")
+    parser = argparse.ArgumentParser()
+    server_args.ServerArgs.add_cli_args(parser)
+    out = {}
+    for name, argv in GATE_ARGVS.items():
+        parsed = server_args.ServerArgs.from_cli_args(parser.parse_args(argv))
+        config = worker.server_configuration(overrides.resolving_view(parsed))
+        out[name] = {k: config[k] for k in ARGV_KEYS}
+    return out
+
+
 ADMISSION_CASES = {
     "plain": ({}, {}),
     "sampled": ({}, {"temperature": 0.7, "top_p": 0.9, "top_k": 20, "min_p": 0.0, "frequency_penalty": 0.0,
@@ -273,8 +315,8 @@ def main():
     pkg.__path__ = [root + "/sglang"]
     sys.modules["sglang"] = pkg
     out = {}
-    for name, part in (("mask_policy", mask_policy), ("server_args", server_args_part), ("admission", admission),
-                       ("worker_glue", lambda: worker_glue(stubbable))):
+    for name, part in (("mask_policy", mask_policy), ("server_args", server_args_part), ("gate_argv", gate_argv),
+                       ("admission", admission), ("worker_glue", lambda: worker_glue(stubbable))):
         try:
             out[name] = {"result": part()}
         except (ModuleNotFoundError, Missing) as e:

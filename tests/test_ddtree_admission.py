@@ -83,10 +83,12 @@ def test_the_scheduler_refuses_at_admission():
 
 
 def test_trees_come_from_rank_zeros_topk_and_sampled_matrices_are_borrowed():
-    src = ast.unparse(method(tree("sglang/srt/speculative/ddtree_worker_v2.py"), "DDTreeWorkerV2",
-                             "forward_batch_generation"))
+    worker = tree("sglang/srt/speculative/ddtree_worker_v2.py")
+    src = ast.unparse(method(worker, "DDTreeWorkerV2", "_tree_eager"))
     assert src.index("tp_group.broadcast(lp, src=0)") < src.index("build_tree_verify(")
     assert src.index("tp_group.broadcast(ids, src=0)") < src.index("build_tree_verify(")
+    # the trees folded into the draft graph skip that broadcast: only at TP 1
+    assert "world_size) != 1" in ast.unparse(method(worker, "DDTreeWorkerV2", "_make_draft_tree_capture"))
     accept = ast.unparse(next(n for n in tree("sglang/srt/speculative/ddtree_worker.py").body
                               if isinstance(n, ast.FunctionDef) and n.name == "ddtree_accept"))
     borrow = accept.index("borrow_graph_pool(")

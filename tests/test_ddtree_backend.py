@@ -67,6 +67,20 @@ def test_tree_verify_through_the_backend_matches_float64_eager_and_graph(probe, 
 
 
 @pytest.mark.parametrize("shape", ["gqa", "mla_absorbed"])
+def test_padded_graph_replay_copies_the_real_requests_mask(probe, shape):
+    """A replay runs the smallest captured batch >= the real one: the mask covers the real requests only
+    (3 of a bucket of 4 here) and is copied as it is; a mask that is not whole requests is refused."""
+    r = probe[shape]
+    assert "error" not in r, r.get("error")
+    cells = 13 * 13
+    assert r["padded_replay_mask_equal"] is True, r["padded_replay_mask_equal"]
+    assert r["padded_replay_mask_indptr"] == [0, cells, 2 * cells, 3 * cells, 4 * cells]
+    assert "not a whole number of requests" in r["ragged_mask"], r["ragged_mask"]
+    # capture hands the runner's longer all-ones buffer (not whole requests): its first bs x W x W cells are read
+    assert r["capture_mask_ones"] == 4 * cells, r["capture_mask_ones"]
+
+
+@pytest.mark.parametrize("shape", ["gqa", "mla_absorbed"])
 def test_ddtree_graph_state_is_sized_by_what_the_verify_reads(probe, shape):
     r = probe[shape]
     assert "error" not in r, r.get("error")

@@ -218,7 +218,8 @@ def test_triton_keeps_the_custom_mask_for_ddtree_only(tmp_path_factory):
 @pytest.mark.network  # reads the released SGLang 0.5.23 wheel (a first-run download)
 def test_the_manifest_mirrors_the_validated_record_of_the_worker():
     """manifest.json ``validated`` is ddtree_worker.VALIDATED (read from the patched file's AST: the literal
-    the gate checks), each entry pinning every key the gate matches; empty in this revision."""
+    the gate checks), each entry pinning every key the gate matches and saying where it was shown (date, GPU,
+    run, figures): revision 5 lists TP 1 on an H200 with graphs + overlap, overlap only, and eager."""
     import ast
 
     tree = ast.parse((patched_tree() / "sglang/srt/speculative/ddtree_worker.py").read_text())
@@ -228,6 +229,12 @@ def test_the_manifest_mirrors_the_validated_record_of_the_worker():
                                                                        else None)
         if isinstance(target, ast.Name) and target.id in ("VALIDATED", "CONFIG_KEYS"):
             assigned[target.id] = ast.literal_eval(node.value)
-    assert list(assigned["VALIDATED"]) == manifest()["validated"] == []
+    assert list(assigned["VALIDATED"]) == manifest()["validated"]
+    modes = set()
     for entry in manifest()["validated"]:
         assert set(assigned["CONFIG_KEYS"]) <= set(entry), entry
+        assert {"date", "gpu", "run", "figures"} <= set(entry), entry
+        assert (entry["sglang"], entry["tp_size"], entry["attention_backend"], entry["compute_capability"],
+                entry["torch"]) == ("0.5.23", 1, "triton", "9.0", "2.11.0"), entry
+        modes.add((entry["cuda_graph"], entry["overlap_schedule"]))
+    assert modes == {(True, True), (False, True), (False, False)}  # graphs without overlap: not validated

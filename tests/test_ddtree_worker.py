@@ -166,6 +166,13 @@ def test_the_gate_opens_only_for_a_listed_configuration(worker, monkeypatch):
     with pytest.raises(NotImplementedError):
         worker.check_ddtree_worker_available(here, table=incomplete)
     with pytest.raises(NotImplementedError, match="none yet"):
-        worker.check_ddtree_worker_available(here)  # this revision's VALIDATED is empty
+        worker.check_ddtree_worker_available(here, table=())
+    # this revision's own VALIDATED: the H200 configurations start, anything else is refused naming them
+    assert worker.check_ddtree_worker_available(here) is None
+    assert worker.check_ddtree_worker_available(dict(here, cuda_graph=False)) is None
+    assert worker.check_ddtree_worker_available(dict(here, cuda_graph=False, overlap_schedule=False)) is None
+    for key, other in (("overlap_schedule", False), ("tp_size", 8), ("compute_capability", "10.0")):
+        with pytest.raises(NotImplementedError, match=r"validated inside a real server .*tp_size=1"):
+            worker.check_ddtree_worker_available(dict(here, **{key: other}))
     monkeypatch.setenv(worker.UNVALIDATED_WORKER_ENV, "1")
     assert worker.check_ddtree_worker_available(dict(here, tp_size=8)) is None

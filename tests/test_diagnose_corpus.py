@@ -216,7 +216,7 @@ def test_patterns_are_general_not_copied_from_one_log() -> None:
     specific = re.compile(r"/usr/|/tmp/|site-packages|\.venv|Qwen|Llama|[Dd]eep[Ss]eek|Kimi-K|gpt-oss|"
                           r"\d{2}:\d{2}:\d{2}|pid=|TP\d")
     for sig in SIGS:
-        for pat in (*sig.patterns, *sig.context):
+        for pat in (*sig.patterns, *sig.context, *sig.frames, *sig.phase, *sig.process, *sig.absent):
             assert not specific.search(pat.pattern), (sig.id, pat.pattern)
 
 

@@ -33,7 +33,8 @@ GLYPHS = ("✔", "!", "✘", "-", "‼")
 
 def normalized(text: str) -> str:
     """The run's duration is the only thing that varies between runs."""
-    return re.sub(r" in \d+\.\d\ds$", " in <t>s", text, flags=re.M)
+    # (the summary may wrap just before it: "... 0 errors in" / "  0.09s")
+    return re.sub(r" in(\n +| )\d+\.\d\ds$", r" in\1<t>s", text, flags=re.M)
 
 
 def logical(lines: list[str], start: int, indent: int) -> str:

@@ -86,19 +86,22 @@ def test_a_missing_required_input_fails(tmp_path: Path) -> None:
 
 
 def test_a_snapshot_missing_most_facts_fails_under_strict() -> None:
-    js = json.loads(run_doctor("check", "--from-snapshot", str(SNAP), "--strict", "--format", "json").stdout)
+    # sglang.ddtree judges this recording from the facts it has (TP 8 on sm 10.3: not a validated DDTREE
+    # configuration, a failure of its own), so it is left out of what this test is about: what is not judged
+    snap = ["--from-snapshot", str(SNAP), "--skip", "sglang.ddtree"]
+    js = json.loads(run_doctor("check", *snap, "--strict", "--format", "json").stdout)
     jsonschema.validate(js, schema())
     unjudged = js["summary"]["unjudged"]
     assert len(unjudged) >= 10 and js["summary"]["status"] == "fail"
     assert all(r.get("unjudged") for r in js["results"] if r["id"] in unjudged)
-    strict = run_doctor("check", "--from-snapshot", str(SNAP), "--strict")
+    strict = run_doctor("check", *snap, "--strict")
     assert strict.returncode == 1 and "not judged:" in strict.stdout
-    lenient = run_doctor("check", "--from-snapshot", str(SNAP), "--format", "json")
+    lenient = run_doctor("check", *snap, "--format", "json")
     assert lenient.returncode == 0 and json.loads(lenient.stdout)["summary"]["unjudged"] == unjudged
-    junit = ET.fromstring(run_doctor("check", "--from-snapshot", str(SNAP), "--strict", "--format", "junit").stdout)
+    junit = ET.fromstring(run_doctor("check", *snap, "--strict", "--format", "junit").stdout)
     kinds = [f.get("type") for f in junit.iter("failure")]
     assert kinds.count("unjudged") == len(unjudged) and int(junit.get("failures")) >= len(unjudged)
-    junit = ET.fromstring(run_doctor("check", "--from-snapshot", str(SNAP), "--format", "junit").stdout)
+    junit = ET.fromstring(run_doctor("check", *snap, "--format", "junit").stdout)
     skipped = [s.get("message") for s in junit.iter("skipped")]
     assert sum(1 for m in skipped if m.startswith("not judged: ")) == len(unjudged)
 

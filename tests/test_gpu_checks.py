@@ -21,7 +21,7 @@ from doctor.core.runner import execute
 
 SNAPS = Path(__file__).parent / "fixtures" / "snapshots"
 GPU_IDS = ["gpu.arch", "gpu.count", "gpu.driver", "gpu.fabric", "gpu.health", "gpu.idle", "gpu.memory",
-           "gpu.nvlink", "gpu.p2p_bandwidth", "gpu.fabric.manager", "gpu.fabric.nvlsm", "gpu.p2p"]
+           "gpu.nvlink", "gpu.p2p_bandwidth", "gpu.fabric.manager", "gpu.fabric.nvlsm", "gpu.p2p", "gpu.multicast"]
 P, W, F, S, E = "pass", "warn", "fail", "skip", "error"
 
 
@@ -41,44 +41,86 @@ def results(snapshot: str | dict[str, Any], profile: str, tp: int | None = None)
     return {r.id: r for r in report.results}
 
 
-#               driver count arch memory idle health nvlink fabric p2p_bandwidth | fabric.manager fabric.nvlsm p2p
+#     driver count arch memory idle health nvlink fabric p2p_bandwidth | fabric.manager fabric.nvlsm p2p | multicast
 def row(driver: str, count: str, arch: str, memory: str, idle: str, health: str, nvlink: str, fabric: str,
-        bw: str, fm: str, nvlsm: str, p2p: str) -> dict[str, str]:
+        bw: str, fm: str, nvlsm: str, p2p: str, mc: str) -> dict[str, str]:
     return {"gpu.driver": driver, "gpu.count": count, "gpu.arch": arch, "gpu.memory": memory, "gpu.idle": idle,
             "gpu.health": health, "gpu.nvlink": nvlink, "gpu.fabric": fabric, "gpu.p2p_bandwidth": bw,
-            "gpu.fabric.manager": fm, "gpu.fabric.nvlsm": nvlsm, "gpu.p2p": p2p}
+            "gpu.fabric.manager": fm, "gpu.fabric.nvlsm": nvlsm, "gpu.p2p": p2p, "gpu.multicast": mc}
 
 
 # The first nine columns are the verdicts these snapshots gave before the fabric software and PCIe facts existed:
 # a snapshot without the new facts must judge the old checks the same, and the new ones "cannot judge" (skip).
+# gpu.multicast (last column) passes only on a reading: every GPU of the group supporting multicast with the fabric
+# ready and no other process on them (b300x8-healthy), or no GPU supporting it where nothing the server starts needs
+# it (rtxpro6000x8-pcie: sm_120, where SGLang does not turn FlashInfer's fusion on by itself, and neither profile
+# asks for a multicast user). A fabric not ready blocks it on gpu.fabric; a recording without the multicast fact is
+# not judged; TP 1 needs no multicast. MULTICAST_WHY below tells these skips apart.
 VERDICTS = [
     # real 2x H200 (converted): 2 of 8 GPUs; the recording's fabric read failed (TypeError) -> error
-    ("h200x2-reference.json", "h200-tp8", None, row(P, F, P, P, P, P, P, E, S, S, S, P)),
-    ("h200x2-reference.json", "h200-tp8", 2, row(P, P, P, P, P, P, P, E, S, S, S, P)),
-    ("h200x2-reference.json", "b300-tp8-ddtree", 2, row(P, P, F, F, P, P, P, E, S, S, S, P)),
-    ("b300x8-healthy.json", "b300-tp8-ddtree", None, row(P, P, P, P, P, P, P, P, P, P, P, P)),
-    ("b300x8-link-down.json", "b300-tp8-ddtree", None, row(P, P, P, P, P, P, F, P, P, S, S, P)),
-    ("b300x8-fabric-not-started.json", "b300-tp8-ddtree", None, row(P, P, P, P, P, P, F, F, F, S, S, S)),
-    ("b300x8-fabric-in-progress.json", "b300-tp8-ddtree", None, row(P, P, P, P, P, P, F, F, S, P, F, S)),
-    ("b300x8-fabric-manager-mismatch.json", "b300-tp8-ddtree", None, row(P, P, P, P, P, P, F, F, S, F, F, S)),
-    ("b300x8-stale-process.json", "b300-tp8-ddtree", None, row(P, P, P, W, F, P, P, P, P, S, S, P)),
-    ("rtxpro6000x8-pcie.json", "b300-tp8-ddtree", None, row(P, P, F, F, P, P, F, S, W, S, S, P)),
-    ("rtxpro6000x8-pcie.json", "rtxpro6000-ep8", None, row(P, P, P, P, P, P, P, S, W, S, S, P)),
-    ("rtxpro6000x8-acs-redirect.json", "rtxpro6000-ep8", None, row(P, P, P, P, P, P, P, S, W, S, S, F)),
-    ("h200x8.json", "h200-tp8", None, row(P, P, P, P, P, P, P, P, P, P, S, P)),
-    ("h200x8.json", "b300-tp8-ddtree", None, row(P, P, F, F, P, P, P, P, P, P, F, P)),
+    ("h200x2-reference.json", "h200-tp8", None, row(P, F, P, P, P, P, P, E, S, S, S, P, S)),
+    ("h200x2-reference.json", "h200-tp8", 2, row(P, P, P, P, P, P, P, E, S, S, S, P, S)),
+    ("h200x2-reference.json", "b300-tp8-ddtree", 2, row(P, P, F, F, P, P, P, E, S, S, S, P, S)),
+    ("b300x8-healthy.json", "b300-tp8-ddtree", None, row(P, P, P, P, P, P, P, P, P, P, P, P, P)),
+    ("b300x8-link-down.json", "b300-tp8-ddtree", None, row(P, P, P, P, P, P, F, P, P, S, S, P, S)),
+    ("b300x8-fabric-not-started.json", "b300-tp8-ddtree", None, row(P, P, P, P, P, P, F, F, F, S, S, S, S)),
+    ("b300x8-fabric-in-progress.json", "b300-tp8-ddtree", None, row(P, P, P, P, P, P, F, F, S, P, F, S, S)),
+    ("b300x8-fabric-manager-mismatch.json", "b300-tp8-ddtree", None, row(P, P, P, P, P, P, F, F, S, F, F, S, S)),
+    ("b300x8-stale-process.json", "b300-tp8-ddtree", None, row(P, P, P, W, F, P, P, P, P, S, S, P, S)),
+    ("rtxpro6000x8-pcie.json", "b300-tp8-ddtree", None, row(P, P, F, F, P, P, F, S, W, S, S, P, P)),
+    ("rtxpro6000x8-pcie.json", "rtxpro6000-ep8", None, row(P, P, P, P, P, P, P, S, W, S, S, P, P)),
+    ("rtxpro6000x8-acs-redirect.json", "rtxpro6000-ep8", None, row(P, P, P, P, P, P, P, S, W, S, S, F, S)),
+    ("h200x8.json", "h200-tp8", None, row(P, P, P, P, P, P, P, P, P, P, S, P, S)),
+    ("h200x8.json", "b300-tp8-ddtree", None, row(P, P, F, F, P, P, P, P, P, P, F, P, S)),
 ]
 if (SNAPS / "h200x1-real.json").exists():
     VERDICTS += [
-        ("h200x1-real.json", "h200-tp8", None, row(P, F, P, P, P, P, S, S, S, S, S, S)),
-        ("h200x1-real.json", "h200-tp8", 1, row(P, P, P, P, P, P, S, S, S, S, S, S)),
+        ("h200x1-real.json", "h200-tp8", None, row(P, F, P, P, P, P, S, S, S, S, S, S, S)),
+        ("h200x1-real.json", "h200-tp8", 1, row(P, P, P, P, P, P, S, S, S, S, S, S, S)),
     ]
+
+# Why gpu.multicast gave its verdict on each row of VERDICTS: the finding's code, else what kind of skip it is
+# ("unrecorded": no multicast fact, never a pass; "gpu.fabric": blocked by that check; "inapplicable": TP 1).
+MULTICAST_WHY = {
+    ("h200x2-reference.json", "h200-tp8", None): "unrecorded",
+    ("h200x2-reference.json", "h200-tp8", 2): "unrecorded",
+    ("h200x2-reference.json", "b300-tp8-ddtree", 2): "unrecorded",
+    ("b300x8-healthy.json", "b300-tp8-ddtree", None): "gpu.multicast.supported",
+    ("b300x8-link-down.json", "b300-tp8-ddtree", None): "unrecorded",
+    ("b300x8-fabric-not-started.json", "b300-tp8-ddtree", None): "gpu.fabric",
+    ("b300x8-fabric-in-progress.json", "b300-tp8-ddtree", None): "gpu.fabric",
+    ("b300x8-fabric-manager-mismatch.json", "b300-tp8-ddtree", None): "gpu.fabric",
+    ("b300x8-stale-process.json", "b300-tp8-ddtree", None): "unrecorded",
+    ("rtxpro6000x8-pcie.json", "b300-tp8-ddtree", None): "gpu.multicast.not_needed",
+    ("rtxpro6000x8-pcie.json", "rtxpro6000-ep8", None): "gpu.multicast.not_needed",
+    ("rtxpro6000x8-acs-redirect.json", "rtxpro6000-ep8", None): "unrecorded",
+    ("h200x8.json", "h200-tp8", None): "unrecorded",
+    ("h200x8.json", "b300-tp8-ddtree", None): "unrecorded",
+    ("h200x1-real.json", "h200-tp8", None): "unrecorded",
+    ("h200x1-real.json", "h200-tp8", 1): "inapplicable",
+}
+
+
+def multicast_why(res: Result) -> str:
+    if res.findings:
+        return res.findings[0].code
+    if res.cause:
+        return res.cause
+    return "unrecorded" if res.unjudged else "inapplicable"
 
 
 @pytest.mark.parametrize("snapshot,profile,tp,expected", VERDICTS,
                          ids=[f"{s}-{p}-tp{t or 'P'}" for s, p, t, _ in VERDICTS])
 def test_verdicts(snapshot: str, profile: str, tp: int | None, expected: dict[str, str]) -> None:
     assert verdicts(snapshot, profile, tp) == expected
+
+
+@pytest.mark.parametrize("snapshot,profile,tp", [v[:3] for v in VERDICTS],
+                         ids=[f"{s}-{p}-tp{t or 'P'}" for s, p, t, _ in VERDICTS])
+def test_multicast_says_why(snapshot: str, profile: str, tp: int | None) -> None:
+    """A skip of gpu.multicast is one of three kinds; the table above gives only the status."""
+    res = results(snapshot, profile, tp)["gpu.multicast"]
+    assert multicast_why(res) == MULTICAST_WHY[(snapshot, profile, tp)], res.summary
 
 
 def test_all_gpu_checks_registered() -> None:

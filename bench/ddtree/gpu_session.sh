@@ -170,7 +170,8 @@ stage_all() {  # setup, wave 0 on the random pair while the trained pair trains,
   if [ -n "$pp" ]; then
     wait "$pp"
     [ -e "$WORK/pair/.done" ] || { log "no trained pair: its servers cannot start"; }
-    pair_report
+    # PAIR_REPORT=0: no report on the GPU beside exclusive speed phases (the report of a seed is deterministic).
+    [ "${PAIR_REPORT:-1}" != 0 ] && pair_report
   fi
   # No wait for the JIT pre-compile: a server that reaches FlashInfer meanwhile waits on its file lock and loads
   # what it built, while the rest of its start (imports, weights, Triton) overlaps the compile.

@@ -671,6 +671,34 @@ FABRIC_SOFTWARE_SHAPE = {
 }
 
 
+MULTICAST_TIMEOUT_S = 20.0  # cuInit on a host whose fabric is coming up can take seconds; a hung one is killed
+MULTICAST_SHAPE = {
+    "ok": opt(bool), "loaded": opt(bool), "error": opt(str), "timed_out": opt(bool), "cu_init": opt(int),
+    "cu_init_error": opt(str), "count_error": opt(str), "cuda_driver": opt(int), "attribute": opt(int),
+    "devices": opt([{"ordinal": int, "pci_bus_id": opt(str), "multicast_supported": opt(bool), "rc": opt(int),
+                     "error": opt(str), "call": opt(str)}]),
+    "probe_s": opt(NUM),
+}
+
+
+@collector("multicast", timeout=MULTICAST_TIMEOUT_S + 5, shape=MULTICAST_SHAPE)
+def collect_multicast(opts: Any) -> dict[str, Any]:
+    """CUDA's multicast-supported attribute of every GPU the service sees (probe ``multicast``: ``cuInit`` and
+    ``cuDeviceGetAttribute`` in a child with a deadline, the service's environment; no context, no multicast
+    object). Stdlib only, so it runs under the doctor's own interpreter: libcuda is found by the loader from
+    the environment, whatever the interpreter."""
+    import sys
+
+    from doctor.core.proc import run_probe
+
+    env, _ = service_env(opts)
+    data, res = run_probe(sys.executable, "multicast", [], timeout=MULTICAST_TIMEOUT_S, env=env)
+    if data is None:
+        return {"ok": False, "error": f"the multicast probe failed: {res.why()}", "timed_out": res.timed_out}
+    data["probe_s"] = round(res.duration_s, 3)
+    return data
+
+
 @collector("fabric_software", timeout=30, shape=FABRIC_SOFTWARE_SHAPE)
 def collect_fabric_software(opts: Any) -> dict[str, Any]:
     """The fabric manager's version (binary and package), unit and process, and NVLSM's package, binary,

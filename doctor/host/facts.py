@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import socket
 from pathlib import Path
 from typing import Any
@@ -183,6 +184,81 @@ def collect_disk(opts: CollectOptions) -> dict[str, Any]:
         except OSError as exc:
             entry["error"] = f"{exc.strerror or exc}"
         out[name] = entry
+    return out
+
+
+SHM_PATH = "/dev/shm"
+MOUNTINFO = "/proc/self/mountinfo"
+SEGMENT_PREFIXES = ("nccl-", "psm_", "sem.mp-")  # NCCL's segments, torch/Python multiprocessing's
+MOUNT_SHAPE = {"mount_point": str, "fstype": str, "source": str, "options": str, "super_options": str}
+SHM_SHAPE = ({"path": required(str), "error": required(str), "container": opt(dict)},
+             {"path": required(str), "total_bytes": required(int), "free_bytes": required(int),
+              "read_only": required(bool), "mount": opt(MOUNT_SHAPE), "mount_error": opt(str),
+              "segments": opt({"count": int, "bytes": int, "largest": [{"name": str, "bytes": int}]}),
+              "container": opt({"dockerenv": bool, "containerenv": bool, "kubernetes": bool})})
+
+
+def unescape_mount(field: str) -> str:
+    """A mountinfo field with its octal escapes (``\\040`` for a space) decoded."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def mount_of(path: str, mountinfo: str) -> dict[str, str] | None:
+    """The mount that holds ``path`` in a mountinfo text: the longest mount point above it, the last one listed
+    of equal length (a mount stacked over another hides it)."""
+    best: dict[str, str] | None = None
+    for line in mountinfo.splitlines():
+        left, sep, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if not sep or len(fields) < 6 or len(tail) < 3:
+            continue
+        point = unescape_mount(fields[4])
+        if not (path == point or path.startswith(point.rstrip("/") + "/")):
+            continue
+        if best is None or len(point) >= len(best["mount_point"]):
+            best = {"mount_point": point, "fstype": tail[0], "source": unescape_mount(tail[1]),
+                    "options": fields[5], "super_options": tail[2]}
+    return best
+
+
+def shm_segments(path: str) -> dict[str, Any]:
+    """The shared-memory segments NCCL and multiprocessing leave in ``path`` (a crashed server leaves them)."""
+    found: list[dict[str, Any]] = []
+    try:
+        with os.scandir(path) as it:
+            for entry in it:
+                if entry.name.startswith(SEGMENT_PREFIXES) and entry.is_file(follow_symlinks=False):
+                    try:
+                        found.append({"name": entry.name, "bytes": entry.stat(follow_symlinks=False).st_blocks * 512})
+                    except OSError:
+                        continue
+    except OSError:
+        pass
+    found.sort(key=lambda e: -e["bytes"])
+    return {"count": len(found), "bytes": sum(e["bytes"] for e in found), "largest": found[:5]}
+
+
+@collector("shm", timeout=10, shape=SHM_SHAPE)
+def collect_shm(opts: CollectOptions) -> dict[str, Any]:
+    """/dev/shm as the service sees it: statvfs (size, free), the mount that holds it (/proc/self/mountinfo),
+    NCCL's leftover segments, and what kind of environment this is (container marker files, Kubernetes'
+    variables in the service's environment): the fix differs for each."""
+    env = service_environment(opts)
+    container = {"dockerenv": os.path.exists("/.dockerenv"), "containerenv": os.path.exists("/run/.containerenv"),
+                 "kubernetes": "KUBERNETES_SERVICE_HOST" in env}
+    out: dict[str, Any] = {"path": SHM_PATH, "container": container}
+    try:
+        st = os.statvfs(SHM_PATH)
+    except OSError as exc:
+        out["error"] = exc.strerror or str(exc)
+        return out
+    out.update(total_bytes=st.f_blocks * st.f_frsize, free_bytes=st.f_bavail * st.f_frsize,
+               read_only=bool(st.f_flag & os.ST_RDONLY))
+    try:
+        out["mount"] = mount_of(SHM_PATH, read_text(MOUNTINFO, 16 << 20, "a mount table", errors="replace"))
+    except OSError as exc:
+        out["mount_error"] = exc.strerror or str(exc)
+    out["segments"] = shm_segments(SHM_PATH)
     return out
 
 

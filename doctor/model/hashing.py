@@ -2,13 +2,21 @@
 
 Expected digests, in this order: a manifest k26-doctor wrote (``k26-doctor manifest write``),
 huggingface_hub's ``--local-dir`` metadata (the etag of an LFS file is its sha256), the Hugging Face
-cache's blob names (``blobs/<sha256>``). Files are hashed in parallel, one file per worker process
-(``doctor/model/sha256_worker.py``: stdlib only, the page cache hashed through a memory map, no GIL
-shared), a file at a time from one queue, largest first; splitting a file is not possible for one
-sha256. Where a worker cannot start or dies, the same loop runs in a thread of this process
-(``readinto`` into one reused buffer): the digests are the same bytes either way. A verification
-cache, keyed by (device, inode, size, mtime_ns, ctime_ns) and kept outside the model directory, lets
-a restart re-hash only what changed.
+cache's blob names (``blobs/<sha256>``). All three are the sha256 of the whole file, so a file is one
+digest, computed front to back by one core: files are hashed in parallel, a file at a time from one
+queue, largest first, never split.
+
+Two ways to hash, the same bytes either way (``plan`` picks one per call, from the cores and the sizes):
+  * threads of this process, ``readinto`` one reused L2-sized buffer (hashlib and the read release
+    the GIL): no start-up at all, but every byte is copied once;
+  * worker processes (``doctor/model/sha256_worker.py``: stdlib only, the page cache hashed through a
+    memory map, no copy, no GIL shared), for a large share per worker, where the copy saved is worth
+    more than the worker's start-up (``PROCESS_MIN_SHARE``). Where a worker cannot start or dies, its
+    files are read by the thread that drove it.
+Reads are announced sequential (``POSIX_FADV_SEQUENTIAL``: a larger readahead on a cold cache).
+Hashing stops within a few MiB when the run's deadline passes or on Ctrl-C (a file not finished is an
+error, never read again after its worker was killed). A verification cache, keyed by (device, inode,
+size, mtime_ns, ctime_ns) and kept outside the model directory, lets a restart re-hash only what changed.
 """
 
 from __future__ import annotations
@@ -29,14 +37,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from doctor.core import deadline
 from doctor.core import proc as proc_registry
-from doctor.core.fileio import atomic_write, open_regular, read_capped
+from doctor.core.fileio import NotRegularFile, atomic_write, describe_error, kind_of, open_regular, read_capped
 from doctor.model.index import INDEX_NAME, SINGLE_NAME, read_index
 from doctor.model.layout import file_state, read_hf_local_metadata
 from doctor.model.manifest import MANIFEST_NAME, read_manifest
 from doctor.model.workers import cpu_count
 
-BLOCK = 1024 * 1024  # the in-process read loop: large enough for the GIL, small enough for the CPU caches
+MIB = 1024 * 1024
+# The in-process read loop's buffer: copied into and hashed while it is still in the core's L2 cache. On a
+# loaded 2-core VM one thread hashed page-cached data at 0.73, 0.80, 0.65, 0.54, 0.42 GiB/s with 64 KiB,
+# 256 KiB, 1, 4, 16 MiB reads (and 1.04 through a memory map: what the worker processes do).
+BLOCK = 256 * 1024
+REPORT_BYTES = 16 * MIB  # progress, and a look at the deadline, every this many bytes of a file
+# Worker processes only where each gets at least this much to hash: below it, their start-up (an
+# interpreter each, all at once) costs more than the copy they save. bench/bench_model_deep.py measures
+# both ways at each size ("threads", "processes") to place this crossover on a real host.
+PROCESS_MIN_SHARE = 256 * MIB
+MIN_SLOT_BYTES = 8 * MIB  # no thread or worker for less than this (a start costs more than it hashes)
 WORKER = Path(__file__).with_name("sha256_worker.py")
 CACHE_FILE = "verify-cache.json"
 CACHE_VERSION = 1
@@ -60,19 +79,39 @@ def default_cache_dir(environ: dict[str, str] | None = None) -> str:
     return os.path.join(env.get("K26_DOCTOR_VAR_TMP") or "/var/tmp", f"k26-doctor-{os.getuid()}")
 
 
+class Stopped(Exception):
+    """Hashing stops: the run's deadline passed or Ctrl-C (``str()`` says which); raised by a progress
+    callback, so a loop stops at its next report."""
+
+
+def advise_sequential(fd: int) -> None:
+    """Tell the kernel the whole file is read once, front to back (its readahead window doubles)."""
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+    except (AttributeError, OSError):  # not Linux, or a file system that takes no advice
+        pass
+
+
 def sha256_file(path: str, on_bytes: Callable[[int], None] | None = None, block: int = BLOCK) -> str:
-    """sha256 of one file, read with ``readinto`` into one reused buffer (no per-block allocation)."""
+    """sha256 of one file, read with ``readinto`` into one reused buffer (no per-block allocation);
+    ``on_bytes(n)`` every ``REPORT_BYTES`` and at the end (it may raise ``Stopped`` to stop)."""
     h = hashlib.sha256()
     buf = bytearray(block)
     view = memoryview(buf)
+    pending = 0
     with open_regular(path, buffering=0) as fh:  # a FIFO where a shard should be is refused, never waited on
+        advise_sequential(fh.fileno())
         while True:
             n = fh.readinto(buf)  # type: ignore[attr-defined]
             if not n:
                 break
             h.update(view[:n])
-            if on_bytes is not None:
-                on_bytes(n)
+            pending += n
+            if pending >= REPORT_BYTES and on_bytes is not None:
+                on_bytes(pending)
+                pending = 0
+    if pending and on_bytes is not None:
+        on_bytes(pending)
     return h.hexdigest()
 
 
@@ -197,11 +236,23 @@ class HashJob:
     st: os.stat_result
 
 
+def plan(todo: list[HashJob], workers: int | None, processes: bool | None) -> tuple[int, bool]:
+    """How many files at once, and whether in worker processes: ``(n, processes)``.
+
+    ``n``: the workers asked for (default: cores), at most one per file and one per ``MIN_SLOT_BYTES``.
+    Processes (unless ``processes`` says) when the least one of them hashes, the largest file or an equal
+    share of the whole, is at least ``PROCESS_MIN_SHARE``."""
+    total = sum(j.st.st_size for j in todo)
+    n = max(1, min(workers or default_workers(), len(todo), -(-total // MIN_SLOT_BYTES)))
+    share = max([total / n, *(j.st.st_size for j in todo)])
+    return n, (share >= PROCESS_MIN_SHARE if processes is None else processes)
+
+
 def hash_files(jobs: list[HashJob], *, workers: int | None = None, cache: VerifyCache | None = None,
                progress: Progress | None = None, processes: bool | None = None) -> dict[str, dict[str, Any]]:
     """sha256 per job name: ``{"sha256", "cached", "seconds"}`` or ``{"error"}``; largest files first.
 
-    ``processes``: hash in worker processes (default: when more than one worker runs), else in threads."""
+    ``processes``: hash in worker processes, or in threads (default: ``plan`` decides)."""
     results: dict[str, dict[str, Any]] = {}
     todo: list[HashJob] = []
     for job in jobs:
@@ -218,15 +269,27 @@ def hash_files(jobs: list[HashJob], *, workers: int | None = None, cache: Verify
     todo.sort(key=lambda j: -j.st.st_size)
     queue = collections.deque(todo)
     lock = threading.Lock()
-    n = max(1, min(workers or default_workers(), len(todo)))
-    use_processes = n > 1 if processes is None else processes
-    add = progress.add if progress is not None else None
-
+    n, use_processes = plan(todo, workers, processes)
     interrupted = threading.Event()
+
+    def stop_reason() -> str | None:
+        if interrupted.is_set():
+            return "hashing interrupted"
+        if deadline.expired():
+            return f"hashing stopped: {deadline.ended()}"
+        return None
+
+    def tick(nbytes: int) -> None:
+        """Progress, and the stop: every report of every file looks at the deadline."""
+        if progress is not None:
+            progress.add(nbytes)
+        why = stop_reason()
+        if why:
+            raise Stopped(why)
 
     def take() -> HashJob | None:
         with lock:
-            return queue.popleft() if queue and not interrupted.is_set() else None
+            return queue.popleft() if queue and stop_reason() is None else None
 
     def finish(job: HashJob, t0: float, digest: str | None, error: str | None) -> tuple[str, dict[str, Any]]:
         if progress is not None:
@@ -247,29 +310,44 @@ def hash_files(jobs: list[HashJob], *, workers: int | None = None, cache: Verify
     def in_thread(job: HashJob) -> tuple[str, dict[str, Any]]:
         t0 = time.monotonic()
         try:
-            digest = sha256_file(job.path, add)
+            digest = sha256_file(job.path, tick)
+        except Stopped as stop:
+            return job.name, {"error": str(stop)}
         except OSError as exc:
             return finish(job, t0, None, f"cannot read: {exc.strerror or exc}")
         return finish(job, t0, digest, None)
 
+    def by_worker(worker: WorkerProcess, job: HashJob) -> tuple[str, dict[str, Any]] | None:
+        """The worker's answer for ``job``, or a stop; None when the worker died and the file is to be
+        read here."""
+        t0 = time.monotonic()
+        try:
+            answer = worker.hash(job.path, tick)
+        except Stopped as stop:
+            worker.close(kill=True)
+            return job.name, {"error": str(stop)}
+        if answer is not None:
+            return finish(job, t0, answer.get("sha256"), answer.get("error"))
+        if worker.close() == -signal.SIGINT:  # Ctrl-C reached the worker: stop, don't go on here
+            interrupted.set()
+        why = stop_reason()  # killed at the run's deadline, or Ctrl-C: nothing is read again
+        return (job.name, {"error": why}) if why else None
+
     def slot() -> list[tuple[str, dict[str, Any]]]:
-        """One worker process (or, failing that, this thread) taking jobs until the queue is empty."""
+        """One thread taking files until the queue is empty (or a stop): through its worker process
+        while that lives, else by reading them itself."""
         out: list[tuple[str, dict[str, Any]]] = []
         worker = WorkerProcess.start() if use_processes else None
         try:
             while (job := take()) is not None:
                 if worker is not None:
-                    t0 = time.monotonic()
-                    answer = worker.hash(job.path, add)
-                    if answer is not None:
-                        out.append(finish(job, t0, answer.get("sha256"), answer.get("error")))
-                        continue
-                    if worker.close() == -signal.SIGINT:  # Ctrl-C reached the worker: stop, don't go on here
-                        interrupted.set()
+                    done = by_worker(worker, job)
+                    if done is None or not worker.alive():
+                        worker.close()  # it died (e.g. SIGBUS: the file shrank under its map): read it here
                         worker = None
-                        out.append((job.name, {"error": "hashing interrupted"}))
-                        break
-                    worker = None  # it died (e.g. SIGBUS: the file shrank under its map): read it here
+                    if done is not None:
+                        out.append(done)
+                        continue
                 out.append(in_thread(job))
         finally:
             if worker is not None:
@@ -277,11 +355,27 @@ def hash_files(jobs: list[HashJob], *, workers: int | None = None, cache: Verify
         return out
 
     with ThreadPoolExecutor(max_workers=n) as pool:
-        for part in pool.map(lambda _: slot(), range(n)):
-            results.update(part)
-    for job in todo:  # left in the queue by an interrupt
-        results.setdefault(job.name, {"error": "hashing interrupted"})
+        try:
+            for part in pool.map(lambda _: slot(), range(n)):
+                results.update(part)
+        except BaseException:  # Ctrl-C in the thread that waits here: the others stop at their next report
+            interrupted.set()
+            raise
+    why = stop_reason() or "hashing interrupted"
+    for job in todo:  # left in the queue by a stop
+        results.setdefault(job.name, {"error": why})
     return results
+
+
+def worker_error(path: str, said: str) -> str:
+    """A worker's ``err`` line in the words the read loop here gives the same failure (``cannot read: is
+    a FIFO (named pipe), not a regular file``, ``cannot read: Permission denied``)."""
+    what, _, number = said.partition(" ")
+    if what in ("errno", "mode") and number.isdigit():
+        exc = (OSError(int(number), os.strerror(int(number)), path) if what == "errno"
+               else NotRegularFile(path, kind_of(int(number))))
+        return f"cannot read: {describe_error(exc)}"
+    return said
 
 
 class WorkerProcess:
@@ -301,31 +395,40 @@ class WorkerProcess:
         proc_registry.track(proc)  # killed if the doctor exits while it hashes (Ctrl-C, the run's deadline)
         return cls(proc)
 
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
     def hash(self, path: str, on_bytes: Callable[[int], None] | None) -> dict[str, Any] | None:
-        """The worker's answer for ``path``, or None when the worker is gone."""
+        """The worker's answer for ``path`` (``{"sha256", "bytes"}`` or ``{"error"}``), or None when the
+        worker is gone; ``on_bytes`` at each of its progress lines (it may raise ``Stopped``)."""
         assert self.proc.stdin is not None and self.proc.stdout is not None
         try:
-            self.proc.stdin.write(json.dumps(path) + "\n")
+            self.proc.stdin.write(os.fsencode(path).hex() + "\n")
             self.proc.stdin.flush()
             for line in self.proc.stdout:
-                try:
-                    doc = json.loads(line)
-                except ValueError:
-                    return None
-                if not isinstance(doc, dict):
-                    return None
-                if "p" in doc:
-                    if on_bytes is not None and isinstance(doc["p"], int):
-                        on_bytes(doc["p"])
+                kind, _, rest = line.rstrip("\n").partition(" ")
+                if kind == "p":
+                    if on_bytes is not None:
+                        on_bytes(int(rest))
                     continue
-                return doc
+                if kind == "ok":
+                    digest, _, size = rest.partition(" ")
+                    return {"sha256": digest, "bytes": int(size)}
+                if kind == "err":
+                    return {"error": worker_error(path, rest)}
+                return None
         except (OSError, ValueError):
             return None
         return None
 
-    def close(self) -> int | None:
-        """End of input ends the worker; one that does not end promptly is killed. Its exit status;
-        never raises."""
+    def close(self, kill: bool = False) -> int | None:
+        """End of input ends the worker; one that does not end promptly (or at once, with ``kill``) is
+        killed. Its exit status; never raises."""
+        if kill:
+            try:
+                self.proc.kill()
+            except OSError:
+                pass
         try:
             if self.proc.stdin is not None:
                 self.proc.stdin.close()

@@ -58,6 +58,12 @@ class Story:
         return [r for r in self.roots if r.result.status.failed]
 
 
+# Roots that are the doctor's own inputs come first among the failures: until the service's interpreter is
+# right, every check that runs it judged nothing, whatever else the host lacks (a wrong --python on a host
+# without a GPU is fixed first, and is the next step, even where gpu.driver blocks more checks).
+FIRST_ROOTS = ("python.venv",)
+
+
 def _group(res: Result) -> int:
     if res.status.failed:
         return 0
@@ -78,7 +84,8 @@ def story(report: Any) -> Story:
     order = {r.id: i for i, r in enumerate(results)}
     own = [Root(r, by_root.get(r.id, [])) for r in results
            if r.id not in root_of and (r.status in (Status.FAIL, Status.ERROR, Status.WARN) or r.unjudged)]
-    own.sort(key=lambda root: (_group(root.result), -len(root.dependents), order[root.id]))
+    own.sort(key=lambda root: (_group(root.result), root.id not in FIRST_ROOTS, -len(root.dependents),
+                               order[root.id]))
     passed = [r for r in results if r.id not in root_of and r.status is Status.PASS]
     not_applicable = [r for r in results if r.id not in root_of and r.status is Status.SKIP and not r.unjudged]
     told = [(n, by_root.get(n.id, [])) for n in notices]

@@ -35,6 +35,7 @@ from typing import Any
 
 from doctor.core.datafile import DataFileError, read_toml
 from doctor.core.fileio import read_pipe_or_file
+from doctor.service.logstructure import LogShape
 
 if sys.version_info >= (3, 11):
     import re._parser as _sre_parse
@@ -52,7 +53,8 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _PLACEHOLDER = re.compile(r"\{(\w+)\}")
 _SAFE_VALUE = re.compile(r"[\w.:/@-]{1,64}")  # what a value read from a log may be to enter a command
 SIGNATURE_KEYS = {"id", "title", "patterns", "check", "fix", "commands", "explain", "rank", "consequence", "unless",
-               "context", "context_before", "context_after", "context_skip", "suppresses", "defaults"}
+               "context", "context_before", "context_after", "context_skip", "suppresses", "defaults",
+               "frames", "traceback_cause", "phase", "process", "fallback", "absent"}
 
 
 class SignatureError(Exception):
@@ -77,6 +79,20 @@ class Signature:
     context_skip: tuple[re.Pattern[str], ...] = ()
     suppresses: tuple[str, ...] = ()
     defaults: tuple[tuple[str, str], ...] = ()
+    # structural conditions (doctor/service/logstructure.py): the traceback the hit belongs to has a frame
+    # matching `frames`; `traceback_cause`: the cause line of every traceback with such a frame is a hit; the
+    # nearest progress line above the hit matches `phase`; the process that wrote it printed a line matching
+    # `process`; `fallback`: only when the log has no other cause; `absent`: none of these anywhere in the log
+    frames: tuple[re.Pattern[str], ...] = ()
+    traceback_cause: bool = False
+    phase: tuple[re.Pattern[str], ...] = ()
+    process: tuple[re.Pattern[str], ...] = ()
+    fallback: bool = False
+    absent: tuple[re.Pattern[str], ...] = ()
+
+    @property
+    def structural(self) -> bool:
+        return bool(self.frames or self.phase or self.process)
 
 
 @dataclass
@@ -201,8 +217,9 @@ def _int(entry: dict[str, Any], key: str, default: int, where: str) -> int:
 
 
 def _signature(entry: Any, where: str) -> Signature:
-    if not isinstance(entry, dict) or not isinstance(entry.get("id"), str) or not entry.get("patterns"):
-        raise SignatureError(f"{where}: needs id and patterns")
+    if not isinstance(entry, dict) or not isinstance(entry.get("id"), str) or \
+            not (entry.get("patterns") or entry.get("traceback_cause")):
+        raise SignatureError(f"{where}: needs id and patterns (or traceback_cause with frames)")
     where = f"{where} ({entry['id']})"
     unknown = sorted(set(entry) - SIGNATURE_KEYS)
     if unknown:
@@ -219,14 +236,22 @@ def _signature(entry: Any, where: str) -> Signature:
     check = entry.get("check")
     if check is not None and not isinstance(check, str):
         raise SignatureError(f"{where}: check must be a check id")
+    for key in ("traceback_cause", "fallback"):
+        if not isinstance(entry.get(key, False), bool):
+            raise SignatureError(f"{where}: {key} must be true or false")
+    if entry.get("traceback_cause") and not entry.get("frames"):
+        raise SignatureError(f"{where}: traceback_cause needs frames (which tracebacks)")
     return Signature(
-        entry["id"], str(entry.get("title", entry["id"])), _patterns(entry["patterns"], where, "patterns"),
+        entry["id"], str(entry.get("title", entry["id"])), _patterns(entry.get("patterns"), where, "patterns"),
         check, str(entry.get("fix", "")), tuple(str(c) for c in commands), str(entry.get("explain", "")),
         _int(entry, "rank", 50, where), bool(entry.get("consequence", False)),
         _patterns(entry.get("unless"), where, "unless"), _patterns(entry.get("context"), where, "context"),
         _int(entry, "context_before", 20, where), _int(entry, "context_after", 3, where),
         _patterns(entry.get("context_skip"), where, "context_skip"), tuple(suppresses),
-        tuple((str(k), str(v)) for k, v in defaults.items()))
+        tuple((str(k), str(v)) for k, v in defaults.items()),
+        _patterns(entry.get("frames"), where, "frames"), bool(entry.get("traceback_cause", False)),
+        _patterns(entry.get("phase"), where, "phase"), _patterns(entry.get("process"), where, "process"),
+        bool(entry.get("fallback", False)), _patterns(entry.get("absent"), where, "absent"))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -281,6 +306,11 @@ def _best_literals(items: list[Any]) -> frozenset[str] | None:
     if run:
         options.append(frozenset([run]))
     return max(options, key=lambda o: min(len(x) for x in o), default=None)
+
+
+def literal_plan(pattern: re.Pattern[str]) -> tuple[frozenset[str] | None, bool]:
+    """``required_literals`` and whether they are lower-cased: the prefilter the log's structure uses too."""
+    return required_literals(pattern), _folds(pattern)
 
 
 def _line_index(starts: list[int], pos: int) -> int:
@@ -359,8 +389,22 @@ def _has_context(sig: Signature, clean: list[str], idx: int) -> bool:
     return False
 
 
+def _structure_holds(sig: Signature, shape: LogShape, idx: int) -> bool:
+    """The structural conditions of ``sig`` for a hit on line ``idx`` (0-based)."""
+    if sig.frames and not any(p.search(f) for f in shape.frames_at(idx) for p in sig.frames):
+        return False
+    if sig.phase:
+        phase = shape.phase_at(idx)
+        if phase is None or not any(p.search(phase) for p in sig.phase):
+            return False
+    return not sig.process or shape.proc_has(idx, sig.process)
+
+
+_EMPTY = re.compile("")
+
+
 def _hits(sig: Signature, text: str, starts: list[int], clean: list[str],
-          candidates: dict[re.Pattern[str], list[int] | None]) -> dict[int, re.Match[str]]:
+          candidates: dict[re.Pattern[str], list[int] | None], shape: LogShape) -> dict[int, re.Match[str]]:
     """The lines (0-based) where ``sig`` hits, with the first match on each; one search per line at most."""
     hits: dict[int, re.Match[str]] = {}
 
@@ -369,6 +413,8 @@ def _hits(sig: Signature, text: str, starts: list[int], clean: list[str],
         if any(p.search(line) for p in sig.unless):
             return
         if sig.context and not _has_context(sig, clean, idx):
+            return
+        if sig.structural and not _structure_holds(sig, shape, idx):
             return
         hits[idx] = m
 
@@ -385,6 +431,11 @@ def _hits(sig: Signature, text: str, starts: list[int], clean: list[str],
             pos = starts[idx + 1] if idx + 1 < len(starts) else len(text) + 1
             if idx not in hits:
                 accept(idx, m)
+    if sig.traceback_cause:
+        for tb in shape.tracebacks():
+            if tb.cause not in hits and any(p.search(f) for f in tb.frames for p in sig.frames):
+                if not any(p.search(clean[tb.cause]) for p in sig.unless):
+                    hits[tb.cause] = _EMPTY.match(clean[tb.cause])  # type: ignore[assignment]
     return hits
 
 
@@ -419,10 +470,11 @@ def diagnose_lines(lines: list[str], signatures: list[Signature], context: int =
     plan = {pat: required_literals(pat) for sig in signatures for pat in sig.patterns}
     candidates = candidate_lines(text, starts, plan, use_grep)
     per_line: dict[int, dict[str, re.Match[str]]] = {}
+    shape = LogShape(clean, text, literal_plan)
     for sig in signatures:
         if on_signature is not None:
             on_signature(sig.id)
-        for idx, m in _hits(sig, text, starts, clean, candidates).items():
+        for idx, m in _hits(sig, text, starts, clean, candidates, shape).items():
             per_line.setdefault(idx, {})[sig.id] = m
     by_id = {s.id: s for s in signatures}
     found: dict[str, LogMatch] = {}
@@ -438,6 +490,9 @@ def diagnose_lines(lines: list[str], signatures: list[Signature], context: int =
             values = {k: v for k, v in m.groupdict().items() if v is not None and _SAFE_VALUE.fullmatch(v)}
             lo, hi = max(0, idx - context), min(len(clean), idx + 1 + context)
             found[sid] = LogMatch(by_id[sid], idx + 1, clean[idx].strip(), 1, clean[lo:hi], values)
+    found = {k: f for k, f in found.items() if not any(shape.matching(p) for p in f.signature.absent)}
+    if any(not f.signature.consequence and not f.signature.fallback for f in found.values()):
+        found = {k: f for k, f in found.items() if not f.signature.fallback}  # a cause was found: no fallback
     return with_host_values(order(list(found.values())), host, clean)
 
 

@@ -1,42 +1,318 @@
-"""The DDTree worker gate (sglang.ddtree): the patched SGLang refuses ``--speculative-algorithm DDTREE`` at argument
-resolution unless the site opts in with SGLANG_DDTREE_UNVALIDATED_WORKER=1: its tree-verify worker has been
-validated on CPU and its kernels on an H200, but never inside a running SGLang server."""
+"""The DDTree start-up gate (sglang.ddtree), judged before a start as the patched SGLang judges it at argument
+resolution: ``--speculative-algorithm DDTREE`` starts only in a configuration listed in the patch set's
+``validated`` (the manifest's copy of the patched ``ddtree_worker.VALIDATED``), or in any with
+SGLANG_DDTREE_UNVALIDATED_WORKER=1 (exactly ``1``: validation runs), else it stops with ``NotImplementedError``.
+
+The configuration is what the patched ``ddtree_worker.server_configuration`` computes, each key from the facts it
+comes from: ``sglang`` (SGLang's version) and ``torch`` (its release, without ``+cuXXX``) from the ``stack`` fact
+of the service's interpreter; ``tp_size``, ``attention_backend``, ``cuda_graph`` (neither
+``--disable-cuda-graph`` nor ``--disable-decode-cuda-graph``) and ``overlap_schedule`` (no
+``--disable-overlap-schedule``) from the server arguments the launcher builds, read as argparse reads them;
+``compute_capability`` of GPU 0 the service sees from ``nvml``. A key whose fact is missing is not judged, and
+the gate is then never a pass.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from doctor.core.result import Findings, NotJudged, Remediation
-from doctor.core.settings import Settings
-from doctor.stack.distributions import has_sglang
+from doctor.core.settings import ConfigError, Settings
+from doctor.gpu import group, links
+from doctor.sglang.facts import patches_dir_of
+from doctor.sglang.flag_history import load_history
+from doctor.sglang.patching import manifest
+from doctor.stack.distributions import has_sglang, installed_dist
 
 GATE = "SGLANG_DDTREE_UNVALIDATED_WORKER"
 
+CONFIG_KEYS = ("sglang", "tp_size", "attention_backend", "cuda_graph", "overlap_schedule", "compute_capability",
+               "torch")
+"""What a validated configuration pins: the patched ``ddtree_worker.CONFIG_KEYS``, in its order (the server's
+refusal lists them so; tests/test_ddtree_gate_check.py keeps the two equal)."""
 
-def judge_gate(read_env: Any, read_stack: Any, settings: Settings) -> Findings:
-    """``read_env()``: the ``env`` fact (read only when the profile launches DDTREE); ``read_stack()``: the
-    ``stack`` fact or None (not recorded), which says whether SGLang is there at all (the wording then names both
-    missing parts)."""
+GATE_ARGS = {"tp_size": True, "attention_backend": True, "disable_cuda_graph": False,
+             "disable_decode_cuda_graph": False, "disable_overlap_schedule": False}
+"""The server arguments ``server_configuration`` reads: argparse ``dest`` -> whether the flag takes a value."""
+
+ARGV_KEYS = ("tp_size", "attention_backend", "cuda_graph", "overlap_schedule")
+NOT_INSTALLED = ("sglang", "torch")  # None there: the service's interpreter has no such distribution
+
+Reader = Callable[[str], Any]  # a declared fact by name, None when not recorded (``ctx.optional``)
+
+
+def gate_args(args: list[str], options: Mapping[str, str]) -> dict[str, Any]:
+    """The ``GATE_ARGS`` an argv sets, as SGLang's argparse parser reads them: an option string of the release
+    (``options``: option -> dest, aliases such as ``--tensor-parallel-size`` included), ``--opt=value``, a unique
+    prefix (``allow_abbrev``); the last one of a dest wins. A switch is True when given."""
+    out: dict[str, Any] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        i += 1
+        if not arg.startswith("--"):
+            continue
+        name, eq, inline = arg.partition("=")
+        dest = options.get(name)
+        if dest is None:
+            hits = [o for o in options if o.startswith(name)]
+            dest = options[hits[0]] if len(hits) == 1 else None
+        if dest not in GATE_ARGS:
+            continue
+        if not GATE_ARGS[dest]:
+            if not eq:  # argparse refuses a value given to a switch ("ignored explicit argument"): sglang.flags
+                out[dest] = True
+        elif eq:
+            out[dest] = inline
+        elif i < len(args):
+            out[dest] = args[i]
+            i += 1
+    return out
+
+
+def release_options(pset: manifest.PatchSet) -> dict[str, str]:
+    """The option strings of the newest SGLang release the set is made for (``doctor/data/sglang_flag_history.json``;
+    DDTREE exists only with the set applied, and another release differs in ``sglang`` anyway)."""
+    history = load_history()
+    supported = [r for r in history.releases if pset.supports(r)]
+    return history.options_at((supported or list(history.releases))[-1])
+
+
+def argv_keys(args: list[str], problem: ConfigError | None, options: Mapping[str, str]
+              ) -> tuple[dict[str, Any], dict[str, str]]:
+    """``tp_size``, ``attention_backend``, ``cuda_graph``, ``overlap_schedule`` of the server argv, as
+    ``server_configuration`` computes them from the parsed arguments (SGLang's defaults where a flag is absent:
+    TP 1, no backend, graphs and the overlap scheduler on); ``problem``: why the argv cannot be built."""
+    if problem is not None:
+        return {}, dict.fromkeys(ARGV_KEYS, f"the server arguments cannot be built: {problem}")
+    given = gate_args(args, options)
+    values: dict[str, Any] = {"attention_backend": given.get("attention_backend"),
+                              "cuda_graph": not (given.get("disable_cuda_graph") or
+                                                 given.get("disable_decode_cuda_graph")),
+                              "overlap_schedule": not given.get("disable_overlap_schedule")}
+    unread: dict[str, str] = {}
+    try:
+        values["tp_size"] = (int(given["tp_size"]) if "tp_size" in given else 1) or 1
+    except ValueError:
+        unread["tp_size"] = f"--tp-size {given['tp_size']!r} is not an integer (see sglang.flags)"
+    return values, unread
+
+
+def stack_keys(stack: Any) -> tuple[dict[str, Any], dict[str, str]]:
+    """``sglang`` and ``torch`` as the server reads them (``sglang._version``; ``torch.__version__`` up to its
+    ``+``), from the ``stack`` fact: SGLang's distribution metadata, ``torch/version.py`` (else torch's metadata).
+    None: not installed."""
+    if stack is None:
+        return {}, dict.fromkeys(NOT_INSTALLED, "the stack fact is not recorded")
+    if not isinstance(stack, dict) or not stack.get("ok"):
+        why = stack.get("error") if isinstance(stack, dict) else None
+        return {}, dict.fromkeys(NOT_INSTALLED, f"the service's interpreter could not be read ({why or 'no reading'}"
+                                                "; see python.venv)")
+    values: dict[str, Any] = {}
+    unread: dict[str, str] = {}
+    sglang = installed_dist(stack, "sglang")
+    if has_sglang(stack) is False:
+        values["sglang"] = None
+    elif sglang and sglang.get("version"):
+        values["sglang"] = str(sglang["version"])
+    else:
+        unread["sglang"] = "SGLang is on the path without distribution metadata to read its version from"
+    torch = stack.get("torch") if isinstance(stack.get("torch"), dict) else {}
+    version_py = torch.get("version_py") if isinstance(torch.get("version_py"), dict) else {}
+    version = version_py.get("__version__") or (installed_dist(stack, "torch") or {}).get("version")
+    if not torch and installed_dist(stack, "torch") is None:
+        values["torch"] = None
+    elif version:
+        values["torch"] = str(version).split("+", 1)[0]
+    else:
+        unread["torch"] = "torch's version was not read (torch/version.py, its metadata)"
+    return values, unread
+
+
+def gpu_key(nvml: Any) -> tuple[dict[str, Any], dict[str, str]]:
+    """``compute_capability``: ``"major.minor"`` of GPU 0 the service sees (``torch.cuda.get_device_capability()``
+    in the launching process), from ``nvml``."""
+    if not isinstance(nvml, dict):
+        return {}, {"compute_capability": "no GPU reading is recorded (the nvml fact)"}
+    if not nvml.get("available"):
+        return {}, {"compute_capability": "NVML is not available (see gpu.driver)"}
+    devices = links.group(nvml, 1)
+    if not devices:
+        return {}, {"compute_capability": "no GPU visible (see gpu.count)"}
+    first = devices[0]
+    cc = group.compute_capability(first.get("compute_capability"))
+    if cc is None:
+        return {}, {"compute_capability": f"the compute capability of {group.label(first)} was not read"}
+    return {"compute_capability": f"{cc[0]}.{cc[1]}"}, {}
+
+
+def server_configuration(read: Reader, planned: tuple[list[str], ConfigError | None], options: Mapping[str, str]
+                         ) -> tuple[dict[str, Any], dict[str, str]]:
+    """The configuration the patched server will compute: ``(values, unread)``, every key of ``CONFIG_KEYS`` in
+    one of them (``unread``: why it cannot be known from the facts)."""
+    values: dict[str, Any] = {}
+    unread: dict[str, str] = {}
+    for part in (stack_keys(read("stack")), argv_keys(*planned, options), gpu_key(read("nvml"))):
+        values.update(part[0])
+        unread.update(part[1])
+    return {k: values[k] for k in CONFIG_KEYS if k in values}, {k: unread[k] for k in CONFIG_KEYS if k in unread}
+
+
+def validated_entry(config: Mapping[str, Any], table: tuple[dict[str, Any], ...]) -> dict[str, Any] | None:
+    """The first entry whose every ``CONFIG_KEYS`` value equals ``config``'s (the patched ``validated_entry``)."""
+    for entry in table:
+        if all(k in entry and entry[k] == config.get(k) for k in CONFIG_KEYS):
+            return entry
+    return None
+
+
+def shown(key: str, value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if value is None:
+        return "(auto)" if key == "attention_backend" else "not installed" if key in NOT_INSTALLED else "none"
+    return str(value)
+
+
+def differences(values: Mapping[str, Any], entry: Mapping[str, Any]) -> list[str]:
+    """``tp_size 8 (validated: 1)`` for every key read that differs from the entry."""
+    return [f"{k} {shown(k, values[k])} (validated: {shown(k, entry.get(k))})"
+            for k in CONFIG_KEYS if k in values and (k not in entry or entry[k] != values[k])]
+
+
+def nearest(values: Mapping[str, Any], table: tuple[dict[str, Any], ...]) -> dict[str, Any] | None:
+    """The entry the keys read differ least from (the first of equals), None for an empty table."""
+    return min(table, key=lambda e: len(differences(values, e))) if table else None
+
+
+def entry_label(entry: Mapping[str, Any]) -> str:
+    """Where an entry was shown: ``2026-12-01 on NVIDIA H200 (driver ...), run validate-graph-4 (call 4)``."""
+    gpu = str(entry.get("gpu") or "an unnamed GPU").split(",")[0]
+    run = str(entry.get("run") or "no run named").split(":")[0]
+    return f"{entry.get('date') or 'undated'} on {gpu}, run {run}"
+
+
+def describe(config: Mapping[str, Any]) -> str:
+    """A configuration as the server's refusal lists it (``sglang='0.5.23', tp_size=1, ...``)."""
+    return ", ".join(f"{k}={config.get(k)!r}" for k in CONFIG_KEYS)
+
+
+def refusal(config: Mapping[str, Any], table: tuple[dict[str, Any], ...], set_name: str) -> str:
+    """The patched ``check_ddtree_worker_available``'s message for ``config`` (every key known)."""
+    listed = "; ".join(describe(e) for e in table) if table else "none yet"
+    return (f"DDTREE: this revision of the {set_name} patch set starts only in a configuration validated inside a "
+            f"real server (VALIDATED in speculative/ddtree_worker.py: {listed}); this one is not "
+            f"({describe(config)}). Serve with --speculative-algorithm DFLASH, or set {GATE}=1 only to validate it "
+            "on a real host (compare outputs with a non-speculative server).")
+
+
+def not_judged(unread: Mapping[str, str]) -> str:
+    """``sglang, torch (the stack fact is not recorded); compute_capability (...)``: keys grouped by reason."""
+    by_reason: dict[str, list[str]] = {}
+    for key, why in unread.items():
+        by_reason.setdefault(why, []).append(key)
+    return "; ".join(f"{', '.join(keys)} ({why})" for why, keys in by_reason.items())
+
+
+def patch_set(settings: Settings) -> manifest.PatchSet:
+    """The profile's patch set, whose ``validated`` lists what the patched server starts without the opt-in."""
+    name = str(settings.get("patches.set", "") or "")
+    if not name:
+        raise NotJudged.missing("the profile launches DDTREE but names no patch set ([patches] set): no validated "
+                                "configurations to judge it against (DDTREE exists only with the DDTree patch set)",
+                                "Set [patches] set = \"ddtree-0.5.23\" in the config.")
+    try:
+        return manifest.resolve(name, patches_dir_of(settings))
+    except manifest.ManifestError as exc:
+        raise NotJudged.blocked(f"the validated configurations of patch set {name!r} cannot be read: {exc}",
+                                "sglang.patches") from None
+
+
+def judge_gate(read: Reader, planned: tuple[list[str], ConfigError | None], settings: Settings) -> Findings:
+    """``read(name)``: the ``env``, ``stack`` and ``nvml`` facts, None where not recorded; ``planned``: the server
+    arguments the launcher builds from the profile and why they cannot be built (``launcher.planned_args``)."""
     algo = str(settings.get("server.speculative_algorithm", "") or "").upper()
     if algo != "DDTREE":
         raise NotJudged.inapplicable(f"the profile launches {algo or 'no speculative algorithm'}, not DDTREE")
-    env = read_env()
-    value = (env.get("vars") or {}).get(GATE) if isinstance(env, dict) else None
-    out = Findings(variable=GATE, value=value)
+    pset = patch_set(settings)
+    table = pset.validated
+    values, unread = server_configuration(read, planned, release_options(pset))
+    env = read("env")
+    value = env["vars"].get(GATE) if isinstance(env, dict) and isinstance(env.get("vars"), dict) else None
+    entry = None if unread else validated_entry(values, table)
+    near = nearest(values, table)
+    # what differs from every validated configuration, [] where the keys read match one
+    differs = differences(values, near) if near is not None else [f"no configuration is validated ({pset.name})"]
+    out = Findings(variable=GATE, value=value if isinstance(env, dict) else "not recorded", patch_set=pset.name,
+                   configuration=values, not_judged=unread,
+                   validated=[{**{k: e.get(k) for k in CONFIG_KEYS}, "shown": entry_label(e)} for e in table])
+    if entry is not None:
+        out.details["entry"] = entry_label(entry)
+    elif near is not None:
+        out.details.update(nearest=entry_label(near), differs=differs)
+    if not unread and entry is None:
+        out.details["server_refusal"] = refusal(values, table, pset.name)
     if value == "1":
-        return out.warn("sglang.ddtree.opted_in", f"{GATE}=1: SGLang will run the DDTree worker, which has not been "
-                        "validated inside a real server",
-                        "Compare the first outputs token for token with a non-speculative server (patch set README, "
-                        "'Validating on a real host') before serving traffic.")
-    env_file = settings.get("server.env_file", "/etc/k26-doctor/sglang-k26.env")
-    if has_sglang(read_stack()) is False:  # (not recorded: None, and the gate is judged all the same)
-        summary = f"DDTREE needs SGLang with the DDTree patch set (not installed) and {GATE}=1 (not set)"
+        return opted_in(out, entry, differs, unread)
+    if entry is not None:
+        config = ", ".join(f"{k} {shown(k, values[k])}" for k in CONFIG_KEYS)
+        return out.info("sglang.ddtree.validated", f"DDTREE starts without the opt-in: this configuration ({config}) "
+                        f"was validated {entry_label(entry)}")
+    if not differs:  # every key read matches a validated configuration; the others are not known
+        raise NotJudged.missing(f"DDTREE's start-up gate not judged: {not_judged(unread)}; the keys read match the "
+                                f"configuration validated {entry_label(near or {})}", **out.details)
+    return refused(out, differs, unread, has_sglang(read("stack")) is False, env_state(env, value), pset.name,
+                   settings)
+
+
+def env_state(env: Any, value: Any) -> str:
+    """The opt-in variable as the service's environment has it, in words (it is not ``1`` here)."""
+    if not isinstance(env, dict):
+        return f"{GATE}=1 not recorded (the env fact)"
+    if value is None:
+        return f"{GATE}=1 not set"
+    return f"{GATE}={value!r} set, which the gate does not take (exactly 1 opens it)"
+
+
+def opted_in(out: Findings, entry: dict[str, Any] | None, differs: list[str], unread: Mapping[str, str]
+             ) -> Findings:
+    """The opt-in is set: the server starts DDTREE whatever the configuration; say whether it is validated."""
+    head = f"{GATE}=1: the patched SGLang starts DDTREE in any configuration, validated or not"
+    if entry is not None:
+        return out.warn("sglang.ddtree.opted_in", f"{head}; this one is validated ({entry_label(entry)}): the "
+                        "opt-in is not needed",
+                        f"Remove {GATE}=1 from the service's environment: the gate then refuses, at start, any "
+                        "configuration that was not validated.")
+    state = (f"this one is not validated: {', '.join(differs)}" if differs else
+             f"whether this one is validated is not judged: {not_judged(unread)}")
+    return out.warn("sglang.ddtree.opted_in", f"{head}; {state}",
+                    "Compare the first outputs token for token with a non-speculative server (patch set README, "
+                    "'Validating on a real host') before serving traffic.")
+
+
+def refused(out: Findings, differs: list[str], unread: Mapping[str, str], no_sglang: bool, gate: str,
+            set_name: str, settings: Settings) -> Findings:
+    """Not a validated configuration, no opt-in: the server stops at argument resolution, after its imports. Without
+    SGLang at all that comes first (the opt-in and what is not judged are in the details)."""
+    if no_sglang:
+        rest = [d for d in differs if not d.startswith("sglang ")]
+        summary = f"DDTREE needs SGLang with the {set_name} patch set (not installed)" + (
+            f", in a validated configuration: {', '.join(rest)}" if rest else
+            f"; the other keys match the configuration validated {out.details.get('nearest')}")
+        first = f"Install SGLang and apply the {set_name} patch set (sglang.install, sglang.patches). Then: "
     else:
-        summary = (f"the profile launches DDTREE, but {GATE}=1 is not set: SGLang with the DDTree patch set "
-                   "refuses DDTREE without it (its worker is not yet validated on a real host)")
+        tail = f"; not judged: {not_judged(unread)}" if unread else ""
+        summary = (f"the patched SGLang refuses DDTREE at start: the {set_name} patch set starts only in a "
+                   f"configuration validated inside a real server, and this one is not: {', '.join(differs)}{tail}; "
+                   f"{gate}")
+        first = ""
+    env_file = settings.get("server.env_file", "/etc/k26-doctor/sglang-k26.env")
     return out.fail(
         "sglang.ddtree.refused", summary,
-        Remediation("Launch the DFlash chain instead (server.speculative_algorithm = \"DFLASH\" in the config), "
-                    f"or opt in knowingly with {GATE}=1 in the service's environment file and validate "
-                    "as sglang_patches/ddtree-0.5.23/README.md says.",
-                    [f"echo '{GATE}=1' | sudo tee -a {env_file}"]))
+        Remediation(f"{first}Launch the DFlash chain instead (server.speculative_algorithm = \"DFLASH\" in the "
+                    "config), or run DDTREE only as validated (the patch set's manifest.json \"validated\" lists each "
+                    f"configuration, where and how it was shown), or opt in knowingly with {GATE}=1 in the "
+                    "service's environment file, only to validate this configuration as "
+                    f"sglang_patches/{set_name}/README.md says.",
+                    [] if no_sglang else [f"echo '{GATE}=1' | sudo tee -a {env_file}"]))

@@ -69,6 +69,14 @@ class FlagHistory:
                 return i - 0.5
         return len(self.releases) - 0.5
 
+    def options_at(self, release: str) -> dict[str, str]:
+        """Every option string ``release`` accepts, with its argparse ``dest`` ({} for a release not read)."""
+        if release not in self.releases:
+            return {}
+        i = self.releases.index(release)
+        return {flag: str((self.flags.get(flag) or {}).get("dest") or "") for flag in self.flags
+                if any(a <= i <= b for a, b in self.runs(flag))}
+
     def fork_of(self, flag: str) -> str | None:
         """The fork (package name) whose recorded release alone has ``flag``."""
         for package, info in self.forks.items():

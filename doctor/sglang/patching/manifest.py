@@ -14,12 +14,17 @@ A patch set is a directory ``sglang_patches/<name>/`` (package data) or ``<patch
         "files": [
           {"path": "sglang/srt/.../x.py",        # relative to site-packages
            "before": "<sha256 hex>",             # as RECORD has it; null: the patch creates the file
-           "after": "<sha256 hex>"}]}]}          # null: the patch deletes the file
+           "after": "<sha256 hex>"}]}],         # null: the patch deletes the file
+     "validated": [{"tp_size": 1, ..., "date": "...", "run": "..."}]}  # optional: see below
 
 Patches apply in list order. A file may be touched by several patches: then each later patch's
 ``before`` is the earlier one's ``after`` (a chain), and the file's pristine hash is the first
 ``before``. Hashes may also be written as RECORD spells them (``sha256=<urlsafe b64>``). The
 manifest is generated, never typed: ``k26-doctor patches make-manifest`` (doctor.sglang.patching.generate).
+
+``validated`` (optional, kept by the generator as written): the configurations the patched SGLang was validated in,
+one object each, as the patched code's own table lists them (ddtree-0.5.23: ``ddtree_worker.VALIDATED``, which its
+start-up gate matches; ``doctor.sglang.ddtree`` judges a profile against it before a start).
 """
 
 from __future__ import annotations
@@ -69,6 +74,7 @@ class PatchSet:
     patches: list[Patch]
     directory: Path | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
+    validated: tuple[dict[str, Any], ...] = ()  # the configurations the set was validated in (module docstring)
 
     @property
     def specifier(self) -> SpecifierSet:
@@ -189,7 +195,11 @@ def from_dict(data: Any, directory: Path | None = None, origin: str = "manifest"
             last_after[path] = after
             files.append(FileChange(path, before, after))
         patches.append(Patch(pid, pdesc, diff, tuple(files)))
-    return PatchSet(name, description, spec.strip(), patches, directory, raw=data)
+    validated = data.get("validated", [])
+    if not isinstance(validated, list) or not all(isinstance(v, dict) for v in validated):
+        raise ManifestError(f"{origin}: 'validated' must be a list of objects (one validated configuration each)")
+    return PatchSet(name, description, spec.strip(), patches, directory, raw=data,
+                    validated=tuple(dict(v) for v in validated))
 
 
 def stage_hashes(chain: list[tuple[int, FileChange]]) -> list[str | None]:

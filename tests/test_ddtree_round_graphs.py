@@ -1,0 +1,211 @@
+"""The DDTREE round's own work in CUDA graphs (the patch set's ddtree_step.py), on CPU torch.
+
+* ``DraftTreeCapture``: the draft top-k and the trees, folded into the drafter's decode graph as a capture tail
+  hook. Each bucket's capture writes its trees into static rows; a replay re-runs the captured work on the
+  runner's new hidden states and input ids (emulated here by calling the hook again on the bucket's buffers,
+  which is what the graph replays). The batch's rows, moved to their real prefixes, equal the eager trees of the
+  same hidden states, for every batch size up to the largest bucket, whatever the padded rows hold.
+* ``CommitGraphs``: the commit plan and the target's KV moves per bucket (emulated on the CPU: capture records a
+  re-run on the static buffers). A batch in a larger bucket gets the eager plan and exactly the eager KV moves:
+  the padded rows -- stale rows of an earlier, larger batch, whose moves were real -- move nothing. The outputs
+  that outlive the round are not overwritten by the next round's replay.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+np = pytest.importorskip("numpy")
+from ddtree_support import ddtree_step  # noqa: E402
+
+pytestmark = pytest.mark.network  # reads the released SGLang 0.5.23 wheel (a first-run download)
+
+FIELDS = ("draft_tokens", "retrieve_index", "retrieve_next_token", "retrieve_next_sibling", "tree_mask", "parents",
+          "depths")
+BLOCK, BUDGET, HIDDEN, VOCAB = 5, 10, 12, 40
+WIDTH = BUDGET + 1
+
+
+@pytest.fixture(scope="module")
+def sp():
+    return ddtree_step()
+
+
+@pytest.fixture(autouse=True)
+def _no_debug_checks(monkeypatch):
+    monkeypatch.delenv("SGLANG_DDTREE_DEBUG_CHECKS", raising=False)
+
+
+def head_topk(weight: torch.Tensor, k: int):
+    """The draft head's exact top-k log-probs (as the worker's candidate_topk with its log-sum-exp)."""
+    def topk(hidden: torch.Tensor):
+        lp = torch.log_softmax(hidden.double() @ weight.double().T, dim=-1)
+        vals, ids = torch.topk(lp, k, dim=-1)
+        return vals.float(), ids.to(torch.int64)
+    return topk
+
+
+def draft_outputs(gen: torch.Generator, bs: int):
+    hidden = torch.randn(bs * BLOCK, HIDDEN, generator=gen) * 3
+    ids = torch.randint(0, VOCAB, (bs * BLOCK,), generator=gen)
+    return hidden, ids
+
+
+def eager_trees(sp, topk, hidden, ids, prefix, loc, bs):
+    h = hidden[: bs * BLOCK].view(bs, BLOCK, -1)
+    lp, tok = topk(h[:, 1:].reshape(-1, HIDDEN))
+    return sp.build_tree_verify(topk_log_probs=lp.view(bs, BLOCK - 1, -1), topk_tokens=tok.view(bs, BLOCK - 1, -1),
+                                root_tokens=ids[: bs * BLOCK].view(bs, BLOCK)[:, 0], prefix_lens=prefix,
+                                budgets=BUDGET, width=WIDTH, out_cache_loc=loc)
+
+
+def same_trees(got, want) -> list[str]:
+    bad = [name for name in FIELDS if not torch.equal(getattr(got.batch, name), getattr(want.batch, name))]
+    for name in ("input_ids", "positions", "custom_mask", "out_cache_loc", "prefix_lens"):
+        if not torch.equal(getattr(got, name), getattr(want, name)):
+            bad.append(name)
+    if not torch.equal(got.batch.positions, want.batch.positions):
+        bad.append("batch.positions")
+    return bad
+
+
+def test_draft_tree_capture_replays_give_the_eager_trees(sp):
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(VOCAB, HIDDEN, generator=gen)
+    topk = head_topk(weight, BUDGET)
+    buckets, max_bs = (2, 4, 8), 8
+    cap = sp.DraftTreeCapture(topk_fn=topk, block=BLOCK, width=WIDTH, budget=BUDGET, topk=BUDGET, max_bs=max_bs,
+                              device=torch.device("cpu"))
+    for b in reversed(buckets):  # the runner's capture, largest bucket first
+        hidden, ids = draft_outputs(gen, b)
+        cap(None, type("Out", (), {"hidden_states": hidden})(), type("FB", (), {"input_ids": ids})(), b * BLOCK)
+    assert cap.captured == set(buckets)
+    for bs in (1, 3, 4, 7, 8, 2, 1):
+        bucket = next(b for b in buckets if b >= bs)
+        hidden, ids = draft_outputs(gen, bucket)  # the padded rows hold whatever the runner left there
+        cap(None, type("Out", (), {"hidden_states": hidden})(), type("FB", (), {"input_ids": ids})(), bucket * BLOCK)
+        prefix = torch.arange(bs, dtype=torch.int64) * 7 + 3
+        loc = torch.arange(bs * WIDTH, dtype=torch.int64) + 500
+        got = cap.rows(bs, prefix, loc)
+        want = eager_trees(sp, topk, hidden, ids, prefix, loc, bs)
+        assert same_trees(got, want) == [], (bs, same_trees(got, want))
+        assert torch.equal(got.positions.view(bs, WIDTH)[:, 0], prefix)  # the root at its request's prefix
+        # the eager path of the same object (a draft forward without a graph) gives the same trees
+        eager = sp.at_prefix(cap.compute(hidden, ids, bs), prefix)
+        assert same_trees(type(want)(**{**eager.__dict__, "out_cache_loc": loc}), want) == []
+
+
+def test_draft_tree_capture_refuses_what_is_not_a_batch_of_blocks(sp):
+    cap = sp.DraftTreeCapture(topk_fn=head_topk(torch.ones(VOCAB, HIDDEN), BUDGET), block=BLOCK, width=WIDTH,
+                              budget=BUDGET, topk=BUDGET, max_bs=4, device=torch.device("cpu"))
+    out, fb = type("Out", (), {"hidden_states": torch.zeros(40, HIDDEN)})(), type("FB", (), {
+        "input_ids": torch.zeros(40, dtype=torch.int64)})()
+    for tokens in (BLOCK * 4 + 1, BLOCK * 5, 0):
+        with pytest.raises(RuntimeError, match="not a batch of blocks"):
+            cap(None, out, fb, tokens)
+    with pytest.raises(RuntimeError, match="no hidden states"):
+        cap(None, type("Out", (), {"hidden_states": None})(), fb, BLOCK)
+    assert cap.captured == set()
+    cap(None, out, fb, BLOCK * 2)
+    assert cap.captured == {2} and cap.failed is None
+
+
+def test_a_draft_tree_capture_that_fails_leaves_its_bucket_uncaptured(sp):
+    """A bucket whose trees could not be computed inside the capture is not used (the worker keeps its own tree
+    graphs and says why); the capture of the draft forward itself goes on."""
+    def broken(hidden):
+        raise ValueError("head shape")
+    cap = sp.DraftTreeCapture(topk_fn=broken, block=BLOCK, width=WIDTH, budget=BUDGET, topk=BUDGET, max_bs=4,
+                              device=torch.device("cpu"))
+    out, fb = type("Out", (), {"hidden_states": torch.zeros(20, HIDDEN)})(), type("FB", (), {
+        "input_ids": torch.zeros(20, dtype=torch.int64)})()
+    cap(None, out, fb, BLOCK * 4)
+    assert cap.captured == set() and cap.failed == "ValueError: head shape"
+
+
+def accept_outputs(sp, gen, bs, num_spec):
+    """Greedy acceptance of random trees against random target logits (the torch reference of the kernel)."""
+    lp = -torch.rand(bs, num_spec - 1, BUDGET, generator=gen).cumsum(-1)
+    tok = torch.stack([torch.stack([torch.randperm(VOCAB, generator=gen)[:BUDGET] for _ in range(num_spec - 1)])
+                       for _ in range(bs)])
+    tv = sp.build_tree_verify(topk_log_probs=lp, topk_tokens=tok, root_tokens=torch.zeros(bs, dtype=torch.int64),
+                              prefix_lens=torch.zeros(bs, dtype=torch.int64), budgets=BUDGET, width=WIDTH,
+                              out_cache_loc=torch.zeros(bs * WIDTH, dtype=torch.int64))
+    # logits whose argmax is mostly a node's first child's token, so that paths are long and moves real
+    logits = torch.randn(bs * WIDTH, VOCAB, generator=gen)
+    first = tv.batch.retrieve_next_token
+    for b in range(bs):
+        for k in range(WIDTH):
+            c = int(first[b, k])
+            if c >= 0 and float(torch.rand((), generator=gen)) < 0.85:
+                logits[b * WIDTH + k, int(tv.batch.draft_tokens[b, c])] += 20.0
+    return sp.accept_tree_reference(tv, logits, all_greedy=True)
+
+
+def test_commit_graphs_make_the_eager_moves_and_nothing_else(sp):
+    gen = torch.Generator().manual_seed(1)
+    num_spec, slots_n = BLOCK, 400
+    kv = [torch.randn(slots_n, 3, generator=gen), torch.randn(slots_n, 2, generator=gen)]
+    graphs = sp.CommitGraphs(width=WIDTH, num_spec=num_spec, batch_sizes=[2, 4, 8], device=torch.device("cpu"),
+                             move_kv=lambda dst, src: sp.apply_kv_moves(kv, src, dst))
+    graphs.capture()
+    assert sorted(graphs.captured) == [2, 4, 8]
+    moved_somewhere = 0
+    kept = None
+    for bs in (8, 3, 4, 2, 1, 7, 1, 9):
+        predicts, acc, num = accept_outputs(sp, gen, bs, num_spec)
+        # the tree's nodes sit at slots of positions prefix .. prefix + W - 1, distinct over the batch
+        loc = (torch.randperm(slots_n - 20, generator=gen)[: bs * WIDTH] + 10).to(torch.int64)
+        prefix = torch.randint(0, 50, (bs,), generator=gen)
+        for t in kv:  # the slots' contents change between rounds as requests come and go
+            t.copy_(torch.randn(t.shape, generator=gen))
+        before = [t.clone() for t in kv]
+        want_kv = [t.clone() for t in kv]
+        want = sp.plan_commit(predicts, acc, num, loc, prefix, WIDTH)
+        sp.apply_kv_moves(want_kv, want.kv_src, want.kv_dst)
+        got = graphs.commit(predicts, acc, num, loc, prefix)
+        assert graphs.bucket(bs) == (None if bs > 8 else next(b for b in (2, 4, 8) if b >= bs))
+        for name in ("out_tokens", "commit_lens", "new_seq_lens", "bonus_tokens", "path_rows", "path_positions"):
+            assert torch.equal(getattr(got, name), getattr(want, name)), (bs, name)
+        for t, w in zip(kv, want_kv, strict=True):
+            assert torch.equal(t, w), bs  # the real moves, and no stale row of a larger batch moved anything
+        moved_somewhere += sum(int((t != b).any()) for t, b in zip(kv, before, strict=True))
+        if kept is not None:  # the previous round's outputs survive this round's replay
+            assert torch.equal(kept[0].out_tokens, kept[1]) and torch.equal(kept[0].bonus_tokens, kept[2])
+        kept = (got, got.out_tokens.clone(), got.bonus_tokens.clone())
+    assert moved_somewhere > 0  # the batches did move KV (paths longer than the root)
+
+
+def test_commit_graphs_without_zeroed_padding_would_corrupt_the_kv(sp):
+    """The control: a bucket replayed with its padded rows left as an earlier batch wrote them replays that
+    batch's moves onto the KV of whatever now holds those slots."""
+    gen = torch.Generator().manual_seed(2)
+    kv = [torch.randn(300, 2, generator=gen)]
+    graphs = sp.CommitGraphs(width=WIDTH, num_spec=BLOCK, batch_sizes=[4], device=torch.device("cpu"),
+                             move_kv=lambda dst, src: sp.apply_kv_moves(kv, src, dst))
+    graphs.capture()
+    loc = (torch.randperm(280, generator=gen)[: 4 * WIDTH] + 10).to(torch.int64)
+    zero = torch.zeros(4, dtype=torch.int64)
+    for _ in range(200):  # a batch of 4 whose rows 1-3 make at least one real move
+        predicts, acc, num = accept_outputs(sp, gen, 4, BLOCK)
+        plan = sp.plan_commit(predicts, acc, num, loc, zero, WIDTH)
+        if bool((plan.kv_src.view(4, -1)[1:] != plan.kv_dst.view(4, -1)[1:]).any()):
+            break
+    else:
+        pytest.fail("no batch with a real move in its rows 1-3")
+    graphs.commit(predicts, acc, num, loc, zero)
+    (_p_in, _acc_s, num_s, _slots, _prefix), _out, replay = graphs.captured[4]
+    kv[0].copy_(torch.randn(kv[0].shape, generator=gen))  # the slots now hold other requests' KV
+    fresh = kv[0].clone()
+    p, a, n = accept_outputs(sp, gen, 1, BLOCK)
+    one = loc[:WIDTH].clone()
+    want = fresh.clone()
+    one_plan = sp.plan_commit(p, a, n, one, zero[:1], WIDTH)
+    sp.apply_kv_moves([want], one_plan.kv_src, one_plan.kv_dst)
+    graphs.commit(p, a, n, one, zero[:1])
+    assert torch.equal(kv[0], want)  # zeroed padding: only the real request's moves
+    kv[0].copy_(fresh)  # the same replay with the padded rows' accept counts left as the earlier batch wrote them
+    num_s[1:].copy_(num[1:].to(num_s.dtype))
+    replay()
+    assert not torch.equal(kv[0], want)
