@@ -8,9 +8,9 @@ the patched backend, the golden replays) went last, and the run ended with one w
   module, class, package or session scope, or a ``functools`` cache (set up once, not once per worker). Any
   other file's tests are scheduled one by one, so the 8 tokenizer loads of test_model_config.py, say, run on
   both workers.
-* Files that read one result another process computes (``TOGETHER``: the bare-package probe, 20 s on a machine
-  whose test cache does not hold it yet) run on one worker, one after the other: the other worker would only
-  wait on its lock.
+* Files that read one result another process computes (``TOGETHER``: those that call ``bare_part``, the
+  bare-package probe, 20-30 s on a machine whose test cache does not hold it yet) run on one worker, one after
+  the other: the other worker would only wait on its lock.
 * Work units start longest first (``EXPECTED_S``: CPU seconds measured on the 2-core machine; a unit not
   listed counts ``DEFAULT_S`` per test), the classic longest-processing-time order: what is left at the end
   are the short ones, and the two workers finish together.
@@ -32,43 +32,45 @@ from pathlib import Path
 # split file), on a machine whose test cache holds none of sglang_wheels.computed_once's results yet (CI's): where
 # it holds them, those units take a second or two, and starting them first costs nothing.
 EXPECTED_S: dict[str, float] = {
-    "tests/test_model_tokenizer.py": 42,
-    "tests/test_ddtree_backend.py": 31,
-    "tests/test_launch_flags_real_parser.py": 30,
-    "tests/test_ddtree_interpreted.py::test_kernels_in_the_triton_interpreter": 29,
-    "tests/test_golden_verdicts.py::test_every_recording_replays_to_its_golden_verdicts": 28,
-    "tests/test_ddtree_kv_accounting.py": 24,
-    "ddtree-bare-probe": 23,  # the bare-package child, on a machine whose test cache does not hold it yet
-    "tests/test_ddtree_trained_pair.py": 22,
-    "tests/test_hostile_exit_codes.py": 15,
-    "tests/test_hostile_hangs.py": 13,
-    "tests/test_default_tier.py": 13,
-    "tests/test_check_changes_nothing.py::test_check_writes_nothing_and_leaves_no_process": 12,
-    "tests/test_launch_gate.py": 11,
-    "tests/test_launch_flags.py": 11,
-    "tests/test_gate_fixes.py::test_every_suggested_command_is_shell_quoted": 11,
+    "ddtree-bare-probe": 70,  # the probe itself about 25
+    "tests/test_model_tokenizer.py": 51,
+    "tests/test_ddtree_interpreted.py": 35,
+    "tests/test_golden_verdicts.py::test_every_recording_replays_to_its_golden_verdicts": 33,
+    "tests/test_ddtree_kv_accounting.py": 29,
+    "tests/test_ddtree_backend.py": 28,
+    "tests/test_ddtree_trained_pair.py": 25,
+    "tests/test_launch_flags_real_parser.py": 21,
+    "tests/test_hostile_exit_codes.py": 19,
+    "tests/test_hostile_hangs.py": 17,
+    "tests/test_default_tier.py": 16,
+    "tests/test_check_changes_nothing.py::test_check_writes_nothing_and_leaves_no_process": 16,
+    "tests/test_gate_fixes.py::test_every_suggested_command_is_shell_quoted": 14,
+    "tests/test_launch_gate.py": 14,
+    "tests/test_one_verdict.py::test_a_live_run_and_the_replay_of_its_snapshot_agree": 12,
+    "tests/test_fleet_slurm.py": 12,
+    "tests/test_gpu_probe.py::test_probe_with_cpu_torch_says_no_cuda": 11,
     "tests/test_hostile_secrets.py": 11,
-    "tests/test_ddtree_step.py": 10,
-    "tests/test_model_config.py::test_tokenizer_missing_files": 9,  # each parameter
-    "tests/test_fleet_slurm.py": 10,
-    "tests/test_foundation_cli.py::test_snapshot_redacts_secrets_and_replays": 10,
-    "tests/test_one_verdict.py::test_a_live_run_and_the_replay_of_its_snapshot_agree": 9,
-    "tests/test_model_config.py::test_tokenizer_config_bad_json": 9,
+    "tests/test_launch_flags.py": 11,
+    "tests/test_foundation_cli.py::test_snapshot_redacts_secrets_and_replays": 11,
+    "tests/test_model_config.py::test_tokenizer_missing_files": 11,  # each of its 4 parameters
+    "tests/test_model_config.py::test_tokenizer_config_bad_json": 10,
+    "tests/test_hostile_writes.py": 10,
+    "tests/test_stack_kernels.py": 9,
+    "tests/test_model_config.py::test_snapshot_redaction_keeps_the_verdicts": 9,
     "tests/test_model_config.py::test_remote_code_turned_off": 9,
-    "tests/test_model_config.py::test_snapshot_redaction_keeps_the_verdicts": 8,
-    "tests/test_gpu_probe.py::test_probe_with_cpu_torch_says_no_cuda": 8,
-    "tests/test_stack_kernels.py": 8,
+    "tests/test_stack_versions.py": 9,
+    "tests/test_ddtree_step.py": 8,
+    "tests/test_stack_triton_jit.py::test_probes_run_on_every_supported_service_python": 8,
+    "tests/test_first_screen.py::test_the_live_first_screen_follows_the_same_rules": 8,
     "tests/test_gate_terminal.py::test_env_is_a_short_redacted_summary": 7,
-    "tests/test_first_screen.py::test_the_live_first_screen_follows_the_same_rules": 7,
-    "tests/test_hostile_writes.py": 7,
-    "tests/test_stack_versions.py": 7,
+    "tests/test_wrong_python.py::test_a_wrong_python_is_one_root_line_of_at_most_eight": 6,
+    "tests/test_gpu_checks.py::test_hostile_facts_never_raise": 6,
+    "tests/test_fact_shapes.py::test_what_the_collectors_give_here_has_its_shape": 6,
+    "tests/test_ddtree_batched.py": 6,
 }
 DEFAULT_S = 0.4
-# One work unit each: the files that wait on the same result (ddtree_support.bare_package_probe).
-TOGETHER: dict[str, tuple[str, ...]] = {
-    "ddtree-bare-probe": ("tests/test_ddtree_patchset.py", "tests/test_ddtree_admission.py",
-                          "tests/test_ddtree_worker_glue.py"),
-}
+# One work unit each: the files whose source reads the same result (ddtree_support.bare_package_probe).
+TOGETHER: dict[str, re.Pattern[str]] = {"ddtree-bare-probe": re.compile(r"\bbare_part\(")}
 
 # What makes a file's tests share state: a fixture scoped wider than one test, or a process-wide cache.
 SHARED_STATE = re.compile(r"""scope\s*=\s*["'](module|class|package|session)["']|functools\.(cache|lru_cache)\b"""
@@ -76,18 +78,19 @@ SHARED_STATE = re.compile(r"""scope\s*=\s*["'](module|class|package|session)["']
 
 
 @functools.cache
-def keeps_together(root: Path, path: str) -> bool:
-    """Whether the tests of the file ``path`` (relative to ``root``) run on one worker."""
+def file_scope(root: Path, path: str) -> str | None:
+    """The work unit of the tests of the file ``path`` (relative to ``root``): a TOGETHER group, the file (its
+    tests share state), or None (each test is one)."""
     try:
-        return bool(SHARED_STATE.search((root / path).read_text(encoding="utf-8")))
+        text = (root / path).read_text(encoding="utf-8")
     except OSError:  # not a file we can read (a doctest in a package, say): keep it whole, as loadfile would
-        return True
+        return path
+    group = next((name for name, pattern in TOGETHER.items() if pattern.search(text)), None)
+    return group or (path if SHARED_STATE.search(text) else None)
 
 
 def scope_of(root: Path, nodeid: str) -> str:
-    path = nodeid.split("::", 1)[0]
-    group = next((name for name, files in TOGETHER.items() if path in files), None)
-    return group or (path if keeps_together(root, path) else nodeid)
+    return file_scope(root, nodeid.split("::", 1)[0]) or nodeid
 
 
 def expected_s(scope: str, tests: int) -> float:
