@@ -96,7 +96,7 @@ def bare_package_probe(tmp_path_factory) -> dict:
         return res, proc.returncode == 0 and bool(res["parts"]) and all("result" in p for p in res["parts"].values())
 
     key = {"tree": root.name, "stubbable": BARE_STUBBABLE, **run_identity(python, env)}
-    return sglang_wheels.computed_once("ddtree-bare-probe", [BARE_PROBE], key, run)
+    return sglang_wheels.computed_once("ddtree-bare-probe", sglang_wheels.project_sources(BARE_PROBE), key, run)
 
 
 def bare_part(tmp_path_factory, name: str, needs: str) -> dict:

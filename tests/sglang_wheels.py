@@ -203,6 +203,22 @@ def content_hash(inputs: list[Path], extra: object = None) -> str:
     return h.hexdigest()[:16]
 
 
+def project_sources(*scripts: Path) -> list[Path]:
+    """``scripts`` and every module of the checkout (tests/ and the packages) they import, at any depth and inside
+    functions too (``modulefinder``: read, not run): the inputs of a child that runs them, for ``computed_once``,
+    so that a change to a helper it imports computes its result again. Modules outside the checkout (the standard
+    library, torch, SGLang) are the interpreter's: ``interpreters.identity`` names them."""
+    import modulefinder
+
+    root = Path(__file__).resolve().parents[1]
+    found: set[Path] = set()
+    for script in scripts:
+        finder = modulefinder.ModuleFinder(path=[str(root / "tests"), str(root)])
+        finder.run_script(str(script))
+        found |= {Path(m.__file__).resolve() for m in finder.modules.values() if m.__file__}
+    return sorted(found | {Path(s).resolve() for s in scripts})
+
+
 def built_once(name: str, inputs: list[Path], build, extra: object = None) -> Path:
     """A directory ``build(dest)`` fills, made once into the cache per content of ``inputs`` (files or
     directories, hashed with their paths) and of ``extra`` (``content_hash``), and reused by later test processes

@@ -50,7 +50,8 @@ def probe() -> dict:
         return result, proc.returncode == 0 and not any("error" in r for r in result.values())
 
     key = {"tree": root.name, **run_identity(python, env)}
-    return sglang_wheels.computed_once("ddtree-backend-probe", [PROBE], key, run)
+    return sglang_wheels.computed_once("ddtree-backend-probe", sglang_wheels.project_sources(PROBE), key,
+                                        run)
 
 
 @pytest.mark.parametrize("shape", ["gqa", "mla_absorbed"])

@@ -23,9 +23,12 @@ pytestmark = pytest.mark.network  # reads the released wheels (tests/downloads.p
 
 HERE = Path(__file__).resolve().parent
 GPU_TEST = HERE / "ddtree_gpu_harness.py"
-# What the harness runs besides the wheel: itself, its helpers, the patch set and the engine that applies it.
-HARNESS_INPUTS = [GPU_TEST, HERE / "ddtree_support.py", HERE / "ddtree_toy.py", SET_DIR,
-                  HERE.parent / "doctor" / "sglang" / "patching"]
+
+
+def harness_inputs() -> list[Path]:
+    """What the harness runs besides the wheel and the interpreter: itself, every module of the checkout it
+    imports (``project_sources``), the patch set and the engine that applies it."""
+    return [*sglang_wheels.project_sources(GPU_TEST), SET_DIR, HERE.parent / "doctor" / "sglang" / "patching"]
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +48,7 @@ def interpreted() -> dict:
             proc.returncode == 0
 
     key = {"wheel": wheel.name, **run_identity(python, env)}
-    return sglang_wheels.computed_once("ddtree-interpreted", HARNESS_INPUTS, key, run)
+    return sglang_wheels.computed_once("ddtree-interpreted", harness_inputs(), key, run)
 
 
 def test_kernels_in_the_triton_interpreter(interpreted: dict):
