@@ -21,6 +21,8 @@ TINY = {
     "dflash": {"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
                "hidden_size": 256, "vocab_size": 64, "block_size": 8},
 }
+# make_tiny.py --dsv3-layers: the same target, deeper (capture memory against the layer count)
+TINY.update({f"dsv3-l{n}": {**TINY["dsv3"], "num_hidden_layers": n} for n in (12, 24)})
 
 
 def _logs_of(tgz: Path, plain: list[Path]) -> dict[str, list[str]]:
@@ -51,7 +53,8 @@ def ddtree_runs() -> list[tuple[str, dict, list[str]]]:
             waves.setdefault((run.get("config") or {}).get("wave", 1), []).append(run["name"])
         for run in records:
             # (the first version started one server at a time; the current one a wave at once)
-            run = {**run, "alone": "runs" in doc or len(waves[(run.get("config") or {}).get("wave", 1)]) == 1}
+            run = {**run, "alone": "runs" in doc or len(waves[(run.get("config") or {}).get("wave", 1)]) == 1,
+                   "first_version": "runs" in doc}
             lines = logs.get(Path(run.get("log") or "").name)
             if lines and run.get("argv") and run.get("config"):
                 out.append((f"{results.parent.name}/{results.name}/{run['name']}", run, lines))

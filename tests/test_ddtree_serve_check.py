@@ -173,6 +173,13 @@ def test_plan_expansion_and_server_command_line(tmp_path: Path, monkeypatch: pyt
     assert argv[argv.index("--speculative-ddtree-budget") + 1] == "32"
     assert argv[-2:] == ["--a", "--b"]
     assert p["phases"][0]["servers"] == ["dd"]
+    assert sc.launch_argv(p["servers"][0]) == argv  # no cpus: not pinned
+    pinned = sc.launch_argv({**p["servers"][0], "cpus": "2-4,9"})
+    assert pinned[:3] == ["taskset", "-c", "2,3,4,9"] and pinned[3:] == argv
+    assert sc.cpu_list("0-1, 5") == {0, 1, 5}
+    for bad in ("3-1", "a", "1-b"):
+        with pytest.raises(SystemExit):
+            sc.cpu_list(bad)
 
 
 def test_twin_and_tree_hash_criteria() -> None:
@@ -189,3 +196,159 @@ def test_twin_and_tree_hash_criteria() -> None:
     servers["tp2"]["tree_hashes"][3] = ("1", "1", "cc")
     v = sc.compare(_results(servers, phases))
     assert not v["ok"] and v["tree_hashes"][0]["steps_that_differ"] == 1
+
+
+def _speed(server: str, name: str, wall: float, verify: int, tokens: int, conc: int = 1, **extra) -> dict:
+    return _phase(server, [[1]], name=name, exclusive=True, wall_s=wall, verify_ct=verify, tokens=tokens,
+                  concurrency=conc, tok_per_s=round(tokens / wall, 1), accept_len=round(tokens / verify, 4),
+                  round_ms=round(1000 * wall * conc / verify, 4), **extra)
+
+
+def test_round_cost_of_the_decode_rounds_alone_removes_the_per_request_cost() -> None:
+    """Two servers whose rounds cost the same (5 ms) and whose requests cost 60 ms each besides: the one with
+    the higher acceptance needs fewer rounds, so its whole-phase round cost reads higher; the long phase minus
+    its short twin reads the rounds alone, 1.0x."""
+    servers = {"dflash": _server("DFLASH"), "ddtree": _server("DDTREE", budget=16, speed_rival="dflash")}
+    phases = []
+    for name, accept in (("dflash", 6.0), ("ddtree", 8.0)):
+        for phase, tokens in (("short", 64 * 10), ("long", 320 * 10)):
+            verify = round(tokens / accept)
+            wall = 10 * 0.060 + verify * 0.005
+            extra = {"slope_of": "short"} if phase == "long" else {}
+            phases.append(_speed(name, phase, wall, verify, tokens, **extra))
+    out = sc.compare(_results(servers, phases))
+    long = next(r for r in out["speed"] if r["server"] == "ddtree" and r["phase"] == "long")
+    assert long["round_cost_vs_rival"] > 1.05  # the whole phase, per-request costs included
+    assert long["slope_round_cost_vs_rival"] == pytest.approx(1.0, abs=0.01)
+    assert long["slope_tok_per_s_vs_rival"] == pytest.approx(8.0 / 6.0, rel=0.01)
+    assert long["slope_round_ms"] == pytest.approx(5.0, rel=0.01)
+    assert not any("slope_round_ms" in r for r in out["speed"] if r["phase"] == "short")
+
+
+def test_torch_profile_phase_asks_sglang_for_a_trace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``torch_profile`` phase posts SGLang's /start_profile with the trace directory under $WORK/aux/traces,
+    then waits for the trace file; a server that refuses the request is named, never waited on."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    seen: list = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *a):  # quiet
+            pass
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append((self.path, body))
+            if self.path == "/start_profile" and body["profile_prefix"] == "refuses":
+                self.send_response(400)
+                self.end_headers()
+                self.wfile.write(b'{"error": "Profiling is already in progress"}')
+                return
+            if self.path == "/start_profile":
+                Path(body["output_dir"], "x-TP-0.trace.json.gz").write_bytes(b"gz")
+                answer = {"success": True}
+            else:
+                answer = {"output_ids": [1, 2], "meta_info": {"completion_tokens": 2, "spec_verify_ct": 1}}
+            data = json.dumps(answer).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    httpd = HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    monkeypatch.setenv("WORK", str(tmp_path))
+    try:
+        ph = {"name": "trace_c1", "n": 2, "prompts": "random", "torch_profile": {"num_steps": 7, "with_stack": True}}
+        rec = {"port": httpd.server_address[1]}
+        out = sc.run_phase_on({}, ph, "srv", rec)
+        assert out["traces"] == ["x-TP-0.trace.json.gz"] and out["trace_error"] is None
+        path, body = seen[0]
+        assert path == "/start_profile" and body["num_steps"] == 7 and body["with_stack"] is True
+        assert body["output_dir"] == str(tmp_path / "aux" / "traces" / "trace_c1-srv")
+        bad = sc.run_phase_on({}, ph, "refuses", rec)
+        assert bad["traces"] == [] and "400" in bad["trace_error"]
+    finally:
+        httpd.shutdown()
+
+
+def _fake_server(round_s: float, accept: float, request_s: float, log: list):
+    """An HTTP server that answers /generate as a speculative server whose round costs ``round_s``."""
+    import json
+    import math
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            tokens = body["sampling_params"]["max_new_tokens"]
+            verify = math.ceil(tokens / accept)
+            log.append((self.server.server_address[1], tokens))
+            time.sleep(request_s + verify * round_s)
+            data = json.dumps({"output_ids": [5] * tokens,
+                               "meta_info": {"completion_tokens": tokens, "spec_verify_ct": verify}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    import time
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd
+
+
+def test_interleaved_passes_rotate_and_give_per_pass_ratios() -> None:
+    """``passes``: every pass runs each server once, the order rotated, after one untimed warm request; the
+    group's figures are medians over the passes of ratios taken within a pass, and ``slope_tokens`` gives the
+    decode rounds alone (the per-request cost cancels)."""
+    import time
+
+    log: list = []
+    rival = _fake_server(0.002, 4.0, 0.03, log)
+    tree = _fake_server(0.002, 6.0, 0.03, log)
+    try:
+        servers = {"dflash": _server("DFLASH"), "ddtree": _server("DDTREE", budget=16, speed_rival="dflash")}
+        state = {"dflash": {"port": rival.server_address[1], "healthy": True},
+                 "ddtree": {"port": tree.server_address[1], "healthy": True}}
+        ph = {"name": "speed_c1", "passes": 3, "n": 2, "concurrency": 1, "max_new_tokens": 96, "slope_tokens": 24,
+              "prompts": "random"}
+        outs = sc.run_interleaved({}, ph, ["dflash", "ddtree"], state, time.time() + 60)
+        order = [o["server"] for o in outs if o["phase"].startswith("speed_c1#")]
+        assert order == ["dflash", "ddtree", "ddtree", "dflash", "dflash", "ddtree"]
+        first = [tokens for port, tokens in log[:5]]
+        assert first == [8, 24, 24, 96, 96]  # warm, short x2, long x2
+        assert {o["group"] for o in outs} == {"speed_c1", "speed_c1-short"}
+        groups = sc.compare(_results(servers, outs))["speed_groups"]
+        g = next(x for x in groups if x["server"] == "ddtree")
+        assert g["passes"] == 3 and g["rival"] == "dflash"
+        assert g["slope_round_cost_vs_rival"]["median"] == pytest.approx(1.0, abs=0.15)
+        assert g["slope_tok_per_s_vs_rival"]["median"] == pytest.approx(1.5, rel=0.15)
+        assert g["round_cost_vs_rival"]["median"] > g["slope_round_cost_vs_rival"]["median"]
+    finally:
+        rival.shutdown()
+        tree.shutdown()
+
+
+def test_median_interval_has_its_coverage() -> None:
+    """The interval for the median from order statistics: at n 8 the 2nd and 7th values (93 %), at n 5 the
+    1st and 5th (94 %), none for n 3 at 90 % (the widest, min-max, covers 75 %); and over draws from a known
+    distribution it holds the true median at least as often as it says."""
+    lo, hi, cov = sc.median_interval([8, 1, 7, 2, 6, 3, 5, 4])
+    assert (lo, hi) == (2, 7) and cov == pytest.approx(0.9297, abs=1e-3)
+    assert sc.median_interval([5, 1, 4, 2, 3])[:2] == (1, 5)
+    assert sc.median_interval([1, 2, 3]) is None
+    rng = random.Random(3)
+    hits = 0
+    for _ in range(400):
+        xs = [rng.gauss(1.0, 0.3) for _ in range(8)]
+        lo, hi, cov = sc.median_interval(xs)
+        hits += lo <= 1.0 <= hi
+    assert hits / 400 >= 0.90

@@ -230,7 +230,7 @@ def test_tiny_ddtree_servers_match_the_arithmetic():
     if not runs:
         pytest.skip("no DDTree server logs under bench/results/ddtree-*/ yet (bench/ddtree/gpu_session.sh writes them)")
     c = memory.constants()
-    checked = 0
+    checked = captures = 0
     for name, run, lines in runs:
         figs = memory.startup_figures(lines)
         if figs["pre"] is None or not figs["kv"] or not figs["load"]:
@@ -278,8 +278,20 @@ def test_tiny_ddtree_servers_match_the_arithmetic():
                                                       num_kv_splits=shape.num_kv_splits, sms=132, verify_mask=True,
                                                       ddtree=shape.algorithm == "DDTREE")
                 assert sum(buffers.values()) / GIB <= verify[0], (name, sum(buffers.values()) / GIB, verify)
+            # What the captured graphs themselves take, as model.fit states it (one graph per captured batch
+            # size, a fixed part and a part per layer, not the verify width), within 10% of the log's reading
+            # (two decimals: 0.005 GiB) -- for the servers of the current harness (the first one's ran
+            # revisions 1-2 of the DDTree set, whose capture also held the W-fold Triton state).
+            target_capture = [usage for phase, usage, _ in figs["capture_end"]
+                              if phase in ("target verify", "target decode")]
+            if target_capture and shape.graph_max_bs and not run["first_version"]:
+                est = memory.captured_graph_bytes(target, max_bs=shape.graph_max_bs,
+                                                  speculative=shape.algorithm != "NONE") / GIB
+                assert target_capture[0] == pytest.approx(est, rel=0.10, abs=0.005), (name, target_capture, est)
+                captures += 1
         checked += 1
     assert checked, "the DDTree logs had no SGLang memory lines"
+    assert captures >= 5, f"{captures} alone servers' captures compared (bench/results/ddtree-h200-rev5 has 5)"
 
 
 def test_runtime_overhead_is_what_the_h200_run_measured():
@@ -289,3 +301,23 @@ def test_runtime_overhead_is_what_the_h200_run_measured():
     free = snap["facts"]["nvml"]["devices"][0]["memory"]["free"]
     assert (free - memory.runtime_overhead(1)) / GIB == pytest.approx(139.13, abs=0.05)
     assert memory.runtime_overhead(8) > memory.runtime_overhead(1)
+
+
+def test_captured_batch_sizes_are_the_servers_own():
+    """The batch sizes model.fit counts graphs for are the ones the recorded servers logged at capture
+    (``Capture target verify|decode CUDA graph end. bs=[...]``), with and without speculation."""
+    import re
+
+    seen = set()
+    for name, run, lines in ddtree_runs():
+        argv = run["argv"]
+        args = argv[argv.index("sglang.launch_server") + 1:] if "sglang.launch_server" in argv else argv
+        parsed = memory.parse_server_args(args)
+        speculative = "--speculative-algorithm" in args
+        for line in lines:
+            m = re.search(r"Capture target (verify|decode) CUDA graph end\. bs=\[([\d, ]+)\]", line)
+            if m and parsed.get("graph_max_bs"):
+                logged = [int(x) for x in m.group(2).split(",")]
+                assert memory.decode_capture_sizes(parsed["graph_max_bs"], speculative) == logged, name
+                seen.add((m.group(1), speculative))
+    assert {("verify", True), ("decode", False)} <= seen, seen

@@ -91,7 +91,8 @@ wait_gputests() {
 }
 
 stage_tiny() {
-  [ -d "$WORK/tiny/dsv3" ] || python3 "$REPO/bench/ddtree/make_tiny.py" "$WORK/tiny"
+  # TINY_LAYERS=12,24: deeper random dsv3 targets too ($TINY/dsv3-l12, ...)
+  python3 "$REPO/bench/ddtree/make_tiny.py" "$WORK/tiny" ${TINY_LAYERS:+--dsv3-layers=$TINY_LAYERS}
 }
 
 pair_build() {  # the trained pair on this GPU and its prompt sets
@@ -124,10 +125,23 @@ finish() {  # measure, down, compare, and what the next session can reuse
   sc measure --plan "$plan" "$@" --out "$OUT/results.json" --budget-s $(( $(left_s) - 40 ))
   sc down "$@" --out "$OUT/results.json"
   sc compare "$OUT/results.json" --json "$OUT/verdicts.json" | tee "$OUT/compare.txt"
-  tar -czf "$OUT/logs.tgz" -C "$WORK" logs aux 2>/dev/null
-  tar -cJf "$OUT/jit-cache.tar.xz" -C "$WORK" flashinfer-cache 2>/dev/null
+  tar -czf "$OUT/logs.tgz" --exclude=aux/traces -C "$WORK" logs aux 2>/dev/null
+  pack_traces
+  # FlashInfer's JIT modules for a later session (JIT_CACHE_OUT=1; too large to come back with a full call).
+  [ "${JIT_CACHE_OUT:-0}" = 1 ] && tar -cJf "$OUT/jit-cache.tar.xz" -C "$WORK" flashinfer-cache 2>/dev/null
   ls -la "$OUT"
   rm -f "$WORK"/state*.json
+}
+
+pack_traces() {  # the torch profiler's traces of `torch_profile` phases, in one file that can come back (16 MiB)
+  [ -d "$AUX/traces" ] || return 0
+  local dirs; dirs=$(cd "$AUX/traces" && ls -d */ 2>/dev/null | tr -d /)
+  while [ -n "$dirs" ]; do
+    tar -czf "$OUT/traces.tgz" -C "$AUX/traces" $dirs
+    [ "$(stat -c %s "$OUT/traces.tgz")" -le $((15 * 1024 * 1024)) ] && break
+    log "traces: $(du -h "$OUT/traces.tgz" | cut -f1) is too large to come back; dropping $(echo "$dirs" | tail -1)"
+    dirs=$(echo "$dirs" | head -n -1); rm -f "$OUT/traces.tgz"
+  done
 }
 
 stage_serve() {  # servers of every wave, on a host whose pairs exist already
@@ -159,7 +173,7 @@ stage_all() {  # setup, wave 0 on the random pair while the trained pair trains,
     while [ $t -lt 120 ] && kill -0 "$w0" 2>/dev/null; do
       local pending=0
       for f in $names; do
-        grep -q "Capture target verify CUDA graph end\|Capture decode CUDA graph end\|Capture cuda graph end" "$WORK/logs/$f.log" 2>/dev/null || pending=1
+        grep -q "Capture target verify CUDA graph end\|Capture target decode CUDA graph end\|Capture decode CUDA graph end\|Capture cuda graph end" "$WORK/logs/$f.log" 2>/dev/null || pending=1
       done
       [ $pending -eq 0 ] && break
       sleep 2; t=$((t + 2))

@@ -54,13 +54,13 @@ def qwen3(out: Path, seed: int = 1) -> dict:
     return {"layers": 4}
 
 
-def dsv3(out: Path, seed: int = 2) -> dict:
+def dsv3(out: Path, seed: int = 2, layers: int = 4) -> dict:
     import torch
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
     torch.manual_seed(seed)
     cfg = DeepseekV3Config(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=512, moe_intermediate_size=128,
-                           num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4,
+                           num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=4,
                            n_shared_experts=1, n_routed_experts=8, num_experts_per_tok=2, n_group=1,
                            topk_group=1, routed_scaling_factor=1.0, first_k_dense_replace=1,
                            q_lora_rank=64, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128,
@@ -77,7 +77,7 @@ def dsv3(out: Path, seed: int = 2) -> dict:
     config.update({"moe_layer_freq": 1, "topk_method": "noaux_tc", "scoring_func": "sigmoid", "ep_size": 1,
                    "num_nextn_predict_layers": 0})
     path.write_text(json.dumps(config, indent=1) + "\n")
-    return {"layers": 4}
+    return {"layers": layers}
 
 
 def dflash(out: Path, target_layers: int, seed: int) -> None:
@@ -124,10 +124,19 @@ def dflash(out: Path, target_layers: int, seed: int) -> None:
 
 
 def main(argv: list[str]) -> int:
-    root = Path(argv[1] if len(argv) > 1 else "tiny")
+    """``make_tiny.py ROOT [--dsv3-layers N,M]``: the qwen3 and dsv3 pairs in ROOT, and with
+    ``--dsv3-layers`` deeper dsv3 targets (``dsv3-lN``, each with its drafter) of the same width, for readings
+    that depend on the layer count (CUDA-graph capture memory)."""
+    args = [a for a in argv[1:] if not a.startswith("--dsv3-layers")]
+    extra = [int(x) for a in argv[1:] if a.startswith("--dsv3-layers=") for x in a.split("=", 1)[1].split(",") if x]
+    root = Path(args[0] if args else "tiny")
     root.mkdir(parents=True, exist_ok=True)
-    for name, build, seed in (("qwen3", qwen3, 11), ("dsv3", dsv3, 12)):
-        info = build(root / name)
+    builds = [("qwen3", qwen3, 11, {}), ("dsv3", dsv3, 12, {})]
+    builds += [(f"dsv3-l{n}", dsv3, 12, {"layers": n}) for n in extra]
+    for name, build, seed, kw in builds:
+        if (root / name / "config.json").exists():
+            continue
+        info = build(root / name, **kw)
         dflash(root / f"{name}-dflash", info["layers"], seed)
         print(f"{name}: {root / name} + {root / (name + '-dflash')}")
     return 0

@@ -97,7 +97,9 @@ def load_plan(path: str) -> dict:
         raise SystemExit(f"plan: duplicate server names in {names}")
     for ph in plan.get("phases", []):
         wanted = ph.get("servers", "*")
-        ph["servers"] = names if wanted == "*" else [n for n in names if any(re.fullmatch(w, n) for w in wanted)]
+        # in the order of the phase's patterns (an exclusive phase runs its servers in that order)
+        ph["servers"] = names if wanted == "*" else list(dict.fromkeys(
+            n for w in wanted for n in names if re.fullmatch(w, n)))
     return plan
 
 
@@ -201,12 +203,36 @@ def generate_all(base: str, items: list[list[int]], sampling: dict, concurrency:
 # --------------------------------------------------------------------------- up / down
 
 
+def cpu_list(spec: str) -> set[int]:
+    """``"2-9,12"`` -> {2, ..., 9, 12} (taskset's list form)."""
+    cpus: set[int] = set()
+    for part in str(spec).split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()) or (hi and int(hi) < int(lo)):
+            raise SystemExit(f"plan: bad CPU list {spec!r}")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def launch_argv(s: dict) -> list[str]:
+    """The server's command line, pinned to the plan's ``cpus`` when it names some (``taskset -c``: every
+    process of the server inherits it, so one server's scheduler never shares a core with the client)."""
+    argv = server_argv(s)
+    if s.get("cpus"):
+        cpus = ",".join(str(c) for c in sorted(cpu_list(s["cpus"])))
+        argv = ["taskset", "-c", cpus, *argv]
+    return argv
+
+
 def start(s: dict, logdir: Path) -> subprocess.Popen:
     env = dict(os.environ)
     env.update({k: str(v) for k, v in s.get("env", {}).items()})
     log = logdir / f"{s['name']}.log"
     fh = log.open("w")
-    return subprocess.Popen(server_argv(s), stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+    return subprocess.Popen(launch_argv(s), stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True,
                             stdin=subprocess.DEVNULL)
 
 
@@ -359,10 +385,40 @@ def pause_others(state: dict, keep: str, sig: int) -> None:
                 pass
 
 
+def start_torch_profile(base: str, ph: dict, name: str) -> tuple[Path | None, str | None]:
+    """``torch_profile`` phases: SGLang's own profiler (``POST /start_profile``) over the phase's first
+    ``num_steps`` scheduler steps, CPU and GPU activities; the trace lands in ``$WORK/aux/traces/``."""
+    prof = ph.get("torch_profile")
+    if not prof:
+        return None, None
+    out = Path(os.environ.get("WORK", "/tmp/k26-gpu")) / "aux" / "traces" / f"{ph['name']}-{name}"
+    out.mkdir(parents=True, exist_ok=True)
+    body = {"output_dir": str(out), "num_steps": int(prof.get("num_steps", 12)), "activities": ["CPU", "GPU"],
+            "with_stack": bool(prof.get("with_stack", False)), "record_shapes": False,
+            "profile_prefix": name}
+    code, answer = post(base + "/start_profile", body, timeout=30)
+    return out, None if code == 200 else f"/start_profile answered {code}: {str(answer)[:200]}"
+
+
+def wait_trace(out: Path, timeout: float = 90) -> list[str]:
+    """The trace files the profiler wrote into ``out`` (it writes them after its last step)."""
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        found = sorted(str(f.name) for f in out.glob("*.trace.json*"))
+        if found and all(f.stat().st_size > 0 for f in out.glob("*.trace.json*")):
+            time.sleep(1)  # the writer closes the file after its last write
+            return found
+        time.sleep(1)
+    return []
+
+
 def run_phase_on(plan: dict, ph: dict, name: str, rec: dict) -> dict:
     items = phase_prompts(plan, ph)
     sampling = sampling_params(ph)
-    res, wall = generate_all(f"http://127.0.0.1:{rec['port']}", items, sampling, ph.get("concurrency", 1))
+    base = f"http://127.0.0.1:{rec['port']}"
+    trace_dir, trace_error = start_torch_profile(base, ph, name)
+    res, wall = generate_all(base, items, sampling, ph.get("concurrency", 1))
+    traces = wait_trace(trace_dir) if trace_dir is not None and not trace_error else []
     toks = sum(r["completion_tokens"] or 0 for r in res)
     verify = sum(r["spec_verify_ct"] or 0 for r in res)
     conc = ph.get("concurrency", 1)
@@ -376,7 +432,46 @@ def run_phase_on(plan: dict, ph: dict, name: str, rec: dict) -> dict:
             "round_ms": round(1000 * wall * conc / verify, 4) if verify else None,
             "errors": [r["error"] for r in res if r["code"] != 200][:5],
             "n_errors": sum(r["code"] != 200 for r in res),
-            "inputs_digest": hash_ids(items), "outputs": [r["output_ids"] for r in res]}
+            "inputs_digest": hash_ids(items), "outputs": [r["output_ids"] for r in res],
+            **({"traces": traces, "trace_error": trace_error} if trace_dir is not None else {}),
+            **({"slope_of": ph["slope_of"]} if ph.get("slope_of") else {})}
+
+
+def run_interleaved(plan: dict, ph: dict, targets: list[str], state: dict, deadline: float) -> list[dict]:
+    """A speed phase in ``passes`` short passes, each running every server once (alone: the others stopped),
+    the order rotated from pass to pass. A host whose speed drifts (CPU placement, frequency, neighbours:
+    one to two second phases moved 5-35 % between calls) then moves every server of a pass alike, and the
+    per-pass ratios against the rival, taken seconds apart, keep what a single long phase per server
+    loses. Each server first answers one short request after it is resumed (not timed). With
+    ``slope_tokens`` each pass runs the prompts at that length too, right before the full length: the
+    difference is the decode rounds alone. Records are named ``<phase>#<pass>`` (``group``: the phase)."""
+    outs: list[dict] = []
+    passes = int(ph["passes"])
+    warm = {**ph, "n": 1, "max_new_tokens": 8}
+    for i in range(passes):
+        if time.time() > deadline - ph.get("reserve_s", 15):
+            print(f"  {ph['name']}: {i} of {passes} passes (time)", flush=True)
+            break
+        k = i % len(targets)
+        for name in targets[k:] + targets[:k]:
+            pause_others(state, name, signal.SIGSTOP)
+            try:
+                run_phase_on(plan, warm, name, state[name])
+                runs = []
+                if ph.get("slope_tokens"):
+                    short = {**ph, "name": f"{ph['name']}-short#{i}", "max_new_tokens": int(ph["slope_tokens"])}
+                    runs.append(run_phase_on(plan, short, name, state[name]))
+                full = {**ph, "name": f"{ph['name']}#{i}"}
+                if ph.get("slope_tokens"):
+                    full["slope_of"] = short["name"]
+                runs.append(run_phase_on(plan, full, name, state[name]))
+            finally:
+                pause_others(state, name, signal.SIGCONT)
+            for r in runs:
+                r.update({"group": ph["name"] + ("-short" if "-short#" in r["phase"] else ""), "pass": i,
+                          "exclusive": True})
+            outs.extend(runs)
+    return outs
 
 
 def hash_ids(items: list[list[int]]) -> str:
@@ -393,6 +488,9 @@ def cmd_measure(args) -> int:
     results["servers"].update({n: {k: v for k, v in r.items() if not k.startswith("_")} for n, r in state.items()})
     deadline = time.time() + args.budget_s
     healthy = {n for n, r in state.items() if r.get("healthy")}
+    if plan.get("client_cpus") and hasattr(os, "sched_setaffinity"):
+        # the load generator's threads off the servers' cores (``cpus`` of the servers)
+        os.sched_setaffinity(0, cpu_list(plan["client_cpus"]) & os.sched_getaffinity(0) or os.sched_getaffinity(0))
     for ph in plan.get("phases", []):
         if args.only and ph["name"] not in args.only:
             continue
@@ -404,7 +502,9 @@ def cmd_measure(args) -> int:
             results["phases"].append({"phase": ph["name"], "skipped": "time"})
             continue
         t0 = time.time()
-        if ph.get("exclusive"):
+        if ph.get("passes"):
+            outs = run_interleaved(plan, ph, targets, state, deadline)
+        elif ph.get("exclusive"):
             outs = []
             for name in targets:
                 pause_others(state, name, signal.SIGSTOP)
@@ -579,6 +679,22 @@ def _cell(x: int, y: int, na: int, nb: int) -> float:
 
 
 # --------------------------------------------------------------------------- compare
+
+
+def speed_slope(results: dict, ph: dict) -> dict | None:
+    """A long phase minus its short twin (``slope_of``, the same server, prompts and concurrency): the time of
+    the extra decode rounds alone, without the per-request costs (HTTP, scheduling, prefill) that both
+    phases pay alike -- at a fixed number of requests, those costs weigh more per round on the server that
+    needs fewer rounds, so a plain ratio of whole phases under-states a higher-acceptance server."""
+    short = find_phase(results, ph.get("slope_of") or "", ph["server"]) if ph.get("slope_of") else None
+    if not short or short.get("concurrency") != ph.get("concurrency"):
+        return None
+    d_wall, d_verify = ph["wall_s"] - short["wall_s"], ph["verify_ct"] - short["verify_ct"]
+    d_tokens = ph["tokens"] - short["tokens"]
+    if d_wall <= 0 or d_verify <= 0:
+        return None
+    return {"slope_round_ms": round(1000 * d_wall * ph["concurrency"] / d_verify, 4),
+            "slope_tok_per_s": round(d_tokens / d_wall, 1), "slope_accept_len": round(d_tokens / d_verify, 4)}
 
 
 def cmd_compare(args) -> int:
@@ -771,13 +887,95 @@ def compare(results: dict) -> dict:
                                          if ph["tok_per_s"] and ref["tok_per_s"] else None)
             rec["accept_vs_rival"] = (round(ph["accept_len"] / ref["accept_len"], 3)
                                       if ph["accept_len"] and ref["accept_len"] else None)
+        slope = speed_slope(results, ph)
+        if slope:
+            rec.update(slope)
+            ref_slope = speed_slope(results, ref) if ref else None
+            if ref_slope and ref_slope["slope_round_ms"] and slope["slope_round_ms"]:
+                rec["slope_round_cost_vs_rival"] = round(slope["slope_round_ms"] / ref_slope["slope_round_ms"], 3)
+                rec["slope_tok_per_s_vs_rival"] = round(slope["slope_tok_per_s"] / ref_slope["slope_tok_per_s"], 3)
+        if ph.get("group"):
+            rec.update(group=ph["group"], **{"pass": ph.get("pass")})
         out["speed"].append(rec)
+        if ph.get("group"):
+            continue  # one summary per group and server below
         lines.append(f"INFO speed {ph['phase']} {ph['server']}: {ph['tok_per_s']} tok/s, accept {ph['accept_len']}, "
                      f"round {ph['round_ms']} ms"
                      + (f"; vs {rec['rival']}: round cost x{rec['round_cost_vs_rival']}, tok/s "
                         f"x{rec['tok_per_s_vs_rival']}, accept x{rec['accept_vs_rival']}" if ref else ""))
+        if slope:
+            lines.append(f"INFO speed {ph['phase']} {ph['server']} minus {ph['slope_of']} (decode rounds only): "
+                         f"round {slope['slope_round_ms']} ms, {slope['slope_tok_per_s']} tok/s"
+                         + (f"; vs {rec['rival']}: round cost x{rec['slope_round_cost_vs_rival']}, tok/s "
+                            f"x{rec['slope_tok_per_s_vs_rival']}" if "slope_round_cost_vs_rival" in rec else ""))
+    out["speed_groups"] = speed_groups(out["speed"])
+    for g in out["speed_groups"]:
+        def span(key: str, g=g) -> str:
+            v = g.get(key)
+            if not v:
+                return "n/a"
+            if "ci" in v:
+                return (f"x{v['median']} ({v['ci_coverage']:.0%} x{v['ci'][0]}-x{v['ci'][1]}, "
+                        f"all x{v['min']}-x{v['max']})")
+            return f"x{v['median']} (x{v['min']}-x{v['max']})"
+        lines.append(f"SPEED {g['group']} {g['server']} ({g['passes']} passes): round {g['round_ms']['median']} ms, "
+                     f"{g['tok_per_s']['median']} tok/s, accept {g['accept_len']['median']}"
+                     + (f"; vs {g['rival']}: round cost {span('round_cost_vs_rival')}, "
+                        f"tok/s {span('tok_per_s_vs_rival')}" if g.get("rival") else "")
+                     + (f"; decode rounds alone: round {g['slope_round_ms']['median']} ms"
+                        + (f", vs {g['rival']} round cost {span('slope_round_cost_vs_rival')}, tok/s "
+                           f"{span('slope_tok_per_s_vs_rival')}" if g.get("slope_round_cost_vs_rival") else "")
+                        if g.get("slope_round_ms") else ""))
     out["ok"] = ok
     out["lines"] = lines
+    return out
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
+def median_interval(xs: list[float], coverage: float = 0.9) -> tuple[float, float, float] | None:
+    """A distribution-free interval for the median of ``xs``: the ``k``-th smallest and largest values, for
+    the largest ``k`` whose coverage (1 - 2 P(Binomial(n, 1/2) < k)) is still at least ``coverage``; returns
+    (low, high, its coverage), or None for too few values to reach it."""
+    n = len(xs)
+    best = None
+    for k in range(1, n // 2 + 1):
+        cov = 1 - 2 * sum(math.comb(n, i) for i in range(k)) / 2 ** n
+        if cov >= coverage:
+            best = (k, cov)
+    if best is None:
+        return None
+    k, cov = best
+    v = sorted(xs)
+    return v[k - 1], v[n - k], cov
+
+
+def speed_groups(records: list[dict]) -> list[dict]:
+    """The passes of each interleaved phase, per server: the median (and range) of every figure and of every
+    ratio against the rival taken within one pass."""
+    by: dict[tuple[str, str], list[dict]] = {}
+    for r in records:
+        if r.get("group") and not r["group"].endswith("-short"):
+            by.setdefault((r["group"], r["server"]), []).append(r)
+    out = []
+    for (group, server), recs in by.items():
+        g: dict[str, Any] = {"group": group, "server": server, "passes": len(recs), "rival": recs[0].get("rival"),
+                             "algo": recs[0].get("algo"), "budget": recs[0].get("budget"),
+                             "concurrency": recs[0].get("concurrency")}
+        for key in ("round_ms", "tok_per_s", "accept_len", "round_cost_vs_rival", "tok_per_s_vs_rival",
+                    "slope_round_ms", "slope_tok_per_s", "slope_round_cost_vs_rival", "slope_tok_per_s_vs_rival"):
+            vals = [r[key] for r in recs if r.get(key) is not None]
+            if vals:
+                g[key] = {"median": round(_median(vals), 4), "min": round(min(vals), 4), "max": round(max(vals), 4)}
+                ci = median_interval(vals)
+                if ci:
+                    g[key]["ci"] = [round(ci[0], 4), round(ci[1], 4)]
+                    g[key]["ci_coverage"] = round(ci[2], 3)
+        out.append(g)
     return out
 
 

@@ -308,6 +308,27 @@ def triton_graph_buffers(g: Geometry, *, tp: int, max_bs: int, tokens_per_req: i
     return out
 
 
+def decode_capture_sizes(max_bs: int, speculative: bool, c: dict[str, Any] | None = None) -> list[int]:
+    """The decode / target verify batch sizes SGLang captures up to ``max_bs``
+    (``generate_decode_cuda_graph_batch_sizes``; ``max_bs`` itself always)."""
+    if max_bs <= 0:
+        return []
+    g = (c or constants())["graphs"]
+    ranges = g["spec_bs_ranges"] if speculative else g["decode_bs_ranges"]
+    sizes = sorted({x for a, b, step in ranges for x in range(a, min(b, max_bs) + 1, step)})
+    return sizes if max_bs in sizes else [*sizes, max_bs]
+
+
+def captured_graph_bytes(g: Geometry, *, max_bs: int, speculative: bool, c: dict[str, Any] | None = None) -> int:
+    """Device memory the target's decode / verify graphs take when captured (one graph per captured batch
+    size, each a fixed part and a part per layer; the verify width does not enter: ``[graphs]`` in
+    ``doctor/data/sglang_memory.toml`` has the readings)."""
+    gr = (c or constants())["graphs"]
+    per = gr["verify_graph_mib"] if speculative else gr["decode_graph_mib"]
+    per += gr["verify_graph_per_layer_mib"] * g.layers
+    return int(len(decode_capture_sizes(max_bs, speculative, c)) * per * MIB)
+
+
 def prefill_graph_sizes(max_tokens: int, c: dict[str, Any]) -> int:
     """How many token counts the prefill graphs capture up to ``max_tokens``."""
     return sum(1 for a, b, step in c["reserve"]["prefill_graph_ranges"] for x in range(a, b + 1, step)
@@ -371,8 +392,11 @@ def outside_pool(target: Geometry, shape: ServerShape, *, draft: Geometry | None
     if tp * pp > 1:
         items["parallel slack (SGLang's reserve)"] = int(tp * pp / 8 * r["per_tp_pp_eighth_mib"] * MIB)
     if shape.graph_max_bs:
-        items["decode graphs (SGLang's reserve)"] = int(shape.graph_max_bs * r["decode_graph_per_bs_mib"] * MIB)
         speculative = shape.algorithm != "NONE"
+        n_graphs = len(decode_capture_sizes(shape.graph_max_bs, speculative, c))
+        kind = "verify" if speculative else "decode"
+        items[f"target {kind} graphs captured ({n_graphs} batch sizes)"] = captured_graph_bytes(
+            target, max_bs=shape.graph_max_bs, speculative=speculative, c=c)
         for name, n in triton_graph_buffers(target, tp=tp, max_bs=shape.graph_max_bs,
                                             tokens_per_req=shape.verify_width, context_len=shape.context_len,
                                             num_kv_splits=shape.num_kv_splits, sms=sms,
@@ -383,6 +407,8 @@ def outside_pool(target: Geometry, shape: ServerShape, *, draft: Geometry | None
         if target.vocab:
             items["graph logits buffer"] = rows * target.vocab * c["triton"]["shared_logits_bytes"]
         if draft is not None and shape.algorithm in DFLASH_FAMILY and shape.draft_block:
+            items[f"draft graphs captured ({n_graphs} batch sizes)"] = int(
+                n_graphs * c["graphs"]["draft_graph_mib"] * MIB)
             for name, n in triton_graph_buffers(draft, tp=tp, max_bs=shape.graph_max_bs,
                                                 tokens_per_req=shape.draft_block, context_len=shape.context_len,
                                                 num_kv_splits=shape.num_kv_splits, sms=sms, verify_mask=False,
