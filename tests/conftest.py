@@ -48,6 +48,10 @@ def _one_thread_per_worker() -> None:
 
 
 _one_thread_per_worker()
+# The environment as the session started, before any test module or test ran: what the probes whose results the
+# test cache keeps get (interpreters.probe_env), so that a variable a library sets in this process when a test
+# imports it (SGLang's modules set some of theirs) reaches neither their children nor their results' keys.
+SESSION_ENV: dict[str, str] = dict(os.environ)
 
 
 @functools.lru_cache(maxsize=1)

@@ -25,7 +25,7 @@ from types import ModuleType
 
 import downloads
 import sglang_wheels
-from interpreters import run_identity
+from interpreters import probe_env, run_identity
 
 ROOT = Path(__file__).resolve().parents[1]
 SET_DIR = ROOT / "sglang_patches" / "ddtree-0.5.23"
@@ -84,7 +84,7 @@ def bare_package_probe(tmp_path_factory) -> dict:
     read its result, and so do later runs until one of them changes). ``{"rc", "stderr", "parts": {...}}``."""
     python = os.environ.get("K26_SGLANG_ARGS_PYTHON", sys.executable)
     root = patched_tree(whole=True)
-    env = {k: v for k, v in os.environ.items() if k != "SGLANG_DDTREE_UNVALIDATED_WORKER"}
+    env = {k: v for k, v in probe_env().items() if k != "SGLANG_DDTREE_UNVALIDATED_WORKER"}
 
     def run() -> tuple[dict, bool]:
         cwd = tmp_path_factory.mktemp("ddtree-bare-probe")

@@ -77,6 +77,14 @@ def identity(python: str) -> dict:
     return json.loads(res.stdout)
 
 
+def probe_env(**extra: str) -> dict[str, str]:
+    """The environment for a probe whose result ``sglang_wheels.computed_once`` keeps: the session's as it started
+    (``conftest.SESSION_ENV``), with ``extra``."""
+    from conftest import SESSION_ENV
+
+    return dict(SESSION_ENV, **extra)
+
+
 def run_identity(python: str, env: dict[str, str]) -> dict:
     """Everything besides its own inputs that a probe's result depends on, for ``sglang_wheels.computed_once``:
     the interpreter (``identity``), the environment variables of RESULT_ENV and the GPUs NVML sees."""

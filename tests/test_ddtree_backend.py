@@ -23,7 +23,7 @@ import ci_requirements
 import pytest
 import sglang_wheels
 from ddtree_support import patched_tree
-from interpreters import run_identity
+from interpreters import probe_env, run_identity
 
 pytestmark = pytest.mark.network  # every test reads the released SGLang 0.5.23 wheel (a first-run download)
 
@@ -39,7 +39,7 @@ def probe() -> dict:
     ci_requirements.require("torch", "triton", python=python, needed_for="to run the patched backend in Triton's "
                             "interpreter")
     root = patched_tree(whole=True)
-    env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
+    env = probe_env(TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
 
     def run() -> tuple[dict, bool]:
         proc = subprocess.run([python, str(PROBE), str(root)], capture_output=True, text=True, timeout=600, env=env,

@@ -17,7 +17,7 @@ import ci_requirements
 import pytest
 import sglang_wheels
 from ddtree_support import SET_DIR, require_wheel
-from interpreters import run_identity
+from interpreters import probe_env, run_identity
 
 pytestmark = pytest.mark.network  # reads the released wheels (tests/downloads.py)
 
@@ -39,7 +39,7 @@ def interpreted() -> dict:
     ci_requirements.require("torch", "triton", python=python, needed_for="to run SGLang's kernels in Triton's "
                             "interpreter")
     wheel = require_wheel()  # the kernel sources (located, or downloaded, before the interpreter child looks)
-    env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
+    env = probe_env(TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
 
     def run() -> tuple[dict, bool]:
         proc = subprocess.run([python, str(GPU_TEST), "--interpret"], capture_output=True, text=True, timeout=600,

@@ -44,7 +44,7 @@ import ci_requirements
 import pytest
 import sglang_wheels
 from ddtree_support import patched_tree
-from interpreters import run_identity
+from interpreters import probe_env, run_identity
 
 pytestmark = pytest.mark.network  # reads the released wheels (tests/downloads.py)
 
@@ -254,7 +254,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict:
     python = os.environ.get("K26_SGLANG_ARGS_PYTHON", sys.executable)
     root = patched_tree(whole=True)
     # the reservation's req_to_token write is SGLang's Triton kernel (assign_req_to_token_pool): the interpreter
-    env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
+    env = probe_env(TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
 
     def run() -> tuple[dict, bool]:
         d = tmp_path_factory.mktemp("kv-accounting")

@@ -21,7 +21,7 @@ import ci_requirements
 import pytest
 import sglang_wheels
 from flag_support import validate
-from interpreters import run_identity
+from interpreters import probe_env, run_identity
 
 from doctor.sglang.flag_reader import read_flags
 
@@ -120,7 +120,7 @@ def real_parser(version: str, factory: pytest.TempPathFactory) -> dict:
 
     def run() -> tuple[dict, bool]:
         proc = subprocess.run([PYTHON, "-c", REAL_PARSER], input=json.dumps(argvs), capture_output=True, text=True,
-                              timeout=600, env=dict(os.environ, PYTHONPATH=str(site)))
+                              timeout=600, env=probe_env(PYTHONPATH=str(site)))
         missing = re.search(r"No module named '([^']+)'", proc.stderr)
         if proc.returncode != 0 and missing:
             ci_requirements.unavailable(ci_requirements.reason([missing.group(1)], PYTHON,
@@ -134,7 +134,7 @@ def real_parser(version: str, factory: pytest.TempPathFactory) -> dict:
     # lines and interpreter (``computed_once``), reused by later runs until one of them changes.
     patches = [sglang_wheels.PATCH_SET / p for p in sglang_wheels.FLAG_PATCHES] if patched else []
     key = {"wheel": sglang_wheels.wheel_for(release).name, "program": REAL_PARSER, "argvs": argvs,
-           **run_identity(PYTHON, dict(os.environ))}
+           **run_identity(PYTHON, probe_env())}
     return {"site": site, "argvs": argvs, **sglang_wheels.computed_once(f"real-parser-{version}", patches, key, run)}
 
 
