@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,26 @@ def _bytecode() -> None:
 
 
 _bytecode()
+
+
+def _one_thread_per_worker() -> None:
+    """Under pytest-xdist, torch's OpenMP and MKL pools one thread wide in each worker and the children it starts.
+
+    The suite runs one worker per core, and the probes that compute (the patched kernels in Triton's interpreter,
+    the KV accounting, the trained drafter pair) each start a pool as wide as the machine: two of them at once on
+    2 cores run four threads whose barriers wait on each other (the four SGLang probes together: 114 s of CPU
+    against 91 s with one thread each, 78 s against 65 s on the clock). A value the caller set is kept; ``-n 0``
+    (one process, the GPU tests' way) keeps torch's default."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ.setdefault(var, "1")
+
+
+_one_thread_per_worker()
+# The environment as the session started, before any test module or test ran: what the probes whose results the
+# test cache keeps get (interpreters.probe_env), so that a variable a library sets in this process when a test
+# imports it (SGLang's modules set some of theirs) reaches neither their children nor their results' keys.
+SESSION_ENV: dict[str, str] = dict(os.environ)
 
 
 @functools.lru_cache(maxsize=1)
@@ -76,6 +97,17 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     """Before the test's fixtures: which test reads the first run's downloads, and whether it may."""
     downloads.current["nodeid"] = item.nodeid
     downloads.current["marked"] = item.get_closest_marker(downloads.MARK) is not None
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """``--dist loadfile`` (pyproject's addopts): the longest work first, a file split where its tests share
+    nothing (tests/scheduling.py). Any other ``--dist`` is xdist's own."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    import scheduling
+
+    return scheduling.make_scheduler(config, log)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -205,18 +237,29 @@ def fix_plan(check_id: str, ctx: Any, registry: Any = None) -> Any:
 # -- the site plugin, installed as a real distribution (the plugin tests of several files share it) ------------
 
 @pytest.fixture(scope="session")
-def plugin_site(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """Build the site plugin into a wheel and install it (a real distribution with an entry point)."""
-    work = tmp_path_factory.mktemp("plugin")
-    wheels, site = work / "wheels", work / "site"
-    src = source_copy(ROOT / "tests" / "fixtures" / "site_plugin", work / "src")  # the build writes into it
-    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q",
-                            "-w", str(wheels), str(src)], capture_output=True, text=True, timeout=300)
-    assert build.returncode == 0, build.stderr
-    (whl,) = wheels.glob("k26_site_checks-1.0.0-*.whl")
-    inst = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site),
-                           str(whl)], capture_output=True, text=True, timeout=300)
-    assert inst.returncode == 0, inst.stderr
+def plugin_site() -> str:
+    """The site plugin built into a wheel and installed (a real distribution with an entry point): once per
+    plugin source and interpreter into the test cache (``sglang_wheels.built_once``), reused by every test
+    process and later runs; the tests only read it."""
+    import sglang_wheels
+    from interpreters import identity
+
+    plugin = ROOT / "tests" / "fixtures" / "site_plugin"
+
+    def build(site: Path) -> None:
+        with tempfile.TemporaryDirectory(prefix="k26-plugin-") as tmp:
+            work = Path(tmp)
+            wheels = work / "wheels"
+            src = source_copy(plugin, work / "src")  # the build writes into it
+            res = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q",
+                                  "-w", str(wheels), str(src)], capture_output=True, text=True, timeout=300)
+            assert res.returncode == 0, res.stderr
+            (whl,) = wheels.glob("k26_site_checks-1.0.0-*.whl")
+            res = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site),
+                                  str(whl)], capture_output=True, text=True, timeout=300)
+            assert res.returncode == 0, res.stderr
+
+    site = sglang_wheels.built_once("site-plugin", [plugin], build, extra=identity(sys.executable))
     assert list(site.glob("k26_site_checks-1.0.0.dist-info/entry_points.txt"))
     return str(site)
 

@@ -4,7 +4,8 @@
 ``sglang`` is a bare module whose ``__path__`` is ``ROOT/sglang`` (the package's ``__init__`` -- the frontend
 language, its HTTP client -- is not run), so ``sglang.srt.*`` import against the patched files and this
 interpreter's torch/transformers/triton. Importing those costs 10-25 s per process; the probes below
-share one (``ddtree_support.bare_package_probe``: once per test session) and each reports on its own:
+share one (``ddtree_support.bare_package_probe``: once per patched tree and interpreter) and each reports
+on its own:
 
 * ``mask_policy`` (tests/test_ddtree_patchset.py): DFlash's verify-mask policy on the Triton backend;
 * ``server_args`` (tests/test_ddtree_patchset.py): the ServerArgs parser and DDTREE's argument resolution;

@@ -25,6 +25,7 @@ from types import ModuleType
 
 import downloads
 import sglang_wheels
+from interpreters import probe_env, run_identity
 
 ROOT = Path(__file__).resolve().parents[1]
 SET_DIR = ROOT / "sglang_patches" / "ddtree-0.5.23"
@@ -76,33 +77,26 @@ BARE_PROBE = Path(__file__).resolve().parent / "ddtree_bare_probe.py"
 BARE_STUBBABLE = ("setproctitle", "aiohttp")
 
 
-def session_dir(tmp_path_factory) -> Path:
-    """A directory every process of this test session sees (pytest-xdist's workers share their basetemp's
-    parent), for results computed once per session."""
-    base = tmp_path_factory.getbasetemp()
-    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-
-
 def bare_package_probe(tmp_path_factory) -> dict:
     """What tests/ddtree_bare_probe.py reports on the patched tree imported as a bare ``sglang`` package
-    (``$K26_SGLANG_ARGS_PYTHON`` or this interpreter): one child per test session, whichever test process
-    asks first (the others wait on a lock and read its result). ``{"rc", "stderr", "parts": {...}}``."""
-    out = session_dir(tmp_path_factory) / "ddtree-bare-probe.json"
-    with sglang_wheels.locked(out.with_suffix(".lock")):
-        if not out.is_file():
-            python = os.environ.get("K26_SGLANG_ARGS_PYTHON", sys.executable)
-            root = patched_tree(whole=True)
-            env = {k: v for k, v in os.environ.items() if k != "SGLANG_DDTREE_UNVALIDATED_WORKER"}
-            cwd = Path(tempfile.mkdtemp(prefix="ddtree-bare-probe-", dir=out.parent))
-            proc = subprocess.run([python, str(BARE_PROBE), str(root), ",".join(BARE_STUBBABLE)],
-                                  capture_output=True, text=True, timeout=600, cwd=cwd, env=env)
-            lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-            res = {"python": python, "rc": proc.returncode, "stderr": proc.stderr[-3000:],
-                   "parts": json.loads(lines[-1][len("RESULT "):]) if lines else {}}
-            tmp = out.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(res))
-            tmp.replace(out)
-    return json.loads(out.read_text())
+    (``$K26_SGLANG_ARGS_PYTHON`` or this interpreter): one child per patched tree, probe and interpreter
+    (``sglang_wheels.computed_once``: whichever test process asks first runs it, the others wait on its lock and
+    read its result, and so do later runs until one of them changes). ``{"rc", "stderr", "parts": {...}}``."""
+    python = os.environ.get("K26_SGLANG_ARGS_PYTHON", sys.executable)
+    root = patched_tree(whole=True)
+    env = {k: v for k, v in probe_env().items() if k != "SGLANG_DDTREE_UNVALIDATED_WORKER"}
+
+    def run() -> tuple[dict, bool]:
+        cwd = tmp_path_factory.mktemp("ddtree-bare-probe")
+        proc = subprocess.run([python, str(BARE_PROBE), str(root), ",".join(BARE_STUBBABLE)],
+                              capture_output=True, text=True, timeout=600, cwd=cwd, env=env)
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+        res = {"python": python, "rc": proc.returncode, "stderr": proc.stderr[-3000:],
+               "parts": json.loads(lines[-1][len("RESULT "):]) if lines else {}}
+        return res, proc.returncode == 0 and bool(res["parts"]) and all("result" in p for p in res["parts"].values())
+
+    key = {"tree": root.name, "stubbable": BARE_STUBBABLE, **run_identity(python, env)}
+    return sglang_wheels.computed_once("ddtree-bare-probe", sglang_wheels.project_sources(BARE_PROBE), key, run)
 
 
 def bare_part(tmp_path_factory, name: str, needs: str) -> dict:

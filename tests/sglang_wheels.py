@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -138,8 +139,6 @@ def wheel_for(version: str, package: str = "sglang", for_install: bool = False) 
 def release_requires(project: str, version: str) -> list[str]:
     """The ``Requires-Dist`` of a released wheel as the index serves its METADATA (``pip install --dry-run
     --report``: no wheel download), kept in the cache once read. ``===``: never a local build (torch +cpu)."""
-    import json
-
     downloads.used(f"{project} {version}'s metadata from the index")
     stem = re.sub(r"[-_.]+", "_", project).lower()
     cached = CACHE / "metadata" / f"{stem}-{version}.json"
@@ -190,17 +189,41 @@ def unpacked(wheel: Path, keep) -> Path:
     return dest
 
 
-def built_once(name: str, inputs: list[Path], build) -> Path:
-    """A directory ``build(dest)`` fills, made once into the cache per content of ``inputs`` (files or
-    directories, hashed with their paths) and reused by later test processes and runs; a changed input makes a
-    new one. Locked, and marked complete last, as ``unpacked``."""
+def content_hash(inputs: list[Path], extra: object = None) -> str:
+    """A hash of the content of ``inputs`` (files or directories, with their paths; ``__pycache__`` left out) and
+    of ``extra`` (anything JSON: arguments, an interpreter's identity, environment variables)."""
     h = hashlib.sha256()
     for root in inputs:
         files = sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts) \
             if root.is_dir() else [root]
         for f in files:
             h.update(str(f.relative_to(root.parent)).encode() + b"\0" + f.read_bytes() + b"\0")
-    dest = CACHE / "built" / f"{name}-{h.hexdigest()[:16]}"
+    if extra is not None:
+        h.update(json.dumps(extra, sort_keys=True).encode())
+    return h.hexdigest()[:16]
+
+
+def project_sources(*scripts: Path) -> list[Path]:
+    """``scripts`` and every module of the checkout (tests/ and the packages) they import, at any depth and inside
+    functions too (``modulefinder``: read, not run): the inputs of a child that runs them, for ``computed_once``,
+    so that a change to a helper it imports computes its result again. Modules outside the checkout (the standard
+    library, torch, SGLang) are the interpreter's: ``interpreters.identity`` names them."""
+    import modulefinder
+
+    root = Path(__file__).resolve().parents[1]
+    found: set[Path] = set()
+    for script in scripts:
+        finder = modulefinder.ModuleFinder(path=[str(root / "tests"), str(root)])
+        finder.run_script(str(script))
+        found |= {Path(m.__file__).resolve() for m in finder.modules.values() if m.__file__}
+    return sorted(found | {Path(s).resolve() for s in scripts})
+
+
+def built_once(name: str, inputs: list[Path], build, extra: object = None) -> Path:
+    """A directory ``build(dest)`` fills, made once into the cache per content of ``inputs`` (files or
+    directories, hashed with their paths) and of ``extra`` (``content_hash``), and reused by later test processes
+    and runs; a changed input makes a new one. Locked, and marked complete last, as ``unpacked``."""
+    dest = CACHE / "built" / f"{name}-{content_hash(inputs, extra)}"
     if (dest / ".complete").is_file():
         return dest
     with locked(dest.parent / f".{dest.name}.lock"):
@@ -210,6 +233,26 @@ def built_once(name: str, inputs: list[Path], build) -> Path:
             build(dest)
             (dest / ".complete").write_text(name + "\n")
     return dest
+
+
+def computed_once(name: str, inputs: list[Path], extra: object, compute) -> dict:
+    """What ``compute()`` measures, as JSON: computed once into the cache per content of ``inputs`` and ``extra``
+    (everything else the result depends on: the interpreter's identity, the environment, the arguments) and
+    reused by later test processes and runs, as ``built_once`` reuses a directory. ``compute`` returns
+    ``(result, keep)``: a result it does not vouch for (the child crashed, a module was missing) is returned and
+    not kept, so the next run computes it again. Locked; written whole or not at all."""
+    dest = CACHE / "results" / f"{name}-{content_hash(inputs, extra)}.json"
+    with contextlib.suppress(ValueError, OSError):
+        return json.loads(dest.read_text())
+    with locked(dest.parent / f".{dest.name}.lock"):
+        with contextlib.suppress(ValueError, OSError):  # another process computed it while this one waited
+            return json.loads(dest.read_text())
+        result, keep = compute()
+        if keep:
+            tmp = dest.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(result))
+            tmp.replace(dest)
+    return result
 
 
 # The parts of the package the server's parser definition lives in (and imports its choices from);

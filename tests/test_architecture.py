@@ -23,6 +23,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -39,15 +40,31 @@ SOURCE_TREES = (*PACKAGES, "tests", "bench", "scripts", "tools", "sglang_patches
 MACHINE_ROOTS = ("/" + "work/",)  # spelt in two parts so that this file does not match itself
 
 
+@functools.cache
+def _parsed(text: str, filename: str) -> tuple[ast.Module, tuple[ast.AST, ...]]:
+    tree = ast.parse(text, filename)
+    return tree, tuple(ast.walk(tree))
+
+
+def parsed(path: Path) -> ast.Module:
+    """The AST of ``path``, parsed once per content: every rule reads the same few hundred files (none changes
+    a tree)."""
+    return _parsed(path.read_text(encoding="utf-8"), str(path))[0]
+
+
+def nodes(path: Path) -> tuple[ast.AST, ...]:
+    """Every node of ``parsed(path)`` in ``ast.walk``'s order, walked once per content."""
+    return _parsed(path.read_text(encoding="utf-8"), str(path))[1]
+
+
 def modules(root: Path = ROOT) -> list[Path]:
     return sorted(p for pkg in PACKAGES for p in (root / pkg).rglob("*.py"))
 
 
 def imports(path: Path) -> list[tuple[str, list[str], int]]:
     """(module, names imported from it, line) of every import statement, nested ones included."""
-    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
     out = []
-    for node in ast.walk(tree):
+    for node in nodes(path):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             out.append((node.module, [a.name for a in node.names], node.lineno))
         elif isinstance(node, ast.Import):
@@ -93,7 +110,7 @@ def direct_reads(root: Path = ROOT) -> list[str]:
         rel = str(path.relative_to(root))
         if rel.startswith(OWN_READERS):
             continue
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), rel)):
+        for node in nodes(path):
             if not isinstance(node, ast.Call):
                 continue
             func = node.func
@@ -146,7 +163,7 @@ def decorator_name(node: ast.expr) -> str:
 def collectors_without_shape(root: Path = ROOT) -> list[str]:
     bad = []
     for path in modules(root):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in nodes(path):
             if isinstance(node, ast.FunctionDef):
                 for dec in node.decorator_list:
                     if decorator_name(dec) == "collector" and not (
@@ -162,7 +179,7 @@ def finding_types(root: Path = ROOT) -> list[str]:
         rel = path.relative_to(root).as_posix()
         if rel == "doctor/core/result.py":
             continue
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in nodes(path):
             if not isinstance(node, ast.ClassDef):
                 continue
             fields = {s.target.id for s in node.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)}
@@ -185,10 +202,10 @@ def exits(root: Path = ROOT) -> list[str]:
     bad = []
     for path in modules(root):
         rel = path.relative_to(root).as_posix()
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+        tree = parsed(path)
         main = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main"] if rel == "doctor/cli.py" \
             else []
-        for node in ast.walk(tree):
+        for node in nodes(path):
             if not (isinstance(node, ast.Call) and ast.unparse(node.func) in ("sys.exit", "exit", "quit")):
                 continue
             if any(node in ast.walk(m) for m in main):
@@ -206,7 +223,7 @@ def check_shortcuts(root: Path = ROOT) -> list[str]:
     bad = []
     for path in sorted((root / "checks").glob("*.py")):
         found = []
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in nodes(path):
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
                 if node.value.id == "Result" and node.attr in ONE_STEP_RESULTS:
                     found.append((node.lineno, f"Result.{node.attr}"))
@@ -275,8 +292,7 @@ def machine_paths(root: Path = ROOT) -> list[str]:
     bad = []
     for tree_name in SOURCE_TREES:
         for path in sorted((root / tree_name).rglob("*.py")) if (root / tree_name).is_dir() else []:
-            tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
-            for node in ast.walk(tree):
+            for node in nodes(path):
                 if isinstance(node, ast.Constant) and isinstance(node.value, str) \
                         and any(m in node.value for m in MACHINE_ROOTS):
                     bad.append(f"{path.relative_to(root)}:{node.lineno}: {node.value.strip()[:80]!r}")
@@ -310,8 +326,7 @@ def test_a_direct_read_is_caught(tmp_path: Path) -> None:
 def test_exit_codes_and_the_writer_are_defined_once() -> None:
     exit_defs, writers = [], []
     for path in modules():
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        for node in ast.walk(tree):
+        for node in nodes(path):
             if isinstance(node, ast.Assign):
                 names = [t.id for t in node.targets if isinstance(t, ast.Name)]
                 names += [e.id for t in node.targets if isinstance(t, ast.Tuple) for e in t.elts

@@ -19,8 +19,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import ci_requirements
 import pytest
+import sglang_wheels
 from ddtree_support import patched_tree
+from interpreters import probe_env, run_identity
 
 pytestmark = pytest.mark.network  # every test reads the released SGLang 0.5.23 wheel (a first-run download)
 
@@ -29,17 +32,26 @@ PROBE = Path(__file__).resolve().parent / "ddtree_backend_probe.py"
 
 @pytest.fixture(scope="module")
 def probe() -> dict:
+    """The probe's report: computed once per patched tree, probe and interpreter (``computed_once``: the patched
+    tree's name is its content hash; the interpreter's identity names every distribution it imports), reused by
+    later runs until one of them changes."""
     python = os.environ.get("K26_SGLANG_ARGS_PYTHON", sys.executable)
-    check = subprocess.run([python, "-c", "import torch, triton"], capture_output=True, text=True, timeout=120)
-    if check.returncode != 0:
-        pytest.skip(f"{python} cannot import torch and triton: {check.stderr.strip().splitlines()[-1:]}")
+    ci_requirements.require("torch", "triton", python=python, needed_for="to run the patched backend in Triton's "
+                            "interpreter")
     root = patched_tree(whole=True)
-    env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.run([python, str(PROBE), str(root)], capture_output=True, text=True, timeout=600, env=env,
-                          cwd=PROBE.parent)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert lines, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return json.loads(lines[-1][len("RESULT "):])
+    env = probe_env(TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
+
+    def run() -> tuple[dict, bool]:
+        proc = subprocess.run([python, str(PROBE), str(root)], capture_output=True, text=True, timeout=600, env=env,
+                              cwd=PROBE.parent)
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+        assert lines, proc.stdout[-3000:] + proc.stderr[-3000:]
+        result = json.loads(lines[-1][len("RESULT "):])
+        return result, proc.returncode == 0 and not any("error" in r for r in result.values())
+
+    key = {"tree": root.name, **run_identity(python, env)}
+    return sglang_wheels.computed_once("ddtree-backend-probe", sglang_wheels.project_sources(PROBE), key,
+                                        run)
 
 
 @pytest.mark.parametrize("shape", ["gqa", "mla_absorbed"])

@@ -42,7 +42,9 @@ import textwrap
 
 import ci_requirements
 import pytest
+import sglang_wheels
 from ddtree_support import patched_tree
+from interpreters import probe_env, run_identity
 
 pytestmark = pytest.mark.network  # reads the released wheels (tests/downloads.py)
 
@@ -247,24 +249,31 @@ CONFIGS = {
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The probe's report: computed once per patched tree, probe, configurations and interpreter
+    (``computed_once``), reused by later runs until one of them changes."""
     python = os.environ.get("K26_SGLANG_ARGS_PYTHON", sys.executable)
     root = patched_tree(whole=True)
-    d = tmp_path_factory.mktemp("kv-accounting")
-    script = d / "kv_accounting_probe.py"
-    script.write_text(_PROBE)
     # the reservation's req_to_token write is SGLang's Triton kernel (assign_req_to_token_pool): the interpreter
-    env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.run([python, str(script), str(root), json.dumps(CONFIGS)], capture_output=True, text=True,
-                          timeout=600, cwd=d, env=env)
-    missing = [ln for ln in proc.stderr.splitlines() if "No module named" in ln]
-    if proc.returncode != 0 and missing:
-        name = re.search(r"No module named '([^']+)'", missing[-1])
-        ci_requirements.unavailable(ci_requirements.reason([name.group(1) if name else missing[-1].strip()], python,
-                                                           "to import SGLang's scheduler side")
-                                    + "; or set K26_SGLANG_ARGS_PYTHON to an interpreter that has it")
-    if proc.returncode != 0:
-        pytest.fail(f"the probe failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}")
-    return json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1][7:])
+    env = probe_env(TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
+
+    def run() -> tuple[dict, bool]:
+        d = tmp_path_factory.mktemp("kv-accounting")
+        script = d / "kv_accounting_probe.py"
+        script.write_text(_PROBE)
+        proc = subprocess.run([python, str(script), str(root), json.dumps(CONFIGS)], capture_output=True, text=True,
+                              timeout=600, cwd=d, env=env)
+        missing = [ln for ln in proc.stderr.splitlines() if "No module named" in ln]
+        if proc.returncode != 0 and missing:
+            name = re.search(r"No module named '([^']+)'", missing[-1])
+            ci_requirements.unavailable(ci_requirements.reason([name.group(1) if name else missing[-1].strip()],
+                                                               python, "to import SGLang's scheduler side")
+                                        + "; or set K26_SGLANG_ARGS_PYTHON to an interpreter that has it")
+        if proc.returncode != 0:
+            pytest.fail(f"the probe failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}")
+        return json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1][7:]), True
+
+    key = {"tree": root.name, "probe": _PROBE, "configs": CONFIGS, **run_identity(python, env)}
+    return sglang_wheels.computed_once("ddtree-kv-accounting", [], key, run)
 
 
 @pytest.mark.parametrize("name", ["w9-b8", "w9-b8-overlap", "w17-b16-overlap", "w65-b16-overlap",

@@ -21,6 +21,7 @@ import ci_requirements
 import pytest
 import sglang_wheels
 from flag_support import validate
+from interpreters import probe_env, run_identity
 
 from doctor.sglang.flag_reader import read_flags
 
@@ -111,20 +112,30 @@ def real_parser(version: str, factory: pytest.TempPathFactory) -> dict:
         pytest.skip(mismatch)
     site = sglang_wheels.unpack(release, factory.mktemp(f"whole-{release}"), whole=True)
     if patched:  # the project's DDTree patches, applied as in sglang_wheels.ddtree_site
-        for patch in ("0001-ddtree-utils.patch", "0002-ddtree-algorithm-and-flags.patch"):
+        for patch in sglang_wheels.FLAG_PATCHES:
             res = subprocess.run(["git", "apply", "-p1", str(sglang_wheels.PATCH_SET / patch)], cwd=site,
                                  capture_output=True, text=True, timeout=60)
             assert res.returncode == 0, res.stderr
     argvs = [[*BASE, *tail] for tail in TAILS]
-    proc = subprocess.run([PYTHON, "-c", REAL_PARSER], input=json.dumps(argvs), capture_output=True, text=True,
-                          timeout=600, env=dict(os.environ, PYTHONPATH=str(site)))
-    missing = re.search(r"No module named '([^']+)'", proc.stderr)
-    if proc.returncode != 0 and missing:
-        ci_requirements.unavailable(ci_requirements.reason([missing.group(1)], PYTHON, f"by sglang {version}'s parser")
-                                    + "; or set K26_SGLANG_ARGS_PYTHON to an interpreter that has it")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
-    return {"site": site, "argvs": argvs, **json.loads(line[len("RESULT "):])}
+
+    def run() -> tuple[dict, bool]:
+        proc = subprocess.run([PYTHON, "-c", REAL_PARSER], input=json.dumps(argvs), capture_output=True, text=True,
+                              timeout=600, env=probe_env(PYTHONPATH=str(site)))
+        missing = re.search(r"No module named '([^']+)'", proc.stderr)
+        if proc.returncode != 0 and missing:
+            ci_requirements.unavailable(ci_requirements.reason([missing.group(1)], PYTHON,
+                                                               f"by sglang {version}'s parser")
+                                        + "; or set K26_SGLANG_ARGS_PYTHON to an interpreter that has it")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
+        return json.loads(line[len("RESULT "):]), True
+
+    # SGLang's own parser on these command lines: computed once per release (and patches), program, command
+    # lines and interpreter (``computed_once``), reused by later runs until one of them changes.
+    patches = [sglang_wheels.PATCH_SET / p for p in sglang_wheels.FLAG_PATCHES] if patched else []
+    key = {"wheel": sglang_wheels.wheel_for(release).name, "program": REAL_PARSER, "argvs": argvs,
+           **run_identity(PYTHON, probe_env())}
+    return {"site": site, "argvs": argvs, **sglang_wheels.computed_once(f"real-parser-{version}", patches, key, run)}
 
 
 @pytest.mark.slow
