@@ -175,7 +175,9 @@ def test_plan_expansion_and_server_command_line(tmp_path: Path, monkeypatch: pyt
     assert p["phases"][0]["servers"] == ["dd"]
     assert sc.launch_argv(p["servers"][0]) == argv  # no cpus: not pinned
     pinned = sc.launch_argv({**p["servers"][0], "cpus": "2-4,9"})
-    assert pinned[:3] == ["taskset", "-c", "2,3,4,9"] and pinned[3:] == argv
+    assert Path(pinned[0]).name == "taskset" and pinned[1:3] == ["-c", "2,3,4,9"] and pinned[3:] == argv
+    monkeypatch.setenv("PATH", str(tmp_path))  # no taskset: unpinned, not a server that cannot start
+    assert sc.launch_argv({**p["servers"][0], "cpus": "2-4"}) == argv
     assert sc.cpu_list("0-1, 5") == {0, 1, 5}
     for bad in ("3-1", "a", "1-b"):
         with pytest.raises(SystemExit):
