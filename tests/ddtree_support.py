@@ -10,7 +10,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
-import importlib.util
 import itertools
 import json
 import math
@@ -25,6 +24,7 @@ from types import ModuleType
 
 import downloads
 import sglang_wheels
+from file_modules import load_file
 from interpreters import probe_env, run_identity
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,12 +46,7 @@ def require_wheel() -> Path:
 
 @functools.lru_cache(maxsize=1)
 def patchset_tool() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("k26_patchset_tool", TOOL)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_file(TOOL, "k26_patchset_tool")
 
 
 def _tmpdir(prefix: str) -> Path:
@@ -146,15 +141,6 @@ def bare_sglang(root: Path, packages: tuple[str, ...], modules: dict[str, Module
         for k in [k for k in sys.modules if k == "sglang" or k.startswith("sglang.")]:
             del sys.modules[k]
         sys.modules.update(saved)
-
-
-def load_file(path: Path, name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @downloads.reads("the sglang 0.5.23 wheel")

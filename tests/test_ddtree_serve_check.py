@@ -8,25 +8,16 @@ greedy near-tie rule, and the controls that must be rejected.
 
 from __future__ import annotations
 
-import importlib.util
 import random
-import sys
 from pathlib import Path
 
 import pytest
+from file_modules import load_file
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("k26_serve_check", ROOT / "bench" / "ddtree" / "serve_check.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-sc = _load()
+sc = load_file(ROOT / "bench" / "ddtree" / "serve_check.py", "k26_serve_check")
 
 
 @pytest.mark.parametrize(("x", "df", "p"), [(3.841, 1, 0.05), (6.635, 1, 0.01), (18.307, 10, 0.05),

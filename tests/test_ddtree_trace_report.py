@@ -4,26 +4,18 @@ found, its GPU busy time is the union of its kernels, and the two workers' Pytho
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from file_modules import load_file
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT / "tests" / "fixtures" / "traces"
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("k26_trace_report", ROOT / "bench" / "ddtree" / "trace_report.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-tr = _load()
+tr = load_file(ROOT / "bench" / "ddtree" / "trace_report.py", "k26_trace_report")
 
 
 def test_busy_time_is_the_union_of_overlapping_intervals() -> None:

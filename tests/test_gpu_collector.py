@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import importlib.util
 import json
 import os
 import subprocess
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from file_modules import load_file
 
 from doctor.core.context import FactUnavailable
 from doctor.core.registry import load
@@ -41,10 +41,7 @@ def machine(**over: Any) -> dict[str, Any]:
 
 
 def fake(m: dict[str, Any]) -> Any:
-    spec = importlib.util.spec_from_file_location(f"fakenvml_{id(m)}", FAKE_DIR / "pynvml.py")
-    mod = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(mod)
+    mod = load_file(FAKE_DIR / "pynvml.py", f"fakenvml_{id(m)}", register=False)
     mod.MACHINE.update(copy.deepcopy(m))
     return mod
 

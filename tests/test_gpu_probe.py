@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import subprocess
@@ -13,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from file_modules import load_file
 from interpreters import pyenv_versions
 
 from doctor.core.proc import PROBES_DIR, run_probe
@@ -89,11 +89,7 @@ def test_probe_output_is_one_json_line() -> None:
 # -- one child per pair, under a hard deadline ------------------------------------------------------
 
 def _probe_module() -> Any:
-    spec = importlib.util.spec_from_file_location("p2p_bandwidth_probe", PROBES_DIR / "p2p_bandwidth.py")
-    mod = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(mod)
-    return mod
+    return load_file(PROBES_DIR / "p2p_bandwidth.py", "p2p_bandwidth_probe", register=False)
 
 
 def _children_running(marker: str) -> list[int]:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from file_modules import load_file
 
 from doctor.facts.snapshot import load_snapshot
 
@@ -19,11 +19,7 @@ RECORDED = {"reference/h200x2-nvml.json": "882b1bbf60017b855844cb25d09095a73a195
 
 
 def _scenarios() -> object:
-    spec = importlib.util.spec_from_file_location("gpu_scenarios", SNAPS / "scenarios.py")
-    mod = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(mod)
-    return mod
+    return load_file(SNAPS / "scenarios.py", "gpu_scenarios", register=False)
 
 
 def test_committed_fixtures_are_what_the_builder_makes() -> None:

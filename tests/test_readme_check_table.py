@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
+
+from file_modules import load_file
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "make_check_table.py"
 
 
 def maker():
-    spec = importlib.util.spec_from_file_location("make_check_table", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_file(SCRIPT, "make_check_table", register=False)
 
 
 def test_readme_check_table_is_the_registrys() -> None:

@@ -3,12 +3,12 @@ LD_LIBRARY_PATH and the kernel module's version file given to the probe; then ju
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from pathlib import Path
 
 import pytest
+from file_modules import load_file
 from stack_support import fake_libcuda, fake_libcuda_stub
 
 from doctor.core import proc
@@ -164,10 +164,7 @@ def test_proprietary_module_text_and_unreadable_version(tmp_path):
 
 
 def load_probe():
-    spec = importlib.util.spec_from_file_location("libcuda_probe", proc.PROBES_DIR / "libcuda.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_file(proc.PROBES_DIR / "libcuda.py", "libcuda_probe", register=False)
 
 
 def test_ld_so_conf_includes_are_followed(tmp_path):
