@@ -38,6 +38,7 @@ Usage (on the GPU host, the payload on PYTHONPATH):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -45,6 +46,7 @@ import random
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -390,6 +392,16 @@ def pause_others(state: dict, keep: str, sig: int) -> None:
                 pass
 
 
+@contextlib.contextmanager
+def alone(state: dict, name: str):
+    """``name`` runs alone: every other server of the state stopped (SIGSTOP) meanwhile, resumed after."""
+    pause_others(state, name, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        pause_others(state, name, signal.SIGCONT)
+
+
 def start_torch_profile(base: str, ph: dict, name: str) -> tuple[Path | None, str | None]:
     """``torch_profile`` phases: SGLang's own profiler (``POST /start_profile``) over the phase's first
     ``num_steps`` scheduler steps, CPU and GPU activities; the trace lands in ``$WORK/aux/traces/``."""
@@ -409,10 +421,10 @@ def wait_trace(out: Path, timeout: float = 90) -> list[str]:
     """The trace files the profiler wrote into ``out`` (it writes them after its last step)."""
     t0 = time.time()
     while time.time() - t0 < timeout:
-        found = sorted(str(f.name) for f in out.glob("*.trace.json*"))
-        if found and all(f.stat().st_size > 0 for f in out.glob("*.trace.json*")):
+        found = sorted(out.glob("*.trace.json*"))
+        if found and all(f.stat().st_size > 0 for f in found):
             time.sleep(1)  # the writer closes the file after its last write
-            return found
+            return [f.name for f in found]
         time.sleep(1)
     return []
 
@@ -457,25 +469,18 @@ def run_interleaved(plan: dict, ph: dict, targets: list[str], state: dict, deadl
         if time.time() > deadline - ph.get("reserve_s", 15):
             print(f"  {ph['name']}: {i} of {passes} passes (time)", flush=True)
             break
+        full = {**ph, "name": f"{ph['name']}#{i}"}
+        runs = [(full, ph["name"])]
+        if ph.get("slope_tokens"):
+            short = {**ph, "name": f"{ph['name']}-short#{i}", "max_new_tokens": int(ph["slope_tokens"])}
+            full["slope_of"] = short["name"]
+            runs.insert(0, (short, f"{ph['name']}-short"))
         k = i % len(targets)
         for name in targets[k:] + targets[:k]:
-            pause_others(state, name, signal.SIGSTOP)
-            try:
+            with alone(state, name):
                 run_phase_on(plan, warm, name, state[name])
-                runs = []
-                if ph.get("slope_tokens"):
-                    short = {**ph, "name": f"{ph['name']}-short#{i}", "max_new_tokens": int(ph["slope_tokens"])}
-                    runs.append(run_phase_on(plan, short, name, state[name]))
-                full = {**ph, "name": f"{ph['name']}#{i}"}
-                if ph.get("slope_tokens"):
-                    full["slope_of"] = short["name"]
-                runs.append(run_phase_on(plan, full, name, state[name]))
-            finally:
-                pause_others(state, name, signal.SIGCONT)
-            for r in runs:
-                r.update({"group": ph["name"] + ("-short" if "-short#" in r["phase"] else ""), "pass": i,
-                          "exclusive": True})
-            outs.extend(runs)
+                outs += [{**run_phase_on(plan, run, name, state[name]), "group": group, "pass": i, "exclusive": True}
+                         for run, group in runs]
     return outs
 
 
@@ -512,11 +517,8 @@ def cmd_measure(args) -> int:
         elif ph.get("exclusive"):
             outs = []
             for name in targets:
-                pause_others(state, name, signal.SIGSTOP)
-                try:
+                with alone(state, name):
                     outs.append(run_phase_on(plan, ph, name, state[name]))
-                finally:
-                    pause_others(state, name, signal.SIGCONT)
         else:
             with ThreadPoolExecutor(max_workers=len(targets)) as pool:
                 outs = list(pool.map(lambda n, ph=ph: run_phase_on(plan, ph, n, state[n]), targets))
@@ -936,12 +938,6 @@ def compare(results: dict) -> dict:
     return out
 
 
-def _median(xs: list[float]) -> float:
-    xs = sorted(xs)
-    n = len(xs)
-    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
-
-
 def median_interval(xs: list[float], coverage: float = 0.9) -> tuple[float, float, float] | None:
     """A distribution-free interval for the median of ``xs``: the ``k``-th smallest and largest values, for
     the largest ``k`` whose coverage (1 - 2 P(Binomial(n, 1/2) < k)) is still at least ``coverage``; returns
@@ -975,7 +971,8 @@ def speed_groups(records: list[dict]) -> list[dict]:
                     "slope_round_ms", "slope_tok_per_s", "slope_round_cost_vs_rival", "slope_tok_per_s_vs_rival"):
             vals = [r[key] for r in recs if r.get(key) is not None]
             if vals:
-                g[key] = {"median": round(_median(vals), 4), "min": round(min(vals), 4), "max": round(max(vals), 4)}
+                g[key] = {"median": round(statistics.median(vals), 4), "min": round(min(vals), 4),
+                          "max": round(max(vals), 4)}
                 ci = median_interval(vals)
                 if ci:
                     g[key]["ci"] = [round(ci[0], 4), round(ci[1], 4)]
