@@ -51,10 +51,10 @@ def ddtree_runs() -> list[tuple[str, dict, list[str]]]:
         waves: dict = {}
         for run in records:
             waves.setdefault((run.get("config") or {}).get("wave", 1), []).append(run["name"])
+        first = "runs" in doc  # the first version started one server at a time; the current one a wave at once
         for run in records:
-            # (the first version started one server at a time; the current one a wave at once)
-            run = {**run, "alone": "runs" in doc or len(waves[(run.get("config") or {}).get("wave", 1)]) == 1,
-                   "first_version": "runs" in doc}
+            run = {**run, "alone": first or len(waves[(run.get("config") or {}).get("wave", 1)]) == 1,
+                   "first_version": first}
             lines = logs.get(Path(run.get("log") or "").name)
             if lines and run.get("argv") and run.get("config"):
                 out.append((f"{results.parent.name}/{results.name}/{run['name']}", run, lines))

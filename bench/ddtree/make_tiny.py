@@ -20,6 +20,7 @@ Usage: ``python bench/ddtree/make_tiny.py OUT_DIR`` (torch and transformers; CPU
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -127,9 +128,12 @@ def main(argv: list[str]) -> int:
     """``make_tiny.py ROOT [--dsv3-layers N,M]``: the qwen3 and dsv3 pairs in ROOT, and with
     ``--dsv3-layers`` deeper dsv3 targets (``dsv3-lN``, each with its drafter) of the same width, for readings
     that depend on the layer count (CUDA-graph capture memory)."""
-    args = [a for a in argv[1:] if not a.startswith("--dsv3-layers")]
-    extra = [int(x) for a in argv[1:] if a.startswith("--dsv3-layers=") for x in a.split("=", 1)[1].split(",") if x]
-    root = Path(args[0] if args else "tiny")
+    ap = argparse.ArgumentParser(prog=Path(argv[0]).name)
+    ap.add_argument("root", nargs="?", default="tiny")
+    ap.add_argument("--dsv3-layers", default="", help="comma-separated layer counts of deeper dsv3 targets")
+    args = ap.parse_args(argv[1:])
+    extra = [int(x) for x in args.dsv3_layers.split(",") if x]
+    root = Path(args.root)
     root.mkdir(parents=True, exist_ok=True)
     builds = [("qwen3", qwen3, 11, {}), ("dsv3", dsv3, 12, {})]
     builds += [(f"dsv3-l{n}", dsv3, 12, {"layers": n}) for n in extra]
