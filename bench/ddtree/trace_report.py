@@ -45,25 +45,20 @@ def busy_us(intervals: list[tuple[float, float]], t0: float, t1: float) -> float
     return total
 
 
-def decode_steps(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def scheduler_steps(events: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Every ``scheduler.run_batch`` span in time order, and those of them that hold a ``step[VERIFY ...]``
+    (the decode steps)."""
     ann = [e for e in events if e.get("cat") == "user_annotation" and "dur" in e]
     verify = sorted(e["ts"] for e in ann if e["name"].startswith("step[VERIFY"))
     steps = sorted((e for e in ann if e["name"] == "scheduler.run_batch"), key=lambda e: e["ts"])
-    out = []
-    for e in steps:
-        lo, hi = e["ts"], e["ts"] + e["dur"]
-        if any(lo <= v <= hi for v in verify):
-            out.append(e)
-    return out
+    return steps, [e for e in steps if any(e["ts"] <= v <= e["ts"] + e["dur"] for v in verify)]
 
 
 def summarize(path: str) -> dict[str, Any]:
     events = load(path)
-    steps = decode_steps(events)
+    all_steps, steps = scheduler_steps(events)
     if not steps:
         return {"path": path, "steps": 0}
-    all_steps = sorted((e for e in events if e.get("cat") == "user_annotation" and e["name"] == "scheduler.run_batch"),
-                       key=lambda e: e["ts"])
     gpu = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
                  if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in e)
     nxt = {id(a): b for a, b in itertools.pairwise(all_steps)}
