@@ -95,7 +95,6 @@ def test_tree_changes_ignore_a_new_bytecode_folder_only(tmp_path: Path) -> None:
     """A ``__pycache__`` made in a directory moves its time and is not a change; a file made there is one."""
     (tmp_path / "scripts").mkdir()
     (tmp_path / "scripts" / "a.py").write_text("x = 1\n")
-    before = tree_state(tmp_path)
     os.utime(tmp_path / "scripts", ns=(1, 1))  # the directory's time as before, then moved by the folder
     before = tree_state(tmp_path)
     (tmp_path / "scripts" / "__pycache__").mkdir()
