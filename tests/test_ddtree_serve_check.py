@@ -345,3 +345,66 @@ def test_median_interval_has_its_coverage() -> None:
         lo, hi, cov = sc.median_interval(xs)
         hits += lo <= 1.0 <= hi
     assert hits / 400 >= 0.90
+
+
+def _pass_record(server: str, p: int, cost: float, slope_cost: float) -> dict:
+    return {"group": "speed_c1", "server": server, "pass": p, "rival": "dflash", "algo": "DDTREE", "budget": 16,
+            "concurrency": 1, "round_ms": 4.0 * cost, "tok_per_s": 1000.0, "accept_len": 7.0,
+            "round_cost_vs_rival": cost, "slope_round_cost_vs_rival": slope_cost}
+
+
+def test_pooled_sessions_decide_what_one_session_cannot() -> None:
+    crit = [{"what": "b16 round", "group": "speed_c1", "server": "ddtree-b16.*", "metric": "slope_round_cost_vs_rival",
+             "at_most": 1.15},
+            {"what": "beside", "group": "speed_c1", "server": "ddtree-b16.*", "metric": "round_cost_vs_rival",
+             "at_most": 1.0, "decides": False}]
+    # one session's eight passes: the median 1.11, but its 93 % interval (2nd to 7th value) reaches 1.25
+    spread = [0.95, 1.0, 1.05, 1.1, 1.12, 1.2, 1.25, 1.3]
+
+    def session() -> dict:
+        return {"speed": [_pass_record("ddtree-b16-graph", p, 1.2, x) for p, x in enumerate(spread)]}
+
+    one = sc.pool([session()], crit)
+    assert [c["verdict"] for c in one["criteria"]] == ["undecided", "missed"]
+    assert not one["ok"]
+    many = sc.pool([session() for _ in range(15)], crit)
+    assert many["speed_groups"][0]["passes"] == 120
+    # the deciding criterion is met; the one beside it is missed and does not decide
+    assert [c["verdict"] for c in many["criteria"]] == ["met", "missed"]
+    assert many["ok"]
+    assert any(line.startswith("MET b16 round") for line in many["lines"])
+    assert any("[beside: does not decide]" in line for line in many["lines"])
+
+
+def test_judge_each_side_and_no_data() -> None:
+    groups = [{"group": "g", "server": "s1", "passes": 9,
+               "m": {"median": 1.25, "ci": [1.21, 1.3], "ci_coverage": 0.96}}]
+    verdicts = [c["verdict"] for c in sc.judge(groups, [
+        {"what": "a", "group": "g", "server": "s1", "metric": "m", "at_least": 1.2},
+        {"what": "b", "group": "g", "server": "s1", "metric": "m", "at_least": 1.25},
+        {"what": "c", "group": "g", "server": "s1", "metric": "m", "at_most": 1.2},
+        {"what": "d", "group": "g", "server": "s.", "metric": "m", "at_least": 1.4},
+        {"what": "e", "group": "g", "server": "s", "metric": "m", "at_least": 1.0},
+        {"what": "f", "group": "g", "server": "s1", "metric": "other", "at_least": 1.0}])]
+    assert verdicts == ["met", "undecided", "missed", "missed", "no data", "no data"]
+    assert not sc.pool([{"speed": []}], [{"what": "x", "group": "g", "server": "s", "metric": "m",
+                                          "at_most": 1}])["ok"]
+
+
+def test_pool_command_exit_status(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+    v = tmp_path / "v.json"
+    v.write_text(json.dumps({"speed": [_pass_record("ddtree-b16-graph", p, 1.05, 1.0 + 0.001 * p)
+                                       for p in range(20)]}))
+    for bound, rc in ((1.15, 0), (1.0, 1)):
+        c = tmp_path / f"c{rc}.json"
+        c.write_text(json.dumps({"criteria": [{"what": "w", "group": "speed_c1", "server": "ddtree-b16-graph",
+                                               "metric": "slope_round_cost_vs_rival", "at_most": bound}]}))
+        out = subprocess.run([sys.executable, str(ROOT / "bench" / "ddtree" / "serve_check.py"), "pool", str(v),
+                              "--criteria", str(c), "--json", str(tmp_path / "o.json")],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == rc, out.stderr
+        assert ("MET w" if rc == 0 else "MISSED w") in out.stdout
+        assert json.loads((tmp_path / "o.json").read_text())["ok"] is (rc == 0)

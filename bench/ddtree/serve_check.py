@@ -916,23 +916,7 @@ def compare(results: dict) -> dict:
                          + (f"; vs {rec['rival']}: round cost x{rec['slope_round_cost_vs_rival']}, tok/s "
                             f"x{rec['slope_tok_per_s_vs_rival']}" if "slope_round_cost_vs_rival" in rec else ""))
     out["speed_groups"] = speed_groups(out["speed"])
-    for g in out["speed_groups"]:
-        def span(key: str, g=g) -> str:
-            v = g.get(key)
-            if not v:
-                return "n/a"
-            if "ci" in v:
-                return (f"x{v['median']} ({v['ci_coverage']:.0%} x{v['ci'][0]}-x{v['ci'][1]}, "
-                        f"all x{v['min']}-x{v['max']})")
-            return f"x{v['median']} (x{v['min']}-x{v['max']})"
-        lines.append(f"SPEED {g['group']} {g['server']} ({g['passes']} passes): round {g['round_ms']['median']} ms, "
-                     f"{g['tok_per_s']['median']} tok/s, accept {g['accept_len']['median']}"
-                     + (f"; vs {g['rival']}: round cost {span('round_cost_vs_rival')}, "
-                        f"tok/s {span('tok_per_s_vs_rival')}" if g.get("rival") else "")
-                     + (f"; decode rounds alone: round {g['slope_round_ms']['median']} ms"
-                        + (f", vs {g['rival']} round cost {span('slope_round_cost_vs_rival')}, tok/s "
-                           f"{span('slope_tok_per_s_vs_rival')}" if g.get("slope_round_cost_vs_rival") else "")
-                        if g.get("slope_round_ms") else ""))
+    lines += [speed_line(g) for g in out["speed_groups"]]
     out["ok"] = ok
     out["lines"] = lines
     return out
@@ -981,6 +965,79 @@ def speed_groups(records: list[dict]) -> list[dict]:
     return out
 
 
+def speed_line(g: dict) -> str:
+    """One group's SPEED line: its medians, and each ratio's median with its interval and range."""
+    def span(key: str) -> str:
+        v = g.get(key)
+        if not v:
+            return "n/a"
+        if "ci" in v:
+            return f"x{v['median']} ({v['ci_coverage']:.0%} x{v['ci'][0]}-x{v['ci'][1]}, all x{v['min']}-x{v['max']})"
+        return f"x{v['median']} (x{v['min']}-x{v['max']})"
+    return (f"SPEED {g['group']} {g['server']} ({g['passes']} passes): round {g['round_ms']['median']} ms, "
+            f"{g['tok_per_s']['median']} tok/s, accept {g['accept_len']['median']}"
+            + (f"; vs {g['rival']}: round cost {span('round_cost_vs_rival')}, "
+               f"tok/s {span('tok_per_s_vs_rival')}" if g.get("rival") else "")
+            + (f"; decode rounds alone: round {g['slope_round_ms']['median']} ms"
+               + (f", vs {g['rival']} round cost {span('slope_round_cost_vs_rival')}, tok/s "
+                  f"{span('slope_tok_per_s_vs_rival')}" if g.get("slope_round_cost_vs_rival") else "")
+               if g.get("slope_round_ms") else ""))
+
+
+def judge(groups: list[dict], criteria: list[dict]) -> list[dict]:
+    """Each criterion against the pooled groups: ``met`` when the median's whole interval lies on the good side
+    of the threshold, ``missed`` when it lies wholly on the other, ``undecided`` when it holds the threshold,
+    ``no data`` when no group or interval matches. A criterion: ``{"what", "group", "server", "metric",
+    "at_most" | "at_least", "decides"}`` (``server`` a regular expression, matched whole; ``decides`` false for one
+    judged beside the deciding ones, default true)."""
+    out = []
+    for c in criteria:
+        bound, good_low = (c["at_most"], True) if "at_most" in c else (c["at_least"], False)
+        g = next((g for g in groups if g["group"] == c["group"] and re.fullmatch(c["server"], g["server"])), None)
+        v = (g or {}).get(c["metric"]) or {}
+        if "ci" not in v:
+            verdict = "no data"
+        else:
+            lo, hi = v["ci"]
+            inside = hi <= bound if good_low else lo >= bound
+            outside = lo > bound if good_low else hi < bound
+            verdict = "met" if inside else "missed" if outside else "undecided"
+        out.append({**c, "verdict": verdict, "passes": (g or {}).get("passes"), "server_found": (g or {}).get("server"),
+                    "median": v.get("median"), "ci": v.get("ci"), "ci_coverage": v.get("ci_coverage")})
+    return out
+
+
+def pool(verdicts: list[dict], criteria: list[dict] | None = None) -> dict:
+    """The interleaved passes of several sessions' verdicts taken as one sample per group and server (the same
+    plan's phases run again: a ratio within a pass does not depend on the session), and the criteria judged
+    on them."""
+    records = [r for v in verdicts for r in v.get("speed", [])]
+    groups = speed_groups(records)
+    out: dict[str, Any] = {"sessions": len(verdicts), "speed_groups": groups, "lines": [speed_line(g) for g in groups]}
+    if criteria:
+        out["criteria"] = judge(groups, criteria)
+        for c in out["criteria"]:
+            side = f"<= {c['at_most']}" if "at_most" in c else f">= {c['at_least']}"
+            got = (f"x{c['median']} ({c['ci_coverage']:.0%} x{c['ci'][0]}-x{c['ci'][1]}, {c['passes']} passes, "
+                   f"{c['server_found']})" if c["ci"] else "no interval")
+            beside = "" if c.get("decides", True) else " [beside: does not decide]"
+            out["lines"].append(f"{c['verdict'].upper()} {c['what']}: {c['metric']} {got}, target {side}{beside}")
+        deciding = [c for c in out["criteria"] if c.get("decides", True)]
+        out["ok"] = bool(deciding) and all(c["verdict"] == "met" for c in deciding)
+    return out
+
+
+def cmd_pool(args) -> int:
+    verdicts = [json.loads(Path(f).read_text()) for f in args.verdicts]
+    criteria = json.loads(Path(args.criteria).read_text())["criteria"] if args.criteria else None
+    out = pool(verdicts, criteria)
+    for line in out["lines"]:
+        print(line)
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+    return 0 if out.get("ok", True) else 1
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -1009,8 +1066,13 @@ def main() -> int:
     c = sub.add_parser("compare")
     c.add_argument("results")
     c.add_argument("--json")
+    po = sub.add_parser("pool", help="several sessions' verdicts (compare --json) pooled, criteria judged")
+    po.add_argument("verdicts", nargs="+")
+    po.add_argument("--criteria", help="a JSON file: {\"criteria\": [...]} (see judge)")
+    po.add_argument("--json")
     args = ap.parse_args()
-    commands = {"up": cmd_up, "measure": cmd_measure, "down": cmd_down, "run": cmd_run, "compare": cmd_compare}
+    commands = {"up": cmd_up, "measure": cmd_measure, "down": cmd_down, "run": cmd_run, "compare": cmd_compare,
+                "pool": cmd_pool}
     return commands[args.cmd](args)
 
 
