@@ -276,6 +276,37 @@ def engine_call(paths: list[str], cores: int, processes: bool) -> Callable[[], d
     return run
 
 
+VARIANT_BLOCKS = (512 * 1024, 1024 * 1024, 2048 * 1024)
+
+
+def with_block(fn: Callable[[], Any], block: int) -> Callable[[], Any]:
+    """``fn`` with the in-process read loop's buffer at ``block`` bytes (``hashing.BLOCK``), restored after."""
+    def run() -> Any:
+        saved, hashing.BLOCK = hashing.BLOCK, block
+        try:
+            return fn()
+        finally:
+            hashing.BLOCK = saved
+    return run
+
+
+def variant_tools(d: str, cores: int) -> dict[str, Callable[[], Any]]:
+    """``--variants``: the doctor with other read-loop buffers (its threads' ``BLOCK``), timed beside it on the
+    page cache, where a larger buffer takes the GIL back fewer times per byte but may leave the core's L2."""
+    return {f"doctor {b // 1024}K": with_block(doctor_call(d, cores), b) for b in VARIANT_BLOCKS}
+
+
+def variant_ratios(rates: dict[str, list[float]], base: str) -> dict[str, float]:
+    """Each doctor variant's median per-run ratio to ``base`` (the runs where both were timed)."""
+    out = {}
+    for name, vals in rates.items():
+        if name.startswith("doctor") and rates.get(base):
+            pairs = [a / b for a, b in zip(vals, rates[base], strict=True)]
+            if pairs:
+                out[name] = round(statistics.median(pairs), 3)
+    return out
+
+
 def dd_call(paths: list[str]) -> Callable[[], None]:
     script = 'for f do dd if="$f" of=/dev/null bs=16M 2>/dev/null || exit 1; done'
 
@@ -326,7 +357,7 @@ MAX_RUNS = 25
 
 
 def warm_set(d: str, cores: int, runs: int, peers: dict[str, list[str]],
-             min_timed_s: float = MIN_TIMED_S) -> dict[str, Any]:
+             min_timed_s: float = MIN_TIMED_S, variants: bool = False) -> dict[str, Any]:
     paths = shard_paths(d)
     total = sum(os.path.getsize(p) for p in paths)
     warm_up(paths)
@@ -335,6 +366,8 @@ def warm_set(d: str, cores: int, runs: int, peers: dict[str, list[str]],
         "threads": engine_call(paths, cores, False),
         "processes": engine_call(paths, cores, True),
     }
+    if variants:
+        tools.update(variant_tools(d, cores))
     for name, argv in peers.items():
         tools[name] = xargs_cmd(paths, cores, argv)
     rates: dict[str, list[float]] = {k: [] for k in tools}
@@ -357,7 +390,8 @@ def warm_set(d: str, cores: int, runs: int, peers: dict[str, list[str]],
     return {"rates_gib_s": {k: [round(r / GIB, 3) for r in v] for k, v in rates.items()},
             "median_gib_s": {k: round(med(v) / GIB, 3) for k, v in rates.items()},
             "doctor_over_xargs": {"per_run": [round(r, 3) for r in ratios], "median": round(med(ratios), 3)},
-            "mode": mode, "share_mib": round(share, 1), "runs": i}
+            "mode": mode, "share_mib": round(share, 1), "runs": i,
+            **({"variants_over_xargs": variant_ratios(rates, "xargs sha256sum")} if variants else {})}
 
 
 def cold_set(d: str, cores: int, runs: int, res: Residency, budget: Budget, dd_rate: float | None,
@@ -450,6 +484,8 @@ def report_warm(key: tuple[int, int], w: dict[str, Any]) -> None:
         f"({w['mode']})  threads {m['threads']:6.2f}  processes {m['processes']:6.2f}  {peers}   "
         f"doctor/xargs {r['median']:.2f} [{spread(r['per_run'])}] "
         f"{'OK' if r['median'] >= WARM_TARGET else 'UNDER'}")
+    if w.get("variants_over_xargs"):
+        say("      variants/xargs: " + "  ".join(f"{k} {v:.2f}" for k, v in w["variants_over_xargs"].items()))
 
 
 def report_cold(key: tuple[int, int], c: dict[str, Any]) -> None:
@@ -513,6 +549,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--cold-runs", type=int, default=None, help="cold runs per set (default 2, --quick 1)")
     ap.add_argument("--no-cold", dest="cold", action="store_false", help="skip the cold-cache measurements")
     ap.add_argument("--cold-xargs", action="store_true", help="time `xargs sha256sum` on the cold cache too")
+    ap.add_argument("--variants", action="store_true",
+                    help="time the doctor beside itself with read-loop buffers of "
+                         + ", ".join(f"{b // 1024} KiB" for b in VARIANT_BLOCKS) + " (warm sets)")
     ap.add_argument("--tmp", "--dir", dest="tmp", default=None,
                     help="where the temporary data directory goes (default $TMPDIR, else /var/tmp: a disk, "
                          "not tmpfs); it is removed at the end unless --keep")
@@ -558,7 +597,7 @@ def warm_phase(args: argparse.Namespace, doc: dict[str, Any], data: Data, sets: 
             say(f"  {key[0]} x {key[1]} MiB skipped: about {est:.0f} s needed, past the budget")
             doc["warm"][f"{key[0]}x{key[1]}"] = {"skipped": "budget"}
             continue
-        w = warm_set(data.dir_for(key), cores, args.runs, peers)
+        w = warm_set(data.dir_for(key), cores, args.runs, peers, variants=args.variants)
         per_stream = min(v * GIB for v in w["median_gib_s"].values()) / streams
         doc["warm"][f"{key[0]}x{key[1]}"] = w
         report_warm(key, w)

@@ -92,11 +92,12 @@ def advise_sequential(fd: int) -> None:
         pass
 
 
-def sha256_file(path: str, on_bytes: Callable[[int], None] | None = None, block: int = BLOCK) -> str:
-    """sha256 of one file, read with ``readinto`` into one reused buffer (no per-block allocation);
-    ``on_bytes(n)`` every ``REPORT_BYTES`` and at the end (it may raise ``Stopped`` to stop)."""
+def sha256_file(path: str, on_bytes: Callable[[int], None] | None = None, block: int | None = None) -> str:
+    """sha256 of one file, read with ``readinto`` into one reused buffer of ``block`` bytes (default ``BLOCK``,
+    read when called: bench/bench_model_deep.py ``--variants`` times other sizes); ``on_bytes(n)`` every
+    ``REPORT_BYTES`` and at the end (it may raise ``Stopped`` to stop)."""
     h = hashlib.sha256()
-    buf = bytearray(block)
+    buf = bytearray(block or BLOCK)
     view = memoryview(buf)
     pending = 0
     with open_regular(path, buffering=0) as fh:  # a FIFO where a shard should be is refused, never waited on

@@ -1,0 +1,52 @@
+"""bench/bench_model_deep.py's ``--variants``: the doctor timed beside itself with other read-loop buffers.
+
+The timings themselves are the bench's business (they run on the host that matters, never here); what is
+checked is that a variant really runs with its buffer, gives the doctor's digests, and leaves the module as it
+found it, and that its ratios are paired per run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from pathlib import Path
+
+from file_modules import load_file
+
+from doctor.model import hashing
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT / "bench") not in sys.path:
+    sys.path.append(str(ROOT / "bench"))  # the bench's own helpers (timing.py), as when it runs as a script
+deep = load_file(ROOT / "bench" / "bench_model_deep.py", "k26_bench_model_deep")
+
+
+def test_a_variant_hashes_with_its_buffer_and_restores_the_default(tmp_path: Path) -> None:
+    f = tmp_path / "x.bin"
+    f.write_bytes(os.urandom(3 * 1024 * 1024 + 17))
+    seen: list[int] = []
+    real = hashing.sha256_file
+
+    def spy() -> str:
+        seen.append(hashing.BLOCK)
+        return real(str(f))
+
+    default = hashing.BLOCK
+    assert deep.with_block(spy, 1024 * 1024)() == hashlib.sha256(f.read_bytes()).hexdigest()
+    assert seen == [1024 * 1024] and hashing.BLOCK == default
+
+
+def test_warm_set_times_each_variant_beside_xargs(tmp_path: Path) -> None:
+    data = deep.Data(str(tmp_path / "bench"))
+    d = data.dir_for((3, 1))
+    w = deep.warm_set(d, 2, 1, {"xargs sha256sum": ["sha256sum"]}, min_timed_s=0.0, variants=True)
+    names = {f"doctor {b // 1024}K" for b in deep.VARIANT_BLOCKS}
+    assert names <= set(w["median_gib_s"]) and set(w["variants_over_xargs"]) == names | {"doctor"}
+    assert w["variants_over_xargs"]["doctor"] == w["doctor_over_xargs"]["median"]
+
+
+def test_variant_ratios_pair_runs() -> None:
+    rates = {"doctor": [2.0, 4.0, 6.0], "doctor 1024K": [3.0, 3.0, 3.0], "xargs sha256sum": [2.0, 2.0, 2.0],
+             "threads": [1.0, 1.0, 1.0]}
+    assert deep.variant_ratios(rates, "xargs sha256sum") == {"doctor": 2.0, "doctor 1024K": 1.5}
