@@ -408,3 +408,38 @@ def test_pool_command_exit_status(tmp_path: Path) -> None:
         assert out.returncode == rc, out.stderr
         assert ("MET w" if rc == 0 else "MISSED w") in out.stdout
         assert json.loads((tmp_path / "o.json").read_text())["ok"] is (rc == 0)
+
+
+def test_interleaved_phases_share_the_time_left_by_their_passes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two interleaved phases of 20 planned passes each and time for 24 (on a clock that only the runs move):
+    the first stops at its share, so the second gets passes too (before, the first took every pass the budget
+    allowed and the second none)."""
+    clock = [1000.0]
+
+    class Clock:
+        @staticmethod
+        def time() -> float:
+            return clock[0]
+
+    def fake_run(plan: dict, ph: dict, name: str, rec: dict) -> dict:
+        clock[0] += 0.25 if ph["max_new_tokens"] == 8 else 1.0  # the warm request, then the timed run (exact sums)
+        return {"phase": ph["name"], "server": name}
+
+    monkeypatch.setattr(sc, "run_phase_on", fake_run)
+    monkeypatch.setattr(sc, "time", Clock)
+    state = {"a": {"port": 1, "healthy": True}}
+    phases = [{"name": "c1", "passes": 20, "max_new_tokens": 64, "reserve_s": 5},
+              {"name": "c32", "passes": 20, "max_new_tokens": 64, "reserve_s": 5}]
+    deadline = clock[0] + 5 + 24 * 1.25
+    end = sc.pass_share_end(phases, 0, clock[0], deadline)
+    assert end == clock[0] + 12 * 1.25
+    first = sc.run_interleaved({}, phases[0], ["a"], state, deadline, end)
+    assert len(first) == 12 and clock[0] <= end
+    second = sc.run_interleaved({}, phases[1], ["a"], state, deadline,
+                                sc.pass_share_end(phases, 1, clock[0], deadline))
+    assert len(second) == 12
+    # the last interleaved phase may use all that is left before the reserve; without a share the first
+    # phase would have run 20 passes and left the second 4
+    assert sc.pass_share_end(phases, 1, 1000.0, deadline) == pytest.approx(deadline - 5)
+    clock[0] = 1000.0
+    assert len(sc.run_interleaved({}, phases[0], ["a"], state, deadline)) == 20

@@ -454,19 +454,34 @@ def run_phase_on(plan: dict, ph: dict, name: str, rec: dict) -> dict:
             **({"slope_of": ph["slope_of"]} if ph.get("slope_of") else {})}
 
 
-def run_interleaved(plan: dict, ph: dict, targets: list[str], state: dict, deadline: float) -> list[dict]:
+def pass_share_end(phases: list[dict], i: int, now: float, deadline: float) -> float:
+    """When interleaved phase ``phases[i]`` must stop starting passes: its share of the time left before the
+    deadline (less the reserve the phases after it keep), by planned passes among it and the interleaved phases
+    after it. Without it the first phase took every pass the budget allowed and the next got none (the c32
+    passes of two calls)."""
+    mine = int(phases[i]["passes"])
+    planned = sum(int(p["passes"]) for p in phases[i:] if p.get("passes"))
+    left = deadline - max((p.get("reserve_s", 15) for p in phases[i:]), default=15) - now
+    return now + max(0.0, left) * mine / planned
+
+
+def run_interleaved(plan: dict, ph: dict, targets: list[str], state: dict, deadline: float,
+                    until: float | None = None) -> list[dict]:
     """A speed phase in ``passes`` short passes, each running every server once (alone: the others stopped),
     the order rotated from pass to pass. A host whose speed drifts (CPU placement, frequency, neighbours:
     one to two second phases moved 5-35 % between calls) then moves every server of a pass alike, and the
     per-pass ratios against the rival, taken seconds apart, keep what a single long phase per server
     loses. Each server first answers one short request after it is resumed (not timed). With
     ``slope_tokens`` each pass runs the prompts at that length too, right before the full length: the
-    difference is the decode rounds alone. Records are named ``<phase>#<pass>`` (``group``: the phase)."""
+    difference is the decode rounds alone. Records are named ``<phase>#<pass>`` (``group``: the phase). With
+    ``until`` (``pass_share_end``), no pass starts that would end past it, judged by the longest pass so far."""
     outs: list[dict] = []
     passes = int(ph["passes"])
     warm = {**ph, "n": 1, "max_new_tokens": 8}
+    longest = 0.0
     for i in range(passes):
-        if time.time() > deadline - ph.get("reserve_s", 15):
+        now = time.time()
+        if now > deadline - ph.get("reserve_s", 15) or (until is not None and i and now + longest > until):
             print(f"  {ph['name']}: {i} of {passes} passes (time)", flush=True)
             break
         full = {**ph, "name": f"{ph['name']}#{i}"}
@@ -481,6 +496,7 @@ def run_interleaved(plan: dict, ph: dict, targets: list[str], state: dict, deadl
                 run_phase_on(plan, warm, name, state[name])
                 outs += [{**run_phase_on(plan, run, name, state[name]), "group": group, "pass": i, "exclusive": True}
                          for run, group in runs]
+        longest = max(longest, time.time() - now)
     return outs
 
 
@@ -501,9 +517,8 @@ def cmd_measure(args) -> int:
     if plan.get("client_cpus") and hasattr(os, "sched_setaffinity"):
         # the load generator's threads off the servers' cores (``cpus`` of the servers)
         os.sched_setaffinity(0, cpu_list(plan["client_cpus"]) & os.sched_getaffinity(0) or os.sched_getaffinity(0))
-    for ph in plan.get("phases", []):
-        if args.only and ph["name"] not in args.only:
-            continue
+    phases = [ph for ph in plan.get("phases", []) if not args.only or ph["name"] in args.only]
+    for i, ph in enumerate(phases):
         targets = [n for n in ph["servers"] if n in healthy]
         if not targets:
             continue
@@ -513,7 +528,7 @@ def cmd_measure(args) -> int:
             continue
         t0 = time.time()
         if ph.get("passes"):
-            outs = run_interleaved(plan, ph, targets, state, deadline)
+            outs = run_interleaved(plan, ph, targets, state, deadline, pass_share_end(phases, i, t0, deadline))
         elif ph.get("exclusive"):
             outs = []
             for name in targets:
