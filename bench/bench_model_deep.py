@@ -297,7 +297,7 @@ def variant_tools(d: str, cores: int) -> dict[str, Callable[[], Any]]:
 
 
 def variant_ratios(rates: dict[str, list[float]], base: str) -> dict[str, float]:
-    """Each doctor variant's median per-run ratio to ``base`` (the runs where both were timed)."""
+    """Each doctor variant's median per-run ratio to ``base``, run by run (every tool runs in every round)."""
     out = {}
     for name, vals in rates.items():
         if name.startswith("doctor") and rates.get(base):

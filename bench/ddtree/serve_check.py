@@ -461,7 +461,7 @@ def pass_share_end(phases: list[dict], i: int, now: float, deadline: float) -> f
     passes of two calls)."""
     mine = int(phases[i]["passes"])
     planned = sum(int(p["passes"]) for p in phases[i:] if p.get("passes"))
-    left = deadline - max((p.get("reserve_s", 15) for p in phases[i:]), default=15) - now
+    left = deadline - max(p.get("reserve_s", 15) for p in phases[i:]) - now  # phases[i:] holds phase i
     return now + max(0.0, left) * mine / planned
 
 
