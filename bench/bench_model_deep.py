@@ -69,7 +69,9 @@ MIB = 1024 ** 2
 # host), 2 GiB, 4 GiB (two files per core), 1 GiB in many small files, 4 GiB in eight large files. Files of
 # one size are shared (32 x 64 holds 16 x 64's): 15 GiB on disk in all.
 SETS = [(16, 64), (2, 512), (64, 128), (32, 64), (32, 128), (64, 16), (8, 512)]
-COLD_SETS = [(2, 512), (16, 64), (32, 128)]
+# Cold: two large files (hashing one file is one core's work, so the disk must serve two streams), a file per
+# core, two per core, and eight large files (a hasher per two cores: where each file's prefetch thread runs).
+COLD_SETS = [(2, 512), (16, 64), (32, 128), (8, 512)]
 QUICK_SETS = [(16, 64), (2, 512)]
 WARM_TARGET, COLD_TARGET = 1.0, 0.9
 RESIDENT_MAX = 0.01  # a run counts as cold when at most 1% of its bytes were resident before it
@@ -148,6 +150,9 @@ def shard_paths(d: str) -> list[str]:
 
 
 def warm_up(paths: list[str]) -> None:
+    """Every file read once (into the page cache), after the writeback of what the bench just wrote: the
+    kernel's flusher threads would otherwise copy pages to disk under the first timed runs."""
+    os.sync()
     for p in paths:
         with open(p, "rb", buffering=0) as fh:
             while fh.read(64 * MIB):
@@ -276,7 +281,7 @@ def engine_call(paths: list[str], cores: int, processes: bool) -> Callable[[], d
     return run
 
 
-VARIANT_BLOCKS = (512 * 1024, 1024 * 1024, 2048 * 1024)
+VARIANT_BLOCKS = (256 * 1024, 512 * 1024, 1024 * 1024, 2048 * 1024)
 
 
 def with_block(fn: Callable[[], Any], block: int) -> Callable[[], Any]:
@@ -293,7 +298,11 @@ def with_block(fn: Callable[[], Any], block: int) -> Callable[[], Any]:
 def variant_tools(d: str, cores: int) -> dict[str, Callable[[], Any]]:
     """``--variants``: the doctor with other read-loop buffers (its threads' ``BLOCK``), timed beside it on the
     page cache, where a larger buffer takes the GIL back fewer times per byte but may leave the core's L2."""
-    return {f"doctor {b // 1024}K": with_block(doctor_call(d, cores), b) for b in VARIANT_BLOCKS}
+    tools = {f"doctor {b // 1024}K": with_block(doctor_call(d, cores), b) for b in VARIANT_BLOCKS
+             if b != hashing.read_block()}
+    other = 64 * MIB if hashing.PREFETCH_AHEAD == 0 else 0  # the prefetch threads on or off: what they cost warm
+    tools[f"doctor prefetch {other // MIB}M"] = with_prefetch(doctor_call(d, cores), other)
+    return tools
 
 
 def variant_ratios(rates: dict[str, list[float]], base: str) -> dict[str, float]:
@@ -305,6 +314,44 @@ def variant_ratios(rates: dict[str, list[float]], base: str) -> dict[str, float]
             if pairs:
                 out[name] = round(statistics.median(pairs), 3)
     return out
+
+
+def with_prefetch(fn: Callable[[], Any], ahead: int) -> Callable[[], Any]:
+    """``fn`` with each large file's prefetch thread keeping ``ahead`` bytes asked for past what was hashed
+    (``hashing.PREFETCH_AHEAD``; 0: none), restored after."""
+    def run() -> Any:
+        saved, hashing.PREFETCH_AHEAD = hashing.PREFETCH_AHEAD, ahead
+        try:
+            return fn()
+        finally:
+            hashing.PREFETCH_AHEAD = saved
+    return run
+
+
+PREFETCH_VARIANTS = (0, 32 * MIB, 64 * MIB, 128 * MIB)
+
+
+def cold_variant_tools(d: str, cores: int) -> dict[str, Callable[[], Any]]:
+    """``--cold-variants``: other ways to read a cold set, timed beside dd and the doctor: `dd` over every file
+    at once (``xargs -P cores``: the disk's rate with as many streams as the doctor opens), the doctor made to
+    hash in threads / processes, and the doctor with each large file's prefetch thread at other depths."""
+    paths = shard_paths(d)
+    tools: dict[str, Callable[[], Any]] = {
+        "dd xP": dd_parallel_call(paths, cores),
+        "threads": engine_call(paths, cores, False),
+        "processes": engine_call(paths, cores, True),
+    }
+    for ahead in PREFETCH_VARIANTS:
+        if ahead != hashing.PREFETCH_AHEAD:
+            tools[f"doctor prefetch {ahead // MIB}M"] = with_prefetch(doctor_call(d, cores), ahead)
+    return tools
+
+
+def dd_parallel_call(paths: list[str], cores: int) -> Callable[[], None]:
+    def run() -> None:
+        subprocess.run(["xargs", "-0", "-P", str(cores), "-I{}", "dd", "if={}", "of=/dev/null", "bs=16M",
+                        "status=none"], input="\0".join(paths).encode(), check=True)
+    return run
 
 
 def dd_call(paths: list[str]) -> Callable[[], None]:
@@ -395,15 +442,18 @@ def warm_set(d: str, cores: int, runs: int, peers: dict[str, list[str]],
 
 
 def cold_set(d: str, cores: int, runs: int, res: Residency, budget: Budget, dd_rate: float | None,
-             warm: dict[str, Any] | None, with_xargs: bool) -> dict[str, Any]:
+             warm: dict[str, Any] | None, with_xargs: bool, variants: bool = False) -> dict[str, Any]:
     paths = shard_paths(d)
     total = sum(os.path.getsize(p) for p in paths)
     tools: dict[str, Callable[[], Any]] = {"dd": dd_call(paths), "doctor": doctor_call(d, cores)}
     if with_xargs:
         tools["xargs sha256sum"] = xargs_cmd(paths, cores, ["sha256sum"])
+    if variants:
+        tools.update(cold_variant_tools(d, cores))
     rates: dict[str, list[float]] = {k: [] for k in tools}
     drops: list[dict[str, Any]] = []
     ratios: list[float] = []
+    over_dd: dict[str, list[float]] = {}  # every tool's rate over dd's in the same round (--cold-variants)
     skipped = None
     for i in range(runs):
         est = len(tools) * total / dd_rate if dd_rate else 0.0  # a read per tool at the disk's rate, once known
@@ -424,6 +474,10 @@ def cold_set(d: str, cores: int, runs: int, res: Residency, budget: Budget, dd_r
                 dd_rate = got[name]
         if "doctor" in got and "dd" in got:
             ratios.append(got["doctor"] / got["dd"])
+        if variants and "dd" in got:
+            for name, rate in got.items():
+                if name != "dd":
+                    over_dd.setdefault(name, []).append(rate / got["dd"])
     out: dict[str, Any] = {
         "rates_gib_s": {k: [round(r / GIB, 3) for r in v] for k, v in rates.items()},
         "median_gib_s": {k: (round(med(v) / GIB, 3) if v else None) for k, v in rates.items()},
@@ -432,6 +486,8 @@ def cold_set(d: str, cores: int, runs: int, res: Residency, budget: Budget, dd_r
         "drops": drops, "skipped": skipped,
         "not_cold": sum(1 for x in drops if not x["cold"]),
     }
+    if over_dd:
+        out["over_dd"] = {k: round(statistics.median(v), 3) for k, v in over_dd.items()}
     if warm and "median_gib_s" in warm and rates["dd"]:
         ceiling = min(med(rates["dd"]) / GIB, warm["median_gib_s"]["doctor"])
         out["ceiling_gib_s"] = round(ceiling, 3)
@@ -464,7 +520,29 @@ def host_facts(tmp: str, cores: int) -> dict[str, Any]:
             facts["cpu"] = line.split(":", 1)[1].strip()
             facts["sha_ni"] = " sha_ni" in Path("/proc/cpuinfo").read_text(errors="replace")
             break
+    facts.update(cpu_caches())
     return facts
+
+
+def cpu_caches() -> dict[str, Any]:
+    """The first core's L2 size and how many logical CPUs share its core (2: hyper-threads share one SHA unit),
+    from sysfs: what the read loop's buffer and the number of hashers are judged against."""
+    out: dict[str, Any] = {}
+    cpu = Path("/sys/devices/system/cpu/cpu0")
+    for index in sorted(cpu.glob("cache/index*")):
+        try:
+            if (index / "level").read_text().strip() == "2":
+                out["l2"] = (index / "size").read_text().strip()
+        except OSError:
+            continue
+    try:
+        siblings = (cpu / "topology/thread_siblings_list").read_text().strip()
+        out["threads_per_core"] = sum(
+            (int(b) - int(a) + 1) if "-" in part else 1
+            for part in siblings.split(",") for a, _, b in [part.partition("-")])
+    except (OSError, ValueError):
+        pass
+    return out
 
 
 def spread(xs: list[float]) -> str:
@@ -509,6 +587,8 @@ def report_cold(key: tuple[int, int], c: dict[str, Any]) -> None:
     if c["skipped"]:
         line += f"   ({c['skipped']})"
     say(line)
+    if c.get("over_dd"):
+        say("      over dd, run by run: " + "  ".join(f"{k} {v:.2f}" for k, v in c["over_dd"].items()))
 
 
 def crossover(doc: dict[str, Any]) -> None:
@@ -552,6 +632,12 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--variants", action="store_true",
                     help="time the doctor beside itself with read-loop buffers of "
                          + ", ".join(f"{b // 1024} KiB" for b in VARIANT_BLOCKS) + " (warm sets)")
+    ap.add_argument("--cold-variants", action="store_true",
+                    help="time other ways to read a cold set beside dd and the doctor (dd on every file at once, "
+                         "threads, processes, the doctor prefetching "
+                         + "/".join(str(a // MIB) for a in PREFETCH_VARIANTS) + " MiB ahead)")
+    ap.add_argument("--sets", default=None, help="warm sets instead of the table, e.g. 16x64,64x16")
+    ap.add_argument("--cold-sets", default=None, help="cold sets instead of the table's, e.g. 2x512")
     ap.add_argument("--tmp", "--dir", dest="tmp", default=None,
                     help="where the temporary data directory goes (default $TMPDIR, else /var/tmp: a disk, "
                          "not tmpfs); it is removed at the end unless --keep")
@@ -560,6 +646,17 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--budget", type=float, default=110.0, help="seconds; what would run past it is skipped")
     ap.add_argument("--json", dest="json_out", default=None, help="write every figure to this file")
     return ap.parse_args()
+
+
+def parse_sets(text: str) -> list[tuple[int, int]]:
+    """``16x64,2x512`` -> ``[(16, 64), (2, 512)]`` (files x MiB each)."""
+    out = []
+    for part in text.split(","):
+        files, _, mib = part.strip().partition("x")
+        if not (files.isdigit() and mib.isdigit()) or int(files) < 1 or int(mib) < 1:
+            raise SystemExit(f"--sets: {part!r} is not FILESxMIB")
+        out.append((int(files), int(mib)))
+    return out
 
 
 def fit(sets: list[tuple[int, int]], parent: str) -> tuple[list[tuple[int, int]], int]:
@@ -609,7 +706,8 @@ def cold_phase(args: argparse.Namespace, doc: dict[str, Any], data: Data, sets: 
                cores: int, budget: Budget, cold_runs: int) -> None:
     res = Residency()
     doc["host"]["residency_check"] = res.method
-    sets = [k for k in sets if k in data.dirs] or sets[:1]  # the sets built for the warm runs
+    if not args.cold_sets:
+        sets = [k for k in sets if k in data.dirs] or sets[:1]  # the sets built for the warm runs
     probe = drop(shard_paths(data.dir_for(sets[0])), res)
     doc["cold_drop_probe"] = probe
     if not probe["cold"]:
@@ -621,7 +719,8 @@ def cold_phase(args: argparse.Namespace, doc: dict[str, Any], data: Data, sets: 
     dd_rate = None
     for key in sets:
         warm = doc["warm"].get(f"{key[0]}x{key[1]}")
-        c = cold_set(data.dir_for(key), cores, cold_runs, res, budget, dd_rate, warm, args.cold_xargs)
+        c = cold_set(data.dir_for(key), cores, cold_runs, res, budget, dd_rate, warm, args.cold_xargs,
+                     args.cold_variants)
         if c["rates_gib_s"]["dd"]:
             dd_rate = statistics.median(c["rates_gib_s"]["dd"]) * GIB
         doc["cold"][f"{key[0]}x{key[1]}"] = c
@@ -652,6 +751,10 @@ def main() -> int:
         sets, cold_sets = QUICK_SETS, QUICK_SETS
     else:
         sets, cold_sets = SETS, COLD_SETS
+    if args.sets:
+        sets = parse_sets(args.sets)
+    if args.cold_sets:
+        cold_sets = parse_sets(args.cold_sets)
     cold_runs = args.cold_runs if args.cold_runs is not None else (1 if args.quick else 2)
     for tool in ("sha256sum", "xargs", "dd"):
         if not shutil.which(tool):
@@ -659,8 +762,9 @@ def main() -> int:
             return 2
     parent = args.tmp or os.environ.get("TMPDIR") or "/var/tmp"
     os.makedirs(parent, exist_ok=True)
-    sets, need = fit(sets, parent)
-    cold_sets = [s for s in cold_sets if s in sets]
+    fitted, need = fit(sets + [k for k in cold_sets if k not in sets], parent)
+    sets = [k for k in sets if k in fitted]
+    cold_sets = [k for k in cold_sets if k in fitted]
     root = tempfile.mkdtemp(prefix="k26-deep-bench-", dir=parent)
     doc: dict[str, Any] = {"host": host_facts(root, cores), "targets": {"warm_doctor_over_xargs": WARM_TARGET,
                            "cold_doctor_over_dd": COLD_TARGET}, "runs": args.runs, "cold_runs": cold_runs,
@@ -668,6 +772,7 @@ def main() -> int:
     h = doc["host"]
     say(f"data: up to {need / GIB:.1f} GiB in {root} ({h.get('filesystem', '?')}, read_ahead_kb "
         f"{h.get('read_ahead_kb', '?')}); cores {cores}; {h.get('cpu', '?')} sha_ni={h.get('sha_ni', '?')}; "
+        f"L2 {h.get('l2', '?')}, {h.get('threads_per_core', '?')} threads per core; "
         f"Python {h['python']}; load {h['load_average_start']}; budget {args.budget:.0f} s")
     try:
         data = Data(root)

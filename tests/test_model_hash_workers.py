@@ -23,7 +23,6 @@ from model_replica import shard_name
 from doctor.core import deadline, proc
 from doctor.model import hashing
 from doctor.model.hashing import (
-    BLOCK,
     MIB,
     PROCESS_MIN_SHARE,
     REPORT_BYTES,
@@ -40,7 +39,8 @@ WORKER = Path(hashing.__file__).with_name("sha256_worker.py")
 def _files(tmp_path: Path) -> list[Path]:
     """Sizes around the worker's window and slice edges, the read loop's block and report edges, an empty
     file, one larger than a window."""
-    sizes = [0, 1, 4095, BLOCK - 1, BLOCK + 1, 1 << 20, (1 << 20) + 1, 3 * (1 << 20) + 17, REPORT_BYTES,
+    edge = hashing.read_block()
+    sizes = [0, 1, 4095, edge - 1, edge + 1, 1 << 20, (1 << 20) + 1, 3 * (1 << 20) + 17, REPORT_BYTES,
              (64 << 20) + 12345]
     out = []
     block = os.urandom(1 << 20)

@@ -7,13 +7,16 @@ digest, computed front to back by one core: files are hashed in parallel, a file
 queue, largest first, never split.
 
 Two ways to hash, the same bytes either way (``plan`` picks one per call, from the cores and the sizes):
-  * threads of this process, ``readinto`` one reused L2-sized buffer (hashlib and the read release
-    the GIL): no start-up at all, but every byte is copied once;
+  * threads of this process, ``readinto`` one buffer of half the core's L2 per thread, kept for all its
+    files (hashlib and the read release the GIL): no start-up at all, but every byte is copied once;
   * worker processes (``doctor/model/sha256_worker.py``: stdlib only, the page cache hashed through a
     memory map, no copy, no GIL shared), for a large share per worker, where the copy saved is worth
     more than the worker's start-up (``PROCESS_MIN_SHARE``). Where a worker cannot start or dies, its
     files are read by the thread that drove it.
-Reads are announced sequential (``POSIX_FADV_SEQUENTIAL``: a larger readahead on a cold cache).
+Reads are announced sequential (``POSIX_FADV_SEQUENTIAL``: a larger readahead on a cold cache). Where at
+most half the cores hash (a few large files), each large file also gets a thread that reads it ahead of
+its hasher (``Prefetch``), so that the disk is not idle while the hasher hashes; it stops at once on a
+file that reads faster than a core hashes (cached, or a disk that outruns hashing).
 Hashing stops within a few MiB when the run's deadline passes or on Ctrl-C (a file not finished is an
 error, never read again after its worker was killed). A verification cache, keyed by (device, inode,
 size, mtime_ns, ctime_ns) and kept outside the model directory, lets a restart re-hash only what changed.
@@ -22,6 +25,7 @@ size, mtime_ns, ctime_ns) and kept outside the model directory, lets a restart r
 from __future__ import annotations
 
 import collections
+import functools
 import hashlib
 import json
 import os
@@ -46,15 +50,29 @@ from doctor.model.manifest import MANIFEST_NAME, read_manifest
 from doctor.model.workers import cpu_count
 
 MIB = 1024 * 1024
-# The in-process read loop's buffer: copied into and hashed while it is still in the core's L2 cache. On a
-# loaded 2-core VM one thread hashed page-cached data at 0.73, 0.80, 0.65, 0.54, 0.42 GiB/s with 64 KiB,
-# 256 KiB, 1, 4, 16 MiB reads (and 1.04 through a memory map: what the worker processes do).
-BLOCK = 256 * 1024
+# The in-process read loop's buffer: copied into and hashed while it is still in the core's L2 cache, so half
+# the L2 (``l2_block``), between 256 KiB and 1 MiB. Measured: on a loaded 2-core VM (L2 512 KiB) one thread
+# hashed page-cached data at 0.73, 0.80, 0.65, 0.54, 0.42 GiB/s with 64 KiB, 256 KiB, 1, 4, 16 MiB reads (and
+# 1.04 through a memory map: what the worker processes do); on a 16-core host (L2 2 MiB), 1 GiB in 64 files,
+# 16 threads, against `xargs -P16 sha256sum`: 0.31, 0.56, 0.71, 0.93, 0.91, 0.84 with 128, 256, 512 KiB, 1, 2,
+# 4 MiB and a buffer per file (bench/results/h200x1-deep-hashing-3.txt); 0.94, 0.99, 1.00, 1.00 with 256, 512 KiB,
+# 1, 2 MiB and one per thread (-4). ``BLOCK`` set overrides it (bench variants, tests).
+BLOCK: int | None = None
+BLOCK_MIN, BLOCK_MAX = 256 * 1024, 1024 * 1024
 REPORT_BYTES = 16 * MIB  # progress, and a look at the deadline, every this many bytes of a file
 # Worker processes only where each gets at least this much to hash: below it, their start-up (an
 # interpreter each, all at once) costs more than the copy they save. bench/bench_model_deep.py measures
 # both ways at each size ("threads", "processes") to place this crossover on a real host.
 PROCESS_MIN_SHARE = 256 * MIB
+# Bytes a worker asks the kernel to read past the window it hashes (``sha256_worker.py --ahead``; 0: the
+# kernel's readahead alone). bench/bench_model_deep.py ``--cold-variants`` times other depths on a cold cache.
+AHEAD = 0
+# On a cold cache a file's readahead alone leaves the disk idle while the file's hasher hashes: a thread of
+# its own per file (``Prefetch``) reads up to PREFETCH_AHEAD bytes past what was hashed, PREFETCH_STEP at a
+# time, for files larger than PREFETCH_MIN (PREFETCH_AHEAD 0: never).
+PREFETCH_AHEAD = 64 * MIB
+PREFETCH_STEP = 16 * MIB  # as `dd bs=16M`
+PREFETCH_MIN = 64 * MIB
 MIN_SLOT_BYTES = 8 * MIB  # no thread or worker for less than this (a start costs more than it hashes)
 WORKER = Path(__file__).with_name("sha256_worker.py")
 CACHE_FILE = "verify-cache.json"
@@ -92,13 +110,39 @@ def advise_sequential(fd: int) -> None:
         pass
 
 
-def sha256_file(path: str, on_bytes: Callable[[int], None] | None = None, block: int | None = None) -> str:
-    """sha256 of one file, read with ``readinto`` into one reused buffer of ``block`` bytes (default ``BLOCK``,
-    read when called: bench/bench_model_deep.py ``--variants`` times other sizes); ``on_bytes(n)`` every
-    ``REPORT_BYTES`` and at the end (it may raise ``Stopped`` to stop)."""
+@functools.lru_cache(maxsize=1)
+def l2_block(sysfs: str = "/sys/devices/system/cpu/cpu0/cache") -> int:
+    """Half the first core's L2 cache (sysfs), within ``BLOCK_MIN``-``BLOCK_MAX``; ``BLOCK_MIN`` when unknown."""
+    for index in sorted(Path(sysfs).glob("index*")):
+        try:
+            if read_capped(index / "level", 64, "a cache level").strip() != b"2":
+                continue
+            size = read_capped(index / "size", 64, "a cache size").decode("ascii", "replace").strip().upper()
+        except OSError:
+            continue
+        unit = {"K": 1024, "M": MIB}.get(size[-1:], 1)
+        digits = size.rstrip("KMB")
+        if digits.isdigit():
+            return max(BLOCK_MIN, min(BLOCK_MAX, int(digits) * unit // 2))
+    return BLOCK_MIN
+
+
+def read_block() -> int:
+    """The read loop's buffer size now: ``BLOCK`` where set, else ``l2_block()``."""
+    return BLOCK or l2_block()
+
+
+def sha256_file(path: str, on_bytes: Callable[[int], None] | None = None, block: int | None = None,
+                buf: bytearray | None = None) -> str:
+    """sha256 of one file, read with ``readinto`` into one reused buffer: ``buf`` (a thread hashing many files
+    passes the same one: a buffer freed per file costs a 16-thread process an ``munmap`` each, with its TLB
+    shootdown on every core), else a new one of ``block`` bytes (default ``read_block()``); ``on_bytes(n)``
+    every ``REPORT_BYTES`` and at the end (it may raise ``Stopped`` to stop)."""
     h = hashlib.sha256()
-    buf = bytearray(block or BLOCK)
+    if buf is None:
+        buf = bytearray(block or read_block())
     view = memoryview(buf)
+    size = len(buf)
     pending = 0
     with open_regular(path, buffering=0) as fh:  # a FIFO where a shard should be is refused, never waited on
         advise_sequential(fh.fileno())
@@ -106,7 +150,7 @@ def sha256_file(path: str, on_bytes: Callable[[int], None] | None = None, block:
             n = fh.readinto(buf)  # type: ignore[attr-defined]
             if not n:
                 break
-            h.update(view[:n])
+            h.update(buf if n == size else view[:n])
             pending += n
             if pending >= REPORT_BYTES and on_bytes is not None:
                 on_bytes(pending)
@@ -114,6 +158,93 @@ def sha256_file(path: str, on_bytes: Callable[[int], None] | None = None, block:
     if pending and on_bytes is not None:
         on_bytes(pending)
     return h.hexdigest()
+
+
+class Prefetch:
+    """A thread that reads one file ahead of its hasher, like `dd`: ``step`` bytes at a time into a scratch
+    buffer, whenever fewer than ``ahead`` bytes past what was hashed (``advance``) have been read.
+
+    Why: on a cold cache, hashing a file and reading it take turns in one thread (its readahead covers only a
+    few MiB), so a disk that two streams could keep busy idles while each hasher hashes. This thread keeps a
+    stream of reads going behind the kernel's readahead (large page-cache folios), and the hasher finds the
+    pages cached. Not ``POSIX_FADV_WILLNEED``: measured, it made cold hashing slower (0.70 against 0.81 of
+    `dd` on the 16-core host; 0.4-0.6 against 1.1 GiB/s on a 2-core VM). It stops at once where reads come
+    back faster than ``FAST_RATE``, more than a hashing core can take (the pages were cached, or the disk
+    outruns the hasher: either way the copy would only cost). Three ``PROBE`` reads before its first ``step``
+    say so (a cached file costs it 3 MiB of copying): without readahead (``POSIX_FADV_RANDOM`` meanwhile, so
+    that one probe's readahead does not serve the next), and ahead of the hasher (it starts ``2 * step`` into
+    the file), so that pages the hasher's own readahead just brought in are not taken for a fast disk. It does
+    nothing that hashing depends on: whatever it cannot do is not done."""
+
+    FAST_RATE = 2 * 1024 * MIB  # bytes/s: one core hashes about 1.2 GiB/s (sha_ni; far less without)
+    PROBE = MIB
+
+    def __init__(self, path: str, size: int, ahead: int, step: int = PREFETCH_STEP) -> None:
+        self.path, self.size, self.ahead, self.step = path, size, ahead, step
+        self.hashed = 0
+        self.done = False
+        self.read = 0
+        self.cond = threading.Condition()
+        self.thread = threading.Thread(target=self._run, name="k26-prefetch", daemon=True)
+        self.thread.start()
+
+    @classmethod
+    def maybe(cls, job: HashJob, hashers: int) -> Prefetch | None:
+        """One for ``job`` when prefetching is on (``PREFETCH_AHEAD``), the file is larger than
+        ``PREFETCH_MIN`` and every hasher has a spare core for its reader (at most half the cores hash)."""
+        if PREFETCH_AHEAD <= 0 or job.st.st_size <= PREFETCH_MIN or hashers * 2 > cpu_count():
+            return None
+        return cls(job.path, job.st.st_size, PREFETCH_AHEAD)
+
+    def advance(self, n: int) -> None:
+        with self.cond:
+            self.hashed += n
+            self.cond.notify()
+
+    def close(self) -> None:
+        """Stop at the next step; wait for it a few seconds at most (a read of a stalled mount may never end:
+        the thread is a daemon, and closes its descriptor itself)."""
+        with self.cond:
+            self.done = True
+            self.cond.notify()
+        self.thread.join(timeout=5)
+
+    def _run(self) -> None:
+        try:
+            with open_regular(self.path, buffering=0) as fh:
+                scratch = bytearray(self.step)
+                self.read = min(self.size, 2 * self.step)  # the file's head: the hasher's own readahead has it
+                if self._fast(fh.fileno(), memoryview(scratch)[:self.PROBE]):
+                    return
+                while self.read < self.size:
+                    with self.cond:
+                        while not self.done and self.read - self.hashed >= self.ahead:
+                            self.cond.wait()
+                        if self.done:
+                            return
+                    n = os.preadv(fh.fileno(), [scratch], self.read)
+                    if n <= 0:
+                        return
+                    self.read += n
+        except (AttributeError, OSError):  # not Linux, a file that went away or changed kind: no prefetch
+            return
+
+    def _fast(self, fd: int, probe: memoryview) -> bool:
+        """Three small reads where the prefetch starts: the second and third both faster than ``FAST_RATE``
+        (the first faults the buffer in) say the file is cached or the disk outruns a hasher."""
+        fast = 0
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # a probe reads what it asks, not its readahead's
+        for i in range(3):
+            if self.read >= self.size:
+                return True
+            t0 = time.monotonic()
+            n = os.preadv(fd, [probe], self.read)
+            if n <= 0:
+                return True
+            self.read += n
+            fast += i > 0 and n >= self.FAST_RATE * (time.monotonic() - t0)
+        advise_sequential(fd)
+        return fast == 2
 
 
 def file_key(st: os.stat_result) -> str:
@@ -308,25 +439,42 @@ def hash_files(jobs: list[HashJob], *, workers: int | None = None, cache: Verify
             cache.put(job.st, job.path, digest)
         return job.name, res
 
-    def in_thread(job: HashJob) -> tuple[str, dict[str, Any]]:
+    def ticking(prefetch: Prefetch | None) -> Callable[[int], None]:
+        if prefetch is None:
+            return tick
+
+        def both(nbytes: int) -> None:
+            prefetch.advance(nbytes)
+            tick(nbytes)
+        return both
+
+    def in_thread(job: HashJob, buf: bytearray) -> tuple[str, dict[str, Any]]:
         t0 = time.monotonic()
+        prefetch = Prefetch.maybe(job, n)
         try:
-            digest = sha256_file(job.path, tick)
+            digest = sha256_file(job.path, ticking(prefetch), buf=buf)
         except Stopped as stop:
             return job.name, {"error": str(stop)}
         except OSError as exc:
             return finish(job, t0, None, f"cannot read: {exc.strerror or exc}")
+        finally:
+            if prefetch is not None:
+                prefetch.close()
         return finish(job, t0, digest, None)
 
     def by_worker(worker: WorkerProcess, job: HashJob) -> tuple[str, dict[str, Any]] | None:
         """The worker's answer for ``job``, or a stop; None when the worker died and the file is to be
         read here."""
         t0 = time.monotonic()
+        prefetch = Prefetch.maybe(job, n)
         try:
-            answer = worker.hash(job.path, tick)
+            answer = worker.hash(job.path, ticking(prefetch))
         except Stopped as stop:
             worker.close(kill=True)
             return job.name, {"error": str(stop)}
+        finally:
+            if prefetch is not None:
+                prefetch.close()
         if answer is not None:
             return finish(job, t0, answer.get("sha256"), answer.get("error"))
         if worker.close() == -signal.SIGINT:  # Ctrl-C reached the worker: stop, don't go on here
@@ -339,6 +487,7 @@ def hash_files(jobs: list[HashJob], *, workers: int | None = None, cache: Verify
         while that lives, else by reading them itself."""
         out: list[tuple[str, dict[str, Any]]] = []
         worker = WorkerProcess.start() if use_processes else None
+        buf: bytearray | None = None  # this thread's read buffer, made when first needed, kept for its files
         try:
             while (job := take()) is not None:
                 if worker is not None:
@@ -349,7 +498,8 @@ def hash_files(jobs: list[HashJob], *, workers: int | None = None, cache: Verify
                     if done is not None:
                         out.append(done)
                         continue
-                out.append(in_thread(job))
+                buf = buf if buf is not None else bytearray(read_block())
+                out.append(in_thread(job, buf))
         finally:
             if worker is not None:
                 worker.close()
@@ -388,7 +538,8 @@ class WorkerProcess:
     @classmethod
     def start(cls) -> WorkerProcess | None:
         try:
-            proc = subprocess.Popen([sys.executable, "-I", "-S", str(WORKER)], stdin=subprocess.PIPE,
+            ahead = ["--ahead", str(AHEAD)] if AHEAD > 0 else []
+            proc = subprocess.Popen([sys.executable, "-I", "-S", str(WORKER), *ahead], stdin=subprocess.PIPE,
                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                                     encoding="utf-8", errors="replace", bufsize=1, close_fds=True)
         except OSError:
@@ -481,7 +632,11 @@ def verify_model_hashes(model_dir: str, *, use_cache: bool = True, cache_dir: st
                         workers: int | None = None, progress: bool | None = None) -> dict[str, Any]:
     """Hash every shard of ``model_dir`` and compare; the ``model.hashes`` fact for one directory."""
     names, problem = shard_names(model_dir)
-    expected, man_info = expected_digests(model_dir, names)
+    # The promised digests are read while the shards hash (off the critical path: on 16 cores, 1 GiB hashes in
+    # about 90 ms, and reading a manifest and 64 shards' metadata takes one or two of them).
+    lookup = ThreadPoolExecutor(max_workers=1, thread_name_prefix="k26-expected")
+    pending = lookup.submit(expected_digests, model_dir, names)
+    lookup.shutdown(wait=False)
     jobs: list[HashJob] = []
     files: dict[str, dict[str, Any]] = {}
     for name in names:
@@ -504,6 +659,7 @@ def verify_model_hashes(model_dir: str, *, use_cache: bool = True, cache_dir: st
     finally:
         prog.close()
     seconds = time.monotonic() - t0
+    expected, man_info = pending.result()
     if cache is not None:
         cache.save()
     bytes_hashed = 0

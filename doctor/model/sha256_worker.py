@@ -30,6 +30,7 @@ import sys
 
 WINDOW = 64 * 1024 * 1024  # bytes mapped at a time (a multiple of the page size)
 SLICE = 1024 * 1024  # bytes per hash update
+REPORT = 16 * 1024 * 1024  # a progress line every this many bytes (the parent's prefetch follows them)
 READ_BLOCK = 256 * 1024  # the read() path: small enough to stay in a core's L2 cache
 
 
@@ -42,12 +43,13 @@ def _mapped(fd: int, size: int, h, report) -> None:
                 mm.madvise(mmap.MADV_SEQUENTIAL)
             view = memoryview(mm)
             try:
-                for i in range(0, length, SLICE):
-                    h.update(view[i:i + SLICE])
+                for i in range(0, length, REPORT):
+                    for j in range(i, min(i + REPORT, length), SLICE):
+                        h.update(view[j:min(j + SLICE, i + REPORT, length)])
+                    report(min(REPORT, length - i))
             finally:
                 view.release()
         off += length
-        report(length)
 
 
 def _read(fd: int, h, report) -> int:
