@@ -284,15 +284,21 @@ def engine_call(paths: list[str], cores: int, processes: bool) -> Callable[[], d
 VARIANT_BLOCKS = (256 * 1024, 512 * 1024, 1024 * 1024, 2048 * 1024)
 
 
-def with_block(fn: Callable[[], Any], block: int) -> Callable[[], Any]:
-    """``fn`` with the in-process read loop's buffer at ``block`` bytes (``hashing.BLOCK``), restored after."""
+def with_setting(fn: Callable[[], Any], name: str, value: Any) -> Callable[[], Any]:
+    """``fn`` with ``hashing.<name>`` set to ``value`` while it runs, restored after."""
     def run() -> Any:
-        saved, hashing.BLOCK = hashing.BLOCK, block
+        saved = getattr(hashing, name)
+        setattr(hashing, name, value)
         try:
             return fn()
         finally:
-            hashing.BLOCK = saved
+            setattr(hashing, name, saved)
     return run
+
+
+def with_block(fn: Callable[[], Any], block: int) -> Callable[[], Any]:
+    """``fn`` with the in-process read loop's buffer at ``block`` bytes (``hashing.BLOCK``)."""
+    return with_setting(fn, "BLOCK", block)
 
 
 def variant_tools(d: str, cores: int) -> dict[str, Callable[[], Any]]:
@@ -317,15 +323,9 @@ def variant_ratios(rates: dict[str, list[float]], base: str) -> dict[str, float]
 
 
 def with_prefetch(fn: Callable[[], Any], ahead: int) -> Callable[[], Any]:
-    """``fn`` with each large file's prefetch thread keeping ``ahead`` bytes asked for past what was hashed
-    (``hashing.PREFETCH_AHEAD``; 0: none), restored after."""
-    def run() -> Any:
-        saved, hashing.PREFETCH_AHEAD = hashing.PREFETCH_AHEAD, ahead
-        try:
-            return fn()
-        finally:
-            hashing.PREFETCH_AHEAD = saved
-    return run
+    """``fn`` with each large file's prefetch thread reading up to ``ahead`` bytes past what was hashed
+    (``hashing.PREFETCH_AHEAD``; 0: none)."""
+    return with_setting(fn, "PREFETCH_AHEAD", ahead)
 
 
 PREFETCH_VARIANTS = (0, 32 * MIB, 64 * MIB, 128 * MIB)
