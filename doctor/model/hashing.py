@@ -25,6 +25,7 @@ size, mtime_ns, ctime_ns) and kept outside the model directory, lets a restart r
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import hashlib
 import json
@@ -35,7 +36,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,9 +65,6 @@ REPORT_BYTES = 16 * MIB  # progress, and a look at the deadline, every this many
 # interpreter each, all at once) costs more than the copy they save. bench/bench_model_deep.py measures
 # both ways at each size ("threads", "processes") to place this crossover on a real host.
 PROCESS_MIN_SHARE = 256 * MIB
-# Bytes a worker asks the kernel to read past the window it hashes (``sha256_worker.py --ahead``; 0: the
-# kernel's readahead alone). bench/bench_model_deep.py ``--cold-variants`` times other depths on a cold cache.
-AHEAD = 0
 # On a cold cache a file's readahead alone leaves the disk idle while the file's hasher hashes: a thread of
 # its own per file (``Prefetch``) reads up to PREFETCH_AHEAD bytes past what was hashed, PREFETCH_STEP at a
 # time, for files larger than PREFETCH_MIN (PREFETCH_AHEAD 0: never).
@@ -439,42 +437,44 @@ def hash_files(jobs: list[HashJob], *, workers: int | None = None, cache: Verify
             cache.put(job.st, job.path, digest)
         return job.name, res
 
-    def ticking(prefetch: Prefetch | None) -> Callable[[int], None]:
+    @contextlib.contextmanager
+    def reading(job: HashJob) -> Iterator[Callable[[int], None]]:
+        """The progress callback for hashing ``job``: ``tick``, and where ``Prefetch.maybe`` gives one, its
+        prefetch told each step too (stopped when the hashing ends, however it ends)."""
+        prefetch = Prefetch.maybe(job, n)
         if prefetch is None:
-            return tick
+            yield tick
+            return
 
         def both(nbytes: int) -> None:
             prefetch.advance(nbytes)
             tick(nbytes)
-        return both
+        try:
+            yield both
+        finally:
+            prefetch.close()
 
     def in_thread(job: HashJob, buf: bytearray) -> tuple[str, dict[str, Any]]:
         t0 = time.monotonic()
-        prefetch = Prefetch.maybe(job, n)
         try:
-            digest = sha256_file(job.path, ticking(prefetch), buf=buf)
+            with reading(job) as on_bytes:
+                digest = sha256_file(job.path, on_bytes, buf=buf)
         except Stopped as stop:
             return job.name, {"error": str(stop)}
         except OSError as exc:
             return finish(job, t0, None, f"cannot read: {exc.strerror or exc}")
-        finally:
-            if prefetch is not None:
-                prefetch.close()
         return finish(job, t0, digest, None)
 
     def by_worker(worker: WorkerProcess, job: HashJob) -> tuple[str, dict[str, Any]] | None:
         """The worker's answer for ``job``, or a stop; None when the worker died and the file is to be
         read here."""
         t0 = time.monotonic()
-        prefetch = Prefetch.maybe(job, n)
         try:
-            answer = worker.hash(job.path, ticking(prefetch))
+            with reading(job) as on_bytes:
+                answer = worker.hash(job.path, on_bytes)
         except Stopped as stop:
             worker.close(kill=True)
             return job.name, {"error": str(stop)}
-        finally:
-            if prefetch is not None:
-                prefetch.close()
         if answer is not None:
             return finish(job, t0, answer.get("sha256"), answer.get("error"))
         if worker.close() == -signal.SIGINT:  # Ctrl-C reached the worker: stop, don't go on here
@@ -538,8 +538,7 @@ class WorkerProcess:
     @classmethod
     def start(cls) -> WorkerProcess | None:
         try:
-            ahead = ["--ahead", str(AHEAD)] if AHEAD > 0 else []
-            proc = subprocess.Popen([sys.executable, "-I", "-S", str(WORKER), *ahead], stdin=subprocess.PIPE,
+            proc = subprocess.Popen([sys.executable, "-I", "-S", str(WORKER)], stdin=subprocess.PIPE,
                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                                     encoding="utf-8", errors="replace", bufsize=1, close_fds=True)
         except OSError:

@@ -45,7 +45,7 @@ def _mapped(fd: int, size: int, h, report) -> None:
             try:
                 for i in range(0, length, REPORT):
                     for j in range(i, min(i + REPORT, length), SLICE):
-                        h.update(view[j:min(j + SLICE, i + REPORT, length)])
+                        h.update(view[j:j + SLICE])  # REPORT is a multiple of SLICE: a slice ends at i + REPORT
                     report(min(REPORT, length - i))
             finally:
                 view.release()
