@@ -17,20 +17,21 @@ travels() {  # (files set aside are still listed by git: stat skips them)
     | awk '{s += $1} END {printf "%.1f MiB of the tree travels (carried payload not counted)\n", s / 1048576}'
 }
 
+move_all() {  # move_all FROM TO WHY: each of PATHS from under FROM to under TO, never onto one there (WHY says so)
+  local p
+  for p in "${PATHS[@]}"; do
+    [ -e "$1$p" ] || continue
+    [ -e "$2$p" ] && { echo "$2$p $3"; exit 1; }
+    mkdir -p "$(dirname "$2$p")" && mv "$1$p" "$2$p"
+  done
+}
+
 case "${1:-}" in
   aside)
-    for p in "${PATHS[@]}"; do
-      [ -e "$p" ] || continue
-      [ -e "$ASIDE/$p" ] && { echo "$ASIDE/$p exists already: run '$0 back' first"; exit 1; }
-      mkdir -p "$ASIDE/$(dirname "$p")" && mv "$p" "$ASIDE/$p"
-    done
+    move_all "" "$ASIDE/" "exists already: run '$0 back' first"
     travels ;;
   back)
-    for p in "${PATHS[@]}"; do
-      [ -e "$ASIDE/$p" ] || continue
-      [ -e "$p" ] && { echo "$p exists in the tree and in $ASIDE: left both, resolve by hand"; exit 1; }
-      mkdir -p "$(dirname "$p")" && mv "$ASIDE/$p" "$p"
-    done
+    move_all "$ASIDE/" "" "exists in the tree and in $ASIDE: left both, resolve by hand"
     [ -d "$ASIDE" ] && find "$ASIDE" -depth -type d -empty -delete
     travels ;;
   *) echo "usage: $0 aside|back"; exit 2 ;;
