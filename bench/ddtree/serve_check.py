@@ -980,6 +980,12 @@ def speed_groups(records: list[dict]) -> list[dict]:
     return out
 
 
+def with_interval(v: dict, then: str) -> str:
+    """``x<median> (<coverage> x<low>-x<high>, <then>)``: a ratio's median and its interval (``speed_groups``,
+    ``judge``), with what follows them in the same brackets."""
+    return f"x{v['median']} ({v['ci_coverage']:.0%} x{v['ci'][0]}-x{v['ci'][1]}, {then})"
+
+
 def speed_line(g: dict) -> str:
     """One group's SPEED line: its medians, and each ratio's median with its interval and range."""
     def span(key: str) -> str:
@@ -987,7 +993,7 @@ def speed_line(g: dict) -> str:
         if not v:
             return "n/a"
         if "ci" in v:
-            return f"x{v['median']} ({v['ci_coverage']:.0%} x{v['ci'][0]}-x{v['ci'][1]}, all x{v['min']}-x{v['max']})"
+            return with_interval(v, f"all x{v['min']}-x{v['max']}")
         return f"x{v['median']} (x{v['min']}-x{v['max']})"
     return (f"SPEED {g['group']} {g['server']} ({g['passes']} passes): round {g['round_ms']['median']} ms, "
             f"{g['tok_per_s']['median']} tok/s, accept {g['accept_len']['median']}"
@@ -1033,8 +1039,7 @@ def pool(verdicts: list[dict], criteria: list[dict] | None = None) -> dict:
         out["criteria"] = judge(groups, criteria)
         for c in out["criteria"]:
             side = f"<= {c['at_most']}" if "at_most" in c else f">= {c['at_least']}"
-            got = (f"x{c['median']} ({c['ci_coverage']:.0%} x{c['ci'][0]}-x{c['ci'][1]}, {c['passes']} passes, "
-                   f"{c['server_found']})" if c["ci"] else "no interval")
+            got = with_interval(c, f"{c['passes']} passes, {c['server_found']}") if c["ci"] else "no interval"
             beside = "" if c.get("decides", True) else " [beside: does not decide]"
             out["lines"].append(f"{c['verdict'].upper()} {c['what']}: {c['metric']} {got}, target {side}{beside}")
         deciding = [c for c in out["criteria"] if c.get("decides", True)]
