@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import mmap
 import os
 import shutil
 import statistics
@@ -57,7 +56,12 @@ SLICE = MIB
 BLOCKS = (MIB, 4 * MIB, 8 * MIB)  # the threads' read buffer (one per thread): fewer GIL hand-overs per byte
 
 
-def mmap_digest(path: str) -> str:
+# One memory-mapped digest, run by the threads here and by the forked children of ``FORKER`` (a small process:
+# it imports nothing of the bench, so that a fork copies little).
+MMAP_DIGEST = r"""
+import hashlib, mmap, os
+
+def mmap_digest(path):
     h = hashlib.sha256()
     with open(path, "rb", buffering=0) as fh:
         size = os.fstat(fh.fileno()).st_size
@@ -66,11 +70,15 @@ def mmap_digest(path: str) -> str:
                 mm.madvise(mmap.MADV_SEQUENTIAL)
                 view = memoryview(mm)
                 try:
-                    for i in range(0, size, SLICE):
-                        h.update(view[i:i + SLICE])
+                    for i in range(0, size, 1 << 20):
+                        h.update(view[i:i + (1 << 20)])
                 finally:
                     view.release()
     return h.hexdigest()
+"""
+_ns: dict[str, Any] = {}
+exec(MMAP_DIGEST, _ns)
+mmap_digest: Callable[[str], str] = _ns["mmap_digest"]
 
 
 def pooled(paths: list[str], cores: int, digest: Callable[[str], str]) -> dict[str, str]:
@@ -102,23 +110,9 @@ def memory_threads(paths: list[str], cores: int) -> tuple[Callable[[], dict[str,
     return run, sum(len(b) for b in blobs.values())
 
 
-FORKER = r"""
-import hashlib, json, mmap, os, sys
+FORKER = MMAP_DIGEST + r"""
+import json, sys
 paths, cores = json.loads(sys.argv[1]), int(sys.argv[2])
-
-def digest(path):
-    h = hashlib.sha256()
-    with open(path, "rb", buffering=0) as fh:
-        size = os.fstat(fh.fileno()).st_size
-        if size:
-            with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-                mm.madvise(mmap.MADV_SEQUENTIAL)
-                view = memoryview(mm)
-                for i in range(0, size, 1 << 20):
-                    h.update(view[i:i + (1 << 20)])
-                view.release()
-    return h.hexdigest()
-
 print("ready", flush=True)
 for _ in sys.stdin:
     kids = []
@@ -127,7 +121,7 @@ for _ in sys.stdin:
         pid = os.fork()
         if pid == 0:
             os.close(r)
-            os.write(w, json.dumps({os.path.basename(p): digest(p) for p in paths[k::cores]}).encode())
+            os.write(w, json.dumps({os.path.basename(p): mmap_digest(p) for p in paths[k::cores]}).encode())
             os._exit(0)
         os.close(w)
         kids.append((pid, r))
