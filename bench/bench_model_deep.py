@@ -303,12 +303,19 @@ def with_block(fn: Callable[[], Any], block: int) -> Callable[[], Any]:
 
 def variant_tools(d: str, cores: int) -> dict[str, Callable[[], Any]]:
     """``--variants``: the doctor with other read-loop buffers (its threads' ``BLOCK``), timed beside it on the
-    page cache, where a larger buffer takes the GIL back fewer times per byte but may leave the core's L2."""
+    page cache, where a larger buffer takes the GIL back fewer times per byte but may leave the core's L2; with
+    its prefetch threads off (or on); and with workers from other shares (``WORKER_WAIT_MIN``)."""
     tools = {f"doctor {b // 1024}K": with_block(doctor_call(d, cores), b) for b in VARIANT_BLOCKS
              if b != hashing.read_block()}
     other = 64 * MIB if hashing.PREFETCH_AHEAD == 0 else 0  # the prefetch threads on or off: what they cost warm
     tools[f"doctor prefetch {other // MIB}M"] = with_prefetch(doctor_call(d, cores), other)
+    for wait in WAIT_VARIANTS:  # where workers begin to pay (hashing.WORKER_WAIT_MIN)
+        if wait != getattr(hashing, "WORKER_WAIT_MIN", wait):
+            tools[f"doctor workers from {wait // MIB}M"] = with_setting(doctor_call(d, cores), "WORKER_WAIT_MIN", wait)
     return tools
+
+
+WAIT_VARIANTS = (64 * MIB, 128 * MIB, 256 * MIB)
 
 
 def variant_ratios(rates: dict[str, list[float]], base: str) -> dict[str, float]:
