@@ -9,7 +9,7 @@ warm (every file read once, so it sits in the page cache), interleaved, ``--runs
   * doctor:      ``verify_model_hashes`` (the deep tier as ``check --deep`` calls it, verification
                  cache off), its whole call timed, with the mode it picks for that input;
   * threads, processes: ``hash_files`` made to hash in threads / in worker processes (to see which mode
-                 wins at which size: ``PROCESS_MIN_SHARE`` in doctor/model/hashing.py is the crossover);
+                 wins at which size: ``WORKER_WAIT_MIN`` in doctor/model/hashing.py is the crossover);
   * the baseline `xargs -P cores -n 1 sha256sum`, and `xargs ... openssl dgst -sha256` where present;
   every tool's digests are compared with the doctor's (a mismatch ends the bench).
 cold (``--cold``, the default; ``--no-cold`` to skip): before each timed read every file's pages are
@@ -23,7 +23,7 @@ Ratios: doctor / xargs sha256sum (warm; target >= 1.0) and doctor / dd (cold; ta
 median of the per-run ratios. A cold rate is also bounded by hashing: a set of F files cannot be hashed
 faster than F cores hash (sha256 of one file is sequential), so the cold table shows the ceiling
 min(dd, warm doctor) too. A last warm line gives threads / processes by the share each worker hashes
-(where ``PROCESS_MIN_SHARE`` belongs on this host). Exit 0 when every measured target is met, 1
+(where ``WORKER_WAIT_MIN`` belongs on this host). Exit 0 when every measured target is met, 1
 otherwise, 2 on a wrong setup.
 
     python3 bench/bench_model_deep.py [--quick] [--json OUT] [--tmp DIR] [--budget S] [--runs N]
@@ -303,12 +303,19 @@ def with_block(fn: Callable[[], Any], block: int) -> Callable[[], Any]:
 
 def variant_tools(d: str, cores: int) -> dict[str, Callable[[], Any]]:
     """``--variants``: the doctor with other read-loop buffers (its threads' ``BLOCK``), timed beside it on the
-    page cache, where a larger buffer takes the GIL back fewer times per byte but may leave the core's L2."""
+    page cache, where a larger buffer takes the GIL back fewer times per byte but may leave the core's L2; with
+    its prefetch threads off (or on); and with workers from other shares (``WORKER_WAIT_MIN``)."""
     tools = {f"doctor {b // 1024}K": with_block(doctor_call(d, cores), b) for b in VARIANT_BLOCKS
              if b != hashing.read_block()}
     other = 64 * MIB if hashing.PREFETCH_AHEAD == 0 else 0  # the prefetch threads on or off: what they cost warm
     tools[f"doctor prefetch {other // MIB}M"] = with_prefetch(doctor_call(d, cores), other)
+    for wait in WAIT_VARIANTS:  # where workers begin to pay (hashing.WORKER_WAIT_MIN)
+        if wait != getattr(hashing, "WORKER_WAIT_MIN", wait):
+            tools[f"doctor workers from {wait // MIB}M"] = with_setting(doctor_call(d, cores), "WORKER_WAIT_MIN", wait)
     return tools
+
+
+WAIT_VARIANTS = (64 * MIB, 128 * MIB, 256 * MIB)
 
 
 def variant_ratios(rates: dict[str, list[float]], base: str) -> dict[str, float]:
@@ -593,7 +600,7 @@ def report_cold(key: tuple[int, int], c: dict[str, Any]) -> None:
 
 def crossover(doc: dict[str, Any]) -> None:
     """Threads against processes by the share one worker hashes (``hashing.plan``'s measure), to place
-    ``PROCESS_MIN_SHARE`` on this host."""
+    ``WORKER_WAIT_MIN`` on this host."""
     rows = []
     for key, w in doc["warm"].items():
         if "median_gib_s" not in w:
@@ -603,12 +610,12 @@ def crossover(doc: dict[str, Any]) -> None:
     if not rows:
         return
     rows.sort()
-    limit = getattr(hashing, "PROCESS_MIN_SHARE", None)
+    limit = getattr(hashing, "WORKER_WAIT_MIN", None)
     doc["crossover"] = {"threads_over_processes": {k: round(r, 3) for _, k, r in rows},
                         "process_min_share_mib": limit // MIB if limit else None}
     say("threads / processes by the MiB each worker hashes: "
         + ", ".join(f"{share:.0f} MiB ({k}) {r:.2f}" for share, k, r in rows)
-        + (f"; PROCESS_MIN_SHARE = {limit // MIB} MiB (processes from there up)" if limit else ""))
+        + (f"; WORKER_WAIT_MIN = {limit // MIB} MiB (processes from there up)" if limit else ""))
 
 
 def write_json(path: str | None, doc: dict[str, Any]) -> None:

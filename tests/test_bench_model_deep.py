@@ -43,6 +43,8 @@ def test_warm_set_times_each_variant_beside_xargs(tmp_path: Path) -> None:
     w = deep.warm_set(d, 2, 1, {"xargs sha256sum": ["sha256sum"]}, min_timed_s=0.0, variants=True)
     names = {f"doctor {b // 1024}K" for b in deep.VARIANT_BLOCKS if b != hashing.read_block()}
     names.add("doctor prefetch 0M" if hashing.PREFETCH_AHEAD else "doctor prefetch 64M")
+    names |= {f"doctor workers from {m // deep.MIB}M" for m in deep.WAIT_VARIANTS if m != hashing.WORKER_WAIT_MIN}
+    assert len(names) == len(deep.VARIANT_BLOCKS) - 1 + 1 + len(deep.WAIT_VARIANTS) - 1
     assert names <= set(w["median_gib_s"]) and set(w["variants_over_xargs"]) == names | {"doctor"}
     assert w["variants_over_xargs"]["doctor"] == w["doctor_over_xargs"]["median"]
 

@@ -15,6 +15,7 @@ import stat
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -24,8 +25,8 @@ from doctor.core import deadline, proc
 from doctor.model import hashing
 from doctor.model.hashing import (
     MIB,
-    PROCESS_MIN_SHARE,
     REPORT_BYTES,
+    WORKER_WAIT_MIN,
     HashJob,
     Progress,
     hash_files,
@@ -69,8 +70,8 @@ def _sha(p: Path) -> str:
     return h.hexdigest()
 
 
-def _children() -> list[str]:
-    """Command lines of this process's live children (zombies excluded)."""
+def _procs() -> list[tuple[int, str, int, int, str]]:
+    """Every live process (zombies excluded): (pid, state, parent, session, command line)."""
     out = []
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
@@ -78,14 +79,37 @@ def _children() -> list[str]:
         try:
             stat = (d / "stat").read_text()
             fields = stat[stat.rindex(")") + 2:].split()
-            if int(fields[1]) == os.getpid() and fields[0] != "Z":
-                out.append((d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except (OSError, ValueError):
             continue
+        if fields[0] != "Z":
+            out.append((int(d.name), fields[0], int(fields[1]), int(fields[3]), cmd))
     return out
 
 
-def test_processes_and_threads_give_hashlib_digests(tmp_path):
+@pytest.fixture
+def servers(monkeypatch):
+    """The pids of the fork servers the test's hashing starts (each is the leader of its workers' session)."""
+    started: list[int] = []
+    real = hashing.WorkerServer.start.__func__
+
+    def start(cls):
+        server = real(cls)
+        if server is not None:
+            started.append(server.proc.pid)
+        return server
+    monkeypatch.setattr(hashing.WorkerServer, "start", classmethod(start))
+    return started
+
+
+def _left_behind(servers: list[int]) -> list[str]:
+    """Hashing processes still alive: a worker child of this process, a fork server, or any process in a
+    server's session (its workers)."""
+    return [cmd for pid, _, parent, session, cmd in _procs()
+            if session in servers or pid in servers or (parent == os.getpid() and "sha256_worker" in cmd)]
+
+
+def test_processes_and_threads_give_hashlib_digests(tmp_path, servers):
     paths = _files(tmp_path)
     want = {p.name: _sha(p) for p in paths}
     total = sum(p.stat().st_size for p in paths)
@@ -95,7 +119,8 @@ def test_processes_and_threads_give_hashlib_digests(tmp_path):
         assert {k: v["sha256"] for k, v in res.items()} == want, processes
         assert all(v["cached"] is False and "changed_while_hashing" not in v for v in res.values())
         assert prog.done == total and prog.done_files == len(paths)
-    assert not [c for c in _children() if "sha256_worker" in c]
+    assert len(servers) == 1 + (plan(_jobs(paths), 3, None)[1])  # True: one; None: as plan says; False: none
+    assert not _left_behind(servers)
 
 
 def test_worker_protocol_answers_errors_as_data(tmp_path):
@@ -117,14 +142,26 @@ def test_worker_protocol_answers_errors_as_data(tmp_path):
     assert len(answers) == 6
 
 
-def test_the_worker_imports_no_json_typing_or_enum():
-    """Its start-up is what small inputs pay (16 interpreters at once): the heavy stdlib imports stay out."""
-    out = subprocess.run([sys.executable, "-I", "-S", "-X", "importtime", str(WORKER)], input="",
-                         capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0
-    imported = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if "|" in line}
+@pytest.mark.parametrize("serve", [False, True])
+def test_the_worker_imports_no_json_typing_or_enum(serve):
+    """Its start-up is what a hashing call waits for (the fork server's, before its first worker): the heavy
+    stdlib imports stay out, in both modes."""
+    import socket
+
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    with mine, theirs:
+        argv = [sys.executable, "-I", "-S", "-X", "importtime", str(WORKER), *(["--serve"] if serve else [])]
+        child = subprocess.Popen(argv, stdin=theirs.fileno() if serve else subprocess.DEVNULL,
+                                 stderr=subprocess.PIPE, text=True)
+        if serve:
+            mine.settimeout(60)
+            assert mine.recv(16) == b"ready"
+            mine.shutdown(socket.SHUT_RDWR)  # the doctor's end closes: the server ends
+        _, err = child.communicate(timeout=60)
+    assert child.returncode == 0, err[-2000:]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in err.splitlines() if "|" in line}
     assert "hashlib" in imported and "mmap" in imported
-    assert not imported & {"json", "re", "typing", "enum", "signal"}, sorted(imported)
+    assert not imported & {"json", "re", "typing", "enum", "signal", "socket"}, sorted(imported)
 
 
 def _sparse(tmp_path: Path, name: str, size: int) -> HashJob:
@@ -138,17 +175,25 @@ def test_plan_threads_for_small_inputs_workers_for_large_shares(tmp_path):
     """Real (sparse) files of the sizes the bench measures: the choice is made on sizes alone."""
     small = [_sparse(tmp_path, f"s{i}", 64 * MIB) for i in range(16)]  # 1 GiB, one file per core
     assert plan(small, 16, None) == (16, False)
-    large = [_sparse(tmp_path, f"l{i}", 512 * MIB) for i in range(2)]  # two large files: no start-up to share
+    large = [_sparse(tmp_path, f"l{i}", 512 * MIB) for i in range(2)]  # two large files: worth the wait
     assert plan(large, 16, None) == (2, True)
     many = [_sparse(tmp_path, f"m{i}", 128 * MIB) for i in range(64)]  # 8 GiB on 16 cores: 512 MiB each
     assert plan(many, 16, None) == (16, True)
-    assert plan(many, 64, None) == (64, False)  # 128 MiB each: below PROCESS_MIN_SHARE
-    one = [_sparse(tmp_path, "one", PROCESS_MIN_SHARE)]
+    assert plan(many, 64, None) == (64, False)  # 128 MiB each: below WORKER_WAIT_MIN
+    one = [_sparse(tmp_path, "one", WORKER_WAIT_MIN)]
     assert plan(one, 1, None) == (1, True)
     tiny = [_sparse(tmp_path, f"t{i}", MIB) for i in range(10)]  # 10 MiB: two slots are enough
     assert plan(tiny, 16, None) == (2, False)
     assert plan(tiny, 16, True) == (2, True) and plan(large, 16, False) == (2, False)
     assert plan([_sparse(tmp_path, "empty", 0)], 16, None) == (1, False)
+
+
+def test_only_a_file_worth_the_wait_waits_for_the_fork_server(tmp_path):
+    """With workers chosen, a file of ``WORKER_WAIT_MIN`` or more waits for the server; a smaller one is read
+    by its thread while the server starts; asked for workers (``processes=True``), every file waits."""
+    big, small = _sparse(tmp_path, "big", WORKER_WAIT_MIN), _sparse(tmp_path, "small", WORKER_WAIT_MIN - 1)
+    assert hashing.waits_for_worker(big, None) and not hashing.waits_for_worker(small, None)
+    assert hashing.waits_for_worker(small, True)
 
 
 @pytest.fixture
@@ -160,7 +205,7 @@ def run_deadline():
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("processes", [False, True])
-def test_hashing_stops_at_the_run_deadline(tmp_path, run_deadline, processes):
+def test_hashing_stops_at_the_run_deadline(tmp_path, run_deadline, processes, servers):
     """At the deadline the CLI reports, then kills every registered child (``proc.kill_all``): a worker
     killed then is not replaced by reading its file here, and a thread stops within ``REPORT_BYTES``; a
     2 GiB file (a hole: no disk needed) takes seconds, the stop a fraction of one."""
@@ -180,7 +225,7 @@ def test_hashing_stops_at_the_run_deadline(tmp_path, run_deadline, processes):
         timer.cancel()
     assert res == {"big": {"error": "hashing stopped: the run was interrupted (Ctrl-C)"}}, res
     assert prog.done < job.st.st_size
-    assert not [c for c in _children() if "sha256_worker" in c]
+    assert len(servers) == processes and not _left_behind(servers)
 
 
 @pytest.mark.parametrize("processes", [False, True])
@@ -193,66 +238,97 @@ def test_nothing_starts_after_the_deadline(tmp_path, run_deadline, processes):
 
 CTRL_C_IN_MAIN = """
 import json, os, signal, sys, threading, time
+from doctor.model import hashing
 from doctor.model.hashing import HashJob, Progress, hash_files
-path = sys.argv[1]
+path, processes = sys.argv[1], sys.argv[2] == "processes"
 st = os.stat(path)
 prog = Progress(st.st_size, 1, enabled=False)
+servers = []
+real = hashing.WorkerServer.start.__func__
+hashing.WorkerServer.start = classmethod(lambda cls: servers.append(real(cls)) or servers[-1])
 
 def ctrl_c():
     while prog.done == 0:
         time.sleep(0.01)
-    os.kill(os.getpid(), signal.SIGINT)  # to the process: the kernel hands it to the main thread
+    os.killpg(os.getpgid(0), signal.SIGINT)  # as Ctrl-C at a terminal: to the doctor's process group
 
 threading.Thread(target=ctrl_c, daemon=True).start()
 try:
-    hash_files([HashJob("big", path, st)], workers=1, processes=False, progress=prog)
-    print(json.dumps({"interrupted": False, "done": prog.done}))
+    hash_files([HashJob("big", path, st)], workers=1, processes=processes, progress=prog)
+    doc = {"interrupted": False}
 except KeyboardInterrupt:
-    print(json.dumps({"interrupted": True, "done": prog.done}))
+    doc = {"interrupted": True}
+print(json.dumps({**doc, "done": prog.done, "servers": [s.proc.pid for s in servers if s is not None],
+                  "server_exit": [s.proc.poll() for s in servers if s is not None]}))
 """
 
 
 @pytest.mark.timeout(120)
-def test_ctrl_c_stops_the_hashing_threads(tmp_path):
-    """``manifest write`` hashes in the main thread's call: Ctrl-C there must stop the threads too (the
-    executor waits for them), not let them read the rest of the file."""
+@pytest.mark.parametrize("processes", ["threads", "processes"])
+def test_ctrl_c_stops_the_hashing(tmp_path, processes):
+    """``manifest write`` hashes in the main thread's call: Ctrl-C at the terminal (SIGINT to the doctor's
+    process group, in a session of its own here) stops the threads too, and the workers: the fork server has
+    a session of its own, so the signal reaches only the doctor, which kills its worker and ends the server
+    before the interrupt goes on."""
     job = _sparse(tmp_path, "big", 2 << 30)
     env = dict(os.environ, PYTHONPATH=str(Path(hashing.__file__).resolve().parents[2]))
-    out = subprocess.run([sys.executable, "-c", CTRL_C_IN_MAIN, job.path], capture_output=True, text=True,
-                         timeout=110, env=env)
+    out = subprocess.run([sys.executable, "-c", CTRL_C_IN_MAIN, job.path, processes], capture_output=True,
+                         text=True, timeout=110, env=env, start_new_session=True)
     doc = json.loads(out.stdout)
     assert doc["interrupted"] is True and doc["done"] < job.st.st_size, (doc, out.stderr[-2000:])
+    assert len(doc["servers"]) == (processes == "processes") and None not in doc["server_exit"], doc
+    assert not _left_behind(doc["servers"])
 
 
-def _stand_in_worker(tmp_path: Path, body: str) -> Path:
-    """A worker that dies as SIGBUS or Ctrl-C would kill the real one: the mapped file shrinking under it
-    cannot be timed from a test, the death it causes can."""
+def _dying_worker(tmp_path: Path, how: str) -> Path:
+    """The real worker whose forked workers die as ``how`` (a signal's name) when asked for a file: a mapped
+    file shrinking under a worker (SIGBUS) cannot be timed from a test, the death it causes can."""
+    real = WORKER.read_text()
+    hook = "def hash_path(path: str, report, parent: int) -> str:\n"
+    assert real.count(hook) == 1
     script = tmp_path / "dying_worker.py"
-    script.write_text("import os, signal, sys\nsys.stdin.readline()\n" + body + "\n")
+    script.write_text(real.replace(hook, hook + f"    _signal.signal(_signal.{how}, _signal.SIG_DFL)\n"
+                                         f"    os.kill(os.getpid(), _signal.{how})\n"))
     return script
 
 
-def test_a_dying_worker_is_replaced_by_the_read_loop(tmp_path, monkeypatch):
+@pytest.mark.parametrize("how", ["SIGBUS", "SIGINT"])
+def test_a_dying_worker_is_replaced_by_the_read_loop(tmp_path, monkeypatch, servers, how):
+    """Whatever kills a worker (SIGBUS; SIGINT now reaches it only if sent to it alone: its session is not
+    the terminal's), its file is read by its thread, and the next file gets a new worker."""
     paths = _files(tmp_path)[:5]
-    monkeypatch.setattr(hashing, "WORKER", _stand_in_worker(
-        tmp_path, "signal.signal(signal.SIGBUS, signal.SIG_DFL); os.kill(os.getpid(), signal.SIGBUS)"))
+    monkeypatch.setattr(hashing, "WORKER", _dying_worker(tmp_path, how))
     res = hash_files(_jobs(paths), workers=2, processes=True)
     assert {k: v.get("sha256") for k, v in res.items()} == {p.name: _sha(p) for p in paths}
+    assert len(servers) == 1 and not _left_behind(servers)
 
 
-def test_a_worker_that_cannot_run_falls_back(tmp_path, monkeypatch):
+def test_a_worker_that_cannot_run_falls_back(tmp_path, monkeypatch, servers):
     paths = _files(tmp_path)[:4]
     monkeypatch.setattr(hashing, "WORKER", tmp_path / "no-such-worker.py")
     res = hash_files(_jobs(paths), workers=2, processes=True)
     assert {k: v.get("sha256") for k, v in res.items()} == {p.name: _sha(p) for p in paths}
+    assert len(servers) == 1 and not _left_behind(servers)
 
 
-def test_ctrl_c_in_a_worker_stops_the_run(tmp_path, monkeypatch):
-    paths = _files(tmp_path)[:5]
-    monkeypatch.setattr(hashing, "WORKER", _stand_in_worker(tmp_path, "os.kill(os.getpid(), signal.SIGINT)"))
-    res = hash_files(_jobs(paths), workers=1, processes=True)
-    assert set(res) == {p.name for p in paths}
-    assert all(v == {"error": "hashing interrupted"} for v in res.values()), res
+def test_the_fork_server_kills_its_workers_when_the_doctor_is_gone(tmp_path):
+    """The doctor killed (SIGKILL: no cleanup of its own) while a worker hashes: the server sees its socket
+    close, kills the worker and ends."""
+    job = _sparse(tmp_path, "big", 8 << 30)
+    code = ("import os, sys, time\nfrom doctor.model import hashing\n"
+            "server = hashing.WorkerServer.start()\nassert server.ready(30)\nworker = server.fork()\n"
+            "print(server.proc.pid, worker.pid, flush=True)\n"
+            "worker.requests.write(os.fsencode(sys.argv[1]).hex() + '\\n'); worker.requests.flush()\n"
+            "worker.answers.readline()\nos.kill(os.getpid(), 9)\n")
+    env = dict(os.environ, PYTHONPATH=str(Path(hashing.__file__).resolve().parents[2]))
+    out = subprocess.run([sys.executable, "-c", code, job.path], capture_output=True, text=True, timeout=60,
+                         env=env)
+    assert out.returncode == -signal.SIGKILL, out.stderr[-2000:]
+    server, worker = (int(x) for x in out.stdout.split())
+    deadline_at = time.monotonic() + 30
+    while time.monotonic() < deadline_at and {pid for pid, *_ in _procs()} & {server, worker}:
+        time.sleep(0.05)
+    assert not {pid for pid, *_ in _procs()} & {server, worker}
 
 
 @pytest.mark.skipif(not hasattr(signal, "SIGBUS"), reason="POSIX only")
@@ -271,7 +347,7 @@ def test_a_file_that_shrinks_is_reported_changed(tmp_path, processes):
 
 # -- hostile files: the same verdicts in threads and in workers -------------------------------------------
 
-MODES = {"threads": 1 << 62, "processes": 0}  # PROCESS_MIN_SHARE that makes ``plan`` pick each mode
+MODES = {"threads": False, "processes": True}  # verify_model_hashes' processes= for each mode
 
 
 def _hostile_model(tmp_path: Path) -> tuple[Path, list[str], bytes]:
@@ -297,9 +373,8 @@ def _hostile_model(tmp_path: Path) -> tuple[Path, list[str], bytes]:
 def test_hostile_shards_get_the_same_verdicts_either_way(tmp_path, monkeypatch):
     d, names, data = _hostile_model(tmp_path)
     seen = {}
-    for mode, share in MODES.items():
-        monkeypatch.setattr(hashing, "PROCESS_MIN_SHARE", share)
-        res = verify_model_hashes(str(d), use_cache=False, progress=False, workers=4)
+    for mode, processes in MODES.items():
+        res = verify_model_hashes(str(d), use_cache=False, progress=False, workers=4, processes=processes)
         seen[mode] = {f["name"]: {k: v for k, v in f.items() if k != "seconds"} for f in res["files"]}
     assert seen["threads"] == seen["processes"]
     got = seen["threads"]
@@ -374,3 +449,56 @@ def test_an_unreadable_shard_is_an_error_in_both_modes(tmp_path):
                           str(p)], capture_output=True, text=True, timeout=110)
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads(out.stdout) == [{"error": "cannot read: Permission denied"}] * 2
+
+
+# -- the slots: started together ----------------------------------------------------------------------------
+
+
+def test_every_slot_thread_exists_before_any_begins():
+    """A slot begun while the others are still being started makes their files begin late: when any slot
+    begins, all of them are there."""
+    seen: list[int] = []
+    lock = threading.Lock()
+    all_begun = threading.Barrier(8, timeout=10)  # no slot ends (and its thread with it) before all have begun
+
+    def slot():
+        alive = sum(1 for t in threading.enumerate() if t.name.startswith("k26-hash-"))
+        with lock:
+            seen.append(alive)
+        all_begun.wait()
+        return [(f"f{alive}", {})]
+
+    outs = hashing.run_slots(slot, 8, threading.Event())
+    assert seen == [8] * 8 and len(outs) == 8
+
+
+def test_a_slot_that_fails_fails_the_call_and_stops_the_others():
+    stop = threading.Event()
+
+    def slot():
+        if threading.current_thread().name == "k26-hash-0":
+            raise OSError("boom")
+        assert stop.wait(10)  # set by the failing slot's call, not by a timeout
+        return []
+
+    with pytest.raises(OSError, match="boom"):
+        hashing.run_slots(slot, 3, stop)
+    assert stop.is_set()
+
+
+def test_the_fork_server_kills_only_its_own_workers(servers):
+    """``k PID`` of a pid that is not one of its workers (here: this test's own process) does nothing, and a
+    request it does not know is answered ``?``; its workers hash as the plain worker does."""
+    server = hashing.WorkerServer.start()
+    assert server is not None and server.ready(30)
+    try:
+        assert server._ask(b"k %d" % os.getpid()) == b"k"  # still here
+        assert server._ask(b"what") == b"?"
+        worker = server.fork()
+        assert worker is not None
+        assert worker.hash(__file__, None) == {"sha256": _sha(Path(__file__)), "bytes": Path(__file__).stat().st_size}
+        worker.close(kill=True)
+        assert not worker.alive()
+    finally:
+        server.close()
+    assert server.proc.returncode == 0 and not _left_behind(servers)

@@ -6,13 +6,15 @@ cache's blob names (``blobs/<sha256>``). All three are the sha256 of the whole f
 digest, computed front to back by one core: files are hashed in parallel, a file at a time from one
 queue, largest first, never split.
 
-Two ways to hash, the same bytes either way (``plan`` picks one per call, from the cores and the sizes):
-  * threads of this process, ``readinto`` one buffer of half the core's L2 per thread, kept for all its
-    files (hashlib and the read release the GIL): no start-up at all, but every byte is copied once;
-  * worker processes (``doctor/model/sha256_worker.py``: stdlib only, the page cache hashed through a
-    memory map, no copy, no GIL shared), for a large share per worker, where the copy saved is worth
-    more than the worker's start-up (``PROCESS_MIN_SHARE``). Where a worker cannot start or dies, its
-    files are read by the thread that drove it.
+Two ways to hash, the same bytes either way, in one thread per file at a time (``run_slots``: all started
+before any begins):
+  * by the thread itself, ``readinto`` one buffer of half the core's L2 per thread, kept for all its files
+    (hashlib and the read release the GIL): nothing to start, but every byte is copied once;
+  * through a worker process the thread drives (``doctor/model/sha256_worker.py``: stdlib only, the page
+    cache hashed through a memory map, no copy, no GIL shared), forked by a fork server started once per
+    call. ``plan`` starts the server where each thread has enough to hash (``WORKER_WAIT_MIN``); a file that
+    large waits for it, a smaller one is hashed by its thread while the server starts. Where the server cannot
+    start, or a worker dies, the thread reads the file itself.
 Reads are announced sequential (``POSIX_FADV_SEQUENTIAL``: a larger readahead on a cold cache). Where at
 most half the cores hash (a few large files), each large file also gets a thread that reads it ahead of
 its hasher (``Prefetch``), so that the disk is not idle while the hasher hashes; it stops at once on a
@@ -24,6 +26,7 @@ size, mtime_ns, ctime_ns) and kept outside the model directory, lets a restart r
 
 from __future__ import annotations
 
+import array
 import collections
 import contextlib
 import functools
@@ -31,6 +34,7 @@ import hashlib
 import json
 import os
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -61,10 +65,11 @@ MIB = 1024 * 1024
 BLOCK: int | None = None
 BLOCK_MIN, BLOCK_MAX = 256 * 1024, 1024 * 1024
 REPORT_BYTES = 16 * MIB  # progress, and a look at the deadline, every this many bytes of a file
-# Worker processes only where each gets at least this much to hash: below it, their start-up (an
-# interpreter each, all at once) costs more than the copy they save. bench/bench_model_deep.py measures
-# both ways at each size ("threads", "processes") to place this crossover on a real host.
-PROCESS_MIN_SHARE = 256 * MIB
+# A file at least this large waits for the worker fork server to start (about 20 ms on the 16-core host) rather
+# than be hashed by a thread while it starts: a worker hashes without a copy, 10-20% faster than a thread there
+# (bench/bench_hash_parts.py), which repays the wait from about 150-200 ms of hashing (a few hundred MiB) up.
+# bench/bench_model_deep.py times threads and processes at each size ("threads", "processes") to check it.
+WORKER_WAIT_MIN = 256 * MIB
 # On a cold cache a file's readahead alone leaves the disk idle while the file's hasher hashes: a thread of
 # its own per file (``Prefetch``) reads up to PREFETCH_AHEAD bytes past what was hashed, PREFETCH_STEP at a
 # time, for files larger than PREFETCH_MIN (PREFETCH_AHEAD 0: never).
@@ -367,22 +372,30 @@ class HashJob:
 
 
 def plan(todo: list[HashJob], workers: int | None, processes: bool | None) -> tuple[int, bool]:
-    """How many files at once, and whether in worker processes: ``(n, processes)``.
+    """How many files at once, and whether to start worker processes: ``(n, processes)``.
 
     ``n``: the workers asked for (default: cores), at most one per file and one per ``MIN_SLOT_BYTES``.
-    Processes (unless ``processes`` says) when the least one of them hashes, the largest file or an equal
-    share of the whole, is at least ``PROCESS_MIN_SHARE``."""
+    Processes (unless ``processes`` says) when the least a thread hashes, the largest file or an equal share
+    of the whole, is at least ``WORKER_WAIT_MIN``: less than that, the server's start-up (and the core it takes
+    from the threads meanwhile) costs more than the copy it saves."""
     total = sum(j.st.st_size for j in todo)
     n = max(1, min(workers or default_workers(), len(todo), -(-total // MIN_SLOT_BYTES)))
     share = max([total / n, *(j.st.st_size for j in todo)])
-    return n, (share >= PROCESS_MIN_SHARE if processes is None else processes)
+    return n, (share >= WORKER_WAIT_MIN if processes is None else processes)
+
+
+def waits_for_worker(job: HashJob, processes: bool | None) -> bool:
+    """Whether a thread waits for the fork server before hashing ``job`` (else it hashes the file itself while
+    the server starts): always when workers were asked for, else for a file of ``WORKER_WAIT_MIN`` or more."""
+    return processes is True or job.st.st_size >= WORKER_WAIT_MIN
 
 
 def hash_files(jobs: list[HashJob], *, workers: int | None = None, cache: VerifyCache | None = None,
                progress: Progress | None = None, processes: bool | None = None) -> dict[str, dict[str, Any]]:
     """sha256 per job name: ``{"sha256", "cached", "seconds"}`` or ``{"error"}``; largest files first.
 
-    ``processes``: hash in worker processes, or in threads (default: ``plan`` decides)."""
+    ``processes``: True, every file through a worker (a thread waits for the fork server); False, threads
+    only; None, ``plan`` decides."""
     results: dict[str, dict[str, Any]] = {}
     todo: list[HashJob] = []
     for job in jobs:
@@ -477,19 +490,21 @@ def hash_files(jobs: list[HashJob], *, workers: int | None = None, cache: Verify
             return job.name, {"error": str(stop)}
         if answer is not None:
             return finish(job, t0, answer.get("sha256"), answer.get("error"))
-        if worker.close() == -signal.SIGINT:  # Ctrl-C reached the worker: stop, don't go on here
-            interrupted.set()
         why = stop_reason()  # killed at the run's deadline, or Ctrl-C: nothing is read again
         return (job.name, {"error": why}) if why else None
 
     def slot() -> list[tuple[str, dict[str, Any]]]:
-        """One thread taking files until the queue is empty (or a stop): through its worker process
-        while that lives, else by reading them itself."""
+        """One thread taking files until the queue is empty (or a stop): each through this thread's worker,
+        forked when first needed (for a small file, only if the server is already up), else by reading it
+        itself."""
         out: list[tuple[str, dict[str, Any]]] = []
-        worker = WorkerProcess.start() if use_processes else None
+        worker: WorkerProcess | None = None
         buf: bytearray | None = None  # this thread's read buffer, made when first needed, kept for its files
         try:
             while (job := take()) is not None:
+                if worker is None and server is not None and server.ready(
+                        WorkerServer.READY_WAIT if waits_for_worker(job, processes) else 0.0):
+                    worker = server.fork()
                 if worker is not None:
                     done = by_worker(worker, job)
                     if done is None or not worker.alive():
@@ -505,17 +520,59 @@ def hash_files(jobs: list[HashJob], *, workers: int | None = None, cache: Verify
                 worker.close()
         return out
 
-    with ThreadPoolExecutor(max_workers=n) as pool:
-        try:
-            for part in pool.map(lambda _: slot(), range(n)):
-                results.update(part)
-        except BaseException:  # Ctrl-C in the thread that waits here: the others stop at their next report
-            interrupted.set()
-            raise
+    server = WorkerServer.start() if use_processes else None
+    try:
+        parts = run_slots(slot, n, interrupted)
+    finally:
+        if server is not None:
+            server.close()
+    for part in parts:
+        results.update(part)
     why = stop_reason() or "hashing interrupted"
     for job in todo:  # left in the queue by a stop
         results.setdefault(job.name, {"error": why})
     return results
+
+
+def run_slots(slot: Callable[[], list[tuple[str, dict[str, Any]]]], n: int,
+              interrupted: threading.Event) -> list[list[tuple[str, dict[str, Any]]]]:
+    """``slot()`` in ``n`` threads that start together, and what each returned.
+
+    Why not a thread pool: a pool starts its threads one by one as work is submitted, and each start waits for
+    the new thread to take the GIL from the ones already hashing; on the 16-core host the 16th thread began
+    7 ms after the first (of a 100 ms call hashing 1 GiB, bench/bench_hash_parts.py), and a file begun late
+    ends late. Here every thread is started first and waits (without the GIL) until all are there, then all
+    begin at once. Ctrl-C in the waiting thread stops the others at their next report, and is raised once
+    they have stopped."""
+    go = threading.Event()
+    outs: list[list[tuple[str, dict[str, Any]]]] = [[] for _ in range(n)]
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        go.wait()
+        try:
+            outs[i] = slot()
+        except BaseException as exc:  # kept for the caller: a slot's failure is the call's
+            interrupted.set()
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,), name=f"k26-hash-{i}", daemon=True) for i in range(n)]
+    try:
+        for t in threads:
+            t.start()
+        go.set()
+        for t in threads:
+            t.join()
+    except BaseException:  # Ctrl-C here: the slots stop at their next report
+        interrupted.set()
+        go.set()
+        for t in threads:
+            if t.ident is not None:
+                t.join()
+        raise
+    if errors:
+        raise errors[0]
+    return outs
 
 
 def worker_error(path: str, said: str) -> str:
@@ -529,34 +586,135 @@ def worker_error(path: str, said: str) -> str:
     return said
 
 
-class WorkerProcess:
-    """One ``sha256_worker.py`` child: a path in, progress and a digest out (see its docstring)."""
+class WorkerServer:
+    """``sha256_worker.py --serve``, started once per hashing call: it forks a worker per hashing thread on
+    request (see that file's docstring for the protocol).
 
-    def __init__(self, proc: subprocess.Popen[str]) -> None:
-        self.proc = proc
+    Why a fork server: an interpreter per worker costs 20 ms, and 16 started at once took 110-124 ms on the
+    16-core host before any of them hashed a byte; a fork of this one small process is ready at once. It runs
+    in a session of its own, so Ctrl-C at the terminal reaches only the doctor, which stops its workers; it is
+    registered with ``doctor.core.proc`` (``kill_all`` kills its process group, its workers with it), and it
+    kills its workers itself when its socket closes (the doctor exits, or is killed)."""
+
+    READY_WAIT = 10.0  # seconds a thread waits at most for the server to start (a loaded host); then it reads
+    ANSWER_WAIT = 5.0  # seconds for the answer to a request, once the server is up
+
+    def __init__(self, proc: subprocess.Popen[bytes], sock: socket.socket) -> None:
+        self.proc, self.sock = proc, sock
+        self.state = "starting"  # then "ready", or "gone" (no more requests: the threads read the files)
+        self.lock = threading.Lock()
 
     @classmethod
-    def start(cls) -> WorkerProcess | None:
+    def start(cls) -> WorkerServer | None:
+        """The server, starting (``ready`` says when it is up), or None where it cannot start."""
         try:
-            proc = subprocess.Popen([sys.executable, "-I", "-S", str(WORKER)], stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                                    encoding="utf-8", errors="replace", bufsize=1, close_fds=True)
-        except OSError:
+            mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        except (OSError, AttributeError):  # no Unix sockets with descriptor passing here
             return None
-        proc_registry.track(proc)  # killed if the doctor exits while it hashes (Ctrl-C, the run's deadline)
-        return cls(proc)
+        try:
+            proc = subprocess.Popen([sys.executable, "-I", "-S", str(WORKER), "--serve"], stdin=theirs.fileno(),
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True,
+                                    start_new_session=True)
+        except OSError:
+            mine.close()
+            return None
+        finally:
+            theirs.close()
+        proc_registry.track(proc)  # its process group is killed if the doctor exits while it hashes
+        return cls(proc, mine)
+
+    def ready(self, wait: float = 0.0) -> bool:
+        """Whether the server takes requests, waiting up to ``wait`` seconds (within the run's deadline) for
+        it to come up. A thread that must not wait never blocks behind one that does."""
+        if self.state != "starting":
+            return self.state == "ready"
+        if not self.lock.acquire(timeout=-1 if wait > 0 else 0):
+            return False
+        try:
+            if self.state == "starting":
+                self.sock.settimeout(max(0.0, deadline.clip(wait)) if wait > 0 else 0.0)
+                try:
+                    said = self.sock.recv(16)
+                    self.state = "ready" if said == b"ready" else "gone"
+                except (BlockingIOError, TimeoutError):
+                    pass
+                except OSError:
+                    self.state = "gone"
+            return self.state == "ready"
+        finally:
+            self.lock.release()
+
+    def _ask(self, msg: bytes, fds: list[int] | None = None) -> bytes | None:
+        """One request and its answer (under the lock), or None when the server is gone."""
+        with self.lock:
+            if self.state != "ready":
+                return None
+            try:
+                self.sock.settimeout(self.ANSWER_WAIT)
+                if fds:
+                    self.sock.sendmsg([msg], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+                else:
+                    self.sock.send(msg)
+                return self.sock.recv(32)
+            except OSError:
+                self.state = "gone"
+                return None
+
+    def fork(self) -> WorkerProcess | None:
+        """A new worker, or None (the server not up yet, or gone)."""
+        if not self.ready():
+            return None
+        req_r, req_w = os.pipe()  # the worker reads paths from req_r; the doctor writes them to req_w
+        ans_r, ans_w = os.pipe()  # the worker writes its answers to ans_w; the doctor reads them from ans_r
+        try:
+            said = self._ask(b"f", [req_r, ans_w])
+        finally:
+            os.close(req_r)
+            os.close(ans_w)
+        if said is None or not said.isdigit():
+            os.close(req_w)
+            os.close(ans_r)
+            return None
+        return WorkerProcess(int(said), os.fdopen(req_w, "w", encoding="ascii", buffering=1),
+                             os.fdopen(ans_r, "r", encoding="ascii", errors="replace"), self)
+
+    def kill(self, pid: int) -> None:
+        self._ask(b"k %d" % pid)
+
+    def close(self) -> None:
+        """End the server (it kills and reaps any worker still running); never raises."""
+        with self.lock:
+            self.state = "gone"
+            self.sock.close()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            self.proc.wait()
+        finally:
+            proc_registry.untrack(self.proc)
+
+
+class WorkerProcess:
+    """One worker forked by a ``WorkerServer``: a path in, progress and a digest out (see sha256_worker.py)."""
+
+    def __init__(self, pid: int, requests: IO[str], answers: IO[str], server: WorkerServer) -> None:
+        self.pid, self.requests, self.answers, self.server = pid, requests, answers, server
+        self.gone = False
 
     def alive(self) -> bool:
-        return self.proc.poll() is None
+        return not self.gone
 
     def hash(self, path: str, on_bytes: Callable[[int], None] | None) -> dict[str, Any] | None:
         """The worker's answer for ``path`` (``{"sha256", "bytes"}`` or ``{"error"}``), or None when the
         worker is gone; ``on_bytes`` at each of its progress lines (it may raise ``Stopped``)."""
-        assert self.proc.stdin is not None and self.proc.stdout is not None
         try:
-            self.proc.stdin.write(os.fsencode(path).hex() + "\n")
-            self.proc.stdin.flush()
-            for line in self.proc.stdout:
+            self.requests.write(os.fsencode(path).hex() + "\n")
+            self.requests.flush()
+            for line in self.answers:
                 kind, _, rest = line.rstrip("\n").partition(" ")
                 if kind == "p":
                     if on_bytes is not None:
@@ -567,34 +725,23 @@ class WorkerProcess:
                     return {"sha256": digest, "bytes": int(size)}
                 if kind == "err":
                     return {"error": worker_error(path, rest)}
-                return None
+                break
         except (OSError, ValueError):
-            return None
+            pass
+        self.gone = True  # it died (SIGBUS: the file shrank under its map), or said what no worker says
         return None
 
-    def close(self, kill: bool = False) -> int | None:
-        """End of input ends the worker; one that does not end promptly (or at once, with ``kill``) is
-        killed. Its exit status; never raises."""
-        if kill:
+    def close(self, kill: bool = False) -> None:
+        """End of input ends the worker; ``kill``: at once, by its server (which knows whether that pid is
+        still its worker). Never raises."""
+        if kill and not self.gone:
+            self.server.kill(self.pid)
+        self.gone = True
+        for stream in (self.requests, self.answers):
             try:
-                self.proc.kill()
+                stream.close()
             except OSError:
                 pass
-        try:
-            if self.proc.stdin is not None:
-                self.proc.stdin.close()
-        except OSError:
-            pass
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        finally:
-            if self.proc.stdout is not None:
-                self.proc.stdout.close()
-            proc_registry.untrack(self.proc)
-        return self.proc.returncode
 
 
 def shard_names(model_dir: str) -> tuple[list[str], str | None]:
@@ -628,8 +775,10 @@ def expected_digests(model_dir: str, names: list[str]) -> tuple[dict[str, dict[s
 
 
 def verify_model_hashes(model_dir: str, *, use_cache: bool = True, cache_dir: str | None = None,
-                        workers: int | None = None, progress: bool | None = None) -> dict[str, Any]:
-    """Hash every shard of ``model_dir`` and compare; the ``model.hashes`` fact for one directory."""
+                        workers: int | None = None, progress: bool | None = None,
+                        processes: bool | None = None) -> dict[str, Any]:
+    """Hash every shard of ``model_dir`` and compare; the ``model.hashes`` fact for one directory
+    (``processes``: as ``hash_files``)."""
     names, problem = shard_names(model_dir)
     # The promised digests are read while the shards hash (off the critical path: on 16 cores, 1 GiB hashes in
     # about 90 ms, and reading a manifest and 64 shards' metadata takes one or two of them).
@@ -654,7 +803,7 @@ def verify_model_hashes(model_dir: str, *, use_cache: bool = True, cache_dir: st
     prog = Progress(sum(j.st.st_size for j in jobs), len(jobs), enabled=progress)
     t0 = time.monotonic()
     try:
-        hashed = hash_files(jobs, workers=workers, cache=cache, progress=prog)
+        hashed = hash_files(jobs, workers=workers, cache=cache, progress=prog, processes=processes)
     finally:
         prog.close()
     seconds = time.monotonic() - t0

@@ -2,26 +2,33 @@
 
 Why a process and not a thread: a worker hashes its file through a memory map of the page cache (no
 copy into a buffer at all) in windows, and shares nothing with the others; a thread must ``read()`` a
-copy first (a memory map in the doctor's own process would let a file truncated under it kill the
-doctor with SIGBUS). The copy cost one core of a loaded 2-core VM a quarter of its rate (0.80 against
-1.04 GiB/s), which pays back the worker's start-up only on a large share per worker:
-``doctor.model.hashing`` hashes small inputs in threads and starts workers for large ones.
+copy first (a memory map in the doctor's own process would let a file truncated under it, or a read error
+of its disk, kill the doctor with SIGBUS). On the 16-core host the copy costs threads 10-20% of their rate
+(bench/bench_hash_parts.py: threads against threads hashing through a map, and against processes that do).
 
-Stdlib only and no ``doctor`` import: ``doctor.model.hashing`` starts it as ``python -I -S
-sha256_worker.py``. It imports only what it uses: no ``json`` (its ``re``), no ``typing``, ``_signal``
-rather than ``signal`` (its ``enum``); those were two thirds of its start-up imports (``-X importtime``:
-about 60 ms against 20 ms on a loaded 2-core VM). So the protocol is plain lines:
-  stdin:  a path, its bytes (``os.fsencode``) in hex; end of input ends the worker.
-  stdout: ``p N`` progress (N more bytes hashed), then for that path ``ok HEX N`` (the digest, bytes
+How workers start: ``doctor.model.hashing`` starts this file once per hashing call as ``python -I -S
+sha256_worker.py --serve``, a fork server on a Unix socket (``fork_server``), and asks it for a worker per
+hashing thread: a fork of a small single-threaded process that has already loaded hashlib, ready at once,
+where an interpreter of its own costs each worker 20 ms, and 16 of them started together 110-124 ms on that
+host. Without ``--serve`` the file is one worker on its own stdin and stdout (the protocol's tests use it).
+
+Stdlib only and no ``doctor`` import. It imports only what it uses: no ``json`` (its ``re``), no ``typing``,
+``_signal`` and ``_socket`` rather than ``signal`` and ``socket`` (their ``enum``); those were two thirds of
+its start-up imports (``-X importtime``: about 60 ms against 20 ms on a loaded 2-core VM). So the protocol
+is plain lines:
+  input:  a path, its bytes (``os.fsencode``) in hex; end of input ends the worker.
+  output: ``p N`` progress (N more bytes hashed), then for that path ``ok HEX N`` (the digest, bytes
           hashed), ``err errno N`` (open, fstat or read failed), ``err mode M`` (not a regular file:
           its ``st_mode``) or ``err bad request``. The parent words an error as its own read loop does
           (``doctor.core.fileio``), so a file's verdict reads the same whichever way it was hashed.
 A file truncated while it is mapped raises SIGBUS and kills this worker; the parent sees the worker
 gone and hashes that file itself with ``read()``. Core dumps are off so that nothing is written.
-The worker exits when its parent is gone (checked between windows).
+A worker exits when its parent (the fork server, or the doctor) is gone, checked between windows; the fork
+server kills its workers when the doctor's end of its socket closes.
 """
 
 import _signal  # not ``signal``: its enum import would double this worker's start-up
+import _socket  # not ``socket``: the same
 import hashlib
 import mmap
 import os
@@ -111,22 +118,13 @@ def hash_path(path: str, report, parent: int) -> str:
         os.close(fd)
 
 
-def main() -> int:
-    _signal.signal(_signal.SIGINT, _signal.SIG_DFL)  # Ctrl-C ends the worker quietly; the parent reports
-    try:
-        import resource
-
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    except (ImportError, ValueError, OSError):
-        pass
-    parent = os.getppid()
-    out = sys.stdout
-
+def serve(inp, out, parent: int) -> int:
+    """The worker's loop: a path (hex) per line of ``inp``, its answer lines to ``out``; ends at end of input."""
     def emit(line: str) -> None:
         out.write(line + "\n")
         out.flush()
 
-    for line in sys.stdin:
+    for line in inp:
         try:
             path = os.fsdecode(bytes.fromhex(line.strip()))
         except ValueError:
@@ -140,6 +138,97 @@ def main() -> int:
         except Orphaned:
             return 0
     return 0
+
+
+def fork_server(sock) -> int:
+    """``--serve``: fork a worker per request of the doctor, on the Unix socket that is this process's stdin.
+
+    Requests: ``f`` with two descriptors (SCM_RIGHTS), the new worker's input and output pipes; answered with
+    the worker's pid in decimal. ``k PID`` kills that worker if it is still this server's, unreaped (so never a
+    process that took over a recycled pid); answered ``k``. Anything else is answered ``?``. ``ready`` is sent
+    once, when the server can fork. At the end of the socket (the doctor closed it, or is gone) every worker
+    still running is killed and reaped, and the server ends."""
+    import array
+
+    hashlib.sha256(b"")  # OpenSSL loaded and its sha256 fetched before any fork: a worker starts with nothing to do
+    b"".decode("ascii")  # and the codec of its pipes looked up (imported) once, here
+    live = set()
+    sock.send(b"ready")
+    while True:
+        try:
+            msg, anc, _flags, _addr = sock.recvmsg(64, _socket.CMSG_SPACE(2 * array.array("i").itemsize))
+        except OSError:
+            break
+        if not msg:
+            break
+        _reap(live)
+        fds = array.array("i")
+        for level, kind, data in anc:
+            if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+                fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+        reply = b"?"
+        if msg == b"f" and len(fds) == 2:
+            pid = os.fork()
+            if pid == 0:  # the worker: its pipes in place of the socket, then the worker's loop, then out
+                code = 1
+                try:
+                    sock.close()
+                    code = serve(open(fds[0], encoding="ascii", errors="replace"),
+                                 open(fds[1], "w", encoding="ascii"), os.getppid())
+                finally:
+                    os._exit(code)
+            live.add(pid)
+            reply = b"%d" % pid
+        elif msg[:2] == b"k " and msg[2:].isdigit():
+            _kill(int(msg[2:]), live)
+            reply = b"k"
+        for fd in fds:
+            os.close(fd)
+        try:
+            sock.send(reply)
+        except OSError:
+            break
+    for pid in list(live):
+        _kill(pid, live)
+    return 0
+
+
+def _reap(live) -> None:
+    """Reap the workers that have ended (a pid leaves ``live`` only here or in ``_kill``)."""
+    while live:
+        try:
+            pid, _status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            live.clear()
+            return
+        if pid == 0:
+            return
+        live.discard(pid)
+
+
+def _kill(pid: int, live) -> None:
+    """Kill and reap ``pid`` if it is a worker of this server not yet reaped (its pid cannot be reused yet)."""
+    if pid not in live:
+        return
+    live.discard(pid)
+    try:
+        os.kill(pid, _signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except (ProcessLookupError, ChildProcessError):
+        pass
+
+
+def main() -> int:
+    _signal.signal(_signal.SIGINT, _signal.SIG_DFL)  # Ctrl-C ends the worker quietly; the parent reports
+    try:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    except (ImportError, ValueError, OSError):
+        pass
+    if sys.argv[1:] == ["--serve"]:
+        return fork_server(_socket.socket(fileno=0))
+    return serve(sys.stdin, sys.stdout, os.getppid())
 
 
 if __name__ == "__main__":
