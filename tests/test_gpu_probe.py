@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import nvidia_gpu_count
 from file_modules import load_file
 from interpreters import pyenv_versions
 
@@ -23,6 +24,10 @@ PYENV = pyenv_versions()
 
 
 def _has_cuda_torch(python: str) -> bool:
+    """Whether ``python``'s torch sees a CUDA device: never where NVML sees no GPU (no driver, or none), which
+    conftest has asked once for the session; else asked of torch itself (an import of several seconds)."""
+    if nvidia_gpu_count() == 0:
+        return False
     code = "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)"
     try:
         return subprocess.run([python, "-c", code], capture_output=True, timeout=60).returncode == 0

@@ -10,6 +10,7 @@ import pytest
 from interpreters import bare_python
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "model"))
+from kimi_kit import transformers_python
 from model_replica import K26Spec, k26_config
 from modelkit import SMALL, build, build_drafter, make_ctx, run, tree_state
 
@@ -161,6 +162,10 @@ def test_generic_model(tmp_path):
 
 
 # -- model.tokenizer ------------------------------------------------------------------------------
+# The service interpreter of the tests that judge the files: a venv with the transformers SGLang 0.5.23 requires
+# (5.19.0, this interpreter's too), so the load is tried as on a server, without this interpreter's torch, whose
+# import alone costs a probe about 7 of its 10 seconds here (the replica's load fails alike in both).
+SERVICE = "5.19.0"
 
 def test_tokenizer_files_pass_and_say_remote_code(tmp_path, model):
     """The files are judged; the load is not (the service interpreter here has no transformers: see
@@ -171,6 +176,7 @@ def test_tokenizer_files_pass_and_say_remote_code(tmp_path, model):
     assert "needs --trust-remote-code" in res.summary and res.details["trust_remote_code_required"]
 
 
+@pytest.mark.network
 @pytest.mark.parametrize("remove,expect", [
     ("tiktoken.model", "needs tiktoken.model"),
     ("chat_template.jinja", "no chat template"),
@@ -179,19 +185,21 @@ def test_tokenizer_files_pass_and_say_remote_code(tmp_path, model):
 ])
 def test_tokenizer_missing_files(tmp_path, model, remove, expect):
     (model / remove).unlink()
-    res = judge(tmp_path, model, "model.tokenizer")
+    res = judge(tmp_path, model, "model.tokenizer", python=transformers_python(SERVICE))
     assert res.status.value == "fail"
     assert any(expect in p for p in res.details["problems"]), res.details["problems"]
 
 
+@pytest.mark.network
 def test_tokenizer_config_bad_json(tmp_path, model):
     (model / "tokenizer_config.json").write_text("{")
-    res = judge(tmp_path, model, "model.tokenizer")
+    res = judge(tmp_path, model, "model.tokenizer", python=transformers_python(SERVICE))
     assert res.status.value == "fail" and "tokenizer_config.json is not valid JSON" in res.summary
 
 
+@pytest.mark.network
 def test_remote_code_turned_off(tmp_path, model):
-    ctx = make_ctx(tmp_path, model)
+    ctx = make_ctx(tmp_path, model, python=transformers_python(SERVICE))
     ctx.settings.profile["model"]["trust_remote_code"] = False
     res = run(ctx, "model.tokenizer")
     assert res.status.value == "fail" and "trust_remote_code = false" in json.dumps(res.details)
@@ -255,18 +263,19 @@ def test_full_k26_config_reads_back():
     assert view.int_field("num_hidden_layers") == 61 and view.int_field("n_routed_experts") == 384
 
 
+@pytest.mark.network
 def test_snapshot_redaction_keeps_the_verdicts(tmp_path, model):
     """Snapshots redact values under secret-looking keys (mask_token_id, num_key_value_heads, tokenizer_*):
     the model facts must replay to the same verdicts."""
     from doctor.facts.redaction import redact
 
     d = build_drafter(tmp_path)
-    live = make_ctx(tmp_path, model, d)
+    live = make_ctx(tmp_path, model, d, python=transformers_python(SERVICE))
     ids = ("model.shards", "model.config", "model.tokenizer", "model.drafter")
     verdicts = {i: run(live, i) for i in ids}
     facts = {n: redact(json.loads(json.dumps(live.fact(n)))) for n in ("model", "model.tensors", "drafter",
                                                                         "model.tokenizer")}
-    replay = make_ctx(tmp_path, model, d, facts=facts)
+    replay = make_ctx(tmp_path, model, d, facts=facts, python=transformers_python(SERVICE))
     for i in ids:
         again = run(replay, i)
         assert (again.status, again.summary) == (verdicts[i].status, verdicts[i].summary), i

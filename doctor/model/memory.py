@@ -517,6 +517,8 @@ LOG_PATTERNS = {
                               + r" GB[.,] avail mem=" + _NUM + " GB"),
 }
 _RANK = re.compile(r"\bTP(\d+)\b")
+# Every pattern above needs one of these in its line: the other lines (most of a log) are passed over at once.
+_NEEDLES = ("mem", "KV Cache is allocated")
 
 
 def _value(text: str | None) -> Any:
@@ -538,6 +540,8 @@ def parse_startup_log(lines: list[str], rank: int = 0) -> dict[str, Any]:
     out: dict[str, list[Any]] = {k: [] for k in LOG_PATTERNS}
     out["kv"] = []  # both pool kinds in order of appearance: (tokens, GiB)
     for line in lines:
+        if _NEEDLES[0] not in line and _NEEDLES[1] not in line:
+            continue
         m_rank = _RANK.search(line)
         if m_rank and int(m_rank.group(1)) != rank:
             continue

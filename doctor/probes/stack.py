@@ -127,14 +127,15 @@ def distributions():
         return out, duplicates, ["importlib.metadata unavailable"]
     for dist in metadata.distributions():
         try:
-            name = dist.metadata["Name"]
+            meta = dist.metadata  # parsed once: dist.version would parse METADATA again
+            name = meta["Name"]
             key = norm(name)
             if not key:
                 continue
             if key in out:  # a second copy further down sys.path: the first one is what imports
-                duplicates.append({"name": name, "version": dist.version, "shadowed_by": out[key]["version"]})
+                duplicates.append({"name": name, "version": meta["Version"], "shadowed_by": out[key]["version"]})
                 continue
-            entry = {"name": name, "version": dist.version}
+            entry = {"name": name, "version": meta["Version"]}
             location = _location(dist)
             if location:
                 entry["location"] = location

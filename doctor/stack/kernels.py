@@ -197,6 +197,10 @@ def required_packages() -> set[str]:
     return {norm(n) for n in compat.load().get("kernels", {}).get("required", [])}
 
 
+# The name a requirement starts with, as packaging's parser reads it (its IDENTIFIER, after optional blanks).
+REQUIREMENT_NAME = re.compile(r"[ \t]*\b([a-zA-Z0-9][a-zA-Z0-9._-]*)\b")
+
+
 def unmet_requirements(fact: dict[str, Any], markers: dict[str, str] | None) -> list[str]:
     """Every installed distribution's ``Requires-Dist`` that the installed version of its target does not
     meet (what ``pip check`` reports as a conflict; a requirement on something not installed is not judged)."""
@@ -212,6 +216,9 @@ def unmet_requirements(fact: dict[str, Any], markers: dict[str, str] | None) -> 
         dist = dists[key]
         for text in dist.get("requires") or []:
             try:
+                head = REQUIREMENT_NAME.match(text)
+                if head is None or norm(head.group(1)) not in dists:
+                    continue  # on something not installed: not judged, so not parsed (about half of them)
                 req = Requirement(text)
                 if req.marker is not None and not req.marker.evaluate(env):
                     continue

@@ -131,12 +131,14 @@ def scan(path: list[str] | None = None) -> dict[str, Any]:
     dists: list[dict[str, Any]] = []
     for dist in metadata.distributions(**({"path": path} if path is not None else {})):
         try:
-            name = dist.metadata["Name"]
+            meta = dist.metadata  # parsed once: dist.version and dist.requires would each parse METADATA again
+            name = meta["Name"]
             key = norm(name)
             if not key or key in out["distributions"]:  # a later copy on sys.path is shadowed
                 continue
-            requires = list(dist.requires or [])
-            out["distributions"][key] = {"name": name, "version": dist.version, "requires": requires}
+            version = meta["Version"]
+            requires = list(meta.get_all("Requires-Dist") or dist.requires or [])  # dist-info's, else egg-info's
+            out["distributions"][key] = {"name": name, "version": version, "requires": requires}
             location = str(dist.locate_file(""))
         except Exception as exc:  # one broken METADATA must not hide the rest
             out["errors"].append(f"{getattr(dist, '_path', 'a distribution')}: {type(exc).__name__}: {exc}")
@@ -145,7 +147,7 @@ def scan(path: list[str] | None = None) -> dict[str, Any]:
         if files is None:
             out["no_file_list"].append(name)
             continue
-        dists.append({"name": name, "key": key, "version": dist.version, "location": location,
+        dists.append({"name": name, "key": key, "version": version, "location": location,
                       "candidates": files[:MAX_FILES], "requires_torch": requires_torch(requires)})
     torch = next((d for d in dists if d["key"] == "torch"), None)
     libs = abi.TorchLibraries(torch_libraries(torch) if torch is not None else [])
