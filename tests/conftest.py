@@ -120,8 +120,9 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     ``$PYTEST_XDIST_AUTO_NUM_WORKERS`` are xdist's own."""
     if config.option.numprocesses != "auto" or os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
         return None
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return cores + 1
+    from doctor.model.workers import cpu_count
+
+    return cpu_count() + 1
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
