@@ -94,20 +94,16 @@ def threads_mmap(paths: list[str], cores: int) -> Callable[[], dict[str, str]]:
 
 def memory_threads(paths: list[str], cores: int) -> tuple[Callable[[], dict[str, str]], int]:
     """Threads hashing the files' bytes from this process's memory (read once, here, untimed)."""
-    blobs = {os.path.basename(p): Path(p).read_bytes() for p in paths}
+    blobs = {p: Path(p).read_bytes() for p in paths}
 
-    def one(name: str) -> str:
-        view = memoryview(blobs[name])
+    def one(path: str) -> str:
+        view = memoryview(blobs[path])
         h = hashlib.sha256()
         for i in range(0, len(view), SLICE):
             h.update(view[i:i + SLICE])
         return h.hexdigest()
 
-    def run() -> dict[str, str]:
-        names = sorted(blobs, key=lambda n: -len(blobs[n]))
-        with ThreadPoolExecutor(max_workers=min(cores, len(names))) as pool:
-            return dict(zip(names, pool.map(one, names), strict=True))
-    return run, sum(len(b) for b in blobs.values())
+    return (lambda: pooled(paths, cores, one)), sum(len(b) for b in blobs.values())
 
 
 FORKER = MMAP_DIGEST + r"""
