@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import inspect
 import json
 import os
 import shutil
@@ -216,17 +217,22 @@ def startup(cores: int, tiny: str) -> dict[str, Any]:
         assert server is not None and server.ready(30)
         server.close()
 
-    def all_workers() -> None:
-        server = hashing.WorkerServer.start()
-        assert server is not None and server.ready(30)
-        workers = [server.fork() for _ in range(cores)]
-        for w in workers:
-            assert w is not None and w.hash(tiny, None) is not None
-            w.close()
-        server.close()
+    def all_workers(pool: int) -> Callable[[], None]:
+        def run() -> None:
+            server = hashing.WorkerServer.start(pool) if pool else hashing.WorkerServer.start()
+            assert server is not None and server.ready(30)
+            workers = [server.fork() for _ in range(cores)]
+            for w in workers:
+                assert w is not None and w.hash(tiny, None) is not None
+                w.close()
+            server.close()
+        return run
     out = {}
+    pooled = "pool" in inspect.signature(hashing.WorkerServer.start).parameters
     for name, fn in (("python -I -S -c pass", bare), ("fork server up", server_up),
-                     (f"fork server and {cores} workers, every first answer", all_workers)):
+                     (f"fork server and {cores} workers, every first answer", all_workers(0)),
+                     *(((f"fork server with a pool of {cores}, every worker's first answer", all_workers(cores)),)
+                       if pooled else ())):
         out[name] = round(statistics.median(deep.timed(fn)[0] for _ in range(7)) * 1e3, 1)
     return out
 

@@ -6,8 +6,13 @@ shards each, for several sizes and shapes from 1 GiB up (many small files, one f
 large files that no per-file parallelism can spread), and measures in the same run:
 
 warm (every file read once, so it sits in the page cache), interleaved, ``--runs`` times:
-  * doctor:      ``verify_model_hashes`` (the deep tier as ``check --deep`` calls it, verification
-                 cache off), its whole call timed, with the mode it picks for that input;
+  * doctor:      ``verify_model_hashes`` as ``check --deep`` calls it (verification cache off): inside a run
+                 whose fork server started as long before the hashing as it does in this host's real
+                 ``check --deep`` (measured first: ``run_lead``), the hashing call timed;
+  * doctor call: ``verify_model_hashes`` on its own (as ``manifest verify`` calls it), its whole call timed,
+                 with the mode ``plan`` picks for that input (a fork server of its own where it pays);
+  * doctor check --deep (``--cli``): the real ``k26-doctor check --deep`` in a process of its own, the
+                 seconds of its ``model.shards.deep`` result;
   * threads, processes: ``hash_files`` made to hash in threads / in worker processes (to see which mode
                  wins at which size: ``WORKER_WAIT_MIN`` in doctor/model/hashing.py is the crossover);
   * the baseline `xargs -P cores -n 1 sha256sum`, and `xargs ... openssl dgst -sha256` where present;
@@ -266,11 +271,101 @@ def xargs_cmd(paths: list[str], cores: int, tool: list[str]) -> Callable[[], dic
     return run
 
 
+class Took:
+    """What a tool returns when it times itself: its digests, and the seconds that count (not the set-up it
+    needed around them)."""
+
+    def __init__(self, digests: dict[str, str], seconds: float) -> None:
+        self.digests, self.seconds = digests, seconds
+
+
 def doctor_call(d: str, cores: int) -> Callable[[], dict[str, str]]:
+    """``verify_model_hashes`` called on its own (as ``manifest verify`` calls it): a fork server of its own,
+    where ``plan`` wants one, started inside the call."""
     def run() -> dict[str, str]:
         res = verify_model_hashes(d, use_cache=False, progress=False, workers=cores)
         return {f["name"]: f.get("sha256", "?") for f in res["files"]}
     return run
+
+
+def run_call(d: str, cores: int, lead: float) -> Callable[[], Any]:
+    """The deep tier as ``check --deep`` calls it: inside a run whose fork server started ``lead`` seconds
+    before the hashing (``hashing.workers_for_run``; the lead as this host's real ``check --deep`` has it,
+    ``run_lead``); only the hashing call is timed. Where this checkout has no run server: ``doctor_call``."""
+    for_run = getattr(hashing, "workers_for_run", None)
+    if for_run is None:
+        return doctor_call(d, cores)
+
+    def run() -> Took:
+        with for_run():
+            time.sleep(lead)
+            seconds, digests = timed(doctor_call(d, cores))
+        return Took(digests, seconds)
+    return run
+
+
+LEAD_CODE = """
+import sys, time
+t0 = None
+from doctor import app
+from doctor.model import hashing
+real_run, real_hash = app.run, hashing.hash_files
+def run(*a, **k):
+    global t0
+    t0 = time.monotonic()
+    return real_run(*a, **k)
+def hash_files(*a, **k):
+    if t0 is not None:
+        sys.stderr.write("lead %.6f\\n" % (time.monotonic() - t0))
+    return real_hash(*a, **k)
+app.run, hashing.hash_files = run, hash_files
+from doctor.cli import main
+sys.argv = ["k26-doctor", "check", "--deep", "--only", "model.shards.deep", "--model-path", sys.argv[1],
+            "--no-verify-cache", "--format", "json"]
+main()
+"""
+
+
+def run_lead(d: str, runs: int = 5) -> float | None:
+    """Seconds from the start of a real ``check --deep`` run (where its fork server starts) to its first
+    hashing call on this host: the median of ``runs`` real CLI runs on ``d``."""
+    leads = []
+    for _ in range(runs):
+        out = subprocess.run([sys.executable, "-c", LEAD_CODE, d], capture_output=True, text=True, cwd=ROOT,
+                             env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=300)
+        leads += [float(line.split()[1]) for line in out.stderr.splitlines() if line.startswith("lead ")][:1]
+    return statistics.median(leads) if leads else None
+
+
+def cli_call(d: str, cores: int) -> Callable[[], Took]:
+    """The real ``k26-doctor check --deep`` on ``d`` (a process of its own, verification cache off): the
+    seconds its ``model.shards.deep`` result took, and the digests it hashed (``--format json`` gives the
+    verdicts: a match against the manifest the bench wrote is the doctor's digest)."""
+    def run() -> Took:
+        out = subprocess.run([sys.executable, "-m", "doctor", "check", "--deep", "--only", "model.shards.deep",
+                              "--model-path", d, "--no-verify-cache", "--format", "json"], capture_output=True,
+                             text=True, cwd=ROOT, timeout=600)
+        res = next(r for r in json.loads(out.stdout)["results"] if r["id"] == "model.shards.deep")
+        if res["status"] != "pass":
+            raise SystemExit(f"check --deep on {d}: {res['status']}: {res.get('summary')}")
+        return Took(MANIFEST_DIGESTS[d], float(res["duration_s"]))
+    return run
+
+
+MANIFEST_DIGESTS: dict[str, dict[str, str]] = {}  # the digests of each set, as the doctor hashed them first
+
+
+def ensure_manifest(d: str, cores: int) -> None:
+    """A k26-doctor manifest in ``d`` (what ``check --deep`` compares against), from the doctor's digests,
+    which every tool's are then compared with."""
+    if d in MANIFEST_DIGESTS:
+        return
+    from doctor.model.manifest import MANIFEST_NAME, manifest_text
+
+    res = verify_model_hashes(d, use_cache=False, progress=False, workers=cores)
+    files = {f["name"]: {"size": f["size"], "sha256": f["sha256"]} for f in res["files"]}
+    Path(d, MANIFEST_NAME).write_text(manifest_text(files, "bench_model_deep"))
+    MANIFEST_DIGESTS[d] = {n: f["sha256"] for n, f in files.items()}
 
 
 def engine_call(paths: list[str], cores: int, processes: bool) -> Callable[[], dict[str, str]]:
@@ -386,6 +481,8 @@ def mode_of(paths: list[str], cores: int) -> tuple[str, float]:
         return ("processes" if n > 1 else "threads"), max(sum(sizes) / n, *sizes) / MIB
     jobs = [HashJob(os.path.basename(p), p, os.stat(p)) for p in paths]
     n, processes = plan(jobs, cores, None)
+    if hasattr(hashing, "workers_for_run"):  # check --deep: every file through the run's workers
+        return f"run's workers x{n}", max(sum(sizes) / n, *sizes) / MIB
     return f"{'processes' if processes else 'threads'} x{n}", max(sum(sizes) / n, *sizes) / MIB
 
 
@@ -411,15 +508,20 @@ MAX_RUNS = 25
 
 
 def warm_set(d: str, cores: int, runs: int, peers: dict[str, list[str]],
-             min_timed_s: float = MIN_TIMED_S, variants: bool = False) -> dict[str, Any]:
+             min_timed_s: float = MIN_TIMED_S, variants: bool = False, lead: float = 0.0,
+             cli: bool = False) -> dict[str, Any]:
     paths = shard_paths(d)
     total = sum(os.path.getsize(p) for p in paths)
     warm_up(paths)
     tools: dict[str, Callable[[], Any]] = {
-        "doctor": doctor_call(d, cores),
+        "doctor": run_call(d, cores, lead),
+        "doctor call": doctor_call(d, cores),
         "threads": engine_call(paths, cores, False),
         "processes": engine_call(paths, cores, True),
     }
+    if cli:
+        ensure_manifest(d, cores)
+        tools["doctor check --deep"] = cli_call(d, cores)
     if variants:
         tools.update(variant_tools(d, cores))
     for name, argv in peers.items():
@@ -434,6 +536,8 @@ def warm_set(d: str, cores: int, runs: int, peers: dict[str, list[str]],
         order = list(tools) if i % 2 == 0 else list(reversed(tools))  # neither side always goes first
         for name in order:
             seconds, digests = timed(tools[name])
+            if isinstance(digests, Took):
+                seconds, digests = digests.seconds, digests.digests
             want = want or digests
             if digests != want:
                 raise SystemExit(f"{name} gave other digests than the doctor on {d}: {digests} != {want}")
@@ -445,14 +549,15 @@ def warm_set(d: str, cores: int, runs: int, peers: dict[str, list[str]],
             "median_gib_s": {k: round(med(v) / GIB, 3) for k, v in rates.items()},
             "doctor_over_xargs": {"per_run": [round(r, 3) for r in ratios], "median": round(med(ratios), 3)},
             "mode": mode, "share_mib": round(share, 1), "runs": i,
-            **({"variants_over_xargs": variant_ratios(rates, "xargs sha256sum")} if variants else {})}
+            "over_xargs": variant_ratios(rates, "xargs sha256sum")}
 
 
 def cold_set(d: str, cores: int, runs: int, res: Residency, budget: Budget, dd_rate: float | None,
-             warm: dict[str, Any] | None, with_xargs: bool, variants: bool = False) -> dict[str, Any]:
+             warm: dict[str, Any] | None, with_xargs: bool, variants: bool = False,
+             lead: float = 0.0) -> dict[str, Any]:
     paths = shard_paths(d)
     total = sum(os.path.getsize(p) for p in paths)
-    tools: dict[str, Callable[[], Any]] = {"dd": dd_call(paths), "doctor": doctor_call(d, cores)}
+    tools: dict[str, Callable[[], Any]] = {"dd": dd_call(paths), "doctor": run_call(d, cores, lead)}
     if with_xargs:
         tools["xargs sha256sum"] = xargs_cmd(paths, cores, ["sha256sum"])
     if variants:
@@ -474,7 +579,9 @@ def cold_set(d: str, cores: int, runs: int, res: Residency, budget: Budget, dd_r
             drops.append({"before": name, **state})
             if not state["cold"]:
                 continue
-            seconds, _ = timed(tools[name])
+            seconds, took = timed(tools[name])
+            if isinstance(took, Took):
+                seconds = took.seconds
             got[name] = total / seconds
             rates[name].append(got[name])
             if name == "dd":
@@ -569,8 +676,9 @@ def report_warm(key: tuple[int, int], w: dict[str, Any]) -> None:
         f"({w['mode']})  threads {m['threads']:6.2f}  processes {m['processes']:6.2f}  {peers}   "
         f"doctor/xargs {r['median']:.2f} [{spread(r['per_run'])}] "
         f"{'OK' if r['median'] >= WARM_TARGET else 'UNDER'}")
-    if w.get("variants_over_xargs"):
-        say("      variants/xargs: " + "  ".join(f"{k} {v:.2f}" for k, v in w["variants_over_xargs"].items()))
+    others = {k: v for k, v in w.get("over_xargs", {}).items() if k != "doctor"}
+    if others:
+        say("      over xargs, run by run: " + "  ".join(f"{k} {v:.2f}" for k, v in others.items()))
 
 
 def report_cold(key: tuple[int, int], c: dict[str, Any]) -> None:
@@ -643,6 +751,8 @@ def parse_args() -> argparse.Namespace:
                     help="time other ways to read a cold set beside dd and the doctor (dd on every file at once, "
                          "threads, processes, the doctor prefetching "
                          + "/".join(str(a // MIB) for a in PREFETCH_VARIANTS) + " MiB ahead)")
+    ap.add_argument("--cli", action="store_true",
+                    help="time the real `k26-doctor check --deep` too (its model.shards.deep result's seconds)")
     ap.add_argument("--sets", default=None, help="warm sets instead of the table, e.g. 16x64,64x16")
     ap.add_argument("--cold-sets", default=None, help="cold sets instead of the table's, e.g. 2x512")
     ap.add_argument("--tmp", "--dir", dest="tmp", default=None,
@@ -691,17 +801,24 @@ def warm_phase(args: argparse.Namespace, doc: dict[str, Any], data: Data, sets: 
     say(f"warm (page-cached), GiB/s, medians of {args.runs} runs or more (until each tool was timed "
         f"{MIN_TIMED_S:.1f} s, at most {MAX_RUNS}); target doctor/xargs >= {WARM_TARGET}:")
     per_stream = None  # the slowest tool's bytes/s per file hashed at once, in the set before
+    lead = 0.0
+    if hasattr(hashing, "workers_for_run") and sets:
+        measured = run_lead(data.dir_for(sets[0]))
+        lead = measured if measured is not None else 0.0
+        doc["host"]["run_lead_ms"] = None if measured is None else round(measured * 1e3, 1)
+        say(f"  a real `check --deep` run hashes {lead * 1e3:.0f} ms after it starts (median of 5 runs): the lead "
+            "its fork server has, and the \"doctor\" tool's" + ("" if measured is not None else " (not measured: 0)"))
     for key in sets:
         size = key[0] * key[1] * MIB
         streams = min(cores, key[0])
-        est = (len(peers) + 3) * args.runs * size / (per_stream * streams) if per_stream else 0.0
+        est = (len(peers) + 4 + args.cli) * args.runs * size / (per_stream * streams) if per_stream else 0.0
         rate = data.rate()
         est += data.missing_bytes(key) / rate if rate else 0.0
         if not budget.allows(est):
             say(f"  {key[0]} x {key[1]} MiB skipped: about {est:.0f} s needed, past the budget")
             doc["warm"][f"{key[0]}x{key[1]}"] = {"skipped": "budget"}
             continue
-        w = warm_set(data.dir_for(key), cores, args.runs, peers, variants=args.variants)
+        w = warm_set(data.dir_for(key), cores, args.runs, peers, variants=args.variants, lead=lead, cli=args.cli)
         per_stream = min(v * GIB for v in w["median_gib_s"].values()) / streams
         doc["warm"][f"{key[0]}x{key[1]}"] = w
         report_warm(key, w)
@@ -727,7 +844,7 @@ def cold_phase(args: argparse.Namespace, doc: dict[str, Any], data: Data, sets: 
     for key in sets:
         warm = doc["warm"].get(f"{key[0]}x{key[1]}")
         c = cold_set(data.dir_for(key), cores, cold_runs, res, budget, dd_rate, warm, args.cold_xargs,
-                     args.cold_variants)
+                     args.cold_variants, (doc["host"].get("run_lead_ms") or 0.0) / 1e3)
         if c["rates_gib_s"]["dd"]:
             dd_rate = statistics.median(c["rates_gib_s"]["dd"]) * GIB
         doc["cold"][f"{key[0]}x{key[1]}"] = c

@@ -210,6 +210,21 @@ def run(settings: Settings, on_result: Callable[[Result], None] | None = None,
         checks: list[Check] | None = None, registry: Registry | None = None,
         progress: Callable[[str], None] | None = None) -> tuple[Report, Context]:
     started_at = time.time()
+    # A live --deep run hashes shards: the hashing workers' fork server starts now, before the checks are loaded
+    # and selected, so that its pool is up when the first shard is hashed (doctor/model/hashing.py says why).
+    # Not stat'ed here: a model path on a stuck mount must not hang the run before its deadline is armed (a
+    # server for a path that turns out not to exist costs one idle process until the run ends).
+    if settings.deep and not settings.from_snapshot and (settings.model_path or settings.draft_model_path):
+        from doctor.model.hashing import workers_for_run
+
+        with workers_for_run():
+            return _run(settings, started_at, on_result, checks, registry, progress)
+    return _run(settings, started_at, on_result, checks, registry, progress)
+
+
+def _run(settings: Settings, started_at: float, on_result: Callable[[Result], None] | None,
+         checks: list[Check] | None, registry: Registry | None,
+         progress: Callable[[str], None] | None) -> tuple[Report, Context]:
     reg = registry or registry_for(settings)
     chosen = selected_checks(settings, reg) if checks is None else checks
     if any(c.deep for c in chosen) and not settings.deep:  # a deep check named by --only runs as with --deep

@@ -30,5 +30,6 @@ def test_every_way_runs_and_agrees(tmp_path: Path) -> None:
     assert all(v > 0 for v in got["median_gib_s"].values())
     assert got["timeline_ms"]["calls"] == 5 and got["timeline_ms"]["last_end"] >= got["timeline_ms"]["median_end"]
     assert set(doc["startup_ms"]) == {"python -I -S -c pass", "fork server up",
-                                      "fork server and 2 workers, every first answer"}
+                                      "fork server and 2 workers, every first answer",
+                                      "fork server with a pool of 2, every worker's first answer"}
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("k26-hash-parts-")]  # its data removed

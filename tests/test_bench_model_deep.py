@@ -45,8 +45,23 @@ def test_warm_set_times_each_variant_beside_xargs(tmp_path: Path) -> None:
     names.add("doctor prefetch 0M" if hashing.PREFETCH_AHEAD else "doctor prefetch 64M")
     names |= {f"doctor workers from {m // deep.MIB}M" for m in deep.WAIT_VARIANTS if m != hashing.WORKER_WAIT_MIN}
     assert len(names) == len(deep.VARIANT_BLOCKS) - 1 + 1 + len(deep.WAIT_VARIANTS) - 1
-    assert names <= set(w["median_gib_s"]) and set(w["variants_over_xargs"]) == names | {"doctor"}
-    assert w["variants_over_xargs"]["doctor"] == w["doctor_over_xargs"]["median"]
+    assert names <= set(w["median_gib_s"]) and set(w["over_xargs"]) == names | {"doctor", "doctor call"}
+    assert w["over_xargs"]["doctor"] == w["doctor_over_xargs"]["median"]
+
+
+def test_the_real_check_deep_is_timed_beside_xargs_with_its_lead(tmp_path: Path) -> None:
+    """``--cli``: the real ``check --deep`` passes against the manifest the bench wrote from the doctor's
+    digests (any other digest from any tool ends the bench), its check's seconds are what count; the lead a
+    real run gives its fork server is measured from real runs."""
+    data = deep.Data(str(tmp_path / "bench"))
+    d = data.dir_for((3, 1))
+    lead = deep.run_lead(d, runs=1)
+    assert lead is not None and 0 < lead < 60
+    w = deep.warm_set(d, 2, 1, {"xargs sha256sum": ["sha256sum"]}, min_timed_s=0.0, lead=lead, cli=True)
+    assert set(w["over_xargs"]) == {"doctor", "doctor call", "doctor check --deep"}
+    assert w["runs"] == 1 and w["mode"] == "run's workers x1"  # 3 MiB: one slot (MIN_SLOT_BYTES)
+    took = deep.cli_call(d, 2)()
+    assert isinstance(took, deep.Took) and took.digests == deep.MANIFEST_DIGESTS[d] and 0 < took.seconds < 60
 
 
 def test_variant_ratios_pair_runs() -> None:

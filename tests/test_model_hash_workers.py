@@ -93,8 +93,8 @@ def servers(monkeypatch):
     started: list[int] = []
     real = hashing.WorkerServer.start.__func__
 
-    def start(cls):
-        server = real(cls)
+    def start(cls, pool=0):
+        server = real(cls, pool)
         if server is not None:
             started.append(server.proc.pid)
         return server
@@ -245,7 +245,7 @@ st = os.stat(path)
 prog = Progress(st.st_size, 1, enabled=False)
 servers = []
 real = hashing.WorkerServer.start.__func__
-hashing.WorkerServer.start = classmethod(lambda cls: servers.append(real(cls)) or servers[-1])
+hashing.WorkerServer.start = classmethod(lambda cls, pool=0: servers.append(real(cls, pool)) or servers[-1])
 
 def ctrl_c():
     while prog.done == 0:
@@ -492,8 +492,8 @@ def test_the_fork_server_kills_only_its_own_workers(servers):
     server = hashing.WorkerServer.start()
     assert server is not None and server.ready(30)
     try:
-        assert server._ask(b"k %d" % os.getpid()) == b"k"  # still here
-        assert server._ask(b"what") == b"?"
+        assert server._ask(b"k %d" % os.getpid()) == (b"k", [])  # still here
+        assert server._ask(b"what") == (b"?", [])
         worker = server.fork()
         assert worker is not None
         assert worker.hash(__file__, None) == {"sha256": _sha(Path(__file__)), "bytes": Path(__file__).stat().st_size}
@@ -502,3 +502,114 @@ def test_the_fork_server_kills_only_its_own_workers(servers):
     finally:
         server.close()
     assert server.proc.returncode == 0 and not _left_behind(servers)
+
+
+def _children(pid: int) -> set[int]:
+    return {p for p, _, parent, *_ in _procs() if parent == pid}
+
+
+def _until(cond, seconds: float = 20.0) -> bool:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return cond()
+
+
+def test_the_pool_is_forked_before_any_request_and_refilled(tmp_path, servers):
+    """A server started with a pool of 3 has forked them before it is asked; a request takes one of them
+    (no fork); the pipes arrive close-on-exec; a worker's input ends when the doctor closes it even while
+    other pooled workers live (none kept a copy of its pipe); the pool is refilled; nothing outlives close."""
+    import fcntl
+
+    server = hashing.WorkerServer.start(3)
+    assert server is not None and server.ready(30)
+    try:
+        assert _until(lambda: len(_children(server.proc.pid)) == 3)
+        pool = _children(server.proc.pid)
+        worker = server.fork()
+        assert worker is not None and worker.pid in pool
+        for stream in (worker.requests, worker.answers):
+            assert fcntl.fcntl(stream.fileno(), fcntl.F_GETFD) & fcntl.FD_CLOEXEC
+        f = tmp_path / "f"
+        f.write_bytes(os.urandom(3 << 20))
+        assert worker.hash(str(f), None) == {"sha256": _sha(f), "bytes": 3 << 20}
+        worker.close()
+        assert _until(lambda: worker.pid not in _children(server.proc.pid))  # ended (a zombie is not listed)
+        assert _until(lambda: len(_children(server.proc.pid)) == 3)  # two left and one new
+        assert len(_children(server.proc.pid) & pool) == 2
+    finally:
+        server.close()
+    assert server.proc.returncode == 0 and not _left_behind(servers)
+
+
+def test_every_hashing_call_of_a_run_takes_the_runs_workers(tmp_path, monkeypatch, servers):
+    """Inside ``workers_for_run`` a call starts no server of its own and hashes every file through a worker,
+    small ones too (``plan`` alone would read them in threads); ``processes=False`` still reads in threads;
+    the run's server is gone with its run."""
+    paths = _files(tmp_path)
+    jobs = _jobs(paths)
+    assert plan(jobs, 2, None)[1] is False  # on its own, this call would not start a server
+    used: list[str] = []
+    real = hashing.WorkerProcess.hash
+
+    def spy(self, path, on_bytes):
+        used.append(path)
+        return real(self, path, on_bytes)
+    monkeypatch.setattr(hashing.WorkerProcess, "hash", spy)
+    with hashing.workers_for_run() as run:
+        assert run is not None and run.ready(30) and hashing.run_server() is run
+        res = hash_files(jobs, workers=2)
+        assert sorted(used) == sorted(str(p) for p in paths)
+        used.clear()
+        again = hash_files(jobs, workers=2, processes=False)
+        assert used == []
+    assert {k: v.get("sha256") for k, v in res.items()} == {k: v.get("sha256") for k, v in again.items()} == {
+        p.name: _sha(p) for p in paths}
+    assert hashing.run_server() is None and len(servers) == 1 and not _left_behind(servers)
+
+
+def test_a_run_server_killed_leaves_the_files_to_the_threads(tmp_path, servers):
+    """The run's server killed (as ``proc.kill_all`` does at the run's deadline): the next call reads every
+    file in its threads, with the same digests, and the run no longer offers that server."""
+    paths = _files(tmp_path)[:6]
+    with hashing.workers_for_run() as run:
+        assert run is not None and run.ready(30)
+        os.killpg(run.proc.pid, signal.SIGKILL)
+        run.proc.wait()
+        res = hash_files(_jobs(paths), workers=2)
+        assert hashing.run_server() is None
+    assert {k: v.get("sha256") for k, v in res.items()} == {p.name: _sha(p) for p in paths}
+    assert not _left_behind(servers)
+
+
+def test_check_deep_starts_one_server_for_its_run_and_a_check_without_hashing_none(tmp_path, servers):
+    """``check --deep`` with a model starts the run's server before its checks (one, with the run's pool)
+    and ends it with the run; without --deep, or judging a snapshot, none starts."""
+    from click.testing import CliRunner
+
+    from doctor.cli import cli
+
+    model = tmp_path / "m"
+    model.mkdir()
+    paths = []
+    for i in range(2):
+        p = model / shard_name(i + 1, 2)
+        p.write_bytes(os.urandom(1 << 20))
+        paths.append(p)
+    (model / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {f"t{i}": p.name for i, p in enumerate(paths)}}))
+    from doctor.model.manifest import MANIFEST_NAME, manifest_text
+
+    (model / MANIFEST_NAME).write_text(manifest_text({p.name: {"size": 1 << 20, "sha256": _sha(p)} for p in paths}))
+    base = ["check", "--only", "model.shards.deep", "--no-verify-cache", "--format", "json"]
+    out = CliRunner().invoke(cli, [*base, "--deep", "--model-path", str(model)])
+    doc = json.loads(out.output)
+    assert [r["status"] for r in doc["results"]] == ["pass"], out.output[-2000:]
+    assert len(servers) == 1 and hashing.run_server() is None and not _left_behind(servers)
+    CliRunner().invoke(cli, ["check", "--only", "model.shards", "--model-path", str(model), "--format", "json"])
+    snap = Path(__file__).parent / "fixtures" / "snapshots" / "b300x8-healthy.json"
+    replay = CliRunner().invoke(cli, [*base, "--deep", "--model-path", str(model), "--from-snapshot", str(snap)])
+    assert json.loads(replay.output)["results"], replay.output[-2000:]
+    assert len(servers) == 1

@@ -11,10 +11,12 @@ before any begins):
   * by the thread itself, ``readinto`` one buffer of half the core's L2 per thread, kept for all its files
     (hashlib and the read release the GIL): nothing to start, but every byte is copied once;
   * through a worker process the thread drives (``doctor/model/sha256_worker.py``: stdlib only, the page
-    cache hashed through a memory map, no copy, no GIL shared), forked by a fork server started once per
-    call. ``plan`` starts the server where each thread has enough to hash (``WORKER_WAIT_MIN``); a file that
-    large waits for it, a smaller one is hashed by its thread while the server starts. Where the server cannot
-    start, or a worker dies, the thread reads the file itself.
+    cache hashed through a memory map, no copy, no GIL shared), taken from the pool of a fork server. ``check
+    --deep`` starts that server when its run begins (``workers_for_run``), and every file goes to a worker.
+    A call outside such a run starts a server of its own where each thread has enough to hash
+    (``WORKER_WAIT_MIN``, ``plan``). A file that large waits for a server still starting; a smaller one is
+    hashed by its thread meanwhile. Where the server cannot start, or a worker dies, the thread reads the
+    file itself.
 Reads are announced sequential (``POSIX_FADV_SEQUENTIAL``: a larger readahead on a cold cache). Where at
 most half the cores hash (a few large files), each large file also gets a thread that reads it ahead of
 its hasher (``Prefetch``), so that the disk is not idle while the hasher hashes; it stops at once on a
@@ -76,6 +78,7 @@ WORKER_WAIT_MIN = 256 * MIB
 PREFETCH_AHEAD = 64 * MIB
 PREFETCH_STEP = 16 * MIB  # as `dd bs=16M`
 PREFETCH_MIN = 64 * MIB
+FD_SIZE = array.array("i").itemsize
 MIN_SLOT_BYTES = 8 * MIB  # no thread or worker for less than this (a start costs more than it hashes)
 WORKER = Path(__file__).with_name("sha256_worker.py")
 CACHE_FILE = "verify-cache.json"
@@ -395,7 +398,7 @@ def hash_files(jobs: list[HashJob], *, workers: int | None = None, cache: Verify
     """sha256 per job name: ``{"sha256", "cached", "seconds"}`` or ``{"error"}``; largest files first.
 
     ``processes``: True, every file through a worker (a thread waits for the fork server); False, threads
-    only; None, ``plan`` decides."""
+    only; None, the run's server where there is one (``workers_for_run``), else ``plan`` decides."""
     results: dict[str, dict[str, Any]] = {}
     todo: list[HashJob] = []
     for job in jobs:
@@ -520,11 +523,14 @@ def hash_files(jobs: list[HashJob], *, workers: int | None = None, cache: Verify
                 worker.close()
         return out
 
-    server = WorkerServer.start() if use_processes else None
+    server = run_server() if processes is not False else None
+    own = server is None and use_processes
+    if own:
+        server = WorkerServer.start(n)
     try:
         parts = run_slots(slot, n, interrupted)
     finally:
-        if server is not None:
+        if own and server is not None:
             server.close()
     for part in parts:
         results.update(part)
@@ -586,9 +592,42 @@ def worker_error(path: str, said: str) -> str:
     return said
 
 
+_RUN_SERVER: WorkerServer | None = None
+
+
+@contextlib.contextmanager
+def workers_for_run(wanted: bool = True) -> Iterator[WorkerServer | None]:
+    """A fork server for the whole of a run that will hash (``check --deep``), started when the run begins and
+    closed when it ends; every hashing call of the run takes its workers from it (``run_server``).
+
+    Why at the run's start: between the start of a run and its first hashing call the doctor loads and
+    selects its checks (about 150 ms on a 2-core VM), longer than the server takes to start and fork its pool
+    (about 30 ms on the 16-core host), so the pool is there when the first shard is hashed: every file, however
+    small, then hashes through a worker without a copy. A call without a run's server starts its own, whose
+    start-up it waits for, and so uses workers only where each thread has enough to hash (``plan``)."""
+    global _RUN_SERVER
+    server = WorkerServer.start(default_workers()) if wanted and _RUN_SERVER is None else None
+    if server is None:
+        yield _RUN_SERVER
+        return
+    _RUN_SERVER = server
+    try:
+        yield server
+    finally:
+        _RUN_SERVER = None
+        server.close()
+
+
+def run_server() -> WorkerServer | None:
+    """The run's fork server (``workers_for_run``), unless there is none or it is gone."""
+    server = _RUN_SERVER
+    return server if server is not None and server.state != "gone" else None
+
+
 class WorkerServer:
-    """``sha256_worker.py --serve``, started once per hashing call: it forks a worker per hashing thread on
-    request (see that file's docstring for the protocol).
+    """``sha256_worker.py --serve N``, started once per run (``workers_for_run``) or per hashing call: it hands
+    a worker to each hashing thread that asks, from a pool of ``N`` it forks as soon as it is up (see that
+    file's docstring for the protocol).
 
     Why a fork server: an interpreter per worker costs 20 ms, and 16 started at once took 110-124 ms on the
     16-core host before any of them hashed a byte; a fork of this one small process is ready at once. It runs
@@ -605,14 +644,16 @@ class WorkerServer:
         self.lock = threading.Lock()
 
     @classmethod
-    def start(cls) -> WorkerServer | None:
-        """The server, starting (``ready`` says when it is up), or None where it cannot start."""
+    def start(cls, pool: int = 0) -> WorkerServer | None:
+        """The server, starting (``ready`` says when it is up) with ``pool`` workers forked in advance, or None
+        where it cannot start."""
         try:
             mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         except (OSError, AttributeError):  # no Unix sockets with descriptor passing here
             return None
         try:
-            proc = subprocess.Popen([sys.executable, "-I", "-S", str(WORKER), "--serve"], stdin=theirs.fileno(),
+            proc = subprocess.Popen([sys.executable, "-I", "-S", str(WORKER), "--serve", str(max(0, pool))],
+                                    stdin=theirs.fileno(),
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True,
                                     start_new_session=True)
         except OSError:
@@ -644,42 +685,50 @@ class WorkerServer:
         finally:
             self.lock.release()
 
-    def _ask(self, msg: bytes, fds: list[int] | None = None) -> bytes | None:
-        """One request and its answer (under the lock), or None when the server is gone."""
+    def _ask(self, msg: bytes) -> tuple[bytes, list[int]] | None:
+        """One request and its answer with the descriptors it carried (under the lock), or None when the
+        server is gone. Descriptors arrive close-on-exec: no probe the doctor starts inherits a worker's pipe
+        (a copy open elsewhere would keep that worker's input from ending)."""
         with self.lock:
             if self.state != "ready":
                 return None
             try:
                 self.sock.settimeout(self.ANSWER_WAIT)
-                if fds:
-                    self.sock.sendmsg([msg], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
-                else:
-                    self.sock.send(msg)
-                return self.sock.recv(32)
+                self.sock.send(msg)
+                said, anc, _flags, _addr = self.sock.recvmsg(32, socket.CMSG_SPACE(2 * FD_SIZE),
+                                                            getattr(socket, "MSG_CMSG_CLOEXEC", 0))
             except OSError:
                 self.state = "gone"
                 return None
+            if not said:  # its end closed: killed (the run's deadline) or ended
+                self.state = "gone"
+        fds = array.array("i")
+        for level, kind, data in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.frombytes(data[: len(data) - len(data) % FD_SIZE])
+        return said, list(fds)
 
     def fork(self) -> WorkerProcess | None:
-        """A new worker, or None (the server not up yet, or gone)."""
+        """A worker (from the server's pool, or forked for this request), or None (the server not up yet, or
+        gone, or an answer that is not a pid with its two pipes)."""
         if not self.ready():
             return None
-        req_r, req_w = os.pipe()  # the worker reads paths from req_r; the doctor writes them to req_w
-        ans_r, ans_w = os.pipe()  # the worker writes its answers to ans_w; the doctor reads them from ans_r
-        try:
-            said = self._ask(b"f", [req_r, ans_w])
-        finally:
-            os.close(req_r)
-            os.close(ans_w)
-        if said is None or not said.isdigit():
-            os.close(req_w)
-            os.close(ans_r)
+        answer = self._ask(b"f")
+        if answer is None:
             return None
+        said, fds = answer
+        if not said.isdigit() or len(fds) != 2:
+            for fd in fds:
+                os.close(fd)
+            return None
+        req_w, ans_r = fds  # the worker reads paths from its end of the first, writes answers to the second
         return WorkerProcess(int(said), os.fdopen(req_w, "w", encoding="ascii", buffering=1),
                              os.fdopen(ans_r, "r", encoding="ascii", errors="replace"), self)
 
     def kill(self, pid: int) -> None:
-        self._ask(b"k %d" % pid)
+        answer = self._ask(b"k %d" % pid)
+        for fd in answer[1] if answer else ():
+            os.close(fd)
 
     def close(self) -> None:
         """End the server (it kills and reaps any worker still running); never raises."""

@@ -6,11 +6,14 @@ copy first (a memory map in the doctor's own process would let a file truncated 
 of its disk, kill the doctor with SIGBUS). On the 16-core host the copy costs threads 10-20% of their rate
 (bench/bench_hash_parts.py: threads against threads hashing through a map, and against processes that do).
 
-How workers start: ``doctor.model.hashing`` starts this file once per hashing call as ``python -I -S
-sha256_worker.py --serve``, a fork server on a Unix socket (``fork_server``), and asks it for a worker per
-hashing thread: a fork of a small single-threaded process that has already loaded hashlib, ready at once,
-where an interpreter of its own costs each worker 20 ms, and 16 of them started together 110-124 ms on that
-host. Without ``--serve`` the file is one worker on its own stdin and stdout (the protocol's tests use it).
+How workers start: ``doctor.model.hashing`` starts this file as ``python -I -S sha256_worker.py --serve N``,
+a fork server on a Unix socket (``fork_server``), and asks it for a worker per hashing thread. The server
+forks a pool of ``N`` workers as soon as it is up, each a fork of a small single-threaded process that has
+already loaded hashlib, waiting on its own pipes; a request takes one (one message, no fork). An interpreter
+per worker costs each 20 ms, and 16 of them started together took 110-124 ms on the 16-core host. ``check
+--deep`` starts the server when the run begins (``hashing.start_for_run``), so that its pool is up while the
+doctor loads its checks; a hashing call without one starts its own. Without ``--serve`` the file is one
+worker on its own stdin and stdout (the protocol's tests use it).
 
 Stdlib only and no ``doctor`` import. It imports only what it uses: no ``json`` (its ``re``), no ``typing``,
 ``_signal`` and ``_socket`` rather than ``signal`` and ``socket`` (their ``enum``); those were two thirds of
@@ -140,61 +143,110 @@ def serve(inp, out, parent: int) -> int:
     return 0
 
 
-def fork_server(sock) -> int:
-    """``--serve``: fork a worker per request of the doctor, on the Unix socket that is this process's stdin.
+def fork_server(sock, pool: int = 0) -> int:
+    """``--serve [N]``: hand the doctor a worker per request, on the Unix socket that is this process's stdin.
 
-    Requests: ``f`` with two descriptors (SCM_RIGHTS), the new worker's input and output pipes; answered with
-    the worker's pid in decimal. ``k PID`` kills that worker if it is still this server's, unreaped (so never a
-    process that took over a recycled pid); answered ``k``. Anything else is answered ``?``. ``ready`` is sent
-    once, when the server can fork. At the end of the socket (the doctor closed it, or is gone) every worker
-    still running is killed and reaped, and the server ends."""
+    Requests: ``f``, answered with a worker's pid in decimal and, as two descriptors (SCM_RIGHTS), the doctor's
+    ends of its pipes (the worker's input to write paths to, its output to read answers from). The worker comes
+    from a pool of ``N`` forked in advance, each already waiting on its pipes, so that a request costs one
+    message and no fork; where the pool is empty one is forked for the request. The pool is refilled only while
+    no request waits. ``k PID`` kills that worker if it is still this server's, unreaped (so never a process
+    that took over a recycled pid); answered ``k``. Anything else is answered ``?``. ``ready`` is sent once,
+    when the server can fork. At the end of the socket (the doctor closed it, or is gone) every worker still
+    running, in the pool or handed out, is killed and reaped, and the server ends."""
     import array
 
     hashlib.sha256(b"")  # OpenSSL loaded and its sha256 fetched before any fork: a worker starts with nothing to do
     b"".decode("ascii")  # and the codec of its pipes looked up (imported) once, here
     live = set()
+    idle = {}  # pid -> (its input's write end, its output's read end): this server's ends until handed out
     sock.send(b"ready")
     while True:
+        flags = _socket.MSG_DONTWAIT if len(idle) < pool else 0
         try:
-            msg, anc, _flags, _addr = sock.recvmsg(64, _socket.CMSG_SPACE(2 * array.array("i").itemsize))
+            msg, anc, _flags, _addr = sock.recvmsg(64, _socket.CMSG_SPACE(2 * array.array("i").itemsize), flags)
+        except BlockingIOError:  # no request waiting: one more worker for the pool
+            if _spawn(sock, live, idle) is None:
+                pool = len(idle)  # no more processes (EAGAIN): serve with what there is
+            continue
         except OSError:
             break
         if not msg:
             break
-        _reap(live)
-        fds = array.array("i")
-        for level, kind, data in anc:
+        _reap(live, idle)
+        for level, kind, data in anc:  # no request carries descriptors: any sent are closed
             if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+                fds = array.array("i")
                 fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+                for fd in fds:
+                    os.close(fd)
+        fds = None
         reply = b"?"
-        if msg == b"f" and len(fds) == 2:
-            pid = os.fork()
-            if pid == 0:  # the worker: its pipes in place of the socket, then the worker's loop, then out
-                code = 1
-                try:
-                    sock.close()
-                    code = serve(open(fds[0], encoding="ascii", errors="replace"),
-                                 open(fds[1], "w", encoding="ascii"), os.getppid())
-                finally:
-                    os._exit(code)
-            live.add(pid)
-            reply = b"%d" % pid
+        if msg == b"f":
+            pid = next(iter(idle), None)
+            if pid is None:
+                pid = _spawn(sock, live, idle)
+            if pid is not None:
+                fds = idle.pop(pid)
+                reply = b"%d" % pid
         elif msg[:2] == b"k " and msg[2:].isdigit():
-            _kill(int(msg[2:]), live)
+            _kill(int(msg[2:]), live, idle)
             reply = b"k"
-        for fd in fds:
-            os.close(fd)
         try:
-            sock.send(reply)
+            if fds is not None:
+                sock.sendmsg([reply], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, array.array("i", fds))])
+            else:
+                sock.send(reply)
         except OSError:
             break
+        finally:
+            for fd in fds or ():
+                os.close(fd)
     for pid in list(live):
-        _kill(pid, live)
+        _kill(pid, live, idle)
     return 0
 
 
-def _reap(live) -> None:
-    """Reap the workers that have ended (a pid leaves ``live`` only here or in ``_kill``)."""
+def _spawn(sock, live, idle):
+    """Fork a worker waiting on two new pipes; its pid (in ``live`` and ``idle``), or None where no process
+    or pipe can be made. The worker closes every descriptor of the server's it inherits (the socket, the
+    other pooled workers' ends: a copy left open in it would keep another worker's input from ever ending)."""
+    try:
+        req_r, req_w = os.pipe()
+    except OSError:
+        return None
+    try:
+        ans_r, ans_w = os.pipe()
+    except OSError:
+        os.close(req_r)
+        os.close(req_w)
+        return None
+    try:
+        pid = os.fork()
+    except OSError:
+        for fd in (req_r, req_w, ans_r, ans_w):
+            os.close(fd)
+        return None
+    if pid == 0:  # the worker: its own pipes, nothing of the server's, then the worker's loop, then out
+        code = 1
+        try:
+            sock.close()
+            for fd in (req_w, ans_r, *(fd for ends in idle.values() for fd in ends)):
+                os.close(fd)
+            code = serve(open(req_r, encoding="ascii", errors="replace"), open(ans_w, "w", encoding="ascii"),
+                         os.getppid())
+        finally:
+            os._exit(code)
+    os.close(req_r)
+    os.close(ans_w)
+    live.add(pid)
+    idle[pid] = (req_w, ans_r)
+    return pid
+
+
+def _reap(live, idle) -> None:
+    """Reap the workers that have ended (a pid leaves ``live`` only here or in ``_kill``; a pooled one that
+    ended, its pipes with it)."""
     while live:
         try:
             pid, _status = os.waitpid(-1, os.WNOHANG)
@@ -204,9 +256,11 @@ def _reap(live) -> None:
         if pid == 0:
             return
         live.discard(pid)
+        for fd in idle.pop(pid, ()):
+            os.close(fd)
 
 
-def _kill(pid: int, live) -> None:
+def _kill(pid: int, live, idle) -> None:
     """Kill and reap ``pid`` if it is a worker of this server not yet reaped (its pid cannot be reused yet)."""
     if pid not in live:
         return
@@ -216,6 +270,8 @@ def _kill(pid: int, live) -> None:
         os.waitpid(pid, 0)
     except (ProcessLookupError, ChildProcessError):
         pass
+    for fd in idle.pop(pid, ()):
+        os.close(fd)
 
 
 def main() -> int:
@@ -226,8 +282,9 @@ def main() -> int:
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     except (ImportError, ValueError, OSError):
         pass
-    if sys.argv[1:] == ["--serve"]:
-        return fork_server(_socket.socket(fileno=0))
+    if sys.argv[1:2] == ["--serve"]:
+        pool = sys.argv[2] if len(sys.argv) == 3 else "0"
+        return fork_server(_socket.socket(fileno=0), int(pool) if pool.isdigit() else 0)
     return serve(sys.stdin, sys.stdout, os.getppid())
 
 
