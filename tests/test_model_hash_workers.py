@@ -613,3 +613,30 @@ def test_check_deep_starts_one_server_for_its_run_and_a_check_without_hashing_no
     replay = CliRunner().invoke(cli, [*base, "--deep", "--model-path", str(model), "--from-snapshot", str(snap)])
     assert json.loads(replay.output)["results"], replay.output[-2000:]
     assert len(servers) == 1
+
+
+def test_the_pool_is_refilled_only_once_requests_pause(tmp_path, monkeypatch, servers):
+    """Requests coming one after another are served from the pool with no fork between them (a fork would
+    hold up the threads still asking); once they pause for ``REFILL_QUIET`` the pool is forked full again.
+    Here the pause is 1 s, so that the test's own pace cannot pass for one."""
+    real = WORKER.read_text()
+    assert real.count("REFILL_QUIET = 0.02") == 1
+    script = tmp_path / "slow_refill_worker.py"
+    script.write_text(real.replace("REFILL_QUIET = 0.02", "REFILL_QUIET = 1.0"))
+    monkeypatch.setattr(hashing, "WORKER", script)
+    server = hashing.WorkerServer.start(3)
+    assert server is not None and server.ready(30)
+    try:
+        assert _until(lambda: len(_children(server.proc.pid)) == 3)
+        pool = _children(server.proc.pid)
+        taken = []
+        for _ in range(3):
+            taken.append(server.fork())
+            time.sleep(0.1)
+        assert {w.pid for w in taken} == pool == _children(server.proc.pid)  # all three handed out, none forked
+        assert _until(lambda: len(_children(server.proc.pid) - pool) == 3, 10)  # after the pause: three more
+        for w in taken:
+            w.close()
+    finally:
+        server.close()
+    assert not _left_behind(servers)

@@ -593,6 +593,9 @@ def worker_error(path: str, said: str) -> str:
 
 
 _RUN_SERVER: WorkerServer | None = None
+# The run's pool: a worker per core, at most this many forked in advance (a model has a few dozen shards, and a
+# worker beyond the pool is forked when asked for: about a millisecond, against seconds to hash a real shard).
+RUN_POOL_MAX = 32
 
 
 @contextlib.contextmanager
@@ -606,7 +609,7 @@ def workers_for_run(wanted: bool = True) -> Iterator[WorkerServer | None]:
     small, then hashes through a worker without a copy. A call without a run's server starts its own, whose
     start-up it waits for, and so uses workers only where each thread has enough to hash (``plan``)."""
     global _RUN_SERVER
-    server = WorkerServer.start(default_workers()) if wanted and _RUN_SERVER is None else None
+    server = WorkerServer.start(min(default_workers(), RUN_POOL_MAX)) if wanted and _RUN_SERVER is None else None
     if server is None:
         yield _RUN_SERVER
         return

@@ -8,7 +8,7 @@ of its disk, kill the doctor with SIGBUS). On the 16-core host the copy costs th
 
 How workers start: ``doctor.model.hashing`` starts this file as ``python -I -S sha256_worker.py --serve N``,
 a fork server on a Unix socket (``fork_server``), and asks it for a worker per hashing thread. The server
-forks a pool of ``N`` workers as soon as it is up, each a fork of a small single-threaded process that has
+forks a pool of ``N`` workers as soon as it is up (and again once requests pause), each a fork of a small single-threaded process that has
 already loaded hashlib, waiting on its own pipes; a request takes one (one message, no fork). An interpreter
 per worker costs each 20 ms, and 16 of them started together took 110-124 ms on the 16-core host. ``check
 --deep`` starts the server when the run begins (``hashing.start_for_run``), so that its pool is up while the
@@ -37,11 +37,13 @@ import mmap
 import os
 import stat
 import sys
+import time
 
 WINDOW = 64 * 1024 * 1024  # bytes mapped at a time (a multiple of the page size)
 SLICE = 1024 * 1024  # bytes per hash update
 REPORT = 16 * 1024 * 1024  # a progress line every this many bytes (the parent's prefetch follows them)
 READ_BLOCK = 256 * 1024  # the read() path: small enough to stay in a core's L2 cache
+REFILL_QUIET = 0.02  # seconds without a request before the fork server forks for its pool again
 
 
 def _mapped(fd: int, size: int, h, report) -> None:
@@ -160,17 +162,21 @@ def fork_server(sock, pool: int = 0) -> int:
     b"".decode("ascii")  # and the codec of its pipes looked up (imported) once, here
     live = set()
     idle = {}  # pid -> (its input's write end, its output's read end): this server's ends until handed out
+    last = float("-inf")  # when the last request came
     sock.send(b"ready")
     while True:
-        flags = _socket.MSG_DONTWAIT if len(idle) < pool else 0
+        # Refill only after REFILL_QUIET without a request: a fork takes this server about a millisecond, and
+        # the threads of a hashing call ask one after another; a fork between two of them would hold up the rest.
+        sock.settimeout(max(0.0, last + REFILL_QUIET - time.monotonic()) if len(idle) < pool else None)
         try:
-            msg, anc, _flags, _addr = sock.recvmsg(64, _socket.CMSG_SPACE(2 * array.array("i").itemsize), flags)
-        except BlockingIOError:  # no request waiting: one more worker for the pool
+            msg, anc, _flags, _addr = sock.recvmsg(64, _socket.CMSG_SPACE(2 * array.array("i").itemsize))
+        except (BlockingIOError, TimeoutError):  # quiet: one more worker for the pool
             if _spawn(sock, live, idle) is None:
                 pool = len(idle)  # no more processes (EAGAIN): serve with what there is
             continue
         except OSError:
             break
+        last = time.monotonic()
         if not msg:
             break
         _reap(live, idle)
