@@ -8,12 +8,12 @@ of its disk, kill the doctor with SIGBUS). On the 16-core host the copy costs th
 
 How workers start: ``doctor.model.hashing`` starts this file as ``python -I -S sha256_worker.py --serve N``,
 a fork server on a Unix socket (``fork_server``), and asks it for a worker per hashing thread. The server
-forks a pool of ``N`` workers as soon as it is up (and again once requests pause), each a fork of a small single-threaded process that has
-already loaded hashlib, waiting on its own pipes; a request takes one (one message, no fork). An interpreter
-per worker costs each 20 ms, and 16 of them started together took 110-124 ms on the 16-core host. ``check
---deep`` starts the server when the run begins (``hashing.start_for_run``), so that its pool is up while the
-doctor loads its checks; a hashing call without one starts its own. Without ``--serve`` the file is one
-worker on its own stdin and stdout (the protocol's tests use it).
+forks a pool of ``N`` workers as soon as it is up (and again once requests pause), each a fork of a small
+single-threaded process that has already loaded hashlib, waiting on its own pipes; a request takes one (one
+message, no fork). An interpreter per worker costs each 20 ms, and 16 of them started together took 110-124
+ms on the 16-core host. ``check --deep`` starts the server when the run begins (``hashing.workers_for_run``),
+so that its pool is up while the doctor loads its checks; a hashing call without one starts its own. Without
+``--serve`` the file is one worker on its own stdin and stdout (the protocol's tests use it).
 
 Stdlib only and no ``doctor`` import. It imports only what it uses: no ``json`` (its ``re``), no ``typing``,
 ``_signal`` and ``_socket`` rather than ``signal`` and ``socket`` (their ``enum``); those were two thirds of
