@@ -309,16 +309,28 @@ import sys, time
 t0 = None
 from doctor import app
 from doctor.model import hashing
-real_run, real_hash = app.run, hashing.hash_files
+real_run, real_hash, real_verify = app.run, hashing.hash_files, hashing.verify_model_hashes
 def run(*a, **k):
     global t0
     t0 = time.monotonic()
     return real_run(*a, **k)
 def hash_files(*a, **k):
+    t = time.monotonic()
     if t0 is not None:
-        sys.stderr.write("lead %.6f\\n" % (time.monotonic() - t0))
-    return real_hash(*a, **k)
+        sys.stderr.write("lead %.6f\\n" % (t - t0))
+    try:
+        return real_hash(*a, **k)
+    finally:
+        sys.stderr.write("hash_files %.6f\\n" % (time.monotonic() - t))
+def verify(*a, **k):
+    t = time.monotonic()
+    try:
+        return real_verify(*a, **k)
+    finally:
+        sys.stderr.write("verify %.6f\\n" % (time.monotonic() - t))
 app.run, hashing.hash_files = run, hash_files
+import doctor.model.facts as facts
+facts.verify_model_hashes = verify
 from doctor.cli import main
 sys.argv = ["k26-doctor", "check", "--deep", "--only", "model.shards.deep", "--model-path", sys.argv[1],
             "--no-verify-cache", "--format", "json"]
@@ -326,15 +338,27 @@ main()
 """
 
 
-def run_lead(d: str, runs: int = 5) -> float | None:
+def run_lead(d: str, runs: int = 5) -> dict[str, float] | None:
     """Seconds from the start of a real ``check --deep`` run (where its fork server starts) to its first
-    hashing call on this host: the median of ``runs`` real CLI runs on ``d``."""
-    leads = []
+    hashing call on this host (``lead``), and in the same runs the seconds of that call (``hash_files``), of
+    the shard verification around it (``verify``) and of the check (``check``): medians of ``runs`` real CLI
+    runs on ``d``, or None where none said."""
+    got: dict[str, list[float]] = {"lead": [], "hash_files": [], "verify": [], "check": []}
     for _ in range(runs):
         out = subprocess.run([sys.executable, "-c", LEAD_CODE, d], capture_output=True, text=True, cwd=ROOT,
                              env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=300)
-        leads += [float(line.split()[1]) for line in out.stderr.splitlines() if line.startswith("lead ")][:1]
-    return statistics.median(leads) if leads else None
+        said = dict(line.split()[:2] for line in out.stderr.splitlines()
+                    if line.split()[:1] in (["lead"], ["hash_files"], ["verify"]))
+        try:
+            said["check"] = next(r["duration_s"] for r in json.loads(out.stdout)["results"]
+                                 if r["id"] == "model.shards.deep")
+        except (ValueError, KeyError, StopIteration):
+            pass
+        for k, v in said.items():
+            got[k].append(float(v))
+    if not got["lead"]:
+        return None
+    return {k: statistics.median(v) for k, v in got.items() if v}
 
 
 def cli_call(d: str, cores: int) -> Callable[[], Took]:
@@ -804,10 +828,14 @@ def warm_phase(args: argparse.Namespace, doc: dict[str, Any], data: Data, sets: 
     lead = 0.0
     if hasattr(hashing, "workers_for_run") and sets:
         measured = run_lead(data.dir_for(sets[0]))
-        lead = measured if measured is not None else 0.0
-        doc["host"]["run_lead_ms"] = None if measured is None else round(measured * 1e3, 1)
+        lead = measured["lead"] if measured is not None else 0.0
+        doc["host"]["run_lead_ms"] = None if measured is None else round(lead * 1e3, 1)
+        doc["host"]["run_breakdown_ms"] = {k: round(v * 1e3, 1) for k, v in (measured or {}).items()}
         say(f"  a real `check --deep` run hashes {lead * 1e3:.0f} ms after it starts (median of 5 runs): the lead "
             "its fork server has, and the \"doctor\" tool's" + ("" if measured is not None else " (not measured: 0)"))
+        if measured:
+            say(f"  in those runs ({sets[0][0]} x {sets[0][1]} MiB), ms: "
+                + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in measured.items()))
     for key in sets:
         size = key[0] * key[1] * MIB
         streams = min(cores, key[0])

@@ -55,8 +55,10 @@ def test_the_real_check_deep_is_timed_beside_xargs_with_its_lead(tmp_path: Path)
     real run gives its fork server is measured from real runs."""
     data = deep.Data(str(tmp_path / "bench"))
     d = data.dir_for((3, 1))
-    lead = deep.run_lead(d, runs=1)
-    assert lead is not None and 0 < lead < 60
+    said = deep.run_lead(d, runs=1)
+    assert said is not None and set(said) == {"lead", "hash_files", "verify", "check"}
+    lead = said["lead"]
+    assert 0 < lead < 60 and 0 < said["hash_files"] <= said["verify"] <= said["check"] < 60
     w = deep.warm_set(d, 2, 1, {"xargs sha256sum": ["sha256sum"]}, min_timed_s=0.0, lead=lead, cli=True)
     assert set(w["over_xargs"]) == {"doctor", "doctor call", "doctor check --deep"}
     assert w["runs"] == 1 and w["mode"] == "run's workers x1"  # 3 MiB: one slot (MIN_SLOT_BYTES)
