@@ -640,3 +640,38 @@ def test_the_pool_is_refilled_only_once_requests_pause(tmp_path, monkeypatch, se
     finally:
         server.close()
     assert not _left_behind(servers)
+
+
+def test_a_run_server_up_before_the_call_serves_every_thread_from_the_first_file(tmp_path, monkeypatch, servers):
+    """The run's server up (its pool forked) but nobody has heard its "ready" yet, as in a run's first call:
+    every thread hashes through a worker from its first file, none reads its file itself because another
+    thread was taking the "ready" at that moment."""
+    paths = []
+    for i in range(16):
+        p = tmp_path / f"s{i}"
+        p.write_bytes(os.urandom(MIB))
+        paths.append(p)
+    used: list[str] = []
+    real = hashing.WorkerProcess.hash
+
+    def spy(self, path, on_bytes):
+        used.append(path)
+        return real(self, path, on_bytes)
+    monkeypatch.setattr(hashing.WorkerProcess, "hash", spy)
+    monkeypatch.setattr(hashing, "MIN_SLOT_BYTES", MIB)  # a thread per file
+    seen: list[str] = []
+    real_slots = hashing.run_slots
+
+    def slots(*a, **k):
+        seen.append(run.state)  # what the threads find when they start
+        return real_slots(*a, **k)
+    monkeypatch.setattr(hashing, "run_slots", slots)
+    with hashing.workers_for_run() as run:
+        assert run is not None
+        assert _until(lambda: len(_children(run.proc.pid)) >= 1)  # "ready" is sent before the pool is forked
+        assert run.state == "starting"
+        res = hash_files(_jobs(paths), workers=8)
+    assert seen == ["ready"]
+    assert sorted(used) == sorted(str(p) for p in paths)
+    assert {k: v.get("sha256") for k, v in res.items()} == {p.name: _sha(p) for p in paths}
+    assert not _left_behind(servers)
