@@ -1,5 +1,5 @@
 """A timeline of the deep tier's hashing calls, recorded by wrapping its parts where they are looked up
-(``hashing.hash_files``, ``WorkerServer.fork``, ``WorkerProcess.hash``) and by ``gc.callbacks``: for
+(``hashing.hash_files``, ``WorkerServer.fork_many``, which ``fork`` calls, ``WorkerProcess.hash``) and by ``gc.callbacks``: for
 bench/bench_deep_cli.py, which installs it both in a real ``check --deep`` process and in its own.
 
 Each call gives, in ms from the call's start: when each thread had its worker (``forks``), when each file
@@ -31,7 +31,7 @@ def install() -> None:
 
     if getattr(hashing.hash_files, "_timeline", False):
         return
-    real_call, real_fork, real_hash = hashing.hash_files, hashing.WorkerServer.fork, hashing.WorkerProcess.hash
+    real_call, real_fork, real_hash = hashing.hash_files, hashing.WorkerServer.fork_many, hashing.WorkerProcess.hash
 
     def hash_files(*a: Any, **k: Any) -> Any:
         _state["t0"] = time.monotonic()
@@ -44,12 +44,12 @@ def install() -> None:
             CALLS.append(call)
             _state["t0"] = None
 
-    def fork(self: Any) -> Any:
-        w = real_fork(self)
+    def fork_many(self: Any, count: int) -> Any:
+        got = real_fork(self, count)
         if _state["t0"] is not None:
             with _lock:
-                _state["call"]["forks"].append(_ms(time.monotonic()))
-        return w
+                _state["call"]["forks"].extend([_ms(time.monotonic())] * len(got))
+        return got
 
     def hash_(self: Any, path: str, on_bytes: Any) -> Any:
         start = time.monotonic()
@@ -72,7 +72,7 @@ def install() -> None:
 
     hash_files._timeline = True  # type: ignore[attr-defined]
     hashing.hash_files = hash_files
-    hashing.WorkerServer.fork = fork  # type: ignore[method-assign]
+    hashing.WorkerServer.fork_many = fork_many  # type: ignore[method-assign]
     hashing.WorkerProcess.hash = hash_  # type: ignore[method-assign]
     gc.callbacks.append(on_gc)
 

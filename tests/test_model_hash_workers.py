@@ -539,6 +539,17 @@ def test_the_pool_is_forked_before_any_request_and_refilled(tmp_path, servers):
         assert _until(lambda: worker.pid not in _children(server.proc.pid))  # ended (a zombie is not listed)
         assert _until(lambda: len(_children(server.proc.pid)) == 3)  # two left and one new
         assert len(_children(server.proc.pid) & pool) == 2
+        idle = _children(server.proc.pid)
+        many = server.fork_many(4)  # one request: the pool's three and one forked for it
+        assert len({w.pid for w in many}) == 4 and idle < {w.pid for w in many}
+        assert f"MAX_HANDOUT = {hashing.WorkerServer.MAX_HANDOUT}" in WORKER.read_text()  # both ends agree
+        g = tmp_path / "g"
+        g.write_bytes(os.urandom(1 << 20))
+        assert [w.hash(str(g), None)["sha256"] for w in many] == [_sha(g)] * 4
+        for w in many:
+            w.close()
+        for bad in (b"f 0", b"f %d" % (hashing.WorkerServer.MAX_HANDOUT + 1), b"f x"):
+            assert server._ask(bad) == (b"?", [])
     finally:
         server.close()
     assert server.proc.returncode == 0 and not _left_behind(servers)

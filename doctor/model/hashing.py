@@ -496,6 +496,12 @@ def hash_files(jobs: list[HashJob], *, workers: int | None = None, cache: Verify
         why = stop_reason()  # killed at the run's deadline, or Ctrl-C: nothing is read again
         return (job.name, {"error": why}) if why else None
 
+    def took() -> WorkerProcess | None:
+        try:
+            return handed.popleft()
+        except IndexError:
+            return None
+
     def slot() -> list[tuple[str, dict[str, Any]]]:
         """One thread taking files until the queue is empty (or a stop): each through this thread's worker,
         forked when first needed (for a small file, only if the server is already up), else by reading it
@@ -505,6 +511,8 @@ def hash_files(jobs: list[HashJob], *, workers: int | None = None, cache: Verify
         buf: bytearray | None = None  # this thread's read buffer, made when first needed, kept for its files
         try:
             while (job := take()) is not None:
+                if worker is None:
+                    worker = took()
                 if worker is None and server is not None and server.ready(
                         WorkerServer.READY_WAIT if waits_for_worker(job, processes) else 0.0):
                     worker = server.fork()
@@ -524,17 +532,21 @@ def hash_files(jobs: list[HashJob], *, workers: int | None = None, cache: Verify
         return out
 
     server = run_server() if processes is not False else None
+    handed: collections.deque[WorkerProcess] = collections.deque()  # workers taken before the threads start
     own = server is None and use_processes
     if own:
         server = WorkerServer.start(n)
-    elif server is not None:
-        # The run's server, up long since: its "ready" is taken here, before the threads start. Left to them, one
+    elif server is not None and server.ready():
+        # The run's server, up long since: its "ready" is taken here, before the threads start (left to them, one
         # would take it while the others, finding the server busy and a small file not worth a wait, read theirs
-        # themselves (on the 16-core host 3 to 15 of 16 threads did, in a run's first call).
-        server.ready()
+        # themselves: on the 16-core host 3 to 15 of 16 threads did, in a run's first call), and every thread's
+        # worker is asked for in one request (one at a time, the 16th thread had its worker 4-5 ms after the first).
+        handed.extend(server.fork_many(n))
     try:
         parts = run_slots(slot, n, interrupted)
     finally:
+        while handed:  # a thread that found no file (a stop) left its worker
+            handed.pop().close()
         if own and server is not None:
             server.close()
     for part in parts:
@@ -644,6 +656,7 @@ class WorkerServer:
     kills its workers itself when its socket closes (the doctor exits, or is killed)."""
 
     READY_WAIT = 10.0  # seconds a thread waits at most for the server to start (a loaded host); then it reads
+    MAX_HANDOUT = 64  # workers per request (sha256_worker.MAX_HANDOUT)
     ANSWER_WAIT = 5.0  # seconds for the answer to a request, once the server is up
 
     def __init__(self, proc: subprocess.Popen[bytes], sock: socket.socket) -> None:
@@ -693,18 +706,18 @@ class WorkerServer:
         finally:
             self.lock.release()
 
-    def _ask(self, msg: bytes) -> tuple[bytes, list[int]] | None:
-        """One request and its answer with the descriptors it carried (under the lock), or None when the
-        server is gone. Descriptors arrive close-on-exec: no probe the doctor starts inherits a worker's pipe
-        (a copy open elsewhere would keep that worker's input from ending)."""
+    def _ask(self, msg: bytes, room: int = 1) -> tuple[bytes, list[int]] | None:
+        """One request and its answer with the descriptors it carried (room for ``room`` workers' answer, under
+        the lock), or None when the server is gone. Descriptors arrive close-on-exec: no probe the doctor starts
+        inherits a worker's pipe (a copy open elsewhere would keep that worker's input from ending)."""
         with self.lock:
             if self.state != "ready":
                 return None
             try:
                 self.sock.settimeout(self.ANSWER_WAIT)
                 self.sock.send(msg)
-                said, anc, _flags, _addr = self.sock.recvmsg(32, socket.CMSG_SPACE(2 * FD_SIZE),
-                                                            getattr(socket, "MSG_CMSG_CLOEXEC", 0))
+                said, anc, _flags, _addr = self.sock.recvmsg(16 * room + 16, socket.CMSG_SPACE(2 * room * FD_SIZE),
+                                                             getattr(socket, "MSG_CMSG_CLOEXEC", 0))
             except OSError:
                 self.state = "gone"
                 return None
@@ -719,19 +732,28 @@ class WorkerServer:
     def fork(self) -> WorkerProcess | None:
         """A worker (from the server's pool, or forked for this request), or None (the server not up yet, or
         gone, or an answer that is not a pid with its two pipes)."""
-        if not self.ready():
-            return None
-        answer = self._ask(b"f")
+        got = self.fork_many(1)
+        return got[0] if got else None
+
+    def fork_many(self, count: int) -> list[WorkerProcess]:
+        """Up to ``count`` workers in one request (fewer where the server could fork no more; none where it
+        is not up or gone, or its answer is not pids each with two pipes: what came is closed)."""
+        count = max(0, min(count, self.MAX_HANDOUT))
+        if not count or not self.ready():
+            return []
+        answer = self._ask(b"f %d" % count, count)
         if answer is None:
-            return None
+            return []
         said, fds = answer
-        if not said.isdigit() or len(fds) != 2:
+        pids = said.split()
+        if not pids or not all(p.isdigit() for p in pids) or len(fds) != 2 * len(pids):
             for fd in fds:
                 os.close(fd)
-            return None
-        req_w, ans_r = fds  # the worker reads paths from its end of the first, writes answers to the second
-        return WorkerProcess(int(said), os.fdopen(req_w, "w", encoding="ascii", buffering=1),
-                             os.fdopen(ans_r, "r", encoding="ascii", errors="replace"), self)
+            return []
+        # each worker reads paths from its end of the first pipe and writes answers to the second
+        return [WorkerProcess(int(pid), os.fdopen(fds[2 * i], "w", encoding="ascii", buffering=1),
+                              os.fdopen(fds[2 * i + 1], "r", encoding="ascii", errors="replace"), self)
+                for i, pid in enumerate(pids)]
 
     def kill(self, pid: int) -> None:
         answer = self._ask(b"k %d" % pid)

@@ -44,6 +44,7 @@ SLICE = 1024 * 1024  # bytes per hash update
 REPORT = 16 * 1024 * 1024  # a progress line every this many bytes (the parent's prefetch follows them)
 READ_BLOCK = 256 * 1024  # the read() path: small enough to stay in a core's L2 cache
 REFILL_QUIET = 0.02  # seconds without a request before the fork server forks for its pool again
+MAX_HANDOUT = 64  # workers per answer: two descriptors each, within SCM_RIGHTS' 253 per message
 
 
 def _mapped(fd: int, size: int, h, report) -> None:
@@ -148,10 +149,12 @@ def serve(inp, out, parent: int) -> int:
 def fork_server(sock, pool: int = 0) -> int:
     """``--serve [N]``: hand the doctor a worker per request, on the Unix socket that is this process's stdin.
 
-    Requests: ``f``, answered with a worker's pid in decimal and, as two descriptors (SCM_RIGHTS), the doctor's
-    ends of its pipes (the worker's input to write paths to, its output to read answers from). The worker comes
-    from a pool of ``N`` forked in advance, each already waiting on its pipes, so that a request costs one
-    message and no fork; where the pool is empty one is forked for the request. The pool is refilled only while
+    Requests: ``f K`` (``f``: ``f 1``; K at most ``MAX_HANDOUT``), answered with K workers' pids in decimal,
+    space-separated, and, as two descriptors each (SCM_RIGHTS, in the same order), the doctor's ends of its pipes
+    (the worker's input to write paths to, its output to read answers from); fewer where no more can be forked,
+    ``?`` where none. A worker comes from a pool of ``N`` forked in advance, each already waiting on its pipes,
+    so that a hashing call's threads get theirs in one message and no fork; where the pool is empty one is
+    forked for the request. The pool is refilled only while
     no request waits. ``k PID`` kills that worker if it is still this server's, unreaped (so never a process
     that took over a recycled pid); answered ``k``. Anything else is answered ``?``. ``ready`` is sent once,
     when the server can fork. At the end of the socket (the doctor closed it, or is gone) every worker still
@@ -188,13 +191,19 @@ def fork_server(sock, pool: int = 0) -> int:
                     os.close(fd)
         fds = None
         reply = b"?"
-        if msg == b"f":
-            pid = next(iter(idle), None)
-            if pid is None:
-                pid = _spawn(sock, live, idle)
-            if pid is not None:
-                fds = idle.pop(pid)
-                reply = b"%d" % pid
+        count = msg[2:] if msg[:2] == b"f " else b"1" if msg == b"f" else b""
+        if count.isdigit() and 1 <= int(count) <= MAX_HANDOUT:
+            pids, fds = [], []
+            for _ in range(int(count)):
+                pid = next(iter(idle), None)
+                if pid is None:
+                    pid = _spawn(sock, live, idle)
+                if pid is None:
+                    break
+                pids.append(b"%d" % pid)
+                fds.extend(idle.pop(pid))
+            reply = b" ".join(pids) if pids else b"?"
+            fds = fds or None
         elif msg[:2] == b"k " and msg[2:].isdigit():
             _kill(int(msg[2:]), live, idle)
             reply = b"k"
