@@ -1,6 +1,7 @@
 """A timeline of the deep tier's hashing calls, recorded by wrapping its parts where they are looked up
-(``hashing.hash_files``, ``WorkerServer.fork_many``, which ``fork`` calls, ``WorkerProcess.hash``) and by ``gc.callbacks``: for
-bench/bench_deep_cli.py, which installs it both in a real ``check --deep`` process and in its own.
+(``hashing.hash_files``, ``WorkerServer.fork_many``, which ``fork`` calls, ``WorkerProcess.hash``) and by
+``gc.callbacks``: for bench/bench_deep_cli.py, which installs it both in a real ``check --deep`` process and
+in its own.
 
 Each call gives, in ms from the call's start: when each thread had its worker (``forks``), when each file
 began and ended (``files``), every garbage collection (generation, start, length), and the call's length.
