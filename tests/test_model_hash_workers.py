@@ -517,6 +517,18 @@ def _until(cond, seconds: float = 20.0) -> bool:
     return cond()
 
 
+def _worker_paths(monkeypatch) -> list[str]:
+    """The paths workers are asked to hash from now on (the rest are read by the threads themselves)."""
+    used: list[str] = []
+    real = hashing.WorkerProcess.hash
+
+    def spy(self, path, on_bytes):
+        used.append(path)
+        return real(self, path, on_bytes)
+    monkeypatch.setattr(hashing.WorkerProcess, "hash", spy)
+    return used
+
+
 def test_the_pool_is_forked_before_any_request_and_refilled(tmp_path, servers):
     """A server started with a pool of 3 has forked them before it is asked; a request takes one of them
     (no fork); the pipes arrive close-on-exec; a worker's input ends when the doctor closes it even while
@@ -546,8 +558,14 @@ def test_the_pool_is_forked_before_any_request_and_refilled(tmp_path, servers):
         g = tmp_path / "g"
         g.write_bytes(os.urandom(1 << 20))
         assert [w.hash(str(g), None)["sha256"] for w in many] == [_sha(g)] * 4
+        new = next(w for w in many if w.pid not in idle)  # forked for the request, after the others were chosen
         for w in many:
-            w.close()
+            if w is not new:
+                w.close()
+        # their inputs end although a worker forked after them lives: it kept no copy of their pipes
+        assert _until(lambda: not ({w.pid for w in many if w is not new} & _children(server.proc.pid)))
+        assert new.pid in _children(server.proc.pid)
+        new.close()
         for bad in (b"f 0", b"f %d" % (hashing.WorkerServer.MAX_HANDOUT + 1), b"f x"):
             assert server._ask(bad) == (b"?", [])
     finally:
@@ -562,13 +580,7 @@ def test_every_hashing_call_of_a_run_takes_the_runs_workers(tmp_path, monkeypatc
     paths = _files(tmp_path)
     jobs = _jobs(paths)
     assert plan(jobs, 2, None)[1] is False  # on its own, this call would not start a server
-    used: list[str] = []
-    real = hashing.WorkerProcess.hash
-
-    def spy(self, path, on_bytes):
-        used.append(path)
-        return real(self, path, on_bytes)
-    monkeypatch.setattr(hashing.WorkerProcess, "hash", spy)
+    used = _worker_paths(monkeypatch)
     with hashing.workers_for_run() as run:
         assert run is not None and run.ready(30) and hashing.run_server() is run
         res = hash_files(jobs, workers=2)
@@ -662,13 +674,7 @@ def test_a_run_server_up_before_the_call_serves_every_thread_from_the_first_file
         p = tmp_path / f"s{i}"
         p.write_bytes(os.urandom(MIB))
         paths.append(p)
-    used: list[str] = []
-    real = hashing.WorkerProcess.hash
-
-    def spy(self, path, on_bytes):
-        used.append(path)
-        return real(self, path, on_bytes)
-    monkeypatch.setattr(hashing.WorkerProcess, "hash", spy)
+    used = _worker_paths(monkeypatch)
     monkeypatch.setattr(hashing, "MIN_SLOT_BYTES", MIB)  # a thread per file
     seen: list[str] = []
     real_slots = hashing.run_slots

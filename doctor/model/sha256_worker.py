@@ -193,17 +193,14 @@ def fork_server(sock, pool: int = 0) -> int:
         reply = b"?"
         count = msg[2:] if msg[:2] == b"f " else b"1" if msg == b"f" else b""
         if count.isdigit() and 1 <= int(count) <= MAX_HANDOUT:
-            pids, fds = [], []
-            for _ in range(int(count)):
-                pid = next(iter(idle), None)
-                if pid is None:
-                    pid = _spawn(sock, live, idle)
+            pids = list(idle)[: int(count)]
+            while len(pids) < int(count):  # forked while the chosen are still in ``idle``: none keeps their ends
+                pid = _spawn(sock, live, idle)
                 if pid is None:
                     break
-                pids.append(b"%d" % pid)
-                fds.extend(idle.pop(pid))
-            reply = b" ".join(pids) if pids else b"?"
-            fds = fds or None
+                pids.append(pid)
+            fds = [fd for pid in pids for fd in idle.pop(pid)] or None
+            reply = b" ".join(b"%d" % pid for pid in pids) if pids else b"?"
         elif msg[:2] == b"k " and msg[2:].isdigit():
             _kill(int(msg[2:]), live, idle)
             reply = b"k"
