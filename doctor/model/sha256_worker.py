@@ -154,10 +154,11 @@ def fork_server(sock, pool: int = 0) -> int:
     (the worker's input to write paths to, its output to read answers from); fewer where no more can be forked,
     ``?`` where none. A worker comes from a pool of ``N`` forked in advance, each already waiting on its pipes,
     so that a hashing call's threads get theirs in one message and no fork; where the pool is empty one is
-    forked for the request. The pool is refilled once requests pause (``REFILL_QUIET``). ``k PID`` kills that worker if it is still this server's, unreaped (so never a process
-    that took over a recycled pid); answered ``k``. Anything else is answered ``?``. ``ready`` is sent once,
-    when the server can fork. At the end of the socket (the doctor closed it, or is gone) every worker still
-    running, in the pool or handed out, is killed and reaped, and the server ends."""
+    forked for the request. The pool is refilled once requests pause (``REFILL_QUIET``). ``k PID`` kills that
+    worker if it is still this server's, unreaped (so never a process that took over a recycled pid); answered
+    ``k``. Anything else is answered ``?``. ``ready`` is sent once, when the server can fork. At the end of the
+    socket (the doctor closed it, or is gone) every worker still running, in the pool or handed out, is killed
+    and reaped, and the server ends."""
     import array
 
     hashlib.sha256(b"")  # OpenSSL loaded and its sha256 fetched before any fork: a worker starts with nothing to do
