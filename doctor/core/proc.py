@@ -52,7 +52,7 @@ def kill_all() -> int:
     killed = 0
     for proc in live:
         if proc.poll() is None:
-            _kill_group(proc)
+            kill_group(proc)
             killed += 1
         try:
             proc.wait(timeout=1)
@@ -158,19 +158,21 @@ def finish(started: Started, timeout: float, *, input: str | None = None) -> Com
     try:
         out, err = proc.communicate(input=input, timeout=timeout)
     except subprocess.TimeoutExpired:
-        _kill_group(proc)
+        kill_group(proc)
         out, err = _drain(proc)
         return CommandResult(argv, None, out, err, timed_out=True,
                              duration_s=time.monotonic() - began, extra={"timeout": round(timeout, 2)})
     except BaseException:  # KeyboardInterrupt: leave nothing behind
-        _kill_group(proc)
+        kill_group(proc)
         raise
     finally:
         untrack(proc)
     return CommandResult(argv, proc.returncode, out, err, duration_s=time.monotonic() - began)
 
 
-def _kill_group(proc: subprocess.Popen[str]) -> None:
+def kill_group(proc: subprocess.Popen[Any]) -> None:
+    """SIGKILL ``proc``'s process group (it leads one: ``start_new_session``) and ``proc`` itself; a group or
+    process already gone is no error. The caller reaps it."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):

@@ -35,7 +35,6 @@ import functools
 import hashlib
 import json
 import os
-import signal
 import socket
 import stat
 import subprocess
@@ -616,7 +615,7 @@ RUN_POOL_MAX = 32
 
 
 @contextlib.contextmanager
-def workers_for_run(wanted: bool = True) -> Iterator[WorkerServer | None]:
+def workers_for_run() -> Iterator[WorkerServer | None]:
     """A fork server for the whole of a run that will hash (``check --deep``), started when the run begins and
     closed when it ends; every hashing call of the run takes its workers from it (``run_server``).
 
@@ -626,8 +625,8 @@ def workers_for_run(wanted: bool = True) -> Iterator[WorkerServer | None]:
     small, then hashes through a worker without a copy. A call without a run's server starts its own, whose
     start-up it waits for, and so uses workers only where each thread has enough to hash (``plan``)."""
     global _RUN_SERVER
-    server = WorkerServer.start(min(default_workers(), RUN_POOL_MAX)) if wanted and _RUN_SERVER is None else None
-    if server is None:
+    server = WorkerServer.start(min(default_workers(), RUN_POOL_MAX)) if _RUN_SERVER is None else None
+    if server is None:  # a run within a run keeps the outer one's server; where none starts, threads read
         yield _RUN_SERVER
         return
     _RUN_SERVER = server
@@ -768,10 +767,7 @@ class WorkerServer:
         try:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except OSError:
-                pass
+            proc_registry.kill_group(self.proc)
             self.proc.wait()
         finally:
             proc_registry.untrack(self.proc)
