@@ -20,7 +20,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,14 +38,10 @@ from doctor.model import hashing  # noqa: E402
 
 
 def cli_round(d: str) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / "deep_timeline.py"), "check", "--deep", "--only",
-                          "model.shards.deep", "--model-path", d, "--no-verify-cache", "--format", "json"],
-                         capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
-                         timeout=300)
-    calls = [json.loads(line[len("timeline "):]) for line in out.stderr.splitlines() if line.startswith("timeline ")]
-    res = next(r for r in json.loads(out.stdout)["results"] if r["id"] == "model.shards.deep")
-    if res["status"] != "pass" or len(calls) != 1:
-        raise SystemExit(f"check --deep on {d}: {res['status']} ({len(calls)} calls): {out.stderr[-1500:]}")
+    said = deep_timeline.run_cli(d)
+    res, calls = said["result"], said["calls"]
+    if res is None or res["status"] != "pass" or len(calls) != 1:
+        raise SystemExit(f"check --deep on {d}: {res and res['status']} ({len(calls)} calls): {said['stderr']}")
     return {**calls[0], "check_ms": round(res["duration_s"] * 1e3, 3)}
 
 

@@ -61,6 +61,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))  # the replica builder is a test fixture
 
+import deep_timeline  # noqa: E402
 from model_replica import header_bytes, shard_name  # noqa: E402
 from timing import measure  # noqa: E402
 
@@ -304,58 +305,21 @@ def run_call(d: str, cores: int, lead: float) -> Callable[[], Any]:
     return run
 
 
-LEAD_CODE = """
-import sys, time
-t0 = None
-from doctor import app
-from doctor.model import hashing
-real_run, real_hash, real_verify = app.run, hashing.hash_files, hashing.verify_model_hashes
-def run(*a, **k):
-    global t0
-    t0 = time.monotonic()
-    return real_run(*a, **k)
-def hash_files(*a, **k):
-    t = time.monotonic()
-    if t0 is not None:
-        sys.stderr.write("lead %.6f\\n" % (t - t0))
-    try:
-        return real_hash(*a, **k)
-    finally:
-        sys.stderr.write("hash_files %.6f\\n" % (time.monotonic() - t))
-def verify(*a, **k):
-    t = time.monotonic()
-    try:
-        return real_verify(*a, **k)
-    finally:
-        sys.stderr.write("verify %.6f\\n" % (time.monotonic() - t))
-app.run, hashing.hash_files = run, hash_files
-import doctor.model.facts as facts
-facts.verify_model_hashes = verify
-from doctor.cli import main
-sys.argv = ["k26-doctor", "check", "--deep", "--only", "model.shards.deep", "--model-path", sys.argv[1],
-            "--no-verify-cache", "--format", "json"]
-main()
-"""
-
-
 def run_lead(d: str, runs: int = 5) -> dict[str, float] | None:
     """Seconds from the start of a real ``check --deep`` run (where its fork server starts) to its first
     hashing call on this host (``lead``), and in the same runs the seconds of that call (``hash_files``), of
     the shard verification around it (``verify``) and of the check (``check``): medians of ``runs`` real CLI
-    runs on ``d``, or None where none said."""
+    runs on ``d`` (bench/deep_timeline.py), or None where none said."""
     got: dict[str, list[float]] = {"lead": [], "hash_files": [], "verify": [], "check": []}
     for _ in range(runs):
-        out = subprocess.run([sys.executable, "-c", LEAD_CODE, d], capture_output=True, text=True, cwd=ROOT,
-                             env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=300)
-        said = dict(line.split()[:2] for line in out.stderr.splitlines()
-                    if line.split()[:1] in (["lead"], ["hash_files"], ["verify"]))
-        try:
-            said["check"] = next(r["duration_s"] for r in json.loads(out.stdout)["results"]
-                                 if r["id"] == "model.shards.deep")
-        except (ValueError, KeyError, StopIteration):
-            pass
-        for k, v in said.items():
-            got[k].append(float(v))
+        said = deep_timeline.run_cli(d)
+        if not said["calls"]:
+            continue
+        first, res = said["calls"][0], said["result"]
+        for key, ms in (("lead", first.get("lead_ms")), ("hash_files", first["call_ms"]),
+                        ("verify", first.get("verify_ms")), ("check", res and res["duration_s"] * 1e3)):
+            if ms is not None:
+                got[key].append(ms / 1e3)
     if not got["lead"]:
         return None
     return {k: statistics.median(v) for k, v in got.items() if v}
@@ -366,9 +330,8 @@ def cli_call(d: str, cores: int) -> Callable[[], Took]:
     seconds its ``model.shards.deep`` result took, and the digests it hashed (``--format json`` gives the
     verdicts: a match against the manifest the bench wrote is the doctor's digest)."""
     def run() -> Took:
-        out = subprocess.run([sys.executable, "-m", "doctor", "check", "--deep", "--only", "model.shards.deep",
-                              "--model-path", d, "--no-verify-cache", "--format", "json"], capture_output=True,
-                             text=True, cwd=ROOT, timeout=600)
+        out = subprocess.run([sys.executable, "-m", "doctor", *deep_timeline.CHECK_DEEP, "--model-path", d],
+                             capture_output=True, text=True, cwd=ROOT, timeout=600)
         res = next(r for r in json.loads(out.stdout)["results"] if r["id"] == "model.shards.deep")
         if res["status"] != "pass":
             raise SystemExit(f"check --deep on {d}: {res['status']}: {res.get('summary')}")
