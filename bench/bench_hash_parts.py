@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import inspect
 import json
 import os
 import shutil
@@ -208,7 +207,8 @@ def timeline(paths: list[str], cores: int, calls: int = 5) -> dict[str, Any]:
 
 def startup(cores: int, tiny: str) -> dict[str, Any]:
     """Interpreter and worker start-up, in ms (medians of 7): a bare interpreter, the fork server until it is
-    up, and until every one of ``cores`` workers forked from it has answered for a small file."""
+    up, and until every one of ``cores`` workers from it (forked on request, or from a pool forked in advance)
+    has answered for a small file."""
     def bare() -> None:
         subprocess.run([sys.executable, "-I", "-S", "-c", "pass"], check=True)
 
@@ -219,7 +219,7 @@ def startup(cores: int, tiny: str) -> dict[str, Any]:
 
     def all_workers(pool: int) -> Callable[[], None]:
         def run() -> None:
-            server = hashing.WorkerServer.start(pool) if pool else hashing.WorkerServer.start()
+            server = hashing.WorkerServer.start(pool)
             assert server is not None and server.ready(30)
             workers = [server.fork() for _ in range(cores)]
             for w in workers:
@@ -228,11 +228,9 @@ def startup(cores: int, tiny: str) -> dict[str, Any]:
             server.close()
         return run
     out = {}
-    pooled = "pool" in inspect.signature(hashing.WorkerServer.start).parameters
     for name, fn in (("python -I -S -c pass", bare), ("fork server up", server_up),
                      (f"fork server and {cores} workers, every first answer", all_workers(0)),
-                     *(((f"fork server with a pool of {cores}, every worker's first answer", all_workers(cores)),)
-                       if pooled else ())):
+                     (f"fork server with a pool of {cores}, every worker's first answer", all_workers(cores))):
         out[name] = round(statistics.median(deep.timed(fn)[0] for _ in range(7)) * 1e3, 1)
     return out
 
