@@ -87,6 +87,19 @@ def _procs() -> list[tuple[int, str, int, int, str]]:
     return out
 
 
+def _children(pid: int) -> set[int]:
+    return {p for p, _, parent, *_ in _procs() if parent == pid}
+
+
+def _until(cond, seconds: float = 20.0) -> bool:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return cond()
+
+
 @pytest.fixture
 def servers(monkeypatch):
     """The pids of the fork servers the test's hashing starts (each is the leader of its workers' session)."""
@@ -325,10 +338,7 @@ def test_the_fork_server_kills_its_workers_when_the_doctor_is_gone(tmp_path):
                          env=env)
     assert out.returncode == -signal.SIGKILL, out.stderr[-2000:]
     server, worker = (int(x) for x in out.stdout.split())
-    deadline_at = time.monotonic() + 30
-    while time.monotonic() < deadline_at and {pid for pid, *_ in _procs()} & {server, worker}:
-        time.sleep(0.05)
-    assert not {pid for pid, *_ in _procs()} & {server, worker}
+    assert _until(lambda: not {pid for pid, *_ in _procs()} & {server, worker}, 30)
 
 
 @pytest.mark.skipif(not hasattr(signal, "SIGBUS"), reason="POSIX only")
@@ -502,19 +512,6 @@ def test_the_fork_server_kills_only_its_own_workers(servers):
     finally:
         server.close()
     assert server.proc.returncode == 0 and not _left_behind(servers)
-
-
-def _children(pid: int) -> set[int]:
-    return {p for p, _, parent, *_ in _procs() if parent == pid}
-
-
-def _until(cond, seconds: float = 20.0) -> bool:
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return cond()
 
 
 def _worker_paths(monkeypatch) -> list[str]:
