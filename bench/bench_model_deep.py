@@ -630,12 +630,9 @@ def cpu_caches() -> dict[str, Any]:
     from sysfs: what the read loop's buffer and the number of hashers are judged against."""
     out: dict[str, Any] = {}
     cpu = Path("/sys/devices/system/cpu/cpu0")
-    for index in sorted(cpu.glob("cache/index*")):
-        try:
-            if (index / "level").read_text().strip() == "2":
-                out["l2"] = (index / "size").read_text().strip()
-        except OSError:
-            continue
+    l2 = hashing.l2_bytes(str(cpu / "cache"))
+    if l2 is not None:
+        out["l2"] = f"{l2 // 1024}K"  # as sysfs words it
     try:
         siblings = (cpu / "topology/thread_siblings_list").read_text().strip()
         out["threads_per_core"] = sum(

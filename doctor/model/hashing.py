@@ -115,9 +115,8 @@ def advise_sequential(fd: int) -> None:
         pass
 
 
-@functools.lru_cache(maxsize=1)
-def l2_block(sysfs: str = "/sys/devices/system/cpu/cpu0/cache") -> int:
-    """Half the first core's L2 cache (sysfs), within ``BLOCK_MIN``-``BLOCK_MAX``; ``BLOCK_MIN`` when unknown."""
+def l2_bytes(sysfs: str = "/sys/devices/system/cpu/cpu0/cache") -> int | None:
+    """The first core's L2 cache in bytes (sysfs), or None when unknown."""
     for index in sorted(Path(sysfs).glob("index*")):
         try:
             if read_capped(index / "level", 64, "a cache level").strip() != b"2":
@@ -128,8 +127,16 @@ def l2_block(sysfs: str = "/sys/devices/system/cpu/cpu0/cache") -> int:
         unit = {"K": 1024, "M": MIB}.get(size[-1:], 1)
         digits = size.rstrip("KMB")
         if digits.isdigit():
-            return max(BLOCK_MIN, min(BLOCK_MAX, int(digits) * unit // 2))
-    return BLOCK_MIN
+            return int(digits) * unit
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def l2_block(sysfs: str = "/sys/devices/system/cpu/cpu0/cache") -> int:
+    """Half the first core's L2 cache (``l2_bytes``), within ``BLOCK_MIN``-``BLOCK_MAX``; ``BLOCK_MIN`` when
+    unknown."""
+    l2 = l2_bytes(sysfs)
+    return BLOCK_MIN if l2 is None else max(BLOCK_MIN, min(BLOCK_MAX, l2 // 2))
 
 
 def read_block() -> int:
