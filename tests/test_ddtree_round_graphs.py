@@ -7,8 +7,10 @@
   same hidden states, for every batch size up to the largest bucket, whatever the padded rows hold.
 * ``CommitGraphs``: the commit plan and the target's KV moves per bucket (emulated on the CPU: capture records a
   re-run on the static buffers). A batch in a larger bucket gets the eager plan and exactly the eager KV moves:
-  the padded rows -- stale rows of an earlier, larger batch, whose moves were real -- move nothing. The outputs
-  that outlive the round are not overwritten by the next round's replay.
+  the padded rows -- stale rows of an earlier, larger batch, whose moves were real -- write nothing a live row
+  does not write identically (no slot is written twice with different KV in the bucket's whole scatter, which a
+  GPU resolves either way), also where a live move targets a slot a padded row last held as its root. The
+  outputs that outlive the round are not overwritten by the next round's replay.
 """
 
 from __future__ import annotations
@@ -170,6 +172,9 @@ def test_commit_graphs_make_the_eager_moves_and_nothing_else(sp):
             assert torch.equal(getattr(got, name), getattr(want, name)), (bs, name)
         for t, w in zip(kv, want_kv, strict=True):
             assert torch.equal(t, w), bs  # the real moves, and no stale row of a larger batch moved anything
+        if graphs.bucket(bs) is not None:  # the bucket's whole scatter, padded rows included, is unambiguous
+            out = graphs.captured[graphs.bucket(bs)][1]
+            assert conflicting_writes(out.kv_src, out.kv_dst) == [], bs
         moved_somewhere += sum(int((t != b).any()) for t, b in zip(kv, before, strict=True))
         if kept is not None:  # the previous round's outputs survive this round's replay
             assert torch.equal(kept[0].out_tokens, kept[1]) and torch.equal(kept[0].bonus_tokens, kept[2])
@@ -177,9 +182,9 @@ def test_commit_graphs_make_the_eager_moves_and_nothing_else(sp):
     assert moved_somewhere > 0  # the batches did move KV (paths longer than the root)
 
 
-def test_commit_graphs_without_zeroed_padding_would_corrupt_the_kv(sp):
-    """The control: a bucket replayed with its padded rows left as an earlier batch wrote them replays that
-    batch's moves onto the KV of whatever now holds those slots."""
+def test_commit_graphs_without_neutralised_padding_would_corrupt_the_kv(sp):
+    """The control: a bucket replayed with its padded rows left as an earlier batch wrote them (accept counts,
+    accept indices, slots) replays that batch's moves onto the KV of whatever now holds those slots."""
     gen = torch.Generator().manual_seed(2)
     kv = [torch.randn(300, 2, generator=gen)]
     graphs = sp.CommitGraphs(width=WIDTH, num_spec=BLOCK, batch_sizes=[4], device=torch.device("cpu"),
@@ -195,7 +200,7 @@ def test_commit_graphs_without_zeroed_padding_would_corrupt_the_kv(sp):
     else:
         pytest.fail("no batch with a real move in its rows 1-3")
     graphs.commit(predicts, acc, num, loc, zero)
-    (_p_in, _acc_s, num_s, _slots, _prefix), _out, replay = graphs.captured[4]
+    (_p_in, acc_s, num_s, slots_s, _prefix), _out, replay = graphs.captured[4]
     kv[0].copy_(torch.randn(kv[0].shape, generator=gen))  # the slots now hold other requests' KV
     fresh = kv[0].clone()
     p, a, n = accept_outputs(sp, gen, 1, BLOCK)
@@ -204,9 +209,11 @@ def test_commit_graphs_without_zeroed_padding_would_corrupt_the_kv(sp):
     one_plan = sp.plan_commit(p, a, n, one, zero[:1], WIDTH)
     sp.apply_kv_moves([want], one_plan.kv_src, one_plan.kv_dst)
     graphs.commit(p, a, n, one, zero[:1])
-    assert torch.equal(kv[0], want)  # zeroed padding: only the real request's moves
-    kv[0].copy_(fresh)  # the same replay with the padded rows' accept counts left as the earlier batch wrote them
+    assert torch.equal(kv[0], want)  # neutralised padding: only the real request's moves
+    kv[0].copy_(fresh)  # the same replay with the padded rows left as the earlier batch wrote them
     num_s[1:].copy_(num[1:].to(num_s.dtype))
+    acc_s[1:].copy_(acc[1:].to(acc_s.dtype))
+    slots_s[WIDTH:].copy_(loc[WIDTH:])
     replay()
     assert not torch.equal(kv[0], want)
 
