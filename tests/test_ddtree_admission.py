@@ -116,6 +116,33 @@ def test_a_vocabulary_that_leaves_a_shard_short_of_the_draft_top_k_is_refused_at
     assert src.index("vocab_shard_problem(") < src.index("raise ValueError")
 
 
+def test_under_tp_the_verify_logits_stay_shards_and_greedy_rounds_merge_row_maxima():
+    """The logits processor (patch 0003) returns a target verify's vocab shard for a head without soft-capping
+    only where DDTREE asked (``defer_verify_shard``, set in the worker's __init__, before any graph capture),
+    under a plain TP gather; the worker's ``_verify_shard`` merges the row maxima for greedy rounds and gathers
+    the shards for the others. (The merge and gather functions run on gloo groups in test_ddtree_tp_gloo.py.)"""
+    lp = tree("sglang/srt/layers/logits_processor.py")
+    init = ast.unparse(method(lp, "LogitsProcessor", "__init__"))
+    assert "self.defer_verify_shard = False" in init
+    get = ast.unparse(method(lp, "LogitsProcessor", "_get_logits"))
+    branch = get.index("if self.defer_verify_shard and logits_metadata is not None")
+    for cond in ("logits_metadata.forward_mode.is_target_verify()", "self.do_tensor_parallel_all_gather",
+                 "not self.use_attn_tp_group", "not self.do_tensor_parallel_all_gather_dp_attn",
+                 "not self.final_logit_softcapping"):
+        assert cond in get[branch: get.index("return logits", branch)], cond
+    assert get.index("self._gather_softcap_fused(") < branch < get.index("self._logits_gatherer(logits)")
+    worker = tree("sglang/srt/speculative/ddtree_worker_v2.py")
+    assert "self._target_logits_processor.defer_verify_shard = True" in ast.unparse(
+        method(worker, "DDTreeWorkerV2", "__init__"))
+    shard = ast.unparse(method(worker, "DDTreeWorkerV2", "_verify_shard"))
+    merge = "vocab_parallel_argmax(shard, start, real, gather)"
+    assert shard.index("self._can_skip_verify_logits(") < shard.index(merge)
+    assert "gather_vocab_shards(shard, gather, vocab)" in shard
+    assert "stacked_all_gather(tp_group.all_gather_into_tensor, int(tp_group.world_size))" in shard
+    step = ast.unparse(method(worker, "DDTreeWorkerV2", "_verify_and_commit"))
+    assert step.index("is_deferred_shard(") < step.index("self._verify_shard(") < step.index("ddtree_accept(")
+
+
 REFUSED = {
     "return_logprob": "return_logprob", "return_sampling_mask": "return_sampling_mask",
     "return_routed_experts": "return_routed_experts", "return_indexer_topk": "return_indexer_topk",

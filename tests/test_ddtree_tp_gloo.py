@@ -7,9 +7,10 @@ group's own collectives:
 
 * the draft top-k (``vocab_parallel_topk``: each rank's shard top-k and log-sum-exp all-gathered and merged) and
   the verify argmax (``vocab_parallel_argmax``: each rank's row maxima and first ids, ``N x 2`` numbers,
-  all-gathered and merged) on logits full of ties and ``-inf``, over SGLang's vocabulary-parallel layout
-  (``vocab_shard_rows``: padded shards, the last ones partly padding) -- equal to the full-vocabulary result
-  (ids exactly, ties to the lowest id);
+  all-gathered and merged, also through the worker's ``stacked_all_gather`` over ``all_gather_into_tensor``)
+  on logits full of ties and ``-inf``, over SGLang's vocabulary-parallel layout (``vocab_shard_rows``: padded
+  shards, the last ones partly padding) -- equal to the full-vocabulary result (ids exactly, ties to the
+  lowest id); the full logits gathered from the shards (``gather_vocab_shards``, for sampled rounds);
 * the trees: each rank starts from its own (different) top-k, as ranks whose numerics differ would; after
   ``broadcast_decisions`` every rank builds rank 0's trees;
 * the sampled acceptance with a different seed per rank: the ranks' decisions differ before the broadcast
@@ -28,6 +29,7 @@ import functools
 import multiprocessing
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import ci_requirements
@@ -133,6 +135,8 @@ def round_from(sp, lp, ids, seed: int):
 
 def rank_main(sp, rank: int, world: int, store: str, out: str) -> None:
     torch.set_num_threads(1)
+    # torch.distributed.all_gather_into_tensor, the TP group's counterpart, is marked deprecated on gloo
+    warnings.filterwarnings("ignore", "`torch.distributed.all_gather_into_tensor` is deprecated", FutureWarning)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
         torch.save(rank_work(sp, rank, world), f"{out}/rank{rank}.pt")
@@ -153,6 +157,12 @@ def rank_work(sp, rank: int, world: int) -> dict:
     res["topk"] = sp.vocab_parallel_topk(local, TOPK, start, real,
                                          lambda v, i, s: (gather_stack(v), gather_stack(i), gather_stack(s)))
     res["argmax"] = sp.vocab_parallel_argmax(local, start, real, gather_stack)
+    # the worker's verify path on a shard (defer_verify_shard): one all_gather_into_tensor per call
+    gather = sp.stacked_all_gather(dist.all_gather_into_tensor, world)
+    shard_start, shard_real = sp.vocab_shard_range(rank, local.shape[1], VOCAB)
+    assert (shard_start, shard_real) == (start, real)
+    res["verify_argmax"] = sp.vocab_parallel_argmax(local, shard_start, shard_real, gather)
+    res["verify_logits"] = sp.gather_vocab_shards(local.to(torch.bfloat16), gather, VOCAB)
     # the trees: each rank's own top-k, then rank 0's on every rank
     lp, ids = rank_topk(rank)
     sp.broadcast_decisions((lp, ids), dist.broadcast, world)
@@ -214,7 +224,7 @@ def test_tp_paths_agree_on_every_rank_and_equal_the_single_process_round(sp, wor
     logits = tie_logits()
     # every rank holds the same values, bit for bit
     for r in range(1, world):
-        for key in ("topk", "argmax", "tree", "decisions", "plan", "kv"):
+        for key in ("topk", "argmax", "verify_argmax", "verify_logits", "tree", "decisions", "plan", "kv"):
             assert same(results[r][key], results[0][key]), (world, r, key)
     # the vocabulary merges equal the full-vocabulary answer: ids exactly (ties to the lowest id), log-probs up
     # to the normaliser's rounding
@@ -224,6 +234,8 @@ def test_tp_paths_agree_on_every_rank_and_equal_the_single_process_round(sp, wor
     assert torch.allclose(lp, ref_lp, atol=1e-5, equal_nan=True), world
     assert torch.isnan(lp[2]).all()  # the all -inf row: no distribution, as log_softmax gives
     assert torch.equal(results[0]["argmax"], logits.argmax(dim=-1)), world
+    assert torch.equal(results[0]["verify_argmax"], logits.argmax(dim=-1)), world
+    assert same(results[0]["verify_logits"], logits.to(torch.bfloat16).float()), world  # padding columns dropped
     assert int(results[0]["argmax"][0]) == 900 and int(results[0]["argmax"][2]) == 0  # ties across shards; all -inf
     # the round on rank 0's inputs in one process: trees, decisions, plan, KV
     tv, decisions, loc, prefix = round_from(sp, *rank_topk(0), seed=1000)
