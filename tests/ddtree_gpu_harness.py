@@ -7,6 +7,9 @@
   captured without the buffer would run) must be wrong on the tree.
 * ``verify_tree_greedy_kernel_triton`` (speculative/spec_tree.py) on the DDTree EAGLE encoding, against
   the torch reference in ``ddtree_utils``.
+* ``ddtree_step.CommitGraphs`` captured in real CUDA graphs (``run_commit_race_case``): a live move into a
+  root slot a padded row of the bucket last held keeps the moved KV, and the bucket's whole scatter writes no
+  slot twice with different sources.
 
 No SGLang install is needed: the kernel files come from an installed ``sglang`` if there is one, else from
 the 0.5.23 wheel (tests/sglang_wheels.py: ``$SGLANG_WHEELS``, else the per-user cache, else pip download). They are
