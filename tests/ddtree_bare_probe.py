@@ -117,6 +117,36 @@ def server_args_part():
             refused[name] = "accepted"
         except (ValueError, NotImplementedError, AssertionError) as e:
             refused[name] = f"{type(e).__name__}: {e}"
+    # parallel modes the validation gate does not judge (expert parallelism, all-to-all MoE backends such as
+    # DeepEP, attention and prefill context parallelism) and a SGLANG_SPEC_TP_SYNC that drops DFlash's
+    # prefill / start-up broadcasts at TP > 1: refused, naming the flag or the setting
+    for name, extra, env in (("ep", {"tp_size": 2, "ep_size": 2}, None),
+                             ("deepep", {"tp_size": 2, "moe_a2a_backend": "deepep"}, None),
+                             ("spec deepep", {"tp_size": 2, "speculative_moe_a2a_backend": "deepep"}, None),
+                             ("attn cp", {"tp_size": 2, "attn_cp_size": 2}, None),
+                             ("prefill cp", {"tp_size": 2, "enable_prefill_cp": True}, None),
+                             ("tp sync off", {"tp_size": 2}, "off"),
+                             ("tp sync init", {"tp_size": 2}, "init"),
+                             ("tp sync no target", {"tp_size": 8}, "all,-dflash-target"),
+                             ("tp sync rng", {"tp_size": 2}, "rng"),
+                             ("tp sync off at tp 1", {}, "off")):
+        saved = os.environ.get("SGLANG_SPEC_TP_SYNC")
+        if env is not None:
+            os.environ["SGLANG_SPEC_TP_SYNC"] = env
+        try:
+            args = server_args.ServerArgs(model_path="/m", speculative_algorithm="DDTREE",
+                                          speculative_ddtree_budget=64, speculative_draft_model_path="/d",
+                                          speculative_dflash_block_size=16, device="cuda",
+                                          attention_backend="triton", **extra)
+            hook._handle_ddtree(args)
+            refused[name] = "accepted"
+        except (ValueError, NotImplementedError, AssertionError) as e:
+            refused[name] = f"{type(e).__name__}: {e}"
+        finally:
+            if saved is None:
+                os.environ.pop("SGLANG_SPEC_TP_SYNC", None)
+            else:
+                os.environ["SGLANG_SPEC_TP_SYNC"] = saved
     utils = importlib.import_module("sglang.srt.utils")
     real_is_hip = utils.is_hip
     utils.is_hip = lambda: True

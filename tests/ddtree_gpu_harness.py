@@ -7,6 +7,9 @@
   captured without the buffer would run) must be wrong on the tree.
 * ``verify_tree_greedy_kernel_triton`` (speculative/spec_tree.py) on the DDTree EAGLE encoding, against
   the torch reference in ``ddtree_utils``.
+* ``ddtree_step.CommitGraphs`` captured in real CUDA graphs (``run_commit_race_case``): a live move into a
+  root slot a padded row of the bucket last held keeps the moved KV, and the bucket's whole scatter writes no
+  slot twice with different sources.
 
 No SGLang install is needed: the kernel files come from an installed ``sglang`` if there is one, else from
 the 0.5.23 wheel (tests/sglang_wheels.py: ``$SGLANG_WHEELS``, else the per-user cache, else pip download). They are
@@ -279,6 +282,60 @@ def run_step_loop_greedy_case(device: str = "cuda", seeds=(0, 1, 3), n: int = 30
     return {"equal_to_autoregressive": equal, "tokens_per_request_round": committed / (rounds * len(prompts))}
 
 
+def run_commit_race_case(device: str = "cuda", bucket: int = 8) -> dict:
+    """``ddtree_step.CommitGraphs`` captured (CUDA graphs on a GPU; the CPU emulation elsewhere): a bucket
+    committed at full size, then 2 live requests whose accepted path moves KV into three slots that padded
+    rows 3, 5 and 7 still named as their roots (freed and reallocated). The KV after the commit must equal the
+    eager plan's moves of the live requests alone, and the bucket's whole scatter (padded rows included) must
+    write no slot twice with different sources: on a GPU such a duplicate resolves either way, so the first
+    check alone could pass by chance."""
+    torch = _need("torch")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise Unavailable("needs a CUDA device")
+    st = ddtree_step_module()
+    dev = torch.device(device)
+    width, num_spec = 11, 5
+    kv = [torch.randn(400, 576, device=dev, dtype=torch.bfloat16)]
+    graphs = st.CommitGraphs(width=width, num_spec=num_spec, batch_sizes=[2, bucket], device=dev,
+                             move_kv=lambda dst, src: st.apply_kv_moves(kv, src, dst))
+    graphs.capture()
+
+    def accept(bs, paths):
+        acc = (torch.arange(bs, device=dev) * width).view(-1, 1).repeat(1, num_spec)
+        num = torch.zeros(bs, dtype=torch.int64, device=dev)
+        for b, nodes in paths.items():
+            for i, node in enumerate(nodes, start=1):
+                acc[b, i] = b * width + node
+            num[b] = len(nodes)
+        return torch.zeros(bs * width, dtype=torch.int64, device=dev), acc, num
+
+    first = torch.arange(10, 10 + bucket * width, device=dev)
+    graphs.commit(*accept(bucket, {0: [1, 2], 3: [1, 4]}), first, torch.zeros(bucket, dtype=torch.int64, device=dev))
+    # Two live requests (a smaller bucket would serve 2: make the big one serve 3 instead).
+    bs = 3
+    loc = torch.arange(200, 200 + bs * width, device=dev)
+    stale = [int(first[r * width]) for r in (3, 5, 7) if r < bucket]
+    loc[width + 1: width + 1 + len(stale)] = torch.tensor(stale, device=dev)
+    predicts, acc, num = accept(bs, {1: [3, 5, 7], 2: [1]})
+    prefix = torch.tensor([5, 9, 2], device=dev)
+    kv[0].copy_(torch.randn(kv[0].shape, device=dev, dtype=kv[0].dtype))
+    want = [kv[0].clone()]
+    plan = st.plan_commit(predicts, acc, num, loc, prefix, width)
+    st.apply_kv_moves(want, plan.kv_src, plan.kv_dst)
+    got = graphs.commit(predicts, acc, num, loc, prefix)
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    out = graphs.captured[graphs.bucket(bs)][1]
+    seen, conflicts = {}, []
+    for s, d in zip(out.kv_src.tolist(), out.kv_dst.tolist(), strict=True):
+        if seen.setdefault(d, s) != s:
+            conflicts.append(d)
+    kv_equal = bool(torch.equal(kv[0], want[0]))
+    return {"bucket": graphs.bucket(bs), "stale_slots": stale, "kv_equal_to_eager": kv_equal,
+            "conflicting_writes": conflicts, "commit_lens": got.commit_lens.tolist(),
+            "ok": kv_equal and not conflicts and got.commit_lens.tolist() == [1, 4, 2]}
+
+
 def sampling_kernel():
     """SGLang's JIT CUDA ``tree_speculative_sampling_target_only``; needs an installed sglang with its JIT
     toolchain (tvm-ffi, flashinfer headers, nvcc)."""
@@ -533,6 +590,9 @@ def main(argv: list[str]) -> int:
     ok &= good
     print(f"ddtree_step loop, greedy kernel {r} {'OK' if good else 'FAIL'}")
     if not interpret:
+        r = run_commit_race_case()
+        ok &= r["ok"]
+        print(f"ddtree_step commit graphs, padded rows and a reused root slot {r} {'OK' if r['ok'] else 'FAIL'}")
         try:
             r = run_step_loop_sampling_case()
             ok &= r["ok"]

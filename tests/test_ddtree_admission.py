@@ -85,14 +85,62 @@ def test_the_scheduler_refuses_at_admission():
 def test_trees_come_from_rank_zeros_topk_and_sampled_matrices_are_borrowed():
     worker = tree("sglang/srt/speculative/ddtree_worker_v2.py")
     src = ast.unparse(method(worker, "DDTreeWorkerV2", "_tree_eager"))
-    assert src.index("tp_group.broadcast(lp, src=0)") < src.index("build_tree_verify(")
-    assert src.index("tp_group.broadcast(ids, src=0)") < src.index("build_tree_verify(")
+    bcast = "broadcast_decisions((lp, ids), tp_group.broadcast, int(tp_group.world_size))"
+    assert src.index(bcast) < src.index("build_tree_verify(")
     # the trees folded into the draft graph skip that broadcast: only at TP 1
     assert "world_size) != 1" in ast.unparse(method(worker, "DDTreeWorkerV2", "_make_draft_tree_capture"))
     accept = ast.unparse(next(n for n in tree("sglang/srt/speculative/ddtree_worker.py").body
                               if isinstance(n, ast.FunctionDef) and n.name == "ddtree_accept"))
     borrow = accept.index("borrow_graph_pool(")
     assert borrow < accept.index("build_speculative_verify_target_probs(") < accept.index("del target_probs")
+
+
+def test_the_sampled_decisions_reach_every_rank_whatever_the_tp_sync_setting():
+    """predicts / accept_index / accept_num are rank 0's on every rank before the commit, through the set's
+    unconditional broadcast (tests/test_ddtree_tp_gloo.py runs it on real process groups), never through
+    SpecTpSync, whose sites SGLANG_SPEC_TP_SYNC can turn off."""
+    worker = tree("sglang/srt/speculative/ddtree_worker_v2.py")
+    src = ast.unparse(method(worker, "DDTreeWorkerV2", "_verify_and_commit"))
+    bcast = "broadcast_decisions((predicts, accept_index, accept_num), tp_group.broadcast, int(tp_group.world_size))"
+    assert src.index("ddtree_accept(") < src.index(bcast) < src.index("plan_commit(")
+    assert src.index(bcast) < src.index("self._commit_graphs.commit(")
+    assert "_tp_sync" not in ast.unparse(worker) and "SpecTpSync" not in ast.unparse(worker)
+
+
+def test_a_vocabulary_that_leaves_a_shard_short_of_the_draft_top_k_is_refused_at_start():
+    """The worker's start-up check asks the pure function of vocabulary and TP size (tested in
+    tests/test_ddtree_tp_gloo.py) with the draft top-k, so every rank refuses alike."""
+    worker = tree("sglang/srt/speculative/ddtree_worker_v2.py")
+    src = ast.unparse(method(worker, "DDTreeWorkerV2", "_check_supported"))
+    assert "vocab_shard_problem(vocab, int(get_parallel().tp_group.world_size), min(self.ddtree_budget, vocab)" in src
+    assert src.index("vocab_shard_problem(") < src.index("raise ValueError")
+
+
+def test_under_tp_the_verify_logits_stay_shards_and_greedy_rounds_merge_row_maxima():
+    """The logits processor (patch 0003) returns a target verify's vocab shard for a head without soft-capping
+    only where DDTREE asked (``defer_verify_shard``, set in the worker's __init__, before any graph capture),
+    under a plain TP gather; the worker's ``_verify_shard`` merges the row maxima for greedy rounds and gathers
+    the shards for the others. (The merge and gather functions run on gloo groups in test_ddtree_tp_gloo.py.)"""
+    lp = tree("sglang/srt/layers/logits_processor.py")
+    init = ast.unparse(method(lp, "LogitsProcessor", "__init__"))
+    assert "self.defer_verify_shard = False" in init
+    get = ast.unparse(method(lp, "LogitsProcessor", "_get_logits"))
+    branch = get.index("if self.defer_verify_shard and logits_metadata is not None")
+    for cond in ("logits_metadata.forward_mode.is_target_verify()", "self.do_tensor_parallel_all_gather",
+                 "not self.use_attn_tp_group", "not self.do_tensor_parallel_all_gather_dp_attn",
+                 "not self.final_logit_softcapping"):
+        assert cond in get[branch: get.index("return logits", branch)], cond
+    assert get.index("self._gather_softcap_fused(") < branch < get.index("self._logits_gatherer(logits)")
+    worker = tree("sglang/srt/speculative/ddtree_worker_v2.py")
+    assert "self._target_logits_processor.defer_verify_shard = True" in ast.unparse(
+        method(worker, "DDTreeWorkerV2", "__init__"))
+    shard = ast.unparse(method(worker, "DDTreeWorkerV2", "_verify_shard"))
+    merge = "vocab_parallel_argmax(shard, start, real, gather)"
+    assert shard.index("self._can_skip_verify_logits(") < shard.index(merge)
+    assert "gather_vocab_shards(shard, gather, vocab)" in shard
+    assert "stacked_all_gather(tp_group.all_gather_into_tensor, int(tp_group.world_size))" in shard
+    step = ast.unparse(method(worker, "DDTreeWorkerV2", "_verify_and_commit"))
+    assert step.index("is_deferred_shard(") < step.index("self._verify_shard(") < step.index("ddtree_accept(")
 
 
 REFUSED = {

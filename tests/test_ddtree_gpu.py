@@ -50,3 +50,9 @@ def test_ddtree_step_loop_with_sglang_sampling_kernel_keeps_the_target_distribut
     """Needs an installed sglang whose JIT kernels build here (tvm-ffi, flashinfer headers, nvcc); skips otherwise."""
     res = _run(harness.run_step_loop_sampling_case)
     assert res["ok"], res
+
+
+def test_commit_graphs_padded_rows_never_touch_a_live_move():
+    """The commit's CUDA graph: padded rows that still name slots a live request now moves KV into."""
+    res = _run(harness.run_commit_race_case)
+    assert res["ok"], res

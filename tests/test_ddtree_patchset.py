@@ -167,6 +167,19 @@ def test_server_args_parse_and_resolve_ddtree(tmp_path_factory):
     assert "--dcp-size 2" in refused["dcp"]
     assert "--enable-deterministic-inference" in refused["deterministic"]
     assert "ROCm/HIP" in refused["hip"]
+    # parallel modes the validation gate does not judge, each naming its flag
+    assert "expert parallelism (--ep-size 2;" in refused["ep"]
+    assert "--moe-a2a-backend deepep (an all-to-all MoE dispatch such as DeepEP" in refused["deepep"]
+    assert "--speculative-moe-a2a-backend deepep" in refused["spec deepep"]
+    assert "attention context parallelism (--attn-cp-size 2;" in refused["attn cp"]
+    assert "prefill context parallelism (--enable-prefill-cp)" in refused["prefill cp"]
+    # SGLANG_SPEC_TP_SYNC settings that drop DFlash's prefill / start-up broadcasts DDTREE relies on at TP > 1
+    assert "SGLANG_SPEC_TP_SYNC='off' at --tp-size 2 (it drops dflash-target, dflash-mem:" in refused["tp sync off"]
+    assert "SGLANG_SPEC_TP_SYNC='init' at --tp-size 2 (it drops dflash-target:" in refused["tp sync init"]
+    assert "'all,-dflash-target' at --tp-size 8 (it drops dflash-target:" in refused["tp sync no target"]
+    # ... and not those that keep them, nor any setting at TP 1: those reach the validated-configuration gate
+    for name in ("tp sync rng", "tp sync off at tp 1"):
+        assert refused.pop(name).startswith("NotImplementedError: DDTREE: this revision"), name
     assert all(v.startswith("ValueError: DDTREE was not validated with:") for v in refused.values()), refused
 
 

@@ -7,8 +7,10 @@
   same hidden states, for every batch size up to the largest bucket, whatever the padded rows hold.
 * ``CommitGraphs``: the commit plan and the target's KV moves per bucket (emulated on the CPU: capture records a
   re-run on the static buffers). A batch in a larger bucket gets the eager plan and exactly the eager KV moves:
-  the padded rows -- stale rows of an earlier, larger batch, whose moves were real -- move nothing. The outputs
-  that outlive the round are not overwritten by the next round's replay.
+  the padded rows -- stale rows of an earlier, larger batch, whose moves were real -- write nothing a live row
+  does not write identically (no slot is written twice with different KV in the bucket's whole scatter, which a
+  GPU resolves either way), also where a live move targets a slot a padded row last held as its root. The
+  outputs that outlive the round are not overwritten by the next round's replay.
 """
 
 from __future__ import annotations
@@ -170,6 +172,9 @@ def test_commit_graphs_make_the_eager_moves_and_nothing_else(sp):
             assert torch.equal(getattr(got, name), getattr(want, name)), (bs, name)
         for t, w in zip(kv, want_kv, strict=True):
             assert torch.equal(t, w), bs  # the real moves, and no stale row of a larger batch moved anything
+        if graphs.bucket(bs) is not None:  # the bucket's whole scatter, padded rows included, is unambiguous
+            out = graphs.captured[graphs.bucket(bs)][1]
+            assert conflicting_writes(out.kv_src, out.kv_dst) == [], bs
         moved_somewhere += sum(int((t != b).any()) for t, b in zip(kv, before, strict=True))
         if kept is not None:  # the previous round's outputs survive this round's replay
             assert torch.equal(kept[0].out_tokens, kept[1]) and torch.equal(kept[0].bonus_tokens, kept[2])
@@ -177,9 +182,9 @@ def test_commit_graphs_make_the_eager_moves_and_nothing_else(sp):
     assert moved_somewhere > 0  # the batches did move KV (paths longer than the root)
 
 
-def test_commit_graphs_without_zeroed_padding_would_corrupt_the_kv(sp):
-    """The control: a bucket replayed with its padded rows left as an earlier batch wrote them replays that
-    batch's moves onto the KV of whatever now holds those slots."""
+def test_commit_graphs_without_neutralised_padding_would_corrupt_the_kv(sp):
+    """The control: a bucket replayed with its padded rows left as an earlier batch wrote them (accept counts,
+    accept indices, slots) replays that batch's moves onto the KV of whatever now holds those slots."""
     gen = torch.Generator().manual_seed(2)
     kv = [torch.randn(300, 2, generator=gen)]
     graphs = sp.CommitGraphs(width=WIDTH, num_spec=BLOCK, batch_sizes=[4], device=torch.device("cpu"),
@@ -195,7 +200,7 @@ def test_commit_graphs_without_zeroed_padding_would_corrupt_the_kv(sp):
     else:
         pytest.fail("no batch with a real move in its rows 1-3")
     graphs.commit(predicts, acc, num, loc, zero)
-    (_p_in, _acc_s, num_s, _slots, _prefix), _out, replay = graphs.captured[4]
+    (_p_in, acc_s, num_s, slots_s, _prefix), _out, replay = graphs.captured[4]
     kv[0].copy_(torch.randn(kv[0].shape, generator=gen))  # the slots now hold other requests' KV
     fresh = kv[0].clone()
     p, a, n = accept_outputs(sp, gen, 1, BLOCK)
@@ -204,8 +209,81 @@ def test_commit_graphs_without_zeroed_padding_would_corrupt_the_kv(sp):
     one_plan = sp.plan_commit(p, a, n, one, zero[:1], WIDTH)
     sp.apply_kv_moves([want], one_plan.kv_src, one_plan.kv_dst)
     graphs.commit(p, a, n, one, zero[:1])
-    assert torch.equal(kv[0], want)  # zeroed padding: only the real request's moves
-    kv[0].copy_(fresh)  # the same replay with the padded rows' accept counts left as the earlier batch wrote them
+    assert torch.equal(kv[0], want)  # neutralised padding: only the real request's moves
+    kv[0].copy_(fresh)  # the same replay with the padded rows left as the earlier batch wrote them
     num_s[1:].copy_(num[1:].to(num_s.dtype))
+    acc_s[1:].copy_(acc[1:].to(acc_s.dtype))
+    slots_s[WIDTH:].copy_(loc[WIDTH:])
     replay()
     assert not torch.equal(kv[0], want)
+
+
+def hand_accept(bs: int, num_spec: int, paths: dict[int, list[int]]):
+    """Acceptance outputs written by hand: request ``b`` accepts the nodes ``paths[b]`` (node indices in its
+    tree, root excluded); every other request accepts nothing (its root only)."""
+    predicts = torch.arange(bs * WIDTH, dtype=torch.int64) % VOCAB
+    acc = (torch.arange(bs, dtype=torch.int64) * WIDTH).view(-1, 1).repeat(1, num_spec)
+    num = torch.zeros(bs, dtype=torch.int64)
+    for b, nodes in paths.items():
+        for i, node in enumerate(nodes, start=1):
+            acc[b, i] = b * WIDTH + node
+        num[b] = len(nodes)
+    return predicts, acc, num
+
+
+def conflicting_writes(src: torch.Tensor, dst: torch.Tensor) -> list[int]:
+    """Destination slots written twice with different sources in one move list (which write wins is undefined
+    on a GPU: a scatter with duplicate indices)."""
+    seen: dict[int, int] = {}
+    bad = []
+    for s, d in zip(src.tolist(), dst.tolist(), strict=True):
+        if seen.setdefault(d, s) != s:
+            bad.append(d)
+    return bad
+
+
+def race_setup(sp):
+    """A bucket of 4 committed at full size, then 2 live requests, the second of which moves its accepted node
+    3 into position 1 of its window: a slot that the previous batch's row 3 held as its root (freed, then
+    reallocated). Returns the graphs, the KV, the second round's inputs and that slot."""
+    kv = [torch.arange(200, dtype=torch.float64).view(-1, 1) * torch.ones(1, 2, dtype=torch.float64)]
+    graphs = sp.CommitGraphs(width=WIDTH, num_spec=BLOCK, batch_sizes=[4], device=torch.device("cpu"),
+                             move_kv=lambda dst, src: sp.apply_kv_moves(kv, src, dst))
+    graphs.capture()
+    first = torch.arange(10, 10 + 4 * WIDTH, dtype=torch.int64)
+    graphs.commit(*hand_accept(4, BLOCK, {0: [1, 2], 3: [1]}), first, torch.zeros(4, dtype=torch.int64))
+    stale = int(first[3 * WIDTH])  # row 3's root slot, still named by the bucket's padded row 3
+    loc = torch.arange(100, 100 + 2 * WIDTH, dtype=torch.int64)
+    loc[WIDTH + 1] = stale  # request 1's position prefix + 1 now lives in that slot
+    kv[0].copy_(torch.arange(200, dtype=torch.float64).view(-1, 1) * torch.ones(1, 2, dtype=torch.float64))
+    second = (*hand_accept(2, BLOCK, {1: [3]}), loc, torch.tensor([7, 9]))
+    return graphs, kv, second, stale, int(loc[WIDTH + 3])
+
+
+def test_padded_rows_never_revert_a_live_move_into_a_stale_root_slot(sp):
+    """The race: a padded row with accept count 0 still has step 0 on its path; before the fix it copied its
+    stale root slot onto itself, a second write (the slot's old KV) to the slot a live request's accepted node
+    moves into. On the CPU the padded row, written last, won: the fresh KV was reverted."""
+    graphs, kv, second, stale, src = race_setup(sp)
+    moved = kv[0][src].clone()
+    plan = graphs.commit(*second)
+    assert int(plan.commit_lens[1]) == 2 and stale in plan.kv_dst.tolist()
+    assert torch.equal(kv[0][stale], moved), (
+        f"slot {stale} holds {kv[0][stale].tolist()} after the commit, not the moved KV {moved.tolist()}")
+    # The whole bucket's move list (the padded rows' moves included) writes no slot twice with different KV.
+    (_p, _acc, _num, _slots, _prefix), out, _replay = graphs.captured[4]
+    assert conflicting_writes(out.kv_src, out.kv_dst) == []
+
+
+def test_the_race_reappears_when_the_padded_rows_keep_their_stale_slots(sp):
+    """The control: the same replay with the padded rows' slots put back as the larger batch left them (what the
+    commit did before the fix) reverts the live move -- the test above can fail."""
+    graphs, kv, second, stale, src = race_setup(sp)
+    before = kv[0].clone()
+    graphs.commit(*second)
+    (_p, _acc, _num, slots, _prefix), out, replay = graphs.captured[4]
+    kv[0].copy_(before)
+    slots[2 * WIDTH:].copy_(torch.arange(10 + 2 * WIDTH, 10 + 4 * WIDTH))  # the first batch's rows 2-3
+    replay()
+    assert stale in conflicting_writes(out.kv_src, out.kv_dst)
+    assert torch.equal(kv[0][stale], before[stale]) and not torch.equal(before[stale], before[src])
