@@ -74,10 +74,17 @@ def test_one_series_per_check_and_status_and_the_run_series() -> None:
     text = openmetrics.to_openmetrics(rep)
     assert text.endswith("# EOF\n") and text.count("# EOF") == 1
     samples = parse(text)
-    base = {"profile": "b300-tp8-ddtree", "version": openmetrics.__version__}
+    base = {"profile": "b300-tp8-ddtree"}
     for cid, status in (("gpu.nvlink", "fail"), ("host.disk", "pass"), ("model.shards.deep", "skip")):
         for s in ("pass", "warn", "fail", "skip", "error"):
-            assert value(samples, openmetrics.CHECK_STATUS, check=cid, status=s, **base) == (s == status)
+            assert value(samples, openmetrics.CHECK_STATUS, check=cid, status=s, failure="node", **base) == \
+                (s == status)
+    # the version is on one series only: an upgrade changes no other series' identity
+    assert value(samples, openmetrics.BUILD_INFO, version=openmetrics.__version__, **base) == 1
+    assert [k for k in samples if ("version", openmetrics.__version__) in k[1]] == [
+        (openmetrics.BUILD_INFO, frozenset({"version": openmetrics.__version__, **base}.items()))]
+    # why gpu.nvlink failed: a bounded code (no finding here: <check>.<status>)
+    assert [dict(k[1])["code"] for k in samples if k[0] == openmetrics.CHECK_REASON] == ["gpu.nvlink.fail"]
     assert value(samples, openmetrics.CHECK_UNJUDGED, check="model.shards.deep") == 1
     assert value(samples, openmetrics.CHECK_UNJUDGED, check="gpu.nvlink") == 0
     assert value(samples, openmetrics.CHECK_DURATION, check="model.shards.deep") == 2.0
@@ -109,7 +116,7 @@ def test_label_values_are_escaped() -> None:
 
 
 def test_the_start_marker_keeps_the_last_verdict_and_only_a_file_of_ours() -> None:
-    labels = {"profile": "b300-tp8-ddtree", "version": "0.1.0"}
+    labels = {"profile": "b300-tp8-ddtree"}
     last = openmetrics.to_openmetrics(report_of(_r("gpu.nvlink", Result.failed("no NVLink"))))
     marked = openmetrics.started_marker(last, 2000.0, labels)
     samples = parse(marked)
@@ -282,8 +289,8 @@ def test_node_exporter_serves_the_textfile(tmp_path: Path) -> None:
                for ln in lines), body[-3000:]
     assert any(ln.startswith(f'{openmetrics.CHECK_STATUS}{{check="host.disk"') for ln in lines)
     assert any(ln.startswith(openmetrics.LAST_RUN + "{") for ln in lines)
-    assert any(re.match(rf'{openmetrics.VERDICT}{{profile="b300-tp8-ddtree",status="pass",version="[^"]+"}} 1$', ln)
-               for ln in lines), [ln for ln in lines if ln.startswith(openmetrics.VERDICT)]
+    assert f'{openmetrics.VERDICT}{{profile="b300-tp8-ddtree",status="pass"}} 1' in lines, \
+        [ln for ln in lines if ln.startswith(openmetrics.VERDICT)]
 
 
 # -- the alerting rules -----------------------------------------------------------------------------------------

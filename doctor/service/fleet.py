@@ -5,7 +5,10 @@ A fleet already has its engines (Prometheus, Slurm, Kubernetes); the doctor plug
 aggregator of its own. Before a start (ExecStartPre, the init container, the Slurm prolog) every check of the
 profile runs. Beside a running server (the timer, the DaemonSet, a health check on an allocated node) the checks
 that judge a host *before* a start would only see the server itself: its GPU memory, its port. ``--while-serving``
-leaves those out, by name, and the report says which and why.
+leaves those out, and the report says which and why. Which they are is each check's own declaration
+(``@check(applies=...)``, ``doctor.core.registry.PLACES``): ``--while-serving`` leaves out what does not apply
+``serving``, ``--node-pod`` (the DaemonSet, a pod of its own) also what does not apply ``node-pod``; the data file
+holds only the reasons said in the report.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from doctor.core.datafile import load_toml
+from doctor.core.registry import Check
 
 DATA_FILE = Path(__file__).resolve().parents[1] / "data" / "fleet.toml"
 
@@ -28,18 +32,33 @@ def serving_table() -> dict[str, Any]:
     return fleet_data()["serving"]
 
 
-def serving_skips(registered: Iterable[str]) -> list[str]:
-    """The ``[serving] skip`` ids that are registered here, in the data file's order.
+def place_of(settings: Any) -> str:
+    """Where this run judges (``doctor.core.registry.PLACES``): ``node-pod`` (``--node-pod``: the DaemonSet),
+    ``serving`` (``--while-serving``: beside the running server), else ``start``."""
+    if getattr(settings, "node_pod", False):
+        return "node-pod"
+    return "serving" if settings.while_serving else "start"
 
-    An id the data names but this doctor does not register (a check of a later release) is left out rather than
-    turned into ``--skip`` of nothing, which is an invalid invocation."""
-    have = set(registered)
-    return [cid for cid in serving_table()["skip"] if cid in have]
+
+def serving_skips(checks: Iterable[Check], place: str = "serving") -> list[str]:
+    """The ids of the registered checks that do not apply at ``place`` (their ``applies=``), by id. A pod beside
+    the server's is also beside the running server: ``node-pod`` leaves out what ``serving`` does too."""
+    places = {"serving": ("serving",), "node-pod": ("serving", "node-pod")}.get(place, ())
+    return sorted(c.id for c in checks if any(p not in c.applies for p in places))
 
 
-def serving_note(skipped: list[str]) -> str:
-    """The report's note for ``--while-serving``: which checks were left out and why."""
-    why = serving_table().get("why", {})
-    parts = [f"{cid} ({why[cid]})" if cid in why else cid for cid in skipped]
-    return "--while-serving: left out " + (", ".join(parts) if parts else "nothing") + \
-        "; the gate before a start judges them"
+def why_left_out(cid: str, place: str) -> str | None:
+    """``doctor/data/fleet.toml``'s reason a check does not apply at ``place`` (``[serving.why]``,
+    ``[kubernetes.daemonset.why]``)."""
+    data = fleet_data()
+    tables = [data["serving"].get("why", {})]
+    if place == "node-pod":
+        tables.insert(0, data["kubernetes"]["daemonset"].get("why", {}))
+    return next((t[cid] for t in tables if cid in t), None)
+
+
+def serving_note(skipped: list[str], place: str = "serving") -> str:
+    """The report's note for ``--while-serving``/``--node-pod``: which checks were left out and why."""
+    parts = [f"{cid} ({why})" if (why := why_left_out(cid, place)) else cid for cid in skipped]
+    flag = "--node-pod" if place == "node-pod" else "--while-serving"
+    return f"{flag}: left out " + (", ".join(parts) if parts else "nothing") + "; the gate before a start judges them"
