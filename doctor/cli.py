@@ -37,6 +37,7 @@ LAZY_COMMANDS = {
     "env": "doctor.commands.env:env",
     "smoke": "doctor.commands.smoke:smoke",
     "slurm-health": "doctor.commands.fleet:slurm_health",
+    "kube-node": "doctor.commands.fleet:kube_node",
 }
 
 

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from doctor.core.causes import roots
 from doctor.core.datafile import load_toml
 from doctor.core.registry import Check
 
@@ -62,3 +63,27 @@ def serving_note(skipped: list[str], place: str = "serving") -> str:
     parts = [f"{cid} ({why})" if (why := why_left_out(cid, place)) else cid for cid in skipped]
     flag = "--node-pod" if place == "node-pod" else "--while-serving"
     return f"{flag}: left out " + (", ".join(parts) if parts else "nothing") + "; the gate before a start judges them"
+
+
+def root_causes(report: Any, failing: list[Any]) -> list[tuple[str, str]]:
+    """(id, summary) of what explains the failing results in the end, each once, in report order."""
+    root = roots(report.results, report.notices)
+    notices = {n.id: n.summary for n in report.notices}
+    summaries = {r.id: r.summary for r in report.results}
+    out: dict[str, str] = {}
+    for res in failing:
+        cid = root.get(res.id, res.id)
+        out.setdefault(cid, notices.get(cid) or summaries.get(cid, res.summary))
+    return list(out.items())
+
+
+def split_by_failure(report: Any, failing: list[Any]) -> tuple[list[Any], list[Any]]:
+    """``failing`` as (node failures, deployment failures): by what the check whose failure explains each one
+    (its root) declares; a result explained by a notice counts as its own check's."""
+    root = roots(report.results, report.notices)
+    by_id = {r.id: r for r in report.results}
+    node, deployment = [], []
+    for res in failing:
+        owner = by_id.get(root.get(res.id, res.id), res)
+        (deployment if owner.failure == "deployment" else node).append(res)
+    return node, deployment

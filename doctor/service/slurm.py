@@ -32,11 +32,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from doctor.core import proc
-from doctor.core.causes import roots
 from doctor.core.exitcodes import EXIT_FAILED, EXIT_OK
 from doctor.core.result import Status
 from doctor.facts.redaction import redact_text
-from doctor.service.fleet import fleet_data
+from doctor.service.fleet import fleet_data, root_causes, split_by_failure
 
 BUSY_STATES = ("ALLOCATED", "MIXED", "COMPLETING")
 SCONTROL_PLACES = ("/usr/bin/scontrol", "/usr/local/bin/scontrol", "/opt/slurm/bin/scontrol")
@@ -180,30 +179,6 @@ def drain_reason(prefix: str, causes: list[tuple[str, str]], limit: int, what: s
     if len(summary) > room:
         summary = summary[: max(0, room - 3)].rstrip() + "..."
     return (head + summary + tail)[:limit]
-
-
-def root_causes(report: Any, failing: list[Any]) -> list[tuple[str, str]]:
-    """(id, summary) of what explains the failing results in the end, each once, in report order."""
-    root = roots(report.results, report.notices)
-    notices = {n.id: n.summary for n in report.notices}
-    summaries = {r.id: r.summary for r in report.results}
-    out: dict[str, str] = {}
-    for res in failing:
-        cid = root.get(res.id, res.id)
-        out.setdefault(cid, notices.get(cid) or summaries.get(cid, res.summary))
-    return list(out.items())
-
-
-def split_by_failure(report: Any, failing: list[Any]) -> tuple[list[Any], list[Any]]:
-    """``failing`` as (node failures, deployment failures): by what the check whose failure explains each one
-    (its root) declares; a result explained by a notice counts as its own check's."""
-    root = roots(report.results, report.notices)
-    by_id = {r.id: r for r in report.results}
-    node, deployment = [], []
-    for res in failing:
-        owner = by_id.get(root.get(res.id, res.id), res)
-        (deployment if owner.failure == "deployment" else node).append(res)
-    return node, deployment
 
 
 def node_action(report: Any, node: NodeState, *, drain_unjudged: bool = False) -> NodeAction:
