@@ -664,10 +664,10 @@ def test_recorded_gpu_facts_taint_a_broken_node_and_untaint_a_healthy_one() -> N
     from doctor.app import run, settings_from_flags
     from doctor.service import kube
 
-    def verdict(name: str) -> kube.NodeVerdict:
+    def verdict(name: str) -> kube.NodeMark:
         snap = ROOT / "tests" / "fixtures" / "snapshots" / f"{name}.json"
         report, _ = run(settings_from_flags({"from_snapshot": str(snap), "only": ["gpu.*"], "node_pod": True}))
-        return kube.node_verdict(report)
+        return kube.node_mark(report)
 
     down, healthy = verdict("b300x8-link-down"), verdict("b300x8-healthy")
     assert (down.state, down.check) == ("problem", "gpu.nvlink") and healthy.state == "ok"

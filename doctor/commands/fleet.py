@@ -177,7 +177,7 @@ def kube_node(flags: dict[str, Any], mark: bool, node: str | None, taint_effect:
     if flags.get("output"):
         with contextlib.redirect_stdout(sys.stderr):  # stdout is the protocol's one line
             emit(report, flags)
-    verdict = kube.node_verdict(report)
+    verdict = kube.node_mark(report)
     code, line = kube.plugin_line(verdict)
     if mark:
         name = node or os.environ.get("NODE_NAME") or ""

@@ -1,6 +1,6 @@
 """Kubernetes: the node marked by what the checks found (``k26-doctor kube-node``).
 
-Two conventions a cluster already has, both driven by the same verdict (``node_verdict``):
+Two conventions a cluster already has, both driven by the same verdict (``node_mark``):
 
 * node-problem-detector's custom plugin protocol: the program exits 0 (OK), 1 (NonOK: the problem is there) or
   anything else (Unknown), and its standard output, trimmed and cut at ``max_output_length`` bytes (80), is the
@@ -53,7 +53,7 @@ def max_output() -> int:
 
 
 @dataclass
-class NodeVerdict:
+class NodeMark:
     """What the run says of the node: ``state`` (ok, problem, unknown), the first failing check of the node's own
     (``check``), one line (``message``) and the deployment's configuration failures it does not act on."""
 
@@ -69,7 +69,7 @@ def one_line(text: str, limit: int) -> str:
     return line if len(line) <= limit else line[: max(0, limit - 3)].rstrip() + "..."
 
 
-def node_verdict(report: Any, limit: int | None = None) -> NodeVerdict:
+def node_mark(report: Any, limit: int | None = None) -> NodeMark:
     """The node's state from the run's report (pure), as ``slurm-health`` judges it: a failure of the node's own
     (its root cause first, the others counted), else checks of the node's not judged for want of facts (or an
     interrupted run: unknown), else OK; the configuration's failures named, never acted on."""
@@ -83,17 +83,17 @@ def node_verdict(report: Any, limit: int | None = None) -> NodeVerdict:
         more = f" (+{len(causes) - 1} more)" if len(causes) > 1 else ""
         first, summary = causes[0]
         head = f"{first}: "
-        return NodeVerdict(PROBLEM, head + one_line(summary, limit - len(head) - len(more)) + more, first,
+        return NodeMark(PROBLEM, head + one_line(summary, limit - len(head) - len(more)) + more, first,
                            config_ids)
     unjudged = [r.id for r in report.unjudged if r.failure != "deployment"]
     if unjudged or report.outcome.interrupted:
         why = "interrupted" if not unjudged else "not judged: " + ", ".join(unjudged)
-        return NodeVerdict(UNKNOWN, one_line(why, limit), None, config_ids)
+        return NodeMark(UNKNOWN, one_line(why, limit), None, config_ids)
     said = "node healthy" + (f"; config fails {', '.join(config_ids)}" if config_ids else "")
-    return NodeVerdict(OK, one_line(said, limit), None, config_ids)
+    return NodeMark(OK, one_line(said, limit), None, config_ids)
 
 
-def plugin_line(verdict: NodeVerdict) -> tuple[int, str]:
+def plugin_line(verdict: NodeMark) -> tuple[int, str]:
     """node-problem-detector's answer: the exit status and the one line of standard output."""
     return EXIT[verdict.state], verdict.message
 
@@ -109,7 +109,7 @@ def label_value(text: str) -> str:
     return value if LABEL_VALUE.match(value) else ""
 
 
-def condition_patch(verdict: NodeVerdict, node: dict[str, Any], now: str) -> dict[str, Any]:
+def condition_patch(verdict: NodeMark, node: dict[str, Any], now: str) -> dict[str, Any]:
     """The ``nodes/status`` strategic merge patch (conditions merge by ``type``): the doctor's condition, its
     transition time kept while its status stays."""
     kind = node_table()["condition"]
@@ -122,7 +122,7 @@ def condition_patch(verdict: NodeVerdict, node: dict[str, Any], now: str) -> dic
                                        "lastTransitionTime": since}]}}
 
 
-def node_patch(verdict: NodeVerdict, node: dict[str, Any], effect: str | None = None) -> dict[str, Any] | None:
+def node_patch(verdict: NodeMark, node: dict[str, Any], effect: str | None = None) -> dict[str, Any] | None:
     """The ``nodes`` merge patch that sets (a node failure) or removes (the node's checks pass) the doctor's taint
     and label, or None when nothing is to change (an unknown verdict leaves both as they are). The whole taint
     list is written (a merge patch replaces lists), guarded by the node's ``resourceVersion``: another writer's
@@ -230,7 +230,7 @@ def _api_message(body: bytes) -> str:
         return body[:300].decode("utf-8", "replace")
 
 
-def mark(api: KubeApi, name: str, verdict: NodeVerdict, effect: str | None = None) -> list[str]:
+def mark(api: KubeApi, name: str, verdict: NodeMark, effect: str | None = None) -> list[str]:
     """Write the verdict on the node: its condition always, the taint and label when they change (one retry
     after a conflict, on the node read again). Returns what was done, one line each; ``KubeError`` on failure."""
     if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", name or ""):
