@@ -95,7 +95,7 @@ def test_the_reports_carry_it() -> None:
     jsonschema.validate(report, schema())
     by = {r["id"]: r for r in report["results"]}
     assert (by["gpu.nvlink"]["failure"], by["sglang.ddtree"]["failure"]) == ("node", "deployment")
-    assert all(r["failure"] in FAILURES for r in report["results"])
+    assert all(r["failure"] in FAILURES and r["affects"] == r["failure"] for r in report["results"])
     res = run_doctor("check", "--from-snapshot", str(LINK_DOWN), "--format", "junit")
     suite = ET.fromstring(res.stdout)
     props = {p.get("name"): p.get("value") for p in suite.find("properties")}

@@ -77,7 +77,7 @@ def test_one_series_per_check_and_status_and_the_run_series() -> None:
     base = {"profile": "b300-tp8-ddtree"}
     for cid, status in (("gpu.nvlink", "fail"), ("host.disk", "pass"), ("model.shards.deep", "skip")):
         for s in ("pass", "warn", "fail", "skip", "error"):
-            assert value(samples, openmetrics.CHECK_STATUS, check=cid, status=s, failure="node", **base) == \
+            assert value(samples, openmetrics.CHECK_STATUS, check=cid, status=s, affects="node", **base) == \
                 (s == status)
     # the version is on one series only: an upgrade changes no other series' identity
     assert value(samples, openmetrics.BUILD_INFO, version=openmetrics.__version__, **base) == 1
@@ -300,7 +300,7 @@ def test_node_exporter_serves_the_textfile_and_the_readmes_grep_finds_the_failur
     lines = body.splitlines()
     assert any(ln.startswith(f'{openmetrics.CHECK_UNJUDGED}{{check="fleet.verdict"') and ln.endswith(" 0")
                for ln in lines), body[-3000:]
-    assert any(ln.startswith(f'{openmetrics.CHECK_STATUS}{{check="host.disk"') for ln in lines)
+    assert any(ln.startswith(f'{openmetrics.CHECK_STATUS}{{affects="node",check="host.disk"') for ln in lines)
     assert any(ln.startswith(openmetrics.LAST_RUN + "{") for ln in lines)
     assert f'{openmetrics.VERDICT}{{profile="b300-tp8-ddtree",status="fail"}} 1' in lines, \
         [ln for ln in lines if ln.startswith(openmetrics.VERDICT)]
@@ -308,9 +308,9 @@ def test_node_exporter_serves_the_textfile_and_the_readmes_grep_finds_the_failur
     grep = subprocess.run(readme_grep(), input=body, capture_output=True, text=True, timeout=30)
     assert grep.returncode == 0, grep.stderr
     assert grep.stdout.splitlines() == [
-        'k26_doctor_check_reason_info{check="fleet.verdict",code="fleet.verdict.fail",failure="node",'
+        'k26_doctor_check_reason_info{affects="node",check="fleet.verdict",code="fleet.verdict.fail",'
         'profile="b300-tp8-ddtree"} 1',
-        'k26_doctor_check_status{check="fleet.verdict",failure="node",profile="b300-tp8-ddtree",status="fail"} 1',
+        'k26_doctor_check_status{affects="node",check="fleet.verdict",profile="b300-tp8-ddtree",status="fail"} 1',
         'k26_doctor_verdict{profile="b300-tp8-ddtree",status="fail"} 1'], grep.stdout
 
 
@@ -336,7 +336,7 @@ def test_the_healthy_b300_pages_nothing_and_warns_of_its_configuration(tmp_path:
     import yaml
 
     def alert(check: str, failure: str, severity: str, code: str) -> dict:
-        labels = {"severity": severity, "instance": "b300:9100", "job": "node", "check": check, "failure": failure,
+        labels = {"severity": severity, "instance": "b300:9100", "job": "node", "check": check, "affects": failure,
                   "status": "fail", "profile": "b300-tp8-ddtree"}
         judged = f"The last k26-doctor run on b300:9100 (b300-tp8-ddtree) judged {check} fail ({code}): "
         tail = f" On the node: k26-doctor check --only {check} -v"

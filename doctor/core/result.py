@@ -273,6 +273,7 @@ class Result:
             "fixer": self.fixer,
             "duration_s": round(self.duration_s, 4),
             "failure": self.failure,
+            "affects": self.failure,  # CONTRACT.md's name for it; the same value
         }
         if self.findings:
             out["findings"] = [f.to_dict() for f in self.findings]

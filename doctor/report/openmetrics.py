@@ -4,11 +4,11 @@
 Series, every one labelled with the profile (node_exporter adds ``instance``); the doctor's version is on one
 series only, ``k26_doctor_build_info{version}``, so that an upgrade changes no other series' identity:
 
-* ``k26_doctor_check_status{check, failure, status}``: one series per check and status (pass, warn, fail, skip,
+* ``k26_doctor_check_status{check, affects, status}``: one series per check and status (pass, warn, fail, skip,
   error), 1 for the check's status and 0 for the others, so an alert reads ``{status=~"fail|error"} == 1`` and a
-  check that recovers ends its alert instead of vanishing; ``failure`` is what the check declares its failure
-  means (``node``: the node's hardware or host, pages; ``deployment``: the configuration, warns);
-* ``k26_doctor_check_reason_info{check, code, failure}``: 1 for each finding code that made a check fail or
+  check that recovers ends its alert instead of vanishing; ``affects`` is what the check declares its failure
+  means (``@check(failure=...)``, CONTRACT.md's name for the label) (``node``: the node's hardware or host, pages; ``deployment``: the configuration, warns);
+* ``k26_doctor_check_reason_info{check, code, affects}``: 1 for each finding code that made a check fail or
   warn (``gpu.nvlink.link_down``), a bounded label (codes are a fixed set, the messages stay out), so an alert
   says why; a result with no finding (an error, a crash) has ``code="<check>.<status>"``;
 * ``k26_doctor_check_unjudged{check}``: 1 when a skip was for want of facts (never a pass for ``launch``);
@@ -139,7 +139,7 @@ def to_openmetrics(report: Any) -> str:
     status_rows, reason_rows, unjudged_rows, duration_rows = [], [], [], []
     for res in report.results:
         check = {"check": res.id}
-        failure = {"failure": str(getattr(res, "failure", "node"))}
+        failure = {"affects": str(getattr(res, "failure", "node"))}
         for status in STATUSES:
             status_rows.append(_sample(CHECK_STATUS, {**check, **failure, "status": status.value, **base},
                                        int(res.status is status)))
