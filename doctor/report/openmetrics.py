@@ -7,7 +7,8 @@ series only, ``k26_doctor_build_info{version}``, so that an upgrade changes no o
 * ``k26_doctor_check_status{check, affects, status}``: one series per check and status (pass, warn, fail, skip,
   error), 1 for the check's status and 0 for the others, so an alert reads ``{status=~"fail|error"} == 1`` and a
   check that recovers ends its alert instead of vanishing; ``affects`` is what the check declares its failure
-  means (``@check(failure=...)``, CONTRACT.md's name for the label) (``node``: the node's hardware or host, pages; ``deployment``: the configuration, warns);
+  means (``@check(failure=...)``; CONTRACT.md names the label): ``node``, the node's hardware or host (pages),
+  ``deployment``, the configuration (warns);
 * ``k26_doctor_check_reason_info{check, code, affects}``: 1 for each finding code that made a check fail or
   warn (``gpu.nvlink.link_down``), a bounded label (codes are a fixed set, the messages stay out), so an alert
   says why; a result with no finding (an error, a crash) has ``code="<check>.<status>"``;
