@@ -98,6 +98,23 @@ def test_one_series_per_check_and_status_and_the_run_series() -> None:
     assert not re.search(r"^\S+\{[^}]*\} \S+ \S+$", text, re.M)
 
 
+def test_the_gpus_are_labelled_as_dcgm_labels_them_and_a_failure_says_its_code() -> None:
+    import json
+
+    snap = ROOT / "tests" / "fixtures" / "snapshots" / "b300x8-link-down.json"
+    res = run_doctor("check", "--from-snapshot", str(snap), "--only", "gpu.*", "--format", "openmetrics")
+    samples = parse(res.stdout)
+    devices = json.loads(snap.read_text())["facts"]["nvml"]["devices"]
+    gpus = sorted((dict(k[1])["gpu"], dict(k[1])["UUID"], dict(k[1])["device"]) for k in samples
+                  if k[0] == openmetrics.GPU_INFO)
+    assert gpus == sorted((str(d["index"]), d["uuid"], f"nvidia{d['index']}") for d in devices) and len(gpus) == 8
+    reasons = [dict(k[1]) for k in samples if k[0] == openmetrics.CHECK_REASON]
+    assert reasons == [{"check": "gpu.nvlink", "code": "gpu.nvlink.link_down", "affects": "node",
+                        "profile": "b300-tp8-ddtree"}]
+    # a run that read no GPU (no nvml fact) has no GPU series
+    assert openmetrics.GPU_INFO not in openmetrics.to_openmetrics(report_of(_r("host.disk", Result.passed("ok"))))
+
+
 def test_strict_turns_a_warning_into_a_failing_verdict_and_interruption_shows() -> None:
     warn = _r("host.exposure", Result.warned("listens on 0.0.0.0 without --api-key"))
     assert value(parse(openmetrics.to_openmetrics(report_of(warn))), openmetrics.VERDICT, status="warn") == 1
