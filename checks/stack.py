@@ -17,7 +17,7 @@ from doctor.stack.cuda_arch import judged_ccs
 
 
 @check("cuda.compat", "Driver CUDA version vs the CUDA runtime torch was built with",
-       needs=("nvml", "stack", "torch_info"), depends=("python.venv",), timeout=180, failure="node")
+       needs=("nvml", "stack", "torch_info"), depends=("python.venv",), timeout=180, failure="deployment")
 def cuda_compat(ctx: Context) -> Result:
     """Compares the CUDA version the NVIDIA driver supports (NVML) with the CUDA runtime torch was built
     with: by default ``cuda`` of ``torch/version.py``, parsed from its syntax tree in the ``stack`` probe
