@@ -207,24 +207,32 @@ def node_action(report: Any, node: NodeState, *, drain_unjudged: bool = False) -
         lines.append(f"{node.name}: not judged for want of facts (not drained for them; --drain-unjudged drains): "
                      + ", ".join(r.id for r in unjudged))
     if reason is not None:
-        if node.drained and not node.drained_by(prefix):
-            lines.append(f"{node.name}: {reason}; the node is drained already by someone else "
-                         f"({node.reason or 'no reason'}): left as it is")
-            return NodeAction("keep", reason, lines, EXIT_FAILED)
-        if node.drained and node.reason == reason:
-            lines.append(f"{node.name}: still drained: {reason}")
-            return NodeAction("keep", reason, lines, EXIT_FAILED)
-        lines.append(f"{node.name}: drain: {reason}")
-        return NodeAction("drain", reason, lines, EXIT_FAILED)
-    healthy = "the node's checks pass" if configuration else "the checks pass"
+        return drain(node, reason, prefix, lines)
+    return healthy(node, prefix, lines, "the node's checks pass" if configuration else "the checks pass")
+
+
+def drain(node: NodeState, reason: str, prefix: str, lines: list[str]) -> NodeAction:
+    """A node failure: drain, unless someone else drained the node or our drain already says ``reason``."""
+    if node.drained and not node.drained_by(prefix):
+        lines.append(f"{node.name}: {reason}; the node is drained already by someone else "
+                     f"({node.reason or 'no reason'}): left as it is")
+        return NodeAction("keep", reason, lines, EXIT_FAILED)
+    if node.drained and node.reason == reason:
+        lines.append(f"{node.name}: still drained: {reason}")
+        return NodeAction("keep", reason, lines, EXIT_FAILED)
+    lines.append(f"{node.name}: drain: {reason}")
+    return NodeAction("drain", reason, lines, EXIT_FAILED)
+
+
+def healthy(node: NodeState, prefix: str, lines: list[str], said: str) -> NodeAction:
+    """No failure of the node's own: resume a drain of ours, leave anyone else's."""
     if node.drained_by(prefix):
-        lines.append(f"{node.name}: {healthy}: resume (it was drained: {node.reason})")
+        lines.append(f"{node.name}: {said}: resume (it was drained: {node.reason})")
         return NodeAction("resume", None, lines, EXIT_OK)
     if node.drained:
-        lines.append(f"{node.name}: {healthy}; drained by someone else ({node.reason or 'no reason'}): "
-                     "left drained")
+        lines.append(f"{node.name}: {said}; drained by someone else ({node.reason or 'no reason'}): left drained")
         return NodeAction("keep", None, lines, EXIT_OK)
-    lines.append(f"{node.name}: {healthy}")
+    lines.append(f"{node.name}: {said}")
     return NodeAction("keep", None, lines, EXIT_OK)
 
 
