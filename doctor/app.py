@@ -252,7 +252,7 @@ def _run(settings: Settings, started_at: float, on_result: Callable[[Result], No
         outcome.results.append(res)
     notices = [n for h in reg.hooks_of("notice") if (n := h.func(ctx, outcome.results)) is not None]
     mark_unexplained(outcome.results, notices)
-    notes: list[str] = []
+    notes: list[str] = list(reg.warnings)  # e.g. a site plugin's check that does not declare failure=
     if deadline.expired():
         notes.append(f"{deadline.ended()}: what had not finished is an error, and no fix was planned")
     if settings.from_snapshot:

@@ -71,6 +71,11 @@ def test_list_shows_the_declarations_and_warns_of_a_plugins_default(tmp_path: Pa
     assert items["gpu.idle"]["applies"] == ["start"] and items["host.shm"]["applies"] == ["start", "serving"]
     assert "fleet.verdict" in res.stderr and "does not declare failure=" in res.stderr
     assert "fleet.config" not in res.stderr
+    res = run_doctor("check", "--only", "fleet.*", "--format", "json", env=env)  # and every run's report says it
+    notes = json.loads(res.stdout)["doctor"]["notes"]
+    assert [n for n in notes if "does not declare failure=" in n] == [
+        "plugin:fleet: check 'fleet.verdict' does not declare failure=; counted as 'node' (a failure drains, taints "
+        "and pages)"]
     explained = run_doctor("explain", "sglang.ddtree")
     assert "a failure means: deployment" in explained.stdout
 
