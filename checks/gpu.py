@@ -13,7 +13,7 @@ from doctor.gpu.group import answered, available
 from doctor.service.launcher import planned_args
 
 
-@check("gpu.driver", "NVIDIA driver and NVML load", needs=("nvml",), timeout=30)
+@check("gpu.driver", "NVIDIA driver and NVML load", needs=("nvml",), timeout=30, failure="node")
 def gpu_driver(ctx: Context) -> Result:
     """Loads NVML (nvidia-ml-py) and reads the driver version, the CUDA version the driver supports
     and the number of GPUs. Nothing else on the GPU side can work without it. When NVML does not
@@ -24,7 +24,7 @@ def gpu_driver(ctx: Context) -> Result:
     return Result.of(inventory.judge_driver(ctx.fact("nvml")))
 
 
-@check("gpu.count", "GPUs visible vs the parallel size", needs=("nvml",), depends=("gpu.driver",))
+@check("gpu.count", "GPUs visible vs the parallel size", needs=("nvml",), depends=("gpu.driver",), failure="node")
 def gpu_count(ctx: Context) -> Result:
     """Counts the GPUs the service will see (all GPUs NVML sees, narrowed by the service's
     CUDA_VISIBLE_DEVICES, indices or GPU-/MIG- UUIDs, as CUDA reads it) against the profile's
@@ -33,7 +33,8 @@ def gpu_count(ctx: Context) -> Result:
     return Result.of(inventory.judge_count(ctx.fact("nvml"), ctx.settings))
 
 
-@check("gpu.arch", "Compute capability of every GPU vs the profile", needs=("nvml",), depends=("gpu.driver",))
+@check("gpu.arch", "Compute capability of every GPU vs the profile", needs=("nvml",), depends=("gpu.driver",),
+       failure="deployment")
 def gpu_arch(ctx: Context) -> Result:
     """Compares each GPU's compute capability with the profile's (B300 is 10.3, sm_103; B200 10.0;
     H200 9.0; RTX PRO 6000 Blackwell 12.0). Kernels, the Triton backend and the patches are chosen
@@ -42,7 +43,8 @@ def gpu_arch(ctx: Context) -> Result:
     return Result.of(inventory.judge_arch(ctx.fact("nvml"), ctx.settings))
 
 
-@check("gpu.memory", "Per-GPU memory total and free", needs=("nvml",), depends=("gpu.driver",))
+@check("gpu.memory", "Per-GPU memory total and free", needs=("nvml",), depends=("gpu.driver",),
+       failure="node", applies=("start",))
 def gpu_memory(ctx: Context) -> Result:
     """Total memory of each GPU of the TP group against the profile's gpu.min_memory_gib, and free
     memory against what the server will reserve (server.mem_fraction_static of the total). The
@@ -51,7 +53,8 @@ def gpu_memory(ctx: Context) -> Result:
     return Result.of(inventory.judge_memory(ctx.fact("nvml"), ctx.settings))
 
 
-@check("gpu.idle", "No other process holds GPU memory", needs=("nvml",), depends=("gpu.driver",), fixer="gpu.idle")
+@check("gpu.idle", "No other process holds GPU memory", needs=("nvml",), depends=("gpu.driver",), fixer="gpu.idle",
+       failure="node", applies=("start",))
 def gpu_idle(ctx: Context) -> Result:
     """Lists the processes that hold memory on the GPUs of the TP group (NVML's compute and
     graphics process lists): PID, command line from /proc, memory. A stale server from an earlier
@@ -61,7 +64,8 @@ def gpu_idle(ctx: Context) -> Result:
     return Result.of(processes.judge_idle(ctx.fact("nvml"), ctx.settings))
 
 
-@check("gpu.health", "ECC, row remapping, MIG mode, clock-event reasons", needs=("nvml",), depends=("gpu.driver",))
+@check("gpu.health", "ECC, row remapping, MIG mode, clock-event reasons", needs=("nvml",), depends=("gpu.driver",),
+       failure="node")
 def gpu_health(ctx: Context) -> Result:
     """Per GPU of the TP group: a lost GPU, uncorrected ECC errors since the driver loaded, row
     remapping pending (needs a GPU reset) or failed (RMA), retired pages pending, MIG mode on or
@@ -72,7 +76,7 @@ def gpu_health(ctx: Context) -> Result:
 
 
 @check("gpu.nvlink", "NVLink P2P between every pair of the TP group; link counts equal", needs=("nvml",),
-       depends=("gpu.driver",))
+       depends=("gpu.driver",), failure="node")
 def gpu_nvlink(ctx: Context) -> Result:
     """For every pair of GPUs in the TP group, NVLink P2P as NVML reports it
     (`nvmlDeviceGetP2PStatus` with the NVLINK index), and each GPU's active links
@@ -87,7 +91,7 @@ def gpu_nvlink(ctx: Context) -> Result:
 
 
 @check("gpu.fabric", "NVSwitch fabric state (fabric manager); launch waits for it", needs=("nvml", "fabric_wait"),
-       depends=("gpu.driver",), fixer="gpu.fabric")
+       depends=("gpu.driver",), fixer="gpu.fabric", failure="node")
 def gpu_fabric(ctx: Context) -> Result:
     """On NVSwitch hosts (HGX) every GPU must be registered with the NVLink fabric before CUDA can
     use it: `nvmlDeviceGetGpuFabricInfoV` (or the older call) must say completed with success.
@@ -103,7 +107,7 @@ def gpu_fabric(ctx: Context) -> Result:
 
 
 @check("gpu.fabric.manager", "Fabric manager installed, running, the driver's version (NVSwitch)",
-       needs=("nvml", "fabric_software"), depends=("gpu.driver",))
+       needs=("nvml", "fabric_software"), depends=("gpu.driver",), failure="node")
 def gpu_fabric_manager(ctx: Context) -> Result:
     """On NVSwitch hosts (profile gpu.nvswitch = true) the fabric manager must be installed at exactly
     the loaded driver's version: it checks the driver at start and refuses to run with another one,
@@ -117,7 +121,7 @@ def gpu_fabric_manager(ctx: Context) -> Result:
 
 
 @check("gpu.fabric.nvlsm", "NVLSM (NVLink subnet manager) installed and running (NVLink 5)",
-       needs=("nvml", "fabric_software"), depends=("gpu.driver",), fixer="gpu.fabric.nvlsm")
+       needs=("nvml", "fabric_software"), depends=("gpu.driver",), fixer="gpu.fabric.nvlsm", failure="node")
 def gpu_fabric_nvlsm(ctx: Context) -> Result:
     """NVLink 5 systems (HGX B200/B300: profile gpu.nvlink_generation = 5) program their NVSwitches
     through NVLSM, the NVLink subnet manager (package `nvlsm`, /opt/nvidia/nvlsm/sbin/nvlsm, kernel
@@ -132,7 +136,7 @@ def gpu_fabric_nvlsm(ctx: Context) -> Result:
 
 
 @check("gpu.multicast", "NVLink multicast for all-reduce fusion and symmetric memory (TP > 1)",
-       needs=("nvml", "multicast", "sglang_flags"), depends=("gpu.driver",))
+       needs=("nvml", "multicast", "sglang_flags"), depends=("gpu.driver",), failure="deployment")
 def gpu_multicast(ctx: Context) -> Result:
     """CUDA's multicast-supported attribute of every GPU of the TP group (cuInit and cuDeviceGetAttribute in a
     child with a deadline; never a multicast object created to find out), the NVSwitch fabric's state (NVML,
@@ -157,7 +161,7 @@ def gpu_multicast(ctx: Context) -> Result:
 
 
 @check("gpu.p2p", "P2P path: ACS redirect on the PCIe bridges, IOMMU translation (PCIe pairs)",
-       needs=("nvml", "pcie"), depends=("gpu.driver",))
+       needs=("nvml", "pcie"), depends=("gpu.driver",), failure="node")
 def gpu_p2p(ctx: Context) -> Result:
     """Why P2P over PCIe hangs or crawls while `nvidia-smi topo -p2p r` says OK: ACS (Access Control
     Services) P2P Request/Completion Redirect or Egress Control on a switch or root port between two
@@ -174,7 +178,7 @@ def gpu_p2p(ctx: Context) -> Result:
 
 
 @check("gpu.p2p_bandwidth", "Measured GPU-to-GPU copy bandwidth of every pair, each under a deadline (--deep)",
-       needs=("nvml", "p2p_bandwidth"), depends=("gpu.driver", "python.venv"), deep=True, timeout=330)
+       needs=("nvml", "p2p_bandwidth"), depends=("gpu.driver", "python.venv"), deep=True, timeout=330, failure="node")
 def gpu_p2p_bandwidth(ctx: Context) -> Result:
     """With --deep: copies 256 MiB 20 times between every ordered pair of the TP group, with torch
     in the service's interpreter, and compares the one-direction rate with what the links should

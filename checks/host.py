@@ -12,7 +12,7 @@ from doctor.host import disk, environment, exposure, port, shm
 from doctor.service.launcher import planned_args
 
 
-@check("host.disk", "Free space where caches, logs and temp files are written", needs=("disk",))
+@check("host.disk", "Free space where caches, logs and temp files are written", needs=("disk",), failure="node")
 def host_disk(ctx: Context) -> Result:
     """Free space (and writability) where the service writes: the Triton cache (TRITON_CACHE_DIR or
     ~/.triton/cache), TMPDIR, and the profile's [host] paths.
@@ -25,7 +25,8 @@ def host_disk(ctx: Context) -> Result:
     return Result.of(disk.judge_disk(ctx.fact("disk"), ctx.settings))
 
 
-@check("host.shm", "/dev/shm size and free space for the TP group's shared memory", needs=("shm",))
+@check("host.shm", "/dev/shm size and free space for the TP group's shared memory", needs=("shm",),
+       failure="node", applies=("start", "serving"))
 def host_shm(ctx: Context) -> Result:
     """Size and free space of /dev/shm (statvfs; the mount from /proc/self/mountinfo) against an estimate
     for the ranks of the profile (doctor/data/shm_estimate.toml: NCCL's shared-memory transport buffers per
@@ -41,7 +42,7 @@ def host_shm(ctx: Context) -> Result:
     return Result.of(shm.judge_shm(ctx.fact("shm"), ctx.settings))
 
 
-@check("host.port", "The server port is free", needs=("port",))
+@check("host.port", "The server port is free", needs=("port",), failure="node", applies=("start",))
 def host_port(ctx: Context) -> Result:
     """Binds the server's host:port as SGLang will (SO_REUSEADDR) and releases it at once.
 
@@ -52,7 +53,8 @@ def host_port(ctx: Context) -> Result:
     return Result.of(port.judge_port(ctx.fact("port")))
 
 
-@check("host.env", "Environment variables that break or slow the service", needs=("env",))
+@check("host.env", "Environment variables that break or slow the service", needs=("env",),
+       failure="deployment", applies=("start", "serving"))
 def host_env(ctx: Context) -> Result:
     """The service's environment (this process's, the profile's [server.env] and the profile's
     EnvironmentFile) against a table of variables known to break or slow SGLang/NCCL
@@ -69,7 +71,8 @@ def host_env(ctx: Context) -> Result:
     return Result.of(environment.judge_env(ctx.fact("env"), ctx.settings.world_size))
 
 
-@check("host.exposure", "The server listening beyond loopback without an API key")
+@check("host.exposure", "The server listening beyond loopback without an API key",
+       failure="deployment", applies=("start", "serving"))
 def host_exposure(ctx: Context) -> Result:
     """Reads the server arguments the launcher will use (the profile's [server] host, api_key and args):
     a server bound beyond loopback (0.0.0.0, ::, a routable address or a host name) without --api-key

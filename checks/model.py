@@ -22,7 +22,7 @@ from doctor.service.launcher import planned_args
 
 
 @check("model.shards", "Model shards: index, headers, completeness, no partial downloads", needs=("model",),
-       fixer="model.redownload", timeout=120)
+       fixer="model.redownload", timeout=120, failure="node")
 def model_shards(ctx: Context) -> Result:
     """Reads model.safetensors.index.json (or model.safetensors) and the header of every shard it names,
     never the data: header length within safetensors' 100 MB limit, UTF-8 JSON, known dtypes, offsets
@@ -46,7 +46,7 @@ def deep_check(role: Role, title: str, timeout: float, explain: str) -> Callable
 
     hashes.__doc__ = explain
     return check(role.deep_check, title, needs=("model.hashes",), deep=True, timeout=timeout,
-                 fixer="model.redownload")(hashes)
+                 fixer="model.redownload", failure="node")(hashes)
 
 
 model_shards_deep = deep_check(
@@ -65,7 +65,7 @@ model_drafter_deep = deep_check(
 
 
 @check("model.config", "Model config.json: valid, supported, consistent with the shards and TP",
-       needs=("model", "model.tensors"), timeout=120)
+       needs=("model", "model.tensors"), timeout=120, failure="deployment")
 def model_config(ctx: Context) -> Result:
     """Parses config.json as the server will: the kimi_k25 family (KimiK25ForConditionalGeneration) with a
     DeepSeek-V3-like text_config (model_type kimi_k2 or deepseek_v3), plain deepseek_v3, or a generic
@@ -84,7 +84,7 @@ def model_config(ctx: Context) -> Result:
 
 
 @check("model.tokenizer", "Tokenizer and chat template files the server needs", needs=("model", "model.tokenizer"),
-       depends=("python.venv",), timeout=200)
+       depends=("python.venv",), timeout=200, failure="deployment")
 def model_tokenizer(ctx: Context) -> Result:
     """Looks for what the server's tokenizer loads: tokenizer_config.json (valid JSON), the vocabulary
     (tiktoken.model for TikToken tokenizers such as K2.6's, else tokenizer.json / tokenizer.model /
@@ -111,7 +111,7 @@ def model_tokenizer(ctx: Context) -> Result:
 
 
 @check("model.drafter", "Draft model (DFlash): config, shards, consistency with the target",
-       needs=("drafter", "model"), fixer="model.redownload", timeout=120)
+       needs=("drafter", "model"), fixer="model.redownload", timeout=120, failure="node")
 def model_drafter(ctx: Context) -> Result:
     """The DFlash draft model: config.json valid (block_size >= 1; target_layer_ids integers within the
     target's layers and as many as the drafter's fc takes; mask_token_id inside the vocabulary; hidden size
@@ -135,7 +135,7 @@ def model_drafter(ctx: Context) -> Result:
 
 
 @check("model.fit", "Weights per GPU plus headroom fit in GPU memory: the --mem-fraction-static window",
-       needs=("nvml", "model", "model.tensors", "drafter"), timeout=120)
+       needs=("nvml", "model", "model.tensors", "drafter"), timeout=120, failure="deployment", applies=("start",))
 def model_fit(ctx: Context) -> Result:
     """Computes, before a load that takes many minutes, the --mem-fraction-static values that work, as
     SGLang 0.5.23 accounts memory (``doctor/model/memory.py``, constants in

@@ -11,7 +11,7 @@ from doctor.python.venv import judge_scripts, judge_venv
 
 
 @check("python.venv", "The service's environment is whole: the interpreter exists and is Python, pyvenv.cfg, "
-       "site-packages; every check of what is installed depends on it", needs=("venv",))
+       "site-packages; every check of what is installed depends on it", needs=("venv",), failure="deployment")
 def python_venv(ctx: Context) -> Result:
     """Reads the environment from outside (so it works even when its interpreter cannot start): the
     interpreter path exists, is a Python interpreter and starts; ``pyvenv.cfg``'s ``home`` exists and its
@@ -25,7 +25,7 @@ def python_venv(ctx: Context) -> Result:
 
 
 @check("python.venv.scripts", "The venv's console scripts run its own interpreter (shebangs)",
-       needs=("venv",), depends=("python.venv",), fixer="python.venv.shebangs")
+       needs=("venv",), depends=("python.venv",), fixer="python.venv.shebangs", failure="deployment")
 def python_venv_scripts(ctx: Context) -> Result:
     """Every console script in the venv's ``bin/`` whose shebang names a Python must name one that exists and
     lies inside this environment: a venv copied from another machine keeps that machine's paths, and its scripts

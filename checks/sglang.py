@@ -19,7 +19,7 @@ from doctor.sglang.patchset import judge_patches
 
 
 @check("sglang.install", "SGLang importable from the service's interpreter, version as the profile pins",
-       needs=("stack", "sglang_import"), depends=("python.venv",), timeout=300)
+       needs=("stack", "sglang_import"), depends=("python.venv",), timeout=300, failure="deployment")
 def sglang_install(ctx: Context) -> Result:
     """Finds SGLang without importing it (package metadata and ``find_spec``) and checks its version against
     the profile's pin. By default that is all from files, in the ``stack`` probe: every ``Requires-Dist`` of
@@ -48,7 +48,7 @@ def sglang_install(ctx: Context) -> Result:
 
 @check("sglang.patches", "Every patch of the profile's SGLang patch set applied, none drifted",
        needs=("sglang_patches",), depends=("python.venv",), tags=("sglang", "patches"),
-       fixer="sglang.patches.apply", timeout=60)
+       fixer="sglang.patches.apply", timeout=60, failure="deployment")
 def sglang_patches(ctx: Context) -> Result:
     """Hashes every file the profile's patch set (`[patches] set`, from `sglang_patches/<set>/` or the
     site's `patches_dir`) touches in the service interpreter's SGLang, without importing SGLang,
@@ -67,7 +67,7 @@ def sglang_patches(ctx: Context) -> Result:
 
 
 @check("sglang.flags", "Every server flag is one the installed SGLang accepts", needs=("sglang_flags",),
-       depends=("python.venv",), tags=("sglang", "launch"))
+       depends=("python.venv",), tags=("sglang", "launch"), failure="deployment")
 def sglang_flags(ctx: Context) -> Result:
     """Reads the flags the service interpreter's SGLang accepts from its sources (the annotated
     fields of ``sglang/srt/arg_groups/fields/`` in 0.5.2x, ``add_argument`` calls in older releases;
@@ -87,7 +87,7 @@ def sglang_flags(ctx: Context) -> Result:
 
 
 @check("sglang.ddtree", "DDTREE will be accepted by the patched SGLang (validated-configuration gate)",
-       needs=("env", "stack", "nvml"))
+       needs=("env", "stack", "nvml"), failure="deployment")
 def ddtree_gate(ctx: Context) -> Result:
     """When the profile launches `--speculative-algorithm DDTREE`, judges what the patched SGLang's start-up gate
     will judge at argument resolution: the configuration it computes -- SGLang's version and torch's release

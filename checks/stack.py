@@ -17,7 +17,7 @@ from doctor.stack.cuda_arch import judged_ccs
 
 
 @check("cuda.compat", "Driver CUDA version vs the CUDA runtime torch was built with",
-       needs=("nvml", "stack", "torch_info"), depends=("python.venv",), timeout=180)
+       needs=("nvml", "stack", "torch_info"), depends=("python.venv",), timeout=180, failure="deployment")
 def cuda_compat(ctx: Context) -> Result:
     """Compares the CUDA version the NVIDIA driver supports (NVML) with the CUDA runtime torch was built
     with: by default ``cuda`` of ``torch/version.py``, parsed from its syntax tree in the ``stack`` probe
@@ -36,7 +36,7 @@ def cuda_compat(ctx: Context) -> Result:
 
 
 @check("torch.arch", "torch has kernels that run on each GPU's architecture",
-       needs=("torch_info", "nvml", "kernels", "stack"), depends=("python.venv",), timeout=300)
+       needs=("torch_info", "nvml", "kernels", "stack"), depends=("python.venv",), timeout=300, failure="deployment")
 def torch_arch(ctx: Context) -> Result:
     """Matches the targets compiled into torch (``torch._C._cuda_getArchFlags()``, read in a child
     process) against every GPU's compute capability by CUDA's binary compatibility rules
@@ -57,7 +57,7 @@ def torch_arch(ctx: Context) -> Result:
 
 @check("stack.kernels",
        "GPU code (SASS/PTX) of every kernel package vs every GPU, read from the binaries; the libtorch ABI",
-       needs=("kernels", "nvml", "stack"), depends=("python.venv",), timeout=120)
+       needs=("kernels", "nvml", "stack"), depends=("python.venv",), timeout=120, failure="deployment")
 def stack_kernels(ctx: Context) -> Result:
     """Reads every installed package's GPU code from its files (``.nv_fatbin`` of each shared object,
     bare cubins; doctor/stack/fatbin.py, nothing imported) and judges it against every GPU's compute
@@ -76,7 +76,7 @@ def stack_kernels(ctx: Context) -> Result:
 
 
 @check("cuda.libcuda", "The libcuda.so.1 the service loads vs the kernel module (803); forward compatibility (804)",
-       needs=("libcuda", "nvml"), depends=("python.venv",), timeout=60)
+       needs=("libcuda", "nvml"), depends=("python.venv",), timeout=60, failure="node")
 def cuda_libcuda(ctx: Context) -> Result:
     """Loads ``libcuda.so.1`` in a child of the service's interpreter, with the service's environment,
     as torch does, and reads which file the loader mapped (``/proc/self/maps``) and its version (its real
@@ -91,7 +91,7 @@ def cuda_libcuda(ctx: Context) -> Result:
 
 
 @check("stack.versions", "torch / triton / sglang / sglang-kernel / flashinfer against the supported matrix",
-       needs=("stack",), depends=("python.venv",))
+       needs=("stack",), depends=("python.venv",), failure="deployment")
 def stack_versions(ctx: Context) -> Result:
     """Reads the installed versions from the service interpreter's package metadata (nothing is
     imported) and compares them with the profile's [stack] pins and the supported matrix

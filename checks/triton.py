@@ -17,7 +17,8 @@ from doctor.triton.ptxas import judge_ptxas
 
 
 @check("triton.jit", "Triton can build its runtime helpers: C compiler, Python.h, libcuda",
-       needs=("triton_build", "stack", "libcuda"), depends=("python.venv",), fixer="triton.jit.headers", timeout=180)
+       needs=("triton_build", "stack", "libcuda"), depends=("python.venv",), fixer="triton.jit.headers", timeout=180,
+       failure="deployment")
 def triton_jit(ctx: Context) -> Result:
     """Repeats what Triton's runtime does on the first kernel (``triton/runtime/build.py``): picks the
     C compiler (``CC``, else gcc, else clang), compiles a small C extension with Triton's flags
@@ -36,7 +37,7 @@ def triton_jit(ctx: Context) -> Result:
 
 
 @check("triton.ptxas", "The ptxas Triton will use knows the GPU architecture (e.g. sm_103a)",
-       needs=("ptxas", "nvml"), depends=("python.venv",), fixer="triton.ptxas.env", timeout=120)
+       needs=("ptxas", "nvml"), depends=("python.venv",), fixer="triton.ptxas.env", timeout=120, failure="deployment")
 def triton_ptxas(ctx: Context) -> Result:
     """Triton compiles every kernel to PTX and assembles it with ptxas for ``sm_<cc>a``. It uses
     ``TRITON_PTXAS_PATH`` (or, from Triton 3.6 for arch >= 100, ``TRITON_PTXAS_BLACKWELL_PATH``) when

@@ -170,12 +170,12 @@ def selected_checks(settings: Settings, registry: Registry | None = None) -> lis
 
 
 def serving_skips_of(settings: Settings, registry: Registry) -> list[str]:
-    """With ``--while-serving``: the registered checks that judge a host before a start (doctor/service/fleet.py)."""
-    if not settings.while_serving:
-        return []
-    from doctor.service.fleet import serving_skips
+    """With ``--while-serving`` (or ``--node-pod``): the registered checks that do not apply where this run is
+    (their ``applies=``; doctor/service/fleet.py)."""
+    from doctor.service.fleet import place_of, serving_skips
 
-    return serving_skips(registry.checks)
+    place = place_of(settings)
+    return [] if place == "start" else serving_skips(registry.checks.values(), place)
 
 
 def validate_selection(settings: Settings, registry: Registry) -> None:
@@ -238,6 +238,7 @@ def _run(settings: Settings, started_at: float, on_result: Callable[[Result], No
     for module, why in sorted(reg.load_errors.items()):  # fail closed: checks of that module are missing
         res = Result.errored(f"built-in module {module} failed to import: {why}")
         res.id, res.title = f"doctor.load.{module.replace('.', '_')}", f"Load {module}"
+        res.failure = "deployment"  # the doctor's own installation: block the launch, never drain the node
         outcome.results.append(res)
     for name, (why, tb) in sorted(reg.plugin_failures.items()):  # site policy that did not load: fail closed
         res = Result.errored(f"site plugin {name!r} failed to load ({why}); its checks did not run",
@@ -247,18 +248,19 @@ def _run(settings: Settings, started_at: float, on_result: Callable[[Result], No
             f"plugin's installation, or turn it off knowingly: [doctor] disable_plugins = [\"{name}\"] in the "
             f"config, or K26_DOCTOR_DISABLE_PLUGINS={name} in the environment.")
         res.id, res.title, res.traceback = plugin_id(name), f"Load site plugin {name}", tb
+        res.failure = "deployment"
         outcome.results.append(res)
     notices = [n for h in reg.hooks_of("notice") if (n := h.func(ctx, outcome.results)) is not None]
     mark_unexplained(outcome.results, notices)
-    notes: list[str] = []
+    notes: list[str] = list(reg.warnings)  # e.g. a site plugin's check that does not declare failure=
     if deadline.expired():
         notes.append(f"{deadline.ended()}: what had not finished is an error, and no fix was planned")
     if settings.from_snapshot:
         notes.append(f"judged from snapshot {settings.from_snapshot}, not the live host")
-    if settings.while_serving:
-        from doctor.service.fleet import serving_note
+    if settings.while_serving or settings.node_pod:
+        from doctor.service.fleet import place_of, serving_note
 
-        notes.append(serving_note(serving_skips_of(settings, reg)))
+        notes.append(serving_note(serving_skips_of(settings, reg), place_of(settings)))
     return Report(settings, outcome, notes, notices, ctx, reg, started_at=started_at, finished_at=time.time()), ctx
 
 

@@ -37,6 +37,7 @@ LAZY_COMMANDS = {
     "env": "doctor.commands.env:env",
     "smoke": "doctor.commands.smoke:smoke",
     "slurm-health": "doctor.commands.fleet:slurm_health",
+    "kube-node": "doctor.commands.fleet:kube_node",
 }
 
 
@@ -104,6 +105,8 @@ def list_cmd(fmt: str) -> int:
     checks = registry.sorted_checks()
     for err in registry.plugin_errors:  # stderr, so JSON on stdout stays parseable
         click.echo(f"plugin failed to load: {err}", err=True)
+    for warning in registry.warnings:
+        click.echo(f"warning: {warning}", err=True)
     if fmt == "json":
         click.echo(json.dumps([c.to_dict() for c in checks], indent=2))
         return EXIT_OK
@@ -112,6 +115,8 @@ def list_cmd(fmt: str) -> int:
         extra = []
         if c.deep:
             extra.append("deep")
+        if c.failure == "deployment":
+            extra.append("deployment")
         if c.fixer:
             extra.append(f"fixer {c.fixer}")
         if c.source != "builtin":
@@ -125,7 +130,7 @@ def list_cmd(fmt: str) -> int:
 @guarded
 def explain(check_id: str) -> int:
     """What a check looks at, why it matters, how to fix it by hand."""
-    from doctor.core.registry import load
+    from doctor.core.registry import FAILURES, load
 
     registry = load(collectors=False)
     chk = registry.checks.get(check_id)
@@ -140,6 +145,8 @@ def explain(check_id: str) -> int:
     click.echo(f"tags: {', '.join(chk.tags)}   deep: {'yes' if chk.deep else 'no'}   "
                f"timeout: {chk.timeout or 'default'}   needs: {', '.join(chk.needs) or '-'}   "
                f"depends on: {', '.join(chk.depends) or '-'}")
+    click.echo(f"a failure means: {chk.failure} ({FAILURES.get(chk.failure or '', '')})   "
+               f"applies: {', '.join(chk.applies)}")
     if chk.fixer:
         fx = registry.fixers.get(chk.fixer)
         click.echo(f"fixer: {chk.fixer}" + (f" — {fx.title}" if fx else " (not registered)"))

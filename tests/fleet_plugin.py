@@ -3,7 +3,9 @@ run that fails, passes, is not judged or hangs on demand, as seen by a real doct
 
 It is installed for real, as Python finds any distribution: a ``.dist-info`` with an ``entry_points.txt`` in the
 ``k26_doctor.checks`` group, on ``PYTHONPATH`` (no build: nothing to compile). The verdict is read from the file
-named by ``K26_FLEET_VERDICT``: ``pass``, ``fail``, ``unjudged``, ``crash`` or ``sleep SECONDS``.
+named by ``K26_FLEET_VERDICT``: ``pass``, ``fail``, ``unjudged``, ``crash`` or ``sleep SECONDS``. ``fleet.verdict``
+declares no ``failure=`` (a site plugin's check gets the documented default, "node", and a warning);
+``fleet.config`` declares ``failure="deployment"`` and fails only when the file says ``config-fail``.
 """
 
 from __future__ import annotations
@@ -31,6 +33,15 @@ def fleet_verdict(ctx):
         raise RuntimeError("the test asks for a crash")
     if words[0] == "sleep":
         time.sleep(float(words[1]))
+    return Result.passed("as the test asks")
+
+
+@check("fleet.config", "The configuration verdict the test asks for", tags=("site",), failure="deployment")
+def fleet_config(ctx):
+    """Reads K26_FLEET_VERDICT's file: config-fail fails it (the deployment's configuration), else it passes."""
+    words = Path(os.environ["K26_FLEET_VERDICT"]).read_text().split()
+    if words[0] == "config-fail":
+        return Result.failed("the test asks for a configuration failure: " + " ".join(words[1:]))
     return Result.passed("as the test asks")
 '''
 

@@ -74,10 +74,17 @@ def test_one_series_per_check_and_status_and_the_run_series() -> None:
     text = openmetrics.to_openmetrics(rep)
     assert text.endswith("# EOF\n") and text.count("# EOF") == 1
     samples = parse(text)
-    base = {"profile": "b300-tp8-ddtree", "version": openmetrics.__version__}
+    base = {"profile": "b300-tp8-ddtree"}
     for cid, status in (("gpu.nvlink", "fail"), ("host.disk", "pass"), ("model.shards.deep", "skip")):
         for s in ("pass", "warn", "fail", "skip", "error"):
-            assert value(samples, openmetrics.CHECK_STATUS, check=cid, status=s, **base) == (s == status)
+            assert value(samples, openmetrics.CHECK_STATUS, check=cid, status=s, affects="node", **base) == \
+                (s == status)
+    # the version is on one series only: an upgrade changes no other series' identity
+    assert value(samples, openmetrics.BUILD_INFO, version=openmetrics.__version__, **base) == 1
+    assert [k for k in samples if ("version", openmetrics.__version__) in k[1]] == [
+        (openmetrics.BUILD_INFO, frozenset({"version": openmetrics.__version__, **base}.items()))]
+    # why gpu.nvlink failed: a bounded code (no finding here: <check>.<status>)
+    assert [dict(k[1])["code"] for k in samples if k[0] == openmetrics.CHECK_REASON] == ["gpu.nvlink.fail"]
     assert value(samples, openmetrics.CHECK_UNJUDGED, check="model.shards.deep") == 1
     assert value(samples, openmetrics.CHECK_UNJUDGED, check="gpu.nvlink") == 0
     assert value(samples, openmetrics.CHECK_DURATION, check="model.shards.deep") == 2.0
@@ -89,6 +96,23 @@ def test_one_series_per_check_and_status_and_the_run_series() -> None:
     # the status and unjudged series of 3 checks, 3 verdicts, no sample timestamps (the textfile collector refuses them)
     assert len([k for k in samples if k[0] == openmetrics.CHECK_STATUS]) == 15
     assert not re.search(r"^\S+\{[^}]*\} \S+ \S+$", text, re.M)
+
+
+def test_the_gpus_are_labelled_as_dcgm_labels_them_and_a_failure_says_its_code() -> None:
+    import json
+
+    snap = ROOT / "tests" / "fixtures" / "snapshots" / "b300x8-link-down.json"
+    res = run_doctor("check", "--from-snapshot", str(snap), "--only", "gpu.*", "--format", "openmetrics")
+    samples = parse(res.stdout)
+    devices = json.loads(snap.read_text())["facts"]["nvml"]["devices"]
+    gpus = sorted((dict(k[1])["gpu"], dict(k[1])["UUID"], dict(k[1])["device"]) for k in samples
+                  if k[0] == openmetrics.GPU_INFO)
+    assert gpus == sorted((str(d["index"]), d["uuid"], f"nvidia{d['index']}") for d in devices) and len(gpus) == 8
+    reasons = [dict(k[1]) for k in samples if k[0] == openmetrics.CHECK_REASON]
+    assert reasons == [{"check": "gpu.nvlink", "code": "gpu.nvlink.link_down", "affects": "node",
+                        "profile": "b300-tp8-ddtree"}]
+    # a run that read no GPU (no nvml fact) has no GPU series
+    assert openmetrics.GPU_INFO not in openmetrics.to_openmetrics(report_of(_r("host.disk", Result.passed("ok"))))
 
 
 def test_strict_turns_a_warning_into_a_failing_verdict_and_interruption_shows() -> None:
@@ -109,7 +133,7 @@ def test_label_values_are_escaped() -> None:
 
 
 def test_the_start_marker_keeps_the_last_verdict_and_only_a_file_of_ours() -> None:
-    labels = {"profile": "b300-tp8-ddtree", "version": "0.1.0"}
+    labels = {"profile": "b300-tp8-ddtree"}
     last = openmetrics.to_openmetrics(report_of(_r("gpu.nvlink", Result.failed("no NVLink"))))
     marked = openmetrics.started_marker(last, 2000.0, labels)
     samples = parse(marked)
@@ -242,14 +266,27 @@ def test_a_run_killed_midway_leaves_its_start_after_the_last_finish(tmp_path: Pa
 
 
 # -- node_exporter serves it ----------------------------------------------------------------------------------
+README = ROOT / "README.md"
+
+
+def readme_grep() -> list[str]:
+    """The README's ``curl -s localhost:9100/metrics | grep ...`` example: the grep's argv."""
+    import shlex
+
+    line = next(ln for ln in README.read_text().splitlines() if ln.startswith("curl -s localhost:9100/metrics | grep"))
+    argv = shlex.split(line.split("|", 1)[1].split("#", 1)[0])
+    assert argv[0] == "grep"
+    return argv
+
+
 @needs_exporter
-def test_node_exporter_serves_the_textfile(tmp_path: Path) -> None:
+def test_node_exporter_serves_the_textfile_and_the_readmes_grep_finds_the_failure(tmp_path: Path) -> None:
     textdir = tmp_path / "textfile"
     textdir.mkdir()
-    env = plugin_env(tmp_path, "unjudged")
+    env = plugin_env(tmp_path, "fail on purpose")
     res = run_doctor("check", "--only", "fleet.*", "--only", "host.disk", "--format", "openmetrics",
                      "--output", str(textdir / "k26-doctor.prom"), env=env)
-    assert res.returncode == 0, res.stderr
+    assert res.returncode == 1, res.stderr
     (port,) = free_ports(1)
     assert NODE_EXPORTER is not None
     proc = subprocess.Popen([NODE_EXPORTER, f"--web.listen-address=127.0.0.1:{port}", "--collector.disable-defaults",
@@ -278,12 +315,81 @@ def test_node_exporter_serves_the_textfile(tmp_path: Path) -> None:
             proc.wait(10)
     assert "node_textfile_scrape_error 0" in body, body[-2000:]
     lines = body.splitlines()
-    assert any(ln.startswith(f'{openmetrics.CHECK_UNJUDGED}{{check="fleet.verdict"') and ln.endswith(" 1")
+    assert any(ln.startswith(f'{openmetrics.CHECK_UNJUDGED}{{check="fleet.verdict"') and ln.endswith(" 0")
                for ln in lines), body[-3000:]
-    assert any(ln.startswith(f'{openmetrics.CHECK_STATUS}{{check="host.disk"') for ln in lines)
+    assert any(ln.startswith(f'{openmetrics.CHECK_STATUS}{{affects="node",check="host.disk"') for ln in lines)
     assert any(ln.startswith(openmetrics.LAST_RUN + "{") for ln in lines)
-    assert any(re.match(rf'{openmetrics.VERDICT}{{profile="b300-tp8-ddtree",status="pass",version="[^"]+"}} 1$', ln)
-               for ln in lines), [ln for ln in lines if ln.startswith(openmetrics.VERDICT)]
+    assert f'{openmetrics.VERDICT}{{profile="b300-tp8-ddtree",status="fail"}} 1' in lines, \
+        [ln for ln in lines if ln.startswith(openmetrics.VERDICT)]
+    # the README's example, as written, on what node_exporter serves (it sorts the labels)
+    grep = subprocess.run(readme_grep(), input=body, capture_output=True, text=True, timeout=30)
+    assert grep.returncode == 0, grep.stderr
+    assert grep.stdout.splitlines() == [
+        'k26_doctor_check_reason_info{affects="node",check="fleet.verdict",code="fleet.verdict.fail",'
+        'profile="b300-tp8-ddtree"} 1',
+        'k26_doctor_check_status{affects="node",check="fleet.verdict",profile="b300-tp8-ddtree",status="fail"} 1',
+        'k26_doctor_verdict{profile="b300-tp8-ddtree",status="fail"} 1'], grep.stdout
+
+
+def promtool_test_of(text: str, instance: str, alerts: dict[str, list[dict]]) -> dict:
+    """A ``promtool test rules`` file whose input is the textfile ``text`` as Prometheus scrapes it from
+    ``instance`` for ten minutes, and whose expected alerts at 5m are ``alerts`` (alert name -> exp_alerts)."""
+    series = []
+    for (name, labels), val in parse(text).items():
+        inner = ",".join(f'{k}="{openmetrics.escape_label(v)}"' for k, v in
+                         sorted({**dict(labels), "instance": instance, "job": "node"}.items()))
+        series.append({"series": f"{name}{{{inner}}}", "values": f"{val:g}x10"})
+    return {"rule_files": [str(RULES)], "evaluation_interval": "1m",
+            "tests": [{"interval": "1m", "input_series": series,
+                       "alert_rule_test": [{"eval_time": "5m", "alertname": name, "exp_alerts": exp}
+                                           for name, exp in alerts.items()]}]}
+
+
+@needs_promtool
+def test_the_healthy_b300_pages_nothing_and_warns_of_its_configuration(tmp_path: Path) -> None:
+    """The textfile of the synthetic healthy B300 node with the default profile, under the shipped rules:
+    sglang.ddtree (not validated for this configuration, by design) warns; nothing is critical. A degraded NVLink
+    on the same node pages, with its reason."""
+    import yaml
+
+    def alert(check: str, failure: str, severity: str, code: str) -> dict:
+        labels = {"severity": severity, "instance": "b300:9100", "job": "node", "check": check, "affects": failure,
+                  "status": "fail", "profile": "b300-tp8-ddtree"}
+        judged = f"The last k26-doctor run on b300:9100 (b300-tp8-ddtree) judged {check} fail ({code}): "
+        tail = f" On the node: k26-doctor check --only {check} -v"
+        if failure == "node":
+            return {"exp_labels": labels, "exp_annotations": {
+                "summary": f"k26-doctor: {check} fail on b300:9100",
+                "description": judged + "the node is broken, the server will not start there or runs degraded." + tail}}
+        return {"exp_labels": labels, "exp_annotations": {
+            "summary": f"k26-doctor: the configuration fails {check} on b300:9100",
+            "description": judged + "the deployment's configuration, not the node; it blocks the launch until it is "
+                                    "changed or validated." + tail}}
+
+    for name, expected in (
+            ("b300x8-healthy", {"K26DoctorCheckFailing": [],
+                                "K26DoctorConfigurationFailing": [alert("sglang.ddtree", "deployment", "warning",
+                                                                        "sglang.ddtree.refused")]}),
+            ("b300x8-link-down", {"K26DoctorCheckFailing": [alert("gpu.nvlink", "node", "critical",
+                                                                  "gpu.nvlink.link_down")]})):
+        res = run_doctor("check", "--from-snapshot", str(ROOT / "tests" / "fixtures" / "snapshots" / f"{name}.json"),
+                         "--format", "openmetrics")
+        assert res.returncode == 1, res.stderr
+        lint = subprocess.run([PROMTOOL, "check", "metrics"], input=res.stdout, capture_output=True, text=True,
+                              timeout=30)
+        assert lint.returncode == 0, lint.stdout + lint.stderr
+        test = tmp_path / f"{name}.test.yml"
+        test.write_text(yaml.safe_dump(promtool_test_of(res.stdout, "b300:9100", expected)))
+        out = subprocess.run([PROMTOOL, "test", "rules", str(test)], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, name + out.stdout + out.stderr
+    # the test can fail: the healthy node expected to page is refused
+    test = tmp_path / "wrong.test.yml"
+    res = run_doctor("check", "--from-snapshot", str(ROOT / "tests" / "fixtures" / "snapshots" /
+                                                     "b300x8-healthy.json"), "--format", "openmetrics")
+    test.write_text(yaml.safe_dump(promtool_test_of(res.stdout, "b300:9100", {"K26DoctorCheckFailing": [
+        alert("sglang.ddtree", "deployment", "critical", "sglang.ddtree.refused")]})))
+    out = subprocess.run([PROMTOOL, "test", "rules", str(test)], capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0
 
 
 # -- the alerting rules -----------------------------------------------------------------------------------------

@@ -31,8 +31,8 @@ def report_of(*results: Result, strict: bool = False) -> Report:
     return Report(resolve({"strict": strict or None}, environ={}), RunOutcome(list(results), 0.1))
 
 
-def res(cid: str, r: Result, cause: str | None = None) -> Result:
-    r.id, r.cause = cid, cause
+def res(cid: str, r: Result, cause: str | None = None, failure: str = "node") -> Result:
+    r.id, r.cause, r.failure = cid, cause, failure
     return r
 
 
@@ -102,6 +102,42 @@ def test_a_check_not_judged_drains_nothing_unless_asked_and_is_said() -> None:
     warn = report_of(res("host.exposure", Result.warned("0.0.0.0 without --api-key")), strict=True)
     assert slurm.node_action(warn, IDLE).action == "drain"  # --strict: warnings fail
     assert slurm.node_action(report_of(res("x", Result(Status.WARN, "w"))), IDLE).action == "keep"
+
+
+def test_a_failure_of_the_deployments_configuration_never_drains() -> None:
+    ddtree = res("sglang.ddtree", Result.failed("DDTREE not validated for tp_size 8"), failure="deployment")
+    rep = report_of(ddtree, res("gpu.nvlink", Result.passed("ok")))
+    d = slurm.node_action(rep, IDLE)
+    assert (d.action, d.reason, d.exit_code) == ("keep", None, 0)
+    assert d.lines[0] == ("gpu01: not drained for the deployment's configuration (the same on every node; it blocks "
+                          "the launch): configuration: sglang.ddtree: DDTREE not validated for tp_size 8")
+    assert d.lines[-1] == "gpu01: the node's checks pass"
+    ours = slurm.NodeState("gpu01", ["IDLE", "DRAIN"], f"{PREFIX} gpu.nvlink: 2 pairs")
+    assert slurm.node_action(rep, ours).action == "resume"  # the node itself is healthy again
+    # a dependent explained by a configuration failure is the configuration's too
+    blocked = res("gpu.multicast", Result.failed("flags need multicast"), cause="sglang.flags")
+    rep = report_of(res("sglang.flags", Result.failed("unknown flag"), failure="deployment"), blocked)
+    assert slurm.node_action(rep, IDLE).action == "keep"
+    # beside a node failure: the node drains for its own, the reason names only the node's
+    rep = report_of(ddtree, res("gpu.nvlink", Result.failed("2 pairs without NVLink")))
+    d = slurm.node_action(rep, IDLE)
+    assert d.action == "drain" and d.reason == f"{PREFIX} gpu.nvlink: 2 pairs without NVLink"
+    # not judged: only the node's checks count for --drain-unjudged
+    rep = report_of(res("sglang.install", Result.not_judged("no stack fact"), failure="deployment"))
+    assert slurm.node_action(rep, IDLE, drain_unjudged=True).action == "keep"
+
+
+def test_the_healthy_b300_with_the_default_profile_is_left_up() -> None:
+    """The synthetic healthy B300 node fails sglang.ddtree by design (the profile's DDTREE is not validated for
+    TP8 on sm_103): a configuration failure, so Slurm keeps the node up, and resumes a drain of ours."""
+    from doctor.app import run, settings_from_flags
+
+    snap = ROOT / "tests" / "fixtures" / "snapshots" / "b300x8-healthy.json"
+    report, _ = run(settings_from_flags({"from_snapshot": str(snap)}))
+    assert report.decision().exit_code == 1  # the launch is blocked
+    d = slurm.node_action(report, IDLE)
+    assert (d.action, d.exit_code) == ("keep", 0) and "sglang.ddtree" in d.lines[0]
+    assert slurm.node_action(report, slurm.NodeState("gpu01", ["IDLE", "DRAIN"], f"{PREFIX} x")).action == "resume"
 
 
 def test_serving_is_a_node_with_jobs_outside_a_prolog() -> None:
@@ -299,3 +335,19 @@ def test_as_prolog_a_failure_drains_with_our_reason_and_the_job_does_not_run(clu
     assert job.returncode != 0 and "rolog" in job.stderr, job.stderr
     assert not mark.exists()
     assert "DRAIN" in cluster.states() and cluster.reason().startswith(f"{PREFIX} host.port"), cluster.show()
+
+
+@needs_cluster
+def test_a_configuration_failure_leaves_the_node_up_and_resumes_a_drain_of_ours(cluster: slurm_cluster.Cluster,
+                                                                               node: dict) -> None:
+    node["verdict"].write_text("fail a broken node")
+    r = health(cluster, node, "--only", "fleet.*")
+    assert r.returncode == 1 and "DRAIN" in cluster.states(), r.stdout + r.stderr
+    assert cluster.reason().startswith(f"{PREFIX} fleet.verdict: the test asks for a failure")
+    node["verdict"].write_text("config-fail wrong profile")
+    r = health(cluster, node, "--only", "fleet.*")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "not drained for the deployment's configuration" in r.stdout and "fleet.config" in r.stdout
+    assert "resume" in r.stdout and "DRAIN" not in cluster.states() and cluster.reason() is None
+    r = health(cluster, node, "--only", "fleet.*")
+    assert r.returncode == 0 and "DRAIN" not in cluster.states()

@@ -137,16 +137,22 @@ def test_while_serving_leaves_out_the_pre_start_checks_and_says_so(tmp_path: Pat
     assert res.returncode == 2 and "runs no check" in res.stderr
 
 
-def test_serving_skips_name_only_registered_checks() -> None:
-    data = read_toml(DATA_FILE)["serving"]
-    assert set(data["why"]) <= set(data["skip"])
-    assert serving_skips(["host.port", "gpu.idle", "host.disk"]) == ["gpu.idle", "host.port"]
-    assert serving_skips([]) == []
-    from doctor.core.registry import load
+def test_the_skip_lists_come_from_the_checks_declarations_and_every_one_has_its_reason() -> None:
+    from doctor.core.registry import Check, load
+    from doctor.core.result import Result
 
-    registered = set(load(collectors=False).checks)
-    assert set(serving_skips(registered)) == set(data["skip"]) & registered
-    assert {"gpu.idle", "host.port", "gpu.memory", "model.fit"} <= registered
+    checks = load(collectors=False).checks.values()
+    serving = serving_skips(checks, "serving")
+    pod = serving_skips(checks, "node-pod")
+    assert serving == ["gpu.idle", "gpu.memory", "host.port", "model.fit"]  # judged before a start only
+    assert pod == sorted([*serving, "host.env", "host.exposure", "host.shm"])  # and what a pod of its own sees
+    assert serving_skips(checks, "start") == []
+    data = read_toml(DATA_FILE)
+    # every check left out somewhere has its reason in the data file, and the data file names no other check
+    assert set(data["serving"]["why"]) == set(serving)
+    assert set(data["kubernetes"]["daemonset"]["why"]) == set(pod) - set(serving)
+    mine = Check("x.one", "One", run=lambda ctx: Result.passed(""), applies=("start",))
+    assert serving_skips([mine], "serving") == ["x.one"] and serving_skips([], "node-pod") == []
 
 
 def test_the_unit_user_can_be_given_and_the_doctor_path_is_absolute(tmp_path: Path, cfg: Path) -> None:

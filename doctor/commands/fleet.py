@@ -1,6 +1,7 @@
-"""The doctor on the engines a fleet already runs: ``slurm-health`` (Slurm's HealthCheckProgram and prolog) and
-``systemd-unit --timer`` (periodic checks for Prometheus' node_exporter). Prometheus itself is
-``check --format openmetrics``; Kubernetes is manifests (``deploy/kubernetes/``) around ``check``."""
+"""The doctor on the engines a fleet already runs: ``slurm-health`` (Slurm's HealthCheckProgram and prolog),
+``systemd-unit --timer`` (periodic checks for Prometheus' node_exporter) and ``kube-node`` (Kubernetes:
+node-problem-detector's plugin protocol, and the node's condition, taint and label through the API). Prometheus
+itself is ``check --format openmetrics``; the manifests are under ``deploy/``."""
 
 from __future__ import annotations
 
@@ -132,3 +133,60 @@ def slurm_health(flags: dict[str, Any], node: str | None, scontrol_path: str | N
         _say(f"could not {action.action} {name}: {exc}")
         return EXIT_FAILED
     return action.exit_code
+
+
+@click.command("kube-node", context_settings={"help_option_names": ["-h", "--help"]})
+@selection_options
+@click.option("--mark", is_flag=True, help="Write the verdict on this Node through the API: its condition, and for "
+              "a failure of the node a taint and a label, removed once its checks pass (in-cluster credentials).")
+@click.option("--node", default=None, help="The Node's name (default: $NODE_NAME, set from spec.nodeName).")
+@click.option("--taint-effect", type=click.Choice(["NoExecute", "NoSchedule", "PreferNoSchedule"]), default=None,
+              help="The taint's effect (default: doctor/data/fleet.toml's, NoExecute: the server's pod moves).")
+@click.option("--kube-api", default=None, envvar="K26_DOCTOR_KUBE_API",
+              help="The API server's URL (default: the pod's cluster).")
+@click.option("--kube-token-file", default=None, type=click.Path(dir_okay=False), envvar="K26_DOCTOR_KUBE_TOKEN_FILE",
+              help="The bearer token's file (default: the pod's service account's).")
+@click.option("--kube-ca-file", default=None, type=click.Path(dir_okay=False), envvar="K26_DOCTOR_KUBE_CA_FILE",
+              help="The API server's CA (default: the pod's service account's ca.crt).")
+@guarded
+def kube_node(flags: dict[str, Any], mark: bool, node: str | None, taint_effect: str | None, kube_api: str | None,
+              kube_token_file: str | None, kube_ca_file: str | None) -> int:
+    """The node's verdict for Kubernetes: node-problem-detector's plugin protocol, and with --mark the Node's
+    condition, taint and label written through the API.
+
+    \b
+    stdout: one line, the root cause first, at most 80 characters (NPD's condition message)
+    Exit 0 the node has no failure of its own (the deployment's configuration may fail: said, never marked),
+    1 a check whose failure means the node is broken failed (or the API refused --mark), 2 not judged
+    (NPD: Unknown) or an invalid invocation, 3 the doctor could not run.
+    Only a check declared failure="node" marks the node; the text report goes to stderr, and
+    --format openmetrics --output FILE writes the textfile of the same run.
+    """
+    import contextlib
+
+    from doctor.app import run
+    from doctor.service import kube
+
+    settings = settings_from(flags)
+    if mark and settings.from_snapshot:
+        from doctor.core.settings import ConfigError
+
+        raise ConfigError("--mark writes the live node's verdict; --from-snapshot is for judging a recording")
+    begin_report(settings, flags)
+    report, _ = run(settings)
+    if flags.get("output"):
+        with contextlib.redirect_stdout(sys.stderr):  # stdout is the protocol's one line
+            emit(report, flags)
+    verdict = kube.node_mark(report)
+    code, line = kube.plugin_line(verdict)
+    if mark:
+        name = node or os.environ.get("NODE_NAME") or ""
+        try:
+            api = kube.KubeApi.in_cluster(kube_api, kube_token_file, kube_ca_file)
+            for said in kube.mark(api, name, verdict, taint_effect):
+                _say(said)
+        except kube.KubeError as exc:
+            _say(f"could not mark the node {name!r}: {exc}")
+            code = EXIT_FAILED if code == 0 else code
+    click.echo(line)
+    return code

@@ -42,6 +42,23 @@ if TYPE_CHECKING:  # pragma: no cover
     from doctor.core.result import Result
 
 ENTRY_POINT_GROUP = "k26_doctor.checks"
+# What a check's failure means (``@check(failure=...)``): what a fleet does with a node where it fails.
+FAILURES = {
+    "node": "the node's hardware or host is broken (a GPU, a link, the driver, a disk, the node's copy of the "
+            "weights): Slurm drains it, Kubernetes taints it, the alert pages",
+    "deployment": "the deployment's configuration is wrong (a profile, a flag, a pinned version, the image's "
+                  "software): the launch is blocked and the alert warns; the node is never drained for it",
+}
+# A site plugin's check that does not say: fail closed, as a broken node (load warns; docs: DEVELOPING.md).
+DEFAULT_FAILURE = "node"
+# Where a check applies (``@check(applies=...)``); a periodic run leaves out a check that does not apply where it
+# runs (doctor/service/fleet.py; the reasons are doctor/data/fleet.toml's).
+PLACES = {
+    "start": "before the server starts (ExecStartPre, the init container, the Slurm prolog, by hand)",
+    "serving": "beside the running server on its host (the systemd timer, Slurm's health check on a node with "
+               "jobs): --while-serving",
+    "node-pod": "in a pod of its own beside the server's pod (the Kubernetes DaemonSet): --node-pod",
+}
 DISABLE_ENV = "K26_DOCTOR_DISABLE_PLUGINS"
 DEFAULT_TIMEOUT_S = 30.0
 MARK = "__k26_doctor__"  # the attribute a decorator leaves on the function: its declarations
@@ -64,6 +81,8 @@ class Check:
     explain: str = ""  # what it looks at, why it matters, how to fix by hand
     source: str = BUILTIN  # "builtin" or "plugin:<entry point name>"
     module: str = ""  # the module that declared it (named by load errors)
+    failure: str | None = None  # FAILURES; None: not declared (a built-in check is refused, a plugin's defaulted)
+    applies: tuple[str, ...] = tuple(PLACES)  # PLACES where it judges what it means to judge
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -76,6 +95,8 @@ class Check:
             "timeout_s": self.timeout,
             "fixer": self.fixer,
             "source": self.source,
+            "failure": self.failure or DEFAULT_FAILURE,
+            "applies": list(self.applies),
         }
 
 
@@ -175,13 +196,21 @@ def check(
     depends: Iterable[str] = (),
     timeout: float | None = None,
     fixer: str | None = None,
+    failure: str | None = None,
+    applies: Iterable[str] = tuple(PLACES),
 ) -> Callable[[Callable[[Context], Result]], Callable[[Context], Result]]:
-    """Declare ``func`` a check. Its docstring becomes ``k26-doctor explain ID``."""
+    """Declare ``func`` a check. Its docstring becomes ``k26-doctor explain ID``.
+
+    ``failure`` (required of built-in checks): what its failure means for the node, ``"node"`` (hardware or host:
+    drain, taint, page) or ``"deployment"`` (configuration: block the launch, warn, never drain); ``FAILURES``.
+    ``applies``: the ``PLACES`` where it judges what it means to (default: everywhere); a periodic run elsewhere
+    leaves it out."""
 
     def deco(func: Callable[[Context], Result]) -> Callable[[Context], Result]:
         _mark(func, Check(id=id, title=title, run=func, needs=tuple(needs), tags=tuple(tags) or (id.split(".")[0],),
                           deep=deep, depends=tuple(depends), timeout=timeout, fixer=fixer,
-                          explain=textwrap.dedent(inspect.getdoc(func) or "").strip(), module=func.__module__))
+                          explain=textwrap.dedent(inspect.getdoc(func) or "").strip(), module=func.__module__,
+                          failure=failure, applies=tuple(applies)))
         return func
 
     return deco
@@ -277,6 +306,7 @@ class Registry:
     plugin_errors: list[str] = field(default_factory=list)  # "name (value): why" of rejected plugins
     plugin_failures: dict[str, tuple[str, str]] = field(default_factory=dict)  # name -> (why, traceback)
     disabled: tuple[str, ...] = ()  # plugin names not loaded
+    warnings: list[str] = field(default_factory=list)  # what loaded but is not as it should be (said by `list`)
 
     # -- adding ------------------------------------------------------------------------------------
 
@@ -292,6 +322,7 @@ class Registry:
         elif isinstance(item, Check):
             if not item.id or item.id != item.id.lower() or " " in item.id:
                 raise RegistryError(f"{where}: check id {item.id!r} must be lowercase and dotted")
+            item = self._declared(item, where, source)
             old = self.checks.get(item.id)
             if old is not None and old.run is not item.run:
                 raise RegistryError(f"check {item.id!r} registered twice ({old.module or old.source}, {where})")
@@ -308,6 +339,27 @@ class Registry:
             self.fixers[item.id] = item
         else:
             raise RegistryError(f"{where}: {item!r} is not a Check, Collector, Fixer or Hook")
+
+    def _declared(self, item: Check, where: str, source: str) -> Check:
+        """``failure=`` and ``applies=`` validated: an unknown value is refused; a built-in check of ``checks/``
+        must say what its failure means, another check that does not is given ``DEFAULT_FAILURE`` and a
+        warning."""
+        if item.failure is not None and item.failure not in FAILURES:
+            raise RegistryError(f"{where}: check {item.id!r}: failure={item.failure!r} is not one of "
+                                f"{', '.join(FAILURES)}")
+        bad = [p for p in item.applies if p not in PLACES]
+        if bad or not item.applies:
+            raise RegistryError(f"{where}: check {item.id!r}: applies={list(item.applies)!r}: each must be one of "
+                                f"{', '.join(PLACES)}, and at least one")
+        if item.failure is not None:
+            return item
+        if source == BUILTIN and item.module.split(".")[0] == "checks":
+            raise RegistryError(f"{where}: check {item.id!r} does not declare failure= (one of "
+                                f"{', '.join(FAILURES)}): what its failure means for the node")
+        if source != BUILTIN:
+            self.warnings.append(f"{source}: check {item.id!r} does not declare failure=; counted as "
+                                 f"{DEFAULT_FAILURE!r} (a failure drains, taints and pages)")
+        return replace(item, failure=DEFAULT_FAILURE)
 
     @staticmethod
     def _check_callable(item: Any, where: str) -> None:
@@ -415,6 +467,7 @@ class Registry:
                 self.plugin_failures[ep.name] = (f"{ep.value}: {why}", traceback.format_exc())
                 continue
             self.checks, self.collectors = trial.checks, trial.collectors
+            self.warnings += trial.warnings
             self.fixers, self.hooks = trial.fixers, trial.hooks
 
     def sorted_checks(self) -> list[Check]:

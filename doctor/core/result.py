@@ -184,6 +184,9 @@ class Result:
     unjudged: bool = False  # skipped for want of facts: never a pass for launch, a failure under --strict
     exhibit: str | None = None  # a block shown with a failure (e.g. the NVLink matrix), not only under -v
     findings: list[Finding] = field(default_factory=list)
+    # What a failure means for the node, as the check declares it (doctor.core.registry.FAILURES): "node" (drain,
+    # taint, page) or "deployment" (block the launch, warn, never drain). A result no check stamped counts as "node".
+    failure: str = "node"
 
     @classmethod
     def of(cls, found: Findings) -> Result:
@@ -269,6 +272,8 @@ class Result:
             "remediation": self.remediation.to_dict() if self.remediation else None,
             "fixer": self.fixer,
             "duration_s": round(self.duration_s, 4),
+            "failure": self.failure,
+            "affects": self.failure,  # CONTRACT.md's name for it; the same value
         }
         if self.findings:
             out["findings"] = [f.to_dict() for f in self.findings]

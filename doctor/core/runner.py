@@ -97,6 +97,7 @@ def execute(chk: Check, ctx: Context) -> Result:
 def _stamp(res: Result, chk: Check) -> Result:
     res.id = chk.id
     res.title = chk.title
+    res.failure = chk.failure or res.failure
     res.fixer = chk.fixer if res.status in (Status.FAIL, Status.WARN, Status.ERROR) else None
     return res
 

@@ -192,6 +192,10 @@ class Settings:
     while_serving: bool = setting(False, kind="bool", flag="--while-serving", help=(
         "The node's server is running: leave out the checks that judge a host before a start (gpu.idle, "
         "host.port, gpu.memory, model.fit; doctor/data/fleet.toml). For periodic runs beside the server."))
+    node_pod: bool = setting(False, kind="bool", flag="--node-pod", help=(
+        "Runs in a pod of its own beside the server's (the Kubernetes DaemonSet): as --while-serving, and also "
+        "leaves out the checks that would judge this pod instead of the server's (host.shm, host.env, "
+        "host.exposure). The checks' applies= declarations say which."))
     timeout: float | None = setting(kind="posfloat", flag="--timeout", help="Deadline per check, seconds.")
     verbose: int = setting(0, kind="count", config=False, flag="-v/--verbose", help="Details and tracebacks.")
     from_snapshot: str | None = setting(config=False, flag="--from-snapshot",

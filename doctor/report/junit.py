@@ -37,6 +37,9 @@ def to_junit(report: Any) -> str:
     ET.SubElement(props, "property", {"name": "roots", "value": " ".join(
         [n.id for n, deps in st.notices if deps] + [r.id for r in st.roots])})
     ET.SubElement(props, "property", {"name": "next_step", "value": st.next_step or ""})
+    for kind in ("node", "deployment"):  # what a failure means: the node broken, or the deployment's configuration
+        ET.SubElement(props, "property", {"name": f"{kind}_failures", "value": " ".join(
+            r.id for r in report.results if r.status.failed and r.failure == kind)})
     for res in report.results:
         label = f"[same cause as {st.root_of[res.id]}] " if res.id in st.root_of else ""
         case = ET.SubElement(suite, "testcase", {
@@ -44,6 +47,7 @@ def to_junit(report: Any) -> str:
             "name": res.id,
             "time": f"{res.duration_s:.3f}",
         })
+        ET.SubElement(ET.SubElement(case, "properties"), "property", {"name": "failure", "value": res.failure})
         body = _body(res)
         if res.status is Status.FAIL:
             ET.SubElement(case, "failure", {"message": label + res.summary, "type": "fail"}).text = body

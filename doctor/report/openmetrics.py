@@ -1,13 +1,22 @@
 """The report as OpenMetrics text, for Prometheus: node_exporter's textfile collector serves the file
 (``check --format openmetrics --output /var/lib/prometheus/node-exporter/k26-doctor.prom``).
 
-Series, every one labelled with the profile and the doctor's version (node_exporter adds ``instance``):
+Series, every one labelled with the profile (node_exporter adds ``instance``); the doctor's version is on one
+series only, ``k26_doctor_build_info{version}``, so that an upgrade changes no other series' identity:
 
-* ``k26_doctor_check_status{check, status}``: one series per check and status (pass, warn, fail, skip, error),
-  1 for the check's status and 0 for the others, so an alert reads ``{status=~"fail|error"} == 1`` and a check
-  that recovers ends its alert instead of vanishing;
+* ``k26_doctor_check_status{check, affects, status}``: one series per check and status (pass, warn, fail, skip,
+  error), 1 for the check's status and 0 for the others, so an alert reads ``{status=~"fail|error"} == 1`` and a
+  check that recovers ends its alert instead of vanishing; ``affects`` is what the check declares its failure
+  means (``@check(failure=...)``; CONTRACT.md names the label): ``node``, the node's hardware or host (pages),
+  ``deployment``, the configuration (warns);
+* ``k26_doctor_check_reason_info{check, code, affects}``: 1 for each finding code that made a check fail or
+  warn (``gpu.nvlink.link_down``), a bounded label (codes are a fixed set, the messages stay out), so an alert
+  says why; a result with no finding (an error, a crash) has ``code="<check>.<status>"``;
 * ``k26_doctor_check_unjudged{check}``: 1 when a skip was for want of facts (never a pass for ``launch``);
 * ``k26_doctor_check_duration_seconds{check}``;
+* ``k26_doctor_gpu_info{gpu, UUID, device, pci_bus_id}``: 1 per GPU the run read (NVML), labelled as NVIDIA's
+  DCGM exporter labels its series (its ``modelName`` is left out: camelCase, which ``promtool check metrics``
+  refuses), to join the node's verdict with DCGM's per-GPU series;
 * ``k26_doctor_verdict{status}``: the run's verdict (pass, warn, fail; ``--strict`` applied), one-hot;
 * ``k26_doctor_run_duration_seconds``, ``k26_doctor_run_interrupted``;
 * ``k26_doctor_run_started_timestamp_seconds`` and ``k26_doctor_last_run_timestamp_seconds`` (wall clock when the
@@ -33,6 +42,9 @@ VERDICTS = (Status.PASS, Status.WARN, Status.FAIL)
 EOF = "# EOF\n"
 
 CHECK_STATUS = PREFIX + "check_status"
+CHECK_REASON = PREFIX + "check_reason_info"
+GPU_INFO = PREFIX + "gpu_info"
+BUILD_INFO = PREFIX + "build_info"
 CHECK_UNJUDGED = PREFIX + "check_unjudged"
 CHECK_DURATION = PREFIX + "check_duration_seconds"
 VERDICT = PREFIX + "verdict"
@@ -43,6 +55,9 @@ LAST_RUN = PREFIX + "last_run_timestamp_seconds"
 
 HELP = {
     CHECK_STATUS: "1 for the status the check had in the last run, 0 for the other statuses.",
+    CHECK_REASON: "1 for each finding code that made the check fail or warn in the last run.",
+    GPU_INFO: "1 per GPU the last run read, labelled as DCGM's exporter labels it (gpu, UUID).",
+    BUILD_INFO: "1, labelled with the version of k26-doctor that wrote this file.",
     CHECK_UNJUDGED: "1 when the check could not be judged for want of facts (never a pass for launch).",
     CHECK_DURATION: "How long the check took in the last run.",
     VERDICT: "1 for the last run's verdict (--strict applied), 0 for the others.",
@@ -84,30 +99,69 @@ def family(name: str, samples: list[str]) -> str:
 
 
 def run_labels(settings: Any) -> dict[str, str]:
-    """The labels of every series: the profile and the doctor's version."""
-    return {"profile": str(settings.profile_name), "version": __version__}
+    """The labels of every series: the profile (the version is ``k26_doctor_build_info``'s alone)."""
+    return {"profile": str(settings.profile_name)}
+
+
+def reason_codes(res: Any) -> list[str]:
+    """The codes that say why ``res`` failed or warned: its fail (else warn) findings' codes, each once; a result
+    without such a finding (an error, a crash, a plugin's one-step result) is ``<check>.<status>``."""
+    if res.status not in (Status.FAIL, Status.WARN, Status.ERROR):
+        return []
+    for severity in ("fail", "warn"):
+        codes = [f.code for f in res.findings if getattr(f.severity, "value", f.severity) == severity]
+        if codes:
+            return list(dict.fromkeys(codes))
+    return [f"{res.id}.{res.status.value}"]
+
+
+def gpus(report: Any) -> list[dict[str, str]]:
+    """The GPUs the run read (the ``nvml`` fact, when the run had it), as DCGM's exporter labels them."""
+    ctx = getattr(report, "context", None)
+    facts = getattr(ctx, "facts", None)
+    if facts is None or "nvml" not in facts.collected():
+        return []
+    try:
+        nvml = facts.get("nvml")
+    except Exception:  # a malformed or failed reading: the checks said so; no GPU series
+        return []
+    out = []
+    for dev in (nvml or {}).get("devices") or []:
+        if not isinstance(dev, dict) or not isinstance(dev.get("index"), int):
+            continue
+        out.append({"gpu": str(dev["index"]), "UUID": str(dev.get("uuid") or ""), "device": f"nvidia{dev['index']}",
+                    "pci_bus_id": str(dev.get("pci_bus_id") or "")})
+    return out
 
 
 def to_openmetrics(report: Any) -> str:
     """The whole report: the families above, ``# EOF`` last."""
     base = run_labels(report.settings)
-    status_rows, unjudged_rows, duration_rows = [], [], []
+    status_rows, reason_rows, unjudged_rows, duration_rows = [], [], [], []
     for res in report.results:
         check = {"check": res.id}
+        failure = {"affects": str(getattr(res, "failure", "node"))}
         for status in STATUSES:
-            status_rows.append(_sample(CHECK_STATUS, {**check, "status": status.value, **base},
+            status_rows.append(_sample(CHECK_STATUS, {**check, **failure, "status": status.value, **base},
                                        int(res.status is status)))
+        reason_rows += [_sample(CHECK_REASON, {**check, "code": code, **failure, **base}, 1)
+                        for code in reason_codes(res)]
         unjudged_rows.append(_sample(CHECK_UNJUDGED, {**check, **base}, int(bool(res.unjudged))))
         duration_rows.append(_sample(CHECK_DURATION, {**check, **base}, round(float(res.duration_s), 6)))
     verdict = report.decision().status
     parts = [
+        family(BUILD_INFO, [_sample(BUILD_INFO, {"version": __version__, **base}, 1)]),
         family(CHECK_STATUS, status_rows),
+        family(CHECK_REASON, reason_rows) if reason_rows else "",
         family(CHECK_UNJUDGED, unjudged_rows),
         family(CHECK_DURATION, duration_rows),
         family(VERDICT, [_sample(VERDICT, {"status": s.value, **base}, int(verdict is s)) for s in VERDICTS]),
         family(RUN_DURATION, [_sample(RUN_DURATION, base, round(float(report.outcome.duration_s), 6))]),
         family(RUN_INTERRUPTED, [_sample(RUN_INTERRUPTED, base, int(bool(report.outcome.interrupted)))]),
     ]
+    gpu_rows = [_sample(GPU_INFO, {**gpu, **base}, 1) for gpu in gpus(report)]
+    if gpu_rows:
+        parts.append(family(GPU_INFO, gpu_rows))
     if report.started_at is not None:
         parts.append(family(RUN_STARTED, [_sample(RUN_STARTED, base, round(report.started_at, 3))]))
     if report.finished_at is not None:

@@ -295,6 +295,21 @@ def _verbose_lines(res: Any, pad: str, exhibit: bool = False) -> list[str]:
     return lines
 
 
+def failure_line(st: Story) -> str | None:
+    """What the failures mean for the node, when the deployment's configuration is among them (each check's
+    ``failure=``): a fleet drains, taints and pages only for the node's own."""
+    failing = st.failing_roots()
+    config = [r.id for r in failing if r.result.failure == "deployment"]
+    node = [r.id for r in failing if r.result.failure != "deployment"]
+    if not config:
+        return None
+    said = (f"configuration, not the node: {', '.join(config)} blocks the launch until the configuration is "
+            "changed or validated (k26-doctor validate); ")
+    if node:
+        return said + f"the node's own failures (drain, taint, page): {', '.join(node)}"
+    return said + "the node itself has no failure: nothing to drain, taint or page"
+
+
 def footer(report: Any, color: bool, st: Story | None = None, columns: int = DEFAULT_WIDTH) -> list[str]:
     """Counts and time, the fixers that would change something, and last the next step."""
     st = st or story(report)
@@ -311,6 +326,9 @@ def footer(report: Any, color: bool, st: Story | None = None, columns: int = DEF
     if unjudged:
         lines.extend(wrap("not judged (want of facts: `launch` refuses, --strict fails): " + ", ".join(unjudged),
                           columns, "", "  "))
+    meaning = failure_line(st)
+    if meaning:
+        lines.extend(wrap(meaning, columns, "", "  "))
     fixable = report.fixable()
     if fixable:
         lines.extend(wrap("plan fixes: k26-doctor fix " + " ".join(f"--only {shlex.quote(i)}" for i in fixable)

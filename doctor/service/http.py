@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import http.client
 import socket
+import ssl
 import threading
 import time
 import urllib.parse
@@ -52,8 +53,10 @@ def split(url: str) -> tuple[str, str, int | None, str, str | None]:
 
 
 def request(url: str, timeout: float, *, method: str = "GET", body: bytes | None = None,
-            headers: dict[str, str] | None = None, limit: int = MAX_BODY) -> Reply:
-    """One request within ``timeout`` seconds in all (see the module docstring); never raises."""
+            headers: dict[str, str] | None = None, limit: int = MAX_BODY,
+            context: ssl.SSLContext | None = None) -> Reply:
+    """One request within ``timeout`` seconds in all (see the module docstring); never raises. ``context``: the
+    TLS context of an https URL (a cluster's CA)."""
     t0 = time.monotonic()
     end = t0 + max(0.01, timeout)
     try:
@@ -64,8 +67,11 @@ def request(url: str, timeout: float, *, method: str = "GET", body: bytes | None
     if userinfo:
         heads.setdefault("Authorization", "Basic " + base64.b64encode(
             urllib.parse.unquote(userinfo).encode()).decode())
-    conn_cls = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
-    conn = conn_cls(host, port, timeout=max(0.01, timeout))
+    conn: http.client.HTTPConnection
+    if scheme == "https":
+        conn = http.client.HTTPSConnection(host, port, timeout=max(0.01, timeout), context=context)
+    else:
+        conn = http.client.HTTPConnection(host, port, timeout=max(0.01, timeout))
     cut = threading.Event()
 
     def watchdog() -> None:

@@ -6,6 +6,11 @@ drained is resumed once the checks pass again. As LBNL NHC does: a drain of ours
 (``doctor/data/fleet.toml`` ``[slurm] reason_prefix``), and only such a drain is ever resumed; a node an
 administrator drained keeps its reason and stays drained.
 
+* Only a failure of the node drains it: a check declares what its failure means (``@check(failure=...)``), and a
+  failure of the deployment's configuration (``failure="deployment"``: a profile, a flag, a version, DDTree not
+  validated for this configuration) is the same on every node, so it drains nothing; the output names the check
+  and says the launch is blocked by the configuration, and the exit status is 0 (a prolog's non-zero exit would
+  make Slurm drain the node itself; the job's own gate, ``launch``, refuses to start the server).
 * A check that could not be judged for want of facts drains nothing unless ``--drain-unjudged`` is given, and
   the output says which were not judged; with the flag, the reason says "not judged".
 * In the prolog (``SLURM_SCRIPT_CONTEXT=prolog_slurmd``) the job has not started: every check runs, and a failure
@@ -27,10 +32,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from doctor.core import proc
-from doctor.core.causes import roots
+from doctor.core.exitcodes import EXIT_FAILED, EXIT_OK
 from doctor.core.result import Status
 from doctor.facts.redaction import redact_text
-from doctor.service.fleet import fleet_data
+from doctor.service.fleet import fleet_data, root_causes, split_by_failure
 
 BUSY_STATES = ("ALLOCATED", "MIXED", "COMPLETING")
 SCONTROL_PLACES = ("/usr/bin/scontrol", "/usr/local/bin/scontrol", "/opt/slurm/bin/scontrol")
@@ -176,55 +181,59 @@ def drain_reason(prefix: str, causes: list[tuple[str, str]], limit: int, what: s
     return (head + summary + tail)[:limit]
 
 
-def root_causes(report: Any, failing: list[Any]) -> list[tuple[str, str]]:
-    """(id, summary) of what explains the failing results in the end, each once, in report order."""
-    root = roots(report.results, report.notices)
-    notices = {n.id: n.summary for n in report.notices}
-    summaries = {r.id: r.summary for r in report.results}
-    out: dict[str, str] = {}
-    for res in failing:
-        cid = root.get(res.id, res.id)
-        out.setdefault(cid, notices.get(cid) or summaries.get(cid, res.summary))
-    return list(out.items())
-
-
 def node_action(report: Any, node: NodeState, *, drain_unjudged: bool = False) -> NodeAction:
-    """The node's fate from the report (pure): drain with the root cause, resume a drain of ours, or keep."""
+    """The node's fate from the report (pure): drain with the root cause of a node failure, resume a drain of
+    ours, or keep; a failure of the deployment's configuration is said and drains nothing."""
     table = slurm_table()
     prefix, limit = table["reason_prefix"], int(table["reason_max_chars"])
     strict = bool(report.settings.strict)
     failing = [r for r in report.results if r.status.failed or (strict and r.status is Status.WARN)]
-    unjudged = list(report.unjudged)
+    failing, configuration = split_by_failure(report, failing)
+    unjudged = [r for r in report.unjudged if r.failure != "deployment"]
     lines: list[str] = []
+    if configuration:
+        lines.append(f"{node.name}: not drained for the deployment's configuration (the same on every node; it "
+                     "blocks the launch): " + drain_reason("configuration:", root_causes(report, configuration),
+                                                          limit))
     reason = None
     if failing:
         reason = drain_reason(prefix, root_causes(report, failing), limit)
     elif unjudged and (drain_unjudged or strict):
         reason = drain_reason(prefix, [(r.id, r.summary) for r in unjudged], limit, what="not judged: ")
     elif report.outcome.interrupted:
-        return NodeAction("keep", None, [f"{node.name}: the run was interrupted; the node is left as it is"], 1)
+        return NodeAction("keep", None, [*lines, f"{node.name}: the run was interrupted; the node is left as it is"],
+                          EXIT_FAILED)
     if unjudged and reason is None:
         lines.append(f"{node.name}: not judged for want of facts (not drained for them; --drain-unjudged drains): "
                      + ", ".join(r.id for r in unjudged))
     if reason is not None:
-        if node.drained and not node.drained_by(prefix):
-            lines.append(f"{node.name}: {reason}; the node is drained already by someone else "
-                         f"({node.reason or 'no reason'}): left as it is")
-            return NodeAction("keep", reason, lines, 1)
-        if node.drained and node.reason == reason:
-            lines.append(f"{node.name}: still drained: {reason}")
-            return NodeAction("keep", reason, lines, 1)
-        lines.append(f"{node.name}: drain: {reason}")
-        return NodeAction("drain", reason, lines, 1)
+        return drain(node, reason, prefix, lines)
+    return healthy(node, prefix, lines, "the node's checks pass" if configuration else "the checks pass")
+
+
+def drain(node: NodeState, reason: str, prefix: str, lines: list[str]) -> NodeAction:
+    """A node failure: drain, unless someone else drained the node or our drain already says ``reason``."""
+    if node.drained and not node.drained_by(prefix):
+        lines.append(f"{node.name}: {reason}; the node is drained already by someone else "
+                     f"({node.reason or 'no reason'}): left as it is")
+        return NodeAction("keep", reason, lines, EXIT_FAILED)
+    if node.drained and node.reason == reason:
+        lines.append(f"{node.name}: still drained: {reason}")
+        return NodeAction("keep", reason, lines, EXIT_FAILED)
+    lines.append(f"{node.name}: drain: {reason}")
+    return NodeAction("drain", reason, lines, EXIT_FAILED)
+
+
+def healthy(node: NodeState, prefix: str, lines: list[str], said: str) -> NodeAction:
+    """No failure of the node's own: resume a drain of ours, leave anyone else's."""
     if node.drained_by(prefix):
-        lines.append(f"{node.name}: the checks pass: resume (it was drained: {node.reason})")
-        return NodeAction("resume", None, lines, 0)
+        lines.append(f"{node.name}: {said}: resume (it was drained: {node.reason})")
+        return NodeAction("resume", None, lines, EXIT_OK)
     if node.drained:
-        lines.append(f"{node.name}: the checks pass; drained by someone else ({node.reason or 'no reason'}): "
-                     "left drained")
-        return NodeAction("keep", None, lines, 0)
-    lines.append(f"{node.name}: the checks pass")
-    return NodeAction("keep", None, lines, 0)
+        lines.append(f"{node.name}: {said}; drained by someone else ({node.reason or 'no reason'}): left drained")
+        return NodeAction("keep", None, lines, EXIT_OK)
+    lines.append(f"{node.name}: {said}")
+    return NodeAction("keep", None, lines, EXIT_OK)
 
 
 def carry_out(tool: Scontrol, node: NodeState, decision: NodeAction) -> None:
