@@ -285,6 +285,7 @@ def config_problems(d: dict[str, Any], tview: Any, want_archs: Any, out: Finding
 
 NO_DRAFT_ARG = "model.drafter.no_path"  # the argv drafts (its [server] args) and no draft model is given
 IS_TARGET = "model.drafter.is_target"  # the drafter's path is the target's: model.redownload downloads nothing
+MISMATCH = "model.drafter.mismatch"  # the drafter's config.json, or the drafter against the target
 
 
 def same_as_target(fact: dict[str, Any], settings: Settings) -> Findings:
@@ -328,8 +329,7 @@ def judge_drafter(fact: dict[str, Any], read_target: Callable[[], Any], args: li
     if problems or weights.status.failed:
         return drafter_failure(problems, weights, [f for f in pairing if f.severity is Severity.FAIL], out)
     if warns:
-        return out.warn("model.drafter.pairing", f"drafter: {warns[0].message}"
-                        + (f" (+{len(warns) - 1} more)" if len(warns) > 1 else ""), warns[0].fix or Remediation(""))
+        return pairing_warnings(warns, out)
     name = ", ".join(d.get("architectures") or ["drafter"])
     if weights.status is Status.WARN:
         return out.warn("model.drafter.weights", f"{name}: {weights.summary}", weights.remediation)
@@ -342,19 +342,32 @@ def judge_drafter(fact: dict[str, Any], read_target: Callable[[], Any], args: li
     return out.info("model.drafter.consistent", f"{name}: {summ}, config consistent with the target")
 
 
+def pairing_warnings(warns: list[Finding], out: Findings) -> Findings:
+    """The pairing's warnings, each with its rule's code, said in one line (the first, and how many more) with the
+    first one's fix."""
+    for found in warns:
+        out.warn(found.code, found.message)
+    return out.fold("drafter: ", warns[0].fix or Remediation(""))
+
+
 def drafter_failure(problems: list[str], weights: Result, fixes: list[Finding], out: Findings) -> Findings:
-    """One line (the first problem, the weights' when the config is fine) and one fix: the weights' when they
-    failed, else the pairing's when every problem is one, else the drafter trained for this target."""
-    first = problems[0] if problems else weights.summary
-    n = len(problems) + (1 if weights.status.failed and problems else 0)
+    """Each problem a finding (config.json's ``model.drafter.mismatch``, the pairing rules' own codes, the weights'
+    damage last), said in one line (the first problem, the weights' when the config is fine, and how many more) with
+    one fix: the weights' when they failed, else the pairing's when every problem is one, else the drafter trained
+    for this target. ``fixes``: the pairing's failures, the last of ``problems``."""
     rem = weights.remediation or (Remediation((fixes[0].fix or Remediation()).text,
                                               [c for f in fixes for c in (f.fix.commands if f.fix else [])])
                                   if fixes and len(fixes) == len(problems) else
                                   Remediation("Use the DFlash drafter trained for this target model."))
+    for message in problems[:len(problems) - len(fixes)]:
+        out.fail(MISMATCH, message)
+    for found in fixes:
+        out.fail(found.code, found.message)
     # Damaged weights keep their code (the re-download fixer acts on it), whatever else is wrong.
     damaged = [f.code for f in weights.findings if f.severity is Severity.FAIL and weights.status.failed]
-    return out.fail(damaged[0] if damaged else "model.drafter.mismatch",
-                    f"drafter: {first}" + (f" (+{n - 1} more)" if n > 1 else ""), rem)
+    if weights.status.failed:
+        out.fail(damaged[0] if damaged else MISMATCH, weights.summary)
+    return out.fold("drafter: ", rem)
 
 
 def pairing_of(draft: dict[str, Any], tview: Any, fact: dict[str, Any], args: list[str],

@@ -58,43 +58,11 @@ def scan_weights(model_dir: str, *, workers: int = 8) -> dict[str, Any]:
 def _scan_weights(model_dir: str, workers: int) -> dict[str, Any]:
     out: dict[str, Any] = {"layout": None, "index": None, "shards": [], "problems": [], "leftovers": [],
                            "hf_cache": hf_cache_root(model_dir), "totals": {}}
-    idx_state = file_state(model_dir, INDEX_NAME)
-    single_state = file_state(model_dir, SINGLE_NAME)
-    index: Index | None = None
-    if idx_state.exists:
-        out["layout"] = "index"
-        if idx_state.dangling:
-            out["problems"].append(_p("index_dangling", f"{INDEX_NAME} is a dangling symlink (-> "
-                                      f"{idx_state.link_target})"))
-            names: list[str] = []
-        else:
-            index = read_index(idx_state.path)
-            out["index"] = index_summary(index)
-            out["index"]["path"] = INDEX_NAME
-            out["problems"].extend(recorded(p) for p in index.problems)
-            names = list(index.shards)
-    elif single_state.exists:
-        out["layout"] = "single"
-        names = [SINGLE_NAME]
-    else:
-        out["layout"] = "none"
-        hint = ""
-        if os.path.isdir(os.path.join(model_dir, "snapshots")) and os.path.isdir(os.path.join(model_dir, "blobs")):
-            hint = " (this is a Hugging Face cache repository: point at its snapshots/<revision> directory)"
-        stray = _stray_shards(model_dir)
-        if stray:  # without an index SGLang loads every *.safetensors there: those are judged as the shards
-            out["stray_safetensors"] = stray[:100]
-            names = stray[:MAX_STRAY_SHARDS]
-            hint += (f"; without an index SGLang would load the {len(stray)} *.safetensors file(s) there, read "
-                     "below as the shards")
-        else:
-            names = []
-        out["problems"].append(_p("index_missing", f"neither {INDEX_NAME} nor {SINGLE_NAME} is in {model_dir}{hint}"))
-
+    index, names = _layout(model_dir, out)
     states = {n: file_state(model_dir, n) for n in names}
     readable = [n for n, s in states.items() if s.exists and not s.dangling and s.error is None]
     fast = _fast_index_scan(model_dir, index, readable, states) if index is not None and index.ok else None
-    if fast is not None and len(readable) == len(names) and all(v["ok"] for v in fast.values()):
+    if fast is not None and len(readable) == len(names) and _all_ok(fast):
         return _fast_result(out, model_dir, index, names, states, fast)  # type: ignore[arg-type]
     reports: dict[str, HeaderReport | None] = dict(zip(readable, read_headers(
         [states[n].path for n in readable], workers=workers), strict=True))
@@ -104,49 +72,101 @@ def _scan_weights(model_dir: str, workers: int) -> dict[str, Any]:
     cc = cross_check(index, reports) if index is not None and index.ok else None
     if cc is not None:
         out["problems"].extend(recorded(p) for p in cc.general)
-
     for n in names:
-        st = states[n]
-        rec: dict[str, Any] = {"name": n, "size": st.size, "allocated": st.allocated}
-        if st.is_symlink:
-            rec["symlink"] = st.link_target
-        if st.blob_sha256:
-            rec["blob_sha256"] = st.blob_sha256
-        probs: list[Finding] = []
-        if not st.exists:
-            probs.append(problem("missing", "is missing" + (f" ({st.error})" if st.error else "")))
-        elif st.dangling:
-            probs.append(problem("dangling_symlink", f"is a dangling symlink (-> {st.link_target})"))
-        elif st.error:
-            probs.append(problem("unreadable", f"cannot be read: {st.error}"))
-        rep = reports.get(n)
-        if rep is not None:
-            probs.extend(rep.problems)
-            rec.update(tensors=len(rep.tensors), data_bytes=rep.data_bytes, header_len=rep.header_len)
-            if rep.metadata:
-                rec["format"] = rep.metadata.get("format")
-        if cc is not None:
-            probs.extend(cc.per_shard.get(n, []))
-        if any(p.code == "permission" for p in probs):  # owner and mode, for the chmod/chown that fixes it
-            rec["access"] = ownership(st.path)
-        meta = read_hf_local_metadata(model_dir, n)
-        if meta:
-            rec["hf_metadata"] = {k: meta.get(k) for k in ("commit", "etag", "timestamp")}
-        rec["ok"] = not probs
-        rec["problems"] = [recorded(p) for p in probs[:MAX_PROBLEMS_PER_SHARD]]
-        out["shards"].append(rec)
-
+        probs = _file_problems(states[n]) + (reports[n].problems if reports[n] is not None else [])
+        out["shards"].append(_shard_record(model_dir, n, states[n], reports[n],
+                                           probs + (cc.per_shard.get(n, []) if cc is not None else [])))
     out["leftovers"] = find_leftovers(model_dir, names)
+    out["totals"] = _totals(out["shards"], names, reports, index)
+    return out
+
+
+def _totals(shards: list[dict[str, Any]], names: list[str], reports: dict[str, HeaderReport | None],
+            index: Index | None) -> dict[str, Any]:
+    """The directory's counts: shards (and how many are valid), tensors and data of the valid headers, bytes on
+    disk, the tensors the index names."""
     valid = [r for r in reports.values() if r is not None and r.ok]
-    out["totals"] = {
+    return {
         "shards": len(names),
-        "shards_ok": sum(1 for s in out["shards"] if s["ok"]),
+        "shards_ok": sum(1 for s in shards if s["ok"]),
         "tensors": sum(len(r.tensors) for r in valid),
         "data_bytes": sum(r.data_bytes for r in valid),
-        "file_bytes": sum(s["size"] or 0 for s in out["shards"]),
+        "file_bytes": sum(s["size"] or 0 for s in shards),
         "index_tensors": len(index.weight_map) if index is not None else None,
     }
-    return out
+
+
+def _all_ok(fast: dict[str, dict[str, Any]]) -> bool:
+    """Every shard the fast path read is valid and consistent with the index (else headers are read in full)."""
+    return all(v["ok"] for v in fast.values())
+
+
+def _layout(model_dir: str, out: dict[str, Any]) -> tuple[Index | None, list[str]]:
+    """The directory's layout (an index, one ``model.safetensors``, or neither) and the shard names it names,
+    recorded in ``out`` with the index's summary and what is wrong with the directory itself. Without either
+    file, the ``*.safetensors`` files there stand in for the shards (SGLang would load them all)."""
+    idx_state = file_state(model_dir, INDEX_NAME)
+    if idx_state.exists:
+        out["layout"] = "index"
+        if idx_state.dangling:
+            out["problems"].append(_p("index_dangling", f"{INDEX_NAME} is a dangling symlink (-> "
+                                      f"{idx_state.link_target})"))
+            return None, []
+        index = read_index(idx_state.path)
+        out["index"] = index_summary(index)
+        out["index"]["path"] = INDEX_NAME
+        out["problems"].extend(recorded(p) for p in index.problems)
+        return index, list(index.shards)
+    if file_state(model_dir, SINGLE_NAME).exists:
+        out["layout"] = "single"
+        return None, [SINGLE_NAME]
+    out["layout"] = "none"
+    hint = ""
+    if os.path.isdir(os.path.join(model_dir, "snapshots")) and os.path.isdir(os.path.join(model_dir, "blobs")):
+        hint = " (this is a Hugging Face cache repository: point at its snapshots/<revision> directory)"
+    stray = _stray_shards(model_dir)
+    names: list[str] = []
+    if stray:  # without an index SGLang loads every *.safetensors there: those are judged as the shards
+        out["stray_safetensors"] = stray[:100]
+        names = stray[:MAX_STRAY_SHARDS]
+        hint += (f"; without an index SGLang would load the {len(stray)} *.safetensors file(s) there, read "
+                 "below as the shards")
+    out["problems"].append(_p("index_missing", f"neither {INDEX_NAME} nor {SINGLE_NAME} is in {model_dir}{hint}"))
+    return None, names
+
+
+def _file_problems(st: Any) -> list[Finding]:
+    """What the file itself says before its header is read: missing, a dangling symlink, unreadable."""
+    if not st.exists:
+        return [problem("missing", "is missing" + (f" ({st.error})" if st.error else ""))]
+    if st.dangling:
+        return [problem("dangling_symlink", f"is a dangling symlink (-> {st.link_target})")]
+    if st.error:
+        return [problem("unreadable", f"cannot be read: {st.error}")]
+    return []
+
+
+def _shard_record(model_dir: str, name: str, st: Any, rep: HeaderReport | None, probs: list[Finding]
+                  ) -> dict[str, Any]:
+    """One shard as the fact records it: its file (size, allocation, symlink, blob), what its header holds,
+    the Hugging Face download metadata, and its problems (at most ``MAX_PROBLEMS_PER_SHARD``)."""
+    rec: dict[str, Any] = {"name": name, "size": st.size, "allocated": st.allocated}
+    if st.is_symlink:
+        rec["symlink"] = st.link_target
+    if st.blob_sha256:
+        rec["blob_sha256"] = st.blob_sha256
+    if rep is not None:
+        rec.update(tensors=len(rep.tensors), data_bytes=rep.data_bytes, header_len=rep.header_len)
+        if rep.metadata:
+            rec["format"] = rep.metadata.get("format")
+    if any(p.code == "permission" for p in probs):  # owner and mode, for the chmod/chown that fixes it
+        rec["access"] = ownership(st.path)
+    meta = read_hf_local_metadata(model_dir, name)
+    if meta:
+        rec["hf_metadata"] = {k: meta.get(k) for k in ("commit", "etag", "timestamp")}
+    rec["ok"] = not probs
+    rec["problems"] = [recorded(p) for p in probs[:MAX_PROBLEMS_PER_SHARD]]
+    return rec
 
 
 # Parsed headers of this process, by path, valid while (device, inode, size, mtime_ns) is unchanged:
