@@ -21,6 +21,9 @@
 12. No upward import: the areas stand in layers (``AREA_LAYERS``) and an area's package imports only areas of a
     lower layer, and nothing above the areas (the service, reports, commands, the app); a new area declares its
     layer. (The product's complexity budget is ``tests/test_complexity.py``.)
+13. Facts are facts: a collector's module (``doctor/<area>/facts.py``) and the readers whose output a fact records
+    (``FACT_READERS``: the model's header, index and weights scan) make no finding: they import nothing from
+    ``doctor.core.result``. What they find wrong is recorded as data; the area's judgement words and weighs it.
 """
 
 from __future__ import annotations
@@ -44,6 +47,9 @@ MACHINE_ROOTS = ("/" + "work/",)  # spelt in two parts so that this file does no
 # The areas' layers, lowest first: an area imports only areas of a lower layer (what two areas share lives below
 # both: the SGLang releases' flag table in doctor.stack, read by gpu.multicast and the sglang area).
 AREA_LAYERS = {"host": 0, "python": 1, "model": 1, "stack": 1, "gpu": 2, "triton": 2, "sglang": 3}
+# The readers a collector records as they are (besides every doctor/<area>/facts.py): what they find wrong is data.
+FACT_READERS = ("doctor/model/header.py", "doctor/model/index.py", "doctor/model/scan.py",
+                "doctor/model/shard_work.py", "doctor/model/layout.py")
 ABOVE_AREAS = ("doctor.service", "doctor.report", "doctor.commands", "doctor.app", "doctor.cli")
 
 
@@ -428,3 +434,25 @@ def test_an_upward_import_is_caught(tmp_path: Path) -> None:
     assert upward_imports(tmp_path) == ["doctor/odd: no layer in AREA_LAYERS",
                                         "doctor/gpu/multicast.py:1: imports doctor.sglang.flag_history",
                                         "doctor/stack/probe.py:2: imports doctor.service"]
+
+
+def judging_collectors(root: Path = ROOT) -> list[str]:
+    """Collector modules and fact readers that import from ``doctor.core.result`` (a finding made while collecting:
+    a replayed snapshot would keep the rules it was recorded with)."""
+    paths = sorted({*(root / "doctor").glob("*/facts.py"), *(root / r for r in FACT_READERS)})
+    return [f"{path.relative_to(root)}:{line}: imports {', '.join(names) or module}"
+            for path in paths if path.is_file() and path.parent.name != "facts"
+            for module, names, line in imports(path) if module == "doctor.core.result"]
+
+
+def test_collectors_record_facts_and_judge_nothing() -> None:
+    assert judging_collectors() == []
+
+
+def test_a_judging_collector_is_caught(tmp_path: Path) -> None:
+    (tmp_path / "doctor" / "model").mkdir(parents=True)
+    (tmp_path / "doctor" / "model" / "facts.py").write_text("from doctor.core.result import Findings\n")
+    (tmp_path / "doctor" / "model" / "header.py").write_text("def f():\n    from doctor.core.result import Finding\n")
+    (tmp_path / "doctor" / "model" / "weights.py").write_text("from doctor.core.result import Findings\n")
+    assert judging_collectors(tmp_path) == ["doctor/model/facts.py:1: imports Findings",
+                                            "doctor/model/header.py:2: imports Finding"]

@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from doctor.core.fileio import read_capped
-from doctor.core.result import Finding
-from doctor.model.header import HeaderReport, problem, recorded
+from doctor.model.header import Defect, HeaderReport, problem, recorded
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -32,7 +31,7 @@ class Index:
     weight_map: dict[str, str] = field(default_factory=dict)
     total_size: int | None = None
     shards: list[str] = field(default_factory=list)
-    problems: list[Finding] = field(default_factory=list)
+    problems: list[Defect] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -128,11 +127,11 @@ def read_index(path: str) -> Index:
 class CrossCheck:
     """Index against headers: problems per shard name (``""`` for the index as a whole)."""
 
-    per_shard: dict[str, list[Finding]] = field(default_factory=dict)
-    general: list[Finding] = field(default_factory=list)
+    per_shard: dict[str, list[Defect]] = field(default_factory=dict)
+    general: list[Defect] = field(default_factory=list)
     header_total: int = 0
 
-    def add(self, shard: str, problem: Finding) -> None:
+    def add(self, shard: str, problem: Defect) -> None:
         self.per_shard.setdefault(shard, []).append(problem)
 
 

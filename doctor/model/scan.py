@@ -19,9 +19,8 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from doctor.core.result import Finding
 from doctor.host.access import ownership
-from doctor.model.header import DTYPE_BITS, HeaderReport, problem, read_header, recorded
+from doctor.model.header import DTYPE_BITS, Defect, HeaderReport, read_header, recorded
 from doctor.model.index import INDEX_NAME, SINGLE_NAME, Index, cross_check, index_summary, read_index
 from doctor.model.layout import file_state, find_leftovers, hf_cache_root, read_hf_local_metadata
 from doctor.model.shard_work import indexed_verdict, shard_summary, summary_of, verdict
@@ -73,9 +72,8 @@ def _scan_weights(model_dir: str, workers: int) -> dict[str, Any]:
     if cc is not None:
         out["problems"].extend(recorded(p) for p in cc.general)
     for n in names:
-        probs = _file_problems(states[n]) + (reports[n].problems if reports[n] is not None else [])
         out["shards"].append(_shard_record(model_dir, n, states[n], reports[n],
-                                           probs + (cc.per_shard.get(n, []) if cc is not None else [])))
+                                           cc.per_shard.get(n, []) if cc is not None else []))
     out["leftovers"] = find_leftovers(model_dir, names)
     out["totals"] = _totals(out["shards"], names, reports, index)
     return out
@@ -135,38 +133,48 @@ def _layout(model_dir: str, out: dict[str, Any]) -> tuple[Index | None, list[str
     return None, names
 
 
-def _file_problems(st: Any) -> list[Finding]:
-    """What the file itself says before its header is read: missing, a dangling symlink, unreadable."""
-    if not st.exists:
-        return [problem("missing", "is missing" + (f" ({st.error})" if st.error else ""))]
-    if st.dangling:
-        return [problem("dangling_symlink", f"is a dangling symlink (-> {st.link_target})")]
-    if st.error:
-        return [problem("unreadable", f"cannot be read: {st.error}")]
-    return []
-
-
-def _shard_record(model_dir: str, name: str, st: Any, rep: HeaderReport | None, probs: list[Finding]
+def _shard_record(model_dir: str, name: str, st: Any, rep: HeaderReport | None, against_index: list[Defect]
                   ) -> dict[str, Any]:
-    """One shard as the fact records it: its file (size, allocation, symlink, blob), what its header holds,
-    the Hugging Face download metadata, and its problems (at most ``MAX_PROBLEMS_PER_SHARD``)."""
+    """One shard as the fact records it: its file (size, allocation, symlink, blob; missing, a dangling link or
+    unreadable: ``exists``, ``dangling``, ``error``), what its header holds (``parsed``: where its data end, which
+    the judgement compares with the size), the Hugging Face download metadata, what the readers found wrong with
+    its bytes and against the index, and ``ok``: read, valid and complete. The wording of what is wrong with the
+    file itself and with its size is the judgement's (``doctor.model.weights.problems_of``)."""
     rec: dict[str, Any] = {"name": name, "size": st.size, "allocated": st.allocated}
     if st.is_symlink:
         rec["symlink"] = st.link_target
     if st.blob_sha256:
         rec["blob_sha256"] = st.blob_sha256
+    file_bad = _file_state(st, rec)
     if rep is not None:
         rec.update(tensors=len(rep.tensors), data_bytes=rep.data_bytes, header_len=rep.header_len)
         if rep.metadata:
             rec["format"] = rep.metadata.get("format")
-    if any(p.code == "permission" for p in probs):  # owner and mode, for the chmod/chown that fixes it
+        if rep.parsed:
+            rec["parsed"] = True
+    defects = (rep.problems if rep is not None else []) + against_index
+    if any(p.code == "permission" for p in defects):  # owner and mode, for the chmod/chown that fixes it
         rec["access"] = ownership(st.path)
     meta = read_hf_local_metadata(model_dir, name)
     if meta:
         rec["hf_metadata"] = {k: meta.get(k) for k in ("commit", "etag", "timestamp")}
-    rec["ok"] = not probs
-    rec["problems"] = [recorded(p) for p in probs[:MAX_PROBLEMS_PER_SHARD]]
+    incomplete = rep is not None and not rep.complete
+    rec["ok"] = not (file_bad or defects or incomplete)
+    # what the judgement derives (the file's state, its size) joins these: the shard's lines keep within the cap
+    rec["problems"] = [recorded(p) for p in defects[:MAX_PROBLEMS_PER_SHARD - file_bad - incomplete]]
     return rec
+
+
+def _file_state(st: Any, rec: dict[str, Any]) -> bool:
+    """What the file itself is, before its header is read, recorded as it is (missing, a dangling symlink, the
+    error that stopped its reading); whether it could not be read."""
+    if not st.exists:
+        rec["exists"] = False
+    elif st.dangling:
+        rec["dangling"] = True
+    if st.error:
+        rec["error"] = st.error
+    return not st.exists or st.dangling or bool(st.error)
 
 
 # Parsed headers of this process, by path, valid while (device, inode, size, mtime_ns) is unchanged:
@@ -274,8 +282,7 @@ def _fast_result(out: dict[str, Any], model_dir: str, index: Index, names: list[
         meta = read_hf_local_metadata(model_dir, n)
         if meta:
             rec["hf_metadata"] = {k: meta.get(k) for k in ("commit", "etag", "timestamp")}
-        rec["ok"] = True
-        rec["problems"] = []
+        rec.update(parsed=True, ok=True, problems=[])
         out["shards"].append(rec)
     out["leftovers"] = find_leftovers(model_dir, names)
     out["totals"] = {"shards": len(names), "shards_ok": len(names), "tensors": sum(v["tensors"] for v in fast.values()),
