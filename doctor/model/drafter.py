@@ -250,29 +250,13 @@ def config_problems(d: dict[str, Any], tview: Any, want_archs: Any, out: Finding
     nl = d.get("num_hidden_layers")
     if nl is not None and not is_pos_int(nl):
         problems.append(f"num_hidden_layers is {nl!r}, not a positive integer")
-    t_layers = tview.int_field("num_hidden_layers") if tview else None
     t_hidden = tview.int_field("hidden_size") if tview else None
     t_vocab = tview.int_field("vocab_size") if tview else None
     ids = get("target_layer_ids")
-    if ids is not None:
-        if not isinstance(ids, list) or not ids or not all(type(i) is int for i in ids):
-            problems.append(f"target_layer_ids is {ids!r}, not a non-empty list of integers")
-        elif t_layers:
-            outside = [i for i in ids if i < 0 or i >= t_layers]
-            if outside:
-                deeper = (f": the drafter was built for a target of at least {max(ids) + 1} layers (the first "
-                          "draft step fails with \"mat1 and mat2 shapes cannot be multiplied\")"
-                          if max(ids) >= t_layers else "")
-                problems.append(f"target_layer_ids {outside} are outside the target's {t_layers} layers "
-                                f"(0..{t_layers - 1}){deeper}")
+    problems += layer_id_problems(ids, tview.int_field("num_hidden_layers") if tview else None)
     vocab = d.get("vocab_size")
     mtid = get("mask_token_id")
-    if mtid is not None:
-        limit = t_vocab or (vocab if is_pos_int(vocab) else None)
-        if type(mtid) is not int or mtid < 0:
-            problems.append(f"mask_token_id is {mtid!r}, not a non-negative integer")
-        elif limit and mtid >= limit:
-            problems.append(f"mask_token_id {mtid} is outside the vocabulary ({limit} tokens)")
+    problems += mask_token_problems(mtid, t_vocab or (vocab if is_pos_int(vocab) else None))
     hs = d.get("hidden_size")
     if t_hidden and hs != t_hidden:
         problems.append(f"hidden_size is {hs!r}, the target's is {t_hidden}")
@@ -281,6 +265,34 @@ def config_problems(d: dict[str, Any], tview: Any, want_archs: Any, out: Finding
     out.details.update(block_size=bs, target_layer_ids=ids, mask_token_id=mtid, hidden_size=hs, vocab_size=vocab,
                        target_checked=tview is not None)
     return problems
+
+
+def layer_id_problems(ids: Any, t_layers: int | None) -> list[str]:
+    """``target_layer_ids``: a non-empty list of integers, each a layer of the target (``t_layers``, when known).
+    A drafter built for a deeper target fails at its first draft step, and the error does not say why."""
+    if ids is None:
+        return []
+    if not isinstance(ids, list) or not ids or not all(type(i) is int for i in ids):
+        return [f"target_layer_ids is {ids!r}, not a non-empty list of integers"]
+    outside = [i for i in ids if i < 0 or i >= t_layers] if t_layers else []
+    if not outside:
+        return []
+    deeper = (f": the drafter was built for a target of at least {max(ids) + 1} layers (the first "
+              "draft step fails with \"mat1 and mat2 shapes cannot be multiplied\")"
+              if max(ids) >= t_layers else "")
+    return [f"target_layer_ids {outside} are outside the target's {t_layers} layers (0..{t_layers - 1}){deeper}"]
+
+
+def mask_token_problems(mtid: Any, limit: int | None) -> list[str]:
+    """``mask_token_id``: a non-negative integer inside the vocabulary (``limit``: the target's, else the
+    drafter's own, when known)."""
+    if mtid is None:
+        return []
+    if type(mtid) is not int or mtid < 0:
+        return [f"mask_token_id is {mtid!r}, not a non-negative integer"]
+    if limit and mtid >= limit:
+        return [f"mask_token_id {mtid} is outside the vocabulary ({limit} tokens)"]
+    return []
 
 
 NO_DRAFT_ARG = "model.drafter.no_path"  # the argv drafts (its [server] args) and no draft model is given

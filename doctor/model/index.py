@@ -153,20 +153,51 @@ def cross_check(index: Index, headers: Mapping[str, HeaderReport | None]) -> Cro
     """
     cc = CrossCheck()
     valid = {s: r for s in index.shards if (r := headers.get(s)) is not None and r.ok}
-    if len(valid) == len(index.shards):
-        # Fast path (the usual case): one dict built in C from the headers equals the weight map.
-        owner_fast: dict[str, str] = {}
-        count = 0
-        for shard, rep in valid.items():
-            owner_fast.update(dict.fromkeys(rep.tensors, shard))
-            count += len(rep.tensors)
-        if count == len(owner_fast) and owner_fast == index.weight_map:
-            cc.header_total = sum(r.data_bytes for r in valid.values())
-            if index.total_size is not None and index.total_size != cc.header_total:
-                cc.general.append(problem("total_size_mismatch", f"index metadata.total_size is "
-                                          f"{index.total_size} bytes, the shard headers hold {cc.header_total} "
-                                          "bytes of tensor data"))
-            return cc
+    if len(valid) == len(index.shards) and _agrees_at_once(index, valid, cc):
+        return cc
+    owner, dup, complete = _owners(index, headers, cc)
+    for name, shards in list(dup.items())[:20]:
+        cc.general.append(problem("tensor_duplicated", f"tensor {name!r} is in {len(shards)} shards: "
+                                  f"{', '.join(shards)}"))
+    if len(dup) > 20:
+        cc.general.append(problem("tensor_duplicated", f"... and {len(dup) - 20} more tensors in two shards"))
+    _indexed_elsewhere(index, headers, owner, cc)
+    # Tensors in a header the index does not name: loaders that follow the index never see them.
+    unindexed: dict[str, list[str]] = {}
+    for name, shard in owner.items():
+        if index.weight_map.get(name) is None:
+            unindexed.setdefault(shard, []).append(name)
+    for shard, items in unindexed.items():
+        cc.add(shard, problem("tensor_unindexed", f"{len(items)} tensor(s) in {shard} are not in the index: "
+                              f"{_examples(items)}"))
+    if complete and index.total_size is not None and index.total_size != cc.header_total:
+        cc.general.append(problem("total_size_mismatch", f"index metadata.total_size is {index.total_size} bytes, "
+                                  f"the shard headers hold {cc.header_total} bytes of tensor data"))
+    return cc
+
+
+def _agrees_at_once(index: Index, valid: Mapping[str, HeaderReport], cc: CrossCheck) -> bool:
+    """The usual case, every header valid: one dict built in C from the headers equals the weight map. Then only
+    total_size remains to compare; False sends the caller through the tensor-by-tensor comparison."""
+    owner_fast: dict[str, str] = {}
+    count = 0
+    for shard, rep in valid.items():
+        owner_fast.update(dict.fromkeys(rep.tensors, shard))
+        count += len(rep.tensors)
+    if count != len(owner_fast) or owner_fast != index.weight_map:
+        return False
+    cc.header_total = sum(r.data_bytes for r in valid.values())
+    if index.total_size is not None and index.total_size != cc.header_total:
+        cc.general.append(problem("total_size_mismatch", f"index metadata.total_size is "
+                                  f"{index.total_size} bytes, the shard headers hold {cc.header_total} "
+                                  "bytes of tensor data"))
+    return True
+
+
+def _owners(index: Index, headers: Mapping[str, HeaderReport | None], cc: CrossCheck
+            ) -> tuple[dict[str, str], dict[str, list[str]], bool]:
+    """(the shard each tensor is first found in, the tensors found in several, whether every shard was valid);
+    the valid headers' data bytes in ``cc.header_total``."""
     owner: dict[str, str] = {}
     dup: dict[str, list[str]] = {}
     total = 0
@@ -184,12 +215,12 @@ def cross_check(index: Index, headers: Mapping[str, HeaderReport | None]) -> Cro
             else:
                 dup.setdefault(name, [prev]).append(shard)
     cc.header_total = total
-    for name, shards in list(dup.items())[:20]:
-        cc.general.append(problem("tensor_duplicated", f"tensor {name!r} is in {len(shards)} shards: "
-                                  f"{', '.join(shards)}"))
-    if len(dup) > 20:
-        cc.general.append(problem("tensor_duplicated", f"... and {len(dup) - 20} more tensors in two shards"))
-    # Tensors the index puts in a shard whose header lacks them.
+    return owner, dup, complete
+
+
+def _indexed_elsewhere(index: Index, headers: Mapping[str, HeaderReport | None], owner: dict[str, str],
+                       cc: CrossCheck) -> None:
+    """Tensors the index puts in a shard whose header lacks them: in another shard, or in none."""
     missing: dict[str, list[str]] = {}
     misplaced: dict[str, list[tuple[str, str]]] = {}
     for tensor, shard in index.weight_map.items():
@@ -209,18 +240,6 @@ def cross_check(index: Index, headers: Mapping[str, HeaderReport | None]) -> Cro
     for shard, items in missing.items():
         cc.add(shard, problem("tensor_missing", f"{len(items)} tensor(s) the index puts in {shard} are not in "
                               f"its header: {_examples(items)}"))
-    # Tensors in a header the index does not name: loaders that follow the index never see them.
-    unindexed: dict[str, list[str]] = {}
-    for name, shard in owner.items():
-        if index.weight_map.get(name) is None:
-            unindexed.setdefault(shard, []).append(name)
-    for shard, items in unindexed.items():
-        cc.add(shard, problem("tensor_unindexed", f"{len(items)} tensor(s) in {shard} are not in the index: "
-                              f"{_examples(items)}"))
-    if complete and index.total_size is not None and index.total_size != total:
-        cc.general.append(problem("total_size_mismatch", f"index metadata.total_size is {index.total_size} bytes, "
-                                  f"the shard headers hold {total} bytes of tensor data"))
-    return cc
 
 
 def index_summary(index: Index) -> dict[str, Any]:
