@@ -59,26 +59,51 @@ def unsafe_path_reason(name: str) -> str | None:
 def parse_index_bytes(raw: bytes, path: str = INDEX_NAME) -> Index:
     """Parse the index JSON; problems (never exceptions) for anything malformed."""
     idx = Index(path)
-    try:
-        doc = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        idx.problems.append(problem("index_invalid", f"{posixpath.basename(path)} is not UTF-8 (byte {exc.start})"))
-        return idx
-    except json.JSONDecodeError as exc:
-        idx.problems.append(problem("index_invalid", f"{posixpath.basename(path)} is not valid JSON: {exc.msg} "
-                                    f"(line {exc.lineno}, column {exc.colno})"))
-        return idx
-    except RecursionError:
-        idx.problems.append(problem("index_invalid", f"{posixpath.basename(path)} is nested too deeply"))
-        return idx
-    if not isinstance(doc, dict):
-        idx.problems.append(problem("index_invalid", "index JSON is not an object"))
+    doc = _index_object(raw, path, idx)
+    if doc is None:
         return idx
     wmap = doc.get("weight_map")
     if not isinstance(wmap, dict) or not wmap:
         idx.problems.append(problem("index_invalid", "index has no weight_map object (or it is empty)"))
         return idx
-    meta = doc.get("metadata")
+    _metadata(doc.get("metadata"), idx)
+    try:
+        shard_names: list[Any] = list(dict.fromkeys(wmap.values()))  # first-seen order, C speed
+    except TypeError:  # an unhashable value (list, object)
+        wmap = {t: v for t, v in wmap.items() if isinstance(v, str)}
+        shard_names = list(dict.fromkeys(wmap.values()))
+        idx.problems.append(problem("index_invalid", "weight_map has values that are not file names"))
+    bad_paths = _unsafe_names(shard_names, idx)
+    idx.weight_map = {t: s for t, s in wmap.items() if isinstance(s, str)} if len(idx.problems) else wmap
+    seen = [s for s in shard_names if isinstance(s, str)]
+    idx.shards = [s for s in seen if s not in bad_paths]
+    return idx
+
+
+def _index_object(raw: bytes, path: str, idx: Index) -> dict[str, Any] | None:
+    """The index's JSON object; None (the defect recorded in ``idx``) when it is not UTF-8, not JSON, nested too
+    deeply or not an object."""
+    name = posixpath.basename(path)
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        idx.problems.append(problem("index_invalid", f"{name} is not UTF-8 (byte {exc.start})"))
+        return None
+    except json.JSONDecodeError as exc:
+        idx.problems.append(problem("index_invalid", f"{name} is not valid JSON: {exc.msg} "
+                                    f"(line {exc.lineno}, column {exc.colno})"))
+        return None
+    except RecursionError:
+        idx.problems.append(problem("index_invalid", f"{name} is nested too deeply"))
+        return None
+    if not isinstance(doc, dict):
+        idx.problems.append(problem("index_invalid", "index JSON is not an object"))
+        return None
+    return doc
+
+
+def _metadata(meta: Any, idx: Index) -> None:
+    """``metadata``: an object, whose ``total_size`` (when given) is a byte count, kept in ``idx.total_size``."""
     if meta is not None and not isinstance(meta, dict):
         idx.problems.append(problem("index_invalid", "index metadata is not an object"))
     elif isinstance(meta, dict) and "total_size" in meta:
@@ -88,12 +113,11 @@ def parse_index_bytes(raw: bytes, path: str = INDEX_NAME) -> Index:
             idx.problems.append(problem("index_invalid", f"metadata.total_size {ts!r} is not a byte count"))
         else:
             idx.total_size = int(ts)
-    try:
-        shard_names: list[Any] = list(dict.fromkeys(wmap.values()))  # first-seen order, C speed
-    except TypeError:  # an unhashable value (list, object)
-        wmap = {t: v for t, v in wmap.items() if isinstance(v, str)}
-        shard_names = list(dict.fromkeys(wmap.values()))
-        idx.problems.append(problem("index_invalid", "weight_map has values that are not file names"))
+
+
+def _unsafe_names(shard_names: list[Any], idx: Index) -> dict[str, str]:
+    """The shard names that are not file names, and those that would lead outside the model directory (with why):
+    the doctor refuses to look there."""
     bad_paths: dict[str, str] = {}
     for shard in shard_names:
         if not isinstance(shard, str):
@@ -105,10 +129,7 @@ def parse_index_bytes(raw: bytes, path: str = INDEX_NAME) -> Index:
     for shard, why in bad_paths.items():
         idx.problems.append(problem("path_unsafe", f"index names shard {shard!r}, which {why}: refusing to "
                                     "look outside the model directory"))
-    idx.weight_map = {t: s for t, s in wmap.items() if isinstance(s, str)} if len(idx.problems) else wmap
-    seen = [s for s in shard_names if isinstance(s, str)]
-    idx.shards = [s for s in seen if s not in bad_paths]
-    return idx
+    return bad_paths
 
 
 def read_index(path: str) -> Index:
