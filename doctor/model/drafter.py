@@ -83,7 +83,6 @@ def judge_pairing(draft_cfg: dict[str, Any], *, target_archs: list[str], target_
                   target_hidden: int | None, draft_tensors: dict[str, Any] | None, algorithm: str | None,
                   server_args: list[str], budget: int | None) -> list[Finding]:
     """Everything about the drafter that depends on the target and the command; ``draft_cfg`` parsed."""
-    out: list[Finding] = []
     algo, entry = algorithm_of(algorithm)
     archs = draft_cfg.get("architectures") if isinstance(draft_cfg.get("architectures"), list) else []
     dfl = draft_cfg.get("dflash_config") if isinstance(draft_cfg.get("dflash_config"), dict) else {}
@@ -91,33 +90,7 @@ def judge_pairing(draft_cfg: dict[str, Any], *, target_archs: list[str], target_
     def get(key: str) -> Any:
         return dfl.get(key, draft_cfg.get(key))
 
-    by_keys = named_by_keys(draft_cfg)
-    copy = bool(archs and target_archs and set(archs) & set(target_archs))
-    if copy and not (by_keys and algo and by_keys != algo):
-        out.append(found("fail", "copy_of_target",
-                         f"the drafter's architectures {archs} are the target's: --draft-model-path "
-                                        "points at a copy of the target model, not at a drafter",
-                                "Point --draft-model-path ([drafter] path) at the drafter's own directory."))
-    elif algo and entry and (archs or by_keys) and not set(archs) & set(entry.get("architectures", [])):
-        other = next((name for name, e in rules().get("algorithms", {}).items()
-                      if name != algo and set(archs) & set(e.get("architectures", []))), None)
-        named = ", ".join(archs) or "no architectures"
-        if other is None and by_keys and by_keys != algo:
-            other = by_keys
-            keys = [k for k in rules()["algorithms"][other].get("config_keys", []) if draft_cfg.get(k)]
-            named = f"{named}; its config.json has {', '.join(keys)}"
-        if other:
-            what = rules()["algorithms"][other].get("what", other)
-            out.append(found("fail", "wrong_algorithm",
-                             f"the drafter is {what} ({named}), but "
-                        f"the server runs --speculative-algorithm {algorithm}, which needs {entry.get('what', algo)}",
-                f"Use the {algo} drafter trained for this target, or set [server] speculative_algorithm = {other} "
-                "to run this one."))
-        else:
-            out.append(found("warn", "unknown_architecture",
-                             f"the drafter's architectures {archs} are none SGLang 0.5.23 runs under {algo} "
-                        f"({', '.join(entry.get('architectures', []))})",
-                f"Use {entry.get('what', 'the drafter')} trained for this target."))
+    out = _kind_findings(draft_cfg, archs, target_archs, algorithm, algo, entry)
     out += _lm_head_findings(get("draft_vocab_size"), draft_tensors)
     ids = get("target_layer_ids")
     contexts = _fc_contexts(draft_tensors, target_hidden)
@@ -128,17 +101,64 @@ def judge_pairing(draft_cfg: dict[str, Any], *, target_archs: list[str], target_
     if algo in ("DFLASH", "DDTREE"):
         out += _block_findings(get("block_size"), server_args, algo, budget)
         out += _draft_backend_findings(server_args, target_is_mla)
-        wanted = entry.get("target_attention_backends")
-        if wanted:
-            backend = arg_value(server_args, "--decode-attention-backend") or arg_value(server_args,
-                                                                                        "--attention-backend")
-            if backend not in wanted:
-                shown = f"--attention-backend {backend}" if backend else "no --attention-backend (SGLang picks one)"
-                out.append(found("fail", "target_backend",
-                                 f"{algo} verifies its tree only on the {', '.join(wanted)} attention backend, the "
-                            f"server has {shown}: the worker refuses it after the weights load",
-                    "Set [server] attention_backend = \"triton\" (--attention-backend triton)."))
+        out += _target_backend_findings(entry.get("target_attention_backends"), server_args, algo)
     return out
+
+
+def _kind_findings(draft_cfg: dict[str, Any], archs: list[Any], target_archs: list[str], algorithm: str | None,
+                   algo: str | None, entry: dict[str, Any]) -> list[Finding]:
+    """What kind of model the drafter is: a copy of the target, a drafter of another algorithm than the server
+    runs (by its architectures, else by its config keys), or one SGLang does not run under this algorithm."""
+    by_keys = named_by_keys(draft_cfg)
+    copy = bool(archs and target_archs and set(archs) & set(target_archs))
+    if copy and not (by_keys and algo and by_keys != algo):
+        return [found("fail", "copy_of_target",
+                      f"the drafter's architectures {archs} are the target's: --draft-model-path "
+                      "points at a copy of the target model, not at a drafter",
+                      "Point --draft-model-path ([drafter] path) at the drafter's own directory.")]
+    if not (algo and entry and (archs or by_keys) and not set(archs) & set(entry.get("architectures", []))):
+        return []
+    other, named = _other_algorithm(draft_cfg, archs, algo, by_keys)
+    if other:
+        what = rules()["algorithms"][other].get("what", other)
+        return [found("fail", "wrong_algorithm",
+                      f"the drafter is {what} ({named}), but "
+                      f"the server runs --speculative-algorithm {algorithm}, which needs {entry.get('what', algo)}",
+                      f"Use the {algo} drafter trained for this target, or set [server] speculative_algorithm = "
+                      f"{other} to run this one.")]
+    return [found("warn", "unknown_architecture",
+                  f"the drafter's architectures {archs} are none SGLang 0.5.23 runs under {algo} "
+                  f"({', '.join(entry.get('architectures', []))})",
+                  f"Use {entry.get('what', 'the drafter')} trained for this target.")]
+
+
+def _other_algorithm(draft_cfg: dict[str, Any], archs: list[Any], algo: str, by_keys: str | None
+                     ) -> tuple[str | None, str]:
+    """(the algorithm the drafter is made for, if another: by its architectures, else by its config keys; how it
+    is named in the message)."""
+    other = next((name for name, e in rules().get("algorithms", {}).items()
+                  if name != algo and set(archs) & set(e.get("architectures", []))), None)
+    named = ", ".join(archs) or "no architectures"
+    if other is None and by_keys and by_keys != algo:
+        other = by_keys
+        keys = [k for k in rules()["algorithms"][other].get("config_keys", []) if draft_cfg.get(k)]
+        named = f"{named}; its config.json has {', '.join(keys)}"
+    return other, named
+
+
+def _target_backend_findings(wanted: list[str] | None, server_args: list[str], algo: str) -> list[Finding]:
+    """The target's attention backend the algorithm verifies its tree on (``target_attention_backends``): another
+    one is refused by the worker after the weights load."""
+    if not wanted:
+        return []
+    backend = arg_value(server_args, "--decode-attention-backend") or arg_value(server_args, "--attention-backend")
+    if backend in wanted:
+        return []
+    shown = f"--attention-backend {backend}" if backend else "no --attention-backend (SGLang picks one)"
+    return [found("fail", "target_backend",
+                  f"{algo} verifies its tree only on the {', '.join(wanted)} attention backend, the "
+                  f"server has {shown}: the worker refuses it after the weights load",
+                  "Set [server] attention_backend = \"triton\" (--attention-backend triton).")]
 
 
 def named_by_keys(cfg: dict[str, Any]) -> str | None:
