@@ -398,7 +398,8 @@ def drafter_failure(problems: list[str], weights: Result, fixes: list[Finding], 
     # Damaged weights keep their code (the re-download fixer acts on it), whatever else is wrong.
     damaged = [f.code for f in weights.findings if f.severity is Severity.FAIL and weights.status.failed]
     if weights.status.failed:
-        out.fail(damaged[0] if damaged else MISMATCH, weights.summary)
+        out.fail(DRAFTER.damaged if DRAFTER.damaged in damaged else damaged[0] if damaged else MISMATCH,
+                 weights.summary)
     return out.fold("drafter: ", rem)
 
 

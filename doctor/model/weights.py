@@ -21,6 +21,7 @@ from doctor.model.layout import redownload_argv
 
 GIB = 1024 ** 3
 MANIFEST_FILE = "k26-doctor.manifest.json"
+INDEX_FILE = "model.safetensors.index.json"
 SPARSE_MIN_BYTES = 64 * 1024 ** 2
 LEFTOVER_WHAT = {"aria2": "aria2 control file: that download did not finish",
                  "incomplete": "partial huggingface_hub download", "part": "partial download",
@@ -213,12 +214,18 @@ class ShardReading:
         self.damaged = [s for s in self.bad if s not in self.denied]
         self.general = list(w.get("problems") or [])
         self.leftovers = list(w.get("leftovers") or [])
-        general = [p["message"] for p in self.general]
-        shards = [self.line(s) for s in self.bad]
-        # no index: the files found stand in for the shards, and what is wrong with them is said first
-        self.lines: list[str] = shards + general if w.get("layout") == "none" else general + shards
-        for lo in self.leftovers:
-            self.lines.append(f"{lo['path']}: {LEFTOVER_WHAT.get(lo['kind'], 'download leftover')}")
+        said = self.said()
+        self.kinds = [kind for kind, _ in said]  # what each line is about: its finding's code (``damaged``)
+        self.lines: list[str] = [line for _, line in said]
+
+    def said(self) -> list[tuple[str, str]]:
+        """(kind, line) of everything wrong, in the order it is said: the directory's own problems, then the bad
+        shards (without an index, the shards first: the files found stand in for them), then the leftovers."""
+        general = [("directory", p["message"]) for p in self.general]
+        shards = [("unreadable" if s in self.denied else "damaged", self.line(s)) for s in self.bad]
+        said = shards + general if self.weights.get("layout") == "none" else general + shards
+        return said + [("leftover" if lo.get("for") else "stray", f"{lo['path']}: "
+                        f"{LEFTOVER_WHAT.get(lo['kind'], 'download leftover')}") for lo in self.leftovers]
 
     def line(self, shard: dict[str, Any]) -> str:
         """One bad shard as said: its name, what is wrong with it, and owner and mode when it is only unreadable."""
@@ -232,7 +239,7 @@ class ShardReading:
         codes = {p.get("code") for p in self.general}
         if codes & {"index_missing", "index_invalid", "index_dangling"} or (self.general
                                                                            and self.weights.get("layout") == "index"):
-            redo = ["model.safetensors.index.json", *redo]  # the index is wrong (names a path outside, unreadable...)
+            redo = [INDEX_FILE, *redo]  # the index is wrong (names a path outside, unreadable...)
         return redo
 
 
@@ -296,10 +303,10 @@ def sparse_warning(fact: dict[str, Any], role: Role, settings: Settings, sparse_
 
 
 def damaged(fact: dict[str, Any], role: Role, settings: Settings, seen: ShardReading, out: Findings) -> Findings:
-    """Shards damaged or unreadable, leftovers, a broken index: one line (the first, and how many more)."""
+    """Shards damaged or unreadable, leftovers, a broken index: a finding each, said in one line (the first, and how
+    many more) with one remediation."""
     redo = seen.redownload()
     out.details["redownload"] = redo
-    more = f" (+{len(seen.lines) - 1} more)" if len(seen.lines) > 1 else ""
     reader = (fact.get("user") or {}).get("user") or "this user"
     n_shards = (seen.weights.get("totals") or {}).get("shards", 0)
     head = ""
@@ -317,8 +324,15 @@ def damaged(fact: dict[str, Any], role: Role, settings: Settings, seen: ShardRea
                             or [{"path": str(fact.get("path")), "is_dir": True}], "read", fact.get("user"))
         text = (text + " " if text else "") + access.text
         commands += access.commands
-    code = role.damaged if redo else f"{role.check}.unreadable"
-    return out.fail(code, head + seen.lines[0] + more, Remediation(text, commands))
+    # Each line its own finding, coded by what the fixers do about it: a re-download (the damaged shards, the
+    # shards of leftovers, the index when it is wrong), access (unreadable), nothing automatic (a stray leftover).
+    index_redone = bool(redo) and redo[0] == INDEX_FILE
+    codes = {"damaged": role.damaged, "leftover": role.damaged, "unreadable": f"{role.check}.unreadable",
+             "directory": role.damaged if index_redone else f"{role.check}.invalid",
+             "stray": f"{role.check}.leftover"}
+    for kind, line in zip(seen.kinds, seen.lines, strict=True):
+        out.fail(codes[kind], line)
+    return out.fold(head, Remediation(text, commands))
 
 
 # -- the deep tier: sha256 of every shard ------------------------------------------------------------------
