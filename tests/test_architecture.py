@@ -18,6 +18,12 @@
 11. Checks only map facts to their area's judgements: ``checks/`` builds results only from findings
     (``Result.of``), never reads the fact store itself, keeps its functions small (mean cyclomatic complexity <= 8,
     none over 60 lines: radon).
+12. No upward import: the areas stand in layers (``AREA_LAYERS``) and an area's package imports only areas of a
+    lower layer, and nothing above the areas (the service, reports, commands, the app); a new area declares its
+    layer. (The product's complexity budget is ``tests/test_complexity.py``.)
+13. Facts are facts: a collector's module (``doctor/<area>/facts.py``) and the readers whose output a fact records
+    (``FACT_READERS``: the model's header, index and weights scan) make no finding: they import nothing from
+    ``doctor.core.result``. What they find wrong is recorded as data; the area's judgement words and weighs it.
 """
 
 from __future__ import annotations
@@ -38,6 +44,13 @@ CHILD_PROGRAMS = ("doctor/probes/", "doctor/facts/worker.py", "doctor/model/sha2
 ONE_STEP_RESULTS = ("passed", "warned", "failed", "not_judged", "skipped", "errored", "blocked")
 SOURCE_TREES = (*PACKAGES, "tests", "bench", "scripts", "tools", "sglang_patches")
 MACHINE_ROOTS = ("/" + "work/",)  # spelt in two parts so that this file does not match itself
+# The areas' layers, lowest first: an area imports only areas of a lower layer (what two areas share lives below
+# both: the SGLang releases' flag table in doctor.stack, read by gpu.multicast and the sglang area).
+AREA_LAYERS = {"host": 0, "python": 1, "model": 1, "stack": 1, "gpu": 2, "triton": 2, "sglang": 3}
+# The readers a collector records as they are (besides every doctor/<area>/facts.py): what they find wrong is data.
+FACT_READERS = ("doctor/model/header.py", "doctor/model/index.py", "doctor/model/scan.py",
+                "doctor/model/shard_work.py", "doctor/model/layout.py")
+ABOVE_AREAS = ("doctor.service", "doctor.report", "doctor.commands", "doctor.app", "doctor.cli")
 
 
 @functools.cache
@@ -386,3 +399,60 @@ def test_checks_import_and_missing_area_are_caught(tmp_path: Path) -> None:
     (tmp_path / "doctor" / "stack").mkdir()
     (tmp_path / "doctor" / "stack" / "__init__.py").write_text("")
     assert areas_without_package(tmp_path) == []
+
+
+def upward_imports(root: Path = ROOT) -> list[str]:
+    """Imports of an area's package that climb: into an area of the same or a higher layer (``AREA_LAYERS``), or
+    above the areas. An area without a declared layer is named."""
+    known = areas(root)
+    bad = [f"doctor/{a}: no layer in AREA_LAYERS" for a in known if a not in AREA_LAYERS]
+    for area in known:
+        for path in sorted((root / "doctor" / area).rglob("*.py")):
+            for module, _names, line in imports(path):
+                parts = module.split(".")
+                target = parts[1] if parts[0] == "doctor" and len(parts) > 1 else None
+                climbs = target in known and target != area and \
+                    AREA_LAYERS.get(target, 99) >= AREA_LAYERS.get(area, -1)
+                if climbs or any(module == a or module.startswith(a + ".") for a in ABOVE_AREAS):
+                    bad.append(f"{path.relative_to(root)}:{line}: imports {module}")
+    return bad
+
+
+def test_no_area_imports_upward() -> None:
+    assert upward_imports() == []
+
+
+def test_an_upward_import_is_caught(tmp_path: Path) -> None:
+    for area in ("gpu", "sglang", "stack"):
+        (tmp_path / "doctor" / area).mkdir(parents=True)
+        (tmp_path / "doctor" / area / "facts.py").write_text("")
+    (tmp_path / "doctor" / "gpu" / "multicast.py").write_text("from doctor.sglang.flag_history import load_history\n"
+                                                              "from doctor.stack.sglang_releases import load_history\n")
+    (tmp_path / "doctor" / "stack" / "probe.py").write_text("def f():\n    from doctor.service import launcher\n")
+    (tmp_path / "doctor" / "odd").mkdir()
+    (tmp_path / "doctor" / "odd" / "facts.py").write_text("")
+    assert upward_imports(tmp_path) == ["doctor/odd: no layer in AREA_LAYERS",
+                                        "doctor/gpu/multicast.py:1: imports doctor.sglang.flag_history",
+                                        "doctor/stack/probe.py:2: imports doctor.service"]
+
+
+def judging_collectors(root: Path = ROOT) -> list[str]:
+    """Collector modules and fact readers that import from ``doctor.core.result`` (a finding made while collecting:
+    a replayed snapshot would keep the rules it was recorded with)."""
+    paths = sorted({*(root / "doctor").glob("*/facts.py"), *(root / r for r in FACT_READERS)})
+    return [f"{path.relative_to(root)}:{line}: imports {', '.join(names) or module}"
+            for path in paths if path.is_file() and path.parent.name != "facts"
+            for module, names, line in imports(path) if module == "doctor.core.result"]
+
+
+def test_collectors_record_facts_and_judge_nothing() -> None:
+    assert judging_collectors() == []
+
+
+def test_a_judging_collector_is_caught(tmp_path: Path) -> None:
+    (tmp_path / "doctor" / "model").mkdir(parents=True)
+    (tmp_path / "doctor" / "model" / "facts.py").write_text("from doctor.core.result import Findings\n")
+    (tmp_path / "doctor" / "model" / "header.py").write_text("def f():\n    from doctor.core.result import Finding\n")
+    (tmp_path / "doctor" / "model" / "weights.py").write_text("from doctor.core.result import Findings\n")
+    assert judging_collectors(tmp_path) == ["doctor/model/facts.py:1: imports Findings",
+                                            "doctor/model/header.py:2: imports Finding"]

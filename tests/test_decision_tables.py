@@ -33,6 +33,18 @@ def test_only_info_passes_without_a_fix() -> None:
     assert res.status is Status.PASS and res.summary == "fine; also fine" and res.remediation is None
 
 
+def test_folded_findings_are_one_line_and_each_keeps_its_code() -> None:
+    """Many problems said once (the first, and how many more) with the fold's one fix; every code stays for the
+    fixers (``Findings.fold``)."""
+    found = (Findings().fail("a.config", "layers differ", Remediation("own fix")).fail("a.tp", "TP 3 does not divide")
+             .fail("a.code", "code missing").fold("config.json: ", Remediation("fetch it", ["get"])))
+    res = Result.of(found)
+    assert res.status is Status.FAIL and res.summary == "config.json: layers differ (+2 more)"
+    assert res.remediation == Remediation("fetch it", ["get"]) and res.has("a.tp") and res.has("a.code")
+    one = Result.of(Findings().warn("a.odd", "odd", Remediation("look")).fold("drafter: "))
+    assert one.status is Status.WARN and one.summary == "drafter: odd" and one.remediation == Remediation("look")
+
+
 def test_no_finding_is_an_error_never_a_pass() -> None:
     res = Result.of(Findings(read=1))
     assert res.status is Status.ERROR and "judged nothing" in res.summary

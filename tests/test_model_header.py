@@ -15,6 +15,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from doctor.model.header import DTYPE_BITS, MAX_HEADER_BYTES, HeaderReport, read_header, validate_header_bytes
+from doctor.model.weights import size_problem
 
 
 def _raw(header: dict | bytes, data_len: int) -> bytes:
@@ -30,6 +31,12 @@ def _write(path, raw: bytes) -> str:
 
 def _codes(rep: HeaderReport) -> list[str]:
     return [p.code for p in rep.problems]
+
+
+def _size(rep: HeaderReport) -> dict[str, str] | None:
+    """What the judgement says of the file's size, from what the model fact records of the header."""
+    return size_problem({"size": rep.size, "header_len": rep.header_len, "data_bytes": rep.data_bytes,
+                         "parsed": rep.parsed})
 
 
 def test_real_file_is_valid(tmp_path):
@@ -50,8 +57,9 @@ def test_truncated_names_missing_bytes(tmp_path):
     with open(p, "r+b") as fh:
         fh.truncate(size - 100)
     rep = read_header(p)
-    assert _codes(rep) == ["truncated"]
-    assert "100 bytes missing" in rep.problems[0].message
+    assert _codes(rep) == [] and not rep.complete and not rep.ok  # the bytes read are sound; the size is not
+    found = _size(rep)
+    assert found is not None and found["code"] == "truncated" and "100 bytes missing" in found["message"]
 
 
 def test_trailing_bytes(tmp_path):
@@ -59,7 +67,18 @@ def test_trailing_bytes(tmp_path):
     save_file({"w": np.zeros((4,), np.float32)}, p)
     with open(p, "ab") as fh:
         fh.write(b"xx")
-    assert _codes(read_header(p)) == ["trailing_bytes"]
+    rep = read_header(p)
+    assert not rep.ok and (_size(rep) or {}).get("code") == "trailing_bytes"
+    assert _size(read_header(p)) is not None and _size(HeaderReport("x")) is None  # unparsed: nothing to compare
+
+
+def test_the_size_is_judged_from_the_recorded_numbers():
+    """A replayed fact is judged by today's rule: the numbers are the fact, the verdict the judgement's."""
+    assert size_problem({"size": 108, "header_len": 50, "data_bytes": 50, "parsed": True}) is None
+    assert size_problem({"size": 100, "header_len": 50, "data_bytes": 50, "parsed": True})["message"] == (
+        "file is 100 bytes, header says 108 (8 bytes missing): truncated download")
+    assert size_problem({"size": 110, "header_len": 50, "data_bytes": 50, "parsed": True})["code"] == "trailing_bytes"
+    assert size_problem({"size": 100, "header_len": 50, "data_bytes": 50}) is None  # a snapshot from before
 
 
 def test_lfs_pointer_is_named(tmp_path):
@@ -199,7 +218,7 @@ def test_agrees_with_safe_open(tmp_path, case):
 @given(st.binary(max_size=300), st.integers(0, 2 ** 64 - 1))
 def test_arbitrary_bytes_never_raise(raw, n):
     rep = validate_header_bytes(raw, HeaderReport("x", size=8 + len(raw), header_len=len(raw)))
-    assert rep.ok or rep.problems
+    assert rep.ok or rep.problems or _size(rep)
     rep2 = validate_header_bytes(json.dumps({"a": {"dtype": "F32", "shape": [n % 7], "data_offsets": [0, n]}})
                                  .encode(), HeaderReport("x"))
     assert rep2.ok == (n == 4 * (n % 7))

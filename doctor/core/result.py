@@ -103,6 +103,15 @@ class Findings(list[Finding]):
         self.details: dict[str, Any] = details
         self.cause: str | None = None
         self.exhibit: str | None = None
+        self.lead: str | None = None  # set by ``fold``
+        self.fold_fix: Remediation | None = None
+
+    def fold(self, lead: str = "", fix: Remediation | str | None = None) -> Findings:
+        """Say many findings in one line: ``lead``, the first one's message and how many more (``(+N more)``),
+        with ``fix`` as the one remediation for them all (else their fixes, merged). Each finding stays in the
+        result with its own code, for the fixers; ``Result.of`` is the one place the line is made."""
+        self.lead, self.fold_fix = lead, Remediation.of(fix)
+        return self
 
     def add(self, severity: Severity, code: str, message: str, fix: Remediation | str | None = None) -> Findings:
         self.append(Finding(severity, code, message, Remediation.of(fix)))
@@ -200,6 +209,9 @@ class Result:
         only ``info``                 pass     the info messages, in order                none
         none                          error    "judged nothing" (never a pass)            none
         ============================  =======  =========================================  ======================
+
+        Folded (``Findings.fold``): the summary is the lead, the first of those messages and ``(+N more)``; the
+        remediation the fold's, when it gives one.
         """
         fails, warns = found.of(Severity.FAIL), found.of(Severity.WARN)
         if fails:
@@ -210,8 +222,12 @@ class Result:
             status, said, fixes = Status.PASS, list(found), []
         else:
             return cls(Status.ERROR, "the check judged nothing (no finding): a bug in the check", found.details)
-        res = cls(status, "; ".join(f.message for f in said), found.details, Remediation.merged(f.fix for f in fixes),
-                  findings=list(found))
+        summary = "; ".join(f.message for f in said)
+        fix = Remediation.merged(f.fix for f in fixes)
+        if found.lead is not None:
+            summary = found.lead + said[0].message + (f" (+{len(said) - 1} more)" if len(said) > 1 else "")
+            fix = found.fold_fix or fix
+        res = cls(status, summary, found.details, fix, findings=list(found))
         res.cause, res.exhibit = found.cause, found.exhibit
         return res
 

@@ -23,7 +23,7 @@ from doctor.core.result import Findings, NotJudged, Remediation
 from doctor.core.settings import Settings
 from doctor.gpu import fabric
 from doctor.gpu.group import compute_capability, label, tp_group
-from doctor.sglang.flag_history import load_history
+from doctor.stack.sglang_releases import load_history
 
 DATA_FILE = Path(__file__).resolve().parents[1] / "data" / "multicast.toml"
 UNSUPPORTED = "gpu.multicast.unsupported"

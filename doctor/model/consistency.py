@@ -14,6 +14,12 @@ from doctor.model.modelconfig import ConfigView, json_data, read_config
 from doctor.model.remote_code import download_command
 from doctor.model.weights import TARGET, dir_problem, redownload_commands
 
+# model.config's failures, one code per kind of problem (each with its own fix)
+MISMATCH = "model.config.mismatch"  # config.json itself, or against the shards
+TP = "model.config.tp"  # the tensor-parallel size does not divide the model
+PROFILE = "model.config.profile"  # not the model the profile serves
+REMOTE_CODE = "model.config.remote_code"  # the remote code auto_map names is missing
+
 
 def config_view(fact: dict[str, Any]) -> tuple[ConfigView | None, str | None]:
     cfg = fact.get("config") or {}
@@ -295,7 +301,8 @@ def judge_config(fact: dict[str, Any], read_tensors: Callable[[], Any], settings
 
 def config_failure(fact: dict[str, Any], view: ConfigView, seen: ConfigReading, settings: Settings,
                    out: Findings) -> Findings:
-    """One line (the first problem, and how many more) and the fix of each kind of problem found."""
+    """Each problem a finding coded by its kind (config.json against the shards, TP, the profile's model, remote
+    code), said in one line (the first, and how many more), with the fix of each kind found."""
     texts: list[str] = []
     commands: list[str] = []
     if seen.code:
@@ -316,8 +323,7 @@ def config_failure(fact: dict[str, Any], view: ConfigView, seen: ConfigReading, 
     if seen.profile:
         texts.append(f"This is not the model profile {settings.profile_name} serves: point --model-path at "
                      "that model, or use a profile made for this one.")
-    problems = seen.problems
-    code = ("model.config.remote_code" if seen.code and not (seen.config or seen.tp or seen.profile)
-            else "model.config.tp" if seen.tp and not seen.config else "model.config.mismatch")
-    return out.fail(code, f"config.json: {problems[0]}" + (f" (+{len(problems) - 1} more)" if len(problems) > 1
-                                                          else ""), Remediation(" ".join(texts), commands))
+    for code, found in ((MISMATCH, seen.config), (TP, seen.tp), (PROFILE, seen.profile), (REMOTE_CODE, seen.code)):
+        for message in found:
+            out.fail(code, message)
+    return out.fold("config.json: ", Remediation(" ".join(texts), commands))

@@ -13,8 +13,8 @@ from typing import Any, TypedDict
 
 
 class CodedMessage(TypedDict):
-    """One thing wrong with a file, as a fact records it: a finding's stable code and its message
-    (``doctor.model.header.recorded``)."""
+    """One thing wrong with a file, as a fact records it: the reader's defect, a stable code and its message
+    (``doctor.model.header.recorded``); the judgement decides what it means."""
 
     code: str
     message: str
@@ -51,13 +51,23 @@ class _Named(TypedDict):
 
 
 class Shard(_Named, total=False):
+    """One shard as read: its file, its header's numbers, what the readers found wrong with its bytes (``problems``)
+    and whether it is valid (``ok``). What is wrong with the file itself (``exists``, ``dangling``, ``error``) and
+    with its size against its header (``parsed``: the header parsed, so ``8 + header_len + data_bytes`` is its
+    size when complete) is worded by the judgement (``doctor.model.weights.problems_of``); a snapshot recorded
+    before these keys holds those lines among its ``problems``."""
+
     size: int | None
     allocated: int | None
     symlink: str | None
     blob_sha256: str | None
+    exists: bool
+    dangling: bool
+    error: str | None
     tensors: int
     data_bytes: int
     header_len: int | None
+    parsed: bool
     format: str | None
     access: Access | None
     hf_metadata: HfMetadata | None

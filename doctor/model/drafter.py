@@ -83,7 +83,6 @@ def judge_pairing(draft_cfg: dict[str, Any], *, target_archs: list[str], target_
                   target_hidden: int | None, draft_tensors: dict[str, Any] | None, algorithm: str | None,
                   server_args: list[str], budget: int | None) -> list[Finding]:
     """Everything about the drafter that depends on the target and the command; ``draft_cfg`` parsed."""
-    out: list[Finding] = []
     algo, entry = algorithm_of(algorithm)
     archs = draft_cfg.get("architectures") if isinstance(draft_cfg.get("architectures"), list) else []
     dfl = draft_cfg.get("dflash_config") if isinstance(draft_cfg.get("dflash_config"), dict) else {}
@@ -91,33 +90,7 @@ def judge_pairing(draft_cfg: dict[str, Any], *, target_archs: list[str], target_
     def get(key: str) -> Any:
         return dfl.get(key, draft_cfg.get(key))
 
-    by_keys = named_by_keys(draft_cfg)
-    copy = bool(archs and target_archs and set(archs) & set(target_archs))
-    if copy and not (by_keys and algo and by_keys != algo):
-        out.append(found("fail", "copy_of_target",
-                         f"the drafter's architectures {archs} are the target's: --draft-model-path "
-                                        "points at a copy of the target model, not at a drafter",
-                                "Point --draft-model-path ([drafter] path) at the drafter's own directory."))
-    elif algo and entry and (archs or by_keys) and not set(archs) & set(entry.get("architectures", [])):
-        other = next((name for name, e in rules().get("algorithms", {}).items()
-                      if name != algo and set(archs) & set(e.get("architectures", []))), None)
-        named = ", ".join(archs) or "no architectures"
-        if other is None and by_keys and by_keys != algo:
-            other = by_keys
-            keys = [k for k in rules()["algorithms"][other].get("config_keys", []) if draft_cfg.get(k)]
-            named = f"{named}; its config.json has {', '.join(keys)}"
-        if other:
-            what = rules()["algorithms"][other].get("what", other)
-            out.append(found("fail", "wrong_algorithm",
-                             f"the drafter is {what} ({named}), but "
-                        f"the server runs --speculative-algorithm {algorithm}, which needs {entry.get('what', algo)}",
-                f"Use the {algo} drafter trained for this target, or set [server] speculative_algorithm = {other} "
-                "to run this one."))
-        else:
-            out.append(found("warn", "unknown_architecture",
-                             f"the drafter's architectures {archs} are none SGLang 0.5.23 runs under {algo} "
-                        f"({', '.join(entry.get('architectures', []))})",
-                f"Use {entry.get('what', 'the drafter')} trained for this target."))
+    out = _kind_findings(draft_cfg, archs, target_archs, algorithm, algo, entry)
     out += _lm_head_findings(get("draft_vocab_size"), draft_tensors)
     ids = get("target_layer_ids")
     contexts = _fc_contexts(draft_tensors, target_hidden)
@@ -128,17 +101,64 @@ def judge_pairing(draft_cfg: dict[str, Any], *, target_archs: list[str], target_
     if algo in ("DFLASH", "DDTREE"):
         out += _block_findings(get("block_size"), server_args, algo, budget)
         out += _draft_backend_findings(server_args, target_is_mla)
-        wanted = entry.get("target_attention_backends")
-        if wanted:
-            backend = arg_value(server_args, "--decode-attention-backend") or arg_value(server_args,
-                                                                                        "--attention-backend")
-            if backend not in wanted:
-                shown = f"--attention-backend {backend}" if backend else "no --attention-backend (SGLang picks one)"
-                out.append(found("fail", "target_backend",
-                                 f"{algo} verifies its tree only on the {', '.join(wanted)} attention backend, the "
-                            f"server has {shown}: the worker refuses it after the weights load",
-                    "Set [server] attention_backend = \"triton\" (--attention-backend triton)."))
+        out += _target_backend_findings(entry.get("target_attention_backends"), server_args, algo)
     return out
+
+
+def _kind_findings(draft_cfg: dict[str, Any], archs: list[Any], target_archs: list[str], algorithm: str | None,
+                   algo: str | None, entry: dict[str, Any]) -> list[Finding]:
+    """What kind of model the drafter is: a copy of the target, a drafter of another algorithm than the server
+    runs (by its architectures, else by its config keys), or one SGLang does not run under this algorithm."""
+    by_keys = named_by_keys(draft_cfg)
+    copy = bool(archs and target_archs and set(archs) & set(target_archs))
+    if copy and not (by_keys and algo and by_keys != algo):
+        return [found("fail", "copy_of_target",
+                      f"the drafter's architectures {archs} are the target's: --draft-model-path "
+                      "points at a copy of the target model, not at a drafter",
+                      "Point --draft-model-path ([drafter] path) at the drafter's own directory.")]
+    if not (algo and entry and (archs or by_keys) and not set(archs) & set(entry.get("architectures", []))):
+        return []
+    other, named = _other_algorithm(draft_cfg, archs, algo, by_keys)
+    if other:
+        what = rules()["algorithms"][other].get("what", other)
+        return [found("fail", "wrong_algorithm",
+                      f"the drafter is {what} ({named}), but "
+                      f"the server runs --speculative-algorithm {algorithm}, which needs {entry.get('what', algo)}",
+                      f"Use the {algo} drafter trained for this target, or set [server] speculative_algorithm = "
+                      f"{other} to run this one.")]
+    return [found("warn", "unknown_architecture",
+                  f"the drafter's architectures {archs} are none SGLang 0.5.23 runs under {algo} "
+                  f"({', '.join(entry.get('architectures', []))})",
+                  f"Use {entry.get('what', 'the drafter')} trained for this target.")]
+
+
+def _other_algorithm(draft_cfg: dict[str, Any], archs: list[Any], algo: str, by_keys: str | None
+                     ) -> tuple[str | None, str]:
+    """(the algorithm the drafter is made for, if another: by its architectures, else by its config keys; how it
+    is named in the message)."""
+    other = next((name for name, e in rules().get("algorithms", {}).items()
+                  if name != algo and set(archs) & set(e.get("architectures", []))), None)
+    named = ", ".join(archs) or "no architectures"
+    if other is None and by_keys and by_keys != algo:
+        other = by_keys
+        keys = [k for k in rules()["algorithms"][other].get("config_keys", []) if draft_cfg.get(k)]
+        named = f"{named}; its config.json has {', '.join(keys)}"
+    return other, named
+
+
+def _target_backend_findings(wanted: list[str] | None, server_args: list[str], algo: str) -> list[Finding]:
+    """The target's attention backend the algorithm verifies its tree on (``target_attention_backends``): another
+    one is refused by the worker after the weights load."""
+    if not wanted:
+        return []
+    backend = arg_value(server_args, "--decode-attention-backend") or arg_value(server_args, "--attention-backend")
+    if backend in wanted:
+        return []
+    shown = f"--attention-backend {backend}" if backend else "no --attention-backend (SGLang picks one)"
+    return [found("fail", "target_backend",
+                  f"{algo} verifies its tree only on the {', '.join(wanted)} attention backend, the "
+                  f"server has {shown}: the worker refuses it after the weights load",
+                  "Set [server] attention_backend = \"triton\" (--attention-backend triton).")]
 
 
 def named_by_keys(cfg: dict[str, Any]) -> str | None:
@@ -250,29 +270,13 @@ def config_problems(d: dict[str, Any], tview: Any, want_archs: Any, out: Finding
     nl = d.get("num_hidden_layers")
     if nl is not None and not is_pos_int(nl):
         problems.append(f"num_hidden_layers is {nl!r}, not a positive integer")
-    t_layers = tview.int_field("num_hidden_layers") if tview else None
     t_hidden = tview.int_field("hidden_size") if tview else None
     t_vocab = tview.int_field("vocab_size") if tview else None
     ids = get("target_layer_ids")
-    if ids is not None:
-        if not isinstance(ids, list) or not ids or not all(type(i) is int for i in ids):
-            problems.append(f"target_layer_ids is {ids!r}, not a non-empty list of integers")
-        elif t_layers:
-            outside = [i for i in ids if i < 0 or i >= t_layers]
-            if outside:
-                deeper = (f": the drafter was built for a target of at least {max(ids) + 1} layers (the first "
-                          "draft step fails with \"mat1 and mat2 shapes cannot be multiplied\")"
-                          if max(ids) >= t_layers else "")
-                problems.append(f"target_layer_ids {outside} are outside the target's {t_layers} layers "
-                                f"(0..{t_layers - 1}){deeper}")
+    problems += layer_id_problems(ids, tview.int_field("num_hidden_layers") if tview else None)
     vocab = d.get("vocab_size")
     mtid = get("mask_token_id")
-    if mtid is not None:
-        limit = t_vocab or (vocab if is_pos_int(vocab) else None)
-        if type(mtid) is not int or mtid < 0:
-            problems.append(f"mask_token_id is {mtid!r}, not a non-negative integer")
-        elif limit and mtid >= limit:
-            problems.append(f"mask_token_id {mtid} is outside the vocabulary ({limit} tokens)")
+    problems += mask_token_problems(mtid, t_vocab or (vocab if is_pos_int(vocab) else None))
     hs = d.get("hidden_size")
     if t_hidden and hs != t_hidden:
         problems.append(f"hidden_size is {hs!r}, the target's is {t_hidden}")
@@ -283,8 +287,37 @@ def config_problems(d: dict[str, Any], tview: Any, want_archs: Any, out: Finding
     return problems
 
 
+def layer_id_problems(ids: Any, t_layers: int | None) -> list[str]:
+    """``target_layer_ids``: a non-empty list of integers, each a layer of the target (``t_layers``, when known).
+    A drafter built for a deeper target fails at its first draft step, and the error does not say why."""
+    if ids is None:
+        return []
+    if not isinstance(ids, list) or not ids or not all(type(i) is int for i in ids):
+        return [f"target_layer_ids is {ids!r}, not a non-empty list of integers"]
+    outside = [i for i in ids if i < 0 or i >= t_layers] if t_layers else []
+    if not outside:
+        return []
+    deeper = (f": the drafter was built for a target of at least {max(ids) + 1} layers (the first "
+              "draft step fails with \"mat1 and mat2 shapes cannot be multiplied\")"
+              if max(ids) >= t_layers else "")
+    return [f"target_layer_ids {outside} are outside the target's {t_layers} layers (0..{t_layers - 1}){deeper}"]
+
+
+def mask_token_problems(mtid: Any, limit: int | None) -> list[str]:
+    """``mask_token_id``: a non-negative integer inside the vocabulary (``limit``: the target's, else the
+    drafter's own, when known)."""
+    if mtid is None:
+        return []
+    if type(mtid) is not int or mtid < 0:
+        return [f"mask_token_id is {mtid!r}, not a non-negative integer"]
+    if limit and mtid >= limit:
+        return [f"mask_token_id {mtid} is outside the vocabulary ({limit} tokens)"]
+    return []
+
+
 NO_DRAFT_ARG = "model.drafter.no_path"  # the argv drafts (its [server] args) and no draft model is given
 IS_TARGET = "model.drafter.is_target"  # the drafter's path is the target's: model.redownload downloads nothing
+MISMATCH = "model.drafter.mismatch"  # the drafter's config.json, or the drafter against the target
 
 
 def same_as_target(fact: dict[str, Any], settings: Settings) -> Findings:
@@ -328,8 +361,7 @@ def judge_drafter(fact: dict[str, Any], read_target: Callable[[], Any], args: li
     if problems or weights.status.failed:
         return drafter_failure(problems, weights, [f for f in pairing if f.severity is Severity.FAIL], out)
     if warns:
-        return out.warn("model.drafter.pairing", f"drafter: {warns[0].message}"
-                        + (f" (+{len(warns) - 1} more)" if len(warns) > 1 else ""), warns[0].fix or Remediation(""))
+        return pairing_warnings(warns, out)
     name = ", ".join(d.get("architectures") or ["drafter"])
     if weights.status is Status.WARN:
         return out.warn("model.drafter.weights", f"{name}: {weights.summary}", weights.remediation)
@@ -342,19 +374,33 @@ def judge_drafter(fact: dict[str, Any], read_target: Callable[[], Any], args: li
     return out.info("model.drafter.consistent", f"{name}: {summ}, config consistent with the target")
 
 
+def pairing_warnings(warns: list[Finding], out: Findings) -> Findings:
+    """The pairing's warnings, each with its rule's code, said in one line (the first, and how many more) with the
+    first one's fix."""
+    for found in warns:
+        out.warn(found.code, found.message)
+    return out.fold("drafter: ", warns[0].fix or Remediation(""))
+
+
 def drafter_failure(problems: list[str], weights: Result, fixes: list[Finding], out: Findings) -> Findings:
-    """One line (the first problem, the weights' when the config is fine) and one fix: the weights' when they
-    failed, else the pairing's when every problem is one, else the drafter trained for this target."""
-    first = problems[0] if problems else weights.summary
-    n = len(problems) + (1 if weights.status.failed and problems else 0)
+    """Each problem a finding (config.json's ``model.drafter.mismatch``, the pairing rules' own codes, the weights'
+    damage last), said in one line (the first problem, the weights' when the config is fine, and how many more) with
+    one fix: the weights' when they failed, else the pairing's when every problem is one, else the drafter trained
+    for this target. ``fixes``: the pairing's failures, the last of ``problems``."""
     rem = weights.remediation or (Remediation((fixes[0].fix or Remediation()).text,
                                               [c for f in fixes for c in (f.fix.commands if f.fix else [])])
                                   if fixes and len(fixes) == len(problems) else
                                   Remediation("Use the DFlash drafter trained for this target model."))
+    for message in problems[:len(problems) - len(fixes)]:
+        out.fail(MISMATCH, message)
+    for found in fixes:
+        out.fail(found.code, found.message)
     # Damaged weights keep their code (the re-download fixer acts on it), whatever else is wrong.
     damaged = [f.code for f in weights.findings if f.severity is Severity.FAIL and weights.status.failed]
-    return out.fail(damaged[0] if damaged else "model.drafter.mismatch",
-                    f"drafter: {first}" + (f" (+{n - 1} more)" if n > 1 else ""), rem)
+    if weights.status.failed:
+        out.fail(DRAFTER.damaged if DRAFTER.damaged in damaged else damaged[0] if damaged else MISMATCH,
+                 weights.summary)
+    return out.fold("drafter: ", rem)
 
 
 def pairing_of(draft: dict[str, Any], tview: Any, fact: dict[str, Any], args: list[str],

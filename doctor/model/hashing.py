@@ -405,6 +405,41 @@ def hash_files(jobs: list[HashJob], *, workers: int | None = None, cache: Verify
 
     ``processes``: True, every file through a worker (a thread waits for the fork server); False, threads
     only; None, the run's server where there is one (``workers_for_run``), else ``plan`` decides."""
+    results, todo = from_cache(jobs, cache, progress)
+    if not todo:
+        return results
+    todo.sort(key=lambda j: -j.st.st_size)
+    n, use_processes = plan(todo, workers, processes)
+    run = HashRun(todo, n, cache, progress, processes)
+    run.server = run_server() if processes is not False else None
+    own = run.server is None and use_processes
+    if own:
+        run.server = WorkerServer.start(n)
+    elif run.server is not None and run.server.ready():
+        # The run's server, up long since: its "ready" is taken here, before the threads start (left to them, one
+        # would take it while the others, finding the server busy and a small file not worth a wait, read theirs
+        # themselves: on the 16-core host 3 to 15 of 16 threads did, in a run's first call), and every thread's
+        # worker is asked for in one request (one at a time, the 16th thread had its worker 4-5 ms after the first).
+        run.handed.extend(run.server.fork_many(n))
+    try:
+        parts = run_slots(run.slot, n, run.interrupted)
+    finally:
+        while run.handed:  # a thread that found no file (a stop) left its worker
+            run.handed.pop().close()
+        if own and run.server is not None:
+            run.server.close()
+    for part in parts:
+        results.update(part)
+    why = run.stop_reason() or "hashing interrupted"
+    for job in todo:  # left in the queue by a stop
+        results.setdefault(job.name, {"error": why})
+    return results
+
+
+def from_cache(jobs: list[HashJob], cache: VerifyCache | None, progress: Progress | None
+               ) -> tuple[dict[str, dict[str, Any]], list[HashJob]]:
+    """(the results the verify cache already holds, the jobs left to hash); a cached file counts as done for the
+    progress line and its bytes leave the total."""
     results: dict[str, dict[str, Any]] = {}
     todo: list[HashJob] = []
     for job in jobs:
@@ -416,36 +451,49 @@ def hash_files(jobs: list[HashJob], *, workers: int | None = None, cache: Verify
                 progress.file_done()
         else:
             todo.append(job)
-    if not todo:
-        return results
-    todo.sort(key=lambda j: -j.st.st_size)
-    queue = collections.deque(todo)
-    lock = threading.Lock()
-    n, use_processes = plan(todo, workers, processes)
-    interrupted = threading.Event()
+    return results, todo
 
-    def stop_reason() -> str | None:
-        if interrupted.is_set():
+
+class HashRun:
+    """One ``hash_files`` call's shared state: the queue of files (largest first), the stop (Ctrl-C or the run's
+    deadline), the progress line, the verify cache, the fork server and the workers taken from it before the
+    threads start. Each of the ``n`` threads runs ``slot``."""
+
+    def __init__(self, todo: list[HashJob], n: int, cache: VerifyCache | None, progress: Progress | None,
+                 processes: bool | None) -> None:
+        self.queue = collections.deque(todo)
+        self.lock = threading.Lock()
+        self.n = n
+        self.cache = cache
+        self.progress = progress
+        self.processes = processes
+        self.interrupted = threading.Event()
+        self.server: WorkerServer | None = None
+        self.handed: collections.deque[WorkerProcess] = collections.deque()  # workers taken before the threads
+
+    def stop_reason(self) -> str | None:
+        if self.interrupted.is_set():
             return "hashing interrupted"
         if deadline.expired():
             return f"hashing stopped: {deadline.ended()}"
         return None
 
-    def tick(nbytes: int) -> None:
+    def tick(self, nbytes: int) -> None:
         """Progress, and the stop: every report of every file looks at the deadline."""
-        if progress is not None:
-            progress.add(nbytes)
-        why = stop_reason()
+        if self.progress is not None:
+            self.progress.add(nbytes)
+        why = self.stop_reason()
         if why:
             raise Stopped(why)
 
-    def take() -> HashJob | None:
-        with lock:
-            return queue.popleft() if queue and stop_reason() is None else None
+    def take(self) -> HashJob | None:
+        with self.lock:
+            return self.queue.popleft() if self.queue and self.stop_reason() is None else None
 
-    def finish(job: HashJob, t0: float, digest: str | None, error: str | None) -> tuple[str, dict[str, Any]]:
-        if progress is not None:
-            progress.file_done()
+    def finish(self, job: HashJob, t0: float, digest: str | None, error: str | None) -> tuple[str, dict[str, Any]]:
+        """A file's result; a file that changed while it was hashed is said so and not cached."""
+        if self.progress is not None:
+            self.progress.file_done()
         if error is not None or digest is None:
             return job.name, {"error": error or "no digest"}
         try:
@@ -455,60 +503,70 @@ def hash_files(jobs: list[HashJob], *, workers: int | None = None, cache: Verify
         res: dict[str, Any] = {"sha256": digest, "cached": False, "seconds": round(time.monotonic() - t0, 3)}
         if after is None or file_key(after) != file_key(job.st):
             res["changed_while_hashing"] = True
-        elif cache is not None:
-            cache.put(job.st, job.path, digest)
+        elif self.cache is not None:
+            self.cache.put(job.st, job.path, digest)
         return job.name, res
 
     @contextlib.contextmanager
-    def reading(job: HashJob) -> Iterator[Callable[[int], None]]:
+    def reading(self, job: HashJob) -> Iterator[Callable[[int], None]]:
         """The progress callback for hashing ``job``: ``tick``, and where ``Prefetch.maybe`` gives one, its
         prefetch told each step too (stopped when the hashing ends, however it ends)."""
-        prefetch = Prefetch.maybe(job, n)
+        prefetch = Prefetch.maybe(job, self.n)
         if prefetch is None:
-            yield tick
+            yield self.tick
             return
 
         def both(nbytes: int) -> None:
             prefetch.advance(nbytes)
-            tick(nbytes)
+            self.tick(nbytes)
         try:
             yield both
         finally:
             prefetch.close()
 
-    def in_thread(job: HashJob, buf: bytearray) -> tuple[str, dict[str, Any]]:
+    def in_thread(self, job: HashJob, buf: bytearray) -> tuple[str, dict[str, Any]]:
         t0 = time.monotonic()
         try:
-            with reading(job) as on_bytes:
+            with self.reading(job) as on_bytes:
                 digest = sha256_file(job.path, on_bytes, buf=buf)
         except Stopped as stop:
             return job.name, {"error": str(stop)}
         except OSError as exc:
-            return finish(job, t0, None, f"cannot read: {exc.strerror or exc}")
-        return finish(job, t0, digest, None)
+            return self.finish(job, t0, None, f"cannot read: {exc.strerror or exc}")
+        return self.finish(job, t0, digest, None)
 
-    def by_worker(worker: WorkerProcess, job: HashJob) -> tuple[str, dict[str, Any]] | None:
+    def by_worker(self, worker: WorkerProcess, job: HashJob) -> tuple[str, dict[str, Any]] | None:
         """The worker's answer for ``job``, or a stop; None when the worker died and the file is to be
         read here."""
         t0 = time.monotonic()
         try:
-            with reading(job) as on_bytes:
+            with self.reading(job) as on_bytes:
                 answer = worker.hash(job.path, on_bytes)
         except Stopped as stop:
             worker.close(kill=True)
             return job.name, {"error": str(stop)}
         if answer is not None:
-            return finish(job, t0, answer.get("sha256"), answer.get("error"))
-        why = stop_reason()  # killed at the run's deadline, or Ctrl-C: nothing is read again
+            return self.finish(job, t0, answer.get("sha256"), answer.get("error"))
+        why = self.stop_reason()  # killed at the run's deadline, or Ctrl-C: nothing is read again
         return (job.name, {"error": why}) if why else None
 
-    def took() -> WorkerProcess | None:
+    def took(self) -> WorkerProcess | None:
         try:
-            return handed.popleft()
+            return self.handed.popleft()
         except IndexError:
             return None
 
-    def slot() -> list[tuple[str, dict[str, Any]]]:
+    def worker_for(self, job: HashJob, worker: WorkerProcess | None) -> WorkerProcess | None:
+        """This thread's worker for ``job``: the one it has, else one handed out before the threads started, else
+        one forked now (for a small file, only if the server is already up)."""
+        if worker is None:
+            worker = self.took()
+        if worker is None and self.server is not None and self.server.ready(
+                WorkerServer.READY_WAIT if waits_for_worker(job, self.processes) else 0.0):
+            worker = self.server.fork()
+        return worker
+
+    def slot(self) -> list[tuple[str, dict[str, Any]]]:
         """One thread taking files until the queue is empty (or a stop): each through this thread's worker,
         forked when first needed (for a small file, only if the server is already up), else by reading it
         itself."""
@@ -516,14 +574,10 @@ def hash_files(jobs: list[HashJob], *, workers: int | None = None, cache: Verify
         worker: WorkerProcess | None = None
         buf: bytearray | None = None  # this thread's read buffer, made when first needed, kept for its files
         try:
-            while (job := take()) is not None:
-                if worker is None:
-                    worker = took()
-                if worker is None and server is not None and server.ready(
-                        WorkerServer.READY_WAIT if waits_for_worker(job, processes) else 0.0):
-                    worker = server.fork()
+            while (job := self.take()) is not None:
+                worker = self.worker_for(job, worker)
                 if worker is not None:
-                    done = by_worker(worker, job)
+                    done = self.by_worker(worker, job)
                     if done is None or not worker.alive():
                         worker.close()  # it died (e.g. SIGBUS: the file shrank under its map): read it here
                         worker = None
@@ -531,36 +585,11 @@ def hash_files(jobs: list[HashJob], *, workers: int | None = None, cache: Verify
                         out.append(done)
                         continue
                 buf = buf if buf is not None else bytearray(read_block())
-                out.append(in_thread(job, buf))
+                out.append(self.in_thread(job, buf))
         finally:
             if worker is not None:
                 worker.close()
         return out
-
-    server = run_server() if processes is not False else None
-    handed: collections.deque[WorkerProcess] = collections.deque()  # workers taken before the threads start
-    own = server is None and use_processes
-    if own:
-        server = WorkerServer.start(n)
-    elif server is not None and server.ready():
-        # The run's server, up long since: its "ready" is taken here, before the threads start (left to them, one
-        # would take it while the others, finding the server busy and a small file not worth a wait, read theirs
-        # themselves: on the 16-core host 3 to 15 of 16 threads did, in a run's first call), and every thread's
-        # worker is asked for in one request (one at a time, the 16th thread had its worker 4-5 ms after the first).
-        handed.extend(server.fork_many(n))
-    try:
-        parts = run_slots(slot, n, interrupted)
-    finally:
-        while handed:  # a thread that found no file (a stop) left its worker
-            handed.pop().close()
-        if own and server is not None:
-            server.close()
-    for part in parts:
-        results.update(part)
-    why = stop_reason() or "hashing interrupted"
-    for job in todo:  # left in the queue by a stop
-        results.setdefault(job.name, {"error": why})
-    return results
 
 
 def run_slots(slot: Callable[[], list[tuple[str, dict[str, Any]]]], n: int,

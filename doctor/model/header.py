@@ -3,10 +3,15 @@
 A safetensors file is ``u64 little-endian N`` + ``N bytes of JSON`` + the tensor data. Everything a
 loader will later trip over can be judged from those first ``8 + N`` bytes and ``stat``: the header
 length (safetensors refuses more than 100 MB), UTF-8 JSON, known dtypes, offsets contiguous from 0
-without holes or overlaps, ``bytes == dtype size x elements`` and ``file size == 8 + N + data``. The
-data itself is never read (that is the deep tier's sha256), so a 9 GB shard costs one small read.
+without holes or overlaps and ``bytes == dtype size x elements``. The data itself is never read (that is the
+deep tier's sha256), so a 9 GB shard costs one small read.
 
-Problems are reported as findings (``problem(code, message)``), never raised: a hostile file is a verdict.
+What the reader finds wrong with the bytes it read is recorded as a ``Defect`` (``problem(code, message)``), never
+raised: a hostile file is a fact like any other. It judges nothing it can leave to the judgement: whether the file
+is as long as its header says (``file size == 8 + N + data``) is a comparison of the numbers the fact records, made
+by ``doctor.model.weights.size_problem`` (so a replayed snapshot is judged by today's rule); the reader only keeps
+``HeaderReport.complete`` for what it must decide at once (a shard that is not complete adds nothing to the tensor
+summary).
 """
 
 from __future__ import annotations
@@ -19,10 +24,9 @@ import os
 import struct
 from dataclasses import dataclass, field
 from itertools import compress
-from typing import Any
+from typing import Any, NamedTuple
 
 from doctor.core.fileio import NotRegularFile, open_regular
-from doctor.core.result import Finding, Severity
 
 # The limit of the reference implementation (safetensors' MAX_HEADER_SIZE).
 MAX_HEADER_BYTES = 100_000_000
@@ -35,19 +39,28 @@ DTYPE_BITS: dict[str, int] = {
 }
 
 
-def problem(code: str, message: str) -> Finding:
-    """One thing wrong with a file: a stable code (for fixers and tests) and a message for people."""
-    return Finding(Severity.FAIL, code, message)
+class Defect(NamedTuple):
+    """What a reader found wrong with a file it read (a fact: the model fact records it as a ``CodedMessage``):
+    a stable code and the reader's words. It is no finding: ``doctor.model.weights`` judges the shards."""
+
+    code: str
+    message: str
 
 
-def recorded(found: Finding) -> dict[str, str]:
-    """A file's problem as the model fact records it (``doctor.model.dir_fact.CodedMessage``)."""
+def problem(code: str, message: str) -> Defect:
+    """One thing wrong with a file as read: a stable code (for fixers and tests) and a message for people."""
+    return Defect(code, message)
+
+
+def recorded(found: Defect) -> dict[str, str]:
+    """A file's defect as the model fact records it (``doctor.model.dir_fact.CodedMessage``)."""
     return {"code": found.code, "message": found.message}
 
 
 @dataclass
 class HeaderReport:
-    """What one shard's header says, and what is wrong with it (``problems`` empty: valid)."""
+    """What one shard's header says, and what is wrong with the bytes read (``problems`` empty and ``complete``:
+    valid)."""
 
     path: str
     size: int | None = None
@@ -56,11 +69,24 @@ class HeaderReport:
     tensors: dict[str, dict[str, Any]] = field(default_factory=dict)
     metadata: dict[str, Any] | None = None
     data_bytes: int = 0
-    problems: list[Finding] = field(default_factory=list)
+    problems: list[Defect] = field(default_factory=list)
+    parsed: bool = False  # the header parsed and its entries are valid: data_bytes is where the data ends
+
+    def expected_size(self) -> int | None:
+        """The file's size when it holds exactly what its header describes (8 + N + data); None unparsed."""
+        if not self.parsed or self.header_len is None:
+            return None
+        return 8 + self.header_len + self.data_bytes
+
+    @property
+    def complete(self) -> bool:
+        """The file is as long as its header says (or that cannot be told: not parsed, size unknown)."""
+        want = self.expected_size()
+        return want is None or self.size is None or self.size == want
 
     @property
     def ok(self) -> bool:
-        return not self.problems
+        return not self.problems and self.complete
 
     def fail(self, code: str, message: str) -> HeaderReport:
         self.problems.append(problem(code, message))
@@ -112,7 +138,8 @@ def read_header(path: str | os.PathLike[str]) -> HeaderReport:
 
 
 def validate_header_bytes(raw: bytes, rep: HeaderReport) -> HeaderReport:
-    """Validate the JSON header ``raw`` against ``rep.size`` (the file's size, if known)."""
+    """Validate the JSON header ``raw``; once it parses, ``rep.parsed`` and ``rep.complete`` (its data against
+    ``rep.size``, the file's size, if known)."""
     if raw[:1] != b"{":
         if raw.strip(b"\x00") == b"":
             return rep.fail("header_invalid", "header is all zero bytes (an incomplete preallocated download?)")
@@ -142,14 +169,7 @@ def validate_header_bytes(raw: bytes, rep: HeaderReport) -> HeaderReport:
             return rep
     rep.tensors = doc
     rep.data_bytes = end
-    if rep.size is not None and rep.header_len is not None:
-        want = 8 + rep.header_len + end
-        if rep.size < want:
-            rep.fail("truncated", f"file is {rep.size} bytes, header says {want} "
-                     f"({want - rep.size} bytes missing): truncated download")
-        elif rep.size > want:
-            rep.fail("trailing_bytes", f"file is {rep.size} bytes, header accounts for {want} "
-                     f"({rep.size - want} extra bytes): corrupt or an unfinished download")
+    rep.parsed = True  # the file's size against 8 + N + data is the judgement's (doctor.model.weights.size_problem)
     return rep
 
 

@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from doctor.core.fileio import read_capped
-from doctor.core.result import Finding
-from doctor.model.header import HeaderReport, problem, recorded
+from doctor.model.header import Defect, HeaderReport, problem, recorded
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -32,7 +31,7 @@ class Index:
     weight_map: dict[str, str] = field(default_factory=dict)
     total_size: int | None = None
     shards: list[str] = field(default_factory=list)
-    problems: list[Finding] = field(default_factory=list)
+    problems: list[Defect] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -60,26 +59,51 @@ def unsafe_path_reason(name: str) -> str | None:
 def parse_index_bytes(raw: bytes, path: str = INDEX_NAME) -> Index:
     """Parse the index JSON; problems (never exceptions) for anything malformed."""
     idx = Index(path)
-    try:
-        doc = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        idx.problems.append(problem("index_invalid", f"{posixpath.basename(path)} is not UTF-8 (byte {exc.start})"))
-        return idx
-    except json.JSONDecodeError as exc:
-        idx.problems.append(problem("index_invalid", f"{posixpath.basename(path)} is not valid JSON: {exc.msg} "
-                                    f"(line {exc.lineno}, column {exc.colno})"))
-        return idx
-    except RecursionError:
-        idx.problems.append(problem("index_invalid", f"{posixpath.basename(path)} is nested too deeply"))
-        return idx
-    if not isinstance(doc, dict):
-        idx.problems.append(problem("index_invalid", "index JSON is not an object"))
+    doc = _index_object(raw, path, idx)
+    if doc is None:
         return idx
     wmap = doc.get("weight_map")
     if not isinstance(wmap, dict) or not wmap:
         idx.problems.append(problem("index_invalid", "index has no weight_map object (or it is empty)"))
         return idx
-    meta = doc.get("metadata")
+    _metadata(doc.get("metadata"), idx)
+    try:
+        shard_names: list[Any] = list(dict.fromkeys(wmap.values()))  # first-seen order, C speed
+    except TypeError:  # an unhashable value (list, object)
+        wmap = {t: v for t, v in wmap.items() if isinstance(v, str)}
+        shard_names = list(dict.fromkeys(wmap.values()))
+        idx.problems.append(problem("index_invalid", "weight_map has values that are not file names"))
+    bad_paths = _unsafe_names(shard_names, idx)
+    idx.weight_map = {t: s for t, s in wmap.items() if isinstance(s, str)} if len(idx.problems) else wmap
+    seen = [s for s in shard_names if isinstance(s, str)]
+    idx.shards = [s for s in seen if s not in bad_paths]
+    return idx
+
+
+def _index_object(raw: bytes, path: str, idx: Index) -> dict[str, Any] | None:
+    """The index's JSON object; None (the defect recorded in ``idx``) when it is not UTF-8, not JSON, nested too
+    deeply or not an object."""
+    name = posixpath.basename(path)
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        idx.problems.append(problem("index_invalid", f"{name} is not UTF-8 (byte {exc.start})"))
+        return None
+    except json.JSONDecodeError as exc:
+        idx.problems.append(problem("index_invalid", f"{name} is not valid JSON: {exc.msg} "
+                                    f"(line {exc.lineno}, column {exc.colno})"))
+        return None
+    except RecursionError:
+        idx.problems.append(problem("index_invalid", f"{name} is nested too deeply"))
+        return None
+    if not isinstance(doc, dict):
+        idx.problems.append(problem("index_invalid", "index JSON is not an object"))
+        return None
+    return doc
+
+
+def _metadata(meta: Any, idx: Index) -> None:
+    """``metadata``: an object, whose ``total_size`` (when given) is a byte count, kept in ``idx.total_size``."""
     if meta is not None and not isinstance(meta, dict):
         idx.problems.append(problem("index_invalid", "index metadata is not an object"))
     elif isinstance(meta, dict) and "total_size" in meta:
@@ -89,12 +113,11 @@ def parse_index_bytes(raw: bytes, path: str = INDEX_NAME) -> Index:
             idx.problems.append(problem("index_invalid", f"metadata.total_size {ts!r} is not a byte count"))
         else:
             idx.total_size = int(ts)
-    try:
-        shard_names: list[Any] = list(dict.fromkeys(wmap.values()))  # first-seen order, C speed
-    except TypeError:  # an unhashable value (list, object)
-        wmap = {t: v for t, v in wmap.items() if isinstance(v, str)}
-        shard_names = list(dict.fromkeys(wmap.values()))
-        idx.problems.append(problem("index_invalid", "weight_map has values that are not file names"))
+
+
+def _unsafe_names(shard_names: list[Any], idx: Index) -> dict[str, str]:
+    """The shard names that are not file names, and those that would lead outside the model directory (with why):
+    the doctor refuses to look there."""
     bad_paths: dict[str, str] = {}
     for shard in shard_names:
         if not isinstance(shard, str):
@@ -106,10 +129,7 @@ def parse_index_bytes(raw: bytes, path: str = INDEX_NAME) -> Index:
     for shard, why in bad_paths.items():
         idx.problems.append(problem("path_unsafe", f"index names shard {shard!r}, which {why}: refusing to "
                                     "look outside the model directory"))
-    idx.weight_map = {t: s for t, s in wmap.items() if isinstance(s, str)} if len(idx.problems) else wmap
-    seen = [s for s in shard_names if isinstance(s, str)]
-    idx.shards = [s for s in seen if s not in bad_paths]
-    return idx
+    return bad_paths
 
 
 def read_index(path: str) -> Index:
@@ -128,11 +148,11 @@ def read_index(path: str) -> Index:
 class CrossCheck:
     """Index against headers: problems per shard name (``""`` for the index as a whole)."""
 
-    per_shard: dict[str, list[Finding]] = field(default_factory=dict)
-    general: list[Finding] = field(default_factory=list)
+    per_shard: dict[str, list[Defect]] = field(default_factory=dict)
+    general: list[Defect] = field(default_factory=list)
     header_total: int = 0
 
-    def add(self, shard: str, problem: Finding) -> None:
+    def add(self, shard: str, problem: Defect) -> None:
         self.per_shard.setdefault(shard, []).append(problem)
 
 
@@ -154,20 +174,51 @@ def cross_check(index: Index, headers: Mapping[str, HeaderReport | None]) -> Cro
     """
     cc = CrossCheck()
     valid = {s: r for s in index.shards if (r := headers.get(s)) is not None and r.ok}
-    if len(valid) == len(index.shards):
-        # Fast path (the usual case): one dict built in C from the headers equals the weight map.
-        owner_fast: dict[str, str] = {}
-        count = 0
-        for shard, rep in valid.items():
-            owner_fast.update(dict.fromkeys(rep.tensors, shard))
-            count += len(rep.tensors)
-        if count == len(owner_fast) and owner_fast == index.weight_map:
-            cc.header_total = sum(r.data_bytes for r in valid.values())
-            if index.total_size is not None and index.total_size != cc.header_total:
-                cc.general.append(problem("total_size_mismatch", f"index metadata.total_size is "
-                                          f"{index.total_size} bytes, the shard headers hold {cc.header_total} "
-                                          "bytes of tensor data"))
-            return cc
+    if len(valid) == len(index.shards) and _agrees_at_once(index, valid, cc):
+        return cc
+    owner, dup, complete = _owners(index, headers, cc)
+    for name, shards in list(dup.items())[:20]:
+        cc.general.append(problem("tensor_duplicated", f"tensor {name!r} is in {len(shards)} shards: "
+                                  f"{', '.join(shards)}"))
+    if len(dup) > 20:
+        cc.general.append(problem("tensor_duplicated", f"... and {len(dup) - 20} more tensors in two shards"))
+    _indexed_elsewhere(index, headers, owner, cc)
+    # Tensors in a header the index does not name: loaders that follow the index never see them.
+    unindexed: dict[str, list[str]] = {}
+    for name, shard in owner.items():
+        if index.weight_map.get(name) is None:
+            unindexed.setdefault(shard, []).append(name)
+    for shard, items in unindexed.items():
+        cc.add(shard, problem("tensor_unindexed", f"{len(items)} tensor(s) in {shard} are not in the index: "
+                              f"{_examples(items)}"))
+    if complete and index.total_size is not None and index.total_size != cc.header_total:
+        cc.general.append(problem("total_size_mismatch", f"index metadata.total_size is {index.total_size} bytes, "
+                                  f"the shard headers hold {cc.header_total} bytes of tensor data"))
+    return cc
+
+
+def _agrees_at_once(index: Index, valid: Mapping[str, HeaderReport], cc: CrossCheck) -> bool:
+    """The usual case, every header valid: one dict built in C from the headers equals the weight map. Then only
+    total_size remains to compare; False sends the caller through the tensor-by-tensor comparison."""
+    owner_fast: dict[str, str] = {}
+    count = 0
+    for shard, rep in valid.items():
+        owner_fast.update(dict.fromkeys(rep.tensors, shard))
+        count += len(rep.tensors)
+    if count != len(owner_fast) or owner_fast != index.weight_map:
+        return False
+    cc.header_total = sum(r.data_bytes for r in valid.values())
+    if index.total_size is not None and index.total_size != cc.header_total:
+        cc.general.append(problem("total_size_mismatch", f"index metadata.total_size is "
+                                  f"{index.total_size} bytes, the shard headers hold {cc.header_total} "
+                                  "bytes of tensor data"))
+    return True
+
+
+def _owners(index: Index, headers: Mapping[str, HeaderReport | None], cc: CrossCheck
+            ) -> tuple[dict[str, str], dict[str, list[str]], bool]:
+    """(the shard each tensor is first found in, the tensors found in several, whether every shard was valid);
+    the valid headers' data bytes in ``cc.header_total``."""
     owner: dict[str, str] = {}
     dup: dict[str, list[str]] = {}
     total = 0
@@ -185,12 +236,12 @@ def cross_check(index: Index, headers: Mapping[str, HeaderReport | None]) -> Cro
             else:
                 dup.setdefault(name, [prev]).append(shard)
     cc.header_total = total
-    for name, shards in list(dup.items())[:20]:
-        cc.general.append(problem("tensor_duplicated", f"tensor {name!r} is in {len(shards)} shards: "
-                                  f"{', '.join(shards)}"))
-    if len(dup) > 20:
-        cc.general.append(problem("tensor_duplicated", f"... and {len(dup) - 20} more tensors in two shards"))
-    # Tensors the index puts in a shard whose header lacks them.
+    return owner, dup, complete
+
+
+def _indexed_elsewhere(index: Index, headers: Mapping[str, HeaderReport | None], owner: dict[str, str],
+                       cc: CrossCheck) -> None:
+    """Tensors the index puts in a shard whose header lacks them: in another shard, or in none."""
     missing: dict[str, list[str]] = {}
     misplaced: dict[str, list[tuple[str, str]]] = {}
     for tensor, shard in index.weight_map.items():
@@ -210,18 +261,6 @@ def cross_check(index: Index, headers: Mapping[str, HeaderReport | None]) -> Cro
     for shard, items in missing.items():
         cc.add(shard, problem("tensor_missing", f"{len(items)} tensor(s) the index puts in {shard} are not in "
                               f"its header: {_examples(items)}"))
-    # Tensors in a header the index does not name: loaders that follow the index never see them.
-    unindexed: dict[str, list[str]] = {}
-    for name, shard in owner.items():
-        if index.weight_map.get(name) is None:
-            unindexed.setdefault(shard, []).append(name)
-    for shard, items in unindexed.items():
-        cc.add(shard, problem("tensor_unindexed", f"{len(items)} tensor(s) in {shard} are not in the index: "
-                              f"{_examples(items)}"))
-    if complete and index.total_size is not None and index.total_size != total:
-        cc.general.append(problem("total_size_mismatch", f"index metadata.total_size is {index.total_size} bytes, "
-                                  f"the shard headers hold {total} bytes of tensor data"))
-    return cc
 
 
 def index_summary(index: Index) -> dict[str, Any]:

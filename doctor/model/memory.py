@@ -238,6 +238,22 @@ def server_shape(args: list[str], target: Geometry, *, gpu_gib: float, draft_blo
     speculative = s.algorithm not in ("NONE", "")
     s.max_running_requests = v.get("max_running_requests") or (
         c["kv"]["speculative_max_running_requests"] if speculative else None)
+    _speculative_shape(s, v, draft_block, speculative)
+    if v.get("disable_graphs"):
+        s.graph_max_bs, s.prefill_graphs = 0, False
+    else:
+        bs = v.get("graph_max_bs") or tier_bs
+        if not v.get("graph_max_bs") and s.max_running_requests:
+            bs = min(bs, s.max_running_requests)  # memory_hook: a default max_bs follows --max-running-requests
+        if s.max_running_requests:
+            bs = min(bs, s.max_running_requests)  # get_batch_sizes_to_capture: never above the request slots
+        s.graph_max_bs = bs
+    return s
+
+
+def _speculative_shape(s: ServerShape, v: dict[str, Any], draft_block: int | None, speculative: bool) -> None:
+    """The draft block and the tokens the target verifies per request, as each algorithm sets them (DDTree: the
+    budget + 1, at least the block; DFlash: the block; the others: the draft tokens)."""
     if s.algorithm == "DDTREE":
         budget = v.get("ddtree_budget")
         s.draft_block = v.get("draft_block") or draft_block or 16
@@ -251,16 +267,6 @@ def server_shape(args: list[str], target: Geometry, *, gpu_gib: float, draft_blo
         s.verify_width = s.draft_block
     elif speculative:
         s.verify_width = v.get("num_draft_tokens") or 1
-    if v.get("disable_graphs"):
-        s.graph_max_bs, s.prefill_graphs = 0, False
-    else:
-        bs = v.get("graph_max_bs") or tier_bs
-        if not v.get("graph_max_bs") and s.max_running_requests:
-            bs = min(bs, s.max_running_requests)  # memory_hook: a default max_bs follows --max-running-requests
-        if s.max_running_requests:
-            bs = min(bs, s.max_running_requests)  # get_batch_sizes_to_capture: never above the request slots
-        s.graph_max_bs = bs
-    return s
 
 
 # -- what lies outside the pool -----------------------------------------------------------------------

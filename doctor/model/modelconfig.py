@@ -75,6 +75,21 @@ def read_config(cfg: Any) -> ConfigView:
     if not isinstance(cfg, dict):
         view.problems.append(f"config.json is a JSON {type(cfg).__name__}, not an object")
         return view
+    _identity(cfg, view)
+    text = _text_part(cfg, view)
+    view.text = text if isinstance(text, dict) else {}
+    _fields(view)
+    # Quantization: under text_config (K2.x) or at the top level.
+    for where, src in (("text_config", view.text if view.text is not cfg else None), ("top level", cfg)):
+        if isinstance(src, dict) and src.get("quantization_config") is not None:
+            view.quant = parse_quant(src["quantization_config"])
+            view.quant_where = where
+            break
+    return view
+
+
+def _identity(cfg: dict[str, Any], view: ConfigView) -> None:
+    """``model_type`` and ``architectures``, each of the type the loaders expect."""
     mt = cfg.get("model_type")
     view.model_type = mt if isinstance(mt, str) else None
     if mt is not None and not isinstance(mt, str):
@@ -85,25 +100,34 @@ def read_config(cfg: Any) -> ConfigView:
             view.architectures = list(archs)
         else:
             view.problems.append(f"architectures is {archs!r}, not a list of class names")
-    text: Any = cfg
+
+
+def _text_part(cfg: dict[str, Any], view: ConfigView) -> Any:
+    """The part that describes the language model, and the family: kimi_k25 (and any model with a
+    ``text_config``, save deepseek_v3) keeps it under ``text_config``; DeepSeek-V3's text types at the top level."""
     if view.model_type == "kimi_k25" or (isinstance(cfg.get("text_config"), dict) and view.model_type != "deepseek_v3"):
         tc = cfg.get("text_config")
+        text: Any = tc
         if not isinstance(tc, dict):
             view.problems.append(f"model_type {view.model_type} needs a text_config object "
                                  f"(found {type(tc).__name__})")
             text = {}
-        else:
-            text = tc
         view.family = "kimi_k25" if view.model_type == "kimi_k25" else "generic"
         ttype = text.get("model_type")
         view.text_model_type = ttype if isinstance(ttype, str) else None
         if view.family == "kimi_k25" and view.text_model_type not in DSV3_TEXT_TYPES:
             view.problems.append(f"text_config.model_type is {ttype!r}; kimi_k25 expects one of "
                                  f"{', '.join(DSV3_TEXT_TYPES)}")
-    elif view.model_type in DSV3_TEXT_TYPES:
+        return text
+    if view.model_type in DSV3_TEXT_TYPES:
         view.family = "deepseek_v3"
         view.text_model_type = view.model_type
-    view.text = text if isinstance(text, dict) else {}
+    return cfg
+
+
+def _fields(view: ConfigView) -> None:
+    """The integer fields the family needs (missing, or not positive), the optional non-negative ones, and the
+    experts each token is routed to against the experts there are."""
     fields = DSV3_INT_FIELDS if view.family in ("kimi_k25", "deepseek_v3") else GENERIC_INT_FIELDS
     for name in fields:
         if name not in view.text:
@@ -119,13 +143,6 @@ def read_config(cfg: Any) -> ConfigView:
     k, n = view.int_field("num_experts_per_tok"), view.int_field("n_routed_experts")
     if k and n and k > n:
         view.problems.append(f"num_experts_per_tok {k} exceeds n_routed_experts {n}")
-    # Quantization: under text_config (K2.x) or at the top level.
-    for where, src in (("text_config", view.text if view.text is not cfg else None), ("top level", cfg)):
-        if isinstance(src, dict) and src.get("quantization_config") is not None:
-            view.quant = parse_quant(src["quantization_config"])
-            view.quant_where = where
-            break
-    return view
 
 
 def _where(view: ConfigView) -> str:

@@ -19,9 +19,8 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from doctor.core.result import Finding
 from doctor.host.access import ownership
-from doctor.model.header import DTYPE_BITS, HeaderReport, problem, read_header, recorded
+from doctor.model.header import DTYPE_BITS, Defect, HeaderReport, read_header, recorded
 from doctor.model.index import INDEX_NAME, SINGLE_NAME, Index, cross_check, index_summary, read_index
 from doctor.model.layout import file_state, find_leftovers, hf_cache_root, read_hf_local_metadata
 from doctor.model.shard_work import indexed_verdict, shard_summary, summary_of, verdict
@@ -58,43 +57,11 @@ def scan_weights(model_dir: str, *, workers: int = 8) -> dict[str, Any]:
 def _scan_weights(model_dir: str, workers: int) -> dict[str, Any]:
     out: dict[str, Any] = {"layout": None, "index": None, "shards": [], "problems": [], "leftovers": [],
                            "hf_cache": hf_cache_root(model_dir), "totals": {}}
-    idx_state = file_state(model_dir, INDEX_NAME)
-    single_state = file_state(model_dir, SINGLE_NAME)
-    index: Index | None = None
-    if idx_state.exists:
-        out["layout"] = "index"
-        if idx_state.dangling:
-            out["problems"].append(_p("index_dangling", f"{INDEX_NAME} is a dangling symlink (-> "
-                                      f"{idx_state.link_target})"))
-            names: list[str] = []
-        else:
-            index = read_index(idx_state.path)
-            out["index"] = index_summary(index)
-            out["index"]["path"] = INDEX_NAME
-            out["problems"].extend(recorded(p) for p in index.problems)
-            names = list(index.shards)
-    elif single_state.exists:
-        out["layout"] = "single"
-        names = [SINGLE_NAME]
-    else:
-        out["layout"] = "none"
-        hint = ""
-        if os.path.isdir(os.path.join(model_dir, "snapshots")) and os.path.isdir(os.path.join(model_dir, "blobs")):
-            hint = " (this is a Hugging Face cache repository: point at its snapshots/<revision> directory)"
-        stray = _stray_shards(model_dir)
-        if stray:  # without an index SGLang loads every *.safetensors there: those are judged as the shards
-            out["stray_safetensors"] = stray[:100]
-            names = stray[:MAX_STRAY_SHARDS]
-            hint += (f"; without an index SGLang would load the {len(stray)} *.safetensors file(s) there, read "
-                     "below as the shards")
-        else:
-            names = []
-        out["problems"].append(_p("index_missing", f"neither {INDEX_NAME} nor {SINGLE_NAME} is in {model_dir}{hint}"))
-
+    index, names = _layout(model_dir, out)
     states = {n: file_state(model_dir, n) for n in names}
     readable = [n for n, s in states.items() if s.exists and not s.dangling and s.error is None]
     fast = _fast_index_scan(model_dir, index, readable, states) if index is not None and index.ok else None
-    if fast is not None and len(readable) == len(names) and all(v["ok"] for v in fast.values()):
+    if fast is not None and len(readable) == len(names) and _all_ok(fast):
         return _fast_result(out, model_dir, index, names, states, fast)  # type: ignore[arg-type]
     reports: dict[str, HeaderReport | None] = dict(zip(readable, read_headers(
         [states[n].path for n in readable], workers=workers), strict=True))
@@ -104,49 +71,110 @@ def _scan_weights(model_dir: str, workers: int) -> dict[str, Any]:
     cc = cross_check(index, reports) if index is not None and index.ok else None
     if cc is not None:
         out["problems"].extend(recorded(p) for p in cc.general)
-
     for n in names:
-        st = states[n]
-        rec: dict[str, Any] = {"name": n, "size": st.size, "allocated": st.allocated}
-        if st.is_symlink:
-            rec["symlink"] = st.link_target
-        if st.blob_sha256:
-            rec["blob_sha256"] = st.blob_sha256
-        probs: list[Finding] = []
-        if not st.exists:
-            probs.append(problem("missing", "is missing" + (f" ({st.error})" if st.error else "")))
-        elif st.dangling:
-            probs.append(problem("dangling_symlink", f"is a dangling symlink (-> {st.link_target})"))
-        elif st.error:
-            probs.append(problem("unreadable", f"cannot be read: {st.error}"))
-        rep = reports.get(n)
-        if rep is not None:
-            probs.extend(rep.problems)
-            rec.update(tensors=len(rep.tensors), data_bytes=rep.data_bytes, header_len=rep.header_len)
-            if rep.metadata:
-                rec["format"] = rep.metadata.get("format")
-        if cc is not None:
-            probs.extend(cc.per_shard.get(n, []))
-        if any(p.code == "permission" for p in probs):  # owner and mode, for the chmod/chown that fixes it
-            rec["access"] = ownership(st.path)
-        meta = read_hf_local_metadata(model_dir, n)
-        if meta:
-            rec["hf_metadata"] = {k: meta.get(k) for k in ("commit", "etag", "timestamp")}
-        rec["ok"] = not probs
-        rec["problems"] = [recorded(p) for p in probs[:MAX_PROBLEMS_PER_SHARD]]
-        out["shards"].append(rec)
-
+        out["shards"].append(_shard_record(model_dir, n, states[n], reports[n],
+                                           cc.per_shard.get(n, []) if cc is not None else []))
     out["leftovers"] = find_leftovers(model_dir, names)
+    out["totals"] = _totals(out["shards"], names, reports, index)
+    return out
+
+
+def _totals(shards: list[dict[str, Any]], names: list[str], reports: dict[str, HeaderReport | None],
+            index: Index | None) -> dict[str, Any]:
+    """The directory's counts: shards (and how many are valid), tensors and data of the valid headers, bytes on
+    disk, the tensors the index names."""
     valid = [r for r in reports.values() if r is not None and r.ok]
-    out["totals"] = {
+    return {
         "shards": len(names),
-        "shards_ok": sum(1 for s in out["shards"] if s["ok"]),
+        "shards_ok": sum(1 for s in shards if s["ok"]),
         "tensors": sum(len(r.tensors) for r in valid),
         "data_bytes": sum(r.data_bytes for r in valid),
-        "file_bytes": sum(s["size"] or 0 for s in out["shards"]),
+        "file_bytes": sum(s["size"] or 0 for s in shards),
         "index_tensors": len(index.weight_map) if index is not None else None,
     }
-    return out
+
+
+def _all_ok(fast: dict[str, dict[str, Any]]) -> bool:
+    """Every shard the fast path read is valid and consistent with the index (else headers are read in full)."""
+    return all(v["ok"] for v in fast.values())
+
+
+def _layout(model_dir: str, out: dict[str, Any]) -> tuple[Index | None, list[str]]:
+    """The directory's layout (an index, one ``model.safetensors``, or neither) and the shard names it names,
+    recorded in ``out`` with the index's summary and what is wrong with the directory itself. Without either
+    file, the ``*.safetensors`` files there stand in for the shards (SGLang would load them all)."""
+    idx_state = file_state(model_dir, INDEX_NAME)
+    if idx_state.exists:
+        out["layout"] = "index"
+        if idx_state.dangling:
+            out["problems"].append(_p("index_dangling", f"{INDEX_NAME} is a dangling symlink (-> "
+                                      f"{idx_state.link_target})"))
+            return None, []
+        index = read_index(idx_state.path)
+        out["index"] = index_summary(index)
+        out["index"]["path"] = INDEX_NAME
+        out["problems"].extend(recorded(p) for p in index.problems)
+        return index, list(index.shards)
+    if file_state(model_dir, SINGLE_NAME).exists:
+        out["layout"] = "single"
+        return None, [SINGLE_NAME]
+    out["layout"] = "none"
+    hint = ""
+    if os.path.isdir(os.path.join(model_dir, "snapshots")) and os.path.isdir(os.path.join(model_dir, "blobs")):
+        hint = " (this is a Hugging Face cache repository: point at its snapshots/<revision> directory)"
+    stray = _stray_shards(model_dir)
+    names: list[str] = []
+    if stray:  # without an index SGLang loads every *.safetensors there: those are judged as the shards
+        out["stray_safetensors"] = stray[:100]
+        names = stray[:MAX_STRAY_SHARDS]
+        hint += (f"; without an index SGLang would load the {len(stray)} *.safetensors file(s) there, read "
+                 "below as the shards")
+    out["problems"].append(_p("index_missing", f"neither {INDEX_NAME} nor {SINGLE_NAME} is in {model_dir}{hint}"))
+    return None, names
+
+
+def _shard_record(model_dir: str, name: str, st: Any, rep: HeaderReport | None, against_index: list[Defect]
+                  ) -> dict[str, Any]:
+    """One shard as the fact records it: its file (size, allocation, symlink, blob; missing, a dangling link or
+    unreadable: ``exists``, ``dangling``, ``error``), what its header holds (``parsed``: where its data end, which
+    the judgement compares with the size), the Hugging Face download metadata, what the readers found wrong with
+    its bytes and against the index, and ``ok``: read, valid and complete. The wording of what is wrong with the
+    file itself and with its size is the judgement's (``doctor.model.weights.problems_of``)."""
+    rec: dict[str, Any] = {"name": name, "size": st.size, "allocated": st.allocated}
+    if st.is_symlink:
+        rec["symlink"] = st.link_target
+    if st.blob_sha256:
+        rec["blob_sha256"] = st.blob_sha256
+    file_bad = _file_state(st, rec)
+    if rep is not None:
+        rec.update(tensors=len(rep.tensors), data_bytes=rep.data_bytes, header_len=rep.header_len)
+        if rep.metadata:
+            rec["format"] = rep.metadata.get("format")
+        if rep.parsed:
+            rec["parsed"] = True
+    defects = (rep.problems if rep is not None else []) + against_index
+    if any(p.code == "permission" for p in defects):  # owner and mode, for the chmod/chown that fixes it
+        rec["access"] = ownership(st.path)
+    meta = read_hf_local_metadata(model_dir, name)
+    if meta:
+        rec["hf_metadata"] = {k: meta.get(k) for k in ("commit", "etag", "timestamp")}
+    incomplete = rep is not None and not rep.complete
+    rec["ok"] = not (file_bad or defects or incomplete)
+    # what the judgement derives (the file's state, its size) joins these: the shard's lines keep within the cap
+    rec["problems"] = [recorded(p) for p in defects[:MAX_PROBLEMS_PER_SHARD - file_bad - incomplete]]
+    return rec
+
+
+def _file_state(st: Any, rec: dict[str, Any]) -> bool:
+    """What the file itself is, before its header is read, recorded as it is (missing, a dangling symlink, the
+    error that stopped its reading); whether it could not be read."""
+    if not st.exists:
+        rec["exists"] = False
+    elif st.dangling:
+        rec["dangling"] = True
+    if st.error:
+        rec["error"] = st.error
+    return not st.exists or st.dangling or bool(st.error)
 
 
 # Parsed headers of this process, by path, valid while (device, inode, size, mtime_ns) is unchanged:
@@ -254,8 +282,7 @@ def _fast_result(out: dict[str, Any], model_dir: str, index: Index, names: list[
         meta = read_hf_local_metadata(model_dir, n)
         if meta:
             rec["hf_metadata"] = {k: meta.get(k) for k in ("commit", "etag", "timestamp")}
-        rec["ok"] = True
-        rec["problems"] = []
+        rec.update(parsed=True, ok=True, problems=[])
         out["shards"].append(rec)
     out["leftovers"] = find_leftovers(model_dir, names)
     out["totals"] = {"shards": len(names), "shards_ok": len(names), "tensors": sum(v["tensors"] for v in fast.values()),

@@ -22,6 +22,7 @@ import json
 import os
 import shlex
 import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -234,15 +235,31 @@ def judge_load(fact: dict[str, Any], model_type: str | None, repo: str | None, v
     """The load part, added to ``v``: what the probe saw, against tokenizer_config.json's ids and the parsers'
     markers. A probe that failed raises ``NotJudged.failing``, a service interpreter without transformers
     ``NotJudged.missing`` (what ``v`` found stays in ``v``); ``v.details["loaded_as"]``: the class it loads as."""
-    path = fact.get("path")
     probe = fact.get("probe") or {}
-    redo = functools.partial(download_command, repo, path)
     if probe.get("probe_failed"):
         raise NotJudged.failing(f"the tokenizer probe under {probe.get('python')} failed: {probe.get('error')}")
     versions = probe.get("versions") or {}
     tf_version = _version(versions.get("transformers"))
     v.details.update(transformers=versions.get("transformers"), tiktoken=versions.get("tiktoken"),
                      python=probe.get("python"))
+    _judge_versions(fact, model_type, tf_version, functools.partial(download_command, repo, fact.get("path")), v)
+    _judge_imports(probe, v)
+    load = probe.get("load") or {}
+    steps = load.get("steps") or []
+    v.details["load_steps"] = steps
+    if load.get("import_error") or not load.get("ok"):
+        _load_failed(probe, load, steps, v)
+        return v
+    _judge_class(fact, load.get("class") or {}, steps, v)
+    _judge_markers(fact, probe, v)
+    _judge_template(probe, v)
+    return v
+
+
+def _judge_versions(fact: dict[str, Any], model_type: str | None, tf_version: Version | None,
+                    redo: Callable[[list[str]], str], v: Findings) -> None:
+    """The installed transformers against the remote code (an import from a place that release no longer has)
+    and against the backend routing rules of ``tokenizer_compat.toml`` (a model type sent past its tokenizer)."""
     remote = fact.get("remote_code") or {}
     for name, rec in (remote.get("files") or {}).items():
         for hit in rec.get("moved") or []:
@@ -258,6 +275,11 @@ def judge_load(fact: dict[str, Any], model_type: str | None, repo: str | None, v
             warning(v, "backend_routing",
                 f"transformers {tf_version} routes model type {model_type} past its remote tokenizer to the generic "
                 f"{GENERIC_BACKEND}, whose special-token ids are wrong", rule.get("fix", ""))
+
+
+def _judge_imports(probe: dict[str, Any], v: Findings) -> None:
+    """transformers importable (else the load was not tried: not judged), and the modules the remote code
+    imports installed."""
     missing_mods = probe.get("missing_imports") or []
     if not probe.get("transformers_found"):
         others = [m for m in missing_mods if m != "transformers"]
@@ -270,24 +292,28 @@ def judge_load(fact: dict[str, Any], model_type: str | None, repo: str | None, v
             f"the remote code imports {', '.join(missing_mods)}, not installed in {probe.get('python')}",
             "Install them into the service's environment:",
             [f"{shlex.quote(str(probe.get('python')))} -m pip install {' '.join(missing_mods)}"])
-    load = probe.get("load") or {}
-    steps = load.get("steps") or []
-    v.details["load_steps"] = steps
+
+
+def _load_failed(probe: dict[str, Any], load: dict[str, Any], steps: list[dict[str, Any]], v: Findings) -> None:
+    """A load that failed: transformers itself does not import, or the tokenizer does not load as SGLang loads it
+    (the last step's error; remote code asks for --trust-remote-code)."""
     if load.get("import_error"):
         err = load["import_error"]
         problem(v, "transformers_broken", f"import transformers fails in {probe.get('python')}: {err['type']}: "
                                   f"{err['message']}", "Repair the service environment's transformers install.")
-        return v
-    if not load.get("ok"):
-        err = next((s["error"] for s in reversed(steps) if s.get("error")), {"type": "?", "message": "no tokenizer"})
-        text = f"{err['type']}: {err['message']}"
-        fix = "Fix what the error names; the server fails the same way, after the weights loaded."
-        if "trust_remote_code" in err["message"] or "requires you to execute" in err["message"]:
-            fix = "The tokenizer is remote code: pass --trust-remote-code (profile [model] trust_remote_code = true)."
-        problem(v, "load_fails", f"loading the tokenizer as SGLang does fails: {text}"
-                                  + (f" (at {err['where']})" if err.get("where") else ""), fix)
-        return v
-    cls = load.get("class") or {}
+        return
+    err = next((s["error"] for s in reversed(steps) if s.get("error")), {"type": "?", "message": "no tokenizer"})
+    text = f"{err['type']}: {err['message']}"
+    fix = "Fix what the error names; the server fails the same way, after the weights loaded."
+    if "trust_remote_code" in err["message"] or "requires you to execute" in err["message"]:
+        fix = "The tokenizer is remote code: pass --trust-remote-code (profile [model] trust_remote_code = true)."
+    problem(v, "load_fails", f"loading the tokenizer as SGLang does fails: {text}"
+                              + (f" (at {err['where']})" if err.get("where") else ""), fix)
+
+
+def _judge_class(fact: dict[str, Any], cls: dict[str, Any], steps: list[dict[str, Any]], v: Findings) -> None:
+    """The class the tokenizer loads as: transformers' generic backend in place of the model's (wrong special-token
+    ids), or only SGLang's fallback saving plain AutoTokenizer from it."""
     module = str(cls.get("module") or "")
     v.details["loaded_as"] = (f"{cls.get('name')} (remote code {module.rsplit('.', 1)[-1]}.py)"
                    if module.startswith("transformers_modules.") else f"{module}.{cls.get('name')}")
@@ -302,9 +328,6 @@ def judge_load(fact: dict[str, Any], model_type: str | None, repo: str | None, v
         warning(v, "plain_autotokenizer",
             f"plain AutoTokenizer gives the generic {GENERIC_BACKEND} here; SGLang's loader falls back to "
             f"{cls.get('name')}, but other tools that load this model with AutoTokenizer get wrong ids")
-    _judge_markers(fact, probe, v)
-    _judge_template(probe, v)
-    return v
 
 
 def _judge_markers(fact: dict[str, Any], probe: dict[str, Any], v: Findings) -> None:

@@ -17,6 +17,7 @@ from doctor.model.tokenizer import judge_files, judge_load
 from doctor.model.weights import TARGET, dir_problem, redownload_commands
 
 DEFAULT_FIX = "Download the missing tokenizer files from the model's repository."
+BROKEN = "model.tokenizer.broken"  # what the files say (a load failure keeps its own code)
 
 
 def auto_map_modules(auto_map: Any) -> list[str]:
@@ -137,8 +138,9 @@ def judge_tokenizer(fact: dict[str, Any], read_tok: Callable[[], Any], args: lis
 
 def tokenizer_failure(fact: dict[str, Any], seen: TokenizerFiles, failing: list[Any], settings: Settings,
                       out: Findings) -> Findings:
-    """One line (the first problem, and how many more); the fix of the first load problem when the files are
-    fine, with the commands of every load problem."""
+    """Each problem a finding (the files' ``model.tokenizer.broken``, the load's own codes), said in one line (the
+    first, and how many more); the fix of the first load problem when the files are fine, with the commands of
+    every load problem."""
     problems = seen.problems + [f.message for f in failing]
     commands = redownload_commands(settings, fact, seen.missing_mods, TARGET)
     fix = DEFAULT_FIX
@@ -146,6 +148,8 @@ def tokenizer_failure(fact: dict[str, Any], seen: TokenizerFiles, failing: list[
         fix = (failing[0].fix.text if failing[0].fix else "") or fix
     commands += [c for f in failing for c in (f.fix.commands if f.fix else []) if c not in commands]
     out.details["problems"] = problems
-    return out.fail("model.tokenizer.broken", f"tokenizer: {problems[0]}" + (f" (+{len(problems) - 1} more)"
-                                                                            if len(problems) > 1 else ""),
-                    Remediation(fix, commands))
+    for message in seen.problems:
+        out.fail(BROKEN, message)
+    for found in failing:  # the load's own codes (model.tokenizer.load_fails, ...), for the fixers
+        out.fail(found.code, found.message)
+    return out.fold("tokenizer: ", Remediation(fix, commands))

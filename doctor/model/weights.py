@@ -21,6 +21,7 @@ from doctor.model.layout import redownload_argv
 
 GIB = 1024 ** 3
 MANIFEST_FILE = "k26-doctor.manifest.json"
+INDEX_FILE = "model.safetensors.index.json"
 SPARSE_MIN_BYTES = 64 * 1024 ** 2
 LEFTOVER_WHAT = {"aria2": "aria2 control file: that download did not finish",
                  "incomplete": "partial huggingface_hub download", "part": "partial download",
@@ -153,6 +154,52 @@ def is_sparse(shard: dict[str, Any]) -> bool:
     return bool(size and alloc is not None and size >= SPARSE_MIN_BYTES and alloc < size // 2)
 
 
+MAX_LINES_PER_SHARD = 8  # what is said of one shard (doctor.model.scan records at most this many defects)
+# What the readers found against the index (doctor.model.index.cross_check): said after what is wrong with the file
+AGAINST_INDEX = ("tensor_wrong_shard", "tensor_missing", "tensor_unindexed")
+
+
+def file_problem(shard: dict[str, Any]) -> dict[str, str] | None:
+    """What is wrong with the file itself, from what the fact recorded of it (``exists``, ``dangling``, ``error``):
+    missing, a dangling symlink, unreadable; None when it was read."""
+    error = shard.get("error")
+    if shard.get("exists") is False:
+        return {"code": "missing", "message": "is missing" + (f" ({error})" if error else "")}
+    if shard.get("dangling"):
+        return {"code": "dangling_symlink", "message": f"is a dangling symlink (-> {shard.get('symlink')})"}
+    if error:
+        return {"code": "unreadable", "message": f"cannot be read: {error}"}
+    return None
+
+
+def size_problem(shard: dict[str, Any]) -> dict[str, str] | None:
+    """A shard whose size is not what its header accounts for (8 + header + the data its tensors span): truncated,
+    or trailing bytes; None when it is, or when the header did not parse (``parsed``: the reader's fact)."""
+    size, header_len, data = shard.get("size"), shard.get("header_len"), shard.get("data_bytes")
+    if not shard.get("parsed") or size is None or header_len is None or data is None:
+        return None
+    want = 8 + header_len + data
+    if size < want:
+        return {"code": "truncated", "message": f"file is {size} bytes, header says {want} "
+                f"({want - size} bytes missing): truncated download"}
+    if size > want:
+        return {"code": "trailing_bytes", "message": f"file is {size} bytes, header accounts for {want} "
+                f"({size - want} extra bytes): corrupt or an unfinished download"}
+    return None
+
+
+def problems_of(shard: dict[str, Any]) -> list[dict[str, str]]:
+    """Everything wrong with one shard, in the order it is said: the file itself, what its bytes say, its size
+    against its header, what the index says of it. The first and the third are judged here from what the fact
+    recorded, so that a replayed snapshot is judged by today's rules; a snapshot made before the fact recorded
+    them (no ``parsed``, no ``exists``) holds them among its defects already."""
+    recorded = list(shard.get("problems") or [])
+    at = next((i for i, p in enumerate(recorded) if p.get("code") in AGAINST_INDEX), len(recorded))
+    size = size_problem(shard)
+    said = [file_problem(shard), *recorded[:at], size, *recorded[at:]]
+    return [p for p in said if p is not None][:MAX_LINES_PER_SHARD]
+
+
 class ShardReading:
     """The shards of a directory fact sorted by what is wrong with them: damaged, unreadable (permissions only),
     the directory's own problems and the leftovers of interrupted downloads; each as a line for people."""
@@ -161,18 +208,30 @@ class ShardReading:
         w = fact.get("weights") or {}
         self.weights = w
         self.bad = sorted((s for s in w.get("shards", []) if not s.get("ok")), key=lambda s: s["name"])
-        self.denied = [s for s in self.bad if s.get("problems")
-                       and all(p.get("code") == "permission" for p in s["problems"])]
+        self.problems = {s["name"]: problems_of(s) for s in self.bad}
+        self.denied = [s for s in self.bad if self.problems[s["name"]]
+                       and all(p.get("code") == "permission" for p in self.problems[s["name"]])]
         self.damaged = [s for s in self.bad if s not in self.denied]
         self.general = list(w.get("problems") or [])
         self.leftovers = list(w.get("leftovers") or [])
-        general = [p["message"] for p in self.general]
-        shards = [f"{s['name']}: " + "; ".join(p["message"] for p in s.get("problems") or [{"message": "invalid"}])
-                  + (f" ({describe(s['access'])})" if s in self.denied and s.get("access") else "") for s in self.bad]
-        # no index: the files found stand in for the shards, and what is wrong with them is said first
-        self.lines: list[str] = shards + general if w.get("layout") == "none" else general + shards
-        for lo in self.leftovers:
-            self.lines.append(f"{lo['path']}: {LEFTOVER_WHAT.get(lo['kind'], 'download leftover')}")
+        said = self.said()
+        self.kinds = [kind for kind, _ in said]  # what each line is about: its finding's code (``damaged``)
+        self.lines: list[str] = [line for _, line in said]
+
+    def said(self) -> list[tuple[str, str]]:
+        """(kind, line) of everything wrong, in the order it is said: the directory's own problems, then the bad
+        shards (without an index, the shards first: the files found stand in for them), then the leftovers."""
+        general = [("directory", p["message"]) for p in self.general]
+        shards = [("unreadable" if s in self.denied else "damaged", self.line(s)) for s in self.bad]
+        said = shards + general if self.weights.get("layout") == "none" else general + shards
+        return said + [("leftover" if lo.get("for") else "stray", f"{lo['path']}: "
+                        f"{LEFTOVER_WHAT.get(lo['kind'], 'download leftover')}") for lo in self.leftovers]
+
+    def line(self, shard: dict[str, Any]) -> str:
+        """One bad shard as said: its name, what is wrong with it, and owner and mode when it is only unreadable."""
+        said = "; ".join(p["message"] for p in self.problems[shard["name"]] or [{"message": "invalid"}])
+        access = f" ({describe(shard['access'])})" if shard in self.denied and shard.get("access") else ""
+        return f"{shard['name']}: {said}{access}"
 
     def redownload(self) -> list[str]:
         """The files to fetch again: damaged shards, the shards of leftovers, the index when it is the problem."""
@@ -180,7 +239,7 @@ class ShardReading:
         codes = {p.get("code") for p in self.general}
         if codes & {"index_missing", "index_invalid", "index_dangling"} or (self.general
                                                                            and self.weights.get("layout") == "index"):
-            redo = ["model.safetensors.index.json", *redo]  # the index is wrong (names a path outside, unreadable...)
+            redo = [INDEX_FILE, *redo]  # the index is wrong (names a path outside, unreadable...)
         return redo
 
 
@@ -197,7 +256,8 @@ def judge_weights(fact: dict[str, Any], role: Role, settings: Settings, selected
     w, path = seen.weights, fact.get("path")
     totals = w.get("totals") or {}
     out = Findings(path=path, layout=w.get("layout"), hf_cache=w.get("hf_cache"), totals=totals,
-                   bad_shards=[{"name": s["name"], "problems": s.get("problems")} for s in seen.bad],
+                   bad_shards=[{"name": s["name"], "problems": seen.problems[s["name"]] or s.get("problems")}
+                               for s in seen.bad],
                    problems=seen.general, leftovers=seen.leftovers)
     if seen.denied:
         out.details["unreadable"] = [{"name": s["name"], "access": s.get("access")} for s in seen.denied]
@@ -243,10 +303,10 @@ def sparse_warning(fact: dict[str, Any], role: Role, settings: Settings, sparse_
 
 
 def damaged(fact: dict[str, Any], role: Role, settings: Settings, seen: ShardReading, out: Findings) -> Findings:
-    """Shards damaged or unreadable, leftovers, a broken index: one line (the first, and how many more)."""
+    """Shards damaged or unreadable, leftovers, a broken index: a finding each, said in one line (the first, and how
+    many more) with one remediation."""
     redo = seen.redownload()
     out.details["redownload"] = redo
-    more = f" (+{len(seen.lines) - 1} more)" if len(seen.lines) > 1 else ""
     reader = (fact.get("user") or {}).get("user") or "this user"
     n_shards = (seen.weights.get("totals") or {}).get("shards", 0)
     head = ""
@@ -264,8 +324,15 @@ def damaged(fact: dict[str, Any], role: Role, settings: Settings, seen: ShardRea
                             or [{"path": str(fact.get("path")), "is_dir": True}], "read", fact.get("user"))
         text = (text + " " if text else "") + access.text
         commands += access.commands
-    code = role.damaged if redo else f"{role.check}.unreadable"
-    return out.fail(code, head + seen.lines[0] + more, Remediation(text, commands))
+    # Each line its own finding, coded by what the fixers do about it: a re-download (the damaged shards, the
+    # shards of leftovers, the index when it is wrong), access (unreadable), nothing automatic (a stray leftover).
+    index_redone = bool(redo) and redo[0] == INDEX_FILE
+    codes = {"damaged": role.damaged, "leftover": role.damaged, "unreadable": f"{role.check}.unreadable",
+             "directory": role.damaged if index_redone else f"{role.check}.invalid",
+             "stray": f"{role.check}.leftover"}
+    for kind, line in zip(seen.kinds, seen.lines, strict=True):
+        out.fail(codes[kind], line)
+    return out.fold(head, Remediation(text, commands))
 
 
 # -- the deep tier: sha256 of every shard ------------------------------------------------------------------

@@ -12,84 +12,26 @@ imports. This module says what the flag is:
 * a flag of a fork or companion launcher (ktransformers' ``--kt-*``, sglang-router's ``--router-*``);
 * a typo of an accepted flag (did you mean ...).
 
-The history (``doctor/data/sglang_flag_history.json``) lists, for every flag of every release from
-0.4.0 on, the runs of releases that accept it; ``scripts/make_flag_history.py`` regenerates it from
-the released wheels with the doctor's own source reader. Nothing here imports SGLang.
+The history (``doctor/data/sglang_flag_history.json``, read by ``doctor.stack.sglang_releases``) lists, for
+every flag of every release from 0.4.0 on, the runs of releases that accept it; ``scripts/make_flag_history.py``
+regenerates it from the released wheels with the doctor's own source reader. Nothing here imports SGLang.
 """
 
 from __future__ import annotations
 
 import difflib
-import functools
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from packaging.version import InvalidVersion, Version
-
 from doctor.core.datafile import load_toml
-from doctor.core.fileio import read_text
+from doctor.stack.sglang_releases import HISTORY_FILE as HISTORY_FILE  # the table: below this area and gpu's
+from doctor.stack.sglang_releases import FlagHistory, load_history
 
 DATA = Path(__file__).resolve().parents[1] / "data"
-HISTORY_FILE = DATA / "sglang_flag_history.json"
 VLLM_FILE = DATA / "vllm_flag_equivalents.toml"
 FORKS_FILE = DATA / "sglang_fork_flags.toml"
-
-
-@dataclass(frozen=True)
-class FlagHistory:
-    """Every release read (oldest first) and, per flag, the runs of releases that accept it."""
-
-    releases: tuple[str, ...]
-    flags: Mapping[str, dict[str, Any]]
-    unreadable: Mapping[str, str] = field(default_factory=dict)
-    forks: Mapping[str, dict[str, Any]] = field(default_factory=dict)
-
-    def runs(self, flag: str) -> list[tuple[int, int]]:
-        entry = self.flags.get(flag) or {}
-        return [(int(a), int(b)) for a, b in entry.get("in", [])]
-
-    def known(self, flag: str) -> bool:
-        return flag in self.flags
-
-    def position(self, version: str | None) -> float | None:
-        """Where ``version`` falls among the releases: its index, or a half index between two;
-        ``None`` when it is not a version."""
-        parsed = _version(version)
-        if parsed is None:
-            return None
-        release = Version(parsed.base_version) if parsed.is_devrelease or parsed.local else parsed
-        for i, rel in enumerate(self.releases):
-            rv = Version(rel)
-            if rv == release:
-                return float(i)
-            if rv > release:
-                return i - 0.5
-        return len(self.releases) - 0.5
-
-    def options_at(self, release: str) -> dict[str, str]:
-        """Every option string ``release`` accepts, with its argparse ``dest`` ({} for a release not read)."""
-        if release not in self.releases:
-            return {}
-        i = self.releases.index(release)
-        return {flag: str((self.flags.get(flag) or {}).get("dest") or "") for flag in self.flags
-                if any(a <= i <= b for a, b in self.runs(flag))}
-
-    def fork_of(self, flag: str) -> str | None:
-        """The fork (package name) whose recorded release alone has ``flag``."""
-        for package, info in self.forks.items():
-            if flag in (info.get("flags") or ()):
-                return package
-        return None
-
-
-@functools.lru_cache(maxsize=4)
-def load_history(path: Path = HISTORY_FILE) -> FlagHistory:
-    data = json.loads(read_text(path, 64 << 20, "a flag history"))
-    return FlagHistory(tuple(data.get("releases") or ()), dict(data.get("flags") or {}),
-                       dict(data.get("unreadable") or {}), dict(data.get("forks") or {}))
 
 
 def _toml(path: Path) -> dict[str, Any]:
@@ -103,15 +45,6 @@ def vllm_equivalents(path: Path = VLLM_FILE) -> dict[str, dict[str, Any]]:
 
 def fork_prefixes(path: Path = FORKS_FILE) -> dict[str, dict[str, Any]]:
     return {str(k): dict(v) for k, v in (_toml(path).get("forks") or {}).items()}
-
-
-def _version(text: str | None) -> Version | None:
-    if not text:
-        return None
-    try:
-        return Version(str(text))
-    except InvalidVersion:
-        return None
 
 
 @dataclass

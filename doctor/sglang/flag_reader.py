@@ -367,46 +367,80 @@ def _unwrap_optional(node: ast.expr) -> ast.expr:
 
 def _field_flag(table: FlagTable, stmt: ast.AnnAssign, sources: _Sources, mod: _Module, resolver: _Choices) -> None:
     """One annotated field, as ``arg_utils.add_cli_args_from_dataclass`` turns it into a flag."""
-    if not isinstance(stmt.target, ast.Name):
+    found = _field_meta(stmt)
+    if found is None:
         return
+    name, raw_type, meta = found
+    opts = _field_options(name, meta)
+    choices, strict = (None, True)
+    if "choices" in meta:
+        choices, strict = resolver.resolve(meta["choices"], mod)
+    if "action" in meta:
+        action, nargs = _field_action(meta, sources, mod)
+        table.add(opts, _spec(name, nargs=nargs, choices=choices, strict=strict), action)
+        return
+    choices, strict, type_name, nargs = _typed_shape(_unwrap_optional(raw_type), meta, choices, strict)
+    if "nargs" in meta:
+        nargs = _nargs_of(meta["nargs"])
+    required = _const(meta.get("required")) is True or (
+        _const(meta.get("required")) is not False and stmt.value is None and nargs != 0)
+    table.add(opts, _spec(name, nargs=nargs, choices=choices, strict=strict, type_name=type_name, required=required))
+
+
+def _field_meta(stmt: ast.AnnAssign) -> tuple[str, ast.expr, dict[str, ast.expr]] | None:
+    """(name, annotated type, ``Arg(...)`` keywords) of a field that is a CLI flag; None for one that is not (no
+    ``Arg`` nor help string in its ``Annotated``, or ``no_cli=True``). A help string alone: a flag with no keywords."""
+    if not isinstance(stmt.target, ast.Name):
+        return None
     parts = _annotated_parts(stmt.annotation)
     if not parts:
-        return
-    raw_type, metas = parts[0], parts[1:]
+        return None
     meta: dict[str, ast.expr] | None = None
-    for m in metas:
+    for m in parts[1:]:
         if isinstance(m, ast.Constant) and isinstance(m.value, str):
             meta = {}
             break
         if isinstance(m, ast.Call) and _name_of(m.func) == "Arg":
             meta = _kw(m)
             break
-    if meta is None:
-        return  # no Arg / help string: not a CLI flag
-    if _const(meta.get("no_cli")) is True:
-        return
-    name = stmt.target.id
+    if meta is None or _const(meta.get("no_cli")) is True:
+        return None
+    return stmt.target.id, parts[0], meta
+
+
+def _field_options(name: str, meta: dict[str, ast.expr]) -> list[str]:
+    """The option strings: ``cli_name`` (else ``--`` and the field's name with dashes), then the aliases."""
     cli = _const(meta.get("cli_name"))
     cli = cli if isinstance(cli, str) else "--" + name.replace("_", "-")
     aliases = _const(meta.get("aliases"))
-    opts = [cli] + ([a for a in aliases if isinstance(a, str)] if isinstance(aliases, (list, tuple)) else [])
-    inner = _unwrap_optional(raw_type)
-    choices, strict = (None, True)
-    if "choices" in meta:
-        choices, strict = resolver.resolve(meta["choices"], mod)
+    return [cli] + ([a for a in aliases if isinstance(a, str)] if isinstance(aliases, (list, tuple)) else [])
+
+
+def _nargs_of(expr: ast.expr) -> Any:
+    """A ``nargs`` the source spells: its value, 1 for None (argparse's one value), ``*`` when not a constant."""
+    value = _const(expr)
+    return "*" if isinstance(value, _Unknown) else (1 if value is None else value)
+
+
+def _field_action(meta: dict[str, ast.expr], sources: _Sources, mod: _Module) -> tuple[Any, Any]:
+    """(action, nargs) of a field with ``action=``: the nargs the action implies, unless ``action_kwargs``
+    names one."""
+    action, implied = _action_info(meta["action"], sources, mod)
+    nargs = implied if implied is not None else 1
+    akw = meta.get("action_kwargs")
+    if isinstance(akw, ast.Dict):
+        for k, v in zip(akw.keys, akw.values, strict=False):
+            if _const(k) == "nargs":
+                nargs = _nargs_of(v)
+    return action, nargs
+
+
+def _typed_shape(inner: ast.expr, meta: dict[str, ast.expr], choices: Any, strict: bool
+                 ) -> tuple[Any, bool, str | None, Any]:
+    """(choices, strict, type name, nargs) that the field's type gives the flag: a ``Literal`` its choices (and
+    argparse's type from the first), a list ``+`` values, a bool no value, an int or float its type."""
     type_name: str | None = None
     nargs: Any = 1
-    if "action" in meta:
-        action, implied = _action_info(meta["action"], sources, mod)
-        nargs = implied if implied is not None else 1
-        akw = meta.get("action_kwargs")
-        if isinstance(akw, ast.Dict):
-            for k, v in zip(akw.keys, akw.values, strict=False):
-                if _const(k) == "nargs":
-                    value = _const(v)
-                    nargs = "*" if isinstance(value, _Unknown) else (1 if value is None else value)
-        table.add(opts, _spec(name, nargs=nargs, choices=choices, strict=strict), action)
-        return
     head = _name_of(inner.value) if isinstance(inner, ast.Subscript) else _name_of(inner)
     if head == "Literal" and isinstance(inner, ast.Subscript):
         lit = _const(inner.slice)
@@ -422,12 +456,7 @@ def _field_flag(table: FlagTable, stmt: ast.AnnAssign, sources: _Sources, mod: _
         nargs = 0
     elif head in ("int", "float") and "type_parser" not in meta:
         type_name = head
-    if "nargs" in meta:
-        value = _const(meta["nargs"])
-        nargs = "*" if isinstance(value, _Unknown) else (1 if value is None else value)
-    required = _const(meta.get("required")) is True or (
-        _const(meta.get("required")) is not False and stmt.value is None and nargs != 0)
-    table.add(opts, _spec(name, nargs=nargs, choices=choices, strict=strict, type_name=type_name, required=required))
+    return choices, strict, type_name, nargs
 
 
 def _struct_fields(table: FlagTable, cls: ast.ClassDef, sources: _Sources, mod: _Module, resolver: _Choices) -> None:

@@ -11,25 +11,17 @@ so ``sglang.install`` must look further.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any, NamedTuple
 
 from doctor.core.datafile import load_toml
+from doctor.stack.service_probe import SGLANG_RUNTIME_FILE
 
-DATA_FILE = Path(__file__).resolve().parents[1] / "data" / "sglang_runtime.toml"
+# One path for the rules: the stack probe, below this area, hands them to the probe (``probe_rules``).
+DATA_FILE = SGLANG_RUNTIME_FILE
 
 
 def rules(path: str | None = None) -> dict[str, Any]:
     return load_toml(path or DATA_FILE)
-
-
-def probe_rules() -> dict[str, Any]:
-    """The rules as the ``stack`` probe takes them (``--sglang-runtime JSON``): the modules to find, the
-    directories under each package, DFlash's files. The data file stays the one list."""
-    r = rules()
-    return {"modules": {"flashinfer": {"module": r["flashinfer"]["module"], "dirs": list(r["flashinfer"]["jit_dirs"])},
-                        "cute_dsl": {"module": r["cute_dsl"]["module"]}},
-            "dflash": dict(r["dflash"])}
 
 
 def runtime_problems(runtime: Any, *, algorithm: str | None, architectures: list[str] | None,

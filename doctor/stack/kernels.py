@@ -251,99 +251,146 @@ def _first(items: list[str], n: int = 3) -> str:
     return "; ".join(items[:n]) + (f"; and {len(items) - n} more" if len(items) > n else "")
 
 
-def judge(fact: dict[str, Any], ccs: list[tuple[int, int]], where: str, driver_cuda: str | None,
-          markers: dict[str, str] | None, python: str) -> Findings:
-    """The ``stack.kernels`` verdict: GPU code per package and GPU, the libtorch ABI, Requires-Dist pins."""
-    pkgs = kernel_packages(fact)
-    max_isa = driver_ptx_isa(driver_cuda)
+@dataclass
+class Said:
+    """What the ``stack.kernels`` judgement has to say, gathered part by part (GPU code, ABI, files, pins) so that
+    each part is a function of its own; ``verdict`` turns it into the one finding."""
+
+    fails: list[str] = field(default_factory=list)
+    warns: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    commands: list[str] = field(default_factory=list)
+    fixes: list[str] = field(default_factory=list)
+
+    def remediation(self) -> Remediation | None:
+        text, cmds = " ".join(dict.fromkeys(self.fixes)), list(dict.fromkeys(self.commands))
+        return Remediation(text, cmds) if text or cmds else None
+
+
+def _coverage_lines(label: str, cc: tuple[int, int], c: Coverage, archs: list[str], is_required: bool,
+                    max_isa: tuple[int, int] | None, said: Said) -> None:
+    """What one package's coverage of one GPU says: no code (a failure for a required package or one built for
+    this GPU's generation, else a note), kernels missing for it, kernels it runs only through PTX."""
+    if c.status == "none" and (is_required or c.same_major):
+        (said.fails if is_required else said.warns).append(
+            f"{label} has no code that runs on {c.cc} ({', '.join(archs[:8]) or 'PTX only'}"
+            f"{', ...' if len(archs) > 8 else ''})" + (f": {c.notes[0]}" if c.notes else ""))
+    elif c.status == "none":
+        said.notes.append(f"{label} carries no code for {c.cc}: built for other GPUs")
+    elif c.status == "partial" and c.same_major:
+        said.warns.append(f"{label}: {len(c.same_major)} of {c.groups} kernel files have code for other "
+                          f"{cc[0]}.x GPUs but not {c.cc} (e.g. {c.same_major[0]})")
+    elif c.status == "partial":
+        said.notes.append(f"{label}: {len(c.without)} of {c.groups} kernel files not built for {cc[0]}.x "
+                          f"(e.g. {c.without[0]})")
+    if c.ptx_only:
+        said.warns.append(f"{label}: {len(c.ptx_only)} kernel files run on {c.cc} only by JIT-compiling PTX at "
+                          f"first use (e.g. {c.ptx_only[0]})")
+    if max_isa is None and c.ptx_only:
+        said.notes.append(f"the driver's PTX ISA is unknown: assumed it JIT-compiles {label}'s PTX")
+
+
+def judge_coverage(pkgs: list[dict[str, Any]], ccs: list[tuple[int, int]], max_isa: tuple[int, int] | None,
+                   said: Said) -> dict[str, list[dict[str, Any]]]:
+    """Every kernel package against every GPU capability: the coverage table (the result's details), with what
+    it says added to ``said``."""
     required = required_packages()
-    fails: list[str] = []
-    warns: list[str] = []
-    notes: list[str] = []
-    commands: list[str] = []
-    fixes: list[str] = []
     cover: dict[str, list[dict[str, Any]]] = {}
     for p in pkgs:
         label = f"{p.get('name')} {p.get('version')}"
         for cc in ccs:
             c = coverage(p, cc, max_isa)
             cover.setdefault(label, []).append(c.to_dict())
-            is_required = norm(str(p.get("name"))) in required
             archs = sorted({n for f in runtime_files(p) for n in f.get("sass") or []}, key=arch_key)
-            if c.status == "none" and (is_required or c.same_major):
-                (fails if is_required else warns).append(
-                    f"{label} has no code that runs on {c.cc} ({', '.join(archs[:8]) or 'PTX only'}"
-                    f"{', ...' if len(archs) > 8 else ''})" + (f": {c.notes[0]}" if c.notes else ""))
-            elif c.status == "none":
-                notes.append(f"{label} carries no code for {c.cc}: built for other GPUs")
-            elif c.status == "partial" and c.same_major:
-                warns.append(f"{label}: {len(c.same_major)} of {c.groups} kernel files have code for other "
-                             f"{cc[0]}.x GPUs but not {c.cc} (e.g. {c.same_major[0]})")
-            elif c.status == "partial":
-                notes.append(f"{label}: {len(c.without)} of {c.groups} kernel files not built for {cc[0]}.x "
-                             f"(e.g. {c.without[0]})")
-            if c.ptx_only:
-                warns.append(f"{label}: {len(c.ptx_only)} kernel files run on {c.cc} only by JIT-compiling PTX at "
-                             f"first use (e.g. {c.ptx_only[0]})")
-            if max_isa is None and c.ptx_only:
-                notes.append(f"the driver's PTX ISA is unknown: assumed it JIT-compiles {label}'s PTX")
-    if any(c["status"] == "none" for cs in cover.values() for c in cs) and fails:
-        fixes.append("Install builds of those packages with code for this GPU (a release built for its "
-                     "architecture), or run them on the GPUs they were built for.")
-    missing = abi_missing(fact)
+            _coverage_lines(label, cc, c, archs, norm(str(p.get("name"))) in required, max_isa, said)
+    if any(c["status"] == "none" for cs in cover.values() for c in cs) and said.fails:
+        said.fixes.append("Install builds of those packages with code for this GPU (a release built for its "
+                          "architecture), or run them on the GPUs they were built for.")
+    return cover
+
+
+def judge_abi(fact: dict[str, Any], missing: dict[str, dict[str, list[str]]], python: str, said: Said) -> None:
+    """Libraries that need torch symbols the installed torch does not define (import fails with 'undefined
+    symbol'): the pin each package asks for, and the sglang-kernel builds made for this torch."""
     torch_version = (fact.get("torch") or {}).get("version")
     dists = fact.get("distributions") or {}
     for label, files in missing.items():
         count = len({s for syms in files.values() for s in syms})
         first_file, syms = next(iter(sorted(files.items())))
-        fails.append(f"{label}: {len(files)} of its libraries need {count} torch symbol(s) torch {torch_version} "
-                     f"does not define (e.g. {syms[0]} in {first_file}): import fails with 'undefined symbol'")
+        said.fails.append(f"{label}: {len(files)} of its libraries need {count} torch symbol(s) torch "
+                          f"{torch_version} does not define (e.g. {syms[0]} in {first_file}): import fails with "
+                          "'undefined symbol'")
         name = label.rsplit(" ", 1)[0]
         wants = [r for r in (dists.get(norm(name)) or {}).get("requires") or [] if norm(r).startswith("torch")]
         if wants:
-            commands.append(f"{python} -m pip install '{wants[0].split(';')[0].replace(' ', '')}'")
+            said.commands.append(f"{python} -m pip install '{wants[0].split(';')[0].replace(' ', '')}'")
         built_for = _kernel_for_torch(torch_version)
-        fixes.append(f"{name} was built against another torch" + (f" ({wants[0].split(';')[0]})" if wants else "")
-                     + (f"; for torch {torch_version}: {', '.join(built_for[:3])}" if built_for else "") + ".")
+        said.fixes.append(f"{name} was built against another torch"
+                          + (f" ({wants[0].split(';')[0]})" if wants else "")
+                          + (f"; for torch {torch_version}: {', '.join(built_for[:3])}" if built_for else "") + ".")
     for p in fact.get("packages") or []:
         err = (p.get("abi") or {}).get("error")
         if err:
-            warns.append(f"{p.get('name')} {p.get('version')}: libtorch ABI not checked: {err}")
+            said.warns.append(f"{p.get('name')} {p.get('version')}: libtorch ABI not checked: {err}")
+
+
+def judge_files(fact: dict[str, Any], said: Said) -> tuple[list[str], list[str]]:
+    """Broken shared objects or cubins (a failure: reinstall) and files that could not be read (a warning)."""
     malformed = [f"{p.get('name')}: {e.get('path')}: {e.get('error')}" for p in fact.get("packages") or []
                  for e in p.get("errors") or [] if e.get("kind") == "malformed"]
     unreadable = [f"{p.get('name')}: {e.get('path')}: {e.get('error')}" for p in fact.get("packages") or []
                   for e in p.get("errors") or [] if e.get("kind") != "malformed"]
     if malformed:
-        fails.append(f"{len(malformed)} broken shared object(s) or cubin(s): {_first(malformed, 2)}")
-        fixes.append("Reinstall the packages whose files are broken (pip install --force-reinstall --no-deps).")
+        said.fails.append(f"{len(malformed)} broken shared object(s) or cubin(s): {_first(malformed, 2)}")
+        said.fixes.append("Reinstall the packages whose files are broken (pip install --force-reinstall --no-deps).")
     if unreadable:
-        warns.append(f"{len(unreadable)} file(s) could not be read: {_first(unreadable, 2)}")
+        said.warns.append(f"{len(unreadable)} file(s) could not be read: {_first(unreadable, 2)}")
+    return malformed, unreadable
+
+
+def judge(fact: dict[str, Any], ccs: list[tuple[int, int]], where: str, driver_cuda: str | None,
+          markers: dict[str, str] | None, python: str) -> Findings:
+    """The ``stack.kernels`` verdict: GPU code per package and GPU, the libtorch ABI, Requires-Dist pins."""
+    pkgs = kernel_packages(fact)
+    max_isa = driver_ptx_isa(driver_cuda)
+    said = Said()
+    cover = judge_coverage(pkgs, ccs, max_isa, said)
+    missing = abi_missing(fact)
+    judge_abi(fact, missing, python, said)
+    malformed, unreadable = judge_files(fact, said)
     unmet = unmet_requirements(fact, markers)
     if unmet:
-        warns.append(f"{len(unmet)} installed package(s) pin versions other than installed: {_first(unmet, 2)}")
+        said.warns.append(f"{len(unmet)} installed package(s) pin versions other than installed: {_first(unmet, 2)}")
+    torch_version = (fact.get("torch") or {}).get("version")
     details: dict[str, Any] = {
         "packages": details_packages(fact), "gpus": where, "compute_capabilities": [f"{a}.{b}" for a, b in ccs],
         "driver_cuda": driver_cuda, "driver_ptx_isa": f"{max_isa[0]}.{max_isa[1]}" if max_isa else None,
         "coverage": cover, "abi_missing": missing, "unmet_requirements": unmet, "malformed": malformed,
-        "unreadable": unreadable, "notes": notes, "scan_s": fact.get("scan_s"), "files_read": fact.get("files_read"),
-        "torch": torch_version}
+        "unreadable": unreadable, "notes": said.notes, "scan_s": fact.get("scan_s"),
+        "files_read": fact.get("files_read"), "torch": torch_version}
     if not ccs:
-        notes.append("no GPU to judge the GPU code against: NVML sees none and the profile names no "
-                     "compute_capability")
+        said.notes.append("no GPU to judge the GPU code against: NVML sees none and the profile names no "
+                          "compute_capability")
     if not pkgs:
-        fails.append("no installed package carries GPU code (no CUDA build of torch, no kernel package)")
-        fixes.append("Install the CUDA build of torch and the kernel packages the profile pins.")
+        said.fails.append("no installed package carries GPU code (no CUDA build of torch, no kernel package)")
+        said.fixes.append("Install the CUDA build of torch and the kernel packages the profile pins.")
+    return verdict(fact, pkgs, ccs, where, said, details)
+
+
+def verdict(fact: dict[str, Any], pkgs: list[dict[str, Any]], ccs: list[tuple[int, int]], where: str, said: Said,
+            details: dict[str, Any]) -> Findings:
+    """The one finding: the failures, else the warnings (one line for many packages: the first three, and how
+    many more), else what runs where; with no GPU to judge against, not judged."""
     out = Findings(**details)
-    text, cmds = " ".join(dict.fromkeys(fixes)), list(dict.fromkeys(commands))
-    fix = Remediation(text, cmds) if text or cmds else None
-    if fails:  # one line for many packages: the first three, and how many more
+    torch_version = details["torch"]
+    if said.fails:
         if not pkgs and torch_version is None:  # nothing installed: stack.versions names what is missing
             out.cause = "stack.versions"
-        return out.fail("stack.kernels.no_code", _first(fails), fix)
-    if warns:
-        return out.warn("stack.kernels.partial", _first(warns), fix)
+        return out.fail("stack.kernels.no_code", _first(said.fails), said.remediation())
+    if said.warns:
+        return out.warn("stack.kernels.partial", _first(said.warns), said.remediation())
     if not ccs:
-        raise NotJudged.missing(f"{len(pkgs)} kernel packages read; " + notes[-1], **details)
+        raise NotJudged.missing(f"{len(pkgs)} kernel packages read; " + said.notes[-1], **details)
     files = sum(len(runtime_files(p)) for p in pkgs)
     checked = sum(len((p.get("abi") or {}).get("checked") or []) for p in fact.get("packages") or [])
     abi_text = (f"the torch symbols of {checked} libraries resolve in torch {torch_version}" if checked

@@ -112,37 +112,11 @@ def judge(fact: dict[str, Any], gpu_names: list[str] | None) -> Findings:
     matching = sorted({str(c.get("path")) for c in _candidates(fact) if kmd_v and c.get("version") == kmd_v})
     details["matching_candidates"] = matching
     if not res.get("loaded"):
-        if not kmd.get("present"):
-            raise NotJudged.blocked("no NVIDIA driver here: no kernel module (/proc/driver/nvidia/version) and no "
-                                    "libcuda.so.1; gpu.driver judges the driver", "gpu.driver", **details)
-        return said("cuda.libcuda.not_found", "fail",
-                    f"the NVIDIA kernel module {kmd_v or '?'} is loaded but the service's loader finds no "
-                       f"libcuda.so.1: {res.get('error')}",
-                       "Install the driver's user-space libraries of the same version (e.g. libnvidia-compute-"
-                       f"{(kmd_v or 'BRANCH').split('.')[0]}), or make their directory known to the loader.",
-                       ["ldconfig -p | grep libcuda", "cat /proc/driver/nvidia/version"], details)
+        return _not_loaded(kmd, res, details)
     if is_stub(path, cu_init):
-        origin, fix, commands = _where(fact, str(path))
-        details["origin"] = origin
-        if matching:
-            fix += f" The libcuda matching the kernel module is {matching[0]}."
-        return said("cuda.libcuda.stub", "fail",
-                    f"the service loads the CUDA toolkit's link stub {path} (via {origin}), not the "
-                       "driver's libcuda: every CUDA call fails"
-                       + (f"; cuInit returned {cuinit_error(cu_init)}" if cu_init not in (None, 0) else ""),
-                       fix + " The stub belongs on a build's link path (-L), never on a service's library path.",
-                       commands, details)
+        return _stub(fact, str(path), cu_init, matching, details)
     if not lib_v:
-        if cu_init not in (None, 0):
-            origin, fix, commands = _where(fact, str(path))
-            details["origin"] = origin
-            return said("cuda.libcuda.unversioned_refused", "fail",
-                    f"the service loads {path or 'a libcuda.so.1'} (via {origin}), whose file name "
-                           f"carries no driver version, and cuInit returned {cuinit_error(cu_init)}", fix, commands,
-                           details)
-        return said("cuda.libcuda.unversioned", "warn",
-                    f"the service loads {path or 'a libcuda.so.1'} whose file name carries no driver "
-                       f"version; cannot compare it with the kernel module {kmd_v or '?'}", details=details)
+        return _unversioned(fact, path, cu_init, kmd_v, details)
     origin, fix, commands = _where(fact, str(path))
     details["origin"] = origin
     if matching:
@@ -153,6 +127,57 @@ def judge(fact: dict[str, Any], gpu_names: list[str] | None) -> Findings:
         return said("cuda.libcuda.module_unread", "warn",
                     f"the service loads libcuda {lib_v} ({path}); the kernel module's version is unreadable "
                        f"({kmd.get('error') or kmd.get('text') or 'no version'})", details=details)
+    return _matches(fact, kmd_v, lib_v, path, cu_init, details)
+
+
+def _not_loaded(kmd: dict[str, Any], res: dict[str, Any], details: dict[str, Any]) -> Findings:
+    """No libcuda.so.1 loaded: no driver at all is gpu.driver's to judge; a kernel module without its user-space
+    library fails here."""
+    kmd_v = kmd.get("version")
+    if not kmd.get("present"):
+        raise NotJudged.blocked("no NVIDIA driver here: no kernel module (/proc/driver/nvidia/version) and no "
+                                "libcuda.so.1; gpu.driver judges the driver", "gpu.driver", **details)
+    return said("cuda.libcuda.not_found", "fail",
+                f"the NVIDIA kernel module {kmd_v or '?'} is loaded but the service's loader finds no "
+                   f"libcuda.so.1: {res.get('error')}",
+                   "Install the driver's user-space libraries of the same version (e.g. libnvidia-compute-"
+                   f"{(kmd_v or 'BRANCH').split('.')[0]}), or make their directory known to the loader.",
+                   ["ldconfig -p | grep libcuda", "cat /proc/driver/nvidia/version"], details)
+
+
+def _stub(fact: dict[str, Any], path: str, cu_init: Any, matching: list[str], details: dict[str, Any]) -> Findings:
+    """The CUDA toolkit's link stub loaded in place of the driver's libcuda: every CUDA call fails."""
+    origin, fix, commands = _where(fact, path)
+    details["origin"] = origin
+    if matching:
+        fix += f" The libcuda matching the kernel module is {matching[0]}."
+    return said("cuda.libcuda.stub", "fail",
+                f"the service loads the CUDA toolkit's link stub {path} (via {origin}), not the "
+                   "driver's libcuda: every CUDA call fails"
+                   + (f"; cuInit returned {cuinit_error(cu_init)}" if cu_init not in (None, 0) else ""),
+                   fix + " The stub belongs on a build's link path (-L), never on a service's library path.",
+                   commands, details)
+
+
+def _unversioned(fact: dict[str, Any], path: Any, cu_init: Any, kmd_v: Any, details: dict[str, Any]) -> Findings:
+    """A libcuda whose file name carries no version: a failure when cuInit refused it, else a warning (it cannot
+    be compared with the kernel module)."""
+    if cu_init not in (None, 0):
+        origin, fix, commands = _where(fact, str(path))
+        details["origin"] = origin
+        return said("cuda.libcuda.unversioned_refused", "fail",
+                f"the service loads {path or 'a libcuda.so.1'} (via {origin}), whose file name "
+                       f"carries no driver version, and cuInit returned {cuinit_error(cu_init)}", fix, commands,
+                       details)
+    return said("cuda.libcuda.unversioned", "warn",
+                f"the service loads {path or 'a libcuda.so.1'} whose file name carries no driver "
+                   f"version; cannot compare it with the kernel module {kmd_v or '?'}", details=details)
+
+
+def _matches(fact: dict[str, Any], kmd_v: str, lib_v: str, path: Any, cu_init: Any, details: dict[str, Any]
+             ) -> Findings:
+    """The library matches the kernel module: still a failure when cuInit refuses (the driver itself), a warning
+    when other versions wait on the search path."""
     # Only what the loader could pick up: LD_LIBRARY_PATH and the loader cache. The forward-compatibility
     # directories ship in every CUDA container image (/usr/local/cuda/compat) and stay unused until named.
     others = sorted({f"{c.get('path')} ({c.get('version')})" for c in _candidates(fact, ("ld_library_path_candidates",

@@ -128,6 +128,28 @@ def scan(path: list[str] | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {"ok": True, "distributions": {}, "packages": [], "no_file_list": [], "errors": []}
     if metadata is None:
         return {"ok": False, "error": "importlib.metadata is unavailable (Python < 3.8)"}
+    dists = _distributions(path, out)
+    torch = next((d for d in dists if d["key"] == "torch"), None)
+    libs = abi.TorchLibraries(torch_libraries(torch) if torch is not None else [])
+    if torch is not None:
+        out["torch"] = {"location": torch["location"], "version": torch["version"],
+                        "libraries": [os.path.relpath(f.path, torch["location"]) for f in libs.files],
+                        "errors": {os.path.relpath(k, torch["location"]): v for k, v in libs.errors.items()}}
+    scanned = 0
+    for d in dists:
+        pkg, read = _scan_package(d, torch is not None, libs)
+        scanned += read
+        if pkg["files"] or pkg["errors"] or pkg["abi"]:
+            out["packages"].append(pkg)
+    libs.close()
+    out["files_read"] = scanned
+    out["scan_s"] = round(time.monotonic() - start, 3)
+    return out
+
+
+def _distributions(path: list[str] | None, out: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every distribution on ``path`` (the first of a name: a later copy is shadowed) recorded in ``out``, and those
+    with a file list, with the files to read; a broken METADATA is an error of its own, never hiding the rest."""
     dists: list[dict[str, Any]] = []
     for dist in metadata.distributions(**({"path": path} if path is not None else {})):
         try:
@@ -149,44 +171,41 @@ def scan(path: list[str] | None = None) -> dict[str, Any]:
             continue
         dists.append({"name": name, "key": key, "version": version, "location": location,
                       "candidates": files[:MAX_FILES], "requires_torch": requires_torch(requires)})
-    torch = next((d for d in dists if d["key"] == "torch"), None)
-    libs = abi.TorchLibraries(torch_libraries(torch) if torch is not None else [])
-    if torch is not None:
-        out["torch"] = {"location": torch["location"], "version": torch["version"],
-                        "libraries": [os.path.relpath(f.path, torch["location"]) for f in libs.files],
-                        "errors": {os.path.relpath(k, torch["location"]): v for k, v in libs.errors.items()}}
-    scanned = 0
-    for d in dists:
-        pkg: dict[str, Any] = {"name": d["name"], "version": d["version"], "location": d["location"], "files": [],
-                               "errors": [], "abi": {}}
-        needs: dict[str, list[str]] = {}
-        early = d["requires_torch"] and d["key"] != "torch"  # a torch extension: read its symbols in the same pass
+    return dists
+
+
+def _scan_package(d: dict[str, Any], has_torch: bool, libs: Any) -> tuple[dict[str, Any], int]:
+    """(one package's record, the files read): its GPU code, unreadable or malformed files, and the torch symbols
+    its libraries need that the installed torch does not define. A torch extension's symbols are read in the same
+    pass; a package found to carry GPU code has its libraries read for them after."""
+    pkg: dict[str, Any] = {"name": d["name"], "version": d["version"], "location": d["location"], "files": [],
+                           "errors": [], "abi": {}}
+    needs: dict[str, list[str]] = {}
+    early = d["requires_torch"] and d["key"] != "torch"  # a torch extension: read its symbols in the same pass
+    for rel in d["candidates"]:
+        code, needed, err = read_file(os.path.join(d["location"], rel), early)
+        if err:
+            pkg["errors"].append(dict(err, path=rel))
+        if code is not None and (code.code is not None or code.relocatable is not None):
+            pkg["files"].append(code_record(rel, code.code, code.relocatable))
+        if needed:
+            needs[rel] = needed
+    gpu = any(f["sass"] or f["ptx"] for f in pkg["files"])
+    if gpu and not early and d["key"] != "torch":  # a package with GPU code: its libraries' torch symbols too
         for rel in d["candidates"]:
-            code, needed, err = read_file(os.path.join(d["location"], rel), early)
-            scanned += 1
-            if err:
-                pkg["errors"].append(dict(err, path=rel))
-            if code is not None and (code.code is not None or code.relocatable is not None):
-                pkg["files"].append(code_record(rel, code.code, code.relocatable))
-            if needed:
-                needs[rel] = needed
-        gpu = any(f["sass"] or f["ptx"] for f in pkg["files"])
-        if gpu and not early and d["key"] != "torch":  # a package with GPU code: its libraries' torch symbols too
-            for rel in d["candidates"]:
-                if not rel.endswith(".cubin"):
-                    needed = needed_symbols(os.path.join(d["location"], rel))
-                    if needed:
-                        needs[rel] = needed
-        if needs:
-            if torch is None:
-                pkg["abi"] = {"checked": sorted(needs), "error": "torch is not installed: nothing defines the torch "
-                                                                 "symbols these libraries need"}
-            else:
-                missing = {rel: libs.missing(syms) for rel, syms in needs.items()}
-                pkg["abi"] = {"checked": sorted(needs), "missing": {k: v for k, v in missing.items() if v}}
-        if pkg["files"] or pkg["errors"] or pkg["abi"]:
-            out["packages"].append(pkg)
-    libs.close()
-    out["files_read"] = scanned
-    out["scan_s"] = round(time.monotonic() - start, 3)
-    return out
+            if not rel.endswith(".cubin"):
+                needed = needed_symbols(os.path.join(d["location"], rel))
+                if needed:
+                    needs[rel] = needed
+    if needs:
+        pkg["abi"] = _abi(needs, has_torch, libs)
+    return pkg, len(d["candidates"])
+
+
+def _abi(needs: dict[str, list[str]], has_torch: bool, libs: Any) -> dict[str, Any]:
+    """The libraries checked against torch and the symbols each needs that torch does not define."""
+    if not has_torch:
+        return {"checked": sorted(needs), "error": "torch is not installed: nothing defines the torch symbols these "
+                                                   "libraries need"}
+    missing = {rel: libs.missing(syms) for rel, syms in needs.items()}
+    return {"checked": sorted(needs), "missing": {k: v for k, v in missing.items() if v}}

@@ -10,20 +10,34 @@ from __future__ import annotations
 import json
 import shlex
 import threading
+from pathlib import Path
 from typing import Any
 
 from doctor.core import proc
+from doctor.core.datafile import load_toml
 from doctor.core.result import Findings, Remediation
 from doctor.facts.shape import NUM, opt
 from doctor.facts.store import CollectOptions
 from doctor.host.facts import service_env
-from doctor.sglang.runtime import probe_rules
 
 STACK_PROBE_TIMEOUT = 30.0
+# What SGLang's server imports at start (judged by doctor.sglang.runtime): the stack probe finds it on disk.
+SGLANG_RUNTIME_FILE = Path(__file__).resolve().parents[1] / "data" / "sglang_runtime.toml"
 # What every fact from a probe of the service's interpreter carries (doctor.facts.shape): whether it ran, and why not.
 PROBE_SHAPE = {"ok": opt(bool), "error": opt(str), "timed_out": opt(bool), "python": opt(str), "stderr_tail": opt(str),
                "probe_s": opt(NUM), "service_env": opt(dict)}
 _memo_lock = threading.Lock()
+
+
+def probe_rules() -> dict[str, Any]:
+    """The rules as the ``stack`` probe takes them (``--sglang-runtime JSON``): the modules to find, the
+    directories under each package, DFlash's files. The data file stays the one list."""
+    r = load_toml(SGLANG_RUNTIME_FILE)
+    return {"modules": {"flashinfer": {"module": r["flashinfer"]["module"], "dirs": list(r["flashinfer"]["jit_dirs"])},
+                        "cute_dsl": {"module": r["cute_dsl"]["module"]}},
+            "dflash": dict(r["dflash"])}
+
+
 def probe_service(opts: CollectOptions, probe: str, args: list[str], timeout: float) -> dict[str, Any]:
     env, env_info = service_env(opts)
     data, res = proc.run_probe(opts.python, probe, args, timeout=timeout, env=env)

@@ -149,6 +149,16 @@ def judge_compat(read: Reader, settings: Settings) -> Findings:
             return out.warn("cuda.compat.other_cuda", summary + note,
                             "torch's CUDA differs from the profile's; see stack.versions")
         return out.info("cuda.compat.runs", summary)
+    return _unsupported(out, info, runtime, driver, driver_cuda, fix)
+
+
+def _unsupported(out: Findings, info: dict[str, Any], runtime: str, driver: str, driver_cuda: str | None,
+                 fix: Remediation) -> Findings:
+    """A driver older than torch's CUDA runtime: it still runs under minor-version compatibility when the driver
+    is of the runtime's major and at least the family's minimum (a warning: no JIT of newer PTX), else it fails."""
+    rt = compat.version_tuple(runtime) or (0,)
+    drv = compat.version_tuple(driver)
+    dc = compat.version_tuple(driver_cuda)
     family_min = compat.minor_compat_min_driver(runtime)
     fam_t = compat.version_tuple(family_min)
     if dc is not None and dc[0] == rt[0] and fam_t and drv and drv >= fam_t:
@@ -157,7 +167,8 @@ def judge_compat(read: Reader, settings: Settings) -> Findings:
                         f"{runtime}: runs only under minor-version compatibility (>= {family_min}), without JIT of "
                         "newer PTX", fix)
     return out.fail("cuda.compat.driver_too_old", f"driver {driver} supports CUDA {driver_cuda or '?'} but torch "
-                    f"{info.get('version')} needs CUDA {runtime} (driver >= {need or '?'})", fix)
+                    f"{info.get('version')} needs CUDA {runtime} (driver >= {out.details.get('min_driver') or '?'})",
+                    fix)
 
 
 # -- torch.arch ---------------------------------------------------------------------------------------------

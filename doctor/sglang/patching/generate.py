@@ -60,51 +60,8 @@ def generate(set_dir: str | Path, installed: Installed, *, name: str | None = No
     set_dir = Path(set_dir)
     root = Path(package_root or installed.site_packages)
     old = _existing(set_dir) or {}
-    entries: list[dict[str, Any]]
-    if old.get("patches"):
-        entries = [dict(p) for p in old["patches"] if isinstance(p, dict)]
-    else:
-        diffs = sorted(p for p in set_dir.iterdir() if p.suffix in (".patch", ".diff") and p.is_file())
-        if not diffs:
-            raise GenerateError(f"no *.patch or *.diff files in {set_dir}")
-        entries = [{"id": p.stem, "description": "", "diff": p.name} for p in diffs]
-    state: dict[str, bytes | None] = {}
-    patches_out = []
-    for entry in entries:
-        diff_name = entry.get("diff")
-        if not isinstance(diff_name, str):
-            raise GenerateError(f"patch {entry.get('id')!r} has no 'diff'")
-        try:
-            sections = udiff.parse(read_capped(set_dir / diff_name, mf.MAX_DIFF_BYTES, "a source patch"))
-        except OSError as exc:
-            raise GenerateError(f"cannot read {set_dir / diff_name}: {exc.strerror or exc}") from None
-        except udiff.PatchFormatError as exc:
-            raise GenerateError(f"{diff_name}: {exc}") from None
-        listed = [f.get("path") for f in entry.get("files") or [] if isinstance(f, dict)]
-        files_out = []
-        for sec in sections:
-            path = next((p for p in listed if isinstance(p, str) and udiff.match_section([sec], p)), None)
-            path = path or _site_path(sec, root, state)
-            if path not in state:
-                data = read_or_none(root / path)
-                listed_in_record, rec = installed.record_hash(path)
-                if data is not None and listed_in_record and rec and sha256_bytes(data) != rec:
-                    raise GenerateError(f"{path} differs from RECORD: this install is not pristine; generate "
-                                        "against a fresh `pip install --no-deps sglang==X`")
-                if data is not None and not listed_in_record:
-                    raise GenerateError(f"{path} is not in {installed.dist_info.name}/RECORD: its original cannot "
-                                        "be verified")
-                state[path] = data
-            before = state[path]
-            try:
-                after = udiff.apply(before, sec)
-            except udiff.HunkMismatch as exc:
-                raise GenerateError(f"{diff_name}: {exc}") from None
-            state[path] = after
-            files_out.append({"path": path, "before": None if before is None else sha256_bytes(before),
-                              "after": None if after is None else sha256_bytes(after)})
-        patches_out.append({"id": entry.get("id"), "description": entry.get("description", ""),
-                            "diff": diff_name, "files": files_out})
+    state: dict[str, bytes | None] = {}  # every file's content as the patches so far leave it
+    patches_out = [_patch_entry(set_dir, entry, root, installed, state) for entry in _entries(set_dir, old)]
     doc = {
         "name": name or old.get("name") or set_dir.name,
         "description": description if description is not None else old.get("description", ""),
@@ -124,3 +81,67 @@ def generate(set_dir: str | Path, installed: Installed, *, name: str | None = No
     if write:
         atomic_write(set_dir / mf.MANIFEST_NAME, (json.dumps(doc, indent=2) + "\n").encode())
     return pset
+
+
+def _entries(set_dir: Path, old: dict[str, Any]) -> list[dict[str, Any]]:
+    """The patches to hash, in order: the existing manifest's (ids, descriptions and order kept), else every
+    ``*.patch``/``*.diff`` of the directory, sorted by file name."""
+    if old.get("patches"):
+        return [dict(p) for p in old["patches"] if isinstance(p, dict)]
+    diffs = sorted(p for p in set_dir.iterdir() if p.suffix in (".patch", ".diff") and p.is_file())
+    if not diffs:
+        raise GenerateError(f"no *.patch or *.diff files in {set_dir}")
+    return [{"id": p.stem, "description": "", "diff": p.name} for p in diffs]
+
+
+def _sections(set_dir: Path, entry: dict[str, Any]) -> tuple[str, list[udiff.FilePatch]]:
+    """(diff file name, its file sections) of one manifest entry; a missing, unreadable or malformed diff is a
+    ``GenerateError``."""
+    diff_name = entry.get("diff")
+    if not isinstance(diff_name, str):
+        raise GenerateError(f"patch {entry.get('id')!r} has no 'diff'")
+    try:
+        return diff_name, udiff.parse(read_capped(set_dir / diff_name, mf.MAX_DIFF_BYTES, "a source patch"))
+    except OSError as exc:
+        raise GenerateError(f"cannot read {set_dir / diff_name}: {exc.strerror or exc}") from None
+    except udiff.PatchFormatError as exc:
+        raise GenerateError(f"{diff_name}: {exc}") from None
+
+
+def _pristine(path: str, root: Path, installed: Installed) -> bytes | None:
+    """The installed file's content (None: absent, a file the patch creates), refused unless RECORD vouches for
+    it: a file that differs from RECORD means the install is not pristine, and one RECORD does not list cannot
+    be verified."""
+    data = read_or_none(root / path)
+    listed_in_record, rec = installed.record_hash(path)
+    if data is not None and listed_in_record and rec and sha256_bytes(data) != rec:
+        raise GenerateError(f"{path} differs from RECORD: this install is not pristine; generate "
+                            "against a fresh `pip install --no-deps sglang==X`")
+    if data is not None and not listed_in_record:
+        raise GenerateError(f"{path} is not in {installed.dist_info.name}/RECORD: its original cannot "
+                            "be verified")
+    return data
+
+
+def _patch_entry(set_dir: Path, entry: dict[str, Any], root: Path, installed: Installed,
+                 state: dict[str, bytes | None]) -> dict[str, Any]:
+    """One patch's manifest entry: each file it changes with its hash before and after, applied in memory on
+    ``state`` (what the earlier patches made of the file), so that chains get their intermediate hashes."""
+    diff_name, sections = _sections(set_dir, entry)
+    listed = [f.get("path") for f in entry.get("files") or [] if isinstance(f, dict)]
+    files_out = []
+    for sec in sections:
+        path = next((p for p in listed if isinstance(p, str) and udiff.match_section([sec], p)), None)
+        path = path or _site_path(sec, root, state)
+        if path not in state:
+            state[path] = _pristine(path, root, installed)
+        before = state[path]
+        try:
+            after = udiff.apply(before, sec)
+        except udiff.HunkMismatch as exc:
+            raise GenerateError(f"{diff_name}: {exc}") from None
+        state[path] = after
+        files_out.append({"path": path, "before": None if before is None else sha256_bytes(before),
+                          "after": None if after is None else sha256_bytes(after)})
+    return {"id": entry.get("id"), "description": entry.get("description", ""), "diff": diff_name,
+            "files": files_out}
