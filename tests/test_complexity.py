@@ -71,7 +71,6 @@ RATCHET: dict[str, tuple[int, int]] = {
     "doctor/report/junit.py:to_junit": (24, 56),
     "doctor/commands/launch.py:diagnose": (23, 66),
     "doctor/gpu/fabric.py:readiness": (23, 46),
-    "doctor/service/slurm.py:node_action": (23, 37),
     "doctor/sglang/flag_reader.py:_namespace_classes": (23, 28),
     "doctor/gpu/inventory.py:judge_arch": (22, 40),
     "doctor/gpu/inventory.py:judge_memory": (22, 35),

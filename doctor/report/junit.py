@@ -41,27 +41,7 @@ def to_junit(report: Any) -> str:
         ET.SubElement(props, "property", {"name": f"{kind}_failures", "value": " ".join(
             r.id for r in report.results if r.status.failed and r.failure == kind)})
     for res in report.results:
-        label = f"[same cause as {st.root_of[res.id]}] " if res.id in st.root_of else ""
-        case = ET.SubElement(suite, "testcase", {
-            "classname": f"k26doctor.{res.id.split('.')[0]}",
-            "name": res.id,
-            "time": f"{res.duration_s:.3f}",
-        })
-        ET.SubElement(ET.SubElement(case, "properties"), "property", {"name": "failure", "value": res.failure})
-        body = _body(res)
-        if res.status is Status.FAIL:
-            ET.SubElement(case, "failure", {"message": label + res.summary, "type": "fail"}).text = body
-        elif res.status is Status.ERROR:
-            ET.SubElement(case, "error", {"message": label + res.summary, "type": "error"}).text = body
-        elif res.status is Status.SKIP and res.unjudged and strict:
-            ET.SubElement(case, "failure", {"message": f"not judged: {label}{res.summary}",
-                                            "type": "unjudged"}).text = body
-        elif res.status is Status.SKIP:
-            ET.SubElement(case, "skipped", {"message": ("not judged: " if res.unjudged else "") + label + res.summary})
-        elif res.status is Status.WARN and strict:
-            ET.SubElement(case, "failure", {"message": label + res.summary, "type": "warn"}).text = body
-        else:
-            ET.SubElement(case, "system-out").text = f"{res.status.value.upper()}: {res.summary}\n{body}"
+        _testcase(suite, res, st.root_of.get(res.id), strict)
     if not report.results:
         case = ET.SubElement(suite, "testcase", {"classname": "k26doctor.doctor", "name": "doctor.selection",
                                                  "time": "0.000"})
@@ -70,6 +50,32 @@ def to_junit(report: Any) -> str:
     from doctor.facts.redaction import redact_text
 
     return redact_text('<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suite, encoding="unicode") + "\n")
+
+
+def _testcase(suite: ET.Element, res: Any, root: str | None, strict: bool) -> None:
+    """One check's testcase: its status as JUnit says it (a failure, an error, skipped, or passed with output),
+    with the failure class as a property and, folded under a root cause, that cause named first."""
+    label = f"[same cause as {root}] " if root else ""
+    case = ET.SubElement(suite, "testcase", {
+        "classname": f"k26doctor.{res.id.split('.')[0]}",
+        "name": res.id,
+        "time": f"{res.duration_s:.3f}",
+    })
+    ET.SubElement(ET.SubElement(case, "properties"), "property", {"name": "failure", "value": res.failure})
+    body = _body(res)
+    if res.status is Status.FAIL:
+        ET.SubElement(case, "failure", {"message": label + res.summary, "type": "fail"}).text = body
+    elif res.status is Status.ERROR:
+        ET.SubElement(case, "error", {"message": label + res.summary, "type": "error"}).text = body
+    elif res.status is Status.SKIP and res.unjudged and strict:
+        ET.SubElement(case, "failure", {"message": f"not judged: {label}{res.summary}",
+                                        "type": "unjudged"}).text = body
+    elif res.status is Status.SKIP:
+        ET.SubElement(case, "skipped", {"message": ("not judged: " if res.unjudged else "") + label + res.summary})
+    elif res.status is Status.WARN and strict:
+        ET.SubElement(case, "failure", {"message": label + res.summary, "type": "warn"}).text = body
+    else:
+        ET.SubElement(case, "system-out").text = f"{res.status.value.upper()}: {res.summary}\n{body}"
 
 
 def _body(res: Any) -> str:
