@@ -18,6 +18,7 @@ from doctor.commands.options import (
     begin_report,
     emit,
     guarded,
+    plan_outputs,
     selection_options,
     settings_from,
     write_requested,
@@ -70,6 +71,7 @@ def timer_units(settings: Any, flags: dict[str, Any], *, user: str | None, docto
         sys.stdout.write(f"# ---- {opts.unit}.service ----\n{service}\n# ---- {opts.unit}.timer ----\n{timer}")
         return
     timer_path = output[: -len(".service")] + ".timer"
+    plan_outputs([("--output", output), ("the timer beside it", timer_path)])  # both writable, or neither written
     write_requested(output, service, "the service unit")  # never through a link, onto a device, half-written
     write_requested(timer_path, timer, "the timer unit")
     _say(f"units written: {output}, {timer_path}; enable with: systemctl daemon-reload && "

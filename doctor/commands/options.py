@@ -167,8 +167,49 @@ def settings_from(flags: dict[str, Any]) -> Any:
     from doctor.app import settings_from_flags
 
     if flags.get("output"):
-        check_output_path(flags["output"])
+        plan_outputs([("--output", flags["output"])],
+                     inputs=[(f, flags.get(k)) for f, k in (("--config", "config"), ("--from-snapshot", "from_snapshot"))])
     return settings_from_flags({k: v for k, v in flags.items() if k not in REPORT_OPTIONS})
+
+
+def _identity(path: str) -> tuple[str, tuple[int, int] | None]:
+    """Where ``path`` leads: its resolved path (every link followed, ``..`` folded) and, when it exists, its
+    (st_dev, st_ino): a hardlink has another path and the same inode."""
+    import os
+
+    try:
+        st = os.stat(path)
+        inode: tuple[int, int] | None = (st.st_dev, st.st_ino)
+    except (OSError, ValueError):
+        inode = None
+    return os.path.realpath(os.path.abspath(path)), inode
+
+
+def plan_outputs(outputs: list[tuple[str, str | None]], inputs: list[tuple[str, str | None]] | None = None) -> None:
+    """Every file one command will write (``(flag, path)``), judged together before any is written: no two are
+    the same file (the same path however spelt, a symlink to it, a hardlink: compared by resolved path and by
+    (st_dev, st_ino)), none is a file the command reads (``inputs``: its config), and each can be written
+    (``check_output_path``). ``ConfigError`` (exit 2) naming both flags otherwise: ``systemd-unit --secrets-file F
+    --output F`` would write the key and then the unit over it; ``--timer --output X.service`` with an unwritable
+    ``X.timer`` would leave a service without its timer."""
+    from doctor.core.settings import ConfigError
+
+    seen: list[tuple[str, str, str, tuple[int, int] | None, bool]] = []
+    for flag, path in [(f, p) for f, p in inputs or [] if p] + [(f, p) for f, p in outputs if p]:
+        real, inode = _identity(path)
+        writes = (flag, path) in outputs
+        for other_flag, other_path, other_real, other_inode, other_writes in seen:
+            if not writes and not other_writes:
+                continue
+            if real == other_real or (inode is not None and inode == other_inode):
+                how = "" if real == other_real else " (hardlinks of one inode)"
+                what = "one would overwrite the other" if other_writes else f"the command reads {other_flag}"
+                raise ConfigError(f"{other_flag} {other_path} and {flag} {path} are the same file{how}: {what}; "
+                                  "give another file (nothing was written)")
+        seen.append((flag, path, real, inode, writes))
+    for flag, path in outputs:
+        if path:
+            check_output_path(path, flag)
 
 
 def check_output_path(path: str, flag: str = "--output") -> None:
