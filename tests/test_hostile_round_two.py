@@ -193,12 +193,17 @@ def test_log_lines_file_names_and_environment_values_reach_the_terminal_escaped(
     assert code in (1, 2) and raw_controls(out + err) == [], repr(out)
     code, out, err = cli_run("env", "--model-path", str(model), env={"CUDA_VISIBLE_DEVICES": HOSTILE})
     assert raw_controls(out + err) == [], repr(out)
+    # on a colour terminal the doctor's own colours pass; a foreign sequence (conceal) is escaped where it enters
+    concealed = tmp_path / "model\x1b[8mhidden"
+    code, out, err = cli_run("check", "--model-path", str(concealed), "--only", "model.config", "-v",
+                             env={"NO_COLOR": None, "FORCE_COLOR": "1"})
+    assert "\x1b[8m" not in out + err and "\\x1b[8mhidden" in out and "\x1b[0m" in out, repr(out)
 
 
 def test_the_terminal_safe_renderer() -> None:
     from doctor.core.printable import printable
 
-    assert printable("a\x1b]0;t\x07b\rc\x08\x9b") == "a\\x1b]0;t\\x07b\\rc\\x08\\x9b"
+    assert printable("a\x1b]0;t\x07b\rc\x08\x9b") == "a\\x1b]0;t\\x07b\\rc\\x08\\u009b"
     assert printable("two\nlines\ttab", lines=True) == "two\nlines\ttab"
     assert printable("two\nlines") == "two\\nlines"
     assert printable("plain ünïcode") == "plain ünïcode"

@@ -26,6 +26,8 @@ from __future__ import annotations
 import re
 from typing import IO, Any
 
+from doctor.core.printable import terminal_safe
+
 REDACTED = "<redacted>"
 
 # -- names ------------------------------------------------------------------------------------------------
@@ -224,15 +226,24 @@ def redact_pair(name: str, value: str) -> str:
 
 class RedactingStream:
     """A text stream whose every write is redacted first: stdout and stderr of the CLI, so no message of any
-    command can print a secret. It offers no ``buffer``, so nothing (click included) writes around it."""
+    command can print a secret. It offers no ``buffer``, so nothing (click included) writes around it. Every
+    write is also made terminal-safe (``doctor.core.printable.terminal_safe``): whatever foreign text a printer
+    forgot to escape, no control character reaches the terminal but the doctor's own colours."""
 
     def __init__(self, stream: IO[str]) -> None:
+        import os
+
         self._stream = stream
+        try:  # the doctor paints only a colour terminal: elsewhere no escape sequence of its own is ever written
+            tty = bool(stream.isatty())
+        except (AttributeError, ValueError, OSError):
+            tty = False
+        self._keep_own = not os.environ.get("NO_COLOR") and (bool(os.environ.get("FORCE_COLOR")) or tty)
 
     def write(self, text: str) -> int:
         if not isinstance(text, str):
             raise TypeError(f"write() argument must be str, not {type(text).__name__}")
-        self._stream.write(redact_text(text))
+        self._stream.write(terminal_safe(redact_text(text), keep_own=self._keep_own))
         return len(text)
 
     def writelines(self, lines: Any) -> None:
