@@ -270,7 +270,7 @@ def test_a_fifo_or_directory_where_a_patch_target_is_is_named_as_what_it_is(tmp_
         assert f.state == "not a file" and kinds[f.path] in f.note, (f.path, f.state, f.note)
     ctx = make_context({"profile": "b300-tp8-ddtree"})
     found = judge_patches({**fact, "set_name": pset.name}, ctx.settings)
-    finding = found.findings[0]
+    finding = list(found)[0]
     assert "drifted" not in finding.message and "FIFO" in finding.message, finding.message
     assert finding.fix is not None and not any("--force" in c and "apply" in c for c in finding.fix.commands)
     assert "--force" not in finding.fix.text
