@@ -212,7 +212,7 @@ def test_the_terminal_safe_renderer() -> None:
 # -- answers that say what they mean ----------------------------------------------------------------------
 def test_a_health_answer_too_large_names_the_real_limit() -> None:
     with raw_server(http_answer("200 OK", b"x" * 9000)) as url:
-        code, out, err = cli_run("wait-ready", "--url", url + "/health", "--timeout", "1", "--interval", "0.5")
+        code, _, err = cli_run("wait-ready", "--url", url + "/health", "--timeout", "1", "--interval", "0.5")
     assert code == 1 and "larger than 4 KiB" in err and "0 MiB" not in err, err
 
 
@@ -226,7 +226,7 @@ def test_a_file_name_with_a_newline_is_exported_as_sha256sum_escapes_it(tmp_path
         (tmp_path / name).write_bytes(data)
         files[name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
     (tmp_path / MANIFEST_NAME).write_text(manifest_text(files, "test"))
-    code, out, err = cli_run("manifest", "export", str(tmp_path))
+    code, out, _ = cli_run("manifest", "export", str(tmp_path))
     assert code == 0 and len(out.splitlines()) == 3, repr(out)
     res = subprocess.run(["sha256sum", "-c", "--strict", "-"], input=out, text=True, capture_output=True,
                          cwd=tmp_path, timeout=30)
@@ -270,7 +270,7 @@ def test_a_fifo_or_directory_where_a_patch_target_is_is_named_as_what_it_is(tmp_
         assert f.state == "not a file" and kinds[f.path] in f.note, (f.path, f.state, f.note)
     ctx = make_context({"profile": "b300-tp8-ddtree"})
     found = judge_patches({**fact, "set_name": pset.name}, ctx.settings)
-    finding = list(found)[0]
+    finding = found[0]
     assert "drifted" not in finding.message and "FIFO" in finding.message, finding.message
     assert finding.fix is not None and not any("--force" in c and "apply" in c for c in finding.fix.commands)
     assert "--force" not in finding.fix.text

@@ -348,7 +348,8 @@ def write_secrets(path: str, text: str) -> None:
 @click.option("--profile", default=None)
 @click.option("--timeout", type=Seconds(), default=DEFAULT_WAIT_S, show_default=True, help="Seconds.")
 @click.option("--interval", type=Seconds(0.01), default=2.0, show_default=True, help="Seconds between polls.")
-@click.option("--pid", type=Number(1, PID_MAX, integer=True), default=None, help="Stop waiting when this process (the server) exits.")
+@click.option("--pid", type=Number(1, PID_MAX, integer=True), default=None,
+              help="Stop waiting when this process (the server) exits.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress output.")
 @guarded
 def wait_ready(url: str | None, config: str | None, profile: str | None, timeout: float, interval: float,

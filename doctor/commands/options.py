@@ -167,8 +167,8 @@ def settings_from(flags: dict[str, Any]) -> Any:
     from doctor.app import settings_from_flags
 
     if flags.get("output"):
-        plan_outputs([("--output", flags["output"])],
-                     inputs=[(f, flags.get(k)) for f, k in (("--config", "config"), ("--from-snapshot", "from_snapshot"))])
+        read = (("--config", "config"), ("--from-snapshot", "from_snapshot"))
+        plan_outputs([("--output", flags["output"])], inputs=[(f, flags.get(k)) for f, k in read])
     return settings_from_flags({k: v for k, v in flags.items() if k not in REPORT_OPTIONS})
 
 

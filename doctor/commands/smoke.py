@@ -76,7 +76,7 @@ def smoke(url: str | None, config: str | None, profile: str | None, timeout: flo
     if why:  # 'http://[::1', a bad port, no host: an invalid invocation (exit 2), never a crash
         raise ConfigError(f"--url {shown_url(url)!r} {why}")
 
-    def number(key: str, default: float | None) -> float | None:
+    def threshold(key: str, default: float | None) -> float | None:
         v = settings.get(f"smoke.{key}") if settings is not None else None
         if v is None:
             return default
@@ -89,9 +89,9 @@ def smoke(url: str | None, config: str | None, profile: str | None, timeout: flo
 
     opts = SmokeOptions(url.rstrip("/"), timeout_s=timeout, requests=n_requests, max_tokens=max_tokens,
                         api_key=api_key or os.environ.get(API_KEY_ENV) or None,
-                        fail_below=fail_below if fail_below is not None else number("fail_accept_length_below", 1.1)
+                        fail_below=fail_below if fail_below is not None else threshold("fail_accept_length_below", 1.1)
                         or 1.1,
-                        warn_below=warn_below if warn_below is not None else number("warn_accept_length_below", None))
+                        warn_below=warn_below if warn_below is not None else threshold("warn_accept_length_below", None))
     ids = _ids(input_ids)
     if ids:
         opts.input_ids = ids

@@ -7,7 +7,8 @@ What is a secret, in one place:
   ``"api_key": "x"``, ``AccountKey=x;`` in a connection string, ``password: x`` in a log line);
 * the value of a secret command-line flag (``--api-key X``, ``--api-key=X``, an abbreviation argparse accepts
   such as ``--api-ke X``, ``--ssl-keyfile-password X``; in an argv list the element after it);
-* a URL's userinfo (``http://alice:p@ss@proxy:3128`` -> ``http://<redacted>@proxy:3128``), credential query
+* a URL's userinfo in every spelling (``http://alice:p@ss@proxy:3128`` -> ``http://<redacted>@proxy:3128``;
+  ``/cwd/https:/u:p@h`` as a path normalised it, ``//u:p@h``, percent-encoded), credential query
   parameters (``token=``, ``hf_token=``, ``private_token=``, ``sig=``, ``X-Amz-Signature=``...), Slack and
   Discord webhook paths;
 * token-shaped strings wherever they stand: ``hf_...``, ``sk-...``, ``ghp_...``, ``github_pat_...``,
