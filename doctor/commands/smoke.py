@@ -89,9 +89,10 @@ def smoke(url: str | None, config: str | None, profile: str | None, timeout: flo
 
     opts = SmokeOptions(url.rstrip("/"), timeout_s=timeout, requests=n_requests, max_tokens=max_tokens,
                         api_key=api_key or os.environ.get(API_KEY_ENV) or None,
-                        fail_below=fail_below if fail_below is not None else threshold("fail_accept_length_below", 1.1)
-                        or 1.1,
-                        warn_below=warn_below if warn_below is not None else threshold("warn_accept_length_below", None))
+                        fail_below=fail_below if fail_below is not None
+                        else threshold("fail_accept_length_below", 1.1) or 1.1,
+                        warn_below=warn_below if warn_below is not None
+                        else threshold("warn_accept_length_below", None))
     ids = _ids(input_ids)
     if ids:
         opts.input_ids = ids
