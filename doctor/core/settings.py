@@ -35,7 +35,7 @@ DEFAULT_PROFILE = "b300-tp8-ddtree"
 DEFAULT_CONFIG = "/etc/k26-doctor/config.toml"
 CONFIG_ENV = "K26_DOCTOR_CONFIG"
 DEFAULT_STATE_DIR = "/var/lib/k26-doctor"
-MAX_CONFIG_NUMBER = 1e6  # the profile's sizes and thresholds (GiB, fractions): a million is none of them
+MAX_CONFIG_NUMBER = 1e9  # the profile's sizes and thresholds (GiB, fractions): a billion is none of them
 MAX_SECONDS = 7 * 24 * 3600  # a week: no wait, deadline, interval or start of the doctor's is longer (a typo is)
 MAX_COUNT = 2**31 - 1  # what a C int holds: every count the doctor passes on (SGLang's flags, systemd's values)
 MAX_PARALLEL = 4096  # GPUs of one parallel group: far beyond any cluster's TP x PP x DP
@@ -67,8 +67,8 @@ def _read_toml(path: Path, what: str) -> dict[str, Any]:
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "data" / "config_schema.toml"
 KIND_WORDS = {"str": "a string", "bool": "true or false", "int": "an integer", "posint": "an integer >= 1",
-              "port": "a port number (1-65535)", "number": f"a finite number between 0 and {MAX_CONFIG_NUMBER:g}",
-              "seconds": f"a number of seconds between 0 and {MAX_SECONDS}", "fraction": "a number in (0, 1]",
+              "port": "a port number (1-65535)", "number": f"a finite number between 0 and {MAX_CONFIG_NUMBER:.0f}",
+              "seconds": f"a finite number of seconds between 0 and {MAX_SECONDS}", "fraction": "a number in (0, 1]",
               "list_str": "a list of strings", "table_scalar": "a table of NAME = value (strings, numbers, booleans)",
               "path": "a non-empty path", "spec": "a version specifier such as \"==2.11.0\"",
               "host": "a host name or address (at most 253 characters, e.g. \"127.0.0.1\")"}
@@ -123,9 +123,10 @@ def shown(value: Any, limit: int = 80) -> str:
     if len(text) <= limit:
         return text
     size = f" ({len(value)} long)" if isinstance(value, (str, bytes, list, dict)) else ""
-    # never a fragment of a word: a token cut in half (a JWT, an AWS key id) no longer has the shape the
-    # redaction knows, so the part that is shown would be the part of the secret nobody hid
-    return f"{re.sub(r'[A-Za-z0-9_+/=.:%-]+$', '', text[: limit - 12])}...{size}"
+    # a word cut in half keeps at most its first 4 characters: a token cut (a JWT, an AWS key id) no longer has
+    # the shape the redaction knows, so what is shown of it must be no more than its public prefix ("eyJh", "AKIA")
+    head = re.sub(r"([A-Za-z0-9_+/=.:%-]{4})[A-Za-z0-9_+/=.:%-]+$", r"\1", text[: limit - 12])
+    return f"{head}...{size}"
 
 
 def validate_profile(merged: dict[str, Any], config: dict[str, Any], config_path: str | None,
