@@ -200,6 +200,22 @@ def test_log_lines_file_names_and_environment_values_reach_the_terminal_escaped(
     assert "\x1b[8m" not in out + err and "\\x1b[8mhidden" in out and "\x1b[0m" in out, repr(out)
 
 
+def test_reports_written_to_files_carry_no_control_character(tmp_path: Path) -> None:
+    import xml.etree.ElementTree as ET
+
+    model = tmp_path / f"model{HOSTILE}"
+    for fmt in ("text", "json", "junit"):
+        out = tmp_path / f"report.{fmt}"
+        code, _, err = cli_run("check", "--model-path", str(model), "--only", "model.config", "--format", fmt,
+                               "--output", str(out))
+        text = out.read_text()
+        assert code == 1 and raw_controls(text) == [], (fmt, repr(text[:400]), err)
+        if fmt == "json":
+            assert any(str(model) in r["summary"] for r in json.loads(text)["results"])  # reads back the same
+        if fmt == "junit":
+            ET.fromstring(text)  # still XML
+
+
 def test_the_terminal_safe_renderer() -> None:
     from doctor.core.printable import printable
 

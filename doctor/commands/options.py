@@ -225,15 +225,18 @@ def check_output_path(path: str, flag: str = "--output") -> None:
 
 
 def write_requested(path: str, text: str, what: str = "the report") -> None:
-    """Write a file a command was asked to write (``--output``): checked again, redacted, atomic (a failure
-    leaves what was there); an I/O failure (a full disk) is ``ConfigError``: exit 2, naming the file."""
+    """Write a file a command was asked to write (``--output``): checked again, redacted, terminal-safe (a
+    control character from a file name or a server is escaped: a text report that is ``cat``-ed, a JUnit file
+    that stays XML, a JSON file whose strings read back the same), atomic (a failure leaves what was there); an
+    I/O failure (a full disk) is ``ConfigError``: exit 2, naming the file."""
     from doctor.core.fileio import describe_error, write_output
+    from doctor.core.printable import terminal_safe
     from doctor.core.settings import ConfigError
     from doctor.facts.redaction import redact_text
 
     check_output_path(path)
     try:
-        write_output(path, redact_text(text).encode("utf-8"))
+        write_output(path, terminal_safe(redact_text(text)).encode("utf-8"))
     except OSError as exc:
         raise ConfigError(f"cannot write {what} to {path}: {describe_error(exc)}") from None
 
