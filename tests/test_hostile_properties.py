@@ -250,7 +250,7 @@ def test_every_command_is_fuzzed() -> None:
 def test_any_value_of_any_option(path: tuple[str, ...], tmp_path_factory: pytest.TempPathFactory) -> None:
     counter = iter(range(10_000))
 
-    @settings(max_examples=6, deadline=None, derandomize=True, database=None, print_blob=False,
+    @settings(max_examples=8, deadline=None, derandomize=True, database=None, print_blob=False,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
                                      HealthCheck.data_too_large])
     @given(picked=invocation(path))

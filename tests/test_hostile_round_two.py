@@ -191,8 +191,12 @@ def test_log_lines_file_names_and_environment_values_reach_the_terminal_escaped(
     model = tmp_path / f"model{HOSTILE}"
     code, out, err = cli_run("check", "--model-path", str(model), "--only", "model.config", "-v")
     assert code in (1, 2) and raw_controls(out + err) == [], repr(out)
-    code, out, err = cli_run("env", "--model-path", str(model), env={"CUDA_VISIBLE_DEVICES": HOSTILE})
-    assert raw_controls(out + err) == [], repr(out)
+    snap = json.loads((Path(__file__).parent / "fixtures" / "snapshots" / "gpuless-fresh-venv.json").read_text())
+    snap["facts"]["env"]["vars"]["CUDA_VISIBLE_DEVICES"] = HOSTILE  # as the host would have recorded it
+    (tmp_path / "snap.json").write_text(json.dumps(snap))
+    code, out, err = cli_run("env", "--from-snapshot", str(tmp_path / "snap.json"))
+    assert code in (0, 1) and "CUDA_VISIBLE_DEVICES=\\x1b]0;owned" in out and raw_controls(out + err) == [], \
+        repr(out)
     # on a colour terminal the doctor's own colours pass; a foreign sequence (conceal) is escaped where it enters
     concealed = tmp_path / "model\x1b[8mhidden"
     code, out, err = cli_run("check", "--model-path", str(concealed), "--only", "model.config", "-v",
