@@ -141,6 +141,14 @@ def test_a_url_given_as_a_path_keeps_its_credentials_hidden_after_normalisation(
     assert TOKEN not in out + err
 
 
+def test_a_drain_reason_every_user_reads_holds_no_credential_and_no_control_character() -> None:
+    from doctor.service.slurm import drain_reason
+
+    summary = f"/srv/k26/https:/user:{TOKEN}@host/venv/bin/python does not exist\x1b]0;t\x07"
+    reason = drain_reason("k26-doctor:", [("python.venv", summary)], 256)
+    assert TOKEN not in reason and raw_controls(reason) == [] and "python.venv" in reason, reason
+
+
 def test_a_secret_refused_for_its_newline_is_not_quoted(tmp_path: Path) -> None:
     code, out, err = cli_run("systemd-unit", *DOCTOR, "--secrets-file", str(tmp_path / "s.env"), "--",
                              "--api-key", "Secr3tHead\nSecr3tTail")

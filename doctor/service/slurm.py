@@ -28,6 +28,7 @@ from typing import Any
 
 from doctor.core import proc
 from doctor.core.causes import roots
+from doctor.core.printable import printable
 from doctor.core.result import Status
 from doctor.facts.redaction import redact_text
 from doctor.service.fleet import fleet_data
@@ -157,7 +158,8 @@ class NodeAction:
 
 
 def _one_line(text: str) -> str:
-    return " ".join(redact_text(str(text)).split())
+    """A summary as a drain reason (which every user reads with ``sinfo -R``): redacted, on one line, escaped."""
+    return printable(" ".join(redact_text(str(text)).split()))
 
 
 def drain_reason(prefix: str, causes: list[tuple[str, str]], limit: int, what: str = "") -> str:
