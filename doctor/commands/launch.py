@@ -304,7 +304,7 @@ def systemd_unit(flags: dict[str, Any], user: str | None, no_hardening: bool, st
                           "([server] api_key, a file of mode 0640)")
     if secrets_file:
         secrets_file = absolute(secrets_file)
-    plan_outputs([("--secrets-file", secrets_file if secrets else None), ("--output", flags.get("output"))],
+    plan_outputs([("--secrets-file", secrets_file), ("--output", flags.get("output"))],
                  inputs=[("--config", config)])
     text = render_unit(settings, config=config, doctor=doctor, user=user, timeout_override=start_timeout,
                        extra=extra, diagnose_on_failure=not no_diagnose, harden=not no_hardening,
