@@ -155,3 +155,79 @@ def misbehaving_server(mode: str) -> Iterator[str]:
         stop.set()
         server.shutdown()
         server.server_close()
+
+
+@contextlib.contextmanager
+def raw_server(payload: bytes) -> Iterator[str]:
+    """``http://127.0.0.1:PORT`` of a server that reads a request and answers every one with ``payload``, byte for
+    byte (a status line and headers of its own, or none: whatever a hostile server sends), then closes."""
+    import socket
+
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    listener.settimeout(0.1)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.settimeout(2.0)
+                try:
+                    head = b""
+                    while b"\r\n\r\n" not in head and len(head) < 65536:
+                        chunk = conn.recv(65536)
+                        if not chunk:
+                            break
+                        head += chunk
+                    length = 0
+                    for line in head.split(b"\r\n"):
+                        if line.lower().startswith(b"content-length:"):
+                            length = int(line.split(b":", 1)[1])
+                    body = head.split(b"\r\n\r\n", 1)[1] if b"\r\n\r\n" in head else b""
+                    while len(body) < length:
+                        chunk = conn.recv(65536)
+                        if not chunk:
+                            break
+                        body += chunk
+                    conn.sendall(payload)
+                except OSError:
+                    pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join(5)
+        listener.close()
+
+
+def http_answer(status: str, body: bytes, content_type: str = "application/json") -> bytes:
+    """A complete HTTP/1.1 answer (``status`` such as ``"500 Internal Server Error"``) with ``body``."""
+    return (f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
+            "Connection: close\r\n\r\n").encode() + body
+
+
+def cli_run(*args: str, env: dict[str, str] | None = None, stdin: str = "") -> tuple[int, str, str]:
+    """``k26-doctor ARGS`` in this process (``doctor.cli.run_cli``: the redacting streams, the exit code), its
+    stdout and stderr captured by click's runner: for the many runs a property test makes."""
+    from click.testing import CliRunner
+
+    from doctor.cli import run_cli
+
+    runner = CliRunner()
+    with runner.isolation(input=stdin, env={"NO_COLOR": "1", "K26_DOCTOR_CONFIG": None, "COLUMNS": "100",
+                                            **(env or {})}) as (out, err, _):
+        code = run_cli(list(args))
+        import sys
+
+        sys.stdout.flush()
+        sys.stderr.flush()
+        return code, out.getvalue().decode("utf-8", "replace"), err.getvalue().decode("utf-8", "replace")

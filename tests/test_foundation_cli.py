@@ -193,7 +193,7 @@ def test_a_plugin_is_disabled_by_name_from_env_or_config(plugin_site: str, tmp_p
 
 @pytest.mark.parametrize("args,needle", [
     (["check", "--profile", "no-such-profile"], "unknown profile"),
-    (["check", "--tp", "0"], "tp must be >= 1"),
+    (["check", "--tp", "0"], "must be an integer between 1 and 4096"),
     (["check", "--config", "/nonexistent/k26.toml"], "does not exist"),
     (["explain", "host.nope"], "no check"),
     (["check", "--format", "yaml"], "Invalid value"),

@@ -180,7 +180,8 @@ def test_an_interpreter_that_is_none_is_said_to_be_none(base_model: Path) -> Non
 def test_wait_ready_for_a_process_that_is_none_or_ends(tmp_path: Path) -> None:
     refused("wait-ready", "--url", "http://127.0.0.1:9/health", "--pid", "999999", "--timeout", "5",
             words="--pid 999999: no such process")
-    refused("wait-ready", "--url", "http://127.0.0.1:9/health", "--pid", "0", words="no such process")
+    refused("wait-ready", "--url", "http://127.0.0.1:9/health", "--pid", "0",
+            words="'--pid': must be an integer between 1")
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1)"])
     try:
         out = run_doctor("wait-ready", "--url", "http://127.0.0.1:9/health", "--pid", str(child.pid), "--timeout",

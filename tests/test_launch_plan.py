@@ -66,7 +66,7 @@ def test_parallel_and_no_remote_code(tmp_path: Path) -> None:
     ("[server]\nddtree_budget = 2.5\n", "[server] ddtree_budget = 2.5"),
     ("[server]\nargs = '--foo'\n", "[server] args = '--foo'"),
     ("[server]\nargs = ['--port', 1]\n", "[server] args = ['--port', 1]"),
-    ("[server.env]\nX = ['a']\n", "[server] env = {"),
+    ("[server.env]\nX = ['a']\n", "[server.env] X = ['a']"),
 ])
 def test_invalid_server_settings(tmp_path: Path, toml: str, fragment: str) -> None:
     """Invalid configuration is found when the config is loaded (exit 2), not minutes later."""

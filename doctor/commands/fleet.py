@@ -14,7 +14,16 @@ from typing import Any
 
 import click
 
-from doctor.commands.options import begin_report, emit, guarded, selection_options, settings_from, write_requested
+from doctor.commands.options import (
+    Seconds,
+    begin_report,
+    emit,
+    guarded,
+    plan_outputs,
+    selection_options,
+    settings_from,
+    write_requested,
+)
 from doctor.core.exitcodes import EXIT_FAILED
 
 
@@ -63,6 +72,7 @@ def timer_units(settings: Any, flags: dict[str, Any], *, user: str | None, docto
         sys.stdout.write(f"# ---- {opts.unit}.service ----\n{service}\n# ---- {opts.unit}.timer ----\n{timer}")
         return
     timer_path = output[: -len(".service")] + ".timer"
+    plan_outputs([("--output", output), ("the timer beside it", timer_path)])  # both writable, or neither written
     write_requested(output, service, "the service unit")  # never through a link, onto a device, half-written
     write_requested(timer_path, timer, "the timer unit")
     _say(f"units written: {output}, {timer_path}; enable with: systemctl daemon-reload && "
@@ -75,7 +85,7 @@ def timer_units(settings: Any, flags: dict[str, Any], *, user: str | None, docto
               "short host name).")
 @click.option("--scontrol", "scontrol_path", default=None, type=click.Path(dir_okay=False),
               help="scontrol to use (default: on PATH, else /usr/bin/scontrol).")
-@click.option("--scontrol-timeout", type=click.FloatRange(min=0.1), default=None,
+@click.option("--scontrol-timeout", type=Seconds(0.1, maximum=3600), default=None,
               help="Seconds each scontrol call may take (default 20; slurmd kills a health check after 60).")
 @click.option("--dry-run", is_flag=True, help="Say what would be done to the node; change nothing.")
 @click.option("--drain-unjudged", is_flag=True, help="Also drain for checks that could not be judged for want of "

@@ -21,9 +21,10 @@ from typing import Any
 import click
 
 from doctor.commands.options import (
+    Number,
     Seconds,
-    check_output_path,
     guarded,
+    plan_outputs,
     selection_options,
     settings_from,
     textfile_of,
@@ -32,6 +33,7 @@ from doctor.commands.options import (
 from doctor.core.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
 DEFAULT_WAIT_S = 1800.0
+PID_MAX = 1 << 22  # the kernel's largest pid_max
 
 
 def _say(msg: str) -> None:
@@ -302,7 +304,8 @@ def systemd_unit(flags: dict[str, Any], user: str | None, no_hardening: bool, st
                           "([server] api_key, a file of mode 0640)")
     if secrets_file:
         secrets_file = absolute(secrets_file)
-        check_output_path(secrets_file, "--secrets-file")
+    plan_outputs([("--secrets-file", secrets_file), ("--output", flags.get("output"))],
+                 inputs=[("--config", config)])
     text = render_unit(settings, config=config, doctor=doctor, user=user, timeout_override=start_timeout,
                        extra=extra, diagnose_on_failure=not no_diagnose, harden=not no_hardening,
                        smoke=smoke, secrets_file=secrets_file if secrets else None)
@@ -344,8 +347,9 @@ def write_secrets(path: str, text: str) -> None:
 @click.option("--config", "config", default=None, type=click.Path(dir_okay=False))
 @click.option("--profile", default=None)
 @click.option("--timeout", type=Seconds(), default=DEFAULT_WAIT_S, show_default=True, help="Seconds.")
-@click.option("--interval", type=Seconds(), default=2.0, show_default=True, help="Seconds between polls.")
-@click.option("--pid", type=int, default=None, help="Stop waiting when this process (the server) exits.")
+@click.option("--interval", type=Seconds(0.01), default=2.0, show_default=True, help="Seconds between polls.")
+@click.option("--pid", type=Number(1, PID_MAX, integer=True), default=None,
+              help="Stop waiting when this process (the server) exits.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress output.")
 @guarded
 def wait_ready(url: str | None, config: str | None, profile: str | None, timeout: float, interval: float,

@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 
+from doctor.commands.options import Number
 from doctor.core.exitcodes import EXIT_FAILED, EXIT_OK
 from doctor.model.hashing import default_cache_dir, shard_names, verify_model_hashes
 from doctor.model.layout import read_hf_local_metadata
@@ -23,7 +24,8 @@ def _cache_opts(func: Any) -> Any:
     func = click.option("--no-cache", is_flag=True, help="Ignore the verification cache (hash everything).")(func)
     func = click.option("--cache-dir", default=None,
                         help="Verification cache directory (default /var/tmp/k26-doctor-<uid>).")(func)
-    func = click.option("-j", "--jobs", type=int, default=None, help="Files hashed in parallel (default: cores).")(func)
+    func = click.option("-j", "--jobs", type=Number(1, 1024, integer=True), default=None,
+                        help="Files hashed in parallel (default: cores).")(func)
     return func
 
 

@@ -28,35 +28,49 @@ REPORT_OPTIONS = {
 REPORT_AFTER = "deep"
 
 
-class Seconds(click.ParamType):
-    """A duration on the command line: finite, > 0 (or >= ``minimum``), read by the one reading of durations
-    (``doctor.core.settings.duration``): ``nan``, ``inf`` and negative values are usage errors (exit 2)."""
+class Number(click.ParamType):
+    """A number on the command line, read by the doctor's one reading of numbers
+    (``doctor.core.settings.number``): an integer (``integer``) or a finite number in ``[low, high]`` (``low``
+    excluded with ``above``). ``nan``, ``inf``, ``1e300``, a negative value or a 400-digit count is a usage error
+    (exit 2) naming the option and its range. Every numeric option of every command is one
+    (``tests/test_hostile_round_two.py`` walks them)."""
 
-    name = "seconds"
+    name = "number"
 
-    def __init__(self, minimum: float | None = None, *, number: bool = False) -> None:
-        self.minimum = minimum
-        self.number = number  # a plain finite number >= 0 (a threshold), not a duration
+    def __init__(self, low: float, high: float, *, integer: bool = False, above: bool = False,
+                 unit: str = "") -> None:
+        self.low, self.high, self.integer, self.above, self.unit = low, high, integer, above, unit
 
     def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:  # (ctx: click >= 8.2)
-        return "NUMBER" if self.number else "SECONDS"
+        return "SECONDS" if self.unit == "seconds" else "INTEGER" if self.integer else "NUMBER"
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
-        from doctor.core.settings import ConfigError, duration
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from doctor.core.settings import ConfigError, number
 
         try:
-            number = duration(value, "the value", positive=not self.number)
+            return number(value, "the value", low=self.low, high=self.high, integer=self.integer, above=self.above,
+                          unit=self.unit)
         except ConfigError as exc:
-            words = str(exc).replace("the value ", "", 1)
-            self.fail(words.replace(" of seconds", "") if self.number else words, param, ctx)
-        if self.minimum is not None and number < self.minimum:
-            self.fail(f"must be at least {self.minimum:g}, got {value!r}", param, ctx)
-        return number
+            self.fail(str(exc).replace("the value ", "", 1), param, ctx)
+
+    def __repr__(self) -> str:
+        return f"Number({self.low:g}, {self.high:g})"
+
+
+class Seconds(Number):
+    """A duration: seconds, finite, > 0 (or >= ``minimum``; ``zero``: >= 0), at most ``maximum`` (a week:
+    ``doctor.core.settings.MAX_SECONDS``)."""
+
+    def __init__(self, minimum: float | None = None, *, zero: bool = False, maximum: float | None = None) -> None:
+        from doctor.core.settings import MAX_SECONDS
+
+        super().__init__(minimum if minimum is not None else 0, maximum if maximum is not None else MAX_SECONDS,
+                         above=minimum is None and not zero, unit="seconds")
 
 
 def setting_option(f: Any) -> Callable[..., Any]:
     """The click option of one ``Settings`` field, from its ``setting()`` metadata."""
-    from doctor.core.settings import key_of
+    from doctor.core.settings import MAX_COUNT, key_of
 
     meta, dest = f.metadata, key_of(f)
     names = meta["flag"].split("/")
@@ -67,7 +81,9 @@ def setting_option(f: Any) -> Callable[..., Any]:
         return click.option(*names, dest, is_flag=True, default=None, help=meta["help"])
     if kind == "count":
         return click.option(*names, dest, count=True, help=meta["help"])
-    typ = {"posint": int, "posfloat": Seconds(), "seconds": Seconds(number=True)}.get(kind)
+    high = meta.get("high")
+    typ = {"posint": lambda: Number(1, high or MAX_COUNT, integer=True), "posfloat": lambda: Seconds(maximum=high),
+           "seconds": lambda: Seconds(zero=True, maximum=high)}.get(kind, lambda: None)()
     if dest in ("config", "from_snapshot"):
         typ = click.Path(dir_okay=False)
     return click.option(*names, dest, type=typ, default=None, help=meta["help"])
@@ -151,8 +167,49 @@ def settings_from(flags: dict[str, Any]) -> Any:
     from doctor.app import settings_from_flags
 
     if flags.get("output"):
-        check_output_path(flags["output"])
+        read = (("--config", "config"), ("--from-snapshot", "from_snapshot"))
+        plan_outputs([("--output", flags["output"])], inputs=[(f, flags.get(k)) for f, k in read])
     return settings_from_flags({k: v for k, v in flags.items() if k not in REPORT_OPTIONS})
+
+
+def _identity(path: str) -> tuple[str, tuple[int, int] | None]:
+    """Where ``path`` leads: its resolved path (every link followed, ``..`` folded) and, when it exists, its
+    (st_dev, st_ino): a hardlink has another path and the same inode."""
+    import os
+
+    try:
+        st = os.stat(path)
+        inode: tuple[int, int] | None = (st.st_dev, st.st_ino)
+    except (OSError, ValueError):
+        inode = None
+    return os.path.realpath(os.path.abspath(path)), inode
+
+
+def plan_outputs(outputs: list[tuple[str, str | None]], inputs: list[tuple[str, str | None]] | None = None) -> None:
+    """Every file one command will write (``(flag, path)``), judged together before any is written: no two are
+    the same file (the same path however spelt, a symlink to it, a hardlink: compared by resolved path and by
+    (st_dev, st_ino)), none is a file the command reads (``inputs``: its config), and each can be written
+    (``check_output_path``). ``ConfigError`` (exit 2) naming both flags otherwise: ``systemd-unit --secrets-file F
+    --output F`` would write the key and then the unit over it; ``--timer --output X.service`` with an unwritable
+    ``X.timer`` would leave a service without its timer."""
+    from doctor.core.settings import ConfigError
+
+    seen: list[tuple[str, str, str, tuple[int, int] | None, bool]] = []
+    for flag, path in [(f, p) for f, p in inputs or [] if p] + [(f, p) for f, p in outputs if p]:
+        real, inode = _identity(path)
+        writes = (flag, path) in outputs
+        for other_flag, other_path, other_real, other_inode, other_writes in seen:
+            if not writes and not other_writes:
+                continue
+            if real == other_real or (inode is not None and inode == other_inode):
+                how = "" if real == other_real else " (hardlinks of one inode)"
+                what = "one would overwrite the other" if other_writes else f"the command reads {other_flag}"
+                raise ConfigError(f"{other_flag} {other_path} and {flag} {path} are the same file{how}: {what}; "
+                                  "give another file (nothing was written)")
+        seen.append((flag, path, real, inode, writes))
+    for flag, path in outputs:
+        if path:
+            check_output_path(path, flag)
 
 
 def check_output_path(path: str, flag: str = "--output") -> None:
@@ -168,15 +225,18 @@ def check_output_path(path: str, flag: str = "--output") -> None:
 
 
 def write_requested(path: str, text: str, what: str = "the report") -> None:
-    """Write a file a command was asked to write (``--output``): checked again, redacted, atomic (a failure
-    leaves what was there); an I/O failure (a full disk) is ``ConfigError``: exit 2, naming the file."""
+    """Write a file a command was asked to write (``--output``): checked again, redacted, terminal-safe (a
+    control character from a file name or a server is escaped: a text report that is ``cat``-ed, a JUnit file
+    that stays XML, a JSON file whose strings read back the same), atomic (a failure leaves what was there); an
+    I/O failure (a full disk) is ``ConfigError``: exit 2, naming the file."""
     from doctor.core.fileio import describe_error, write_output
+    from doctor.core.printable import terminal_safe
     from doctor.core.settings import ConfigError
     from doctor.facts.redaction import redact_text
 
     check_output_path(path)
     try:
-        write_output(path, redact_text(text).encode("utf-8"))
+        write_output(path, terminal_safe(redact_text(text)).encode("utf-8"))
     except OSError as exc:
         raise ConfigError(f"cannot write {what} to {path}: {describe_error(exc)}") from None
 

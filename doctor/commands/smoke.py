@@ -7,14 +7,15 @@ periodic probe (a timer): one deadline bounds the whole run, exit codes are ``ch
 from __future__ import annotations
 
 import json
-import math
 import os
 from typing import Any
 
 import click
 
-from doctor.commands.options import Seconds, Stop, guarded, settings_from
+from doctor.commands.options import Number, Seconds, Stop, guarded, settings_from
 from doctor.core.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+
+MAX_ACCEPT_LENGTH = 1024  # tokens accepted per step: at most a draft tree's budget, never more than this
 
 API_KEY_ENV = "K26_DOCTOR_API_KEY"
 
@@ -37,14 +38,14 @@ def _ids(text: str | None) -> tuple[int, ...] | None:
 @click.option("--profile", default=None, help="Deployment profile (host, port, thresholds).")
 @click.option("--timeout", type=Seconds(1), default=60.0, show_default=True,
               help="Seconds for the whole smoke (every request shares this deadline).")
-@click.option("--requests", "n_requests", type=click.IntRange(1, 64), default=3, show_default=True,
+@click.option("--requests", "n_requests", type=Number(1, 64, integer=True), default=3, show_default=True,
               help="/generate requests.")
-@click.option("--max-tokens", type=click.IntRange(2, 4096), default=64, show_default=True,
+@click.option("--max-tokens", type=Number(2, 4096, integer=True), default=64, show_default=True,
               help="Tokens generated per request (greedy).")
-@click.option("--fail-below", type=Seconds(number=True), default=None,
+@click.option("--fail-below", type=Number(0, MAX_ACCEPT_LENGTH), default=None,
               help="Fail a speculative server whose accept length is below this (default: profile "
                    "[smoke] fail_accept_length_below, else 1.1).")
-@click.option("--warn-below", type=Seconds(number=True), default=None,
+@click.option("--warn-below", type=Number(0, MAX_ACCEPT_LENGTH), default=None,
               help="Warn below this accept length (default: profile [smoke] warn_accept_length_below).")
 @click.option("--input-ids", default=None, help="Prompt token ids for a --skip-tokenizer-init server "
               "(default 5..20).")
@@ -61,7 +62,7 @@ def smoke(url: str | None, config: str | None, profile: str | None, timeout: flo
     Exit 0 when nothing failed (warnings too, unless --strict), 1 when a request failed, timed out, or the
     accept length says the drafter does not match the target, 2 on bad usage.
     """
-    from doctor.core.settings import ConfigError
+    from doctor.core.settings import ConfigError, number
     from doctor.service.http import shown_url
     from doctor.service.readiness import health_url, url_problem
     from doctor.service.smoke import SmokeOptions, render_text, run_smoke
@@ -75,20 +76,23 @@ def smoke(url: str | None, config: str | None, profile: str | None, timeout: flo
     if why:  # 'http://[::1', a bad port, no host: an invalid invocation (exit 2), never a crash
         raise ConfigError(f"--url {shown_url(url)!r} {why}")
 
-    def number(key: str, default: float | None) -> float | None:
+    def threshold(key: str, default: float | None) -> float | None:
         v = settings.get(f"smoke.{key}") if settings is not None else None
         if v is None:
             return default
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-            click.echo(f"k26-doctor: [smoke] {key} must be a number, got {v!r}", err=True)
-            raise Stop(EXIT_USAGE)
-        return float(v)
+        try:  # a TOML number: a string ("1.5") is the wrong type, not a number to parse
+            return float(number(v if isinstance(v, (int, float)) else None, f"[smoke] {key}", low=0,
+                                high=MAX_ACCEPT_LENGTH))
+        except ConfigError as exc:
+            click.echo(f"k26-doctor: {exc}", err=True)
+            raise Stop(EXIT_USAGE) from None
 
     opts = SmokeOptions(url.rstrip("/"), timeout_s=timeout, requests=n_requests, max_tokens=max_tokens,
                         api_key=api_key or os.environ.get(API_KEY_ENV) or None,
-                        fail_below=fail_below if fail_below is not None else number("fail_accept_length_below", 1.1)
-                        or 1.1,
-                        warn_below=warn_below if warn_below is not None else number("warn_accept_length_below", None))
+                        fail_below=fail_below if fail_below is not None
+                        else threshold("fail_accept_length_below", 1.1) or 1.1,
+                        warn_below=warn_below if warn_below is not None
+                        else threshold("warn_accept_length_below", None))
     ids = _ids(input_ids)
     if ids:
         opts.input_ids = ids

@@ -111,6 +111,15 @@ def open_regular(path: str | os.PathLike[str], buffering: int = -1) -> BinaryIO:
         raise
 
 
+def size_words(limit: int) -> str:
+    """A size limit as a message says it, in the largest unit it is a whole number of: "8 MiB", "4 KiB",
+    "1000 bytes" (never "0 MiB" for a limit under one)."""
+    for shift, unit in ((30, "GiB"), (20, "MiB"), (10, "KiB")):
+        if limit >= 1 << shift and limit % (1 << shift) == 0:
+            return f"{limit >> shift} {unit}"
+    return f"{limit} bytes"
+
+
 def read_capped(path: str | os.PathLike[str], limit: int, kind: str) -> bytes:
     """A regular file's bytes when it holds at most ``limit`` of them; at most ``limit + 1`` are ever read.
 
@@ -122,8 +131,7 @@ def read_capped(path: str | os.PathLike[str], limit: int, kind: str) -> bytes:
     with open_regular(path) as fh:
         data = fh.read(limit + 1)
     if len(data) > limit:
-        size = f"{limit >> 20} MiB" if limit >= 1 << 20 else f"{limit} bytes"
-        raise OSError(errno.EFBIG, f"larger than {size}: not {kind}", os.fspath(path))
+        raise OSError(errno.EFBIG, f"larger than {size_words(limit)}: not {kind}", os.fspath(path))
     return data
 
 
@@ -160,7 +168,7 @@ def read_pipe_or_file(path: str | os.PathLike[str], limit: int, kind: str, deadl
                 return b"".join(parts)
             parts.append(chunk)
             size += len(chunk)
-        raise OSError(errno.EFBIG, f"more than {limit >> 20} MiB: not {kind}", name)
+        raise OSError(errno.EFBIG, f"more than {size_words(limit)}: not {kind}", name)
     finally:
         if fd >= 0:
             os.close(fd)

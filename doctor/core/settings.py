@@ -35,6 +35,10 @@ DEFAULT_PROFILE = "b300-tp8-ddtree"
 DEFAULT_CONFIG = "/etc/k26-doctor/config.toml"
 CONFIG_ENV = "K26_DOCTOR_CONFIG"
 DEFAULT_STATE_DIR = "/var/lib/k26-doctor"
+MAX_CONFIG_NUMBER = 1e9  # the profile's sizes and thresholds (GiB, fractions): a billion is none of them
+MAX_SECONDS = 7 * 24 * 3600  # a week: no wait, deadline, interval or start of the doctor's is longer (a typo is)
+MAX_COUNT = 2**31 - 1  # what a C int holds: every count the doctor passes on (SGLang's flags, systemd's values)
+MAX_PARALLEL = 4096  # GPUs of one parallel group: far beyond any cluster's TP x PP x DP
 
 
 class ConfigError(Exception):
@@ -63,7 +67,8 @@ def _read_toml(path: Path, what: str) -> dict[str, Any]:
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "data" / "config_schema.toml"
 KIND_WORDS = {"str": "a string", "bool": "true or false", "int": "an integer", "posint": "an integer >= 1",
-              "port": "a port number (1-65535)", "number": "a finite number >= 0", "fraction": "a number in (0, 1]",
+              "port": "a port number (1-65535)", "number": f"a finite number between 0 and {MAX_CONFIG_NUMBER:.0f}",
+              "seconds": f"a finite number of seconds between 0 and {MAX_SECONDS}", "fraction": "a number in (0, 1]",
               "list_str": "a list of strings", "table_scalar": "a table of NAME = value (strings, numbers, booleans)",
               "path": "a non-empty path", "spec": "a version specifier such as \"==2.11.0\"",
               "host": "a host name or address (at most 253 characters, e.g. \"127.0.0.1\")"}
@@ -99,7 +104,9 @@ def _kind_ok(kind: str, value: Any) -> bool:
     if kind == "port":
         return is_int and 1 <= value <= 65535
     if kind == "number":  # finite: inf is no deadline and no size (int(inf) would crash a reader of it)
-        return is_num and value >= 0 and value != float("inf")
+        return is_num and 0 <= value <= MAX_CONFIG_NUMBER
+    if kind == "seconds":  # written into units (TimeoutStartSec=): never a 301-digit one
+        return is_num and 0 <= value <= MAX_SECONDS
     if kind == "fraction":
         return is_num and 0 < value <= 1
     if kind == "list_str":
@@ -116,7 +123,10 @@ def shown(value: Any, limit: int = 80) -> str:
     if len(text) <= limit:
         return text
     size = f" ({len(value)} long)" if isinstance(value, (str, bytes, list, dict)) else ""
-    return f"{text[: limit - 12]}...{size}"
+    # a word cut in half keeps at most its first 4 characters: a token cut (a JWT, an AWS key id) no longer has
+    # the shape the redaction knows, so what is shown of it must be no more than its public prefix ("eyJh", "AKIA")
+    head = re.sub(r"([A-Za-z0-9_+/=.:%-]{4})[A-Za-z0-9_+/=.:%-]+$", r"\1", text[: limit - 12])
+    return f"{head}...{size}"
 
 
 def validate_profile(merged: dict[str, Any], config: dict[str, Any], config_path: str | None,
@@ -133,6 +143,10 @@ def validate_profile(merged: dict[str, Any], config: dict[str, Any], config_path
             continue
         table, _, key = dotted.rpartition(".")
         where = f"config file {config_path}" if from_config is not MISSING else f"profile {profile_name}"
+        if kind == "table_scalar" and isinstance(node, dict):  # name the entry, never the whole table's values
+            bad = next(k for k, v in node.items() if not _kind_ok("table_scalar", {k: v}))
+            raise ConfigError(f"invalid configuration: [{dotted}] {bad} = {shown(node[bad])} in the {where} must be "
+                              "a string, a number or a boolean")
         raise ConfigError(f"invalid configuration: [{table}] {key} = {shown(node)} in the {where} must be "
                           f"{KIND_WORDS.get(kind, kind)}")
 
@@ -150,13 +164,14 @@ def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 def setting(default: Any = None, *, factory: Callable[[], Any] | None = None, key: str | None = None,
             flag: str | None = None, help: str = "", kind: str = "str", config: bool = True, collect: bool = False,
-            profile_key: str | None = None) -> Any:
+            profile_key: str | None = None, high: float | None = None) -> Any:
     """A field of ``Settings`` and everything derived from it: its ``[doctor]`` config key (``config``), its
     command-line flag (``flag``, ``help``), whether collectors see it (``collect``: a ``CollectOptions`` field),
     how a value is checked (``kind``: str, path, bool, list, posint, posfloat, seconds (>= 0), count, not) and
-    the profile table that gives its default (``profile_key``). Adding a setting is adding one such field."""
+    the profile table that gives its default (``profile_key``), and the largest value a number may take (``high``;
+    default: ``MAX_COUNT`` for posint, ``MAX_SECONDS`` for durations). Adding a setting is adding one such field."""
     meta = {"key": key, "flag": flag, "help": help, "kind": kind, "config": config, "collect": collect,
-            "profile_key": profile_key, "setting": True}
+            "profile_key": profile_key, "high": high, "setting": True}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -176,7 +191,7 @@ class Settings:
                                            help="Draft (DFlash) model directory.", profile_key="drafter.path")
     python: str = setting(sys.executable, kind="path", flag="--python", collect=True,
                           help="The service's interpreter (default: this one).")
-    tp: int = setting(1, kind="posint", flag="--tp", collect=True, profile_key="parallel.tp",
+    tp: int = setting(1, kind="posint", flag="--tp", collect=True, profile_key="parallel.tp", high=MAX_PARALLEL,
                       help="Tensor-parallel size (default: the profile's).")
     only: list[str] = setting(factory=list, kind="list", flag="--only",  # noqa: RUF009 (a field)
                               help="Only checks matching this glob (repeatable).")
@@ -260,23 +275,51 @@ DOCTOR_KEYS = frozenset(key_of(f) for f in setting_fields() if f.metadata["confi
 COLLECT_FIELDS = tuple(f.name for f in fields(Settings) if f.metadata.get("collect"))
 
 
-def duration(value: Any, name: str, *, positive: bool = True) -> float:
-    """``value`` as a number of seconds: finite, and > 0 (``positive``) or >= 0; ``ConfigError`` (exit 2)
-    otherwise. The one reading of every duration the doctor takes (``--timeout``, ``--wait-fabric``,
-    ``wait-ready``/``smoke``/``launch`` timeouts and intervals, ``systemd-unit --start-timeout``, the
-    config's): ``nan`` would compare false with every deadline and wait forever, ``inf`` is no deadline,
-    a negative one has passed before it starts."""
+
+
+def range_words(low: float, high: float, *, integer: bool = False, above: bool = False, unit: str = "") -> str:
+    """How a range is said in every message: "an integer between 1 and 64", "a number of seconds between 0
+    (excluded) and 604800"."""
+    def said(x: float) -> str:
+        return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+    what = "an integer" if integer else f"a number of {unit}" if unit else "a number"
+    return f"{what} between {said(low)}{' (excluded)' if above else ''} and {said(high)}"
+
+
+def number(value: Any, name: str, *, low: float, high: float, integer: bool = False, above: bool = False,
+           unit: str = "") -> Any:
+    """``value`` read as a number in ``[low, high]`` (``low`` excluded with ``above``; an ``int`` with
+    ``integer``); ``ConfigError`` (exit 2) naming ``name`` and its range otherwise. The one reading of every
+    number the doctor takes, from a flag (``doctor.commands.options.Number``), the config or the profile:
+    ``nan`` compares false with every bound (so it is refused by name), ``inf`` and ``1e300`` are no deadline
+    (and overflow every clock they reach: ``time.monotonic() + 1e300`` is an ``OverflowError`` in a thread
+    wait), a 400-digit integer is no count."""
+    words = range_words(low, high, integer=integer, above=above, unit=unit)
     if isinstance(value, bool):
-        raise ConfigError(f"{name} must be a number of seconds, got {value!r}")
+        raise ConfigError(f"{name} must be {words}, got {shown(value)}")
     try:
-        number = float(value)
+        if integer:
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError(value)
+            got: Any = int(value.strip()) if isinstance(value, str) else int(value)
+        else:
+            got = float(value)
     except (TypeError, ValueError, OverflowError):
-        raise ConfigError(f"{name} must be a number of seconds, got {value!r}") from None
-    if number != number or number in (float("inf"), float("-inf")):
-        raise ConfigError(f"{name} must be a finite number of seconds, got {value!r}")
-    if number < 0 or (positive and number == 0):
-        raise ConfigError(f"{name} must be a number of seconds {'> 0' if positive else '>= 0'}, got {value!r}")
-    return number
+        raise ConfigError(f"{name} must be {words}, got {shown(value)}") from None
+    if got != got or got in (float("inf"), float("-inf")):
+        raise ConfigError(f"{name} must be a finite number: {words}, got {shown(value)}")
+    if got < low or got > high or (above and got == low):
+        raise ConfigError(f"{name} must be {words}, got {shown(value)}")
+    return got
+
+
+def duration(value: Any, name: str, *, positive: bool = True, maximum: float = MAX_SECONDS) -> float:
+    """``value`` as a number of seconds: finite, and > 0 (``positive``) or >= 0, at most ``maximum`` (a week);
+    ``ConfigError`` (exit 2) otherwise. The one reading of every duration the doctor takes (``--timeout``,
+    ``--wait-fabric``, ``wait-ready``/``smoke``/``launch`` timeouts and intervals, ``systemd-unit
+    --start-timeout``, the config's): ``number`` with the unit "seconds"."""
+    return float(number(value, name, low=0, high=maximum, above=positive, unit="seconds"))
 
 
 CONFIG_TYPES = {"path": (str,), "str": (str,), "bool": (bool,), "posint": (int,), "posfloat": (int, float),
@@ -300,19 +343,11 @@ def _convert(f: Field[Any], value: Any, source: str = "", config_path: str | Non
     if kind == "bool":
         return bool(value)
     if kind == "posint":
-        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-            raise ConfigError(f"{name} must be an integer, got {value!r}")
-        try:
-            number = int(value)
-        except (TypeError, ValueError, OverflowError):
-            raise ConfigError(f"{name} must be an integer, got {value!r}") from None
-        if number < 1:
-            raise ConfigError(f"{name} must be >= 1, got {number}")
-        return number
+        return number(value, source or name, low=1, high=f.metadata.get("high") or MAX_COUNT, integer=True)
     if kind == "seconds":
-        return duration(value, source or name, positive=False)
+        return duration(value, source or name, positive=False, maximum=f.metadata.get("high") or MAX_SECONDS)
     if kind == "posfloat":
-        return duration(value, source or name)
+        return duration(value, source or name, maximum=f.metadata.get("high") or MAX_SECONDS)
     return value
 
 

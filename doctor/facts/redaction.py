@@ -7,7 +7,8 @@ What is a secret, in one place:
   ``"api_key": "x"``, ``AccountKey=x;`` in a connection string, ``password: x`` in a log line);
 * the value of a secret command-line flag (``--api-key X``, ``--api-key=X``, an abbreviation argparse accepts
   such as ``--api-ke X``, ``--ssl-keyfile-password X``; in an argv list the element after it);
-* a URL's userinfo (``http://alice:p@ss@proxy:3128`` -> ``http://<redacted>@proxy:3128``), credential query
+* a URL's userinfo in every spelling (``http://alice:p@ss@proxy:3128`` -> ``http://<redacted>@proxy:3128``;
+  ``/cwd/https:/u:p@h`` as a path normalised it, ``//u:p@h``, percent-encoded), credential query
   parameters (``token=``, ``hf_token=``, ``private_token=``, ``sig=``, ``X-Amz-Signature=``...), Slack and
   Discord webhook paths;
 * token-shaped strings wherever they stand: ``hf_...``, ``sk-...``, ``ghp_...``, ``github_pat_...``,
@@ -25,6 +26,8 @@ from __future__ import annotations
 
 import re
 from typing import IO, Any
+
+from doctor.core.printable import terminal_safe
 
 REDACTED = "<redacted>"
 
@@ -110,7 +113,8 @@ def redact_argv(argv: list[str]) -> list[str]:
 # -- values and text --------------------------------------------------------------------------------------
 TOKEN_SHAPES = (
     r"hf_[A-Za-z0-9]{20,}", r"sk-[A-Za-z0-9_-]{20,}", r"gh[pousr]_[A-Za-z0-9]{20,}", r"github_pat_[A-Za-z0-9_]{20,}",
-    r"glpat-[A-Za-z0-9_-]{20,}", r"xox[abposr]-[A-Za-z0-9-]{10,}", r"nvapi-[A-Za-z0-9_-]{20,}", r"AKIA[0-9A-Z]{16}",
+    r"glpat-[A-Za-z0-9_-]{20,}", r"xox[abposr]-[A-Za-z0-9-]{10,}", r"nvapi-[A-Za-z0-9_-]{20,}",
+    r"(?:AKIA|ASIA|ABIA|ACCA|AGPA|AIDA|AIPA|ANPA|ANVA|AROA|APKA|ASCA)[0-9A-Z]{16}",  # AWS key ids, temporary too
     r"AIza[0-9A-Za-z_-]{35}", r"eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*",
 )
 SECRET_VALUE = re.compile(r"(?<![A-Za-z0-9_])(?:" + "|".join(TOKEN_SHAPES) + r")(?![A-Za-z0-9_])")
@@ -120,7 +124,13 @@ BEARER = re.compile(r"(?P<head>\b(?:Bearer\s+|Authorization:\s*\w+\s+))"
 WEBHOOK = re.compile(r"(?P<head>\b(?:hooks\.slack\.com/(?:services|workflows|triggers)|discord(?:app)?\.com/api/"
                      r"webhooks)/)(?P<value>[A-Za-z0-9/_-]+)")
 # scheme://user[:password]@host: everything before the last '@' of the authority is userinfo ('@' in a password).
-URL_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^/?#\s'\"<>]+)@")
+# Every spelling: any case, one to three slashes or backslashes (a path normalised it: ``os.path.abspath`` turns
+# ``https://u:p@h`` into ``/cwd/https:/u:p@h``), scheme-relative ``//u:p@h``, and percent-encoded
+# (``https%3A%2F%2Fu%3Ap%40h``, a URL inside a query parameter).
+URL_USERINFO = re.compile(r"(?P<scheme>(?:\b[A-Za-z][A-Za-z0-9+.\-]*:|(?<![:/\\\w])(?=//))[/\\]{1,3})"
+                          r"(?P<userinfo>[^/\\?#\s'\"<>]+)@")
+URL_USERINFO_ENCODED = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*%3[Aa](?:%2[Ff]|%5[Cc]){1,3})"
+                                  r"(?P<userinfo>[^/?#&\s'\"<>]+?)%40")
 SECRET_PARAMS = ("token", "key", "pwd", "pass", "secret", "sig", "signature", "sas", "code", "auth",
                  "authorization", "x-amz-credential", "x-amz-security-token", "x-goog-credential", "credential")
 QUERY_PARAM = re.compile(r"(?P<head>[?&;](?P<name>[A-Za-z0-9_.\-]+)=)(?P<value>(?!<redacted>)[^&#\s'\"\\]+)")
@@ -128,7 +138,9 @@ QUOTED_PAIR = re.compile(r"(?P<head>(?P<q>[\"'])(?P<name>[A-Za-z0-9_.\-]+)(?P=q)
                          r"(?P<value>(?:[^\"'\\]|\\.)*)(?P=vq)")
 ASSIGNMENT = re.compile(r"(?P<head>(?<![\w.\-/])(?P<name>[A-Za-z_][A-Za-z0-9_.\-]*)(?P<sep>\s*=\s*|:\s+)"
                         r"(?P<q>(?:\\?[\"'])?))(?P<value>(?!<redacted>)(?!\$[({])[^\s\"'&;,\\]+)")
-FLAG_VALUE = re.compile(r"(?P<head>(?P<flag>--[A-Za-z][A-Za-z0-9-]*)"
+# A flag's name ends in a letter or digit: "--api-" is a word a help text broke at its hyphen ("--api-\n key"),
+# and what follows it is the rest of that word, not a value.
+FLAG_VALUE = re.compile(r"(?P<head>(?P<flag>--[A-Za-z](?:[A-Za-z0-9-]*[A-Za-z0-9])?)"
                         r"(?:=(?:\\?[\"'])?|\s+(?:\\?[\"'])?|\\?[\"']\s*,\s*\\?[\"']))"
                         r"(?P<value>(?!<redacted>)(?!--)(?!\$\{[A-Za-z_][A-Za-z0-9_]*\})[^\s'\",\]\\]+)")
 
@@ -182,6 +194,7 @@ def redact_text(text: str) -> str:
         return text
     text = PEM_KEY.sub(lambda m: f"-----BEGIN {m.group('kind')}-----{REDACTED}-----END {m.group('kind')}-----", text)
     text = URL_USERINFO.sub(lambda m: f"{m.group('scheme')}{REDACTED}@", text)
+    text = URL_USERINFO_ENCODED.sub(lambda m: f"{m.group('scheme')}{REDACTED}%40", text)
     text = WEBHOOK.sub(lambda m: m.group("head") + REDACTED, text)
     text = QUERY_PARAM.sub(_param, text)
     text = FLAG_VALUE.sub(_flag, text)
@@ -214,15 +227,24 @@ def redact_pair(name: str, value: str) -> str:
 
 class RedactingStream:
     """A text stream whose every write is redacted first: stdout and stderr of the CLI, so no message of any
-    command can print a secret. It offers no ``buffer``, so nothing (click included) writes around it."""
+    command can print a secret. It offers no ``buffer``, so nothing (click included) writes around it. Every
+    write is also made terminal-safe (``doctor.core.printable.terminal_safe``): whatever foreign text a printer
+    forgot to escape, no control character reaches the terminal but the doctor's own colours."""
 
     def __init__(self, stream: IO[str]) -> None:
+        import os
+
         self._stream = stream
+        try:  # the doctor paints only a colour terminal: elsewhere no escape sequence of its own is ever written
+            tty = bool(stream.isatty())
+        except (AttributeError, ValueError, OSError):
+            tty = False
+        self._keep_own = not os.environ.get("NO_COLOR") and (bool(os.environ.get("FORCE_COLOR")) or tty)
 
     def write(self, text: str) -> int:
         if not isinstance(text, str):
             raise TypeError(f"write() argument must be str, not {type(text).__name__}")
-        self._stream.write(redact_text(text))
+        self._stream.write(terminal_safe(redact_text(text), keep_own=self._keep_own))
         return len(text)
 
     def writelines(self, lines: Any) -> None:

@@ -87,6 +87,16 @@ def manifest_text(files: dict[str, dict[str, Any]], note: str = "") -> str:
     return json.dumps(doc, indent=1) + "\n"
 
 
+def sha256sum_line(digest: str, name: str) -> str:
+    """One line of ``sha256sum`` output, escaped as coreutils escapes it: a name holding a backslash, a newline or
+    a carriage return gets a leading ``\\`` and those characters as ``\\\\``, ``\\n``, ``\\r`` (what
+    ``sha256sum -c`` reads back), so a name can never end the line and start a line of its own."""
+    if not any(c in name for c in "\\\n\r"):
+        return f"{digest}  {name}\n"
+    escaped = name.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
+    return f"\\{digest}  {escaped}\n"
+
+
 def sha256sum_text(files: dict[str, dict[str, Any]]) -> str:
-    """The same digests in ``sha256sum -c`` format."""
-    return "".join(f"{files[n]['sha256']}  {n}\n" for n in sorted(files))
+    """The same digests in ``sha256sum -c`` format, one line per file whatever its name holds."""
+    return "".join(sha256sum_line(files[n]["sha256"], n) for n in sorted(files))

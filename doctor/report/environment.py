@@ -13,6 +13,7 @@ import platform
 from typing import Any
 
 from doctor import __version__
+from doctor.core.printable import printable
 from doctor.facts.redaction import redact, redact_text
 from doctor.gpu import links
 
@@ -120,7 +121,12 @@ def collect_summary(report: Any, facts: Any, live: bool) -> dict[str, Any]:
 
 
 def render_summary(data: dict[str, Any]) -> str:
-    """The paste-ready text: one fact per line, in a fenced block."""
+    """The paste-ready text: one fact per line, in a fenced block; values from the host escaped
+    (``doctor.core.printable``)."""
+    return printable(_summary_text(data), lines=True)
+
+
+def _summary_text(data: dict[str, Any]) -> str:
     d, drv = data["doctor"], data["driver"]
     lines = ["```", f"k26-doctor {d['version']} env (redacted)   profile {d['profile']}, TP{d['tp']}"
              + (f", from snapshot {os.path.basename(str(d['from_snapshot']))}" if d.get("from_snapshot") else "")]

@@ -22,6 +22,7 @@ import shlex
 import textwrap
 from typing import IO, Any
 
+from doctor.core.printable import printable
 from doctor.core.result import Status
 from doctor.facts.redaction import redact_text
 from doctor.report.story import Root, Story, story
@@ -80,6 +81,7 @@ def terminal_width(stream: IO[str] | None) -> int:
 def wrap(text: str, width: int, first: str, rest: str) -> list[str]:
     """``text`` wrapped at word boundaries (never inside a path or an id) after ``first``, then ``rest``; a word too
     long for the indented line (a Python module path in an error) is moved left on a line of its own, not cut."""
+    text = printable(text, lines=True)  # a file name or a value from the host: shown, never obeyed
     lines = textwrap.wrap(text, width=max(width, len(rest) + 20), initial_indent=first, subsequent_indent=rest,
                           break_long_words=False, break_on_hyphens=False) or [first.rstrip()]
     for i, line in enumerate(lines[1:], 1):
@@ -93,6 +95,7 @@ def wrap_command(cmd: str, width: int, pad: str) -> list[str]:
     """``$ cmd``, continued with `` \\`` at word boundaries when it is wider than the terminal (it still pastes);
     a comment (``# ...``) or a pipeline is wrapped as prose would be, without continuation marks."""
     first = f"{pad}$ "
+    cmd = printable(cmd)  # a path from the host: its control characters shown, never sent to the terminal
     if len(first) + len(cmd) <= width:
         return [first + cmd]
     if cmd.lstrip().startswith("#") or any(c in cmd for c in "|;&<>"):
@@ -127,7 +130,7 @@ def _details_lines(details: dict[str, Any], indent: str, skip_lines: list[str] |
             continue
         if isinstance(value, str) and "\n" in value:
             lines.append(f"{indent}{key}:")
-            lines.extend(f"{indent}  {ln}" for ln in value.splitlines())
+            lines.extend(f"{indent}  {printable(ln)}" for ln in value.splitlines())
         elif isinstance(value, (dict, list)):
             text = json.dumps(value, default=str, ensure_ascii=False)
             if len(text) > 160:
@@ -137,7 +140,7 @@ def _details_lines(details: dict[str, Any], indent: str, skip_lines: list[str] |
             else:
                 lines.append(f"{indent}{key}: {text}")
         else:
-            lines.append(f"{indent}{key}: {value}")
+            lines.append(f"{indent}{key}: {printable(str(value))}")
     return lines
 
 

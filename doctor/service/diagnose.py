@@ -35,6 +35,7 @@ from typing import Any
 
 from doctor.core.datafile import DataFileError, read_toml
 from doctor.core.fileio import read_pipe_or_file
+from doctor.core.printable import printable
 from doctor.service.logstructure import LogShape
 
 if sys.version_info >= (3, 11):
@@ -613,7 +614,8 @@ def render_text(matches: list[LogMatch], source: str) -> str:
         s = f.signature
         label = "   (a consequence: it follows a failure elsewhere)" if s.consequence else ""
         out.append(f"{n}. {s.title}  [{s.id}]" + (f"  -> check {s.check}" if s.check else "") + label)
-        out.append(f"   line {f.line_no}" + (f" (and {f.count - 1} more)" if f.count > 1 else "") + f": {f.line[:300]}")
+        out.append(f"   line {f.line_no}" + (f" (and {f.count - 1} more)" if f.count > 1 else "")
+                   + f": {printable(f.line[:300])}")
         if s.explain:
             out.append(f"   why: {s.explain}")
         if f.fix:
@@ -621,4 +623,4 @@ def render_text(matches: list[LogMatch], source: str) -> str:
         for cmd in f.commands:
             out.append(f"     $ {cmd}")
         out.append("")
-    return "\n".join(out)
+    return printable("\n".join(out), lines=True)

@@ -19,6 +19,9 @@ import time
 import urllib.parse
 from dataclasses import dataclass
 
+from doctor.core.fileio import size_words
+from doctor.core.printable import printable
+
 MAX_BODY = 8 * 1024 * 1024  # an answer of the server larger than this is not an answer the doctor reads
 REFUSED, TIMEOUT, FAILED = "refused", "timeout", "failed"
 
@@ -105,7 +108,7 @@ def request(url: str, timeout: float, *, method: str = "GET", body: bytes | None
             parts.append(chunk)
             size += len(chunk)
             if size > limit:
-                reply.error, reply.kind = f"the answer is larger than {limit >> 20} MiB: not read further", FAILED
+                reply.error, reply.kind = f"the answer is larger than {size_words(limit)}: not read further", FAILED
                 break
         if cut.is_set() and reply.error is None:
             raise TimeoutError
@@ -118,7 +121,8 @@ def request(url: str, timeout: float, *, method: str = "GET", body: bytes | None
         if cut.is_set():
             reply.error, reply.kind = f"no complete answer within {timeout:.0f}s (timed out)", TIMEOUT
         else:
-            reply.error, reply.kind = f"{type(exc).__name__}: {exc}".rstrip(": "), FAILED
+            # http.client quotes what the server sent (a status line): its words, never its control characters
+            reply.error, reply.kind = printable(f"{type(exc).__name__}: {exc}".rstrip(": ")), FAILED
     finally:
         timer.cancel()
         conn.close()

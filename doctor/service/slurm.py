@@ -33,6 +33,7 @@ from typing import Any
 
 from doctor.core import proc
 from doctor.core.exitcodes import EXIT_FAILED, EXIT_OK
+from doctor.core.printable import printable
 from doctor.core.result import Status
 from doctor.facts.redaction import redact_text
 from doctor.service.fleet import fleet_data, root_causes, split_by_failure
@@ -162,7 +163,8 @@ class NodeAction:
 
 
 def _one_line(text: str) -> str:
-    return " ".join(redact_text(str(text)).split())
+    """A summary as a drain reason (which every user reads with ``sinfo -R``): redacted, on one line, escaped."""
+    return printable(" ".join(redact_text(str(text)).split()))
 
 
 def drain_reason(prefix: str, causes: list[tuple[str, str]], limit: int, what: str = "") -> str:

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from doctor.core.printable import printable
 from doctor.core.result import Findings, Severity
 from doctor.service import http
 
@@ -76,6 +77,11 @@ class Call:
 
 
 def _error_text(body: Any) -> str:
+    """What a failed call's body says, on one line, escaped: the server's words, never its control characters."""
+    return printable(_body_text(body))
+
+
+def _body_text(body: Any) -> str:
     """SGLang's error bodies: {"error": {"message": ...}}, OpenAI's {"object": "error", "message": ...},
     FastAPI's {"detail": ...}, or text."""
     if isinstance(body, dict):
@@ -339,4 +345,4 @@ def render_text(report: SmokeReport) -> str:
     lines += [f"  problem: {p}" for p in report.problems[1:]]
     lines += [f"  warning: {w}" for w in report.warnings]
     lines += [f"  note: {n}" for n in report.notes]
-    return "\n".join(lines) + "\n"
+    return printable("\n".join(lines), lines=True) + "\n"

@@ -117,11 +117,13 @@ class UnitValueError(ConfigError):
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
-def unit_value(value: str, what: str) -> str:
+def unit_value(value: str, what: str, *, secret: bool = False) -> str:
     """``value`` when it can stand in a unit line: a newline (or any control character) would end the line and
-    let the rest be read as directives of its own (``--model-path $'/m\nExecStartPre=/bin/evil'``)."""
+    let the rest be read as directives of its own (``--model-path $'/m\nExecStartPre=/bin/evil'``). A
+    ``secret`` one is refused without being quoted (a message is no place for a key, however mangled)."""
     if CONTROL.search(value):
-        raise UnitValueError(f"{what} {value!r} holds a newline or another control character: it cannot be "
+        shown = f"(its {len(value)} characters not shown)" if secret else repr(value)
+        raise UnitValueError(f"{what} {shown} holds a newline or another control character: it cannot be "
                              "written into a unit file (it would inject lines); fix the value")
     return value
 
@@ -366,7 +368,7 @@ def secrets_file_text(secrets: dict[str, str]) -> str:
     """The unit's secrets file (``EnvironmentFile=`` syntax, values quoted literally)."""
     lines = ["# Secrets of the server's command line, read by the unit (EnvironmentFile=). Keep it mode 0600."]
     for var, value in secrets.items():
-        unit_value(value, f"the value of {var}")
+        unit_value(value, f"the value of {var}", secret=True)
         if "'" not in value:
             lines.append(f"{var}='{value}'")
         else:

@@ -39,7 +39,7 @@ PATCHES_SHAPE = {
     "set": opt({"name": opt(str), "directory": opt(str), "manifest": anything}),
     "sglang": opt({"version": opt(str)}), "journal": opt(dict), "last_run": opt(dict), "journal_error": opt(str),
     "files": opt(mapping({"sha256": opt(str), "exists": opt(bool), "error": opt(str), "record": opt(str),
-                          "in_record": opt(bool)})),
+                          "in_record": opt(bool), "not_a_file": opt(bool)})),
 }
 IMPORT_SHAPE = {**PROBE_SHAPE, "imported": opt(bool), "missing_module": opt(str), "traceback_tail": opt(str),
                 "version": opt(str), "import_s": opt(NUM), "runtime": opt(RUNTIME),

@@ -10,7 +10,16 @@ from typing import Any
 
 from doctor.core.result import Findings, NotJudged, Remediation
 from doctor.core.settings import DEFAULT_STATE_DIR, Settings
-from doctor.sglang.patching.status import APPLIED, DRIFTED, MISSING, PARTIAL, PRISTINE, Evaluation, evaluate
+from doctor.sglang.patching.status import (
+    APPLIED,
+    DRIFTED,
+    MISSING,
+    NOT_A_FILE,
+    PARTIAL,
+    PRISTINE,
+    Evaluation,
+    evaluate,
+)
 
 NOT_APPLIED = "sglang.patches.not_applied"  # the set is not (all) applied: what the apply fixer plans
 
@@ -96,14 +105,21 @@ def judge_patches(fact: dict[str, Any], settings: Settings) -> Findings:
 
 def not_applied(ev: Evaluation, settings: Settings, out: Findings) -> Findings:
     groups = []
-    for state in (DRIFTED, MISSING, PARTIAL, PRISTINE):
-        paths = [f.path for f in ev.files if f.state == state]
+    for state in (NOT_A_FILE, DRIFTED, MISSING, PARTIAL, PRISTINE):
+        paths = [f"{f.path} ({f.note.split(':')[0]})" if state == NOT_A_FILE else f.path
+                 for f in ev.files if f.state == state]
         if paths:
             groups.append(f"{len(paths)} {state}: {', '.join(paths)}")
     applied_patches = sum(1 for p in ev.patches if p.state == APPLIED)
     summary = (f"patch set {ev.set_name} {ev.overall} ({applied_patches}/{len(ev.patches)} patches, "
                f"{ev.count(APPLIED)}/{len(ev.files)} files applied); " + "; ".join(groups))
-    if ev.count(DRIFTED) or ev.count(MISSING):
+    if ev.count(NOT_A_FILE):  # what no patch run can write over: the files' kinds say why, no --force
+        text = ("Something that is not a file stands where SGLang's file should be (a FIFO, a device, a directory): "
+                "remove it, reinstall SGLang, then apply the set.")
+        cmds = [patches_command(settings, "status"),
+                f"{shlex.quote(settings.python)} -m pip install --force-reinstall --no-deps 'sglang=={ev.version}'",
+                patches_command(settings, "apply")]
+    elif ev.count(DRIFTED) or ev.count(MISSING):
         text = ("Drifted files were edited by hand or come from another build: look at them, then either "
                 "reinstall SGLang and apply, or apply with --force (the drifted files are backed up).")
         cmds = [patches_command(settings, "status"),

@@ -30,7 +30,7 @@ from doctor.sglang.patching import udiff
 from doctor.sglang.patching.hashing import sha256_bytes
 from doctor.sglang.patching.record import Installed
 from doctor.sglang.patching.state import JOURNAL_KIND, JOURNAL_SCHEMA, StateStore, now_stamp
-from doctor.sglang.patching.status import DRIFTED, MISSING, Evaluation, evaluate, observe
+from doctor.sglang.patching.status import DRIFTED, MISSING, NOT_A_FILE, Evaluation, evaluate, observe
 
 
 class EngineError(Exception):
@@ -47,6 +47,13 @@ def refusal(path: str, exc: Exception) -> str:
     if isinstance(exc, OSError):
         return f"{path}: cannot read: {exc.strerror or exc}"
     return str(exc)
+
+
+def not_a_file(fs: Any, version: str | None) -> str:
+    """The refusal for a target that is not a file (a FIFO, a device, a directory): named as what it is; no
+    ``--force`` is offered, since none would make it a file."""
+    return (f"{fs.path} {fs.note.split(': remove it')[0]}: remove it, then reinstall sglang "
+            f"(pip install --force-reinstall --no-deps sglang=={version})")
 
 
 @dataclass
@@ -212,6 +219,9 @@ class Engine:
             if missing_prereq:
                 plan.refusals.append(f"{fs.path}: selected patches build on {', '.join(missing_prereq)}; select it too")
                 continue
+            if fs.state == NOT_A_FILE:  # no --force writes over (or through) what is not a file
+                plan.refusals.append(not_a_file(fs, self.installed.version))
+                continue
             hashes = mf.stage_hashes(chain)
             try:
                 old, st = self._read(fs.path)
@@ -274,6 +284,9 @@ class Engine:
         for fs, chain, positions, sel in self._selected_chains(ev, wanted):
             goal = min(sel)
             pristine_want = fs.record if (fs.in_record and fs.record) else fs.pristine
+            if fs.state == NOT_A_FILE:
+                plan.refusals.append(not_a_file(fs, self.installed.version))
+                continue
             if fs.state in (DRIFTED, MISSING):
                 change = self._restore_original(fs, goal, force, plan)
                 if change is not None:

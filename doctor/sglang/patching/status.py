@@ -9,20 +9,25 @@ function of that document. File states:
 - ``partial``:  matches an intermediate ``after`` (an earlier patch of a chain applied, not a later one)
 - ``drifted``:  exists with other bytes: edited by hand, another build, or a patch made for another version
 - ``missing``:  a file the set patches is not there
+- ``not a file``: something else stands where the file should be (a FIFO, a device, a directory, a symlink loop):
+  named as what it is; no ``--force`` patches or restores it (the engine refuses it): remove it and reinstall
 """
 
 from __future__ import annotations
 
+import errno
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from doctor.core.fileio import NotRegularFile
 from doctor.sglang.patching import manifest as mf
 from doctor.sglang.patching.hashing import sha256_file
 from doctor.sglang.patching.record import Installed
 from doctor.sglang.patching.state import StateError, StateStore, lock_holder
 
 PRISTINE, APPLIED, PARTIAL, DRIFTED, MISSING = "pristine", "applied", "partial", "drifted", "missing"
+NOT_A_FILE = "not a file"
 
 
 def observe(pset: mf.PatchSet, installed: Installed, state_dir: str | None = None,
@@ -41,7 +46,10 @@ def observe(pset: mf.PatchSet, installed: Installed, state_dir: str | None = Non
         except IsADirectoryError:
             entry["exists"] = True
             entry["error"] = "is a directory"
+            entry["not_a_file"] = True
         except OSError as exc:
+            if isinstance(exc, NotRegularFile) or exc.errno == errno.ELOOP:
+                entry["not_a_file"] = True
             entry["exists"] = (root / path).exists()
             entry["error"] = exc.strerror or str(exc)
         files[path] = entry
@@ -169,7 +177,9 @@ def evaluate(obs: dict[str, Any]) -> Evaluation:
         entry = seen.get(path) if isinstance(seen.get(path), dict) else {}
         digest, exists = entry.get("sha256"), bool(entry.get("exists"))
         state, stage = file_stage(chain, digest, exists)
-        if entry.get("error") and state in (MISSING, DRIFTED):
+        if entry.get("not_a_file"):  # whatever its hash would match: absent for a file the set creates, too
+            state, note = NOT_A_FILE, f"{entry.get('error') or 'not a regular file'}: remove it and reinstall sglang"
+        elif entry.get("error") and state in (MISSING, DRIFTED):
             state, note = DRIFTED if exists else MISSING, f"unreadable: {entry['error']}"
         else:
             note = ""
@@ -192,7 +202,7 @@ def evaluate(obs: dict[str, Any]) -> Evaluation:
         states = []
         for change in patch.files:
             fs = by_path[change.path]
-            if fs.state in (DRIFTED, MISSING):
+            if fs.state in (NOT_A_FILE, DRIFTED, MISSING):
                 states.append(fs.state)
                 continue
             pos = [j for j, _ in chains[change.path]].index(i)
@@ -203,7 +213,7 @@ def evaluate(obs: dict[str, Any]) -> Evaluation:
 
 
 def _combine(states: list[str]) -> str:
-    for bad in (DRIFTED, MISSING):
+    for bad in (NOT_A_FILE, DRIFTED, MISSING):
         if bad in states:
             return bad
     if states and all(s == APPLIED for s in states):
