@@ -119,10 +119,12 @@ def read_capped(path: str | os.PathLike[str], limit: int, kind: str) -> bytes:
     failure is an ``OSError`` (too large: EFBIG, ``strerror`` "larger than N MiB: not <kind>"), so a caller
     words all of them with one ``except OSError``.
     """
+    size = f"{limit >> 20} MiB" if limit >= 1 << 20 else f"{limit} bytes"
     with open_regular(path) as fh:
+        if os.fstat(fh.fileno()).st_size > limit:  # refused before reading (a 2 GB sparse log costs nothing)
+            raise OSError(errno.EFBIG, f"larger than {size}: not {kind}", os.fspath(path))
         data = fh.read(limit + 1)
     if len(data) > limit:
-        size = f"{limit >> 20} MiB" if limit >= 1 << 20 else f"{limit} bytes"
         raise OSError(errno.EFBIG, f"larger than {size}: not {kind}", os.fspath(path))
     return data
 

@@ -54,7 +54,8 @@ _PLACEHOLDER = re.compile(r"\{(\w+)\}")
 _SAFE_VALUE = re.compile(r"[\w.:/@-]{1,64}")  # what a value read from a log may be to enter a command
 SIGNATURE_KEYS = {"id", "title", "patterns", "check", "fix", "commands", "explain", "rank", "consequence", "unless",
                "context", "context_before", "context_after", "context_skip", "suppresses", "defaults",
-               "frames", "traceback_cause", "phase", "process", "fallback", "absent"}
+               "frames", "traceback_cause", "phase", "process", "fallback", "absent", "sources", "single_source",
+               "unsupported"}
 
 
 class SignatureError(Exception):
@@ -89,6 +90,8 @@ class Signature:
     process: tuple[re.Pattern[str], ...] = ()
     fallback: bool = False
     absent: tuple[re.Pattern[str], ...] = ()
+    # provenance (not used for matching): the threads whose logs support it; a built-in signature with none says why
+    sources: tuple[str, ...] = ()
 
     @property
     def structural(self) -> bool:
@@ -236,7 +239,12 @@ def _signature(entry: Any, where: str) -> Signature:
     check = entry.get("check")
     if check is not None and not isinstance(check, str):
         raise SignatureError(f"{where}: check must be a check id")
-    for key in ("traceback_cause", "fallback"):
+    sources = entry.get("sources") or []
+    if not isinstance(sources, list) or not all(isinstance(s, str) for s in sources):
+        raise SignatureError(f"{where}: sources must be a list of URLs")
+    if not isinstance(entry.get("unsupported", ""), str):
+        raise SignatureError(f"{where}: unsupported must be a sentence")
+    for key in ("traceback_cause", "fallback", "single_source"):
         if not isinstance(entry.get(key, False), bool):
             raise SignatureError(f"{where}: {key} must be true or false")
     if entry.get("traceback_cause") and not entry.get("frames"):
@@ -251,7 +259,7 @@ def _signature(entry: Any, where: str) -> Signature:
         tuple((str(k), str(v)) for k, v in defaults.items()),
         _patterns(entry.get("frames"), where, "frames"), bool(entry.get("traceback_cause", False)),
         _patterns(entry.get("phase"), where, "phase"), _patterns(entry.get("process"), where, "process"),
-        bool(entry.get("fallback", False)), _patterns(entry.get("absent"), where, "absent"))
+        bool(entry.get("fallback", False)), _patterns(entry.get("absent"), where, "absent"), tuple(sources))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -496,6 +504,33 @@ def diagnose_lines(lines: list[str], signatures: list[Signature], context: int =
     return with_host_values(order(list(found.values())), host, clean)
 
 
+_TELLING = re.compile(r"(?:^|[\s:|\]>])(?:[A-Za-z_][\w.]*(?:Error|Exception|Fault)\b|Traceback \(most recent|"
+                      r"(?:fatal|FATAL|ERROR|error)\b\s*[:\]]|Segmentation fault|Aborted|CUDA error\b|"
+                      r"returned non-zero exit status|[Nn]o such file or directory)")
+_TELLING_SKIP = re.compile(r"^\s*(?:File \"|\^+$|~+)|server_args=|ServerArgs\(|non-default args")
+TELLING_LINES = 6
+
+
+def telling_lines(lines: list[str], limit: int = TELLING_LINES) -> list[tuple[int, str]]:
+    """The lines a reader should look at when no signature names a cause: the last distinct lines that look like an
+    error being raised (an exception's name, "fatal", "error:", a CUDA error, a failed command), newest last, as
+    (1-based line number, text). Shown by `diagnose` under "nothing matched", never blamed on a check."""
+    seen: set[str] = set()
+    out: list[tuple[int, str]] = []
+    for idx in range(len(lines) - 1, -1, -1):
+        text = _ANSI.sub("", lines[idx][:MAX_LINE]).strip()
+        if not text or _TELLING_SKIP.search(text) or not _TELLING.search(text):
+            continue
+        key = re.sub(r"\d+", "#", text)[-200:]
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append((idx + 1, text))
+        if len(out) >= limit:
+            break
+    return out[::-1]
+
+
 HOST_PLACEHOLDERS = ("python_headers", "python_headers_install")
 _INCLUDE = re.compile(r"(?:-I|\s|'|\")(?P<inc>/[^\s'\",]*?/include/python\d+\.\d+)")
 
@@ -598,10 +633,19 @@ def journal_argv(unit: str, invocation: str | None = None, lines: int = 20000) -
     return [*argv, "-u", unit, "-b", "-n", str(lines)]
 
 
-def render_text(matches: list[LogMatch], source: str) -> str:
+def _telling_text(lines: list[str] | None) -> list[str]:
+    shown = telling_lines(lines or [])
+    if not shown:
+        return []
+    return ["", "Lines that look like the failure (no check is blamed for them):",
+            *(f"   line {n}: {text[:300]}" for n, text in shown)]
+
+
+def render_text(matches: list[LogMatch], source: str, lines: list[str] | None = None) -> str:
+    """The report; ``lines`` (the log) lets a report that names no cause show the lines that look like the failure."""
     if not matches:
-        return (f"{source}: no known failure signature found. Run `k26-doctor check` to judge the host, "
-                "or add a signature (--signatures FILE).\n")
+        return "\n".join([f"{source}: no known failure signature found. Run `k26-doctor check` to judge the host, "
+                          "or add a signature (--signatures FILE).", *_telling_text(lines)]) + "\n"
     top = matches[0]
     if top.signature.consequence:
         head = (f"{source}: {len(matches)} known failure signature(s), all of them consequences of a failure "
@@ -621,4 +665,6 @@ def render_text(matches: list[LogMatch], source: str) -> str:
         for cmd in f.commands:
             out.append(f"     $ {cmd}")
         out.append("")
+    if all(f.signature.consequence for f in matches):
+        out.extend(_telling_text(lines)[1:])
     return "\n".join(out)
