@@ -37,6 +37,7 @@ class RealLog:
     near: tuple[str, ...]
     split: str
     why: str
+    batch: int = 1
 
     @property
     def lines(self) -> list[str]:
@@ -45,8 +46,8 @@ class RealLog:
 
 def load_manifest(path: Path = REAL / "manifest.toml") -> list[RealLog]:
     data = read_toml(path, "real-failure manifest")
-    return [RealLog(e["file"], e["source"], e["date"], e["label"], tuple(e.get("near", ())), e["split"], e["why"])
-            for e in data["log"]]
+    return [RealLog(e["file"], e["source"], e["date"], e["label"], tuple(e.get("near", ())), e["split"], e["why"],
+                    int(e.get("batch", 1))) for e in data["log"]]
 
 
 def expected_split(source: str) -> str:
