@@ -48,6 +48,14 @@ MIN_LITERAL = 8  # shorter literals select too many lines and slow grep's multi-
 GREP_TIMEOUT_S = 120
 LOG_READ_S = 120.0  # a pipe's writer (journalctl) has this long to finish
 MAX_LOG_BYTES = 1 << 30
+# A signatures file is tens of KiB (the built-in one about 70): a larger one, or one with thousands of entries or
+# page-long patterns, is refused before its parse and compile take minutes.
+MAX_SIGNATURE_FILE_BYTES = 1 << 20
+MAX_SIGNATURES = 2000
+MAX_PATTERNS = 200
+MAX_PATTERN_CHARS = 4096
+MAX_PATTERN_TOTAL = 32 << 10  # characters of regular expression in one file (the built-in: about 9,400)
+REGEX_KEYS = ("patterns", "unless", "context", "context_skip", "frames", "phase", "process", "absent")
 GREP_MIN_CHARS = 1 << 20  # below this, starting grep costs more than searching in Python
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _PLACEHOLDER = re.compile(r"\{(\w+)\}")
@@ -137,12 +145,27 @@ def load_signatures(paths: list[Path] | None = None, builtin: Path = SIGNATURES_
     by_id: dict[str, Signature] = {}
     for path in [builtin, *(paths or [])]:
         try:
+            size = os.stat(path).st_size if os.path.isfile(path) else 0
+        except OSError:
+            size = 0  # read_toml names the reason
+        if size > MAX_SIGNATURE_FILE_BYTES:
+            raise SignatureError(f"cannot read signatures file {path}: {size} bytes, larger than "
+                                 f"{MAX_SIGNATURE_FILE_BYTES >> 20} MiB: not a signatures file")
+        try:
             data = read_toml(path, "signatures file")
         except DataFileError as exc:
             raise SignatureError(str(exc)) from None
         entries = data.get("signature")
         if not isinstance(entries, list):
             raise SignatureError(f"{path}: expected [[signature]] tables")
+        if len(entries) > MAX_SIGNATURES:
+            raise SignatureError(f"{path}: {len(entries)} signatures, more than {MAX_SIGNATURES}: "
+                                 "not a signatures file")
+        total = sum(len(p) for e in entries if isinstance(e, dict) for k in REGEX_KEYS
+                    for p in (e[k] if isinstance(e.get(k), list) else [e.get(k)]) if isinstance(p, str))
+        if total > MAX_PATTERN_TOTAL:
+            raise SignatureError(f"{path}: {total} characters of patterns, more than {MAX_PATTERN_TOTAL}: compiling "
+                                 "them would take too long")
         for i, entry in enumerate(entries):
             sig = _signature(entry, f"{path} signature #{i + 1}")
             by_id[sig.id] = sig
@@ -160,8 +183,12 @@ def _patterns(value: Any, where: str, key: str) -> tuple[re.Pattern[str], ...]:
         value = [value]
     if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
         raise SignatureError(f"{where}: {key} must be a list of regular expressions")
+    if len(value) > MAX_PATTERNS:
+        raise SignatureError(f"{where}: {len(value)} {key}, more than {MAX_PATTERNS}")
     compiled = []
     for pat in value:
+        if len(pat) > MAX_PATTERN_CHARS:
+            raise SignatureError(f"{where}: a pattern of {len(pat)} characters, longer than {MAX_PATTERN_CHARS}")
         try:
             rx = re.compile(pat)
         except (re.error, RecursionError, OverflowError) as exc:
