@@ -184,6 +184,14 @@ def test_consequences_blame_nothing_and_nothing_matched_still_shows_the_telling_
 
 # -- provenance ------------------------------------------------------------------------------------------
 
+def test_no_builtin_pattern_ignores_case() -> None:
+    """A pattern that ignores case (even inline, ``(?i:...)``) costs a second grep pass over a lower-cased copy of
+    the log; the built-in table keeps to one pass (write ``[Aa]ddress``)."""
+    from doctor.service.diagnose import literal_plan
+
+    assert not [s.id for s in SIGS for p in s.patterns if literal_plan(p)[1]]
+
+
 def test_every_signature_names_its_sources_or_says_it_has_none() -> None:
     data = read_toml(SIGNATURES_FILE, "signatures")
     unsupported = []
