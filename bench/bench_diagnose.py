@@ -10,7 +10,10 @@ the cheapest possible scan). Measured: `read_log` + `diagnose_lines` with the sh
 whole CLI (`python -m doctor diagnose FILE`, interpreter start included). Times are the best of
 `--repeat` runs (the median is printed too).
 
-    python bench/bench_diagnose.py [--mb 50] [--repeat 3]
+    python bench/bench_diagnose.py [--mb 50] [--repeat 3] [--against REV]
+
+`--against REV` (default e9d74ef, the table before the real-failure corpus's generalisation) times that revision's
+signature table on the same log in the same run, interleaved with this table's runs, and prints the ratio.
 """
 
 from __future__ import annotations
@@ -64,12 +67,26 @@ def write_log(path: Path, megabytes: int) -> int:
     return lines
 
 
+def previous_signatures(rev: str) -> list:
+    """The built-in signature table as it was at git revision ``rev`` (read with ``git show``)."""
+    text = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:doctor/data/failure_signatures.toml"],
+                          capture_output=True, text=True, check=True).stdout
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "failure_signatures.toml"
+        path.write_text(text, encoding="utf-8")
+        return load_signatures(builtin=path)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mb", type=int, default=50)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--against", default="e9d74ef", metavar="REV",
+                    help="also time the signature table of this git revision on the same log (the same run's "
+                         "comparison; '' to skip)")
     args = ap.parse_args()
     sigs = load_signatures()
+    previous = previous_signatures(args.against) if args.against else None
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "journal.log"
         n = write_log(log, args.mb)
@@ -98,6 +115,17 @@ def main() -> int:
         print(f"diagnose CLI: {cli[0] * 1000:.0f} ms (median {cli[1] * 1000:.0f})")
         print(f"ratio to grep -c: in-process {inproc[0] / grep[0]:.1f}x, without grep {pure[0] / grep[0]:.1f}x, "
               f"CLI {cli[0] / grep[0]:.1f}x")
+        if previous is not None:  # interleaved, so that a busy machine slows both tables alike
+            pairs = []
+            for _ in range(max(3, args.repeat)):
+                this = measure(lambda: diagnose_lines(read_log(str(log)), sigs), 1)[0]
+                that = measure(lambda: diagnose_lines(read_log(str(log)), previous), 1)[0]
+                pairs.append((this, that))
+            this_best, that_best = min(p[0] for p in pairs), min(p[1] for p in pairs)
+            ratios = sorted(p[0] / p[1] for p in pairs)
+            print(f"signatures of {args.against} ({len(previous)}), interleaved with this table: "
+                  f"{that_best * 1000:.0f} ms against {this_best * 1000:.0f} ms; this table / that one: "
+                  f"{this_best / that_best:.2f}x (best of each), {ratios[len(ratios) // 2]:.2f}x (median of pairs)")
     return 0
 
 

@@ -196,6 +196,38 @@ def test_signatures_that_backtrack_catastrophically_are_bounded(tmp_path: Path) 
     assert out.returncode == 0 and json.loads(out.stdout)["findings"][0]["id"] == "fine"
 
 
+def test_hostile_signature_files_are_refused_at_once_and_clearly(tmp_path: Path) -> None:
+    """Sizes that would take minutes to parse or compile, and files that are not files, are refused by name."""
+    from doctor.service.diagnose import SignatureError, load_signatures
+
+    def sig(i: int, pattern: str) -> str:
+        return f'[[signature]]\nid = "s{i}"\ntitle = "t"\npatterns = ["{pattern}"]\n'
+
+    cases = {
+        "big.toml": ("# " + "x" * (2 << 20) + "\n", "larger than 1 MiB"),
+        "many.toml": ("".join(sig(i, f"x{i}y") for i in range(2001)), "more than 2000"),
+        "long.toml": (sig(0, "a" * 5000), "longer than 4096"),
+        "total.toml": ("".join(sig(i, "|".join(f"w{i}z{j}" for j in range(100))) for i in range(60)),
+                       "characters of patterns"),
+        "alts.toml": ('[[signature]]\nid = "a"\ntitle = "t"\npatterns = [' + ",".join(['"x"'] * 201) + "]\n",
+                      "more than 200"),
+        "binary.toml": (b"\xff\xfe\x00binary", "not UTF-8"),
+    }
+    for name, (body, reason) in cases.items():
+        path = tmp_path / name
+        path.write_bytes(body if isinstance(body, bytes) else body.encode())
+        start = time.monotonic()
+        with pytest.raises(SignatureError, match=reason):
+            load_signatures([path])
+        assert time.monotonic() - start < 10, name
+    fifo = tmp_path / "sigs.fifo"
+    os.mkfifo(fifo)
+    log = tmp_path / "server.log"
+    log.write_text("ERROR x\n")
+    out = run_doctor("diagnose", str(log), "--signatures", str(fifo), timeout=30)  # nobody writes: never blocks
+    assert out.returncode == 2 and "FIFO" in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
 def test_every_builtin_signature_passes_the_backtracking_refusal() -> None:
     from doctor.service.diagnose import load_signatures, nested_repeat
 

@@ -412,6 +412,7 @@ def diagnose(logfile: str | None, unit: str | None, invocation: str | None, on_s
         match_bounded,
         read_log,
         render_text,
+        telling_lines,
         with_host_values,
     )
 
@@ -452,8 +453,10 @@ def diagnose(logfile: str | None, unit: str | None, invocation: str | None, on_s
         return EXIT_USAGE
     with_host_values(matches, lambda clean: host_values(clean, python), lines)
     if fmt == "json":
+        shown = [] if any(not m.signature.consequence for m in matches) else telling_lines(lines)
         click.echo(json.dumps({"source": source, "lines": len(lines),
-                               "findings": [m.to_dict() for m in matches]}, indent=2))  # the contract's key
+                               "findings": [m.to_dict() for m in matches],  # the contract's key
+                               "telling_lines": [{"line": n, "text": text} for n, text in shown]}, indent=2))
     else:
-        click.echo(render_text(matches, source))
+        click.echo(render_text(matches, source, lines))
     return EXIT_OK if matches else EXIT_FAILED

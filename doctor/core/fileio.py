@@ -129,6 +129,8 @@ def read_capped(path: str | os.PathLike[str], limit: int, kind: str) -> bytes:
     words all of them with one ``except OSError``.
     """
     with open_regular(path) as fh:
+        if os.fstat(fh.fileno()).st_size > limit:  # refused before reading (a 2 GB sparse log costs nothing)
+            raise OSError(errno.EFBIG, f"larger than {size_words(limit)}: not {kind}", os.fspath(path))
         data = fh.read(limit + 1)
     if len(data) > limit:
         raise OSError(errno.EFBIG, f"larger than {size_words(limit)}: not {kind}", os.fspath(path))

@@ -49,13 +49,22 @@ MIN_LITERAL = 8  # shorter literals select too many lines and slow grep's multi-
 GREP_TIMEOUT_S = 120
 LOG_READ_S = 120.0  # a pipe's writer (journalctl) has this long to finish
 MAX_LOG_BYTES = 1 << 30
+# A signatures file is tens of KiB (the built-in one about 70): a larger one, or one with thousands of entries or
+# page-long patterns, is refused before its parse and compile take minutes.
+MAX_SIGNATURE_FILE_BYTES = 1 << 20
+MAX_SIGNATURES = 2000
+MAX_PATTERNS = 200
+MAX_PATTERN_CHARS = 4096
+MAX_PATTERN_TOTAL = 32 << 10  # characters of regular expression in one file (the built-in: about 9,400)
+REGEX_KEYS = ("patterns", "unless", "context", "context_skip", "frames", "phase", "process", "absent")
 GREP_MIN_CHARS = 1 << 20  # below this, starting grep costs more than searching in Python
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _PLACEHOLDER = re.compile(r"\{(\w+)\}")
 _SAFE_VALUE = re.compile(r"[\w.:/@-]{1,64}")  # what a value read from a log may be to enter a command
 SIGNATURE_KEYS = {"id", "title", "patterns", "check", "fix", "commands", "explain", "rank", "consequence", "unless",
                "context", "context_before", "context_after", "context_skip", "suppresses", "defaults",
-               "frames", "traceback_cause", "phase", "process", "fallback", "absent"}
+               "frames", "traceback_cause", "phase", "process", "fallback", "absent", "sources", "single_source",
+               "unsupported"}
 
 
 class SignatureError(Exception):
@@ -90,6 +99,8 @@ class Signature:
     process: tuple[re.Pattern[str], ...] = ()
     fallback: bool = False
     absent: tuple[re.Pattern[str], ...] = ()
+    # provenance (not used for matching): the threads whose logs support it; a built-in signature with none says why
+    sources: tuple[str, ...] = ()
 
     @property
     def structural(self) -> bool:
@@ -129,10 +140,18 @@ class LogMatch:
                 "explain": s.explain, "remediation": {"text": self.fix, "commands": self.commands}}
 
 
-def load_signatures(paths: list[Path] | None = None) -> list[Signature]:
-    """The built-in signatures plus any site files; later ids replace earlier ones."""
+def load_signatures(paths: list[Path] | None = None, builtin: Path = SIGNATURES_FILE) -> list[Signature]:
+    """The built-in signatures plus any site files; later ids replace earlier ones. ``builtin``: another built-in
+    table (a bench compares the previous release's)."""
     by_id: dict[str, Signature] = {}
-    for path in [SIGNATURES_FILE, *(paths or [])]:
+    for path in [builtin, *(paths or [])]:
+        try:
+            size = os.stat(path).st_size if os.path.isfile(path) else 0
+        except OSError:
+            size = 0  # read_toml names the reason
+        if size > MAX_SIGNATURE_FILE_BYTES:
+            raise SignatureError(f"cannot read signatures file {path}: {size} bytes, larger than "
+                                 f"{MAX_SIGNATURE_FILE_BYTES >> 20} MiB: not a signatures file")
         try:
             data = read_toml(path, "signatures file")
         except DataFileError as exc:
@@ -140,6 +159,14 @@ def load_signatures(paths: list[Path] | None = None) -> list[Signature]:
         entries = data.get("signature")
         if not isinstance(entries, list):
             raise SignatureError(f"{path}: expected [[signature]] tables")
+        if len(entries) > MAX_SIGNATURES:
+            raise SignatureError(f"{path}: {len(entries)} signatures, more than {MAX_SIGNATURES}: "
+                                 "not a signatures file")
+        total = sum(len(p) for e in entries if isinstance(e, dict) for k in REGEX_KEYS
+                    for p in (e[k] if isinstance(e.get(k), list) else [e.get(k)]) if isinstance(p, str))
+        if total > MAX_PATTERN_TOTAL:
+            raise SignatureError(f"{path}: {total} characters of patterns, more than {MAX_PATTERN_TOTAL}: compiling "
+                                 "them would take too long")
         for i, entry in enumerate(entries):
             sig = _signature(entry, f"{path} signature #{i + 1}")
             by_id[sig.id] = sig
@@ -157,8 +184,12 @@ def _patterns(value: Any, where: str, key: str) -> tuple[re.Pattern[str], ...]:
         value = [value]
     if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
         raise SignatureError(f"{where}: {key} must be a list of regular expressions")
+    if len(value) > MAX_PATTERNS:
+        raise SignatureError(f"{where}: {len(value)} {key}, more than {MAX_PATTERNS}")
     compiled = []
     for pat in value:
+        if len(pat) > MAX_PATTERN_CHARS:
+            raise SignatureError(f"{where}: a pattern of {len(pat)} characters, longer than {MAX_PATTERN_CHARS}")
         try:
             rx = re.compile(pat)
         except (re.error, RecursionError, OverflowError) as exc:
@@ -237,7 +268,12 @@ def _signature(entry: Any, where: str) -> Signature:
     check = entry.get("check")
     if check is not None and not isinstance(check, str):
         raise SignatureError(f"{where}: check must be a check id")
-    for key in ("traceback_cause", "fallback"):
+    sources = entry.get("sources") or []
+    if not isinstance(sources, list) or not all(isinstance(s, str) for s in sources):
+        raise SignatureError(f"{where}: sources must be a list of URLs")
+    if not isinstance(entry.get("unsupported", ""), str):
+        raise SignatureError(f"{where}: unsupported must be a sentence")
+    for key in ("traceback_cause", "fallback", "single_source"):
         if not isinstance(entry.get(key, False), bool):
             raise SignatureError(f"{where}: {key} must be true or false")
     if entry.get("traceback_cause") and not entry.get("frames"):
@@ -252,7 +288,7 @@ def _signature(entry: Any, where: str) -> Signature:
         tuple((str(k), str(v)) for k, v in defaults.items()),
         _patterns(entry.get("frames"), where, "frames"), bool(entry.get("traceback_cause", False)),
         _patterns(entry.get("phase"), where, "phase"), _patterns(entry.get("process"), where, "process"),
-        bool(entry.get("fallback", False)), _patterns(entry.get("absent"), where, "absent"))
+        bool(entry.get("fallback", False)), _patterns(entry.get("absent"), where, "absent"), tuple(sources))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -497,6 +533,33 @@ def diagnose_lines(lines: list[str], signatures: list[Signature], context: int =
     return with_host_values(order(list(found.values())), host, clean)
 
 
+_TELLING = re.compile(r"(?:^|[\s:|\]>])(?:[A-Za-z_][\w.]*(?:Error|Exception|Fault)\b|Traceback \(most recent|"
+                      r"(?:fatal|FATAL|ERROR|error)\b\s*[:\]]|Segmentation fault|Aborted|CUDA error\b|"
+                      r"returned non-zero exit status|[Nn]o such file or directory)")
+_TELLING_SKIP = re.compile(r"^\s*(?:File \"|\^+$|~+)|server_args=|ServerArgs\(|non-default args")
+TELLING_LINES = 6
+
+
+def telling_lines(lines: list[str], limit: int = TELLING_LINES) -> list[tuple[int, str]]:
+    """The lines a reader should look at when no signature names a cause: the last distinct lines that look like an
+    error being raised (an exception's name, "fatal", "error:", a CUDA error, a failed command), newest last, as
+    (1-based line number, text). Shown by `diagnose` under "nothing matched", never blamed on a check."""
+    seen: set[str] = set()
+    out: list[tuple[int, str]] = []
+    for idx in range(len(lines) - 1, -1, -1):
+        text = _ANSI.sub("", lines[idx][:MAX_LINE]).strip()
+        if not text or _TELLING_SKIP.search(text) or not _TELLING.search(text):
+            continue
+        key = re.sub(r"\d+", "#", text)[-200:]
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append((idx + 1, text))
+        if len(out) >= limit:
+            break
+    return out[::-1]
+
+
 HOST_PLACEHOLDERS = ("python_headers", "python_headers_install")
 _INCLUDE = re.compile(r"(?:-I|\s|'|\")(?P<inc>/[^\s'\",]*?/include/python\d+\.\d+)")
 
@@ -599,10 +662,20 @@ def journal_argv(unit: str, invocation: str | None = None, lines: int = 20000) -
     return [*argv, "-u", unit, "-b", "-n", str(lines)]
 
 
-def render_text(matches: list[LogMatch], source: str) -> str:
+def _telling_text(lines: list[str] | None) -> list[str]:
+    shown = telling_lines(lines or [])
+    if not shown:
+        return []
+    return ["", "Lines that look like the failure (no check is blamed for them):",
+            *(f"   line {n}: {text[:300]}" for n, text in shown)]
+
+
+def render_text(matches: list[LogMatch], source: str, lines: list[str] | None = None) -> str:
+    """The report; ``lines`` (the log) lets a report that names no cause show the lines that look like the failure."""
     if not matches:
-        return (f"{source}: no known failure signature found. Run `k26-doctor check` to judge the host, "
-                "or add a signature (--signatures FILE).\n")
+        return printable("\n".join([f"{source}: no known failure signature found. Run `k26-doctor check` to judge "
+                                    "the host, or add a signature (--signatures FILE).", *_telling_text(lines)]),
+                         lines=True) + "\n"
     top = matches[0]
     if top.signature.consequence:
         head = (f"{source}: {len(matches)} known failure signature(s), all of them consequences of a failure "
@@ -623,4 +696,6 @@ def render_text(matches: list[LogMatch], source: str) -> str:
         for cmd in f.commands:
             out.append(f"     $ {cmd}")
         out.append("")
+    if all(f.signature.consequence for f in matches):
+        out.extend(_telling_text(lines)[1:])
     return printable("\n".join(out), lines=True)

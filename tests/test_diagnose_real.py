@@ -1,0 +1,242 @@
+"""`diagnose` on real failure excerpts from public threads (tests/fixtures/diagnose_real/), precision first.
+
+The corpus: 178 excerpts (2017-2026; SGLang, vLLM, FlashInfer, NCCL, Triton, TensorRT-LLM, DeepGEMM, PyTorch,
+transformers and the projects they run under), each labelled from its thread's resolution with the check whose
+failure class it is, or ``none`` (47 of them) when no registered check explains it. Split by sha256(source) mod 3
+(120 dev, 58 test). Batch 1 (79) was committed before any signature was written from it (e9d74ef); batch 2 (74)
+after the first generalisation and before the second (3b04ba9); batch 3 (18) after the second and before the third
+(8b4c910); batch 4 (7) after the third (f2bace7), and no signature was written from it. Signatures were written
+from the dev split only; the test excerpts were not read while they were. Scored by tests/diagnose_real.py (the top
+finding's check; a none case is right only when the top finding blames nothing).
+
+Measured (python bench/bench_diagnose_real.py --against REV):
+- batch 1 at e9d74ef, the signatures as they were: dev 24/38 explained right (63%), 1 wrong blame (a none case);
+  test 10/17 (59%), 2 wrong blames, both on none cases;
+- batch 1 after the first generalisation (b2c3462): dev 33/38 (87%), 0 wrong; test 11/17 (65%), 0 wrong;
+- batch 2 with b2c3462's signatures: dev 21/38 (55%), 7 wrong; test 9/19 (47%), 2 wrong (1 on a none case);
+- after the second generalisation (06c1bc0): dev 68/76 (89%), 4 wrong (1 on none); test 25/36 (69%), 2 wrong
+  (1 on none);
+- batch 3 with 06c1bc0's signatures: dev 4/9 (44%), 0 wrong; test 6/6 (100%), 0 wrong;
+- after the third generalisation: dev 77/85 (91%), 4 wrong (1 on none); test 31/42 (74%), 4 wrong (3 on none: the
+  third round's signatures added two wrong blames on batch 1's test none cases, left as measured);
+- batch 4, unseen by any signature (both splits): 4/4 explained right, 2 wrong blames, both on none cases (1 of 3
+  none cases right);
+- everything at f2bace7: dev 79/87 (91%), 6 wrong (3 on none); test 33/44 (75%), 4 wrong (3 on none).
+The dev wrong blames left are label conflicts with the existing corpus: an NVLS 'invalid argument' that
+tests/fixtures/diagnose expects as gpu.nvlink where the real threads resolved it as multicast, and an NCCL watchdog
+timeout that the existing corpus blames on gpu.nvlink where the thread found no check's cause.
+The bars asked for on the test split (>= 90% explained right, <= 1% wrong, 0 on none) are not met: the floors
+below are the measured ones, and test_real_failures_meet_the_asked_bars_on_the_test_split records the gap.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from diagnose_real import NONE, REAL, diagnose, expected_split, figures, load_manifest
+
+from doctor.core.datafile import read_toml
+from doctor.core.registry import load
+from doctor.service.diagnose import SIGNATURES_FILE, diagnose_lines, load_signatures, render_text, telling_lines
+
+ROOT = Path(__file__).resolve().parents[1]
+SIGS = load_signatures()
+LOGS = load_manifest()
+BY_FILE = {g.file: g for g in LOGS}
+URL = re.compile(r"https://github\.com/[\w.-]+/[\w.-]+/(?:issues|pull)/\d+")
+DATE = re.compile(r"\d{4}-\d{2}-\d{2}|unknown")
+
+
+def _sources_of_existing_corpora() -> set[str]:
+    found = set()
+    for path in (ROOT / "tests" / "fixtures" / "diagnose").glob("*.log"):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.startswith("# source: "):
+                found.add(line.removeprefix("# source: ").strip())
+    held = read_toml(ROOT / "tests" / "fixtures" / "diagnose_heldout" / "manifest.toml", "held-out manifest")
+    return found | {e["source"] for e in held["log"]}
+
+
+# -- the corpus itself ---------------------------------------------------------------------------------
+
+def test_every_excerpt_is_in_the_manifest_labelled_and_sourced() -> None:
+    assert len(LOGS) >= 178 and sum(g.label == NONE for g in LOGS) >= 47
+    assert {p.name for p in REAL.glob("*.log")} == set(BY_FILE)
+    registered = {c.id for c in load(plugins=False).sorted_checks()}
+    for log in LOGS:
+        assert URL.fullmatch(log.source) and DATE.fullmatch(log.date), log.file
+        assert (log.label in registered or log.label == NONE) and set(log.near) <= registered, log.file
+        assert log.label not in log.near and log.why, log.file
+        assert 1 <= len(log.lines) <= 80 and any(ln.strip() for ln in log.lines), log.file
+    assert len({g.source for g in LOGS}) == len(LOGS)
+    assert len({g.label for g in LOGS if g.label != NONE}) >= 20
+
+
+def test_no_source_is_shared_with_the_existing_corpora() -> None:
+    existing = _sources_of_existing_corpora()
+    assert existing and not existing & {g.source for g in LOGS}
+
+
+def test_the_split_follows_its_rule() -> None:
+    assert all(g.split == expected_split(g.source) for g in LOGS)
+    test = [g for g in LOGS if g.split == "test"]
+    assert len(test) >= 58 and sum(g.label == NONE for g in test) >= 14 and len({g.label for g in test}) >= 10
+
+
+# -- the measure ---------------------------------------------------------------------------------------
+
+# Measured floors, per split and batch (batch 0: the whole corpus); see the module docstring for the figures.
+RECALL_FLOOR = {("dev", 1): 0.85, ("test", 1): 0.60, ("dev", 0): 0.90, ("test", 0): 0.70}
+WRONG_LIMIT = {("dev", 1): (0, 0), ("test", 1): (2, 2), ("dev", 0): (6, 3), ("test", 0): (4, 3)}  # (wrong, on none)
+
+
+def _figures(split: str, batch: int):
+    group = [g for g in LOGS if g.split == split and batch in (0, g.batch)]
+    return figures(group, {g.file: diagnose(g, SIGS)[0] for g in group})
+
+
+@pytest.mark.parametrize(("split", "batch"), [("dev", 1), ("test", 1), ("dev", 0), ("test", 0)])
+def test_real_failures_floor(split: str, batch: int, record_property: pytest.RecordProperty,
+                             capsys: pytest.CaptureFixture[str]) -> None:
+    """Explained cases named right at least the measured floor; wrong blames no more than measured."""
+    fig = _figures(split, batch)
+    name = f"{split}-batch{batch}" if batch else split
+    record_property(f"real_{name}", fig.counts)
+    with capsys.disabled():
+        print("\ndiagnose real " + fig.line(name))
+    wrong, wrong_none = WRONG_LIMIT[(split, batch)]
+    assert fig.wrong <= wrong and fig.wrong_none <= wrong_none, fig.line(name)
+    assert fig.recall >= RECALL_FLOOR[(split, batch)], fig.line(name)
+
+
+@pytest.mark.xfail(strict=True, reason="the test split misses the asked bars: 33/44 explained right (75%), "
+                                       "4/58 wrong blames, 3 of them on none cases")
+def test_real_failures_meet_the_asked_bars_on_the_test_split() -> None:
+    """The bars asked for: >= 90% of the explained test cases right, wrong blames <= 1% of all, none on none."""
+    fig = _figures("test", 0)
+    assert fig.recall >= 0.90 and fig.wrong <= 0.01 * fig.n and fig.wrong_none == 0, fig.line("test")
+
+
+# -- the classes issue 38 names, each on a dev excerpt -----------------------------------------------------------
+
+def _found(name: str) -> list:
+    log = BY_FILE[name]
+    assert log.split == "dev"
+    return diagnose_lines(log.lines, SIGS)
+
+
+def test_nvcc_missing_for_flashinfer_is_the_jit_toolchain_not_a_c_compiler() -> None:
+    found = _found("jitnvcc-flashinfer-aot-sampling-no-nvcc-vllm.log")
+    assert found[0].signature.id == "jit-nvcc-missing" and found[0].signature.check == "sglang.install"
+    assert [f.signature.check for f in diagnose_lines(["/bin/sh: 1: nvcc: not found"], SIGS)] == ["sglang.install"]
+    assert [f.signature.check for f in diagnose_lines(["/bin/sh: 1: gcc: not found"], SIGS)] == ["triton.jit"]
+
+
+def test_an_nvcc_too_old_for_the_arch_is_the_jit_toolchain_not_ptxas() -> None:
+    found = _found("jitnvcc-deepgemm-nvcc-sm100f-unsupported-sgl-kernel.log")
+    assert found[0].signature.check == "sglang.install"
+
+
+def test_the_capture_wrapper_is_judged_by_what_it_wraps() -> None:
+    ima = "Exception: Capture cuda graph failed: RuntimeError: CUDA error: an illegal memory access was encountered"
+    assert [f.signature.check for f in diagnose_lines([ima], SIGS)] == [None]
+    oom = "Exception: Capture cuda graph failed: CUDA out of memory. Tried to allocate 2.00 GiB"
+    assert diagnose_lines([oom], SIGS)[0].signature.check == "model.fit"
+
+
+def test_a_json_error_while_the_weights_load_is_the_model_index() -> None:
+    found = _found("shards-json-decode-error-scheduler-deepseek-v3-0324.log")
+    assert found[0].signature.id == "index-json-invalid" and found[0].signature.check == "model.shards"
+    assert diagnose_lines(["json.decoder.JSONDecodeError: Expecting value: line 1 column 1 (char 0)"], SIGS) == []
+
+
+def test_a_draft_vocab_that_does_not_fit_the_target_is_the_drafter() -> None:
+    assert _found("drafter-llamacpp-draft-vocab-size-mismatch.log")[0].signature.check == "model.drafter"
+
+
+def test_shape_errors_in_the_draft_path_that_threads_fixed_in_sglang_blame_nothing() -> None:
+    for name in ("none-standalone-draft-hidden-size-merge-batch.log", "none-eagle3-spec-v2-topk-cat-mismatch.log"):
+        log = BY_FILE[name]
+        if log.split == "dev":
+            assert [f.signature.check for f in _found(name)] in ([], [None]), name
+
+
+def test_argparse_usage_text_without_its_error_line_is_the_flags_only_when_nothing_else_is() -> None:
+    usage = "usage: launch_server.py [-h] --model-path MODEL_PATH [--tokenizer-path TOKENIZER_PATH]"
+    assert [f.signature.id for f in diagnose_lines([usage], SIGS)] == ["argparse-usage-only"]
+    port = "OSError: [Errno 98] Address already in use"
+    assert [f.signature.check for f in diagnose_lines([usage, port], SIGS)] == ["host.port"]
+
+
+def test_consequences_blame_nothing_and_nothing_matched_still_shows_the_telling_lines() -> None:
+    found = _found("none-sigquit-only-two-node-deepseek-r1.log")
+    assert all(f.signature.check is None for f in found)
+    lines = BY_FILE["shm-nccl-tests-unhandled-system-error-docker-ipc.log"].lines
+    assert diagnose_lines(lines, SIGS) == []
+    assert telling_lines(lines)[-1] == (7, "RuntimeError: NCCL Error 2: unhandled system error")
+    assert "line 7: RuntimeError: NCCL Error 2" in render_text([], "x.log", lines)
+
+
+# -- provenance ------------------------------------------------------------------------------------------
+
+def test_no_builtin_pattern_ignores_case() -> None:
+    """A pattern that ignores case (even inline, ``(?i:...)``) costs a second grep pass over a lower-cased copy of
+    the log; the built-in table keeps to one pass (write ``[Aa]ddress``)."""
+    from doctor.service.diagnose import literal_plan
+
+    assert not [s.id for s in SIGS for p in s.patterns if literal_plan(p)[1]]
+
+
+def test_every_signature_names_its_sources_or_says_it_has_none() -> None:
+    data = read_toml(SIGNATURES_FILE, "signatures")
+    unsupported = []
+    for entry in data["signature"]:
+        sources = entry.get("sources")
+        assert isinstance(sources, list), entry["id"]
+        assert all(URL.fullmatch(s) for s in sources) and len(set(sources)) == len(sources), entry["id"]
+        assert entry.get("single_source", False) == (len(sources) == 1), entry["id"]
+        if not sources:
+            assert len(entry.get("unsupported", "")) > 20, entry["id"]
+            unsupported.append(entry["id"])
+        else:
+            assert "unsupported" not in entry, entry["id"]
+    assert len(unsupported) <= 10, unsupported
+
+
+# -- bad input stays bounded and clear ---------------------------------------------------------------------------
+
+def _cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "doctor", "diagnose", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=ROOT)
+
+
+def test_a_binary_log_and_one_without_a_newline_are_read(tmp_path: Path) -> None:
+    binary = tmp_path / "core.log"
+    binary.write_bytes(bytes(range(256)) * 64 + b"\nOSError: [Errno 98] Address already in use\n\x00\xff\xfe")
+    out = _cli(str(binary))
+    assert out.returncode == 0 and "host.port" in out.stdout and "Traceback" not in out.stderr
+    bare = tmp_path / "bare.log"
+    bare.write_bytes(b"FileNotFoundError: [Errno 2] No such file or directory: 'nvcc'")
+    out = _cli(str(bare), "--format", "json")
+    assert out.returncode == 0 and '"check": "sglang.install"' in out.stdout
+
+
+def test_a_2gb_sparse_log_is_refused_at_once(tmp_path: Path) -> None:
+    big = tmp_path / "huge.log"
+    with open(big, "wb") as fh:
+        fh.truncate(2 << 30)
+    out = _cli(str(big), timeout=30)
+    assert out.returncode == 2 and "larger than" in out.stderr + out.stdout and "Traceback" not in out.stderr
+
+
+def test_nothing_matched_in_json_names_the_telling_lines(tmp_path: Path) -> None:
+    log = tmp_path / "x.log"
+    log.write_text("INFO start\nRuntimeError: NCCL Error 2: unhandled system error\n")
+    out = _cli(str(log), "--format", "json")
+    assert out.returncode == 1 and '"telling_lines"' in out.stdout and "NCCL Error 2" in out.stdout
