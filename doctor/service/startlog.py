@@ -116,6 +116,16 @@ def read_start(lines: list[str]) -> dict[str, Any]:
     return _parts(marks, loads, captures, last)
 
 
+def first_stamp(lines: list[str]) -> datetime | None:
+    """The time of the first stamped line (the server's clock, local time, to the second)."""
+    lay = markers()
+    for line in lines:
+        ts = _stamp(line, lay)
+        if ts is not None:
+            return ts
+    return None
+
+
 def _sizes(line: str, lay: Markers) -> int | None:
     m = lay.sizes.search(line)
     if not m:

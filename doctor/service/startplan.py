@@ -352,9 +352,9 @@ def compare(plan: dict[str, Any], actual: dict[str, Any], *, launched_to_ready_s
     rows = []
     for group, names in GROUPS.items():
         p = sum(pred.get(n, 0.0) for n in names)
-        if group == "startup":
+        if group == "startup":  # before the first log line: measured by launch --wait, else taken as predicted
             a = got.get("startup")
-            a = a + pred.get("interpreter", 0.0) if a is not None else None  # before the first line: not logged
+            a = a + float(got.get("interpreter", pred.get("interpreter", 0.0))) if a is not None else None
         elif group == "graphs+kernels+jit":
             parts = [got.get(n) for n in ("cuda_graphs", "kernels")]
             a = sum(x for x in parts if x is not None) if any(x is not None for x in parts) else None
