@@ -318,7 +318,7 @@ def _jit(inputs: dict[str, Any], table: dict[str, Any], k: dict[str, Any]) -> Pa
         return Part("jit", 0.0, f"FlashInfer's {', '.join(need)} compiled in {where}")
     return Part("jit", round(seconds, 1), f"FlashInfer's {', '.join(missing)} not compiled in {where}: compiled at "
                 "start", round(seconds, 1), "compile them ahead: `k26-doctor launch` prewarms them in parallel with "
-                "its checks (or `k26-doctor fix`'s prewarm plan)")
+                "its checks (unless --no-prewarm)")
 
 
 # -- rendering, comparison, record ------------------------------------------------------------------------------
