@@ -129,7 +129,10 @@ def test_weights_from_disk_and_page_cache_and_the_advice() -> None:
     part = {p.name: p for p in startplan.predict(inputs, startplan.constants()).parts}["weights"]
     assert part.seconds == pytest.approx(k["load_overhead_s"]["value"] + 100 / k["disk_gibps"]["value"], rel=0.01)
     assert "check --deep" in part.advice and part.avoidable_s > 0
-    small = dict(inputs, meminfo={"MemAvailable": 10 * gib})
+    partly = dict(inputs, meminfo={"MemAvailable": 40 * gib})
+    part = {p.name: p for p in startplan.predict(partly, startplan.constants()).parts}["weights"]
+    assert "last-to-first" in part.advice and 0 < part.avoidable_s < 40 / k["disk_gibps"]["value"]
+    small = dict(inputs, meminfo={"MemAvailable": 2 * gib})
     part = {p.name: p for p in startplan.predict(small, startplan.constants()).parts}["weights"]
     assert "do not fit" in part.advice and part.avoidable_s == 0
 

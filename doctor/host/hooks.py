@@ -38,9 +38,8 @@ def start_plan_notice(ctx: Context, results: list[Result]) -> Notice | None:
     if not settings.verbose or settings.from_snapshot:
         return None
     from doctor.service.launcher import planned_args
-    from doctor.service.startplan import constants, predict, render, start_inputs
+    from doctor.service.startplan import constants, predict, render, render_compact, start_inputs
 
     args, _problem = planned_args(settings)
     plan = predict(start_inputs(fact_reader(ctx), args, tp=settings.tp), constants())
-    lines = render(plan)
-    return Notice(START_PLAN_NOTICE, lines[0], Remediation("; ".join(line.strip() for line in lines[1:]), []))
+    return Notice(START_PLAN_NOTICE, render(plan)[0], Remediation(render_compact(plan), []))

@@ -32,6 +32,7 @@ from doctor.host.jitcache import module_compiled
 CONSTANTS_FILE = Path(__file__).resolve().parents[1] / "data" / "start_constants.toml"
 GIB = 1024**3
 DEFAULT_KIND = "h200"  # the constants used for a GPU no kind matches (the plan says so)
+ASSUMED_LAYERS = 61  # Kimi K2.6's num_hidden_layers, when the target's config.json was not read
 
 
 @dataclass
@@ -209,7 +210,7 @@ def predict(inputs: dict[str, Any], table: dict[str, Any]) -> StartPlan:
 
 def _load(name: str, model: dict[str, Any] | None, mem: dict[str, Any] | None, k: dict[str, Any]) -> Part:
     if not model or not model.get("bytes"):
-        return Part(name, 0.0, "" if name == "drafter" else "no shards to read (model path not given)")
+        return Part(name, 0.0, "" if name == "drafter" else "no shards found at the model path: not counted")
     size = float(model["bytes"])
     res = model.get("resident_bytes")
     known = isinstance(res, (int, float))
@@ -226,12 +227,20 @@ def _load(name: str, model: dict[str, Any] | None, mem: dict[str, Any] | None, k
         if isinstance(room, int) and room + here >= size:
             advice = (f"{cold / GIB:.0f} GiB of the shards are not resident and the host has {room / GIB:.0f} GiB "
                       "available: read them into the page cache just before the start (`k26-doctor check --deep` "
-                      "reads every shard; start right after it), or keep them resident (nothing else on the host "
-                      "evicts them)")
+                      "reads every shard: start right after it), and keep them resident (nothing else on the host "
+                      "should evict them)")
+        elif isinstance(room, int) and room > 0.05 * size:
+            part = room / cache + (size - room) / disk
+            advice = (f"the shards ({size / GIB:.0f} GiB) do not all fit in the memory available "
+                      f"({room / GIB:.0f} GiB); the server reads them in index order, so the part left resident "
+                      "should be the first shards: read them last-to-first just before the start (a read in index "
+                      "order, as a deep check's, leaves the last ones, which the first reads evict); never drop "
+                      "pages the service needs to make room")
+            avoid = max(0.0, seconds - _value(k, "load_overhead_s") - part)
         elif isinstance(room, int):
             advice = (f"the shards ({size / GIB:.0f} GiB) do not fit in the memory available ({room / GIB:.0f} GiB): "
-                      "they load at disk speed; a faster or striped volume is the only remedy (never drop the "
-                      "service's own pages to make room)")
+                      "they load at disk speed; a faster or striped volume is the remedy (never drop the service's "
+                      "own pages to make room)")
             avoid = 0.0
     return Part(name, round(seconds, 1), basis, round(avoid, 1), advice)
 
@@ -247,7 +256,8 @@ def _graphs(inputs: dict[str, Any], table: dict[str, Any], k: dict[str, Any]) ->
     tri = inputs.get("triton_cache") or {}
     entries = tri.get("entries")
     cold = entries == 0 or (entries is None and tri.get("path") is not None)
-    layers = int(((inputs.get("target") or {}).get("layers")) or 61)
+    known_layers = (inputs.get("target") or {}).get("layers")
+    layers = int(known_layers or ASSUMED_LAYERS)
     draft_layers = int(((inputs.get("drafter") or {}).get("layers")) or 0)
     warm_total, cold_total, rows = 0.0, 0.0, []
     for kind, sizes in gp["kinds"].items():
@@ -257,7 +267,8 @@ def _graphs(inputs: dict[str, Any], table: dict[str, Any], k: dict[str, Any]) ->
         rows.append(f"{kind} {sizes}")
     tri_note = ("Triton cache empty: every kernel compiles first" if cold else f"Triton cache has {entries} entries"
                 if entries is not None else "Triton cache not known: warm assumed")
-    basis = (f"{', '.join(rows) or 'none'} sizes at {layers} layers; {tri_note}" if rows else
+    at = f"{layers} layers" if known_layers else f"{layers} layers (K2.6's: config.json not read)"
+    basis = (f"{', '.join(rows) or 'none'} sizes at {at}; {tri_note}" if rows else
              "CUDA graphs disabled")
     advice = ""
     avoid = cold_total
@@ -334,6 +345,13 @@ def render(plan: StartPlan) -> list[str]:
             lines.append(f"  save {p.avoidable_s:.0f} s on {p.name}: {p.advice}")
     lines += [f"  note: {n}" for n in plan.notes]
     return lines
+
+
+def render_compact(plan: StartPlan) -> str:
+    """The parts in one paragraph (a report's note): seconds per part, then what can be saved and how."""
+    parts = ", ".join(f"{p.name} {p.seconds:.0f}" for p in plan.parts)
+    saves = "; ".join(f"save {p.avoidable_s:.0f} s on {p.name}: {p.advice}" for p in plan.parts if p.advice)
+    return f"parts (s): {parts}." + (f" {saves}." if saves else "") + "".join(f" Note: {n}." for n in plan.notes)
 
 
 # The actual parts as a log shows them, and the predicted parts each one holds (FlashInfer's JIT compiles run
