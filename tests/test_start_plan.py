@@ -265,8 +265,9 @@ def test_no_prewarm_without_the_architecture() -> None:
 # -- the record ---------------------------------------------------------------------------------------------------
 
 def test_record_is_whole_or_not_at_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    path = startplan.record(str(tmp_path), {"n": 1}, now=0)
-    assert json.loads(path.read_text()) == {"n": 1} and (tmp_path / "start" / "last.json").exists()
+    path = startplan.record(str(tmp_path), {"n": 1, "args": ["--api-key", "sk-live-1234567890abcdef"]}, now=0)
+    assert json.loads(path.read_text())["n"] == 1 and (tmp_path / "start" / "last.json").exists()
+    assert "sk-live-1234567890abcdef" not in path.read_text()  # the server arguments' secrets are redacted
 
     def fail(*_a: object, **_k: object) -> None:
         raise OSError(28, "No space left on device")
@@ -276,7 +277,7 @@ def test_record_is_whole_or_not_at_all(tmp_path: Path, monkeypatch: pytest.Monke
     with pytest.raises(OSError):
         startplan.record(str(tmp_path), {"n": 2}, now=60)
     monkeypatch.undo()
-    assert json.loads((tmp_path / "start" / "last.json").read_text()) == {"n": 1}
+    assert json.loads((tmp_path / "start" / "last.json").read_text())["n"] == 1
     assert sorted(p.name for p in (tmp_path / "start").iterdir()) == ["19700101T000000Z.json", "last.json"]
 
 

@@ -402,11 +402,14 @@ def render_comparison(rows: list[dict[str, Any]]) -> list[str]:
 
 def record(state_dir: str, entry: dict[str, Any], *, now: float | None = None) -> Path:
     """Keep one start (inputs, plan, actual, comparison) as ``<state_dir>/start/<UTC time>.json`` and
-    ``last.json``, each written whole (``atomic_write``). Returns the timestamped file."""
+    ``last.json``, each written whole (``atomic_write``), secrets redacted (the server arguments may carry an
+    ``--api-key``). Returns the timestamped file."""
+    from doctor.facts.redaction import redact
+
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now if now is not None else time.time()))
     folder = Path(os.path.expanduser(state_dir)) / "start"
     folder.mkdir(parents=True, exist_ok=True)
-    data = json.dumps(entry, indent=2, sort_keys=True).encode("utf-8") + b"\n"
+    data = json.dumps(redact(entry), indent=2, sort_keys=True).encode("utf-8") + b"\n"
     path = folder / f"{stamp}.json"
     atomic_write(path, data, 0o644)
     atomic_write(folder / "last.json", data, 0o644)
