@@ -110,6 +110,10 @@ def test_the_plan_names_what_is_avoidable() -> None:
     assert parts["jit"].seconds == pytest.approx(107.0 + 40.1) and parts["jit"].avoidable_s == parts["jit"].seconds
     assert "prewarm" in parts["jit"].advice
     assert parts["cuda_graphs"].avoidable_s >= 77.0 + 10.4 + 14.1  # the Triton compiles of an empty cache
+    beside = inputs_for(61, 256, 0, [])
+    beside["flashinfer"]["building"] = {"modules": ["norm", "sampling"], "elapsed_s": 10.0}
+    jit = {p.name: p for p in startplan.predict(beside, startplan.constants()).parts}["jit"]
+    assert jit.seconds == pytest.approx(107.0 + 40.1 - 10.0 - 12.4 - 31.0)  # what is left when the server needs them
     warm = startplan.predict(inputs_for(61, 256, 800, BUILT), startplan.constants())
     assert warm.total_s < cold.total_s - 250 and {p.name: p for p in warm.parts}["jit"].seconds == 0
     bounded = dict(inputs_for(61, 256, 800, BUILT), server_args=["--speculative-algorithm", "DDTREE",
@@ -308,30 +312,56 @@ time.sleep(1.5)
 '''
 
 
-def test_launch_wait_prewarms_shows_the_plan_and_records_the_start(tmp_path: Path) -> None:
-    """`launch --wait`: the prewarm runs under the service's interpreter and fails there (no FlashInfer): said,
-    and the server starts anyway; the plan is shown before the start; once /health answers 200 the actual parts
-    are printed against the plan and recorded in the state directory."""
+def _service(tmp_path: Path, prewarm_sleep: float = 0.0) -> tuple[Path, Path]:
+    """A service interpreter whose `-m sglang.launch_server` is SERVER and whose prewarm (FlashInfer absent: it
+    fails) starts after ``prewarm_sleep`` seconds; and the config of a server on a free port."""
     server = tmp_path / "server.py"
     server.write_text(SERVER)
     py = tmp_path / "venv" / "bin" / "python"
     py.parent.mkdir(parents=True)
     py.write_text(f'#!/bin/sh\nif [ "$1" = "-m" ] && [ "$2" = "sglang.launch_server" ]; then shift 2; '
-                  f'exec {sys.executable} {server} "$@"; fi\nexec {sys.executable} "$@"\n')
+                  f'exec {sys.executable} {server} "$@"; fi\n'
+                  f'case "$1" in *jit_prewarm.py) sleep {prewarm_sleep};; esac\nexec {sys.executable} "$@"\n')
     py.chmod(0o755)
-    port, state = free_port(), tmp_path / "state"
     cfg = tmp_path / "c.toml"
-    cfg.write_text(f'[server]\nhost = "127.0.0.1"\nport = {port}\n')
-    env = doctor_env(FLASHINFER_CUDA_ARCH_LIST="9.0", HOME=str(tmp_path))
+    cfg.write_text(f'[server]\nhost = "127.0.0.1"\nport = {free_port()}\n')
+    return py, cfg
+
+
+def _launch(tmp_path: Path, py: Path, cfg: Path, *gate: str) -> tuple[str, dict]:
+    state = tmp_path / "state"
     res = run_doctor("launch", "--config", str(cfg), "--python", str(py), "--model-path", str(tmp_path / "m"),
-                     "--draft-model-path", str(tmp_path / "d"), "--state-dir", str(state), "--no-check",
-                     "--no-flag-check", "--wait", "--wait-interval", "0.1", env=env, timeout=120)
-    err = res.stderr
-    assert res.returncode == 0, err
+                     "--draft-model-path", str(tmp_path / "d"), "--state-dir", str(state), *gate,
+                     "--no-flag-check", "--wait", "--wait-interval", "0.1",
+                     env=doctor_env(FLASHINFER_CUDA_ARCH_LIST="9.0", HOME=str(tmp_path)), timeout=120)
+    assert res.returncode == 0, res.stderr
+    return res.stderr, json.loads((state / "start" / "last.json").read_text())
+
+
+def test_launch_wait_prewarms_shows_the_plan_and_records_the_start(tmp_path: Path) -> None:
+    """`launch --wait` with a gate (one check, which passes): the prewarm runs under the service's interpreter
+    beside the check and fails there (no FlashInfer): said, and the server starts anyway; the plan is shown before
+    the start; once /health answers 200 the actual parts are printed against the plan and recorded."""
+    py, cfg = _service(tmp_path)
+    err, entry = _launch(tmp_path, py, cfg, "--only", "host.port")
     assert "prewarm: compiling FlashInfer's" in err and "warning: prewarm:" in err and "starting anyway" in err
+    assert err.index("prewarm: compiling") < err.index("host.port") < err.index("start plan: healthy about")
     assert err.index("start plan: healthy about") < err.index("exec:") < err.index("server ready")
     assert "start plan against the start" in err and "Load weight end" in err  # the server's lines pass through
-    entry = json.loads((state / "start" / "last.json").read_text())
     assert entry["actual"]["parts"]["weights"] == 0.17 and entry["actual"]["captures"][0]["sizes"] == 4
     assert entry["ready_after_s"] > 0 and entry["prewarm"]["ok"] is False
     assert {r["part"] for r in entry["comparison"]} >= {"startup", "weights", "graphs+kernels+jit", "total"}
+
+
+def test_without_a_gate_the_prewarm_goes_on_beside_the_server(tmp_path: Path) -> None:
+    """`launch --no-check` (the unit's ExecStart): nothing to overlap the prewarm with but the server's own
+    start-up, so it is left running beside the server, never waited for; the plan counts what is left of it."""
+    py, cfg = _service(tmp_path, prewarm_sleep=3)
+    err, entry = _launch(tmp_path, py, cfg, "--no-check")
+    assert "goes on beside the server" in err and entry["inputs"]["flashinfer"]["building"]["modules"]
+    log = err.split("(log: ", 1)[1].split(")", 1)[0]
+    deadline = time.monotonic() + 60  # it ends by itself (FlashInfer is absent here)
+    while time.monotonic() < deadline and '"modules"' not in Path(log).read_text():
+        time.sleep(0.2)
+    assert '"modules"' in Path(log).read_text()
+    Path(log).unlink()

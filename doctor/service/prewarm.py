@@ -15,13 +15,16 @@ prewarms (it changes nothing).
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from doctor.core import proc
+from doctor.core.fileio import read_text
 
 PROBE = proc.PROBES_DIR / "jit_prewarm.py"
 DEFAULT_WAIT_S = 600.0  # the prewarm's deadline when the launch has none (--timeout)
@@ -79,44 +82,72 @@ def plan_prewarm(python: str, env: dict[str, str], modules: list[str], cache: st
 
 
 class Prewarm:
-    """A running prewarm: ``start`` it, then ``finish(wait_s)``. Its own process group, registered with
-    ``doctor.core.proc`` (killed if the doctor exits first)."""
+    """A running prewarm: ``start`` it, then ``finish(wait_s)`` or ``detach()``. Its own process group, registered
+    with ``doctor.core.proc`` (killed if the doctor exits first) until detached. Its output goes to a file (the
+    ``log``), never a pipe: a prewarm left running beside the server outlives the doctor's exec."""
 
     def __init__(self, plan: PrewarmPlan) -> None:
         self.plan = plan
-        self.child: subprocess.Popen[str] | None = None
+        self.child: subprocess.Popen[bytes] | None = None
         self.started = 0.0
         self.error: str | None = None
+        self.log: str | None = None
 
-    def start(self) -> Prewarm:
+    def start(self, log_dir: str | None = None) -> Prewarm:
         self.started = time.monotonic()
         try:
-            self.child = subprocess.Popen(self.plan.argv, env=self.plan.env, stdin=subprocess.DEVNULL,
-                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                          errors="replace", start_new_session=True)
+            fd, self.log = tempfile.mkstemp(prefix="k26-prewarm-", suffix=".log", dir=log_dir)
+        except OSError:
+            fd, self.log = tempfile.mkstemp(prefix="k26-prewarm-", suffix=".log")
+        try:
+            self.child = subprocess.Popen(self.plan.argv, env=self.plan.env, stdin=subprocess.DEVNULL, stdout=fd,
+                                          stderr=subprocess.STDOUT, start_new_session=True)
         except OSError as exc:
             self.error = f"cannot start {self.plan.argv[0]}: {exc.strerror or exc}"
             return self
+        finally:
+            os.close(fd)
         proc.track(self.child)
         return self
+
+    def running(self) -> bool:
+        return self.child is not None and self.child.poll() is None
+
+    def detach(self) -> None:
+        """Leave it running beside the server (FlashInfer's lock makes the server wait for a module being built
+        rather than build it twice): no longer killed when the doctor exits."""
+        if self.child is not None:
+            proc.untrack(self.child)
+
+    def output(self) -> str:
+        try:
+            return read_text(self.log, 1 << 20, "the prewarm's log", errors="replace") if self.log else ""
+        except OSError:
+            return ""
 
     def finish(self, wait_s: float) -> PrewarmOutcome:
         """Wait at most ``wait_s`` more; a prewarm still running then is stopped. Never raises."""
         if self.child is None:
             return PrewarmOutcome(False, self.error or "not started")
         try:
-            out, err = self.child.communicate(timeout=max(0.0, wait_s))
+            self.child.wait(timeout=max(0.0, wait_s))
         except subprocess.TimeoutExpired:
             proc.kill_group(self.child)
-            self.child.communicate()
+            self.child.wait()
             proc.untrack(self.child)
             return PrewarmOutcome(False, f"not finished within its deadline ({wait_s:.0f} s left): stopped; the "
                                   "server compiles what is missing", seconds=time.monotonic() - self.started)
         proc.untrack(self.child)
         took = time.monotonic() - self.started
+        out = self.output()
+        if self.log:
+            try:
+                os.unlink(self.log)
+            except OSError:
+                pass
         result = _last_json(out)
         if self.child.returncode != 0 or result is None:
-            tail = (err or out or "").strip().splitlines()[-1:] or [""]
+            tail = out.strip().splitlines()[-1:] or [""]
             return PrewarmOutcome(False, f"{self.plan.argv[0]} exited with status {self.child.returncode}"
                                   + (f": {tail[0][-300:]}" if tail[0] else ""), seconds=took)
         mods = [m for m in result.get("modules") or [] if isinstance(m, dict)]

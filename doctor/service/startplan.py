@@ -327,6 +327,13 @@ def _jit(inputs: dict[str, Any], table: dict[str, Any], k: dict[str, Any]) -> Pa
     where = (inputs.get("flashinfer") or {}).get("cache") or "the cache"
     if not missing:
         return Part("jit", 0.0, f"FlashInfer's {', '.join(need)} compiled in {where}")
+    building = (inputs.get("flashinfer") or {}).get("building")
+    if isinstance(building, dict) and set(missing) <= set(building.get("modules") or []):
+        # the prewarm goes on beside the server, which needs the modules only after its start-up
+        head = float(building.get("elapsed_s") or 0.0) + _value(k, "interpreter_s") + _value(k, "startup_s")
+        left = max(0.0, seconds - head)
+        return Part("jit", round(left, 1), f"FlashInfer's {', '.join(missing)} being compiled by the prewarm beside "
+                    f"the server ({building.get('elapsed_s')} s so far): what is left when the server needs them")
     return Part("jit", round(seconds, 1), f"FlashInfer's {', '.join(missing)} not compiled in {where}: compiled at "
                 "start", round(seconds, 1), "compile them ahead: `k26-doctor launch` prewarms them in parallel with "
                 "its checks (unless --no-prewarm)")

@@ -38,6 +38,7 @@ class StartWatch:
         self.started = 0.0
         self.ready = threading.Event()
         self.prewarm_outcome: pw.PrewarmOutcome | None = None
+        self.building: dict[str, Any] | None = None  # a prewarm left running beside the server
 
     # -- before the checks: the prewarm ------------------------------------------------------------------------
     def before_gate(self, launch_plan: Any) -> None:
@@ -78,13 +79,21 @@ class StartWatch:
     # -- after the checks: the prewarm's outcome and the plan ----------------------------------------------------
     def before_start(self, ctx: Any, launch_plan: Any) -> None:
         try:
-            self._finish_prewarm()
+            self._finish_prewarm(gate=ctx is not None)
             self._show_plan(ctx, launch_plan)
         except Exception as exc:
             self.say(f"start plan not made: {type(exc).__name__}: {exc}")
 
-    def _finish_prewarm(self) -> None:
+    def _finish_prewarm(self, gate: bool) -> None:
         if self.prewarm is None:
+            return
+        if not gate and self.prewarm.running():  # no checks to overlap with: overlap with the server's own start
+            self.prewarm.detach()
+            elapsed = time.monotonic() - self.prewarm.started
+            self.building = {"modules": self.prewarm.plan.modules, "elapsed_s": round(elapsed, 1)}
+            self.say(f"prewarm: still compiling {', '.join(self.prewarm.plan.modules)} ({elapsed:.0f} s so far): "
+                     "it goes on beside the server, which waits on FlashInfer's lock for a module being built "
+                     f"(log: {self.prewarm.log})")
             return
         left = deadline.remaining()
         wait = pw.DEFAULT_WAIT_S - (time.monotonic() - self.prewarm.started) if left is None else left
@@ -100,6 +109,8 @@ class StartWatch:
         if self.prewarm is not None:  # what the prewarm built is in the cache now: list it again
             get = with_cache_listed(get, self.prewarm.plan.cache)
         self.inputs = startplan.start_inputs(get, launch_plan.server_args, tp=self.settings.tp)
+        if self.building:
+            self.inputs["flashinfer"]["building"] = self.building
         self.plan = startplan.predict(self.inputs, startplan.constants())
         for line in startplan.render(self.plan):
             self.say(line)
