@@ -2,12 +2,12 @@
 """The start plan measured: the product's own `k26-doctor launch --wait` on a GPU host, cold and warm, against
 what the doctor predicted (doctor/service/startplan.py), into $OUT/start-plan.json.
 
-Run on the H200 after `bash bench/ddtree/gpu_session.sh setup` (payload unpacked, patch set applied, the trained
-pair built: `python3 bench/ddtree/make_trained.py /tmp/trained --device cuda`), e.g.
+Run on the H200 after `bash bench/ddtree/gpu_session.sh setup` and `... pair` (payload unpacked, patch set
+applied, the trained pair built), through the session script's stage, which points the profile at the pair:
 
-    python3 bench/bench_start_plan.py --runs cold,warm --budget 540
-    python3 bench/bench_start_plan.py --runs cold-prewarm,warm --budget 540
-    python3 bench/bench_start_plan.py --runs big-cold,big-warm --big-gib 40 --budget 540
+    bash bench/ddtree/gpu_session.sh startplan --runs cold,warm --budget 500
+    bash bench/ddtree/gpu_session.sh startplan --runs cold-prewarm,warm --budget 500
+    bash bench/ddtree/gpu_session.sh startplan --runs big-cold,big-warm --big-gib 40 --budget 500
 
 Runs (each one `launch --wait` to /health 200, then SIGTERM):
 - ``cold``: empty FlashInfer and Triton caches (fresh directories named by FLASHINFER_WORKSPACE_BASE and
@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -203,14 +204,15 @@ def drop_pages(folder: Path) -> dict:
     return model_residency(str(folder), Residency())
 
 
-def big_profile(out: Path, model: Path) -> Path:
+def big_profile(out: Path, model: Path, base: Path) -> Path:
     """The trained pair's profile for a target alone: no speculative decoding, the big model's path."""
-    text = PROFILE.read_text()
+    text = base.read_text()
     text = text.replace('speculative_algorithm = "DDTREE"\n', "").replace("ddtree_budget = 16\n", "")
-    text = text.replace('path = "/tmp/trained/dsv3"', f'path = "{model}"')
+    text = re.sub(r'(?m)^(\[model\]\npath = )"[^"]*"', lambda m: f'{m.group(1)}"{model}"', text)
     text = text.replace("num_hidden_layers = 4\n", "").replace("hidden_size = 256\n", "").replace(
         "vocab_size = 64\n", "")
-    text = text.replace('[drafter]\npath = "/tmp/trained/dsv3-dflash"\narchitectures = ["DFlashDraftModel"]\n', "")
+    text = re.sub(r'(?m)^\[drafter\]\npath = "[^"]*"\narchitectures = \["DFlashDraftModel"\]\n', "", text)
+    text = re.sub(r"(?m)^mem_fraction_static = .*$", "mem_fraction_static = 0.6", text)  # the weights and a KV cache
     path = out / "profile-big.toml"
     path.write_text(text.replace('name = "h200-trained-ddtree"', 'name = "h200-big-dsv3"'))
     return path
@@ -219,6 +221,7 @@ def big_profile(out: Path, model: Path) -> Path:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", default="cold,warm")
+    ap.add_argument("--profile", default=str(PROFILE), help="the trained pair's profile (gpu_session.sh points it)")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/start-plan-out"))
     ap.add_argument("--root", default="/tmp/k26-start-bench")
     ap.add_argument("--budget", type=float, default=540, help="seconds for the whole call")
@@ -243,7 +246,7 @@ def main() -> int:
             results["runs"].append({"run": run, "skipped": f"{left:.0f} s left of the budget"})
             continue
         extra: list[str] = []
-        profile = PROFILE
+        profile = Path(ns.profile)
         if run in ("cold", "cold-prewarm", "big-cold") or not cache_env:
             cache_env = fresh_caches(caches)
         if run == "cold":
@@ -251,7 +254,7 @@ def main() -> int:
         if run.startswith("big"):
             if not (big / "config.json").exists():
                 results["big_model"] = write_big_dsv3(big, ns.big_gib, ns.big_seconds)
-            profile = big_profile(out, big)
+            profile = big_profile(out, big, Path(ns.profile))
             if run == "big-cold":
                 results.setdefault("dropped", drop_pages(big))
         row = launch(run, profile, {**env, **cache_env}, state, out, extra, min(ns.limit, left - 30))
