@@ -35,7 +35,7 @@ def fact_reader(ctx: Context) -> Any:
 def start_plan_notice(ctx: Context, results: list[Result]) -> Notice | None:
     """With -v: the start plan, from this run's facts."""
     settings = ctx.settings
-    if not settings.verbose or settings.from_snapshot:
+    if not settings.verbose or settings.from_snapshot or settings.while_serving:  # a plan for a start to come
         return None
     from doctor.service.launcher import planned_args
     from doctor.service.startplan import constants, predict, render, render_compact, start_inputs

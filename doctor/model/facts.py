@@ -228,7 +228,7 @@ _RESIDENT = {"path": opt(str), "files": int, "bytes": int, "resident_bytes": opt
 RESIDENCY_SHAPE = {"target": _RESIDENT, "drafter": _RESIDENT, "meminfo": mapping(int)}
 
 
-@collector("weights_resident", timeout=60, shape=RESIDENCY_SHAPE)
+@collector("weights_resident", timeout=60, isolate=True, shape=RESIDENCY_SHAPE)
 def collect_weights_resident(opts: Any) -> dict[str, Any]:
     """How much of the target's and the drafter's shards is in the page cache (``mincore(2)``: nothing is read,
     nothing evicted), their layer counts, and /proc/meminfo: the start plan's weights part."""
