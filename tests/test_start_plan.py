@@ -260,6 +260,45 @@ def test_the_probe_reports_each_module_under_a_real_interpreter() -> None:
     assert all("flashinfer" in str(m["error"]) for m in out.modules)
 
 
+FAKE_NORM = """
+import os, subprocess
+class Spec:
+    def build_and_load(self):
+        child = subprocess.Popen(["sleep", "60"])
+        with open(os.environ["K26_TEST_PIDFILE"], "w") as fh:
+            fh.write(str(child.pid))
+        child.wait()
+def gen_norm_module():
+    return Spec()
+"""
+
+
+def test_the_probe_stops_its_whole_group_at_its_deadline(tmp_path: Path) -> None:
+    """A compiler that hangs never holds a start: at its deadline the probe kills its process group (the
+    compiler with it), which releases FlashInfer's lock; the real probe, a FlashInfer whose build hangs."""
+    pkg = tmp_path / "site" / "flashinfer" / "jit"
+    pkg.mkdir(parents=True)
+    (pkg.parent / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "norm.py").write_text(FAKE_NORM)
+    pidfile = tmp_path / "compiler.pid"
+    env = dict(os.environ, PYTHONPATH=str(tmp_path / "site"), K26_TEST_PIDFILE=str(pidfile))
+    plan = prewarm.plan_prewarm(sys.executable, env, ["norm"], "/c", "9.0", deadline_s=1.5)
+    assert plan is not None and plan.argv[2:4] == ["--deadline", "1.5"]
+    out = prewarm.Prewarm(plan).start().finish(30)
+    assert not out.ok and "deadline reached" in out.reason, out.reason
+    pid = int(pidfile.read_text())
+    gone = time.monotonic() + 10
+    while time.monotonic() < gone:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the compiler {pid} outlived the prewarm's deadline")
+
+
 def test_no_prewarm_without_the_architecture() -> None:
     assert prewarm.plan_prewarm(sys.executable, {}, ["norm"], "/c", None) is None
     assert prewarm.plan_prewarm(sys.executable, {"FLASHINFER_CUDA_ARCH_LIST": "9.0a"}, ["norm"], "/c", None)
@@ -344,7 +383,7 @@ def test_launch_wait_prewarms_shows_the_plan_and_records_the_start(tmp_path: Pat
     the start; once /health answers 200 the actual parts are printed against the plan and recorded."""
     py, cfg = _service(tmp_path)
     err, entry = _launch(tmp_path, py, cfg, "--only", "host.port")
-    assert "prewarm: compiling FlashInfer's" in err and "warning: prewarm:" in err and "starting anyway" in err
+    assert "prewarm: compiling FlashInfer's" in err and "warning: prewarm:" in err and "the start goes on" in err
     assert err.index("prewarm: compiling") < err.index("host.port") < err.index("start plan: healthy about")
     assert err.index("start plan: healthy about") < err.index("exec:") < err.index("server ready")
     assert "start plan against the start" in err and "Load weight end" in err  # the server's lines pass through

@@ -152,14 +152,14 @@ def launch(flags: dict[str, Any], dry_run: bool, no_check: bool, no_flag_check: 
     ctx = None
     from doctor.service.startwatch import StartWatch  # the start plan: prewarm, plan shown, start recorded
 
-    watch = StartWatch(settings, _say, prewarm=not no_prewarm)
+    watch = StartWatch(settings, _say, prewarm=not no_prewarm, deadline_s=wait_timeout if wait else None)
     watch.before_gate(plan)
     if not no_check:
         ok, ctx = _run_gate(settings, flags)
         if not ok:
             watch.abandon()  # the prewarm stops with the refused start
             return EXIT_FAILED
-    watch.before_start(ctx, plan)  # waits for the prewarm under the launch's deadline, shows the plan
+    watch.before_start(ctx, plan)  # how the prewarm went (or that it goes on beside the server); the plan
     if not no_check:
         from doctor.core import deadline
 

@@ -41,8 +41,9 @@ class PrewarmPlan:
 
     def describe(self) -> list[str]:
         """The plan, shown before anything runs."""
-        return [f"prewarm: compiling FlashInfer's {', '.join(self.modules)} into {self.cache} in parallel with the "
-                f"checks (GPU not used; a failure does not stop the start): {shlex.join(self.argv)}"]
+        return [f"prewarm: compiling FlashInfer's {', '.join(self.modules)} into {self.cache} while the checks run "
+                f"(GPU not used; what is not done by the start goes on beside the server, which waits on FlashInfer's "
+                f"lock for it; a failure does not stop the start): {shlex.join(self.argv)}"]
 
 
 @dataclass
@@ -65,9 +66,10 @@ def arch_list(compute_capability: str | None) -> str | None:
 
 
 def plan_prewarm(python: str, env: dict[str, str], modules: list[str], cache: str,
-                 compute_capability: str | None) -> PrewarmPlan | None:
-    """The prewarm of ``modules`` under ``python`` with the service's ``env``; None when nothing is to be compiled
-    or the GPU's architecture is not known (FlashInfer would then ask a device, which the checks must not see)."""
+                 compute_capability: str | None, deadline_s: float = DEFAULT_WAIT_S) -> PrewarmPlan | None:
+    """The prewarm of ``modules`` under ``python`` with the service's ``env``, which stops itself (its whole process
+    group) after ``deadline_s``; None when nothing is to be compiled or the GPU's architecture is not known
+    (FlashInfer would then ask a device, which the checks must not see)."""
     if not modules:
         return None
     run_env = dict(env)
@@ -78,7 +80,7 @@ def plan_prewarm(python: str, env: dict[str, str], modules: list[str], cache: st
         run_env["FLASHINFER_CUDA_ARCH_LIST"] = arch
     run_env["CUDA_VISIBLE_DEVICES"] = ""
     run_env["PYTHONDONTWRITEBYTECODE"] = "1"
-    return PrewarmPlan([python, str(PROBE), *modules], run_env, list(modules), cache)
+    return PrewarmPlan([python, str(PROBE), "--deadline", f"{deadline_s:g}", *modules], run_env, list(modules), cache)
 
 
 class Prewarm:
@@ -124,6 +126,12 @@ class Prewarm:
             return read_text(self.log, 1 << 20, "the prewarm's log", errors="replace") if self.log else ""
         except OSError:
             return ""
+
+    def outcome_if_done(self) -> PrewarmOutcome | None:
+        """The outcome once it has ended on its own (never waits, never stops it); None while it runs."""
+        if self.child is not None and self.child.poll() is None:
+            return None
+        return self.finish(0.0)
 
     def finish(self, wait_s: float) -> PrewarmOutcome:
         """Wait at most ``wait_s`` more; a prewarm still running then is stopped. Never raises."""

@@ -2,8 +2,8 @@
 starts, and with ``--wait`` the server's log read as it runs and the start recorded against the plan.
 
 The command calls four methods, one line each (``doctor/commands/launch.py``): ``before_gate`` (shows the
-prewarm's plan and starts it), ``before_start`` (waits for the prewarm under the launch's deadline, says how it
-went, shows the start plan), ``popen_args``/``tee`` (the server's output passes through, unchanged, while its
+prewarm's plan and starts it), ``before_start`` (says how the prewarm went, or that it goes on beside the server,
+and shows the start plan), ``popen_args``/``tee`` (the server's output passes through, unchanged, while its
 landmark lines are kept), ``after_ready`` (the actual parts against the plan, printed and recorded in
 ``<state_dir>/start/``). None of them raises: a failure here is said and the start goes on.
 """
@@ -18,7 +18,6 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import IO, Any
 
-from doctor.core import deadline
 from doctor.service import prewarm as pw
 from doctor.service import startlog, startplan
 
@@ -26,8 +25,11 @@ MAX_KEPT_LINES = 200_000  # the start's lines kept for reading its parts (the re
 
 
 class StartWatch:
-    def __init__(self, settings: Any, say: Callable[[str], None], *, prewarm: bool = True) -> None:
+    def __init__(self, settings: Any, say: Callable[[str], None], *, prewarm: bool = True,
+                 deadline_s: float | None = None) -> None:
+        """``deadline_s``: the start's own deadline (``--wait-timeout``), which the prewarm never outlives."""
         self.settings = settings
+        self.deadline_s = deadline_s or pw.DEFAULT_WAIT_S
         self.say = say
         self.want_prewarm = prewarm
         self.prewarm: pw.Prewarm | None = None
@@ -60,7 +62,7 @@ class StartWatch:
         inputs = {"algorithm": startplan.arg_value(args, "--speculative-algorithm"), "compute_capability": cc,
                   "flashinfer": {"compiled": flashinfer_compiled(cache), "version": None}}
         missing = startplan.missing_modules(inputs, startplan.constants())
-        plan = pw.plan_prewarm(launch_plan.argv[0], env, missing, cache, cc)
+        plan = pw.plan_prewarm(launch_plan.argv[0], env, missing, cache, cc, self.deadline_s)
         if plan is None:
             if missing:
                 self.say(f"prewarm: not started (the GPU's architecture is not known): the server compiles "
@@ -79,26 +81,30 @@ class StartWatch:
     # -- after the checks: the prewarm's outcome and the plan ----------------------------------------------------
     def before_start(self, ctx: Any, launch_plan: Any) -> None:
         try:
-            self._finish_prewarm(gate=ctx is not None)
+            self._finish_prewarm()
             self._show_plan(ctx, launch_plan)
         except Exception as exc:
             self.say(f"start plan not made: {type(exc).__name__}: {exc}")
 
-    def _finish_prewarm(self, gate: bool) -> None:
+    def _finish_prewarm(self) -> None:
+        """Done: say how it went. Still compiling: it goes on beside the server (never waited for: the server's
+        own start-up overlaps it, and FlashInfer's lock makes the server wait for a module being built)."""
         if self.prewarm is None:
             return
-        if not gate and self.prewarm.running():  # no checks to overlap with: overlap with the server's own start
-            self.prewarm.detach()
-            elapsed = time.monotonic() - self.prewarm.started
-            self.building = {"modules": self.prewarm.plan.modules, "elapsed_s": round(elapsed, 1)}
-            self.say(f"prewarm: still compiling {', '.join(self.prewarm.plan.modules)} ({elapsed:.0f} s so far): "
-                     "it goes on beside the server, which waits on FlashInfer's lock for a module being built "
-                     f"(log: {self.prewarm.log})")
+        out = self.prewarm.outcome_if_done()
+        if out is not None:
+            self._said(out)
             return
-        left = deadline.remaining()
-        wait = pw.DEFAULT_WAIT_S - (time.monotonic() - self.prewarm.started) if left is None else left
-        self.prewarm_outcome = out = self.prewarm.finish(max(0.0, wait))
-        self.say(f"prewarm: {out.reason}" if out.ok else f"warning: prewarm: {out.reason}; starting anyway")
+        self.prewarm.detach()
+        elapsed = time.monotonic() - self.prewarm.started
+        self.building = {"modules": self.prewarm.plan.modules, "elapsed_s": round(elapsed, 1)}
+        self.say(f"prewarm: still compiling {', '.join(self.prewarm.plan.modules)} ({elapsed:.0f} s so far): it goes "
+                 f"on beside the server, which waits on FlashInfer's lock for a module being built "
+                 f"(log: {self.prewarm.log})")
+
+    def _said(self, out: pw.PrewarmOutcome) -> None:
+        self.prewarm_outcome = out
+        self.say(f"prewarm: {out.reason}" if out.ok else f"warning: prewarm: {out.reason}; the start goes on")
 
     def _show_plan(self, ctx: Any, launch_plan: Any) -> None:
         from doctor.app import make_context
@@ -149,6 +155,10 @@ class StartWatch:
             return None
 
     def _record(self, elapsed_s: float) -> dict[str, Any] | None:
+        if self.building and self.prewarm is not None and self.prewarm_outcome is None:
+            out = self.prewarm.outcome_if_done()  # it went on beside the server: how did it end?
+            if out is not None:
+                self._said(out)
         if self.plan is None:
             return None
         actual = startlog.read_start(list(self.lines))
