@@ -352,7 +352,7 @@ def collect_jit_caches(opts: CollectOptions) -> dict[str, Any]:
     from doctor.host.access import account, first_denied
     from doctor.host.jitcache import cache_dirs, entry_count, flashinfer_compiled
 
-    env = service_environment(opts)
+    env, _ = service_env(opts)  # with the EnvironmentFile, where host.jit_cache's fixer sets the variables
     home = env.get("HOME") or str(Path.home())
     user = service_user_name(opts)
     who = account(user)
