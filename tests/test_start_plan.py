@@ -251,13 +251,36 @@ def test_a_hanging_prewarm_is_stopped_at_its_deadline(tmp_path: Path) -> None:
     assert not out.ok and "not finished" in out.reason and time.monotonic() - start < 10
 
 
-def test_the_probe_reports_each_module_under_a_real_interpreter() -> None:
-    """The real probe under this interpreter, which has no FlashInfer: each module failed, exit 0, JSON."""
+def test_the_probe_under_an_interpreter_without_flashinfer() -> None:
+    """The real probe under this interpreter, which has no FlashInfer: nothing to compile, said so, no warning."""
     plan = prewarm.plan_prewarm(sys.executable, dict(os.environ), ["sampling", "norm"], "/c", "9.0")
     assert plan is not None
     out = prewarm.Prewarm(plan).start().finish(60)
-    assert [m["module"] for m in out.modules] == ["sampling", "norm"] and not out.ok
-    assert all("flashinfer" in str(m["error"]) for m in out.modules)
+    assert out.ok and "not installed" in out.reason and out.modules == []
+
+
+FAILING_FLASHINFER = {"__init__.py": "", "jit/__init__.py": "",
+                      "jit/norm.py": "class S:\n    def build_and_load(self):\n        raise RuntimeError('no nvcc')\n"
+                                     "def gen_norm_module():\n    return S()\n",
+                      "jit/sampling.py": "def gen_sampling_module():\n    raise ImportError('no sources')\n"}
+
+
+def fake_flashinfer(site: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        (site / "flashinfer" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / "flashinfer" / rel).write_text(text)
+    return site
+
+
+def test_the_probe_reports_each_module_that_fails(tmp_path: Path) -> None:
+    site = fake_flashinfer(tmp_path / "site", FAILING_FLASHINFER)
+    env = dict(os.environ, PYTHONPATH=str(site))
+    plan = prewarm.plan_prewarm(sys.executable, env, ["sampling", "norm"], "/c", "9.0")
+    assert plan is not None
+    out = prewarm.Prewarm(plan).start().finish(60)
+    assert not out.ok and [m["module"] for m in out.modules] == ["sampling", "norm"]
+    assert "no sources" in out.modules[0]["error"] and "no nvcc" in out.modules[1]["error"]
+    assert "sampling, norm failed" in out.reason
 
 
 FAKE_NORM = """
@@ -276,11 +299,7 @@ def gen_norm_module():
 def test_the_probe_stops_its_whole_group_at_its_deadline(tmp_path: Path) -> None:
     """A compiler that hangs never holds a start: at its deadline the probe kills its process group (the
     compiler with it), which releases FlashInfer's lock; the real probe, a FlashInfer whose build hangs."""
-    pkg = tmp_path / "site" / "flashinfer" / "jit"
-    pkg.mkdir(parents=True)
-    (pkg.parent / "__init__.py").write_text("")
-    (pkg / "__init__.py").write_text("")
-    (pkg / "norm.py").write_text(FAKE_NORM)
+    fake_flashinfer(tmp_path / "site", {"__init__.py": "", "jit/__init__.py": "", "jit/norm.py": FAKE_NORM})
     pidfile = tmp_path / "compiler.pid"
     env = dict(os.environ, PYTHONPATH=str(tmp_path / "site"), K26_TEST_PIDFILE=str(pidfile))
     plan = prewarm.plan_prewarm(sys.executable, env, ["norm"], "/c", "9.0", deadline_s=1.5)
@@ -352,15 +371,17 @@ time.sleep(1.5)
 
 
 def _service(tmp_path: Path, prewarm_sleep: float = 0.0) -> tuple[Path, Path]:
-    """A service interpreter whose `-m sglang.launch_server` is SERVER and whose prewarm (FlashInfer absent: it
-    fails) starts after ``prewarm_sleep`` seconds; and the config of a server on a free port."""
+    """A service interpreter whose `-m sglang.launch_server` is SERVER and whose prewarm (a FlashInfer whose builds
+    fail) starts after ``prewarm_sleep`` seconds; and the config of a server on a free port."""
     server = tmp_path / "server.py"
     server.write_text(SERVER)
+    site = fake_flashinfer(tmp_path / "fi-site", FAILING_FLASHINFER)
     py = tmp_path / "venv" / "bin" / "python"
     py.parent.mkdir(parents=True)
     py.write_text(f'#!/bin/sh\nif [ "$1" = "-m" ] && [ "$2" = "sglang.launch_server" ]; then shift 2; '
                   f'exec {sys.executable} {server} "$@"; fi\n'
-                  f'case "$1" in *jit_prewarm.py) sleep {prewarm_sleep};; esac\nexec {sys.executable} "$@"\n')
+                  f'case "$1" in *jit_prewarm.py) sleep {prewarm_sleep}; export PYTHONPATH={site}:$PYTHONPATH;; esac\n'
+                  f'exec {sys.executable} "$@"\n')
     py.chmod(0o755)
     cfg = tmp_path / "c.toml"
     cfg.write_text(f'[server]\nhost = "127.0.0.1"\nport = {free_port()}\n')

@@ -8,12 +8,13 @@ FlashInfer holds a file lock per module while it builds, so a server that needs 
 and loads it rather than building it again. At the deadline the probe kills its whole process group (nvcc and
 ninja included: its lock is released, the server builds what is missing), so a hung compiler never holds a start.
 The GPU is not touched: ``launch`` hides the devices and names the architecture (``FLASHINFER_CUDA_ARCH_LIST``).
-Prints one JSON object on its last line: ``{"modules": [{"module", "ok", "seconds", "error"}]}``; exit 0 even when
-a module fails (the launch goes on). Standard library only at import (the service's environment does not have
-k26-doctor).
+Prints one JSON object on its last line: ``{"modules": [{"module", "ok", "seconds", "error"}]}`` (``"absent": true``
+when FlashInfer is not installed: nothing to compile); exit 0 even when a module fails (the launch goes on).
+Standard library only at import (the service's environment does not have k26-doctor).
 """
 
 import importlib
+import importlib.util
 import json
 import os
 import signal
@@ -50,6 +51,9 @@ def main(argv):
     if deadline is not None and os.getpgid(0) == os.getpid():  # only a group of its own is ours to kill
         signal.signal(signal.SIGALRM, expire)
         signal.setitimer(signal.ITIMER_REAL, max(0.01, deadline))
+    if importlib.util.find_spec("flashinfer") is None:  # nothing to compile: the server does not use it either
+        print(json.dumps({"modules": [], "absent": True}), flush=True)
+        return 0
     results, threads = {}, []
     for name in argv:  # imported one after the other: the builds run at once
         try:

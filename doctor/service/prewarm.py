@@ -52,6 +52,7 @@ class PrewarmOutcome:
     reason: str
     modules: list[dict[str, Any]] = field(default_factory=list)
     seconds: float = 0.0
+    absent: bool = False  # FlashInfer is not installed in the service's environment
 
 
 def arch_list(compute_capability: str | None) -> str | None:
@@ -158,6 +159,9 @@ class Prewarm:
             tail = out.strip().splitlines()[-1:] or [""]
             return PrewarmOutcome(False, f"{self.plan.argv[0]} exited with status {self.child.returncode}"
                                   + (f": {tail[0][-300:]}" if tail[0] else ""), seconds=took)
+        if result.get("absent"):
+            return PrewarmOutcome(True, "FlashInfer is not installed in the service's environment: nothing to compile",
+                                  seconds=took, absent=True)
         mods = [m for m in result.get("modules") or [] if isinstance(m, dict)]
         failed = [m for m in mods if not m.get("ok")]
         done = ", ".join(f"{m.get('module')} {m.get('seconds')} s" for m in mods if m.get("ok"))

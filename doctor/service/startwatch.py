@@ -10,6 +10,7 @@ landmark lines are kept), ``after_ready`` (the actual parts against the plan, pr
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -53,13 +54,12 @@ class StartWatch:
         if not self.want_prewarm:
             return
         from doctor.host.jitcache import cache_dirs, flashinfer_compiled
-        from doctor.service.launcher import planned_args
 
         env = dict(launch_plan.env)
-        cache = cache_dirs(env, env.get("HOME") or "~")["flashinfer"]["path"]
+        cache = cache_dirs(env, env.get("HOME") or os.path.expanduser("~"))["flashinfer"]["path"]
         cc = gpu_capability()
-        args, _ = planned_args(self.settings)
-        inputs = {"algorithm": startplan.arg_value(args, "--speculative-algorithm"), "compute_capability": cc,
+        algorithm = startplan.arg_value(launch_plan.server_args, "--speculative-algorithm")
+        inputs = {"algorithm": algorithm, "compute_capability": cc,
                   "flashinfer": {"compiled": flashinfer_compiled(cache), "version": None}}
         missing = startplan.missing_modules(inputs, startplan.constants())
         plan = pw.plan_prewarm(launch_plan.argv[0], env, missing, cache, cc, self.deadline_s)
@@ -117,6 +117,8 @@ class StartWatch:
         self.inputs = startplan.start_inputs(get, launch_plan.server_args, tp=self.settings.tp)
         if self.building:
             self.inputs["flashinfer"]["building"] = self.building
+        if self.prewarm_outcome is not None and self.prewarm_outcome.absent:
+            self.inputs["flashinfer"]["installed"] = False
         self.plan = startplan.predict(self.inputs, startplan.constants())
         for line in startplan.render(self.plan):
             self.say(line)
