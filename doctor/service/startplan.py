@@ -233,9 +233,10 @@ def _load(name: str, model: dict[str, Any] | None, mem: dict[str, Any] | None, k
             part = room / cache + (size - room) / disk
             advice = (f"the shards ({size / GIB:.0f} GiB) do not all fit in the memory available "
                       f"({room / GIB:.0f} GiB); the server reads them in index order, so the part left resident "
-                      "should be the first shards: read them last-to-first just before the start (a read in index "
-                      "order, as a deep check's, leaves the last ones, which the first reads evict); never drop "
-                      "pages the service needs to make room")
+                      "should be the first shards: read them last-to-first just before the start (what a read "
+                      "leaves resident is what it read last: `check --deep` hashes the largest files first, in "
+                      "parallel, so after it the resident part is not the first shards, and the server's first "
+                      "reads evict it); never drop pages the service needs to make room")
             avoid = max(0.0, seconds - _value(k, "load_overhead_s") - part)
         elif isinstance(room, int):
             advice = (f"the shards ({size / GIB:.0f} GiB) do not fit in the memory available ({room / GIB:.0f} GiB): "
