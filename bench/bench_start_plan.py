@@ -75,6 +75,7 @@ def launch(name: str, profile: Path, env: dict[str, str], state: Path, out: Path
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+    gpu_free(60)  # the next run's gate (gpu.idle) must not see this server's memory
     text = log.read_text(errors="replace")
     exec_at = text.find("k26-doctor: exec:")
     record = state / "start" / "last.json"
@@ -90,6 +91,18 @@ def launch(name: str, profile: Path, env: dict[str, str], state: Path, out: Path
                        comparison=entry["comparison"], prewarm=entry.get("prewarm"), plan=entry["plan"],
                        actual=entry["actual"]["parts"])
     return out_row
+
+
+def gpu_free(limit_s: float) -> bool:
+    """Wait until no process holds a GPU (nvidia-smi's compute apps), at most ``limit_s``."""
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        res = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
+                             capture_output=True, text=True)
+        if res.returncode == 0 and not res.stdout.strip():
+            return True
+        time.sleep(1)
+    return False
 
 
 def fresh_caches(root: Path) -> dict[str, str]:
