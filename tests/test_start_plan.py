@@ -67,6 +67,8 @@ def test_capture_sizes_are_sglangs() -> None:
     assert plan["kinds"] == {"prefill": 58, "verify": 23, "draft": 23}
     assert plan["max_bs_from"] == "--max-running-requests"
     assert startplan.graph_plan(["--disable-cuda-graph"], g)["kinds"] == {}
+    listed = startplan.graph_plan(["--cuda-graph-bs", "1", "2", "4", "--cuda-graph-bs-prefill=64,128", "--tp", "1"], g)
+    assert listed["kinds"] == {"prefill": 2, "decode": 3} and listed["max_bs"] == 4
 
 
 def inputs_for(layers: int, max_bs: int, triton_entries: int, compiled: list[str]) -> dict:

@@ -92,6 +92,26 @@ def arg_value(args: list[str], *names: str) -> str | None:
     return found
 
 
+def arg_list(args: list[str], *names: str) -> list[int] | None:
+    """The integers given to the last of ``names`` (``--flag 1 2 4`` or ``--flag=1,2,4``), None when not given or
+    not integers."""
+    found: list[str] | None = None
+    for i, a in enumerate(args):
+        for n in names:
+            if a == n:
+                found = []
+                for v in args[i + 1:]:
+                    if v.startswith("--"):
+                        break
+                    found.append(v)
+            elif a.startswith(n + "="):
+                found = a.split("=", 1)[1].replace(",", " ").split()
+    try:
+        return [int(v) for v in found] if found else None
+    except ValueError:
+        return None
+
+
 def _int(value: str | None) -> int | None:
     try:
         return int(value) if value is not None else None
@@ -113,11 +133,16 @@ def graph_plan(args: list[str], table: dict[str, Any]) -> dict[str, Any]:
         max_bs, source = running, "--max-running-requests"
     else:
         max_bs, source = int(table["default_max_bs"]), "SGLang's default for the GPU (assumed)"
+    listed = arg_list(args, "--cuda-graph-bs-decode", "--cuda-graph-bs")
+    if listed:
+        max_bs, source = max(listed), "--cuda-graph-bs-decode"
     kinds: dict[str, int] = {}
     if arg_value(args, "--cuda-graph-backend-prefill") != "disabled":
+        plist = arg_list(args, "--cuda-graph-bs-prefill")
         pmax = _int(arg_value(args, "--cuda-graph-max-bs-prefill", "--chunked-prefill-size"))
-        kinds["prefill"] = len(capture_sizes(table["prefill"], pmax or int(table["default_prefill_max"])))
-    sizes = len(capture_sizes(table["speculative" if speculative else "decode"], max_bs))
+        kinds["prefill"] = len(plist) if plist else len(capture_sizes(table["prefill"],
+                                                                      pmax or int(table["default_prefill_max"])))
+    sizes = len(listed) if listed else len(capture_sizes(table["speculative" if speculative else "decode"], max_bs))
     if speculative:
         kinds["verify"] = sizes
         kinds["draft"] = sizes
