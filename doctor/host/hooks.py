@@ -18,11 +18,12 @@ START_PLAN_NOTICE = "doctor.start_plan"
 READ_ONLY_FACTS = ("jit_caches", "weights_resident")  # collected for the plan if no check did
 
 
-def fact_reader(ctx: Context) -> Any:
+def fact_reader(ctx: Context, also: tuple[str, ...] = ()) -> Any:
     """``get(name)``: the run's fact, or None when it cannot be had (a snapshot without it, a failed collector).
-    Facts that a probe would collect are read only when the run already has them."""
+    Facts that a probe would collect are read only when the run already has them (or they are named in ``also``:
+    ``launch`` reads the GPUs when no check did)."""
     def get(name: str) -> Any:
-        if name not in ctx.facts.collected() and name not in READ_ONLY_FACTS:
+        if name not in ctx.facts.collected() and name not in READ_ONLY_FACTS + also:
             return None
         try:
             return ctx.facts.get(name)

@@ -154,7 +154,7 @@ def graph_plan(args: list[str], table: dict[str, Any]) -> dict[str, Any]:
 
 # -- the inputs: what the facts say -----------------------------------------------------------------------------
 
-def start_inputs(get: Callable[[str], Any], args: list[str], *, tp: int, env: dict[str, str] | None = None,
+def start_inputs(get: Callable[[str], Any], args: list[str], *, tp: int,
                  python_import_s: float | None = None) -> dict[str, Any]:
     """The plan's inputs from the facts ``get(name)`` returns (None where a fact is not to be had): the GPU, the
     shards and how much of them is resident, the compiled FlashInfer modules and the Triton cache, the server's

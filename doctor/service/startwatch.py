@@ -111,7 +111,7 @@ class StartWatch:
         from doctor.host.hooks import fact_reader
 
         ctx = ctx or make_context(self.settings)
-        get = fact_reader(ctx)
+        get = fact_reader(ctx, also=("nvml",))  # which GPU: the constants of its kind
         if self.prewarm is not None:  # what the prewarm built is in the cache now: list it again
             get = with_cache_listed(get, self.prewarm.plan.cache)
         self.inputs = startplan.start_inputs(get, launch_plan.server_args, tp=self.settings.tp)
