@@ -285,39 +285,61 @@ def test_the_probe_reports_each_module_that_fails(tmp_path: Path) -> None:
     assert "sampling, norm failed" in out.reason
 
 
-FAKE_NORM = """
-import os, subprocess
+# A FlashInfer whose build runs a driver that, like ninja, starts the compiler in a process group of its own and
+# stops it on SIGTERM (a SIGKILL of the driver would leave the compiler running).
+DRIVER = """
+import os, signal, subprocess, sys
+children = []
+def stop(*_):
+    for c in children:
+        os.killpg(c.pid, signal.SIGKILL)
+    sys.exit(1)
+signal.signal(signal.SIGTERM, stop)  # before the first compiler starts, as ninja does
+children.append(subprocess.Popen(["sleep", "60"], start_new_session=True))
+with open(os.environ["K26_TEST_PIDFILE"], "w") as fh:
+    fh.write(str(children[0].pid))
+children[0].wait()
+"""
+HANGING_NORM = f"""
+import subprocess, sys
 class Spec:
     def build_and_load(self):
-        child = subprocess.Popen(["sleep", "60"])
-        with open(os.environ["K26_TEST_PIDFILE"], "w") as fh:
-            fh.write(str(child.pid))
-        child.wait()
+        subprocess.run([sys.executable, "-c", {DRIVER!r}], check=True)
 def gen_norm_module():
     return Spec()
 """
 
 
-def test_the_probe_stops_its_whole_group_at_its_deadline(tmp_path: Path) -> None:
-    """A compiler that hangs never holds a start: at its deadline the probe kills its process group (the
-    compiler with it), which releases FlashInfer's lock; the real probe, a FlashInfer whose build hangs."""
-    fake_flashinfer(tmp_path / "site", {"__init__.py": "", "jit/__init__.py": "", "jit/norm.py": FAKE_NORM})
-    pidfile = tmp_path / "compiler.pid"
-    env = dict(os.environ, PYTHONPATH=str(tmp_path / "site"), K26_TEST_PIDFILE=str(pidfile))
-    plan = prewarm.plan_prewarm(sys.executable, env, ["norm"], "/c", "9.0", deadline_s=1.5)
-    assert plan is not None and plan.argv[2:4] == ["--deadline", "1.5"]
-    out = prewarm.Prewarm(plan).start().finish(30)
-    assert not out.ok and "deadline reached" in out.reason, out.reason
-    pid = int(pidfile.read_text())
-    gone = time.monotonic() + 10
-    while time.monotonic() < gone:
+def _gone(pid: int, within: float = 15) -> bool:
+    end = time.monotonic() + within
+    while time.monotonic() < end:
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
-            break
+            return True
         time.sleep(0.1)
-    else:
-        pytest.fail(f"the compiler {pid} outlived the prewarm's deadline")
+    return False
+
+
+@pytest.mark.parametrize("who", ["probe", "doctor"])
+def test_a_hung_compiler_is_stopped_at_the_deadline(tmp_path: Path, who: str) -> None:
+    """A compiler that hangs never holds a start: at the prewarm's deadline (the probe's own, or the doctor's when
+    it stops waiting) the group gets SIGTERM first, so the ninja-like driver stops the compiler it runs in a group
+    of its own, then SIGKILL; FlashInfer's lock is released with them."""
+    fake_flashinfer(tmp_path / "site", {"__init__.py": "", "jit/__init__.py": "", "jit/norm.py": HANGING_NORM})
+    pidfile = tmp_path / "compiler.pid"
+    env = dict(os.environ, PYTHONPATH=str(tmp_path / "site"), K26_TEST_PIDFILE=str(pidfile))
+    plan = prewarm.plan_prewarm(sys.executable, env, ["norm"], "/c", "9.0",
+                                deadline_s=2.0 if who == "probe" else 600)
+    assert plan is not None and plan.argv[2] == "--deadline"
+    run = prewarm.Prewarm(plan).start()
+    if who == "doctor":
+        until = time.monotonic() + 30
+        while not pidfile.exists() and time.monotonic() < until:
+            time.sleep(0.1)
+    out = run.finish(30 if who == "probe" else 0.0)
+    assert not out.ok and ("deadline reached" in out.reason if who == "probe" else "not finished" in out.reason)
+    assert _gone(int(pidfile.read_text())), "the compiler outlived the prewarm's deadline"
 
 
 def test_no_prewarm_without_the_architecture() -> None:

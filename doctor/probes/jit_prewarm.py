@@ -5,8 +5,9 @@ Arguments: ``--deadline SECONDS`` then the module names (``sampling``, ``norm``)
 server's first call builds it, ``flashinfer.jit.<name>.gen_<name>_module().build_and_load()`` (a module already in
 the cache is only loaded), all of them at once (one nvcc per source file: a module alone leaves most cores idle).
 FlashInfer holds a file lock per module while it builds, so a server that needs a module being built waits for it
-and loads it rather than building it again. At the deadline the probe kills its whole process group (nvcc and
-ninja included: its lock is released, the server builds what is missing), so a hung compiler never holds a start.
+and loads it rather than building it again. At the deadline the probe stops its whole process group (ninja, and
+through ninja the compilers: its lock is released, the server builds what is missing), so a hung compiler never
+holds a start.
 The GPU is not touched: ``launch`` hides the devices and names the architecture (``FLASHINFER_CUDA_ARCH_LIST``).
 Prints one JSON object on its last line: ``{"modules": [{"module", "ok", "seconds", "error"}]}`` (``"absent": true``
 when FlashInfer is not installed: nothing to compile); exit 0 even when a module fails (the launch goes on).
@@ -38,10 +39,22 @@ def build(name, spec, results):
                          "error": (type(exc).__name__ + ": " + str(exc))[-2000:]}
 
 
+GRACE_S = 3.0  # between SIGTERM and SIGKILL of the group: ninja stops its compilers (their own process groups)
+
+
 def expire(_signum, _frame):
+    """The deadline: SIGTERM to the group first (ninja runs each compiler in a process group of its own and kills
+    those on SIGTERM; a SIGKILL would leave them compiling), then SIGKILL to whatever is left of it."""
     sys.stderr.write("prewarm: deadline reached: stopping (the server builds what is missing)\n")
     sys.stderr.flush()
-    os.killpg(os.getpgid(0), signal.SIGKILL)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    group = os.getpgid(0)
+    try:
+        os.killpg(group, signal.SIGTERM)
+    except OSError:
+        pass
+    time.sleep(GRACE_S)
+    os.killpg(group, signal.SIGKILL)
 
 
 def main(argv):

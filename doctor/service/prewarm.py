@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import subprocess
 import tempfile
 import time
@@ -141,8 +142,7 @@ class Prewarm:
         try:
             self.child.wait(timeout=max(0.0, wait_s))
         except subprocess.TimeoutExpired:
-            proc.kill_group(self.child)
-            self.child.wait()
+            stop_group(self.child)
             proc.untrack(self.child)
             return PrewarmOutcome(False, f"not finished within its deadline ({wait_s:.0f} s left): stopped; the "
                                   "server compiles what is missing", seconds=time.monotonic() - self.started)
@@ -167,8 +167,40 @@ class Prewarm:
         done = ", ".join(f"{m.get('module')} {m.get('seconds')} s" for m in mods if m.get("ok"))
         if failed:
             return PrewarmOutcome(False, f"{', '.join(str(m.get('module')) for m in failed)} failed: "
-                                  f"{failed[0].get('error')}" + (f" (built: {done})" if done else ""), mods, took)
+                                  f"{last_line(failed[0].get('error'))}" + (f" (built: {done})" if done else ""),
+                                  mods, took)
         return PrewarmOutcome(True, f"built or found {done} in {took:.0f} s", mods, took)
+
+
+GRACE_S = 5.0
+
+
+def stop_group(child: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the prewarm's process group, so that ninja stops the compilers it runs in process groups of their
+    own (a SIGKILL would leave them compiling), then SIGKILL to what is left; reaped."""
+    try:
+        os.killpg(child.pid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        pass
+    end = time.monotonic() + GRACE_S
+    try:
+        child.wait(GRACE_S)
+    except subprocess.TimeoutExpired:
+        pass
+    while time.monotonic() < end:  # the rest of the group (ninja) stops its compilers, then itself
+        try:
+            os.killpg(child.pid, 0)
+        except (ProcessLookupError, PermissionError):
+            break
+        time.sleep(0.05)
+    proc.kill_group(child)
+    child.wait()
+
+
+def last_line(text: Any) -> str:
+    """The last non-empty line of a build's error (ninja's "FAILED: ..." output runs to pages), at most 300 chars."""
+    lines = [line.strip() for line in str(text or "").splitlines() if line.strip()]
+    return (lines[-1] if lines else "")[-300:]
 
 
 def _last_json(text: str | None) -> dict[str, Any] | None:
