@@ -46,7 +46,9 @@ def host_shm(ctx: Context) -> Result:
 def host_jit_cache(ctx: Context) -> Result:
     """Where FlashInfer (FLASHINFER_WORKSPACE_BASE, else SGLANG_CACHE_DIR, else ~/.cache/sglang), Triton
     (TRITON_CACHE_DIR, else ~/.triton/cache) and SGLang keep what they compile for the service: the filesystem of
-    each (/proc/self/mountinfo) and whether the service's user ([server] user, else the doctor's) may write there.
+    each (/proc/self/mountinfo), whether systemd-tmpfiles empties it at boot (`D /tmp` in tmpfiles.d: /tmp on a
+    disk too, on Debian and Ubuntu), and whether the service's user ([server] user, else the doctor's) may write
+    there.
 
     Why: an empty cache costs every start minutes on the H200 (FlashInfer's sampling and norm modules ~147 s,
     the Triton kernels of a DDTree server's CUDA-graph captures ~130 s). A cache on tmpfs is empty after every

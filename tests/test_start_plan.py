@@ -195,13 +195,14 @@ def test_jit_cache_on_tmpfs_warns_and_the_fixer_plans_a_persistent_one(tmp_path:
     assert writes and "TRITON_CACHE_DIR=/var/cache/sglang-k26/triton" in writes[0].new_text
 
 
-def test_jit_cache_on_a_real_directory_passes(tmp_path: Path) -> None:
-    env = {"HOME": str(tmp_path), "PATH": os.environ.get("PATH", "")}
+def test_jit_cache_on_a_real_directory_passes() -> None:
+    """Caches under a home on a persistent disk: the tests' own per-user cache directory (never /tmp, which
+    systemd-tmpfiles empties at boot on Debian and Ubuntu); nothing is created there."""
+    home = Path(os.environ.get("K26_TEST_WHEEL_CACHE") or Path.home() / ".cache" / "k26-doctor-tests") / "no-home"
+    env = {"HOME": str(home), "PATH": os.environ.get("PATH", "")}
     res = run_check("host.jit_cache", make_context({}, live=True, env=env))
-    if res.has("host.jit_cache.volatile"):  # the test's own temporary directory is on tmpfs here
-        pytest.fail(f"{tmp_path} is on tmpfs: give the tests a disk-backed TMPDIR")
     assert res.status is Status.PASS and res.has("host.jit_cache.persistent"), res.summary
-    assert str(tmp_path / ".triton" / "cache") in res.summary
+    assert str(home / ".triton" / "cache") in res.summary and not home.exists()
 
 
 def test_jit_cache_not_writable_for_the_service_user(tmp_path: Path) -> None:
@@ -214,6 +215,22 @@ def test_jit_cache_not_writable_for_the_service_user(tmp_path: Path) -> None:
     res = run_check("host.jit_cache", make_context({"config": str(cfg)}, live=True, env=env))
     assert res.has("host.jit_cache.not_writable") and res.status is Status.WARN, res.summary
     assert str(tmp_path) in res.summary
+
+
+def test_a_cache_that_systemd_tmpfiles_empties_at_boot_is_volatile() -> None:
+    """/tmp on a disk is still emptied at every boot where tmpfiles.d says `D /tmp` (Debian, Ubuntu)."""
+    from doctor.host.jitcache import boot_wipes, judge_jit_cache, wiped_by
+
+    wipes = boot_wipes({"tmp.conf": "# comment\nD /tmp 1777 root root -\nq /var/tmp 1777 root root 30d\n",
+                        "x.conf": "R! /var/cache/old-*\nd /run/lock 0755 root root -\n"})
+    assert [w["path"] for w in wipes] == ["/tmp", "/var/cache/old-*"]
+    assert wiped_by("/tmp/triton", wipes) == "tmp.conf: D /tmp 1777 root root -"
+    assert wiped_by("/var/tmp/triton", wipes) is None and wiped_by("/tmpx/a", wipes) is None
+    fact = {"user": "sglang", "caches": {"triton": {
+        "path": "/tmp/triton", "var": "TRITON_CACHE_DIR", "from": "TRITON_CACHE_DIR", "exists": True,
+        "fstype": "ext4", "mount_point": "/", "writable": True, "wiped_at_boot_by": "tmp.conf: D /tmp"}}}
+    found = judge_jit_cache(fact)
+    assert [f.code for f in found] == ["host.jit_cache.volatile"] and "systemd-tmpfiles" in found[0].message
 
 
 def test_the_found_module_is_the_version_and_architecture_asked() -> None:

@@ -24,6 +24,9 @@ PERSISTENT = "host.jit_cache.persistent"
 CACHE_VARS = {"flashinfer": "FLASHINFER_WORKSPACE_BASE", "triton": "TRITON_CACHE_DIR", "sglang": "SGLANG_CACHE_DIR"}
 PERSISTENT_BASE = "/var/cache/sglang-k26"  # the unit's CacheDirectory= (doctor.service.systemd SERVICE_DIR_NAME)
 MAX_ENTRIES = 100_000
+# systemd-tmpfiles' configuration, by precedence: a file of /etc replaces the same name in /run and /usr/lib
+TMPFILES_DIRS = ("/etc/tmpfiles.d", "/run/tmpfiles.d", "/usr/lib/tmpfiles.d")
+BOOT_WIPE_TYPES = ("D", "R")  # emptied (D) or removed (R) by `systemd-tmpfiles --remove` at every boot
 
 
 def cache_dirs(env: dict[str, str], home: str) -> dict[str, dict[str, str]]:
@@ -43,6 +46,31 @@ def cache_dirs(env: dict[str, str], home: str) -> dict[str, dict[str, str]]:
     return {"flashinfer": {"path": fi, "var": "FLASHINFER_WORKSPACE_BASE", "from": fi_from},
             "triton": {"path": triton, "var": "TRITON_CACHE_DIR", "from": triton_from},
             "sglang": {"path": sglang, "var": "SGLANG_CACHE_DIR", "from": sglang_from}}
+
+
+def boot_wipes(configs: dict[str, str]) -> list[dict[str, str]]:
+    """The directories systemd-tmpfiles empties or removes at boot (``D /tmp 1777 root root -`` on Debian and
+    Ubuntu, where /tmp is wiped even on a disk), from the effective configuration ``{file name: text}`` (each name
+    already resolved by precedence): ``[{"path", "line", "file"}]``."""
+    out = []
+    for name, text in sorted(configs.items()):
+        for raw in text.splitlines():
+            fields = raw.split()
+            if len(fields) < 2 or fields[0].startswith("#"):
+                continue
+            kind = fields[0].rstrip("!-=+~^")
+            if kind in BOOT_WIPE_TYPES and fields[1].startswith("/"):
+                out.append({"path": fields[1].rstrip("/") or "/", "line": raw.strip(), "file": name})
+    return out
+
+
+def wiped_by(path: str, wipes: list[dict[str, str]]) -> str | None:
+    """The tmpfiles.d line that wipes ``path`` at boot (it lies under a wiped directory), or None."""
+    real = os.path.normpath(path)
+    for w in wipes:
+        if real == w["path"] or real.startswith(w["path"].rstrip("/") + "/"):
+            return f"{w['file']}: {w['line']}"
+    return None
 
 
 def flashinfer_compiled(base: str) -> list[str]:
@@ -99,12 +127,13 @@ def judge_jit_cache(fact: dict[str, Any]) -> Findings:
         raise NotJudged.missing("the JIT caches' locations were not recorded")
     user = fact.get("user") or "the service's user"
     out = Findings(caches={k: f"{v.get('path')} ({v.get('fstype') or '?'})" for k, v in caches.items()}, user=user)
-    volatile = {k: v for k, v in caches.items() if v.get("fstype") in VOLATILE_FS}
+    volatile = {k: v for k, v in caches.items() if v.get("fstype") in VOLATILE_FS or v.get("wiped_at_boot_by")}
     denied = {k: v for k, v in caches.items() if v.get("writable") is False}
     unknown = [k for k, v in caches.items() if v.get("error")]
     if volatile:
-        names = "; ".join(f"{k} cache {v['path']} ({v.get('from')}) is on {v['fstype']} mounted at "
-                          f"{v.get('mount_point')}" for k, v in volatile.items())
+        names = "; ".join(f"{k} cache {v['path']} ({v.get('from')}) is " + (
+            f"on {v['fstype']} mounted at {v.get('mount_point')}" if v.get("fstype") in VOLATILE_FS else
+            f"emptied at boot by systemd-tmpfiles ({v.get('wiped_at_boot_by')})") for k, v in volatile.items())
         out.warn(VOLATILE, f"{names}: wiped at every boot, so every first start after one compiles again "
                  "(FlashInfer's modules and Triton's kernels: minutes on the H200)", _move_fix(volatile, user))
     if denied:
