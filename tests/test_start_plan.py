@@ -256,8 +256,10 @@ def test_a_failing_interpreter_is_said_not_raised(tmp_path: Path) -> None:
                                 ["sampling"], "/c", "9.0")
     assert plan is not None and plan.env["CUDA_VISIBLE_DEVICES"] == ""
     assert plan.env["FLASHINFER_CUDA_ARCH_LIST"] == "9.0"
-    out = prewarm.Prewarm(plan).start().finish(30)
+    run = prewarm.Prewarm(plan).start()
+    out = run.finish(30)
     assert not out.ok and "status 3" in out.reason and "no flashinfer" in out.reason
+    assert run.log and not Path(run.log).exists()  # its output file goes with it
     missing = prewarm.Prewarm(prewarm.PrewarmPlan([str(tmp_path / "absent")], {}, ["norm"], "/c")).start()
     assert "cannot start" in missing.finish(5).reason
 
@@ -357,6 +359,7 @@ def test_a_hung_compiler_is_stopped_at_the_deadline(tmp_path: Path, who: str) ->
     out = run.finish(30 if who == "probe" else 0.0)
     assert not out.ok and ("deadline reached" in out.reason if who == "probe" else "not finished" in out.reason)
     assert _gone(int(pidfile.read_text())), "the compiler outlived the prewarm's deadline"
+    assert run.log and not Path(run.log).exists()
 
 
 def test_no_prewarm_without_the_architecture() -> None:

@@ -108,6 +108,7 @@ class Prewarm:
                                           stderr=subprocess.STDOUT, start_new_session=True)
         except OSError as exc:
             self.error = f"cannot start {self.plan.argv[0]}: {exc.strerror or exc}"
+            self._drop_log()
             return self
         finally:
             os.close(fd)
@@ -122,6 +123,13 @@ class Prewarm:
         rather than build it twice): no longer killed when the doctor exits."""
         if self.child is not None:
             proc.untrack(self.child)
+
+    def _drop_log(self) -> None:
+        if self.log:
+            try:
+                os.unlink(self.log)
+            except OSError:
+                pass
 
     def output(self) -> str:
         try:
@@ -144,16 +152,13 @@ class Prewarm:
         except subprocess.TimeoutExpired:
             stop_group(self.child)
             proc.untrack(self.child)
+            self._drop_log()
             return PrewarmOutcome(False, f"not finished within its deadline ({wait_s:.0f} s left): stopped; the "
                                   "server compiles what is missing", seconds=time.monotonic() - self.started)
         proc.untrack(self.child)
         took = time.monotonic() - self.started
         out = self.output()
-        if self.log:
-            try:
-                os.unlink(self.log)
-            except OSError:
-                pass
+        self._drop_log()
         result = _last_json(out)
         if self.child.returncode != 0 or result is None:
             tail = out.strip().splitlines()[-1:] or [""]
