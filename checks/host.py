@@ -8,7 +8,7 @@ from __future__ import annotations
 from doctor.core.context import Context
 from doctor.core.registry import check
 from doctor.core.result import Result
-from doctor.host import disk, environment, exposure, port, shm
+from doctor.host import disk, environment, exposure, jitcache, port, shm
 from doctor.service.launcher import planned_args
 
 
@@ -40,6 +40,25 @@ def host_shm(ctx: Context) -> Result:
     remount,size=1G /dev/shm` and /etc/fstab. No fixer: a remount of a shared /dev/shm, or a container's
     recreation, is the operator's to do."""
     return Result.of(shm.judge_shm(ctx.fact("shm"), ctx.settings))
+
+
+@check("host.jit_cache", "The JIT caches survive a reboot and the service's user can write them",
+       needs=("jit_caches",), fixer="host.jit_cache", failure="deployment", applies=("start", "serving"))
+def host_jit_cache(ctx: Context) -> Result:
+    """Where FlashInfer (FLASHINFER_WORKSPACE_BASE, else SGLANG_CACHE_DIR, else ~/.cache/sglang), Triton
+    (TRITON_CACHE_DIR, else ~/.triton/cache) and SGLang keep what they compile for the service: the filesystem of
+    each (/proc/self/mountinfo), whether systemd-tmpfiles empties it at boot (`D /tmp` in tmpfiles.d: /tmp on a
+    disk too, on Debian and Ubuntu), and whether the service's user ([server] user, else the doctor's) may write
+    there.
+
+    Why: an empty cache costs every start minutes on the H200 (FlashInfer's sampling and norm modules ~147 s,
+    the Triton kernels of a DDTree server's CUDA-graph captures ~130 s). A cache on tmpfs is empty after every
+    boot; one the service cannot write is compiled again at every start. It warns: the start still works.
+    Fix by hand: a directory on a persistent disk owned by the service's user (`install -d -o USER
+    /var/cache/sglang-k26/triton`), named in the service's environment file (TRITON_CACHE_DIR=...,
+    FLASHINFER_WORKSPACE_BASE=...).
+    """
+    return Result.of(jitcache.judge_jit_cache(ctx.fact("jit_caches")))
 
 
 @check("host.port", "The server port is free", needs=("port",), failure="node", applies=("start",))

@@ -68,11 +68,12 @@ def test_check_writes_nothing_and_leaves_no_process(tmp_path: Path) -> None:
                      XDG_CACHE_HOME=str(home / ".cache"), NCCL_P2P_DISABLE="1")
     proc = subprocess.run([sys.executable, "-m", "doctor", "check", "--model-path", str(model),
                            "--draft-model-path", str(tmp_path / "no-drafter"), "--format", "json",
-                           "--state-dir", str(tmp_path / "state")],
+                           "--state-dir", str(tmp_path / "state"), "-v"],  # -v: the start plan's facts too
                           capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
     assert proc.returncode in (0, 1), proc.stderr
     report = json.loads(proc.stdout)
     assert report["summary"]["counts"]["fail"] >= 1
+    assert "doctor.start_plan" in [n["id"] for n in report["doctor"]["notices"]]  # planned; nothing compiled
     after = tree_state(ROOT, home, model)
     changed = changes(before, after)
     assert not changed, f"check changed files: {changed[:10]}"

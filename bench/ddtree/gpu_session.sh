@@ -9,6 +9,9 @@
 #   bash bench/ddtree/gpu_session.sh pair [SEED]      the trained pair (make_trained.py) and its prompt sets in $WORK/pair
 #   bash bench/ddtree/gpu_session.sh serve PLAN S     up + measure + down of PLAN within S seconds, then compare
 #   bash bench/ddtree/gpu_session.sh all PLAN S       setup, the pair(s) the plan needs, serve
+#   bash bench/ddtree/gpu_session.sh startplan [ARGS] the product's launch --wait cold and warm on the trained pair
+#                                                     against the doctor's start plan (bench/bench_start_plan.py ARGS,
+#                                                     e.g. --runs cold,warm --budget 500); after setup and pair
 #
 # Everything printed and every result lands in $OUT (the device tool's output folder) when it is set.
 set -uo pipefail
@@ -235,6 +238,13 @@ stage_product() {  # the product's own path on the trained pair: check, the gate
   tar -czf "$OUT/logs.tgz" -C "$WORK" logs aux 2>/dev/null
 }
 
+stage_startplan() {  # the start plan measured (bench/bench_start_plan.py): cold and warm launch --wait, fresh caches
+  local prof=$WORK/trained.toml
+  sed "s|/tmp/trained|$WORK/pair|g" "$REPO/bench/ddtree/profiles/h200-trained-ddtree.toml" > "$prof"
+  export PYTHONPATH=$REPO:$PYTHONPATH
+  (cd "$REPO" && python3 bench/bench_start_plan.py --profile "$prof" --out "$OUT" --root "$WORK/start-bench" "$@")
+}
+
 main() {
   local stage=${1:?stage}; shift
   case "$stage" in
@@ -244,6 +254,7 @@ main() {
     serve) stage_serve "$@" ;;
     all) stage_all "$@" ;;
     product) stage_product ;;
+    startplan) stage_startplan "$@" ;;
     *) echo "unknown stage $stage"; return 2 ;;
   esac
 }

@@ -117,10 +117,12 @@ def _flag_gate(plan: Any, settings: Any, ctx: Any = None) -> bool:
               help="Seconds to wait for readiness with --wait.")
 @click.option("--wait-interval", type=Seconds(0.01), default=2.0, show_default=True,
               help="Seconds between polls.")
+@click.option("--no-prewarm", is_flag=True, help="Do not compile FlashInfer's JIT modules ahead, in parallel with the "
+              "checks (a failed prewarm never stops a start).")
 @click.argument("server_args", nargs=-1, type=click.UNPROCESSED)
 @guarded
 def launch(flags: dict[str, Any], dry_run: bool, no_check: bool, no_flag_check: bool, wait: bool,
-           wait_timeout: float, wait_interval: float, server_args: tuple[str, ...]) -> int:
+           wait_timeout: float, wait_interval: float, no_prewarm: bool, server_args: tuple[str, ...]) -> int:
     """Start the SGLang server of the profile, only if no check fails.
 
     Extra server flags go after `--`: `k26-doctor launch -- --log-level debug`.
@@ -150,10 +152,17 @@ def launch(flags: dict[str, Any], dry_run: bool, no_check: bool, no_flag_check: 
             return EXIT_FAILED
         return EXIT_OK
     ctx = None
+    from doctor.service.startwatch import StartWatch  # the start plan: prewarm, plan shown, start recorded
+
+    watch = StartWatch(settings, _say, prewarm=not no_prewarm, deadline_s=wait_timeout if wait else None)
+    watch.before_gate(plan)
     if not no_check:
         ok, ctx = _run_gate(settings, flags)
         if not ok:
+            watch.abandon()  # the prewarm stops with the refused start
             return EXIT_FAILED
+    watch.before_start(ctx, plan)  # how the prewarm went (or that it goes on beside the server); the plan
+    if not no_check:
         from doctor.core import deadline
 
         deadline.clear()  # --timeout bounded the gate's checks; the flag check and the server have their own
@@ -170,18 +179,20 @@ def launch(flags: dict[str, Any], dry_run: bool, no_check: bool, no_flag_check: 
         except OSError as exc:
             _say(f"cannot start {plan.argv[0]}: {exc.strerror or exc}")
             return EXIT_FAILED
-    return _supervise(plan, settings, wait_timeout, wait_interval)
+    return _supervise(plan, settings, wait_timeout, wait_interval, watch)
 
 
-def _supervise(plan: Any, settings: Any, timeout: float, interval: float) -> int:
+def _supervise(plan: Any, settings: Any, timeout: float, interval: float, watch: Any = None) -> int:
     """Run the server as a child: wait for readiness, notify systemd, forward signals, return its status."""
     from doctor.service.readiness import health_url, sd_notify, wait_ready
 
     try:
-        child = subprocess.Popen(plan.argv, env=plan.env)
+        child = subprocess.Popen(plan.argv, env=plan.env, **(watch.popen_args() if watch else {}))
     except OSError as exc:
         _say(f"cannot start {plan.argv[0]}: {exc.strerror or exc}")
         return EXIT_FAILED
+    if watch:
+        watch.tee(child)  # its output passes through unchanged; the start's lines are kept for the record
 
     def forward(signum: int, _frame: Any) -> None:
         if child.poll() is None:
@@ -203,6 +214,8 @@ def _supervise(plan: Any, settings: Any, timeout: float, interval: float) -> int
         _stop(child)
         return EXIT_FAILED
     _say(f"server ready: {outcome.reason}")
+    if watch:
+        watch.after_ready(outcome.elapsed_s)  # actual against predicted, printed and kept in <state_dir>/start/
     sd_notify(f"READY=1\nSTATUS=serving on {url}")
     while True:
         try:

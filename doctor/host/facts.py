@@ -326,3 +326,75 @@ def collect_port(opts: CollectOptions) -> dict[str, Any]:
     finally:
         sock.close()
     return out
+
+
+# -- the JIT caches (host.jit_cache; the start plan reads what is compiled) ------------------------------------
+JIT_CACHE_ENTRY = ({"path": required(str), "var": str, "from": str, "error": required(str)},
+                   {"path": required(str), "var": str, "from": str, "exists": required(bool),
+                    "measured_at": str, "fstype": opt(str), "mount_point": opt(str), "writable": opt(bool),
+                    "denied_at": opt(str), "entries": opt(int), "wiped_at_boot_by": opt(str)})
+JIT_CACHES_SHAPE = {"user": str, "caches": mapping(JIT_CACHE_ENTRY), "flashinfer_compiled": [str]}
+
+
+def service_user_name(opts: CollectOptions) -> str:
+    """The user the service runs as: the profile's [server] user, else the one running the doctor (as the
+    unit's ExecStartPre, that is the service's own)."""
+    user = (opts.profile.get("server") or {}).get("user") if isinstance(opts.profile, dict) else None
+    return str(user) if user else current_user()["user"]
+
+
+def tmpfiles_configs() -> dict[str, str]:
+    """systemd-tmpfiles' effective ``*.conf`` files (a name in /etc replaces it in /run and /usr/lib), as text."""
+    from doctor.host.jitcache import TMPFILES_DIRS
+
+    out: dict[str, str] = {}
+    for folder in TMPFILES_DIRS:
+        try:
+            names = sorted(n for n in os.listdir(folder) if n.endswith(".conf"))
+        except OSError:
+            continue
+        for name in names:
+            if name in out:
+                continue
+            try:
+                out[name] = read_text(os.path.join(folder, name), 1 << 20, "a tmpfiles.d file", errors="replace")
+            except OSError:
+                continue
+    return out
+
+
+@collector("jit_caches", timeout=10, shape=JIT_CACHES_SHAPE)
+def collect_jit_caches(opts: CollectOptions) -> dict[str, Any]:
+    """Where FlashInfer, Triton and SGLang keep their compiled modules for the service (its environment), the
+    filesystem of each (/proc/self/mountinfo: tmpfs is wiped at boot), whether the service's user may write it
+    (from the mode bits, as doctor.host.access computes them), and FlashInfer's modules compiled there. Stat and
+    listdir only: nothing is created."""
+    from doctor.host.access import account, first_denied
+    from doctor.host.jitcache import boot_wipes, cache_dirs, entry_count, flashinfer_compiled, wiped_by
+
+    env, _ = service_env(opts)  # with the EnvironmentFile, where host.jit_cache's fixer sets the variables
+    home = env.get("HOME") or str(Path.home())
+    user = service_user_name(opts)
+    who = account(user)
+    try:
+        mounts = read_text(MOUNTINFO, 16 << 20, "a mount table", errors="replace")
+    except OSError:
+        mounts = ""
+    wipes = boot_wipes(tmpfiles_configs())
+    caches: dict[str, Any] = {}
+    for name, where in cache_dirs(env, home).items():
+        entry: dict[str, Any] = dict(where)
+        try:
+            probe, _ = writable_ancestor(Path(where["path"]))
+            mount = mount_of(os.path.realpath(probe), mounts) if mounts else None
+            denied = first_denied(str(probe), who, "wx") if who.exists else None
+            entry.update(exists=os.path.isdir(where["path"]), measured_at=str(probe),
+                         fstype=mount["fstype"] if mount else None, mount_point=mount["mount_point"] if mount else None,
+                         writable=(denied is None) if who.exists else None,
+                         denied_at=denied["path"] if denied else None, entries=entry_count(where["path"]),
+                         wiped_at_boot_by=wiped_by(where["path"], wipes))
+        except OSError as exc:
+            entry["error"] = exc.strerror or str(exc)
+        caches[name] = entry
+    fi = caches.get("flashinfer", {}).get("path")
+    return {"user": user, "caches": caches, "flashinfer_compiled": flashinfer_compiled(fi) if fi else []}

@@ -221,3 +221,21 @@ def collect_model_hashes(opts: Any) -> HashesFact:
         else:
             out[key] = verify_model_hashes(path, use_cache=not no_cache, cache_dir=cache_dir)
     return out
+
+
+_RESIDENT = {"path": opt(str), "files": int, "bytes": int, "resident_bytes": opt(int), "method": opt(str),
+             "error": opt(str), "layers": opt(int)}
+RESIDENCY_SHAPE = {"target": _RESIDENT, "drafter": _RESIDENT, "meminfo": mapping(int)}
+
+
+@collector("weights_resident", timeout=60, isolate=True, shape=RESIDENCY_SHAPE)
+def collect_weights_resident(opts: Any) -> dict[str, Any]:
+    """How much of the target's and the drafter's shards is in the page cache (``mincore(2)``: nothing is read,
+    nothing evicted), their layer counts, and /proc/meminfo: the start plan's weights part."""
+    from doctor.model.residency import Residency, layers, meminfo, model_residency
+
+    res = Residency()
+    out: dict[str, Any] = {"meminfo": meminfo()}
+    for key, path in (("target", opts.model_path), ("drafter", opts.draft_model_path)):
+        out[key] = dict(model_residency(path, res), layers=layers(path))
+    return out

@@ -1,0 +1,160 @@
+"""Where the service's JIT compilers keep what they built (host.jit_cache), and whether it survives.
+
+A start on an empty cache compiles FlashInfer's modules (sampling ~107 s, norm ~40 s on the H200) and every Triton
+kernel of the CUDA-graph captures (~130 s for a DDTree server): minutes of each start that a persistent cache
+makes a one-time cost. A cache on tmpfs (a /tmp or /dev/shm mount, a container's ephemeral home) is wiped at every
+boot; a cache the service's user cannot write is compiled again at every start (or fails). The places follow the
+libraries' own rules: FlashInfer's under ``FLASHINFER_WORKSPACE_BASE``, else SGLang's ``SGLANG_CACHE_DIR``, else
+``~/.cache/sglang`` (sglang/srt/environ.py points FlashInfer there), then ``.cache/flashinfer/<version>/<archs>/
+cached_ops/<module>/<module>.so``; Triton's ``TRITON_CACHE_DIR`` else ``~/.triton/cache``.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from typing import Any
+
+from doctor.core.result import Findings, NotJudged, Remediation
+
+VOLATILE_FS = ("tmpfs", "ramfs")
+VOLATILE = "host.jit_cache.volatile"
+NOT_WRITABLE = "host.jit_cache.not_writable"
+PERSISTENT = "host.jit_cache.persistent"
+CACHE_VARS = {"flashinfer": "FLASHINFER_WORKSPACE_BASE", "triton": "TRITON_CACHE_DIR", "sglang": "SGLANG_CACHE_DIR"}
+PERSISTENT_BASE = "/var/cache/sglang-k26"  # the unit's CacheDirectory= (doctor.service.systemd SERVICE_DIR_NAME)
+MAX_ENTRIES = 100_000
+# systemd-tmpfiles' configuration, by precedence: a file of /etc replaces the same name in /run and /usr/lib
+TMPFILES_DIRS = ("/etc/tmpfiles.d", "/run/tmpfiles.d", "/usr/lib/tmpfiles.d")
+BOOT_WIPE_TYPES = ("D", "R")  # emptied (D) or removed (R) by `systemd-tmpfiles --remove` at every boot
+
+
+def cache_dirs(env: dict[str, str], home: str) -> dict[str, dict[str, str]]:
+    """``{cache: {"path", "var", "from"}}`` for FlashInfer, Triton and SGLang, as the service's environment sets
+    them. ``path`` is the directory the variable names (FlashInfer's modules go under ``<path>/.cache/flashinfer``)."""
+    def expand(p: str) -> str:
+        return os.path.join(home, p[2:]) if p.startswith("~/") else p
+
+    sglang = expand(env["SGLANG_CACHE_DIR"]) if env.get("SGLANG_CACHE_DIR") else os.path.join(home, ".cache", "sglang")
+    sglang_from = "SGLANG_CACHE_DIR" if env.get("SGLANG_CACHE_DIR") else "SGLang's default ~/.cache/sglang"
+    if env.get("FLASHINFER_WORKSPACE_BASE"):
+        fi, fi_from = expand(env["FLASHINFER_WORKSPACE_BASE"]), "FLASHINFER_WORKSPACE_BASE"
+    else:
+        fi, fi_from = sglang, f"{sglang_from} (SGLang points FlashInfer there)"
+    triton = expand(env["TRITON_CACHE_DIR"]) if env.get("TRITON_CACHE_DIR") else os.path.join(home, ".triton", "cache")
+    triton_from = "TRITON_CACHE_DIR" if env.get("TRITON_CACHE_DIR") else "Triton's default ~/.triton/cache"
+    return {"flashinfer": {"path": fi, "var": "FLASHINFER_WORKSPACE_BASE", "from": fi_from},
+            "triton": {"path": triton, "var": "TRITON_CACHE_DIR", "from": triton_from},
+            "sglang": {"path": sglang, "var": "SGLANG_CACHE_DIR", "from": sglang_from}}
+
+
+def boot_wipes(configs: dict[str, str]) -> list[dict[str, str]]:
+    """The directories systemd-tmpfiles empties or removes at boot (``D /tmp 1777 root root -`` on Debian and
+    Ubuntu, where /tmp is wiped even on a disk), from the effective configuration ``{file name: text}`` (each name
+    already resolved by precedence): ``[{"path", "line", "file"}]``."""
+    out = []
+    for name, text in sorted(configs.items()):
+        for raw in text.splitlines():
+            fields = raw.split()
+            if len(fields) < 2 or fields[0].startswith("#"):
+                continue
+            kind = fields[0].rstrip("!-=+~^")
+            if kind in BOOT_WIPE_TYPES and fields[1].startswith("/"):
+                out.append({"path": fields[1].rstrip("/") or "/", "line": raw.strip(), "file": name})
+    return out
+
+
+def wiped_by(path: str, wipes: list[dict[str, str]]) -> str | None:
+    """The tmpfiles.d line that wipes ``path`` at boot (it lies under a wiped directory), or None."""
+    real = os.path.normpath(path)
+    for w in wipes:
+        if real == w["path"] or real.startswith(w["path"].rstrip("/") + "/"):
+            return f"{w['file']}: {w['line']}"
+    return None
+
+
+def flashinfer_compiled(base: str) -> list[str]:
+    """FlashInfer's compiled modules under ``base`` as ``<version>/<archs>/<module>`` (stat and listdir only)."""
+    root = os.path.join(base, ".cache", "flashinfer")
+    out: list[str] = []
+    for version in _listdir(root)[:64]:
+        for arch in _listdir(os.path.join(root, version))[:64]:
+            ops = os.path.join(root, version, arch, "cached_ops")
+            out += [f"{version}/{arch}/{n}" for n in _listdir(ops)[:256]
+                    if os.path.isfile(os.path.join(ops, n, n + ".so"))]
+    return out
+
+
+def entry_count(path: str) -> int | None:
+    """Entries directly in ``path`` (Triton keeps one directory per kernel), None when it is not a directory."""
+    try:
+        with os.scandir(path) as it:
+            n = 0
+            for _ in it:
+                n += 1
+                if n >= MAX_ENTRIES:
+                    break
+            return n
+    except OSError:
+        return None
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return sorted(os.listdir(path))
+    except OSError:
+        return []
+
+
+def module_compiled(compiled: list[str], module: str, version: str | None, cc: str | None) -> bool:
+    """Whether ``<version>/<archs>/<module>`` is among ``compiled`` for this FlashInfer version (any when not
+    known) and a GPU of compute capability ``cc`` ("9.0": an archs directory naming 90, "90a" or "90a_100a")."""
+    want = (cc or "").replace(".", "")
+    for item in compiled:
+        parts = str(item).split("/")
+        if len(parts) != 3 or parts[2] != module or (version and parts[0] != version):
+            continue
+        archs = {"".join(ch for ch in a if ch.isdigit()) for a in parts[1].split("_")}
+        if not want or want in archs:
+            return True
+    return False
+
+
+def judge_jit_cache(fact: dict[str, Any]) -> Findings:
+    """Each cache: on tmpfs (wiped at boot: warn), not writable for the service's user (warn), else persistent."""
+    caches = fact.get("caches") or {}
+    if not caches:
+        raise NotJudged.missing("the JIT caches' locations were not recorded")
+    user = fact.get("user") or "the service's user"
+    out = Findings(caches={k: f"{v.get('path')} ({v.get('fstype') or '?'})" for k, v in caches.items()}, user=user)
+    volatile = {k: v for k, v in caches.items() if v.get("fstype") in VOLATILE_FS or v.get("wiped_at_boot_by")}
+    denied = {k: v for k, v in caches.items() if v.get("writable") is False}
+    unknown = [k for k, v in caches.items() if v.get("error")]
+    if volatile:
+        names = "; ".join(f"{k} cache {v['path']} ({v.get('from')}) is " + (
+            f"on {v['fstype']} mounted at {v.get('mount_point')}" if v.get("fstype") in VOLATILE_FS else
+            f"emptied at boot by systemd-tmpfiles ({v.get('wiped_at_boot_by')})") for k, v in volatile.items())
+        out.warn(VOLATILE, f"{names}: wiped at every boot, so every first start after one compiles again "
+                 "(FlashInfer's modules and Triton's kernels: minutes on the H200)", _move_fix(volatile, user))
+    if denied:
+        names = "; ".join(f"{k} cache {v['path']} (stopped at {v.get('denied_at')})" for k, v in denied.items())
+        out.warn(NOT_WRITABLE, f"{user} cannot write {names}: each start compiles again, or fails",
+                 _move_fix(denied, user))
+    if unknown:
+        out.warn("host.jit_cache.unreadable", "; ".join(f"{k} cache: {caches[k]['error']}" for k in unknown))
+    if not (volatile or denied or unknown):
+        out.info(PERSISTENT, "the JIT caches are on persistent filesystems and writable for " + str(user) + ": "
+                 + ", ".join(f"{k} {v['path']} ({v.get('fstype')})" for k, v in caches.items()))
+    return out
+
+
+def persistent_dir(cache: str) -> str:
+    """Where a cache moves when its place does not survive: under the unit's CacheDirectory=."""
+    return os.path.join(PERSISTENT_BASE, cache)
+
+
+def _move_fix(bad: dict[str, dict[str, Any]], user: str) -> Remediation:
+    cmds = [shlex.join(["sudo", "install", "-d", "-o", user, "-m", "0750", persistent_dir(k)]) for k in bad]
+    cmds += [f"# in the service's environment file: {CACHE_VARS[k]}={persistent_dir(k)}" for k in bad]
+    return Remediation("Keep the caches on a persistent filesystem the service's user owns (`k26-doctor fix` plans "
+                       "it: the directory, and the variable in the profile's server.env_file):", cmds)

@@ -1,0 +1,449 @@
+"""The start plan: how long the server will take to answer /health 200 after ``launch`` starts it, part by part,
+and which of those minutes are avoidable.
+
+Why: a start is expensive even when it succeeds: K2.6's 554 GiB of weights at disk speed when the page cache is
+cold, FlashInfer's JIT modules compiled on an empty cache (sampling ~107 s, norm ~40 s on the H200), every Triton
+kernel of the CUDA-graph captures compiled on an empty Triton cache (~130 s for a DDTree server), then the captures
+themselves, one per batch size. Most of it is avoidable: the modules compiled ahead (``launch`` prewarms them in
+parallel with its checks), caches that survive a reboot (host.jit_cache), weights left resident, capture sizes
+that the profile's concurrency needs and no more.
+
+Three steps, kept apart: ``start_inputs`` gathers what the run's facts say (GPU, shards and their residency,
+compiled modules, the Triton cache, the server arguments) into a JSON dict; ``predict(inputs, constants)`` is a
+pure function of that dict and the measured constants of ``doctor/data/start_constants.toml`` (each naming the run
+it was measured on); ``compare`` sets a start's actual parts (``doctor.service.startlog``) beside the prediction,
+and ``record`` keeps both in ``<state_dir>/start/`` (atomic), so the constants can be checked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from doctor.core.datafile import load_toml
+from doctor.core.fileio import atomic_write
+from doctor.host.jitcache import module_compiled
+
+CONSTANTS_FILE = Path(__file__).resolve().parents[1] / "data" / "start_constants.toml"
+GIB = 1024**3
+DEFAULT_KIND = "h200"  # the constants used for a GPU no kind matches (the plan says so)
+ASSUMED_LAYERS = 61  # Kimi K2.6's num_hidden_layers, when the target's config.json was not read
+
+
+@dataclass
+class Part:
+    """One part of a start: predicted seconds, how they were reckoned, and the seconds a change would save."""
+
+    name: str
+    seconds: float
+    basis: str
+    avoidable_s: float = 0.0
+    advice: str = ""
+
+
+@dataclass
+class StartPlan:
+    kind: str
+    kind_matched: bool
+    parts: list[Part] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def total_s(self) -> float:
+        return round(sum(p.seconds for p in self.parts), 1)
+
+    @property
+    def avoidable_s(self) -> float:
+        return round(sum(p.avoidable_s for p in self.parts), 1)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "kind_matched": self.kind_matched, "total_s": self.total_s,
+                "avoidable_s": self.avoidable_s, "parts": [asdict(p) for p in self.parts], "notes": self.notes}
+
+
+def constants() -> dict[str, Any]:
+    return load_toml(CONSTANTS_FILE)
+
+
+# -- capture sizes (SGLang's own rules, as data) ---------------------------------------------------------------
+
+def capture_sizes(ranges: list[list[int]], max_bs: int) -> list[int]:
+    """SGLang's capture sizes from ``[start, stop, step]`` ranges, capped at ``max_bs`` (appended when missing)."""
+    sizes = sorted({n for start, stop, step in ranges for n in range(start, stop + 1, step) if n <= max_bs})
+    if max_bs > 0 and max_bs not in sizes:
+        sizes.append(max_bs)
+    return sizes
+
+
+def arg_value(args: list[str], *names: str) -> str | None:
+    """The last value given to any of ``names`` in an argv (``--flag V`` or ``--flag=V``)."""
+    found = None
+    for i, a in enumerate(args):
+        for n in names:
+            if a == n and i + 1 < len(args):
+                found = args[i + 1]
+            elif a.startswith(n + "="):
+                found = a.split("=", 1)[1]
+    return found
+
+
+def arg_list(args: list[str], *names: str) -> list[int] | None:
+    """The integers given to the last of ``names`` (``--flag 1 2 4`` or ``--flag=1,2,4``), None when not given or
+    not integers."""
+    found: list[str] | None = None
+    for i, a in enumerate(args):
+        for n in names:
+            if a == n:
+                found = []
+                for v in args[i + 1:]:
+                    if v.startswith("--"):
+                        break
+                    found.append(v)
+            elif a.startswith(n + "="):
+                found = a.split("=", 1)[1].replace(",", " ").split()
+    try:
+        return [int(v) for v in found] if found else None
+    except ValueError:
+        return None
+
+
+def _int(value: str | None) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def graph_plan(args: list[str], table: dict[str, Any]) -> dict[str, Any]:
+    """Which graphs the server captures and how many sizes of each, from its arguments: ``{"kinds": {kind:
+    sizes}, "max_bs", "max_bs_from", "needed_bs"}``. Nothing when CUDA graphs are disabled."""
+    if "--disable-cuda-graph" in args or arg_value(args, "--cuda-graph-backend-decode") == "disabled":
+        return {"kinds": {}, "max_bs": 0, "max_bs_from": "--disable-cuda-graph", "needed_bs": None}
+    speculative = bool(arg_value(args, "--speculative-algorithm"))
+    running = _int(arg_value(args, "--max-running-requests"))
+    given = _int(arg_value(args, "--cuda-graph-max-bs-decode", "--cuda-graph-max-bs"))
+    if given is not None:
+        max_bs, source = given, "--cuda-graph-max-bs-decode"
+    elif running is not None:
+        max_bs, source = running, "--max-running-requests"
+    else:
+        max_bs, source = int(table["default_max_bs"]), "SGLang's default for the GPU (assumed)"
+    listed = arg_list(args, "--cuda-graph-bs-decode", "--cuda-graph-bs")
+    if listed:
+        max_bs, source = max(listed), "--cuda-graph-bs-decode"
+    kinds: dict[str, int] = {}
+    if arg_value(args, "--cuda-graph-backend-prefill") != "disabled":
+        plist = arg_list(args, "--cuda-graph-bs-prefill")
+        pmax = _int(arg_value(args, "--cuda-graph-max-bs-prefill", "--chunked-prefill-size"))
+        kinds["prefill"] = len(plist) if plist else len(capture_sizes(table["prefill"],
+                                                                      pmax or int(table["default_prefill_max"])))
+    sizes = len(listed) if listed else len(capture_sizes(table["speculative" if speculative else "decode"], max_bs))
+    if speculative:
+        kinds["verify"] = sizes
+        kinds["draft"] = sizes
+    else:
+        kinds["decode"] = sizes
+    return {"kinds": kinds, "max_bs": max_bs, "max_bs_from": source, "needed_bs": running,
+            "speculative": speculative}
+
+
+# -- the inputs: what the facts say -----------------------------------------------------------------------------
+
+def start_inputs(get: Callable[[str], Any], args: list[str], *, tp: int,
+                 python_import_s: float | None = None) -> dict[str, Any]:
+    """The plan's inputs from the facts ``get(name)`` returns (None where a fact is not to be had): the GPU, the
+    shards and how much of them is resident, the compiled FlashInfer modules and the Triton cache, the server's
+    arguments. JSON only, so a plan can be recorded and replayed."""
+    nvml, resident, caches, stack, imp = (get(n) for n in ("nvml", "weights_resident", "jit_caches", "stack",
+                                                           "sglang_import"))
+    dev = ((nvml or {}).get("devices") or [{}])[0] if isinstance(nvml, dict) else {}
+    cc = dev.get("compute_capability") if isinstance(dev, dict) else None
+    cc_text = ".".join(str(x) for x in cc) if isinstance(cc, list) else (str(cc) if cc else None)
+    dists = (stack or {}).get("distributions") if isinstance(stack, dict) else None
+    fi = (dists or {}).get("flashinfer-python") if isinstance(dists, dict) else None
+    triton = ((caches or {}).get("caches") or {}).get("triton") if isinstance(caches, dict) else None
+    import_s = (imp or {}).get("import_s") if isinstance(imp, dict) and (imp or {}).get("imported") else None
+    return {
+        "gpu_name": dev.get("name") if isinstance(dev, dict) else None,
+        "compute_capability": cc_text,
+        "tp": tp,
+        "server_args": list(args),
+        "algorithm": arg_value(args, "--speculative-algorithm"),
+        "target": _model_input((resident or {}).get("target") if isinstance(resident, dict) else None),
+        "drafter": _model_input((resident or {}).get("drafter") if isinstance(resident, dict) else None),
+        "meminfo": (resident or {}).get("meminfo") if isinstance(resident, dict) else None,
+        "flashinfer": {"installed": (fi is not None) if isinstance(dists, dict) else None,
+                       "version": (fi or {}).get("version") if isinstance(fi, dict) else None,
+                       "compiled": (caches or {}).get("flashinfer_compiled") if isinstance(caches, dict) else None,
+                       "cache": (((caches or {}).get("caches") or {}).get("flashinfer") or {}).get("path")
+                       if isinstance(caches, dict) else None},
+        "triton_cache": {"path": (triton or {}).get("path"), "entries": (triton or {}).get("entries")}
+        if isinstance(triton, dict) else None,
+        "import_s": import_s if isinstance(import_s, (int, float)) else python_import_s,
+    }
+
+
+def _model_input(entry: Any) -> dict[str, Any] | None:
+    if not isinstance(entry, dict) or not entry.get("files"):
+        return None
+    return {"bytes": entry.get("bytes"), "resident_bytes": entry.get("resident_bytes"), "layers": entry.get("layers")}
+
+
+# -- the prediction: a pure function ----------------------------------------------------------------------------
+
+def kind_of(gpu_name: str | None, table: dict[str, Any]) -> tuple[str, bool]:
+    for kind, spec in table["kinds"].items():
+        if gpu_name and any(m.lower() in gpu_name.lower() for m in spec.get("match", [])):
+            return kind, True
+    return DEFAULT_KIND, False
+
+
+def _value(k: dict[str, Any], name: str) -> float:
+    return float(k[name]["value"])
+
+
+def predict(inputs: dict[str, Any], table: dict[str, Any]) -> StartPlan:
+    """The expected time to /health 200 from the server's exec, and its parts, from ``inputs`` (``start_inputs``)
+    and the constants ``table``. A part whose facts are missing is reckoned from the constants alone and says so."""
+    kind, matched = kind_of(inputs.get("gpu_name"), table)
+    k = table["kinds"][kind]
+    plan = StartPlan(kind, matched)
+    if not matched:
+        plan.notes.append(f"no measured constants for {inputs.get('gpu_name') or 'this GPU'}: the {kind.upper()}'s "
+                          "are used")
+    imp = inputs.get("import_s")
+    plan.parts.append(Part("interpreter", float(imp) if imp else _value(k, "interpreter_s"),
+                           "SGLang's import as sglang.install timed it" if imp else "measured constant"))
+    plan.parts.append(Part("startup", _value(k, "startup_s"), "server args, tokenizer, scheduler processes, "
+                           "model import (measured constant)"))
+    plan.parts += [_load("weights", inputs.get("target"), inputs.get("meminfo"), k),
+                   _load("drafter", inputs.get("drafter"), None, k)]
+    plan.parts.append(Part("kv_cache", _value(k, "kv_cache_s"), "measured constant"))
+    graphs, kernels = _graphs(inputs, table, k)
+    plan.parts += [graphs, kernels, _jit(inputs, table, k),
+                   Part("warmup", _value(k, "warmup_s"), "measured constant"),
+                   Part("ready", _value(k, "ready_after_fired_up_s"), "first /health 200 after the warm-up "
+                        "(measured constant)")]
+    plan.parts = [p for p in plan.parts if p.seconds > 0 or p.basis]
+    return plan
+
+
+def _load(name: str, model: dict[str, Any] | None, mem: dict[str, Any] | None, k: dict[str, Any]) -> Part:
+    if not model or not model.get("bytes"):
+        return Part(name, 0.0, "" if name == "drafter" else "no shards found at the model path: not counted")
+    size = float(model["bytes"])
+    res = model.get("resident_bytes")
+    known = isinstance(res, (int, float))
+    here = float(res) if known else 0.0
+    disk, cache = _value(k, "disk_gibps") * GIB, _value(k, "page_cache_gibps") * GIB
+    seconds = _value(k, "load_overhead_s") + here / cache + (size - here) / disk
+    basis = (f"{size / GIB:.1f} GiB, {here / GIB:.1f} GiB in the page cache ({'mincore' if known else 'not known'})"
+             f" at {cache / GIB:g} GiB/s, the rest from disk at {disk / GIB:g} GiB/s")
+    cold = size - here
+    avoid = cold / disk - cold / cache if cold > 0.01 * size else 0.0
+    advice = ""
+    if avoid > 1:
+        room = (mem or {}).get("MemAvailable") if isinstance(mem, dict) else None
+        if isinstance(room, int) and room + here >= size:
+            advice = (f"{cold / GIB:.0f} GiB of the shards are not resident and the host has {room / GIB:.0f} GiB "
+                      "available: read them into the page cache just before the start (`k26-doctor check --deep` "
+                      "reads every shard: start right after it), and keep them resident (nothing else on the host "
+                      "should evict them)")
+        elif isinstance(room, int) and room > 0.05 * size:
+            part = room / cache + (size - room) / disk
+            advice = (f"the shards ({size / GIB:.0f} GiB) do not all fit in the memory available "
+                      f"({room / GIB:.0f} GiB); the server reads them in index order, so the part left resident "
+                      "should be the first shards: read them last-to-first just before the start (what a read "
+                      "leaves resident is what it read last: `check --deep` hashes the largest files first, in "
+                      "parallel, so after it the resident part is not the first shards, and the server's first "
+                      "reads evict it); never drop pages the service needs to make room")
+            avoid = max(0.0, seconds - _value(k, "load_overhead_s") - part)
+        elif isinstance(room, int):
+            advice = (f"the shards ({size / GIB:.0f} GiB) do not fit in the memory available ({room / GIB:.0f} GiB): "
+                      "they load at disk speed; a faster or striped volume is the remedy (never drop the service's "
+                      "own pages to make room)")
+            avoid = 0.0
+    return Part(name, round(seconds, 1), basis, round(avoid, 1), advice)
+
+
+def _graph_seconds(kind: str, sizes: int, layers: int, cold: bool, k: dict[str, Any]) -> tuple[float, float]:
+    g = k["graphs"][kind]
+    warm = sizes * (float(g["per_size_s"]) + float(g["per_size_layer_s"]) * layers)
+    return warm, float(g["triton_cold_s"]) if cold and sizes else 0.0
+
+
+def _graphs(inputs: dict[str, Any], table: dict[str, Any], k: dict[str, Any]) -> tuple[Part, Part]:
+    gp = graph_plan(inputs.get("server_args") or [], table["graphs"])
+    tri = inputs.get("triton_cache") or {}
+    entries = tri.get("entries")
+    cold = entries == 0 or (entries is None and tri.get("path") is not None)
+    known_layers = (inputs.get("target") or {}).get("layers")
+    layers = int(known_layers or ASSUMED_LAYERS)
+    draft_layers = int(((inputs.get("drafter") or {}).get("layers")) or 0)
+    warm_total, cold_total, rows = 0.0, 0.0, []
+    for kind, sizes in gp["kinds"].items():
+        warm, extra = _graph_seconds(kind, sizes, draft_layers if kind == "draft" else layers, cold, k)
+        warm_total += warm
+        cold_total += extra
+        rows.append(f"{kind} {sizes}")
+    tri_note = ("Triton cache empty: every kernel compiles first" if cold else f"Triton cache has {entries} entries"
+                if entries is not None else "Triton cache not known: warm assumed")
+    at = f"{layers} layers" if known_layers else f"{layers} layers (K2.6's: config.json not read)"
+    basis = (f"{', '.join(rows) or 'none'} sizes at {at}; {tri_note}" if rows else
+             "CUDA graphs disabled")
+    advice = ""
+    avoid = cold_total
+    needed = gp.get("needed_bs")
+    if gp["kinds"] and needed is None and gp["max_bs"] > 64:
+        advice = (f"capture sizes up to {gp['max_bs']} ({gp['max_bs_from']}): the profile sets no concurrency "
+                  "(server.max_running_requests); a bound that the service needs captures fewer sizes")
+    elif gp["kinds"] and needed is not None and gp["max_bs"] > needed:
+        spec = "speculative" if gp.get("speculative") else "decode"
+        fewer = len(capture_sizes(table["graphs"][spec], needed))
+        extra = sum(_graph_seconds(kd, n - fewer, layers, False, k)[0]
+                    for kd, n in gp["kinds"].items() if kd != "prefill")
+        advice = (f"graphs captured up to batch size {gp['max_bs']} ({gp['max_bs_from']}) while the profile serves "
+                  f"at most {needed} requests at once: --cuda-graph-max-bs-decode {needed} captures "
+                  f"{fewer} sizes per kind and saves about {extra:.0f} s")
+        avoid += extra
+    if cold:
+        advice = ("; " if advice else "").join(filter(None, [advice, "keep TRITON_CACHE_DIR on a persistent, "
+                                                             "writable filesystem (host.jit_cache): the next start "
+                                                             "reuses the compiled kernels"]))
+    graphs = Part("cuda_graphs", round(warm_total + cold_total, 1), basis, round(avoid, 1), advice)
+    spec = bool(gp.get("speculative")) and str(inputs.get("algorithm") or "").upper() == "DDTREE"
+    ksec = _value(k, "kernel_warmup_cold_s" if (spec and cold) else "kernel_warmup_s")
+    kernels = Part("kernels", ksec, "kernel warm-up outside the captures" + (" (DDTree's tree kernels compile on "
+                   "an empty Triton cache)" if spec and cold else ""),
+                   round(ksec - _value(k, "kernel_warmup_s"), 1) if spec and cold else 0.0)
+    return graphs, kernels
+
+
+def needed_modules(inputs: dict[str, Any], table: dict[str, Any]) -> list[str]:
+    """FlashInfer's modules this configuration compiles at start when its cache lacks them."""
+    fi = inputs.get("flashinfer") or {}
+    if fi.get("installed") is False:
+        return []
+    jit = table["jit"]
+    mods = list(jit["always"])
+    if str(inputs.get("algorithm") or "").upper() in jit["speculative_algorithms"]:
+        mods += jit["speculative"]
+    return mods
+
+
+def missing_modules(inputs: dict[str, Any], table: dict[str, Any]) -> list[str]:
+    fi = inputs.get("flashinfer") or {}
+    compiled = fi.get("compiled")
+    return [m for m in needed_modules(inputs, table)
+            if not (isinstance(compiled, list) and module_compiled(compiled, m, fi.get("version"),
+                                                                   inputs.get("compute_capability")))]
+
+
+def _jit(inputs: dict[str, Any], table: dict[str, Any], k: dict[str, Any]) -> Part:
+    need = needed_modules(inputs, table)
+    if not need:
+        return Part("jit", 0.0, "FlashInfer not installed: no JIT modules")
+    missing = missing_modules(inputs, table)
+    seconds = sum(float(k["jit"][m]["value"]) for m in missing if m in k["jit"])
+    where = (inputs.get("flashinfer") or {}).get("cache") or "the cache"
+    if not missing:
+        return Part("jit", 0.0, f"FlashInfer's {', '.join(need)} compiled in {where}")
+    building = (inputs.get("flashinfer") or {}).get("building")
+    if isinstance(building, dict) and set(missing) <= set(building.get("modules") or []):
+        # the prewarm goes on beside the server, which needs the modules only after its start-up
+        head = float(building.get("elapsed_s") or 0.0) + _value(k, "interpreter_s") + _value(k, "startup_s")
+        left = max(0.0, seconds - head)
+        return Part("jit", round(left, 1), f"FlashInfer's {', '.join(missing)} being compiled by the prewarm beside "
+                    f"the server ({building.get('elapsed_s')} s so far): what is left when the server needs them")
+    return Part("jit", round(seconds, 1), f"FlashInfer's {', '.join(missing)} not compiled in {where}: compiled at "
+                "start", round(seconds, 1), "compile them ahead: `k26-doctor launch` prewarms them in parallel with "
+                "its checks (unless --no-prewarm)")
+
+
+# -- rendering, comparison, record ------------------------------------------------------------------------------
+
+def render(plan: StartPlan) -> list[str]:
+    """The plan as lines: the total, each part with its basis, then what can be saved and how."""
+    lines = [f"start plan: healthy about {plan.total_s:.0f} s after the server starts ({plan.kind.upper()} "
+             f"constants{'' if plan.kind_matched else ', assumed'}); avoidable about {plan.avoidable_s:.0f} s"]
+    for p in plan.parts:
+        lines.append(f"  {p.name:<12} {p.seconds:7.1f} s  {p.basis}")
+    for p in plan.parts:
+        if p.advice:
+            lines.append(f"  save {p.avoidable_s:.0f} s on {p.name}: {p.advice}")
+    lines += [f"  note: {n}" for n in plan.notes]
+    return lines
+
+
+def render_compact(plan: StartPlan) -> str:
+    """The parts in one paragraph (a report's note): seconds per part, then what can be saved and how."""
+    parts = ", ".join(f"{p.name} {p.seconds:.0f}" for p in plan.parts)
+    saves = "; ".join(f"save {p.avoidable_s:.0f} s on {p.name}: {p.advice}" for p in plan.parts if p.advice)
+    return f"parts (s): {parts}." + (f" {saves}." if saves else "") + "".join(f" Note: {n}." for n in plan.notes)
+
+
+# The actual parts as a log shows them, and the predicted parts each one holds (FlashInfer's JIT compiles run
+# inside the captures and the kernel warm-up, so they are compared together).
+GROUPS = {"startup": ("interpreter", "startup"), "weights": ("weights",), "drafter": ("drafter",),
+          "kv_cache": ("kv_cache",), "graphs+kernels+jit": ("cuda_graphs", "kernels", "jit"),
+          "warmup": ("warmup",), "ready": ("ready",)}
+
+
+def compare(plan: dict[str, Any], actual: dict[str, Any], *, launched_to_ready_s: float | None) -> list[dict[str,
+                                                                                                        Any]]:
+    """Rows ``{"part", "predicted_s", "actual_s", "ratio"}``: the actual parts (``startlog.read_start``) grouped as
+    ``GROUPS``, and the total (exec to /health 200, which ``launch --wait`` measured)."""
+    pred = {p["name"]: float(p["seconds"]) for p in plan.get("parts", [])}
+    got = actual.get("parts") or {}
+    rows = []
+    for group, names in GROUPS.items():
+        p = sum(pred.get(n, 0.0) for n in names)
+        if group == "startup":  # before the first log line: measured by launch --wait, else taken as predicted
+            a = got.get("startup")
+            a = a + float(got.get("interpreter", pred.get("interpreter", 0.0))) if a is not None else None
+        elif group == "graphs+kernels+jit":
+            parts = [got.get(n) for n in ("cuda_graphs", "kernels")]
+            a = sum(x for x in parts if x is not None) if any(x is not None for x in parts) else None
+        elif group == "ready":
+            a = None
+        else:
+            a = got.get(group)
+        rows.append(_row(group, p, a))
+    rows.append(_row("total", float(plan.get("total_s") or 0.0), launched_to_ready_s))
+    return rows
+
+
+def _row(part: str, predicted: float, actual: float | None) -> dict[str, Any]:
+    ratio = round(predicted / actual, 2) if actual and actual > 0.5 else None
+    return {"part": part, "predicted_s": round(predicted, 1), "actual_s": None if actual is None else round(actual, 1),
+            "ratio": ratio}
+
+
+def render_comparison(rows: list[dict[str, Any]]) -> list[str]:
+    lines = ["start plan against the start: part, predicted s, actual s, predicted/actual"]
+    for r in rows:
+        actual = "-" if r["actual_s"] is None else f"{r['actual_s']:.1f}"
+        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}"
+        lines.append(f"  {r['part']:<20} {r['predicted_s']:8.1f} {actual:>8} {ratio:>6}")
+    return lines
+
+
+def record(state_dir: str, entry: dict[str, Any], *, now: float | None = None) -> Path:
+    """Keep one start (inputs, plan, actual, comparison) as ``<state_dir>/start/<UTC time>.json`` and
+    ``last.json``, each written whole (``atomic_write``), secrets redacted (the server arguments may carry an
+    ``--api-key``). Returns the timestamped file."""
+    from doctor.facts.redaction import redact
+
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now if now is not None else time.time()))
+    folder = Path(os.path.expanduser(state_dir)) / "start"
+    folder.mkdir(parents=True, exist_ok=True)
+    data = json.dumps(redact(entry), indent=2, sort_keys=True).encode("utf-8") + b"\n"
+    path = folder / f"{stamp}.json"
+    atomic_write(path, data, 0o644)
+    atomic_write(folder / "last.json", data, 0o644)
+    return path
