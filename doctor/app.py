@@ -251,6 +251,10 @@ def _run(settings: Settings, started_at: float, on_result: Callable[[Result], No
         res.failure = "deployment"
         outcome.results.append(res)
     notices = [n for h in reg.hooks_of("notice") if (n := h.func(ctx, outcome.results)) is not None]
+    from doctor.service.startplan import start_plan_notice  # the service's start, not an area's: said by the app
+
+    if (plan_notice := start_plan_notice(ctx)) is not None:
+        notices.append(plan_notice)
     mark_unexplained(outcome.results, notices)
     notes: list[str] = list(reg.warnings)  # e.g. a site plugin's check that does not declare failure=
     if deadline.expired():

@@ -447,3 +447,38 @@ def record(state_dir: str, entry: dict[str, Any], *, now: float | None = None) -
     atomic_write(path, data, 0o644)
     atomic_write(folder / "last.json", data, 0o644)
     return path
+
+
+# -- the notice of check -v ------------------------------------------------------------------------------------------
+START_PLAN_NOTICE = "doctor.start_plan"
+READ_ONLY_FACTS = ("jit_caches", "weights_resident")  # collected for the plan if no check did
+
+
+def fact_reader(ctx: Any, also: tuple[str, ...] = ()) -> Callable[[str], Any]:
+    """``get(name)``: the run's fact, or None when it cannot be had (a snapshot without it, a failed collector).
+    Facts that a probe would collect are read only when the run already has them (or they are named in ``also``:
+    ``launch`` reads the GPUs when no check did); the two of ``READ_ONLY_FACTS`` only read (stat and listdir;
+    ``mincore(2)``: no page is read or evicted)."""
+    def get(name: str) -> Any:
+        if name not in ctx.facts.collected() and name not in READ_ONLY_FACTS + also:
+            return None
+        try:
+            return ctx.facts.get(name)
+        except Exception:  # FactUnavailable, MalformedFact: the plan reckons without it
+            return None
+    return get
+
+
+def start_plan_notice(ctx: Any) -> Any:
+    """With -v, said once at the top of the report: how long the server would take to become healthy on this host
+    now, and which minutes are avoidable. A notice, never a verdict (no status, no exit code); nothing is compiled
+    or started. None where there is no start to come (a snapshot, --while-serving) or without -v."""
+    settings = ctx.settings
+    if not settings.verbose or settings.from_snapshot or settings.while_serving:
+        return None
+    from doctor.core.result import Notice, Remediation
+    from doctor.service.launcher import planned_args
+
+    args, _problem = planned_args(settings)
+    plan = predict(start_inputs(fact_reader(ctx), args, tp=settings.tp), constants())
+    return Notice(START_PLAN_NOTICE, render(plan)[0], Remediation(render_compact(plan), []))

@@ -108,10 +108,9 @@ class StartWatch:
 
     def _show_plan(self, ctx: Any, launch_plan: Any) -> None:
         from doctor.app import make_context
-        from doctor.host.hooks import fact_reader
 
         ctx = ctx or make_context(self.settings)
-        get = fact_reader(ctx, also=("nvml",))  # which GPU: the constants of its kind
+        get = startplan.fact_reader(ctx, also=("nvml",))  # which GPU: the constants of its kind
         if self.prewarm is not None:  # what the prewarm built is in the cache now: list it again
             get = with_cache_listed(get, self.prewarm.plan.cache)
         self.inputs = startplan.start_inputs(get, launch_plan.server_args, tp=self.settings.tp)
