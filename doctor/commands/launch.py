@@ -40,8 +40,9 @@ def _say(msg: str) -> None:
     click.echo(f"k26-doctor: {redact_text(msg)}", err=True)
 
 
-def _run_gate(settings: Any, flags: dict[str, Any]) -> tuple[bool, Any]:
-    """Run the selected checks; report to stderr (or --output); (nothing failed, the run's context)."""
+def _run_gate(settings: Any, flags: dict[str, Any]) -> tuple[bool, Any, Any]:
+    """Run the selected checks; report to stderr (or --output); (nothing failed, the run's context, the
+    sglang.ddtree result or None)."""
     from doctor.app import render, run
 
     report, ctx = run(settings)
@@ -66,8 +67,22 @@ def _run_gate(settings: Any, flags: dict[str, Any]) -> tuple[bool, Any]:
     why = report.decision().refusal  # a failure, or a check of the profile not judged for want of facts
     if why is not None:
         _say(f"not launching: {why}. Fix them (`k26-doctor fix`) or --ignore ID to accept a known failure.")
-        return False, ctx
-    return True, ctx
+        return False, ctx, None
+    return True, ctx, next((r for r in report.results if r.id == "sglang.ddtree"), None)
+
+
+def _site_record(plan: Any, result: Any) -> None:
+    """The server gets the site validation record the sglang.ddtree check matched (its path), and a record that
+    says DDTREE was not faster than DFLASH here is said once more."""
+    from doctor.sglang.validation.record import RECORD_ENV
+
+    details = getattr(result, "details", None) or {}
+    if details.get("record"):
+        plan.env[RECORD_ENV] = str(details["record"])
+        _say(f"DDTREE opens on the site validation record {details['record']}")
+    if result is not None and result.has("sglang.ddtree.not_faster"):
+        _say("warning: DDTREE was lossless but NOT faster than DFLASH on this host (its record says so): DFLASH "
+             "is the faster choice (server.speculative_algorithm = \"DFLASH\")")
 
 
 def _recorded_flags(ctx: Any, plan: Any) -> dict[str, Any] | None:
@@ -149,9 +164,10 @@ def launch(flags: dict[str, Any], dry_run: bool, no_check: bool, no_flag_check: 
         return EXIT_OK
     ctx = None
     if not no_check:
-        ok, ctx = _run_gate(settings, flags)
+        ok, ctx, gate = _run_gate(settings, flags)
         if not ok:
             return EXIT_FAILED
+        _site_record(plan, gate)
         from doctor.core import deadline
 
         deadline.clear()  # --timeout bounded the gate's checks; the flag check and the server have their own
