@@ -96,7 +96,7 @@ def run_key(settings: Settings, opts: Options, prompt_set: Mapping[str, Any],
     """What the measurements depend on, hashed: a change to any of it starts the validation afresh."""
     plans = {}
     for role in roles(opts.budgets):
-        plan = role_plan(settings, role, 0, opts.extra_args, environ={})
+        plan = role_plan(settings, role, 1, opts.extra_args, environ={})
         plans[role.name] = {"argv": plan.argv, "env": {k: v for k, v in sorted(plan.env.items())
                                                        if k.startswith(("SGLANG", "CUDA", "NCCL", "TORCH"))}}
     plan_opts = {k: v for k, v in asdict(opts).items() if k not in ("time_budget_s", "parallel", "resume",
@@ -351,6 +351,11 @@ def judge_state(state: Mapping[str, Any], opts: Options) -> dict[str, Any]:
                                   "errors": mine["errors"] + theirs["errors"]})
             probes.update(_probes(g, mine, theirs))
         greedy = criteria.judge_greedy(greedy_phases, probes, opts.max_new_tokens)
+        for label, ph in (("base", bph), (name, phases)):
+            for pname in ("sampled", "control", *(f"speed-{k}" for k in speed_phases(opts))):
+                if (ph.get(pname) or {}).get("errors"):
+                    problems.append(f"{label}: {ph[pname]['errors']} request(s) of {pname} failed "
+                                    f"({ph[pname].get('first_error')})")
         if "sampled" in phases and "sampled" in bph and "control" in bph:
             subject = {"name": f"{name} T {opts.temperature}",
                        "tests": criteria.position_tests(phases["sampled"]["outputs"], bph["sampled"]["outputs"],

@@ -1,0 +1,172 @@
+"""``k26-doctor validate``'s sequence against real child processes: the launcher's argv run as
+``python -m sglang.launch_server`` (the fake SGLang of tests/fake_sglang, for the sequencing only), started,
+waited healthy, measured, stopped; state kept per server and resumed; the time budget; killed and never-healthy
+servers; a configuration change discarding the state; no server outliving the run."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import validate_support as vs
+
+from doctor.sglang.validation import prompts
+from doctor.sglang.validation.run import Options, Stopped, Validation, judge_state, run_key
+from doctor.sglang.validation.servers import OPT_IN, Role, role_plan
+
+
+@pytest.fixture(autouse=True)
+def _fake_on_path(monkeypatch):
+    """The fake ``sglang`` first on the servers' path (a PYTHONPATH the environment has wins over the profile's)."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(vs.FAKE), os.environ.get("PYTHONPATH")) if p))
+
+
+IDS = {"greedy": [[1, 2, 3, 4], [5, 6, 7], [8, 9, 10, 11, 12]], "sampled": [[3, 4, 5]]}
+
+
+def small(budgets=(16,), **kw) -> Options:
+    base = dict(budgets=list(budgets), concurrency=4, port_base=vs.free_port_base(), start_timeout_s=20,
+                request_timeout_s=30, max_new_tokens=16, greedy={"c1": 3, "c8": 8}, speed_requests=2,
+                samples=300, sampled_tokens=4)
+    base.update(kw)
+    return Options(**base)
+
+
+def prompt_set(tmp: Path) -> dict:
+    path = tmp / "ids.json"
+    path.write_text(json.dumps(IDS))
+    return prompts.load(str(path))
+
+
+def validation(tmp: Path, opts: Options, faults: str = "", lines: list | None = None, **kw) -> Validation:
+    settings = vs.settings(tmp, faults=faults)
+    ps = prompt_set(tmp)
+    key = run_key(settings, opts, ps, {b: {"ddtree_budget": b} for b in opts.budgets})
+    return Validation(settings, opts, ps, key, (lines if lines is not None else []).append, **kw)
+
+
+def pids_alive(v: Validation) -> list[int]:
+    out = []
+    for rec in v.log_dir.glob("*.log"):
+        for line in rec.read_text().splitlines():
+            if line.startswith("fake sglang") and " pid " in line:
+                pid = int(line.split(" pid ")[1].split()[0])
+                try:
+                    os.kill(pid, 0)
+                    out.append(pid)
+                except ProcessLookupError:
+                    pass
+    return out
+
+
+def test_the_servers_are_launchs_own_command_with_the_opt_in_on_ddtree_alone(tmp_path):
+    from doctor.service.launcher import build_plan
+
+    settings = vs.settings(tmp_path)
+    launch = build_plan(settings)
+    ddtree = role_plan(settings, Role("ddtree-16", "DDTREE", 16), 30000)
+    assert ddtree.argv == launch.argv  # the profile's own server, exactly
+    assert ddtree.env[OPT_IN] == "1" and OPT_IN not in launch.env
+    base = role_plan(settings, Role("base", None), 30001)
+    assert "--speculative-algorithm" not in base.argv and OPT_IN not in base.env
+    assert base.argv[base.argv.index("--port") + 1] == "30001"
+    dflash = role_plan(settings, Role("dflash", "DFLASH"), 30002)
+    assert dflash.argv[dflash.argv.index("--speculative-algorithm") + 1] == "DFLASH"
+    assert "--speculative-ddtree-budget" not in dflash.argv and OPT_IN not in dflash.env
+
+
+def test_a_lossless_run_passes_and_leaves_no_server(tmp_path):
+    lines: list[str] = []
+    v = validation(tmp_path, small(budgets=(16, 64)), lines=lines)
+    v.measure()
+    result = v.judge()
+    assert set(v.state["roles"]) == {"base", "dflash", "ddtree-16", "ddtree-64"}
+    for b in ("16", "64"):
+        got = result["budgets"][b]
+        assert got["greedy"]["outcome"] == "pass", got
+        assert got["refusals"]["outcome"] == "pass", got
+        assert got["sampled"]["outcome"] == "pass", got  # the control (base at T 1.0) rejected at n 300
+    assert result["outcome"] in ("pass", "lossless-not-faster")
+    assert not pids_alive(v)
+    assert any("base: stopped" in line for line in lines)
+
+
+def test_killed_after_the_base_phase_resumes_without_repeating_it(tmp_path):
+    opts = small()
+    v = validation(tmp_path, opts, faults="dflash:crash-at-start")
+    v.measure()
+    assert v.state["roles"]["dflash"]["problems"]
+    first_base = v.state["roles"]["base"]
+    # the same configuration again: the base is not started again
+    lines: list[str] = []
+    again = validation(tmp_path, opts, lines=lines)
+    again.state["roles"].pop("dflash", None)
+    again.load_state()
+    assert "base" not in [r.name for r in again.pending()]
+    assert any("resuming" in line for line in lines)
+    assert again.state["roles"]["base"] == first_base
+
+
+def test_a_changed_configuration_discards_the_state(tmp_path):
+    v = validation(tmp_path, small())
+    v.measure()
+    changed = validation(tmp_path, small(max_new_tokens=12))
+    assert changed.key != v.key
+    changed.load_state()
+    assert {r.name for r in changed.pending()} == {"base", "dflash", "ddtree-16"}
+
+
+def test_a_server_that_never_becomes_healthy_is_undecided_and_stopped(tmp_path):
+    v = validation(tmp_path, small(start_timeout_s=3), faults="ddtree-16:never-healthy")
+    v.measure()
+    result = v.judge()
+    assert result["budgets"]["16"]["outcome"] == "fail"
+    assert "never became healthy" in " ".join(result["budgets"]["16"]["why"])
+    assert not pids_alive(v)
+
+
+def test_a_server_killed_during_the_measurements_fails(tmp_path):
+    v = validation(tmp_path, small(), faults="ddtree-16:exit-after-5")
+    v.measure()
+    result = v.judge()
+    assert result["budgets"]["16"]["outcome"] == "fail", result["budgets"]["16"]
+    assert not pids_alive(v)
+
+
+def test_the_time_budget_stops_cleanly(tmp_path):
+    v = validation(tmp_path, small(time_budget_s=0.5, start_timeout_s=5), faults="base:never-healthy")
+    with pytest.raises(Stopped):
+        v.measure()
+    assert not pids_alive(v)
+    assert judge_state(v.state, v.opts)["outcome"] == "undecided"
+
+
+def test_parallel_servers_side_by_side(tmp_path):
+    v = validation(tmp_path, small(parallel=True))
+    v.measure()
+    assert v.judge()["budgets"]["16"]["greedy"]["outcome"] == "pass"
+    assert not pids_alive(v)
+
+
+def test_a_diverging_ddtree_fails_greedy(tmp_path):
+    v = validation(tmp_path, small(), faults="ddtree-16:diverge")
+    v.measure()
+    got = v.judge()["budgets"]["16"]
+    assert got["outcome"] == "fail" and got["greedy"]["outcome"] == "fail"
+    assert got["greedy"]["not_near_ties"] > 0
+
+
+def test_ddtree_serving_what_it_cannot_serve_exactly_fails(tmp_path):
+    v = validation(tmp_path, small(), faults="ddtree-16:serves-refusals")
+    v.measure()
+    got = v.judge()["budgets"]["16"]
+    assert got["refusals"]["outcome"] == "fail" and got["outcome"] == "fail"
+
+
+def test_a_biased_sampler_fails_the_sampled_test(tmp_path):
+    v = validation(tmp_path, small(), faults="ddtree-16:biased")
+    v.measure()
+    got = v.judge()["budgets"]["16"]
+    assert got["sampled"]["outcome"] == "fail", got["sampled"]
