@@ -36,6 +36,8 @@ def argv_site_keys(args: list[str], problem: ConfigError | None, options: Mappin
     keys = ("ep_size", "moe_a2a_backend", "attn_cp_size", "enable_prefill_cp", "ddtree_budget")
     if problem is not None:
         return {}, dict.fromkeys(keys, f"the server arguments cannot be built: {problem}")
+    # the budget flag exists only with the patch set applied: the release's option table has it not
+    options = {**options, "--speculative-ddtree-budget": "speculative_ddtree_budget"}
     given = {**ARG_DEFAULTS, **ddtree.gate_args(args, options, SITE_ARGS)}
     values: dict[str, Any] = {"moe_a2a_backend": given["moe_a2a_backend"],
                               "enable_prefill_cp": bool(given["enable_prefill_cp"])}
