@@ -305,7 +305,7 @@ def judge_gate(read: Reader, planned: tuple[list[str], ConfigError | None], sett
     elif near is not None:
         out.details.update(nearest=near["path"], differs=differs)
     if value == "1":
-        return opted_in(out, match, differs, unread)
+        return opted_in(out, match, differs, unread, near is not None)
     if match is not None:
         return validated(out, match)
     if near is not None and not differs:  # every key read matches a record; the others are not known
@@ -338,8 +338,8 @@ def env_state(env: Any, value: Any) -> str:
     return f"{GATE}={value!r} set, which the gate does not take (exactly 1 opens it)"
 
 
-def opted_in(out: Findings, record: Mapping[str, Any] | None, differs: list[str], unread: Mapping[str, str]
-             ) -> Findings:
+def opted_in(out: Findings, record: Mapping[str, Any] | None, differs: list[str], unread: Mapping[str, str],
+             any_record: bool) -> Findings:
     """The opt-in is set: the server starts DDTREE whatever the configuration; say whether a record holds."""
     head = f"{GATE}=1: the patched SGLang starts DDTREE in any configuration, validated or not"
     if record is not None:
@@ -347,8 +347,12 @@ def opted_in(out: Findings, record: Mapping[str, Any] | None, differs: list[str]
                         "opt-in is not needed",
                         f"Remove {GATE}=1 from the service's environment: the gate then opens on the record alone "
                         "and refuses, at start, any configuration that differs from it.")
-    state = (f"no record of this host holds for this one: {', '.join(differs) or 'none made yet'}" if not unread else
-             f"whether a record holds is not judged: {not_judged(unread)}")
+    if not any_record:
+        state = "no record of this host holds for this one: none made yet"
+    elif differs:
+        state = f"no record of this host holds for this one: {', '.join(differs)}"
+    else:
+        state = f"whether a record holds is not judged: {not_judged(unread)}"
     return out.warn("sglang.ddtree.opted_in", f"{head}; {state}",
                     f"The opt-in is for validation runs only: `{out.details.get('validate')}` proves this "
                     "configuration on this host and writes the record that opens the gate without it.")
