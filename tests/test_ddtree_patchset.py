@@ -43,12 +43,16 @@ def test_manifest_shape():
 def test_before_hashes_are_the_wheels_record():
     tool = patchset_tool()
     record = tool.record_hashes(require_wheel())
+    after: dict = {}  # a file an earlier patch touched: its before is that patch's after (0005 after 0002)
     for p in manifest()["patches"]:
         for f in p["files"]:
-            if f["before"] is None:
+            if f["path"] in after:
+                assert f["before"] == after[f["path"]], (p["id"], f["path"])
+            elif f["before"] is None:
                 assert f["path"] not in record, "a created file must not exist in the wheel"
             else:
                 assert f["before"] == record[f["path"]]
+            after[f["path"]] = f["after"]
 
 
 @pytest.mark.network

@@ -372,7 +372,7 @@ def refused(out: Findings, differs: list[str], unread: Mapping[str, str], no_sgl
         what = f"this configuration differs from the nearest record {record_label(near)}: {', '.join(differs)}"
         if bad:
             what += f" ({bad})"
-    tail = f"; not judged: {not_judged(unread)}" if unread else ""
+    tail = f"; not judged: {not_judged(unread)}" if unread and near is not None else ""  # (details: not_judged)
     if no_sglang:
         summary = f"DDTREE needs SGLang with the {set_name} patch set (not installed), and {what}"
         first = f"Install SGLang and apply the {set_name} patch set (sglang.install, sglang.patches). Then: "
