@@ -158,7 +158,7 @@ def test_server_args_parse_and_resolve_ddtree(tmp_path_factory):
     assert out["target_width"] == 65
     # verify width = budget + 1, the DFlash drafter keeps its 16-token block, chain-only EAGLE knobs pinned
     assert out["resolved"] == [65, 16, 1, 1]
-    assert out["resolution"].startswith("NotImplementedError: DDTREE: this revision")
+    assert out["resolution"].startswith("NotImplementedError: DDTREE starts only on a site validation record")
     assert "--speculative-ddtree-budget" in out["missing_budget"]
     # a verify width below the drafter block would let the draft block write past the per-step KV reservation
     assert "below the DFlash block" in out["small_budget"], out["small_budget"]

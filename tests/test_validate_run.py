@@ -170,3 +170,20 @@ def test_a_biased_sampler_fails_the_sampled_test(tmp_path):
     v.measure()
     got = v.judge()["budgets"]["16"]
     assert got["sampled"]["outcome"] == "fail", got["sampled"]
+
+
+def test_ctrl_c_stops_every_server(tmp_path):
+    """A KeyboardInterrupt in the middle of a server's measurements (here: raised by the progress line of its
+    first phase) leaves no server behind, and the servers measured before it stay in the state."""
+    def progress(line: str) -> None:
+        if line.startswith("dflash: warm-up"):
+            raise KeyboardInterrupt
+
+    opts = small()
+    settings = vs.settings(tmp_path)
+    ps = prompt_set(tmp_path)
+    v = Validation(settings, opts, ps, run_key(settings, opts, ps, {}), progress)
+    with pytest.raises(KeyboardInterrupt):
+        v.measure()
+    assert not pids_alive(v) and not v.live
+    assert list(v.state["roles"]) == ["base"]

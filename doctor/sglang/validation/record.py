@@ -191,7 +191,8 @@ def machine_id() -> str | None:
 
 
 def normal_uuid(uuid: Any) -> str:
-    """A GPU UUID as NVML writes it and as torch does (``GPU-`` prefix dropped, lower case)."""
+    """A GPU UUID as NVML writes it and as torch does (``GPU-`` prefix dropped, lower case; the patched server
+    compares the GPUs only where torch's UUIDs read as UUIDs)."""
     text = str(uuid).strip().lower()
     return text[4:] if text.startswith("gpu-") else text
 
