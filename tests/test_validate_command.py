@@ -113,3 +113,23 @@ def test_a_failing_run_writes_no_record(recorded_host, tmp_path):
     code, result = run(tmp_path, recorded_host, faults="ddtree-16:diverge")
     assert code == 1 and result["outcome"] == "fail" and "record" not in result["budgets"]["16"]
     assert read_records(tmp_path / "state")["records"] == []
+
+
+def test_launch_hands_the_matched_record_to_the_server(tmp_path, capsys):
+    """``launch``'s plan: a DDTREE profile's server looks through the records' directory; after the checks, the
+    record sglang.ddtree matched is the one it is given, and a lossless-not-faster record is said, naming DFLASH."""
+    from doctor.commands.launch import site_record_env
+    from doctor.core.result import Findings, Remediation, Result
+    from doctor.service.launcher import build_plan
+    from doctor.sglang.validation.record import RECORD_ENV
+
+    settings = vs.settings(tmp_path)
+    plan = build_plan(settings)
+    assert plan.env[RECORD_ENV] == str(tmp_path / "state" / "ddtree" / "validated")
+    matched = Result.of(Findings(record="/s/ddtree/validated/0123456789abcdef.json").info(
+        "sglang.ddtree.validated", "DDTREE starts"))
+    site_record_env(plan, matched)
+    assert plan.env[RECORD_ENV] == "/s/ddtree/validated/0123456789abcdef.json"
+    slow = Result.of(Findings(record="/s/r.json").warn("sglang.ddtree.not_faster", "not faster", Remediation("x")))
+    site_record_env(plan, slow)
+    assert "DFLASH is the faster choice" in capsys.readouterr().err

@@ -71,11 +71,13 @@ def _run_gate(settings: Any, flags: dict[str, Any]) -> tuple[bool, Any, Any]:
     return True, ctx, next((r for r in report.results if r.id == "sglang.ddtree"), None)
 
 
-def _site_record(plan: Any, result: Any) -> None:
+def site_record_env(plan: Any, result: Any) -> None:
     """The server gets the site validation record the sglang.ddtree check matched (its path), and a record that
     says DDTREE was not faster than DFLASH here is said once more."""
     from doctor.sglang.validation.record import RECORD_ENV
 
+    if result is None:  # --no-check: the server looks through the records' directory (launcher.build_env)
+        return
     details = getattr(result, "details", None) or {}
     if details.get("record"):
         plan.env[RECORD_ENV] = str(details["record"])
@@ -162,17 +164,17 @@ def launch(flags: dict[str, Any], dry_run: bool, no_check: bool, no_flag_check: 
         if not no_flag_check and not _flag_gate(plan, settings):
             return EXIT_FAILED
         return EXIT_OK
-    ctx = None
+    ctx = gate = None
     if not no_check:
         ok, ctx, gate = _run_gate(settings, flags)
         if not ok:
             return EXIT_FAILED
-        _site_record(plan, gate)
         from doctor.core import deadline
 
         deadline.clear()  # --timeout bounded the gate's checks; the flag check and the server have their own
     if not no_flag_check and not _flag_gate(plan, settings, ctx):
         return EXIT_FAILED
+    site_record_env(plan, gate)
     for note in plan.notes:
         _say(note)
     from doctor.facts.redaction import redact_argv
