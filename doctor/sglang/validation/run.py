@@ -240,7 +240,7 @@ class Validation:
             self.stop(server)
             raise
         self.stop(server)
-        rec["done"] = True
+        rec["done"] = not rec["problems"]  # a server that failed is judged (fail) and started again on a resume
         self.state["roles"][role.name] = rec
         self.save_state()
 
