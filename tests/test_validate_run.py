@@ -189,3 +189,44 @@ def test_ctrl_c_stops_every_server(tmp_path):
         v.measure()
     assert not pids_alive(v) and not v.live
     assert list(v.state["roles"]) == ["base"]
+
+
+def test_stopping_a_server_ends_its_whole_process_group(tmp_path):
+    """A child the server started in its group (as SGLang's scheduler processes are), still running after its
+    leader left on SIGTERM, is killed too."""
+    import subprocess
+    import sys
+    import time
+
+    from doctor.sglang.validation.servers import Server
+
+    pidfile = tmp_path / "child.pid"
+    child_code = ("import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                  f"open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(600)")
+    script = (f"import subprocess, signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(0)); "
+              f"subprocess.Popen([sys.executable, '-c', {child_code!r}]); time.sleep(600)")
+    settings = vs.settings(tmp_path)
+    server = Server(Role("base", None), role_plan(settings, Role("base", None), 1), 1, "127.0.0.1",
+                    tmp_path / "s.log")
+    server.plan.argv = [sys.executable, "-c", script]
+    server.start()
+    for _ in range(200):
+        if pidfile.exists() and pidfile.read_text():
+            break
+        time.sleep(0.05)
+    child = int(pidfile.read_text())
+    assert server.stop(grace_s=10) == 0
+    for _ in range(100):
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        try:  # reaped by init; a zombie still answers kill 0
+            if open(f"/proc/{child}/stat").read().split(")")[1].split()[0] == "Z":
+                break
+        except OSError:
+            break
+        time.sleep(0.05)
+    else:
+        subprocess.run(["kill", "-9", str(child)], check=False)
+        raise AssertionError("the server's child outlived its stop")

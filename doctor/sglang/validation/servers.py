@@ -95,7 +95,8 @@ class Server:
         return self.proc is not None and self.proc.poll() is None
 
     def stop(self, grace_s: float = STOP_GRACE_S) -> int | None:
-        """SIGTERM to the server's process group, SIGKILL after ``grace_s``; its exit status."""
+        """SIGTERM to the server's process group, SIGKILL after ``grace_s``; then SIGKILL to whatever of the
+        group is left (a scheduler child that outlived its leader still holds GPU memory). Its exit status."""
         p = self.proc
         if p is None:
             return None
@@ -110,11 +111,10 @@ class Server:
                 except subprocess.TimeoutExpired:
                     proc.kill_group(p)
                     p.wait()
-            else:  # the leader is gone; what it started may not be
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
         finally:
             proc.untrack(p)
         return p.returncode
