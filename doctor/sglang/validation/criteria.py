@@ -264,7 +264,8 @@ def judge_greedy(phases: Sequence[Mapping[str, Any]], probes: Mapping[tuple[str,
     elif short:
         outcome, why = UNDECIDED, f"{short} base output(s) shorter than {min_tokens} tokens"
     else:
-        outcome, why = PASS, f"identical {same}/{n}, {len(divs)} divergence(s), all near-ties"
+        outcome, why = PASS, (f"identical {same}/{n}" + (f", {len(divs)} divergence(s), all near-ties" if divs else
+                                                        ", no divergence"))
     return {"outcome": outcome, "why": why, "n": n, "identical": same, "share": round(share, 5),
             "divergences": divs, "not_near_ties": len(not_ties), "errors": errors}
 

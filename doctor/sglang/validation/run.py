@@ -45,7 +45,7 @@ class Options:
     request_timeout_s: float = 600.0
     max_new_tokens: int = 128
     greedy: dict[str, int] = field(default_factory=lambda: {"c1": 16, "c8": 64, "c32": 128})
-    speed_requests: int = 4  # per slot of the concurrency
+    speed_requests: int = 4  # per slot of the concurrency (c1: three times as many)
     samples: int = criteria.MIN_SAMPLED_N
     sampled_tokens: int = 4
     temperature: float = 0.7
@@ -264,9 +264,10 @@ class Validation:
     def phases(self, server: Server, rec: dict[str, Any]) -> None:
         o, role, pool = self.opts, server.role, self.prompts
         greedy = {"max_new_tokens": o.max_new_tokens, "temperature": 0.0, "ignore_eos": True}
-        self.run_phase(server, "warm-up", prompts.take(pool["greedy"], 2), greedy, 2)
+        warm = dict(greedy, max_new_tokens=16)
+        self.run_phase(server, "warm-up", prompts.take(pool["greedy"], 2 + o.concurrency), warm, o.concurrency)
         for name, conc in speed_phases(o).items():
-            items = prompts.take(pool["greedy"], max(2, o.speed_requests * conc), offset=7)
+            items = prompts.take(pool["greedy"], o.speed_requests * (3 if conc == 1 else conc), offset=7)
             rec["phases"][f"speed-{name}"] = self.run_phase(server, f"speed {name}", items, greedy, conc)
         if role.algorithm == "DFLASH":
             return
