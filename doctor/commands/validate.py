@@ -18,7 +18,7 @@ from typing import Any
 
 import click
 
-from doctor.commands.options import Seconds, guarded, selection_options, settings_from, write_requested
+from doctor.commands.options import Seconds, guarded, settings_from, settings_options, write_requested
 from doctor.core.exitcodes import EXIT_FAILED, EXIT_OK
 
 NOT_FASTER = "lossless-not-faster"
@@ -140,8 +140,17 @@ class _Terminated(BaseException):
     pass
 
 
+SETTINGS = ("config", "profile", "model_path", "draft_model_path", "python", "tp", "timeout", "verbose", "patches_dir",
+            "state_dir", "context_length", "max_running_requests", "cuda_graph_max_bs")
+"""The selection flags of ``check``/``launch`` that mean something here (the server is the profile's)."""
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@selection_options
+@settings_options(*SETTINGS, report=False)
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="The outcome and figures as text, or as JSON (\"outcome\": pass, lossless-not-faster, fail, "
+                   "undecided).")
+@click.option("--output", type=click.Path(dir_okay=False), default=None, help="Write the outcome here too.")
 @click.option("--budgets", default=None, metavar="B[,B...]",
               help="DDTree budgets to validate, e.g. 16,32,64 (default: the profile's [server] ddtree_budget); "
                    "the best one for --concurrency is reported.")
@@ -165,7 +174,8 @@ class _Terminated(BaseException):
               help="Seconds a server may take to become healthy (default: the profile's start_timeout_s, else 1800).")
 @click.argument("server_args", nargs=-1, type=click.UNPROCESSED)
 @guarded
-def validate(flags: dict[str, Any], budgets: str | None, concurrency: int | None, time_budget: float | None,
+def validate(flags: dict[str, Any], fmt: str, output: str | None, budgets: str | None, concurrency: int | None,
+             time_budget: float | None,
              parallel: bool, resume: bool, prompts_file: str | None, port_base: int, samples: int,
              start_timeout: float | None, server_args: tuple[str, ...]) -> int:
     """Prove DDTree on this host and write the record that opens its gate.
@@ -188,6 +198,7 @@ def validate(flags: dict[str, Any], budgets: str | None, concurrency: int | None
     from doctor.sglang.validation.siteconfig import gpu_uuids
 
     began = time.monotonic()
+    flags = {**flags, "fmt": fmt, "output": output}
     settings = settings_from(flags)
     if settings.from_snapshot:
         raise ConfigError("validate runs servers on this host: it cannot judge a snapshot")
