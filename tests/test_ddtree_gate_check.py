@@ -227,8 +227,7 @@ def test_no_record_fails_naming_the_command_that_makes_one(tmp_path: Path) -> No
     res = site_gate(tmp_path)
     assert res.status.value == "fail" and res.details["not_judged"] == {}
     assert f"no site validation record of this host under {tmp_path / 'state' / 'ddtree' / 'validated'}" in res.summary
-    assert res.remediation.commands == [f"k26-doctor validate --config {tmp_path / 'k26.toml'} --profile "
-                                        "h200-trained-validate"]
+    assert res.remediation.commands == [f"k26-doctor validate --config {tmp_path / 'k26.toml'} --profile {PROFILE}"]
     assert "k26-doctor validate" in res.remediation.text and "UNVALIDATED" not in res.remediation.text
 
 

@@ -241,7 +241,7 @@ def validate_command(settings: Settings) -> str:
     argv = ["k26-doctor", "validate"]
     if settings.config_path:
         argv += ["--config", str(settings.config_path)]
-    argv += ["--profile", str(settings.profile_name)]
+    argv += ["--profile", str(settings.profile_given or settings.profile_name)]
     return shlex.join(argv)
 
 
