@@ -133,3 +133,13 @@ def test_launch_hands_the_matched_record_to_the_server(tmp_path, capsys):
     slow = Result.of(Findings(record="/s/r.json").warn("sglang.ddtree.not_faster", "not faster", Remediation("x")))
     site_record_env(plan, slow)
     assert "DFLASH is the faster choice" in capsys.readouterr().err
+
+
+def test_the_time_budget_ends_it_undecided_with_no_record(recorded_host, tmp_path, capsys):
+    from doctor.sglang.validation.record import read_records
+
+    code, result = run(tmp_path, recorded_host, "--time-budget", "2", faults="base:never-healthy")
+    assert code == 1 and result["outcome"] == "undecided" and "time budget" in result["stopped"]
+    assert result["budgets"]["16"]["outcome"] == "undecided"
+    assert read_records(tmp_path / "state")["records"] == []
+    assert "stopped cleanly, state kept" in capsys.readouterr().err
