@@ -86,27 +86,26 @@ def sglang_flags(ctx: Context) -> Result:
     return Result.of(judge_server_flags(ctx.fact("sglang_flags"), *planned_args(ctx.settings)))
 
 
-@check("sglang.ddtree", "DDTREE will be accepted by the patched SGLang (validated-configuration gate)",
-       needs=("env", "stack", "nvml"), failure="deployment")
+@check("sglang.ddtree", "DDTREE will be accepted by the patched SGLang (site validation record gate)",
+       needs=("env", "stack", "nvml", "sglang_patches", "ddtree_site"), failure="deployment")
 def ddtree_gate(ctx: Context) -> Result:
     """When the profile launches `--speculative-algorithm DDTREE`, judges what the patched SGLang's start-up gate
-    will judge at argument resolution: the configuration it computes -- SGLang's version and torch's release
-    (the `stack` fact of the service's interpreter), TP size, attention backend, decode CUDA graphs
-    (`--disable-cuda-graph`, `--disable-decode-cuda-graph`) and the overlap scheduler
-    (`--disable-overlap-schedule`), read from the server arguments `launch` builds, and the compute capability of
-    GPU 0 (`nvml`) -- against the patch set's `validated` list (`sglang_patches/<set>/manifest.json`, the copy of
-    `ddtree_worker.VALIDATED`), and the service's environment (process, profile [server.env], EnvironmentFile)
-    for SGLANG_DDTREE_UNVALIDATED_WORKER.
+    will judge at argument resolution: DDTREE starts only on a site validation record that `k26-doctor validate`
+    wrote on this host (`<state_dir>/ddtree/validated/*.json`) whose every key equals the running configuration:
+    SGLang's version and torch's release and CUDA, triton, sglang-kernel and FlashInfer (`stack`), TP size,
+    attention backend, decode CUDA graphs, the overlap scheduler, EP size, the MoE all-to-all backend, attention
+    CP, prefill CP and the DDTree budget (the server arguments `launch` builds, read as SGLang's parser reads
+    them), the GPUs' name, count, compute capability and driver (`nvml`), the installed files of the patch set
+    (`sglang_patches`), and the model's and drafter's identity (`ddtree_site`). The service's environment is read
+    for SGLANG_DDTREE_UNVALIDATED_WORKER (the blanket opt-in, for validation runs).
 
-    Validated (the shipped ddtree-0.5.23, revision 5, lists TP 1 on an H200, Triton, SGLang 0.5.23, torch
-    2.11.0, with graphs + overlap, overlap only, or neither): pass, naming where and when it was shown. Anything
-    else, without the opt-in: fail with the keys that differ from the nearest validated entry
-    (`tp_size 8 (validated: 1)`), as the server refuses it -- after minutes of imports. With
-    `SGLANG_DDTREE_UNVALIDATED_WORKER=1` (exactly 1) the server starts DDTREE in any configuration: warn, saying
-    whether this one is validated (then the opt-in is not needed). A key whose fact is missing (no GPU reading, no
-    stack) is not judged, and the check is then never a pass.
-    Fix by hand: set server.speculative_algorithm = "DFLASH" in the config (chain verification, validated
-    upstream), change what differs to a validated configuration, or opt in knowingly
-    (`SGLANG_DDTREE_UNVALIDATED_WORKER=1` in the env file) and validate as the patch set's README says.
+    An exact record: pass, naming it (warn when it says DDTREE was lossless but not faster than DFLASH, naming
+    DFLASH). Otherwise fail with every key that differs from the nearest record (`ddtree_budget 32 (validated:
+    16)`, `torch 2.14.1 (validated: 2.11.0)` after an upgrade), or "no site validation record"; a record edited by
+    hand (its integrity hash), copied from another host (machine id, GPU UUIDs) or unreadable is refused, named
+    with why. With the opt-in: warn, saying whether a record holds. A key whose fact is missing is not judged, and
+    the check is then never a pass.
+    Fix: run `k26-doctor validate --profile PROFILE` on this host (the remediation names the command), or serve
+    DFLASH (server.speculative_algorithm = "DFLASH").
     """
     return Result.of(judge_gate(ctx.optional, planned_args(ctx.settings), ctx.settings))

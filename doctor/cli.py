@@ -36,6 +36,7 @@ LAZY_COMMANDS = {
     "manifest": "doctor.commands.model:manifest",
     "env": "doctor.commands.env:env",
     "smoke": "doctor.commands.smoke:smoke",
+    "validate": "doctor.commands.validate:validate",
     "slurm-health": "doctor.commands.fleet:slurm_health",
     "kube-node": "doctor.commands.fleet:kube_node",
 }

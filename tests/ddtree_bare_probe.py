@@ -11,6 +11,7 @@ on its own:
 * ``server_args`` (tests/test_ddtree_patchset.py): the ServerArgs parser and DDTREE's argument resolution;
 * ``gate_argv`` (tests/test_ddtree_gate_check.py): the gate's configuration of each argv of ``GATE_ARGVS``, parsed
   by the ServerArgs parser (the doctor's sglang.ddtree must read the same from the same argv);
+* ``site_argv`` (tests/test_ddtree_gate_check.py): the site record's argument keys of each argv of ``SITE_ARGVS``;
 * ``admission`` (tests/test_ddtree_admission.py): DDTREE's admission refusals on SGLang's own ``Req``;
 * ``worker_glue`` (tests/test_ddtree_worker_glue.py): the worker glue against SGLang's real modules.
 
@@ -161,19 +162,38 @@ def server_args_part():
     finally:
         utils.is_hip = real_is_hip
     out["refused"] = refused
-    # the validated record: the configuration the resolution sees, listed, opens the gate; any other
-    # value of one of its keys keeps it closed
+    # the site validation record: the configuration the resolution sees, recorded, opens the gate; a record of
+    # another budget or torch, none named, keep it closed; the opt-in opens it whatever the records
     worker = importlib.import_module("sglang.srt.speculative.ddtree_worker")
+    site = importlib.import_module("sglang.srt.speculative.ddtree_site")
     cfg = overrides.resolving_view(sa)
     here = worker.server_configuration(cfg)
-    out["configuration"] = here
+    out["configuration"] = dict(here)
+    running = site.running_configuration(cfg, here, [])
+    running.pop("_uuids")
+    host = {"machine_id": site.machine_id(), "hostname": __import__("socket").gethostname(), "gpu_uuids": []}
+    folder = os.path.abspath("site-records")
+    os.makedirs(folder, exist_ok=True)
+
+    def record(name, **change):
+        conf = dict(running, patch_set="ddtree-0.5.23", **change)
+        body = {"kind": site.KIND, "schema_version": 1, "key": site.config_key(conf), "outcome": "pass",
+                "configuration": conf, "host": host, "figures": {}, "date": "2026-12-02", "command": "validate"}
+        body["integrity"] = site.integrity_of(body)
+        path = os.path.join(folder, name + ".json")
+        with open(path, "w") as fh:
+            json.dump(body, fh)
+        return path
+
+    out["site_configuration"] = running
     gates = {}
-    for name, table in (("listed", (dict(here, date="2026-12-01"),)),
-                        ("other_tp", (dict(here, tp_size=8),)),
-                        ("other_torch", (dict(here, torch="0.0.1"),)),
-                        ("empty", ())):
-        saved = worker.VALIDATED
-        worker.VALIDATED = table
+    for name, env in (("recorded", {site.RECORD_ENV: record("recorded")}),
+                      ("other_budget", {site.RECORD_ENV: record("other_budget", ddtree_budget=16)}),
+                      ("other_torch", {site.RECORD_ENV: record("other_torch", torch="0.0.1")}),
+                      ("none", {}),
+                      ("opt_in", {worker.UNVALIDATED_WORKER_ENV: "1"})):
+        saved = {k: os.environ.pop(k, None) for k in (site.RECORD_ENV, worker.UNVALIDATED_WORKER_ENV)}
+        os.environ.update(env)
         fresh = server_args.ServerArgs(model_path="/m", speculative_algorithm="DDTREE", speculative_ddtree_budget=64,
                                        speculative_draft_model_path="/d", speculative_dflash_block_size=16,
                                        device="cuda", attention_backend="triton")
@@ -183,7 +203,10 @@ def server_args_part():
         except NotImplementedError as e:
             gates[name] = "NotImplementedError: " + str(e)
         finally:
-            worker.VALIDATED = saved
+            for k in (site.RECORD_ENV, worker.UNVALIDATED_WORKER_ENV):
+                os.environ.pop(k, None)
+                if saved[k] is not None:
+                    os.environ[k] = saved[k]
     out["gates"] = gates
     return out
 
@@ -224,6 +247,35 @@ def gate_argv():
         parsed = server_args.ServerArgs.from_cli_args(parser.parse_args(argv))
         config = worker.server_configuration(overrides.resolving_view(parsed))
         out[name] = {k: config[k] for k in ARGV_KEYS}
+    return out
+
+
+SITE_ARGVS = {
+    "launcher b300": LAUNCHER_B300,
+    "ep 8": [*LAUNCHER_B300, "--ep-size", "8"],
+    "ep alias": [*LAUNCHER_B300, "--ep", "4"],
+    "a2a deepep": [*LAUNCHER_B300, "--moe-a2a-backend", "deepep"],
+    "attention cp": [*LAUNCHER_B300, "--attention-context-parallel-size", "2"],
+    "prefill cp": [*LAUNCHER_B300, "--enable-prefill-cp"],
+    "budget later": [*LAUNCHER_B300, "--speculative-ddtree-budget=16"],
+}
+SITE_ARG_KEYS = ("ep_size", "moe_a2a_backend", "attn_cp_size", "enable_prefill_cp", "ddtree_budget")
+
+
+def site_argv():
+    """The site record's argument keys of each argv of ``SITE_ARGVS`` as the patched server's ``ddtree_site``
+    derives them from SGLang's parsed arguments (tests/test_ddtree_gate_check.py: the doctor reads the same)."""
+    server_args = importlib.import_module("sglang.srt.server_args")
+    overrides = importlib.import_module("sglang.srt.arg_groups.overrides")
+    worker = importlib.import_module("sglang.srt.speculative.ddtree_worker")
+    site = importlib.import_module("sglang.srt.speculative.ddtree_site")
+    parser = argparse.ArgumentParser()
+    server_args.ServerArgs.add_cli_args(parser)
+    out = {}
+    for name, argv in SITE_ARGVS.items():
+        view = overrides.resolving_view(server_args.ServerArgs.from_cli_args(parser.parse_args(argv)))
+        conf = site.running_configuration(view, worker.server_configuration(view), [])
+        out[name] = {k: conf[k] for k in SITE_ARG_KEYS}
     return out
 
 
@@ -346,7 +398,8 @@ def main():
     sys.modules["sglang"] = pkg
     out = {}
     for name, part in (("mask_policy", mask_policy), ("server_args", server_args_part), ("gate_argv", gate_argv),
-                       ("admission", admission), ("worker_glue", lambda: worker_glue(stubbable))):
+                       ("site_argv", site_argv), ("admission", admission),
+                       ("worker_glue", lambda: worker_glue(stubbable))):
         try:
             out[name] = {"result": part()}
         except (ModuleNotFoundError, Missing) as e:

@@ -79,7 +79,8 @@ def bare_package_probe(tmp_path_factory) -> dict:
     read its result, and so do later runs until one of them changes). ``{"rc", "stderr", "parts": {...}}``."""
     python = os.environ.get("K26_SGLANG_ARGS_PYTHON", sys.executable)
     root = patched_tree(whole=True)
-    env = {k: v for k, v in probe_env().items() if k != "SGLANG_DDTREE_UNVALIDATED_WORKER"}
+    env = {k: v for k, v in probe_env().items()
+           if k not in ("SGLANG_DDTREE_UNVALIDATED_WORKER", "SGLANG_DDTREE_SITE_RECORD")}
 
     def run() -> tuple[dict, bool]:
         cwd = tmp_path_factory.mktemp("ddtree-bare-probe")

@@ -46,6 +46,10 @@ EXPECTED_S: dict[str, float] = {
     "tests/test_default_tier.py": 16,
     "tests/test_check_changes_nothing.py::test_check_writes_nothing_and_leaves_no_process": 16,
     "tests/test_launch_gate.py": 14,
+    "tests/test_ddtree_site_record.py": 16,  # torch imported once, in the patched server's matcher
+    "tests/test_validate_command.py::test_a_whole_run_writes_the_record_and_resumes": 12,
+    "tests/test_validate_run.py::test_a_lossless_run_passes_and_leaves_no_server": 8,
+    "tests/test_validate_command.py::test_a_failing_run_writes_no_record": 9,
     "tests/test_one_verdict.py::test_a_live_run_and_the_replay_of_its_snapshot_agree": 12,
     "tests/test_fleet_slurm.py": 12,
     "tests/test_gpu_probe.py::test_probe_with_cpu_torch_says_no_cuda": 4,

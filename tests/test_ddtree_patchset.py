@@ -43,12 +43,16 @@ def test_manifest_shape():
 def test_before_hashes_are_the_wheels_record():
     tool = patchset_tool()
     record = tool.record_hashes(require_wheel())
+    after: dict = {}  # a file an earlier patch touched: its before is that patch's after (0005 after 0002)
     for p in manifest()["patches"]:
         for f in p["files"]:
-            if f["before"] is None:
+            if f["path"] in after:
+                assert f["before"] == after[f["path"]], (p["id"], f["path"])
+            elif f["before"] is None:
                 assert f["path"] not in record, "a created file must not exist in the wheel"
             else:
                 assert f["before"] == record[f["path"]]
+            after[f["path"]] = f["after"]
 
 
 @pytest.mark.network
@@ -154,7 +158,7 @@ def test_server_args_parse_and_resolve_ddtree(tmp_path_factory):
     assert out["target_width"] == 65
     # verify width = budget + 1, the DFlash drafter keeps its 16-token block, chain-only EAGLE knobs pinned
     assert out["resolved"] == [65, 16, 1, 1]
-    assert out["resolution"].startswith("NotImplementedError: DDTREE: this revision")
+    assert out["resolution"].startswith("NotImplementedError: DDTREE starts only on a site validation record")
     assert "--speculative-ddtree-budget" in out["missing_budget"]
     # a verify width below the drafter block would let the draft block write past the per-step KV reservation
     assert "below the DFlash block" in out["small_budget"], out["small_budget"]
@@ -184,21 +188,25 @@ def test_server_args_parse_and_resolve_ddtree(tmp_path_factory):
 
 
 @pytest.mark.network
-def test_only_a_validated_configuration_passes_argument_resolution(tmp_path_factory):
-    """The gate reads ddtree_worker.VALIDATED at argument resolution: the configuration the resolution
-    sees (SGLang, TP size, backend, graph and overlap modes, compute capability, torch), listed, starts
-    without the opt-in; changing one key, or an empty table (this revision), refuses naming both."""
+def test_only_a_site_record_of_the_configuration_passes_argument_resolution(tmp_path_factory):
+    """The gate at argument resolution (0005, ddtree_site.py): a site validation record of exactly the
+    configuration the resolution sees (SGLang, TP size, backend, graph and overlap modes, compute capability,
+    torch, the budget, the GPUs, the stack, the model) opens it; a record of another budget or torch, or none
+    named, refuses naming what differs; the opt-in opens it whatever the records."""
     out = bare_part(tmp_path_factory, "server_args", "to import sglang.srt.server_args")
     cfg, gates = out["configuration"], out["gates"]
     assert set(cfg) == {"sglang", "tp_size", "attention_backend", "cuda_graph", "overlap_schedule",
                         "compute_capability", "torch"}
     assert cfg["sglang"] == "0.5.23" and cfg["tp_size"] == 1 and cfg["attention_backend"] == "triton"
     assert cfg["cuda_graph"] is True and cfg["overlap_schedule"] is True
-    assert gates["listed"] == "completed", gates
-    for name in ("other_tp", "other_torch", "empty"):
-        assert gates[name].startswith("NotImplementedError: DDTREE: this revision"), gates
-        assert "SGLANG_DDTREE_UNVALIDATED_WORKER=1" in gates[name] and "tp_size=1" in gates[name]
-    assert "none yet" in gates["empty"] and "tp_size=8" in gates["other_tp"]
+    assert out["site_configuration"]["ddtree_budget"] == 64
+    assert gates["recorded"] == "completed" and gates["opt_in"] == "completed", gates
+    for name in ("other_budget", "other_torch", "none"):
+        assert gates[name].startswith("NotImplementedError: DDTREE"), gates
+        assert "k26-doctor validate" in gates[name] and "SGLANG_DDTREE_UNVALIDATED_WORKER=1" in gates[name]
+    assert "ddtree_budget 64 (validated: 16)" in gates["other_budget"]
+    assert f"torch {cfg['torch']} (validated: 0.0.1)" in gates["other_torch"]
+    assert "none is named" in gates["none"]
 
 
 @pytest.mark.network

@@ -51,6 +51,7 @@ def test_prepare_verify_builds_the_tree_batch_and_mask(worker):
 
 def test_ddtree_stops_at_startup_in_this_revision(worker, monkeypatch):
     monkeypatch.delenv(worker.UNVALIDATED_WORKER_ENV, raising=False)
+    monkeypatch.delenv("SGLANG_DDTREE_SITE_RECORD", raising=False)
     with pytest.raises(NotImplementedError, match="DFLASH"):
         worker.get_ddtree_worker_cls()
     for value in ("", "0", "true", "yes"):  # only the exact opt-in opens the gate
@@ -167,12 +168,15 @@ def test_the_gate_opens_only_for_a_listed_configuration(worker, monkeypatch):
         worker.check_ddtree_worker_available(here, table=incomplete)
     with pytest.raises(NotImplementedError, match="none yet"):
         worker.check_ddtree_worker_available(here, table=())
-    # this revision's own VALIDATED: the H200 configurations start, anything else is refused naming them
-    assert worker.check_ddtree_worker_available(here) is None
-    assert worker.check_ddtree_worker_available(dict(here, cuda_graph=False)) is None
-    assert worker.check_ddtree_worker_available(dict(here, cuda_graph=False, overlap_schedule=False)) is None
+    # this revision's own VALIDATED, as a table: the H200 configurations match, anything else is refused naming them
+    assert worker.check_ddtree_worker_available(here, worker.VALIDATED) is None
+    assert worker.check_ddtree_worker_available(dict(here, cuda_graph=False), worker.VALIDATED) is None
     for key, other in (("overlap_schedule", False), ("tp_size", 8), ("compute_capability", "10.0")):
         with pytest.raises(NotImplementedError, match=r"validated inside a real server .*tp_size=1"):
-            worker.check_ddtree_worker_available(dict(here, **{key: other}))
+            worker.check_ddtree_worker_available(dict(here, **{key: other}), worker.VALIDATED)
+    # the gate itself (0005): the list alone opens nothing; without a site validation record named, refused
+    monkeypatch.delenv("SGLANG_DDTREE_SITE_RECORD", raising=False)
+    with pytest.raises(NotImplementedError, match="site validation record"):
+        worker.check_ddtree_worker_available(here)
     monkeypatch.setenv(worker.UNVALIDATED_WORKER_ENV, "1")
     assert worker.check_ddtree_worker_available(dict(here, tp_size=8)) is None

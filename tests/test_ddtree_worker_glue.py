@@ -23,7 +23,7 @@ pytestmark = pytest.mark.network  # reads the released wheels (tests/downloads.p
 def test_worker_glue_imports_and_matches_sglang_signatures(tmp_path_factory):
     # the probe's worker_glue part (tests/ddtree_bare_probe.py), in the session's one bare-package child
     out = bare_part(tmp_path_factory, "worker_glue", "to import the worker glue's SGLang modules")
-    assert out["gate_default"].startswith("DDTREE: this revision"), out["gate_default"]
+    assert out["gate_default"].startswith("DDTREE starts only on a site validation record"), out["gate_default"]
     assert "SGLANG_DDTREE_UNVALIDATED_WORKER=1" in out["gate_default"]
     assert out["mro"] == ["DDTreeWorkerV2", "DFlashWorkerV2"]
     assert out["missing_attrs"] == [], out["missing_attrs"]

@@ -12,6 +12,13 @@
 #   bash bench/ddtree/gpu_session.sh startplan [ARGS] the product's launch --wait cold and warm on the trained pair
 #                                                     against the doctor's start plan (bench/bench_start_plan.py ARGS,
 #                                                     e.g. --runs cold,warm --budget 500); after setup and pair
+#   bash bench/ddtree/gpu_session.sh validate         after setup and pair: the product's `k26-doctor validate` end to
+#                                                     end, in sub-stages callable alone (each resumable, bounded):
+#                                                     validate-run [S] (validate the trained pair's profile, sequential),
+#                                                     validate-launch (launch --wait WITHOUT the opt-in, smoke, SIGTERM),
+#                                                     validate-changed (budget 32 and --disable-overlap-schedule refused
+#                                                     by `check` and by the server started with the record's env),
+#                                                     validate-nooverlap [S] (validate graphs without the overlap scheduler)
 #
 # Everything printed and every result lands in $OUT (the device tool's output folder) when it is set.
 set -uo pipefail
@@ -245,6 +252,80 @@ stage_startplan() {  # the start plan measured (bench/bench_start_plan.py): cold
   (cd "$REPO" && python3 bench/bench_start_plan.py --profile "$prof" --out "$OUT" --root "$WORK/start-bench" "$@")
 }
 
+# -- the product's `k26-doctor validate` on the trained pair (after setup and pair) --------------------------------
+VPROF=$WORK/validate.toml VSTATE=$WORK/doctor-state
+validate_env() {
+  export PYTHONPATH=$REPO:$PYTHONPATH
+  sed "s|/tmp/trained|$WORK/pair|g" "$REPO/bench/ddtree/profiles/h200-trained-validate.toml" > "$VPROF"
+  mkdir -p "$VSTATE" "$OUT/validate"
+}
+kd() { (cd "$REPO" && python3 -m doctor "$@"); }
+
+stage_validate_run() {  # [S]: validate the profile's configuration (budget 16, graphs + overlap), sequential
+  validate_env; local s=${1:-540}
+  log "validate: k26-doctor validate --profile (trained pair), time budget ${s} s"
+  kd validate --profile "$VPROF" --python python3 --state-dir "$VSTATE" --prompts "$WORK/pair/prompts.json" \
+      --time-budget "$s" --format json --output "$OUT/validate/run.json" > "$OUT/validate/run.txt" 2> "$OUT/validate/run.err"
+  echo "exit $?" >> "$OUT/validate/run.txt"
+  tail -40 "$OUT/validate/run.err"; python3 -c "
+import json; r=json.load(open('$OUT/validate/run.json'))
+print('outcome', r['outcome'], 'timing', r.get('timing'))
+for b, v in r['budgets'].items(): print(b, v['outcome'], v['why'], v.get('record'))" 2>/dev/null
+  ls -la "$VSTATE/ddtree/validated" 2>/dev/null; cp -r "$VSTATE/ddtree/validated" "$OUT/validate/records" 2>/dev/null
+}
+
+stage_validate_launch() {  # launch --wait without the opt-in: DDTREE must start on the record; smoke; SIGTERM
+  validate_env; local url=http://127.0.0.1:30000 t=0 pid ids
+  log "validate: check (sglang.ddtree) without the opt-in"
+  SGLANG_DDTREE_UNVALIDATED_WORKER= kd check --profile "$VPROF" --python python3 --state-dir "$VSTATE" --only sglang.ddtree -v \
+      > "$OUT/validate/check.txt" 2>&1; echo "exit $?" >> "$OUT/validate/check.txt"; tail -6 "$OUT/validate/check.txt"
+  log "validate: launch --wait without the opt-in"
+  (cd "$REPO" && SGLANG_DDTREE_UNVALIDATED_WORKER= exec setsid python3 -m doctor launch --profile "$VPROF" --python python3 \
+      --state-dir "$VSTATE" --wait --wait-timeout 300 > "$OUT/validate/launch.log" 2>&1) & pid=$!
+  while [ $t -lt 240 ] && kill -0 $pid 2>/dev/null && ! curl -sf $url/health >/dev/null 2>&1; do sleep 2; t=$((t + 2)); done
+  log "validate: healthy after ${t} s (launch alive: $(kill -0 $pid 2>/dev/null && echo yes || echo no))"
+  grep -m3 -i "site validation record\|DDTREE worker\|speculative" "$OUT/validate/launch.log"
+  ids=$(python3 -c "import json;print(','.join(map(str, json.load(open('$WORK/pair/prompts.json'))['greedy'][0])))")
+  kd smoke --profile "$VPROF" --url $url --input-ids "$ids" --max-tokens 48 --requests 8 > "$OUT/validate/smoke.txt" 2>&1
+  echo "exit $?" >> "$OUT/validate/smoke.txt"; tail -8 "$OUT/validate/smoke.txt"
+  kill -TERM -- -$pid 2>/dev/null || kill -TERM $pid 2>/dev/null; t=0
+  while [ $t -lt 60 ] && kill -0 $pid 2>/dev/null; do sleep 1; t=$((t + 1)); done
+  log "validate: launch gone ${t} s after SIGTERM"; tail -4 "$OUT/validate/launch.log"
+}
+
+stage_validate_changed() {  # one changed key at a time: refused by the doctor and by the server
+  validate_env; local name extra budget
+  for name in budget32 nooverlap; do
+    extra=""; budget=16
+    [ $name = budget32 ] && budget=32
+    [ $name = nooverlap ] && extra="--disable-overlap-schedule"
+    sed -e "s/^ddtree_budget = 16/ddtree_budget = $budget/" -e "s|^args = \[|args = [${extra:+\"$extra\", }|" "$VPROF" > "$WORK/changed-$name.toml"
+    log "validate: check with $name (must fail naming the key)"
+    SGLANG_DDTREE_UNVALIDATED_WORKER= kd check --profile "$WORK/changed-$name.toml" --python python3 --state-dir "$VSTATE" \
+        --only sglang.ddtree -v > "$OUT/validate/check-$name.txt" 2>&1; echo "exit $?" >> "$OUT/validate/check-$name.txt"
+    grep -m4 -i "differs\|validate\|exit" "$OUT/validate/check-$name.txt"
+    log "validate: the server started directly with $name and SGLANG_DDTREE_SITE_RECORD (must refuse naming the key)"
+    (cd "$REPO" && SGLANG_DDTREE_UNVALIDATED_WORKER= SGLANG_DDTREE_SITE_RECORD="$VSTATE/ddtree/validated" timeout 150 \
+        python3 -m sglang.launch_server --model-path "$WORK/pair/dsv3" --tp-size 1 --speculative-algorithm DDTREE \
+        --speculative-draft-model-path "$WORK/pair/dsv3-dflash" --speculative-ddtree-budget $budget --attention-backend triton \
+        --mem-fraction-static 0.35 --skip-tokenizer-init --sampling-backend pytorch --max-running-requests 48 $extra \
+        --host 127.0.0.1 --port 30011 > "$OUT/validate/server-$name.log" 2>&1; echo "exit $?" >> "$OUT/validate/server-$name.log")
+    grep -m3 "DDTREE\|exit [0-9]" "$OUT/validate/server-$name.log"
+  done
+}
+
+stage_validate_nooverlap() {  # [S]: CUDA graphs without the overlap scheduler, validated by the product
+  validate_env; local s=${1:-540}
+  sed -e "s|^args = \[|args = [\"--disable-overlap-schedule\", |" "$VPROF" > "$WORK/validate-nooverlap.toml"
+  log "validate: k26-doctor validate, graphs without the overlap scheduler, time budget ${s} s"
+  kd validate --profile "$WORK/validate-nooverlap.toml" --python python3 --state-dir "$VSTATE" \
+      --prompts "$WORK/pair/prompts.json" --time-budget "$s" --format json --output "$OUT/validate/nooverlap.json" \
+      > "$OUT/validate/nooverlap.txt" 2> "$OUT/validate/nooverlap.err"; echo "exit $?" >> "$OUT/validate/nooverlap.txt"
+  tail -30 "$OUT/validate/nooverlap.err"; tail -12 "$OUT/validate/nooverlap.txt"
+}
+
+stage_validate() { stage_validate_run "${1:-540}" && stage_validate_launch && stage_validate_changed && stage_validate_nooverlap "${2:-540}"; }
+
 main() {
   local stage=${1:?stage}; shift
   case "$stage" in
@@ -255,6 +336,11 @@ main() {
     all) stage_all "$@" ;;
     product) stage_product ;;
     startplan) stage_startplan "$@" ;;
+    validate) stage_validate "$@" ;;
+    validate-run) stage_validate_run "$@" ;;
+    validate-launch) stage_validate_launch ;;
+    validate-changed) stage_validate_changed ;;
+    validate-nooverlap) stage_validate_nooverlap "$@" ;;
     *) echo "unknown stage $stage"; return 2 ;;
   esac
 }

@@ -28,6 +28,10 @@ Prompts come from a JSON file of the plan (``{"greedy": [[ids]...], "sampled": [
 pair's language, ``make_trained.py --prompts``) or, for the random pair, random token ids (``"random"``).
 Results are written after every phase, so a command cut short by its deadline keeps what finished.
 
+The criteria themselves (the thresholds, the chi-square test and its Bonferroni level, the near-tie rule, the
+request kinds DDTREE must refuse) are the product's: ``doctor.sglang.validation.criteria``, the one
+implementation ``k26-doctor validate`` judges with; this harness adds the plan's phases, controls and twins.
+
 Usage (on the GPU host, the payload on PYTHONPATH):
     python bench/ddtree/serve_check.py up      --plan PLAN.json --state state.json
     python bench/ddtree/serve_check.py measure --plan PLAN.json --state state.json --out results.json
@@ -64,10 +68,18 @@ LOG_FIGURES = re.compile(r"Capture .* CUDA graph end|KV Cache is allocated|Engin
                          r"Memory pool end|DDTREE worker|DDTREE verify|Load weight end")
 TREE_HASH = re.compile(r"DDTREE tree hash tp_rank=(\d+) step=(\d+) ([0-9a-f]+)")
 
-GREEDY_SAME_MIN = 0.995   # share of requests token-identical to the baseline
-NEAR_TIE = 0.1            # |logprob(baseline token) - logprob(speculative token)| at a divergence
-FAMILY_ALPHA = 0.01       # family-wise error rate of the sampled tests (Bonferroni over every test of a run)
-MIN_SAMPLED_N = 2000
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: the product's criteria
+from doctor.sglang.validation import criteria  # noqa: E402
+from doctor.sglang.validation.criteria import (  # noqa: E402
+    FAMILY_ALPHA,
+    GREEDY_SAME_MIN,
+    MIN_SAMPLED_N,
+    NEAR_TIE,
+    chi2_sf,
+    chi2_two_sample,
+)
+
+__all__ = ["FAMILY_ALPHA", "GREEDY_SAME_MIN", "MIN_SAMPLED_N", "NEAR_TIE", "chi2_sf", "chi2_two_sample"]
 
 
 # --------------------------------------------------------------------------- plan
@@ -583,8 +595,7 @@ def tie_probes(plan: dict, state: dict, results: dict, topn: int = 10) -> None:
             for entry in (rows[0] if rows else []) or []:
                 if entry and len(entry) >= 2:
                     top[int(entry[1])] = float(entry[0])
-        lp_b, lp_s = top.get(base_tok), top.get(spec_tok)
-        delta = abs(lp_b - lp_s) if lp_b is not None and lp_s is not None else None
+        _, delta = criteria.near_tie(top, base_tok, spec_tok)
         ph.setdefault("divergences", []).append(
             {"request": i, "position": k, "baseline_token": base_tok, "spec_token": spec_tok,
              "baseline_top": sorted(((v, t) for t, v in top.items()), reverse=True)[:5], "delta_logprob": delta,
@@ -592,16 +603,7 @@ def tie_probes(plan: dict, state: dict, results: dict, topn: int = 10) -> None:
     print(f"== tie probes: {len(probes)}", flush=True)
 
 
-REFUSALS = [
-    ("return_logprob", {"return_logprob": True}, {}),
-    ("json_schema", {}, {"json_schema": json.dumps({"type": "object"})}),
-    ("regex", {}, {"regex": "[0-9]+"}),
-    ("min_p", {}, {"min_p": 0.2, "temperature": 1.0}),
-    ("frequency_penalty", {}, {"frequency_penalty": 0.5}),
-    ("presence_penalty", {}, {"presence_penalty": 0.5}),
-    ("repetition_penalty", {}, {"repetition_penalty": 1.2}),
-    ("return_routed_experts", {"return_routed_experts": True}, {}),
-]
+REFUSALS = list(criteria.REFUSALS)  # (name, request fields, sampling parameters): the product's list
 
 
 def refusals(plan: dict, state: dict, results: dict) -> None:
@@ -629,75 +631,6 @@ def find_phase(results: dict, phase: str, server: str | None) -> dict | None:
 
 
 # --------------------------------------------------------------------------- statistics
-
-
-def chi2_sf(x: float, df: int) -> float:
-    """Upper tail of the chi-square distribution (regularised upper incomplete gamma Q(df/2, x/2))."""
-    if x <= 0:
-        return 1.0
-    a, z = df / 2.0, x / 2.0
-    if z < a + 1:  # series for P, then Q = 1 - P
-        term = total = 1.0 / a
-        n = a
-        for _ in range(10000):
-            n += 1
-            term *= z / n
-            total += term
-            if abs(term) < abs(total) * 1e-15:
-                break
-        return max(0.0, 1.0 - total * math.exp(-z + a * math.log(z) - math.lgamma(a)))
-    # continued fraction for Q (Lentz)
-    tiny = 1e-300
-    b = z + 1 - a
-    c = 1 / tiny
-    d = 1 / b
-    h = d
-    for i in range(1, 10000):
-        an = -i * (i - a)
-        b += 2
-        d = an * d + b
-        d = tiny if abs(d) < tiny else d
-        c = b + an / c
-        c = tiny if abs(c) < tiny else c
-        d = 1 / d
-        delta = d * c
-        h *= delta
-        if abs(delta - 1) < 1e-15:
-            break
-    return min(1.0, h * math.exp(-z + a * math.log(z) - math.lgamma(a)))
-
-
-def chi2_two_sample(a: list, b: list, min_expected: float = 5.0) -> tuple[float, int]:
-    """Two-sample chi-square test of homogeneity over the categories seen; categories whose pooled count is too
-    small for the approximation are merged into one cell."""
-    cats = sorted(set(a) | set(b), key=repr)
-    ca = {c: 0 for c in cats}
-    cb = {c: 0 for c in cats}
-    for x in a:
-        ca[x] += 1
-    for x in b:
-        cb[x] += 1
-    na, nb = len(a), len(b)
-    if not na or not nb:
-        return 0.0, 0
-    frac = min(na, nb) / (na + nb)
-    stat, df, rest_a, rest_b = 0.0, -1, 0, 0
-    for c in cats:
-        if (ca[c] + cb[c]) * frac < min_expected:
-            rest_a, rest_b = rest_a + ca[c], rest_b + cb[c]
-            continue
-        stat += _cell(ca[c], cb[c], na, nb)
-        df += 1
-    if rest_a + rest_b:
-        stat += _cell(rest_a, rest_b, na, nb)
-        df += 1
-    return stat, max(df, 0)
-
-
-def _cell(x: int, y: int, na: int, nb: int) -> float:
-    tot = x + y
-    ea, eb = tot * na / (na + nb), tot * nb / (na + nb)
-    return (x - ea) ** 2 / ea + (y - eb) ** 2 / eb
 
 
 # --------------------------------------------------------------------------- compare
@@ -853,16 +786,9 @@ def compare(results: dict) -> dict:
         if not bph or bph["inputs_digest"] != ph["inputs_digest"]:
             continue
         positions = int(ph["sampling"]["max_new_tokens"])
-        for k in range(positions):
-            a = [o[k] for o in ph["outputs"] if o and len(o) > k]
-            b = [o[k] for o in bph["outputs"] if o and len(o) > k]
-            stat, df = chi2_two_sample(a, b)
-            tests.append((ph, base, k, stat, df, len(a), len(b)))
-        # the joint of the first three positions: what a per-position test cannot see
-        a = [tuple(o[:3]) for o in ph["outputs"] if o and len(o) >= 3]
-        b = [tuple(o[:3]) for o in bph["outputs"] if o and len(o) >= 3]
-        stat, df = chi2_two_sample(a, b)
-        tests.append((ph, base, "joint0-2", stat, df, len(a), len(b)))
+        # every generated position and the joint of the first three (what a per-position test cannot see)
+        for t in criteria.position_tests(ph["outputs"], bph["outputs"], positions):
+            tests.append((ph, base, t["position"], t["chi2"], t["df"], t["n"], t["n_baseline"]))
     n_tests = max(1, sum(1 for t in tests if t[4] > 0))
     alpha = FAMILY_ALPHA / n_tests
     cells: dict[tuple, dict] = {}

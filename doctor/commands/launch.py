@@ -42,8 +42,9 @@ def _say(msg: str) -> None:
     click.echo(f"k26-doctor: {redact_text(msg)}", err=True)
 
 
-def _run_gate(settings: Any, flags: dict[str, Any]) -> tuple[bool, Any]:
-    """Run the selected checks; report to stderr (or --output); (nothing failed, the run's context)."""
+def _run_gate(settings: Any, flags: dict[str, Any]) -> tuple[bool, Any, Any]:
+    """Run the selected checks; report to stderr (or --output); (nothing failed, the run's context, the
+    sglang.ddtree result or None)."""
     from doctor.app import render, run
 
     report, ctx = run(settings)
@@ -68,8 +69,24 @@ def _run_gate(settings: Any, flags: dict[str, Any]) -> tuple[bool, Any]:
     why = report.decision().refusal  # a failure, or a check of the profile not judged for want of facts
     if why is not None:
         _say(f"not launching: {why}. Fix them (`k26-doctor fix`) or --ignore ID to accept a known failure.")
-        return False, ctx
-    return True, ctx
+        return False, ctx, None
+    return True, ctx, next((r for r in report.results if r.id == "sglang.ddtree"), None)
+
+
+def site_record_env(plan: Any, result: Any) -> None:
+    """The server gets the site validation record the sglang.ddtree check matched (its path), and a record that
+    says DDTREE was not faster than DFLASH here is said once more."""
+    from doctor.sglang.validation.record import RECORD_ENV
+
+    if result is None:  # --no-check: the server looks through the records' directory (launcher.build_env)
+        return
+    details = getattr(result, "details", None) or {}
+    if details.get("record"):
+        plan.env[RECORD_ENV] = str(details["record"])
+        _say(f"DDTREE opens on the site validation record {details['record']}")
+    if result is not None and result.has("sglang.ddtree.not_faster"):
+        _say("warning: DDTREE was lossless but NOT faster than DFLASH on this host (its record says so): DFLASH "
+             "is the faster choice (server.speculative_algorithm = \"DFLASH\")")
 
 
 def _recorded_flags(ctx: Any, plan: Any) -> dict[str, Any] | None:
@@ -151,13 +168,13 @@ def launch(flags: dict[str, Any], dry_run: bool, no_check: bool, no_flag_check: 
         if not no_flag_check and not _flag_gate(plan, settings):
             return EXIT_FAILED
         return EXIT_OK
-    ctx = None
+    ctx = gate = None
     from doctor.service.startwatch import StartWatch  # the start plan: prewarm, plan shown, start recorded
 
     watch = StartWatch(settings, _say, prewarm=not no_prewarm, deadline_s=wait_timeout if wait else None)
     watch.before_gate(plan)
     if not no_check:
-        ok, ctx = _run_gate(settings, flags)
+        ok, ctx, gate = _run_gate(settings, flags)
         if not ok:
             watch.abandon()  # the prewarm stops with the refused start
             return EXIT_FAILED
@@ -167,7 +184,9 @@ def launch(flags: dict[str, Any], dry_run: bool, no_check: bool, no_flag_check: 
 
         deadline.clear()  # --timeout bounded the gate's checks; the flag check and the server have their own
     if not no_flag_check and not _flag_gate(plan, settings, ctx):
+        watch.abandon()
         return EXIT_FAILED
+    site_record_env(plan, gate)
     for note in plan.notes:
         _say(note)
     from doctor.facts.redaction import redact_argv

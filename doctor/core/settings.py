@@ -185,6 +185,7 @@ class Settings:
         "TOML config (default $K26_DOCTOR_CONFIG, else /etc/k26-doctor/config.toml)."))
     profile_name: str = setting(DEFAULT_PROFILE, key="profile", flag="--profile",
                                 help=f"Deployment profile (default {DEFAULT_PROFILE}).")
+    profile_given: str | None = setting(config=False)  # the profile as given (a name or a file): commands to paste
     model_path: str | None = setting(kind="path", flag="--model-path", help="Target model directory.",
                                      collect=True, profile_key="model.path")
     draft_model_path: str | None = setting(kind="path", flag="--draft-model-path", collect=True,
@@ -452,6 +453,7 @@ def resolve(flags: dict[str, Any], environ: dict[str, str] | None = None) -> Set
     if problem:
         raise ConfigError(f"--state-dir {values['state_dir']} {problem}: give a directory (it is created if absent)")
     values["profile_name"] = str(profile.get("name", profile_name))
+    values["profile_given"] = str(profile_name)
     values["python_given"] = bool(pick("python"))
     values["python"] = values["python"] or sys.executable
     return Settings(profile=profile, **values)

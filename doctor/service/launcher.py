@@ -12,7 +12,9 @@ and the systemd unit all agree on what will run::
 A flag given later (profile ``args``, then the command line) replaces the same flag built from the
 profile keys, instead of passing it twice. The environment is the doctor's own with the profile's
 ``[server.env]`` filling in what the site leaves unset, then the site's ``server.env_file`` over it,
-as systemd composes a unit's environment; a variable the site pins is never replaced.
+as systemd composes a unit's environment; a variable the site pins is never replaced. A DDTREE profile's
+server also gets ``SGLANG_DDTREE_SITE_RECORD``: the directory of this host's site validation records
+(``k26-doctor validate``), where the patched server looks for the record that opens its gate.
 """
 
 from __future__ import annotations
@@ -225,6 +227,12 @@ def build_env(settings: Settings, environ: dict[str, str] | None = None) -> tupl
                 notes.append(f"{key}={redact_pair(key, value)} pinned by {env_file} is kept (profile wants "
                              f"{redact_pair(key, wanted[key])})")
             env[key] = value
+    if str(settings.get("server.speculative_algorithm", "") or "").upper() == "DDTREE":
+        from doctor.sglang.validation.record import RECORD_ENV, records_dir
+
+        # the patched server opens DDTREE's gate on a site validation record of this host (launch narrows this to
+        # the record the sglang.ddtree check matched); a site's own value is kept
+        env.setdefault(RECORD_ENV, str(records_dir(settings.state_dir)))
     return with_interpreter_bin(env, settings.python), notes
 
 

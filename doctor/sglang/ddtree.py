@@ -1,7 +1,10 @@
 """The DDTree start-up gate (sglang.ddtree), judged before a start as the patched SGLang judges it at argument
-resolution: ``--speculative-algorithm DDTREE`` starts only in a configuration listed in the patch set's
-``validated`` (the manifest's copy of the patched ``ddtree_worker.VALIDATED``), or in any with
-SGLANG_DDTREE_UNVALIDATED_WORKER=1 (exactly ``1``: validation runs), else it stops with ``NotImplementedError``.
+resolution: ``--speculative-algorithm DDTREE`` starts only on a site validation record of this host whose every
+key equals the running configuration (``k26-doctor validate`` writes it; ``doctor.sglang.validation``; the
+server reads the one ``SGLANG_DDTREE_SITE_RECORD`` names, or every record of that directory), or in any
+configuration with SGLANG_DDTREE_UNVALIDATED_WORKER=1 (exactly ``1``: validation runs), else it stops with
+``NotImplementedError``. The patch set's ``validated`` list (``ddtree_worker.VALIDATED``) says where the set
+itself was shown; it no longer opens the gate on its own.
 
 The configuration is what the patched ``ddtree_worker.server_configuration`` computes, each key from the facts it
 comes from: ``sglang`` (SGLang's version) and ``torch`` (its release, without ``+cuXXX``) from the ``stack`` fact
@@ -14,6 +17,7 @@ the gate is then never a pass.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -42,10 +46,13 @@ NOT_INSTALLED = ("sglang", "torch")  # None there: the service's interpreter has
 Reader = Callable[[str], Any]  # a declared fact by name, None when not recorded (``ctx.optional``)
 
 
-def gate_args(args: list[str], options: Mapping[str, str]) -> dict[str, Any]:
-    """The ``GATE_ARGS`` an argv sets, as SGLang's argparse parser reads them: an option string of the release
+def gate_args(args: list[str], options: Mapping[str, str], wanted: Mapping[str, bool] | None = None
+              ) -> dict[str, Any]:
+    """The ``GATE_ARGS`` (or ``wanted``: dest -> takes a value) an argv sets, as SGLang's argparse parser reads
+    them: an option string of the release
     (``options``: option -> dest, aliases such as ``--tensor-parallel-size`` included), ``--opt=value``, a unique
     prefix (``allow_abbrev``); the last one of a dest wins. A switch is True when given."""
+    table = GATE_ARGS if wanted is None else wanted
     out: dict[str, Any] = {}
     i = 0
     while i < len(args):
@@ -58,9 +65,9 @@ def gate_args(args: list[str], options: Mapping[str, str]) -> dict[str, Any]:
         if dest is None:
             hits = [o for o in options if o.startswith(name)]
             dest = options[hits[0]] if len(hits) == 1 else None
-        if dest not in GATE_ARGS:
+        if dest not in table:
             continue
-        if not GATE_ARGS[dest]:
+        if not table[dest]:
             if not eq:  # argparse refuses a value given to a switch ("ignored explicit argument"): sglang.flags
                 out[dest] = True
         elif eq:
@@ -229,41 +236,97 @@ def patch_set(settings: Settings) -> manifest.PatchSet:
                                 "sglang.patches") from None
 
 
+def validate_command(settings: Settings) -> str:
+    """The command that makes this profile's record on this host."""
+    argv = ["k26-doctor", "validate"]
+    if settings.config_path:
+        argv += ["--config", str(settings.config_path)]
+    argv += ["--profile", str(settings.profile_given or settings.profile_name)]
+    return shlex.join(argv)
+
+
+def site_records(site: Any, nvml: Any) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    """The records of the ``ddtree_site`` fact that hold on this host (each with its ``path``), and those refused
+    with why (unreadable, not of the format, edited by hand, made on another host or with other GPUs)."""
+    from doctor.sglang.validation.record import host_problem
+    from doctor.sglang.validation.siteconfig import gpu_uuids
+
+    if not isinstance(site, dict):
+        return [], []
+    host = {**(site.get("host") or {}), "gpu_uuids": gpu_uuids(nvml)}
+    valid: list[dict[str, Any]] = []
+    refused_records: list[dict[str, str]] = []
+    for item in site.get("records") or []:
+        record = item.get("record") if isinstance(item, dict) else None
+        why = item.get("error") if isinstance(item, dict) else "not a record"
+        if record is not None and why is None:
+            why = host_problem(record, host)
+        if why is not None or not isinstance(record, dict):
+            refused_records.append({"path": str(item.get("path")), "why": str(why)})
+        else:
+            valid.append({**record, "path": str(item.get("path"))})
+    return valid, refused_records
+
+
+def record_label(record: Mapping[str, Any]) -> str:
+    """``/var/lib/k26-doctor/ddtree/validated/ab12.json (2026-12-02, pass)``."""
+    return f"{record.get('path')} ({str(record.get('date') or 'undated')[:10]}, {record.get('outcome')})"
+
+
 def judge_gate(read: Reader, planned: tuple[list[str], ConfigError | None], settings: Settings) -> Findings:
-    """``read(name)``: the ``env``, ``stack`` and ``nvml`` facts, None where not recorded; ``planned``: the server
-    arguments the launcher builds from the profile and why they cannot be built (``launcher.planned_args``)."""
+    """``read(name)``: the ``env``, ``stack``, ``nvml``, ``sglang_patches`` and ``ddtree_site`` facts, None where
+    not recorded; ``planned``: the server arguments the launcher builds and why they cannot be built
+    (``launcher.planned_args``). The gate opens on a site validation record of this host whose every key equals
+    the running configuration's (``doctor.sglang.validation``), or with the opt-in."""
+    from doctor.sglang.validation.record import differences as record_differences
+    from doctor.sglang.validation.record import nearest as nearest_record
+    from doctor.sglang.validation.record import records_dir
+    from doctor.sglang.validation.siteconfig import site_configuration
+
     algo = str(settings.get("server.speculative_algorithm", "") or "").upper()
     if algo != "DDTREE":
         raise NotJudged.inapplicable(f"the profile launches {algo or 'no speculative algorithm'}, not DDTREE")
     pset = patch_set(settings)
-    table = pset.validated
-    values, unread = server_configuration(read, planned, release_options(pset))
+    values, unread = site_configuration(read, planned, release_options(pset), settings)
     env = read("env")
     value = env["vars"].get(GATE) if isinstance(env, dict) and isinstance(env.get("vars"), dict) else None
-    entry = None if unread else validated_entry(values, table)
-    near = nearest(values, table)
-    # what differs from every validated configuration, [] where the keys read match one
-    differs = differences(values, near) if near is not None else [f"no configuration is validated ({pset.name})"]
+    site = read("ddtree_site")
+    valid, refused_records = site_records(site, read("nvml"))
+    match = None if unread else next((r for r in valid if r.get("configuration") == values), None)
+    near = match or nearest_record(values, valid)
+    differs = record_differences(values, near.get("configuration") or {}) if near is not None else []
+    folder = (site or {}).get("dir") if isinstance(site, dict) else None
     out = Findings(variable=GATE, value=value if isinstance(env, dict) else "not recorded", patch_set=pset.name,
-                   configuration=values, not_judged=unread,
-                   validated=[{**{k: e.get(k) for k in CONFIG_KEYS}, "shown": entry_label(e)} for e in table])
-    if entry is not None:
-        out.details["entry"] = entry_label(entry)
+                   configuration=values, not_judged=unread, records_dir=folder or str(records_dir(settings.state_dir)),
+                   records=[{"path": r["path"], "date": r.get("date"), "outcome": r.get("outcome")} for r in valid],
+                   refused_records=refused_records, validate=validate_command(settings))
+    if match is not None:
+        out.details["record"] = match["path"]
     elif near is not None:
-        out.details.update(nearest=entry_label(near), differs=differs)
-    if not unread and entry is None:
-        out.details["server_refusal"] = refusal(values, table, pset.name)
+        out.details.update(nearest=near["path"], differs=differs)
     if value == "1":
-        return opted_in(out, entry, differs, unread)
-    if entry is not None:
-        config = ", ".join(f"{k} {shown(k, values[k])}" for k in CONFIG_KEYS)
-        return out.info("sglang.ddtree.validated", f"DDTREE starts without the opt-in: this configuration ({config}) "
-                        f"was validated {entry_label(entry)}")
-    if not differs:  # every key read matches a validated configuration; the others are not known
+        return opted_in(out, match, differs, unread, near is not None)
+    if match is not None:
+        return validated(out, match)
+    if near is not None and not differs:  # every key read matches a record; the others are not known
         raise NotJudged.missing(f"DDTREE's start-up gate not judged: {not_judged(unread)}; the keys read match the "
-                                f"configuration validated {entry_label(near or {})}", **out.details)
+                                f"record {record_label(near)}", **out.details)
     return refused(out, differs, unread, has_sglang(read("stack")) is False, env_state(env, value), pset.name,
-                   settings)
+                   settings, near, refused_records)
+
+
+def validated(out: Findings, record: Mapping[str, Any]) -> Findings:
+    """An exact record of this host: DDTREE starts; a lossless-but-not-faster record says DFLASH is faster."""
+    worth = ((record.get("figures") or {}).get("worth") or {})
+    if record.get("outcome") == "lossless-not-faster":
+        at = worth.get("vs_dflash_at_concurrency")
+        return out.warn("sglang.ddtree.not_faster",
+                        f"DDTREE starts (record {record_label(record)}), but it was lossless and NOT faster than "
+                        f"DFLASH here: {at}x DFLASH's tokens/s at {worth.get('concurrency')}",
+                        Remediation("Serve DFLASH, the faster choice on this host: server.speculative_algorithm = "
+                                    "\"DFLASH\" in the config (or validate another budget: --budgets)."))
+    return out.info("sglang.ddtree.validated", f"DDTREE starts without the opt-in: this exact configuration was "
+                    f"validated on this host (record {record_label(record)})")
 
 
 def env_state(env: Any, value: Any) -> str:
@@ -275,44 +338,53 @@ def env_state(env: Any, value: Any) -> str:
     return f"{GATE}={value!r} set, which the gate does not take (exactly 1 opens it)"
 
 
-def opted_in(out: Findings, entry: dict[str, Any] | None, differs: list[str], unread: Mapping[str, str]
-             ) -> Findings:
-    """The opt-in is set: the server starts DDTREE whatever the configuration; say whether it is validated."""
+def opted_in(out: Findings, record: Mapping[str, Any] | None, differs: list[str], unread: Mapping[str, str],
+             any_record: bool) -> Findings:
+    """The opt-in is set: the server starts DDTREE whatever the configuration; say whether a record holds."""
     head = f"{GATE}=1: the patched SGLang starts DDTREE in any configuration, validated or not"
-    if entry is not None:
-        return out.warn("sglang.ddtree.opted_in", f"{head}; this one is validated ({entry_label(entry)}): the "
+    if record is not None:
+        return out.warn("sglang.ddtree.opted_in", f"{head}; this one is validated ({record_label(record)}): the "
                         "opt-in is not needed",
-                        f"Remove {GATE}=1 from the service's environment: the gate then refuses, at start, any "
-                        "configuration that was not validated.")
-    state = (f"this one is not validated: {', '.join(differs)}" if differs else
-             f"whether this one is validated is not judged: {not_judged(unread)}")
+                        f"Remove {GATE}=1 from the service's environment: the gate then opens on the record alone "
+                        "and refuses, at start, any configuration that differs from it.")
+    if not any_record:
+        state = "no record of this host holds for this one: none made yet"
+    elif differs:
+        state = f"no record of this host holds for this one: {', '.join(differs)}"
+    else:
+        state = f"whether a record holds is not judged: {not_judged(unread)}"
     return out.warn("sglang.ddtree.opted_in", f"{head}; {state}",
-                    "Compare the first outputs token for token with a non-speculative server (patch set README, "
-                    "'Validating on a real host') before serving traffic.")
+                    f"The opt-in is for validation runs only: `{out.details.get('validate')}` proves this "
+                    "configuration on this host and writes the record that opens the gate without it.")
 
 
 def refused(out: Findings, differs: list[str], unread: Mapping[str, str], no_sglang: bool, gate: str,
-            set_name: str, settings: Settings) -> Findings:
-    """Not a validated configuration, no opt-in: the server stops at argument resolution, after its imports. Without
-    SGLang at all that comes first (the opt-in and what is not judged are in the details)."""
+            set_name: str, settings: Settings, near: Mapping[str, Any] | None,
+            refused_records: list[dict[str, str]]) -> Findings:
+    """No record of this host holds for this configuration, no opt-in: the server stops at argument resolution,
+    after its imports. Without SGLang at all that comes first."""
+    command = str(out.details.get("validate"))
+    bad = "; ".join(f"{r['path']} refused: {r['why']}" for r in refused_records[:3])
+    if near is None:
+        what = (f"no site validation record of this host under {out.details.get('records_dir')}"
+                + (f" ({bad})" if bad else ""))
+    else:
+        what = f"this configuration differs from the nearest record {record_label(near)}: {', '.join(differs)}"
+        if bad:
+            what += f" ({bad})"
+    tail = f"; not judged: {not_judged(unread)}" if unread and near is not None else ""  # (details: not_judged)
     if no_sglang:
-        rest = [d for d in differs if not d.startswith("sglang ")]
-        summary = f"DDTREE needs SGLang with the {set_name} patch set (not installed)" + (
-            f", in a validated configuration: {', '.join(rest)}" if rest else
-            f"; the other keys match the configuration validated {out.details.get('nearest')}")
+        summary = f"DDTREE needs SGLang with the {set_name} patch set (not installed), and {what}"
         first = f"Install SGLang and apply the {set_name} patch set (sglang.install, sglang.patches). Then: "
     else:
-        tail = f"; not judged: {not_judged(unread)}" if unread else ""
-        summary = (f"the patched SGLang refuses DDTREE at start: the {set_name} patch set starts only in a "
-                   f"configuration validated inside a real server, and this one is not: {', '.join(differs)}{tail}; "
-                   f"{gate}")
+        summary = (f"the patched SGLang refuses DDTREE at start: it opens only on a site validation record of this "
+                   f"exact configuration, and {what}{tail}; {gate}")
         first = ""
-    env_file = settings.get("server.env_file", "/etc/k26-doctor/sglang-k26.env")
     return out.fail(
         "sglang.ddtree.refused", summary,
-        Remediation(f"{first}Launch the DFlash chain instead (server.speculative_algorithm = \"DFLASH\" in the "
-                    "config), or run DDTREE only as validated (the patch set's manifest.json \"validated\" lists each "
-                    f"configuration, where and how it was shown), or opt in knowingly with {GATE}=1 in the "
-                    "service's environment file, only to validate this configuration as "
-                    f"sglang_patches/{set_name}/README.md says.",
-                    [] if no_sglang else [f"echo '{GATE}=1' | sudo tee -a {env_file}"]))
+        Remediation(f"{first}Prove DDTREE in this configuration on this host: `{command}` starts the base, DFLASH and "
+                    "DDTREE servers one after another as `launch` would, compares their outputs (greedy identity, "
+                    "the sampled distribution, refusals) and speed, and writes the record that opens the gate "
+                    "(its cost is the server starts; it says the expected duration first). Or serve the DFlash "
+                    "chain: server.speculative_algorithm = \"DFLASH\" in the config.",
+                    [command]))

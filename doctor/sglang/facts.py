@@ -87,3 +87,26 @@ def collect_sglang_import(opts: CollectOptions) -> dict[str, Any]:
 def collect_sglang_flags(opts: CollectOptions) -> dict[str, Any]:
     """The server flags the service interpreter's SGLang accepts (from its sources, not imported)."""
     return flags_fact(opts.python, opts.env)
+
+
+IDENTITY_SHAPE = opt({"config_sha256": opt(str), "weights_sha256": opt(str)})
+SITE_SHAPE = {"state_dir": opt(str), "dir": opt(str), "error": opt(str),
+              "records": [{"path": str, "error": opt(str), "record": opt(dict)}],
+              "host": {"machine_id": opt(str), "hostname": opt(str)},
+              "model": IDENTITY_SHAPE, "drafter": IDENTITY_SHAPE}
+
+
+@collector("ddtree_site", timeout=20, shape=SITE_SHAPE)
+def collect_ddtree_site(opts: Any) -> dict[str, Any]:
+    """The DDTree site validation records under the state directory (each read whole: its format, integrity and
+    key checked, ``doctor.sglang.validation.record``), this host's identity, and the model's and drafter's
+    identities as a record pins them (config.json, the safetensors index or headers)."""
+    from doctor.sglang.validation.record import host_identity, model_identity, read_records
+
+    state_dir = getattr(opts, "state_dir", None)
+    found = read_records(state_dir)
+    host = host_identity([])
+    return {"state_dir": state_dir, "dir": found.get("dir"), "error": found.get("error"), "records": found["records"],
+            "host": {"machine_id": host["machine_id"], "hostname": host["hostname"]},
+            "model": model_identity(opts.model_path) if opts.model_path else None,
+            "drafter": model_identity(opts.draft_model_path) if opts.draft_model_path else None}
