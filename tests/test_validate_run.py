@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import validate_support as vs
 
+from doctor.service.validation.run import Options, Stopped, Validation, judge_state, run_key
+from doctor.service.validation.servers import OPT_IN, Role, role_plan
 from doctor.sglang.validation import prompts
-from doctor.sglang.validation.run import Options, Stopped, Validation, judge_state, run_key
-from doctor.sglang.validation.servers import OPT_IN, Role, role_plan
 
 
 @pytest.fixture(autouse=True)
@@ -198,7 +198,7 @@ def test_stopping_a_server_ends_its_whole_process_group(tmp_path):
     import sys
     import time
 
-    from doctor.sglang.validation.servers import Server
+    from doctor.service.validation.servers import Server
 
     pidfile = tmp_path / "child.pid"
     child_code = ("import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "

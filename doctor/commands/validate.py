@@ -68,8 +68,8 @@ def configurations(settings: Any, budgets: list[int], extra: list[str], read: An
                    ) -> tuple[dict[int, dict[str, Any]], dict[str, str]]:
     """The configuration each budget's record would pin, read from the facts as ``sglang.ddtree`` reads it."""
     from doctor.service.launcher import build_server_args
+    from doctor.service.validation.servers import Role, role_settings
     from doctor.sglang.ddtree import patch_set, release_options
-    from doctor.sglang.validation.servers import Role, role_settings
     from doctor.sglang.validation.siteconfig import site_configuration
 
     options = release_options(patch_set(settings))
@@ -192,9 +192,9 @@ def validate(flags: dict[str, Any], fmt: str, output: str | None, budgets: str |
     Extra server flags go after `--`, as with `launch`.
     """
     from doctor.core.settings import ConfigError
+    from doctor.service.validation.run import Options, Stopped, Validation, expected_duration_s, run_key
     from doctor.sglang.validation import prompts
     from doctor.sglang.validation.record import host_identity
-    from doctor.sglang.validation.run import Options, Stopped, Validation, expected_duration_s, run_key
     from doctor.sglang.validation.siteconfig import gpu_uuids
 
     began = time.monotonic()

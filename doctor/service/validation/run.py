@@ -21,9 +21,10 @@ from typing import IO, Any
 
 from doctor.core.fileio import atomic_write, read_or_none
 from doctor.core.settings import Settings
-from doctor.sglang.validation import client, criteria, prompts
+from doctor.service.validation import client
+from doctor.service.validation.servers import Role, Server, role_plan, roles, start_server
+from doctor.sglang.validation import criteria, prompts
 from doctor.sglang.validation.record import canonical
-from doctor.sglang.validation.servers import Role, Server, role_plan, roles, start_server
 
 TOP_LOGPROBS = 10
 START_FIXED_S = 90.0  # interpreter, imports, CUDA graphs, warm-up: what a start costs beyond the weights
