@@ -127,6 +127,12 @@ pair_report() {  # the pair's own predictions (fit, margins, simulated accept le
 
 stage_pair() { pair_build "$@" && pair_report; }
 
+stage_prep() {  # setup, with the trained pair trained meanwhile on the image's own packages (no report)
+  (export PYTHONPATH=; pair_build "${PAIR_SEED:-1}") & local pp=$!
+  stage_setup || return $?
+  wait "$pp"; [ -e "$WORK/pair/.done" ] || { log "no trained pair"; return 1; }
+}
+
 sc() { python3 "$REPO/bench/ddtree/serve_check.py" "$@"; }
 left_s() { echo $(( ${DEADLINE:?} - $(date +%s) )); }
 
@@ -336,6 +342,7 @@ main() {
     all) stage_all "$@" ;;
     product) stage_product ;;
     startplan) stage_startplan "$@" ;;
+    prep) stage_prep ;;
     validate) stage_validate "$@" ;;
     validate-run) stage_validate_run "$@" ;;
     validate-launch) stage_validate_launch ;;
