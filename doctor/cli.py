@@ -24,7 +24,7 @@ from doctor.commands.options import (
     settings_from,
     write_requested,
 )
-from doctor.core.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_SIGPIPE, EXIT_USAGE
+from doctor.core.exitcodes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_SIGPIPE, EXIT_USAGE
 
 LAZY_COMMANDS = {
     "fix": "doctor.commands.fix:fix",
@@ -206,8 +206,11 @@ def run_cli(argv: list[str] | None = None) -> int:
     except click.ClickException as exc:  # a usage error: click says why
         exc.show()
         return exc.exit_code
-    except (click.Abort, EOFError, KeyboardInterrupt):  # as click says it (a run of checks reports Ctrl-C itself)
-        click.echo("\nAborted!", err=True)
+    except (click.Abort, EOFError, KeyboardInterrupt) as exc:  # click turns Ctrl-C into Abort
+        if isinstance(exc, KeyboardInterrupt) or isinstance(exc.__cause__, KeyboardInterrupt):
+            click.echo("interrupted (Ctrl-C)", err=True)  # (a run of checks reports what finished itself)
+            return EXIT_INTERRUPTED
+        click.echo("\nAborted!", err=True)  # a prompt answered with Ctrl-D
         return EXIT_FAILED
     except BrokenPipeError:  # the reader went away (`k26-doctor list | head -1`): nothing left to say
         quiet_stdout()

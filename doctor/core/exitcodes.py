@@ -4,4 +4,5 @@ EXIT_OK = 0  # every selected check passed (warnings allowed unless --strict)
 EXIT_FAILED = 1  # a check failed or errored, or an action failed
 EXIT_USAGE = 2  # invalid invocation or configuration
 EXIT_NO_REPORT = 3  # the doctor itself crashed: no report
+EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, as a shell reports it): a short report of what finished
 EXIT_SIGPIPE = 141  # the reader closed the pipe (128 + SIGPIPE, as a shell reports `yes | head -1`): quiet

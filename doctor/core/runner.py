@@ -7,7 +7,8 @@ the deadline, so abandoned threads are only ever waiting on something already be
 
 Dependencies: a check whose dependency failed, errored or was skipped is ``skip`` with the reason.
 Ignores (``--ignore``, config): a failure is reported as ``warn`` with ``ignored`` set, never hidden.
-Ctrl-C: the run stops at once; unfinished checks become ``error`` ("interrupted") in a partial report,
+Ctrl-C: the run stops at once; unfinished checks become ``error`` ("interrupted", ``details.interrupted``: the
+report folds them into one line) in a partial report,
 and the run's deadline expires (``doctor.core.deadline``) so nothing after it waits for what is still running.
 The run's deadline (``--timeout``) also bounds every check: one that starts late gets what is left, and one
 that would start after it is not run.
@@ -217,7 +218,7 @@ def run_all(
         deadline.expire("the run was interrupted (Ctrl-C)")
         for cid in list(running) + [c.id for c in pending]:
             if cid not in done:
-                res = Result.errored("interrupted (Ctrl-C) before it finished")
+                res = Result.errored("interrupted (Ctrl-C) before it finished", interrupted=True)
                 finish(_stamp(res, by_id[cid]))
     ordered = [done[c.id] for c in checks if c.id in done]
     return RunOutcome(ordered, time.monotonic() - started, interrupted)
