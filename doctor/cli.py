@@ -144,8 +144,15 @@ def explain(check_id: str) -> int:
         fx = registry.fixers.get(chk.fixer)
         click.echo(f"fixer: {chk.fixer}" + (f" — {fx.title}" if fx else " (not registered)"))
     click.echo("")
-    click.echo(chk.explain or "(no explanation written)")
+    click.echo(plain(chk.explain) or "(no explanation written)")
     return EXIT_OK
+
+
+def plain(doc: str | None) -> str:
+    """A docstring as a person reads it: reStructuredText's inline literals (````x````) as `x`."""
+    import re
+
+    return re.sub(r"``(.+?)``", r"`\1`", doc or "", flags=re.S)
 
 
 @cli.command()

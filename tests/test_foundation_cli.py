@@ -354,6 +354,16 @@ def test_explain_prints_the_docstring() -> None:
     assert "NCCL_P2P_DISABLE" in out.stdout and "Fix by hand" in out.stdout
 
 
+def test_explain_prints_plain_text_not_restructuredtext_quoting() -> None:
+    from doctor.core.registry import load
+
+    quoted = [c.id for c in load(plugins=False).checks.values() if "``" in (c.explain or "")]
+    assert quoted, "no docstring quotes a literal: nothing to show"
+    for cid in quoted[:3]:
+        out = run_doctor("explain", cid)
+        assert out.returncode == 0 and "``" not in out.stdout and "`" in out.stdout, out.stdout
+
+
 def test_version_and_help() -> None:
     assert run_doctor("--version").stdout.startswith("k26-doctor")
     helptext = run_doctor("--help").stdout
