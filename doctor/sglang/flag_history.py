@@ -25,12 +25,13 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-from packaging.version import InvalidVersion, Version
+from typing import TYPE_CHECKING, Any
 
 from doctor.core.datafile import load_toml
 from doctor.core.fileio import read_text
+
+if TYPE_CHECKING:  # packaging is imported where it is used: `k26-doctor list` and --help never need it
+    from packaging.version import Version
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 HISTORY_FILE = DATA / "sglang_flag_history.json"
@@ -57,6 +58,8 @@ class FlagHistory:
     def position(self, version: str | None) -> float | None:
         """Where ``version`` falls among the releases: its index, or a half index between two;
         ``None`` when it is not a version."""
+        from packaging.version import Version
+
         parsed = _version(version)
         if parsed is None:
             return None
@@ -108,6 +111,8 @@ def fork_prefixes(path: Path = FORKS_FILE) -> dict[str, dict[str, Any]]:
 def _version(text: str | None) -> Version | None:
     if not text:
         return None
+    from packaging.version import InvalidVersion, Version
+
     try:
         return Version(str(text))
     except InvalidVersion:
