@@ -135,7 +135,7 @@ class Report:
                 "duration_s": round(self.outcome.duration_s, 4),
                 "interrupted": self.outcome.interrupted,
                 "unjudged": [r.id for r in self.unjudged],
-                "roots": [n.id for n, deps in st.notices if deps] + [r.id for r in st.roots],
+                "roots": list(st.order),
                 "next_step": st.next_step,
             },
             "results": results,
@@ -257,7 +257,7 @@ def _run(settings: Settings, started_at: float, on_result: Callable[[Result], No
         notices.append(plan_notice)
     mark_unexplained(outcome.results, notices)
     notes: list[str] = list(reg.warnings)  # e.g. a site plugin's check that does not declare failure=
-    if deadline.expired():
+    if deadline.expired() and not outcome.interrupted:  # (Ctrl-C: the report's last line says it)
         notes.append(f"{deadline.ended()}: what had not finished is an error, and no fix was planned")
     if settings.from_snapshot:
         notes.append(f"judged from snapshot {settings.from_snapshot}, not the live host")

@@ -24,7 +24,7 @@ from doctor.commands.options import (
     settings_from,
     write_requested,
 )
-from doctor.core.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_SIGPIPE, EXIT_USAGE
+from doctor.core.exitcodes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_SIGPIPE, EXIT_USAGE
 
 LAZY_COMMANDS = {
     "fix": "doctor.commands.fix:fix",
@@ -39,6 +39,24 @@ LAZY_COMMANDS = {
     "validate": "doctor.commands.validate:validate",
     "slurm-health": "doctor.commands.fleet:slurm_health",
     "kube-node": "doctor.commands.fleet:kube_node",
+}
+# What `k26-doctor --help` lists for each lazy command: its docstring's first sentence, here so that the help
+# imports none of them (the launcher, the patch engine, the hashing: 0.2 s of a start that only prints). The
+# commands' own help is what `k26-doctor COMMAND --help` prints; tests/test_startup.py keeps the two equal.
+LAZY_HELP = {
+    "fix": "Show (and with --apply, make) the changes that fix failing checks, then check again.",
+    "launch": "Start the SGLang server of the profile, only if no check fails.",
+    "systemd-unit": "Print a systemd unit: ExecStartPre runs `k26-doctor check`, ExecStart launches the server.",
+    "diagnose": "Map a failed start's log (FILE, `-` for stdin, or --journal UNIT) to the checks that catch it.",
+    "wait-ready": "Wait until the server answers ready: refused while loading, 503 while warming up, then 200.",
+    "patches": "The profile's SGLang patch set ([patches] set) in the --python environment.",
+    "manifest": "sha256 manifest of a model directory (k26-doctor.manifest.json), used by `check --deep`.",
+    "env": "A short, paste-ready, redacted summary: driver, CUDA, GPUs and topology, torch/triton/SGLang/kernel "
+           "versions, the environment that matters, and the profile's verdict (the default checks run once).",
+    "smoke": "Send a few requests to the running server (OpenAI API and /generate), read back SGLang's speculative "
+             "accept length, report errors and latencies.",
+    "slurm-health": "Slurm node health check / prolog: drain the node with the failing root cause, resume it when "
+                    "the checks pass.",
 }
 
 
@@ -58,6 +76,24 @@ class LazyGroup(click.Group):
         if not _module_exists(module):
             return None
         return getattr(importlib.import_module(module), attr)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """click's list of commands, a lazy command's line from ``LAZY_HELP`` (the command is not imported)."""
+        commands: list[tuple[str, str | click.Command]] = []
+        for name in self.list_commands(ctx):
+            if name in LAZY_HELP and name not in self.commands:
+                commands.append((name, LAZY_HELP[name]))
+                continue
+            cmd = self.get_command(ctx, name)
+            if cmd is not None and not cmd.hidden:
+                commands.append((name, cmd))
+        if not commands:
+            return
+        limit = formatter.width - 6 - max(len(name) for name, _ in commands)
+        rows = [(name, click.utils.make_default_short_help(cmd, limit) if isinstance(cmd, str)
+                 else cmd.get_short_help_str(limit)) for name, cmd in commands]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
 
 def _module_exists(module: str) -> bool:
@@ -152,8 +188,15 @@ def explain(check_id: str) -> int:
         fx = registry.fixers.get(chk.fixer)
         click.echo(f"fixer: {chk.fixer}" + (f" — {fx.title}" if fx else " (not registered)"))
     click.echo("")
-    click.echo(chk.explain or "(no explanation written)")
+    click.echo(plain(chk.explain) or "(no explanation written)")
     return EXIT_OK
+
+
+def plain(doc: str | None) -> str:
+    """A docstring as a person reads it: reStructuredText's inline literals (````x````) as `x`."""
+    import re
+
+    return re.sub(r"``(.+?)``", r"`\1`", doc or "", flags=re.S)
 
 
 @cli.command()
@@ -214,16 +257,18 @@ def run_cli(argv: list[str] | None = None) -> int:
     except click.ClickException as exc:  # a usage error: click says why
         exc.show()
         return exc.exit_code
-    except (click.Abort, EOFError, KeyboardInterrupt):  # as click says it (a run of checks reports Ctrl-C itself)
-        click.echo("\nAborted!", err=True)
+    except (click.Abort, EOFError, KeyboardInterrupt) as exc:  # click turns Ctrl-C into Abort
+        if isinstance(exc, KeyboardInterrupt) or isinstance(exc.__cause__, KeyboardInterrupt):
+            click.echo("interrupted (Ctrl-C)", err=True)  # (a run of checks reports what finished itself)
+            return EXIT_INTERRUPTED
+        click.echo("\nAborted!", err=True)  # a prompt answered with Ctrl-D
         return EXIT_FAILED
     except BrokenPipeError:  # the reader went away (`k26-doctor list | head -1`): nothing left to say
         quiet_stdout()
         return EXIT_SIGPIPE
     finally:  # a probe of a check abandoned at its deadline, or interrupted: never left running
-        from doctor.core.proc import kill_all
-
-        kill_all()
+        if "doctor.core.proc" in sys.modules:  # (what never started a child has none to end: --help, list)
+            sys.modules["doctor.core.proc"].kill_all()
     return code if isinstance(code, int) else EXIT_OK
 
 

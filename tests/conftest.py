@@ -7,6 +7,7 @@ import functools
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -48,6 +49,26 @@ def _one_thread_per_worker() -> None:
 
 
 _one_thread_per_worker()
+
+
+def interruptible() -> None:
+    """``preexec_fn`` of a child a test interrupts: SIGINT as a terminal gives it (default, not blocked).
+
+    A suite started where SIGINT is ignored (``nohup ... &``, ``(trap '' INT; pytest)``, a CI runner) hands that
+    to every child: an ignored signal stays ignored across exec, and Python then installs no KeyboardInterrupt
+    handler, so a test's Ctrl-C reaches a doctor that never hears it. A blocked one is inherited the same way."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _session_interruptible() -> None:
+    """The same for this process, so that every child it starts (xdist's workers, the doctor) inherits it."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+_session_interruptible()  # default dispositions however the suite was started
 # The environment as the session started, before any test module or test ran: what the probes whose results the
 # test cache keeps get (interpreters.probe_env), so that a variable a library sets in this process when a test
 # imports it (SGLang's modules set some of theirs) reaches neither their children nor their results' keys.

@@ -103,9 +103,13 @@ def _download(d: Path, version: str, package: str, pip_args: tuple[str, ...],
     except OSError as exc:
         return None, f"no {package} {version} wheel in {d}, and it cannot be written: {exc}"
     try:
-        with downloads.downloading(f"{package}=={version}", d):
+        # pip's own temporary files (where the wheel grows while it downloads) under ``tmp``: the progress lines
+        # count them
+        env = dict(os.environ, TMPDIR=str(tmp))
+        with downloads.downloading(f"{package}=={version}", d, watch=tmp):
             res = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(tmp),
-                                  *pip_args, f"{package}=={version}"], capture_output=True, text=True, timeout=1800)
+                                  *pip_args, f"{package}=={version}"], capture_output=True, text=True, timeout=1800,
+                                 env=env)
         got = _found(tmp, version, package, for_install)
         if got is None:
             return None, (f"no {package} {version} wheel in {d}, and pip download failed "

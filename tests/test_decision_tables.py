@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from doctor.core.decision import decide
-from doctor.core.exitcodes import EXIT_FAILED, EXIT_OK
+from doctor.core.exitcodes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from doctor.core.result import Findings, NotJudged, Remediation, Result, Status
 
 
@@ -87,12 +87,14 @@ def result(cid: str, status: Status, unjudged: bool = False) -> Result:
 PASS, WARN, FAIL, ERROR = (result("p", Status.PASS), result("w", Status.WARN), result("f", Status.FAIL),
                            result("e", Status.ERROR))
 UNJUDGED, APART = result("u", Status.SKIP, unjudged=True), result("n", Status.SKIP)
+STOPPED = Result.errored("interrupted (Ctrl-C) before it finished", interrupted=True)  # not a failure of its own
 
 
 @pytest.mark.parametrize(("results", "kw", "status", "code", "refusal"), [
     ([PASS, WARN, FAIL, UNJUDGED], {}, Status.FAIL, EXIT_FAILED, "1 check(s) failed: f"),
-    ([PASS, ERROR], {"interrupted": True}, Status.FAIL, EXIT_FAILED, "1 check(s) failed: e"),
-    ([PASS, WARN], {"interrupted": True}, Status.WARN, EXIT_FAILED, "the run was interrupted"),
+    ([PASS, ERROR], {"interrupted": True}, Status.FAIL, EXIT_INTERRUPTED, "the run was interrupted"),
+    ([PASS, STOPPED], {"interrupted": True}, Status.PASS, EXIT_INTERRUPTED, "the run was interrupted"),
+    ([PASS, WARN], {"interrupted": True}, Status.WARN, EXIT_INTERRUPTED, "the run was interrupted"),
     ([PASS, UNJUDGED], {"strict": True}, Status.FAIL, EXIT_FAILED, "1 check(s) could not be judged"),
     ([PASS, UNJUDGED], {}, Status.PASS, EXIT_OK, "1 check(s) could not be judged"),
     ([WARN, UNJUDGED], {}, Status.WARN, EXIT_OK, "1 check(s) could not be judged"),

@@ -10,6 +10,7 @@ refused; a test that needs what .ci/run installs skips naming the module and the
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +33,16 @@ def test_marked_reader():
 def test_marked_download():
     with downloads.downloading("thing==1.0", "/nowhere", "1 kB"):
         pass
+
+@pytest.mark.network
+def test_download_progress(tmp_path):
+    import time
+    with downloads.downloading("big==2.0", tmp_path, "3 MB", watch=tmp_path, every=0.2):
+        with open(tmp_path / "big.whl.part", "wb") as fh:
+            for _ in range(3):
+                fh.write(b"x" * 1_000_000)
+                fh.flush()
+                time.sleep(0.5)
 
 def test_unmarked_download():
     with downloads.downloading("other==2.0", "/nowhere"):
@@ -67,11 +78,19 @@ def test_marked_readers_run_unmarked_ones_fail_and_downloads_show(tmp_path: Path
     out = inner(tmp_path)
     got = outcomes(out)
     assert got == {"test_unmarked_reader": "FAILED", "test_marked_reader": "PASSED", "test_marked_download": "PASSED",
-                   "test_unmarked_download": "PASSED", "test_needs_what_ci_installs": "SKIPPED"}, out.stdout
+                   "test_download_progress": "PASSED", "test_unmarked_download": "PASSED",
+                   "test_needs_what_ci_installs": "SKIPPED"}, out.stdout
     assert "reads the torch 2.11.0 wheel, a first-run download, but is not marked `network`" in out.stdout
     # past pytest's capture, on the terminal's stream, while it happens: one line at the start, one at the end
     assert "[k26-doctor tests] first run: fetching thing==1.0 (1 kB) into /nowhere" in out.stderr, out.stderr
     assert "[k26-doctor tests] fetched thing==1.0 in 0 s" in out.stderr
+    # while a download runs: a line every few seconds (here 0.2) with the bytes so far and the rate; the end line
+    # says the size and the mean rate
+    progress = [ln for ln in out.stderr.splitlines() if ln.startswith("[k26-doctor tests] fetching big==2.0: ")]
+    assert progress and all(re.search(r": [\d.]+ (B|kB|MB) in \d+ s \([\d.]+ (B|kB|MB)/s\) so far$", ln)
+                            for ln in progress), out.stderr
+    assert re.search(r"\[k26-doctor tests\] fetched big==2.0 3.0 MB in \d+ s \([\d.]+ (kB|MB)/s\)", out.stderr), \
+        out.stderr
     assert f"k26_no_such_module is not installed in {sys.executable} (needed for this test): `bash .ci/run` " \
            "installs it" in out.stdout
 

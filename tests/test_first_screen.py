@@ -3,13 +3,17 @@
 ``gpuless-fresh-venv.json`` is ``k26-doctor snapshot`` recorded on a GPU-less Debian 12 container (no NVIDIA
 driver) from a fresh Python 3.12 venv holding only k26-doctor, no model, ``--python`` not given: what a newcomer's
 first run sees. Its replay at 80 columns is compared with the golden text (tests/fixtures/golden/); the same
-rules are then checked on this machine's live run.
+rules are then checked on this machine's live run. Three more first screens of that host are golden: a wrong
+``--python`` and a wrong ``--model-path`` (the recording with the facts of that path collected here: a path that
+does not exist reads the same on every machine), and Ctrl-C during ``check --deep`` (a real child, a real SIGINT).
 
-Rules: at most 30 lines, none over 100 columns at 80 columns (a word longer than the line is never broken);
-root causes first, each dependent folded under its root and never on a line of its own; the service-interpreter
-notice before everything; the one next step last; no line of ``--ignore`` flags.
+Rules: at most 32 lines (the first root's fix shown in full), none over 100 columns at 80 columns (a word longer
+than the line is never broken); root causes first, in the order of what blocks the most (the --python notice ranked
+among them: no NVIDIA driver comes first), each dependent folded under its root and never on a line of its own; the
+counts of what the screen shows; the one next step last, a command that runs as written or names what the user
+supplies; no line of ``--ignore`` flags.
 
-``K26_UPDATE_GOLDEN=1`` rewrites the golden file (review the diff, commit it).
+``K26_UPDATE_GOLDEN=1`` rewrites the golden files (review the diff, commit it).
 """
 
 from __future__ import annotations
@@ -18,16 +22,19 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
-from conftest import ROOT, doctor_env, run_doctor
+from conftest import ROOT, doctor_env, interruptible, penv, run_doctor
 
 from doctor.report.text import unfold_ids
 
 SNAP = ROOT / "tests" / "fixtures" / "snapshots" / "gpuless-fresh-venv.json"
-GOLDEN = ROOT / "tests" / "fixtures" / "golden" / "gpuless-first-screen.txt"
+GOLDENS = ROOT / "tests" / "fixtures" / "golden"
+GOLDEN = GOLDENS / "gpuless-first-screen.txt"
 GLYPHS = ("✔", "!", "✘", "-", "‼")
 
 
@@ -47,7 +54,7 @@ def logical(lines: list[str], start: int, indent: int) -> str:
     return " ".join(out)
 
 
-def screen_rules(text: str, results: dict[str, dict], max_lines: int | None = 30) -> None:
+def screen_rules(text: str, results: dict[str, dict], max_lines: int | None = 32) -> None:
     """The rules above, against the JSON report of the same run (``results`` by id)."""
     lines = text.rstrip("\n").splitlines()
     assert max_lines is None or len(lines) <= max_lines, f"{len(lines)} lines:\n{text}"
@@ -92,20 +99,112 @@ def replay(*args: str, columns: str | None = "80", cwd: Path) -> subprocess.Comp
                           capture_output=True, text=True, env=env, cwd=cwd, timeout=120, stdin=subprocess.DEVNULL)
 
 
+def golden(name: str, text: str) -> str:
+    """``text`` (normalized) against the golden file ``name``; ``K26_UPDATE_GOLDEN=1`` writes it first."""
+    text = normalized(text)
+    if os.environ.get("K26_UPDATE_GOLDEN"):
+        (GOLDENS / name).write_text(text)
+    assert text == (GOLDENS / name).read_text()
+    return text
+
+
+def next_line(text: str) -> str:
+    """The ``next:`` line, its wrapped continuation joined."""
+    lines = text.rstrip("\n").splitlines()
+    at = max(i for i, ln in enumerate(lines) if ln.startswith("next: "))
+    return logical(lines, at, 0)
+
+
 def test_the_first_screen_of_a_gpuless_host_is_golden(tmp_path: Path):
     out = replay(cwd=tmp_path)
     assert out.returncode == 1, out.stderr
-    text = normalized(out.stdout)
-    if os.environ.get("K26_UPDATE_GOLDEN"):
-        GOLDEN.write_text(text)
-    assert text == GOLDEN.read_text()
+    text = golden("gpuless-first-screen.txt", out.stdout)
     js = json.loads(replay("--format", "json", cwd=tmp_path).stdout)
     results = {r["id"]: r for r in js["results"]}
     screen_rules(out.stdout, results)
     lines = text.splitlines()
-    assert lines[1].startswith("! note: --python is not set")  # said once, first
-    assert js["summary"]["roots"][:3] == ["doctor.python", "gpu.driver", "model.shards"]
-    assert lines[-1] == f"next: {js['summary']['next_step']}"
+    assert lines[1].startswith("✘ gpu.driver ")  # it blocks the most: 15 checks, the notice's 8
+    assert js["summary"]["roots"][:3] == ["gpu.driver", "doctor.python", "model.shards"]
+    assert next_line(text) == f"next: {js['summary']['next_step']}" == \
+        "next: k26-doctor explain gpu.driver (what it looks at and how to fix it)".replace(" (", "   (")
+    tally = next(ln for ln in lines if ln.startswith("FAIL: "))
+    assert tally.startswith("FAIL: 3 root causes failed (20 checks), 1 note (8 checks), 1 not judged, 1"), tally
+    assert len([ln for ln in lines if ln.startswith("✘ ")]) == 3  # the 3 it counts
+
+
+def derived(tmp_path: Path, name: str, flag: str, value: str, facts: list[str]) -> Path:
+    """The recording as that host would record it with ``flag value``: ``facts`` collected here for that value
+    (a path that does not exist, the same everywhere), the rest as recorded."""
+    snap = json.loads(SNAP.read_text())
+    live = run_doctor("snapshot", flag, value, *[a for f in facts for a in ("--fact", f)], env=doctor_env())
+    assert live.returncode == 0, live.stderr
+    snap["facts"].update(json.loads(live.stdout)["facts"])
+    snap["options"][flag.lstrip("-").replace("-", "_")] = value
+    if flag == "--python":
+        snap["options"]["python_given"] = True
+    (tmp_path / name).write_text(json.dumps(snap))
+    return tmp_path / name
+
+
+# the facts read through the service's interpreter: a wrong --python changes every one of them
+INTERPRETER_FACTS = ["venv", "stack", "kernels", "sglang_flags", "sglang_import", "sglang_patches", "torch_info",
+                     "triton_build", "ptxas", "libcuda"]
+
+
+def test_a_wrong_python_is_the_first_root_and_its_next_step_names_what_to_supply(tmp_path: Path):
+    snap = derived(tmp_path, "wrong-python.json", "--python", "/nonexistent/bin/python", INTERPRETER_FACTS)
+    out = subprocess.run([sys.executable, "-m", "doctor", "check", "--from-snapshot", snap.name], capture_output=True,
+                         text=True, env=doctor_env(COLUMNS="80"), cwd=tmp_path, timeout=120, stdin=subprocess.DEVNULL)
+    assert out.returncode == 1, out.stderr
+    text = golden("gpuless-wrong-python.txt", out.stdout)
+    lines = text.splitlines()
+    assert lines[1].startswith("✘ python.venv    /nonexistent/bin/python does not exist")
+    assert "--python is not set" not in text and "/path/to" not in text
+    assert next_line(text) == "next: k26-doctor check --python PYTHON   (PYTHON: the python SGLang runs in)"
+
+
+def test_a_wrong_model_path_is_ranked_and_the_next_step_follows_the_first_root(tmp_path: Path):
+    snap = derived(tmp_path, "wrong-model.json", "--model-path", "/srv/models/kimi-k2.6", ["model"])
+    out = subprocess.run([sys.executable, "-m", "doctor", "check", "--from-snapshot", snap.name], capture_output=True,
+                         text=True, env=doctor_env(COLUMNS="80"), cwd=tmp_path, timeout=120, stdin=subprocess.DEVNULL)
+    assert out.returncode == 1, out.stderr
+    text = golden("gpuless-wrong-model-path.txt", out.stdout)
+    roots = [ln.split()[1] for ln in text.splitlines() if ln[:2] in ("✘ ", "! ", "- ")]
+    assert roots[:3] == ["gpu.driver", "note:", "model.shards"], roots
+    assert "model path /srv/models/kimi-k2.6 does not exist" in text
+    assert next_line(text).startswith("next: k26-doctor explain gpu.driver")  # the first root's, not --python's
+
+
+def test_ctrl_c_during_check_deep_reports_what_finished_in_one_line_and_exits_130(tmp_path: Path, plugin_site: str):
+    """A real ``check --deep`` of the recording, a real SIGINT once every check but the hung one has finished
+    (the site plugin's site.hang, told to be last): what finished as usual, one line for what was stopped, the
+    counts, exit 130, no next step (the run judged too little to name one)."""
+    shutil.copy(SNAP, tmp_path / "gpuless.json")
+    started = tmp_path / "started"
+    env = penv(plugin_site, SITE_HANG="100", SITE_HANG_LAST="1", SITE_STARTED=str(started), COLUMNS="80")
+    proc = subprocess.Popen([sys.executable, "-m", "doctor", "check", "--deep", "--from-snapshot", "gpuless.json",
+                             "--timeout", "300"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            cwd=tmp_path, stdin=subprocess.DEVNULL, preexec_fn=interruptible)
+    try:
+        until = time.monotonic() + 120
+        while not started.exists() and proc.poll() is None and time.monotonic() < until:
+            time.sleep(0.05)
+        assert started.exists(), proc.stderr.read() if proc.poll() is not None else "site.hang never started"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, (proc.returncode, out, err)
+    text = golden("gpuless-ctrl-c.txt", out)
+    lines = text.splitlines()
+    assert [ln for ln in lines if "interrupted before they finished" in ln] == [
+        "‼ interrupted before they finished (1): site.hang"]
+    assert not [ln for ln in lines if ln.startswith("next:")]
+    assert lines[-1] == "interrupted: the same command again judges the rest"
+    assert "\nINTERRUPTED (Ctrl-C), a partial report: 44 of 45 checks finished: 3 root causes\n" in text
+    assert "Traceback" not in err
 
 
 def test_a_narrow_terminal_wraps_and_a_wide_one_does_not(tmp_path: Path):

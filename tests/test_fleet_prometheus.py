@@ -5,6 +5,7 @@ shipped alerting rules under ``promtool test rules``."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -279,13 +280,24 @@ def readme_grep() -> list[str]:
     return argv
 
 
+def explicit_disk(tmp_path: Path, env: dict[str, str]) -> Path:
+    """host.disk's inputs made explicit: the places it measures are this test's own directory and no free space is
+    required, so its verdict is a pass on a machine whose disk is nearly full too (the verdict under test is the
+    textfile's, not this machine's disk). Returns the config file; ``env`` gets TMPDIR and the Triton cache."""
+    env.update(TMPDIR=str(tmp_path), TRITON_CACHE_DIR=str(tmp_path / "triton"), SGLANG_LOG_DIR=str(tmp_path))
+    cfg = tmp_path / "disk.toml"
+    cfg.write_text(f"[host]\nmin_free_gib = 0\npaths = [{json.dumps(str(tmp_path))}]\n")
+    return cfg
+
+
 @needs_exporter
 def test_node_exporter_serves_the_textfile_and_the_readmes_grep_finds_the_failure(tmp_path: Path) -> None:
     textdir = tmp_path / "textfile"
     textdir.mkdir()
     env = plugin_env(tmp_path, "fail on purpose")
-    res = run_doctor("check", "--only", "fleet.*", "--only", "host.disk", "--format", "openmetrics",
-                     "--output", str(textdir / "k26-doctor.prom"), env=env)
+    cfg = explicit_disk(tmp_path, env)  # host.disk passes whatever this machine's free space
+    res = run_doctor("check", "--config", str(cfg), "--only", "fleet.*", "--only", "host.disk", "--format",
+                     "openmetrics", "--output", str(textdir / "k26-doctor.prom"), env=env)
     assert res.returncode == 1, res.stderr
     (port,) = free_ports(1)
     assert NODE_EXPORTER is not None

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import doctor_env, run_doctor
+from conftest import doctor_env, interruptible, run_doctor
 from hostile_support import hung_python, kill_left, misbehaving_server, model_with, running, small_model, wait_for
 
 pytestmark = pytest.mark.timeout(120)
@@ -117,20 +117,29 @@ def test_fix_planning_is_bounded_by_the_run(base_model: Path, tmp_path: Path) ->
 
 
 def test_ctrl_c_during_a_hung_check_ends_at_once(base_model: Path, tmp_path: Path) -> None:
+    """``check --deep`` with a service interpreter that never answers, a real SIGINT as a terminal sends it: exit
+    130 at once, a short report of what finished with one line for every check that was stopped, no next step
+    (the run judged too little to name one), no probe left running."""
     python, pids = hung_python(tmp_path)
-    proc = subprocess.Popen([sys.executable, "-m", "doctor", "check", "--python", str(python), "--model-path",
-                             str(base_model)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=doctor_env(), stdin=subprocess.DEVNULL,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen([sys.executable, "-m", "doctor", "check", "--deep", "--python", str(python),
+                             "--model-path", str(base_model)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=doctor_env(COLUMNS="80"), stdin=subprocess.DEVNULL,
+                            preexec_fn=interruptible)  # whatever SIGINT was when the suite started
     try:
         # (python.venv probes the interpreter first and blocks every check that runs it until it answers: one
         # hung probe at least)
         assert wait_for(lambda: len(running(pids)) >= 1, 30), "the probes did not start"
         sent = time.monotonic()
         proc.send_signal(signal.SIGINT)
-        stdout, _ = proc.communicate(timeout=30)
+        stdout, stderr = proc.communicate(timeout=30)
         assert time.monotonic() - sent < 8, "Ctrl-C took too long"
-        assert proc.returncode == 1 and "interrupted: this report is partial" in stdout, stdout[-1500:]
+        lines = stdout.splitlines()
+        assert proc.returncode == 130, (proc.returncode, stdout[-1500:], stderr[-1500:])
+        stopped = [ln for ln in lines if "interrupted before they finished" in ln]
+        assert len(stopped) == 1 and "INTERRUPTED (Ctrl-C), a partial report:" in stdout, stdout
+        assert not [ln for ln in lines if ln.startswith("next:")] and lines[-1].startswith("interrupted: "), stdout
+        assert not [ln for ln in lines if "interrupted (Ctrl-C) before it finished" in ln], stdout  # not one each
+        assert len(lines) <= 40 and "Traceback" not in stderr, stdout
         assert wait_for(lambda: not running(pids), 5), f"left running: {running(pids)}"
     finally:
         if proc.poll() is None:

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import interruptible
 from model_replica import shard_name
 
 from doctor.core import deadline, proc
@@ -286,7 +287,8 @@ def test_ctrl_c_stops_the_hashing(tmp_path, processes):
     job = _sparse(tmp_path, "big", 2 << 30)
     env = dict(os.environ, PYTHONPATH=str(Path(hashing.__file__).resolve().parents[2]))
     out = subprocess.run([sys.executable, "-c", CTRL_C_IN_MAIN, job.path, processes], capture_output=True,
-                         text=True, timeout=110, env=env, start_new_session=True)
+                         text=True, timeout=110, env=env, start_new_session=True,
+                         preexec_fn=interruptible)  # SIGINT as a terminal gives it, however the suite started
     doc = json.loads(out.stdout)
     assert doc["interrupted"] is True and doc["done"] < job.st.st_size, (doc, out.stderr[-2000:])
     assert len(doc["servers"]) == (processes == "processes") and None not in doc["server_exit"], doc

@@ -37,7 +37,7 @@ def from_json(doc: dict) -> dict:
     results = {r["id"]: (r["status"], r.get("root"), bool(r.get("unjudged"))) for r in doc["results"]}
     s = doc["summary"]
     return {"results": results, "roots": s["roots"], "next": s["next_step"], "unjudged": sorted(s["unjudged"]),
-            "verdict": s["status"], "counts": s["counts"]}
+            "verdict": s["status"], "counts": s["counts"], "tally": tally_of_json(doc)}
 
 
 def from_junit(xml: str) -> dict:
@@ -94,14 +94,48 @@ def from_text(text: str, ids: set[str]) -> dict:
         m = re.match(r"^not judged \(.*?\): (.*)$", ln)
         if m:
             out["unjudged"] = sorted(unfold_ids(m.group(1)))
-        m = re.match(r"^(PASS|WARN|FAIL): (\d+) passed, (\d+) warnings, (\d+) failed, (\d+) skipped(?: \(\d+ not "
-                     r"judged\))?, (\d+) errors in ", ln)
+        m = re.match(r"^(PASS|WARN|FAIL): (.*) in \d+\.\d\ds$", ln)
         if m:
             out["verdict"] = m.group(1).lower()
-            out["counts"] = dict(zip(("pass", "warn", "fail", "skip", "error"), map(int, m.groups()[1:]), strict=True))
+            out["tally"] = tally_of_text(m.group(2))
         if ln.startswith("next: "):
             out["next"] = ln[len("next: "):]
     return out
+
+
+TALLY_WORDS = {"root cause failed": "fail", "root causes failed": "fail", "errored": "error", "note": "note",
+               "notes": "note", "not judged": "unjudged", "warning": "warn", "warnings": "warn", "passed": "pass",
+               "not applicable": "na", "interrupted": "interrupted"}
+
+
+def tally_of_text(text: str) -> dict[str, tuple[int, int]]:
+    """``3 root causes failed (20 checks), 1 note (8 checks), 1 warning; 5 passed; 35 checks``: what each kind of
+    line counts, and the checks it covers."""
+    got = {}
+    for n, word, covered in re.findall(r"(\d+) (" + "|".join(sorted(TALLY_WORDS, key=len, reverse=True))
+                                       + r")(?: \((\d+) checks\))?", text):
+        got[TALLY_WORDS[word]] = (int(n), int(covered or n))
+    got["total"] = (int(re.search(r"(\d+) checks$", text).group(1)),) * 2
+    return got
+
+
+def tally_of_json(doc: dict) -> dict[str, tuple[int, int]]:
+    """The same counts from the JSON report: its roots in order (a notice is a note), each with the results whose
+    root it is; the passes and what does not apply that no root explains; every result."""
+    results = {r["id"]: r for r in doc["results"]}
+    got: dict[str, list[int]] = {}
+    for root in doc["summary"]["roots"]:
+        under = sum(1 for r in results.values() if r.get("root") == root)
+        res = results.get(root)
+        kind = "note" if res is None else "unjudged" if res.get("unjudged") else res["status"]
+        n, covered = got.setdefault(kind, [0, 0])
+        got[kind] = [n + 1, covered + under + (res is not None)]
+    for kind, status in (("pass", "pass"), ("na", "skip")):
+        n = sum(1 for r in results.values() if r["status"] == status and not r.get("root") and not r.get("unjudged"))
+        if n:
+            got[kind] = [n, n]
+    got["total"] = [len(results)] * 2
+    return {k: (v[0], v[1]) for k, v in got.items()}
 
 
 def words(text: str) -> list[str]:
@@ -147,7 +181,8 @@ def test_every_recorded_snapshot_tells_one_story_in_text_json_and_junit(snapshot
         if root is None:
             assert (t_status, t_unjudged) == (status, unjudged), (cid, tx["results"][cid], js["results"][cid])
     assert tx["unjudged"] == js["unjudged"] == sorted(c for c, r in js["results"].items() if r[2])
-    assert tx["counts"] == js["counts"] and tx["verdict"] == js["verdict"]
+    assert tx["tally"] == js["tally"] and tx["verdict"] == js["verdict"]  # the counts say what the screen shows
+    assert sum(covered for kind, (_, covered) in tx["tally"].items() if kind != "total") == tx["tally"]["total"][0]
     assert ju["verdict"] in (js["verdict"], None) and (ju["verdict"] == "fail") == (js["verdict"] == "fail")
 
 

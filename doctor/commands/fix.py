@@ -2,7 +2,9 @@
 
 mlenvdoctor's loop (plan -> dry-run -> apply -> verify), with brew doctor's rule that the plan
 says exactly what will change. Backups go to ``<state_dir>/backups/<time>/`` and the path is
-printed, so a change can be taken back by hand. Planning itself is ``doctor.core.fixing``.
+printed, so a change can be taken back by hand. Planning itself is ``doctor.core.fixing``. The plan wraps to the
+terminal as ``check``'s report does (``COLUMNS``, else its width, else 80 columns); commands wrap with a shell
+continuation, so they still paste, and a diff keeps its lines.
 """
 
 from __future__ import annotations
@@ -19,10 +21,23 @@ from doctor.commands.options import guarded, selection_options, settings_from
 from doctor.core import deadline
 from doctor.core.actions import ActionError, new_backup_dir
 from doctor.core.causes import roots
-from doctor.core.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from doctor.core.exitcodes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from doctor.core.fixing import CheckPlan, plan_for, wants_fix
 from doctor.core.result import Result, Status
 from doctor.core.settings import Settings
+from doctor.report.text import terminal_width, wrap, wrap_command
+
+
+def say(text: str, first: str = "", rest: str | None = None) -> None:
+    """``text`` after ``first``, wrapped to the terminal at word boundaries, continued under ``rest``."""
+    for line in wrap(text, terminal_width(sys.stdout), first, first + "  " if rest is None else rest):
+        click.echo(line)
+
+
+def say_command(command: str, pad: str) -> None:
+    """``$ command``, continued with `` \\`` at word boundaries when it is wider than the terminal."""
+    for line in wrap_command(command, terminal_width(sys.stdout), pad):
+        click.echo(line)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -67,41 +82,46 @@ def make_plans(settings: Settings) -> tuple[list[CheckPlan], Report]:
 
 
 def remedy_lines(res: Result, indent: str = "  ") -> list[str]:
+    """The remediation of ``res`` wrapped to the terminal: its text, then each command as it pastes."""
     rem = res.remediation
+    columns = terminal_width(sys.stdout)
     if rem is None or not (rem.text or rem.commands):
-        return [f"{indent}(no remediation written: `k26-doctor explain {res.id}`)"]
-    return ([f"{indent}{rem.text}"] if rem.text else []) + [f"{indent}  $ {c}" for c in rem.commands]
+        return wrap(f"(no remediation written: `k26-doctor explain {res.id}`)", columns, indent, indent + "  ")
+    lines = wrap(rem.text, columns, indent, indent + "  ") if rem.text else []
+    for c in rem.commands:
+        lines.extend(wrap_command(c, columns, indent + "  "))
+    return lines
 
 
 def print_actions(acting: list[CheckPlan]) -> None:
     for plan in acting:
-        click.echo(f"{plan.check_id}: {plan.result.summary}")
-        click.echo(f"  fixer {plan.fixer_id}: {plan.title}")
+        say(f"{plan.check_id}: {plan.result.summary}")
+        say(f"fixer {plan.fixer_id}: {plan.title}", "  ")
         for note in plan.notes:  # what the fixer chose not to touch, and why
-            click.echo(f"  note: {note}")
+            say(f"note: {note}", "  ", "        ")
         for i, action in enumerate(plan.actions, 1):
             root = "  [needs root]" if action.needs_root else ""
-            click.echo(f"  {i}. {action.summary}{root}")
-            for line in action.details():
+            say(f"{i}. {action.summary}{root}", "  ", "     ")
+            for line in action.details():  # a diff, a file's new text: laid out as it is
                 click.echo(f"       {line}")
 
 
 def print_by_hand(by_hand: list[Result], others: dict[str, CheckPlan], report: Report) -> None:
     for notice in report.notices:
-        click.echo(f"note: {notice.summary}")
+        say(f"note: {notice.summary}")
     root = roots(report.results, report.notices)
-    click.echo(f"{len(by_hand)} check(s) nothing can change automatically; by hand:")
+    say(f"{len(by_hand)} check(s) nothing can change automatically; by hand:")
     for res in by_hand:
         if root.get(res.id) and not root[res.id].startswith("doctor."):
-            click.echo(f"{res.id}: same cause as {root[res.id]}")
+            say(f"{res.id}: same cause as {root[res.id]}")
             continue
-        click.echo(f"{res.id}: {res.summary}")
+        say(f"{res.id}: {res.summary}")
         plan = others.get(res.id)
         if plan is not None:
             if plan.error:
-                click.echo(f"  ! fixer {plan.fixer_id}: {plan.error}")
+                say(f"! fixer {plan.fixer_id}: {plan.error}", "  ")
             for note in plan.notes:
-                click.echo(f"  note: {note}")
+                say(f"note: {note}", "  ", "        ")
         for line in remedy_lines(res):
             click.echo(line)
 
@@ -144,8 +164,8 @@ def apply_plans(plans: list[CheckPlan], settings: Settings, ask: bool, fmt: str 
                 click.echo(f"  failed: {exc}", err=True)
                 break  # the rest of this plan may depend on this step
             except KeyboardInterrupt:
-                click.echo("interrupted; what was applied is listed above", err=True)
-                return EXIT_FAILED
+                click.echo("interrupted (Ctrl-C); what was applied is listed above", err=True)
+                return EXIT_INTERRUPTED
     # Verify: run the fixed checks again with fresh facts.
     again = replace(settings, only=[p.check_id for p in todo], skip=[], snapshot=None)
     report, _ = run(again)

@@ -205,22 +205,28 @@ def _supervise(plan: Any, settings: Any, timeout: float, interval: float, watch:
     """Run the server as a child: wait for readiness, notify systemd, forward signals, return its status."""
     from doctor.service.readiness import health_url, sd_notify, wait_ready
 
+    started: list[subprocess.Popen[bytes]] = []
+
+    def forward(signum: int, _frame: Any) -> None:
+        if started and started[0].poll() is None:
+            started[0].send_signal(signum)
+
+    # The handlers go in before the server starts: a signal the doctor handles is the default again in the program
+    # it execs, so the server hears the SIGINT and SIGTERM forwarded to it even where the doctor was started with
+    # them ignored or blocked (`nohup ... &`, a CI runner), which it would otherwise inherit.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGHUP, forward)
+    # Ctrl-C on a terminal already reaches the server (same foreground process group): don't double it.
+    signal.signal(signal.SIGINT, forward if not sys.stdin.isatty() else lambda *_: None)
     try:
         child = subprocess.Popen(plan.argv, env=plan.env, **(watch.popen_args() if watch else {}))
     except OSError as exc:
         _say(f"cannot start {plan.argv[0]}: {exc.strerror or exc}")
         return EXIT_FAILED
+    started.append(child)
     if watch:
         watch.tee(child)  # its output passes through unchanged; the start's lines are kept for the record
-
-    def forward(signum: int, _frame: Any) -> None:
-        if child.poll() is None:
-            child.send_signal(signum)
-
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGHUP, forward)
-    # Ctrl-C on a terminal already reaches the server (same foreground process group): don't double it.
-    signal.signal(signal.SIGINT, forward if not sys.stdin.isatty() else lambda *_: None)
     url = health_url(str(settings.get("server.host", "127.0.0.1")), int(settings.get("server.port", 30000)))
     sd_notify(f"MAINPID={os.getpid()}\nSTATUS=starting SGLang (pid {child.pid}), waiting for {url}")
     outcome = wait_ready(url, timeout, interval_s=interval, exited=child.poll, progress=sys.stderr,

@@ -7,4 +7,5 @@ EXIT_NO_REPORT = 3  # the doctor itself crashed: no report
 # `kube-node`: node-problem-detector's plugin protocol has a third answer, Unknown (any status but 0 and 1): the
 # node's checks could not be judged. It is EXIT_USAGE's number, as NPD reads an invalid invocation too.
 EXIT_NPD_UNKNOWN = 2
+EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, as a shell reports it): a short report of what finished
 EXIT_SIGPIPE = 141  # the reader closed the pipe (128 + SIGPIPE, as a shell reports `yes | head -1`): quiet

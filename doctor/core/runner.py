@@ -7,7 +7,8 @@ the deadline, so abandoned threads are only ever waiting on something already be
 
 Dependencies: a check whose dependency failed, errored or was skipped is ``skip`` with the reason.
 Ignores (``--ignore``, config): a failure is reported as ``warn`` with ``ignored`` set, never hidden.
-Ctrl-C: the run stops at once; unfinished checks become ``error`` ("interrupted") in a partial report,
+Ctrl-C: the run stops at once; unfinished checks become ``error`` ("interrupted", ``details.interrupted``: the
+report folds them into one line) in a partial report,
 and the run's deadline expires (``doctor.core.deadline``) so nothing after it waits for what is still running.
 The run's deadline (``--timeout``) also bounds every check: one that starts late gets what is left, and one
 that would start after it is not run.
@@ -81,7 +82,7 @@ def execute(chk: Check, ctx: Context) -> Result:
     except MalformedFact as exc:  # one rule for every area: a value of the wrong shape is a clear fail
         res = Result.failed(f"the fact {exc.name!r} is malformed: {exc.reason}",
                             Remediation("Record the host again with `k26-doctor snapshot`, or check live."),
-                            fact=exc.name)
+                            fact=exc.name, malformed=True)
     except FactUnavailable as exc:
         status = Status.SKIP if exc.status == "skip" else Status.ERROR
         res = Result(status, f"cannot judge: {exc.reason} (fact {exc.name!r})", {"fact": exc.name})
@@ -218,7 +219,36 @@ def run_all(
         deadline.expire("the run was interrupted (Ctrl-C)")
         for cid in list(running) + [c.id for c in pending]:
             if cid not in done:
-                res = Result.errored("interrupted (Ctrl-C) before it finished")
+                res = Result.errored("interrupted (Ctrl-C) before it finished", interrupted=True)
                 finish(_stamp(res, by_id[cid]))
     ordered = [done[c.id] for c in checks if c.id in done]
+    one_root_per_malformed_fact(ordered, by_id)
     return RunOutcome(ordered, time.monotonic() - started, interrupted)
+
+
+def one_root_per_malformed_fact(results: list[Result], by_id: dict[str, Check]) -> None:
+    """Checks that failed on the same malformed fact tell one cause: the first of them (the one the others
+    depend on, directly or through another, if there is one) is its root, the others name it as their cause and
+    are folded under it, instead of the same "the fact 'model' is malformed" line once per check."""
+    by_fact: dict[str, list[Result]] = {}
+    for res in results:
+        if res.status is Status.FAIL and res.details.get("malformed") and res.cause is None:
+            by_fact.setdefault(str(res.details.get("fact")), []).append(res)
+
+    def upstream(cid: str) -> set[str]:
+        seen: set[str] = set()
+        todo = list(by_id[cid].depends) if cid in by_id else []
+        while todo:
+            dep = todo.pop()
+            if dep not in seen:
+                seen.add(dep)
+                todo.extend(by_id[dep].depends if dep in by_id else ())
+        return seen
+
+    for same in by_fact.values():
+        if len(same) < 2:
+            continue
+        root = next((r for r in same if all(r.id in upstream(o.id) for o in same if o is not r)), same[0])
+        for res in same:
+            if res is not root:
+                res.cause = root.id

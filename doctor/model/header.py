@@ -115,10 +115,11 @@ def read_header(path: str | os.PathLike[str]) -> HeaderReport:
                 return rep.fail("truncated", f"is {st.st_size} bytes: too short for a safetensors header "
                                 "(truncated or empty download)")
             (n,) = struct.unpack("<Q", head[:8])
-            rep.header_len = n
-            if n > MAX_HEADER_BYTES:
+            if n > MAX_HEADER_BYTES:  # (random bytes read as a length: said in words, never recorded as a number
+                # past what a reading may hold, which would make the whole model fact malformed for every check)
                 return rep.fail("header_too_large", f"header length {n} exceeds safetensors' limit of "
                                 f"{MAX_HEADER_BYTES} bytes (not a safetensors file, or corrupt)")
+            rep.header_len = n
             if n < 2:
                 return rep.fail("header_invalid", f"header length {n} is too small for a JSON object "
                                 "(zero-filled file: an incomplete preallocated download?)")

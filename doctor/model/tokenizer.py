@@ -24,10 +24,7 @@ import shlex
 import stat
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from packaging.version import InvalidVersion, Version
+from typing import TYPE_CHECKING, Any
 
 from doctor.core.datafile import load_toml
 from doctor.core.fileio import kind_of, read_capped
@@ -35,6 +32,9 @@ from doctor.core.proc import run_probe
 from doctor.core.result import Findings, NotJudged, Remediation
 from doctor.model.remote_code import auto_map_refs, compat_table, download_command, scan_remote_code
 from doctor.model.tiktoken_bpe import read_tiktoken_bpe
+
+if TYPE_CHECKING:
+    from packaging.version import Version
 
 MARKERS_FILE = Path(__file__).resolve().parents[1] / "data" / "tokenizer_markers.toml"
 PROBE_TIMEOUT_S = 120.0
@@ -170,6 +170,8 @@ def warning(into: Findings, code: str, message: str, fix: str = "") -> None:
 
 
 def _version(text: Any) -> Version | None:
+    from packaging.version import InvalidVersion, Version  # (imported where used: `list` never needs it)
+
     try:
         return Version(str(text)) if text else None
     except InvalidVersion:
@@ -177,6 +179,8 @@ def _version(text: Any) -> Version | None:
 
 
 def _in_range(version: Version | None, spec: str) -> bool:
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
     try:
         return version is not None and version in SpecifierSet(spec)
     except InvalidSpecifier:
@@ -263,7 +267,7 @@ def _judge_versions(fact: dict[str, Any], model_type: str | None, tf_version: Ve
     remote = fact.get("remote_code") or {}
     for name, rec in (remote.get("files") or {}).items():
         for hit in rec.get("moved") or []:
-            if tf_version is not None and tf_version >= Version(hit["gone_from"]):
+            if tf_version is not None and tf_version >= _version(hit["gone_from"]):
                 problem(v, "remote_code_transformers",
                     f"{name} line {hit['line']} imports {hit['name']} from {hit['module']}, which transformers "
                     f"{hit['gone_from']} and later no longer have (installed: {tf_version}); the tokenizer cannot load",

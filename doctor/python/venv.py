@@ -84,8 +84,8 @@ def judge_venv(v: dict[str, Any]) -> Findings:
     wrong = describe(v) if not v.get("exists") or not (v.get("is_venv") or v.get("starts")) else None
     if wrong:
         return Findings(**v).fail(NOT_PYTHON, wrong, Remediation(
-            "pass the SGLang venv's bin/python as --python",
-            [shlex.join(["k26-doctor", "check", "--python", "/path/to/service/venv/bin/python"])]))
+            "pass the SGLang venv's bin/python as --python PYTHON",
+            [shlex.join(["k26-doctor", "check", "--python", "PYTHON"])]))
     seen = Account()
     if not v.get("resolves"):
         seen.problems.append(("python.venv.dangling", f"{py} is a dangling symlink "

@@ -34,8 +34,7 @@ def to_junit(report: Any) -> str:
         "hostname": socket.gethostname(),
     })
     props = ET.SubElement(suite, "properties")
-    ET.SubElement(props, "property", {"name": "roots", "value": " ".join(
-        [n.id for n, deps in st.notices if deps] + [r.id for r in st.roots])})
+    ET.SubElement(props, "property", {"name": "roots", "value": " ".join(st.order)})
     ET.SubElement(props, "property", {"name": "next_step", "value": st.next_step or ""})
     for kind in ("node", "deployment"):  # what a failure means: the node broken, or the deployment's configuration
         ET.SubElement(props, "property", {"name": f"{kind}_failures", "value": " ".join(

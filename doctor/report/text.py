@@ -149,7 +149,8 @@ def _fix_lines(rem: Any, pad: str, columns: int, said_last: str | None = None) -
     is that step: not said twice."""
     if not rem or not (rem.text or rem.commands):
         return []
-    commands = [c for c in rem.commands if c != said_last]
+    said = said_last.split("   (", 1)[0] if said_last else None  # the step without what its placeholders mean
+    commands = [c for c in rem.commands if c != said]
     if rem.commands and not commands:
         return []
     out = wrap(f"fix: {rem.text}", columns, pad, pad + "  ") if rem.text else []
@@ -208,16 +209,20 @@ def render_text(report: Any, verbose: int = 0, color: bool | None = None, stream
         shown += st.not_applicable
     width = max((len(r.id) for r in shown), default=10)
     pad = " " * (width + 4)
-    for notice, dependents in st.notices:
+    for cause in st.causes():
+        if isinstance(cause, Root):
+            full = bool(verbose) or cause.id == st.next_for or len(st.roots) == 1
+            out.extend(_root_lines(cause, width, pad, color, stream, columns, verbose, full,
+                                   None if verbose else st.next_step))
+            continue
+        notice, dependents = cause
         out.extend(_notice_lines(notice, dependents, color, stream, columns, bool(verbose)))
         for dep in dependents if verbose else []:
             out.extend(render_result_line(dep, width, color, stream, f"[same cause as {notice.id}] {dep.summary}",
                                           columns))
             out.extend(_verbose_lines(dep, pad, exhibit=True))
-    for root in st.roots:
-        full = bool(verbose) or root.id == st.next_for or len(st.roots) == 1
-        out.extend(_root_lines(root, width, pad, color, stream, columns, verbose, full,
-                               None if verbose else st.next_step))
+    if st.interrupted:
+        out.extend(_interrupted_lines(st.interrupted, color, stream, columns))
     if verbose:
         for res in st.passed + st.not_applicable:
             out.extend(render_result_line(res, width, color, stream, columns=columns))
@@ -253,6 +258,15 @@ def _notice_lines(notice: Any, dependents: list[Any], color: bool, stream: IO[st
         lines.extend(_fix_lines(notice.remediation, "    ", columns))
     if dependents:
         lines.extend(_ids_line("concerns", [d.id for d in dependents], "    ", columns))
+    return lines
+
+
+def _interrupted_lines(stopped: list[Any], color: bool, stream: IO[str] | None, columns: int) -> list[str]:
+    """The checks Ctrl-C stopped: one line for all of them (they judged nothing; the JSON lists each)."""
+    mark = glyph(Status.ERROR, stream)
+    lines = wrap(f"interrupted before they finished ({len(stopped)}): " + fold_ids([r.id for r in stopped]), columns,
+                 f"{mark} ", "    ")
+    lines[0] = _paint(mark, COLORS[Status.ERROR], color) + lines[0][len(mark):]
     return lines
 
 
@@ -313,19 +327,51 @@ def failure_line(st: Story) -> str | None:
     return said + "the node itself has no failure: nothing to drain, taint or page"
 
 
+def _count(n: int, one: str, many: str, covered: int) -> str:
+    return f"{n} {one if n == 1 else many}" + (f" ({covered} checks)" if covered != n else "")
+
+
+def tally(st: Story, total: int) -> str:
+    """The counts of what the screen shows, each line once: the root causes by status (with the checks each
+    explains), the notes, the passes, what does not apply, what Ctrl-C stopped, and every check of the run.
+    ``3 root causes failed (20 checks), 1 note (8 checks), 1 warning; 5 passed; 35 checks``: the roots and the
+    checks under them add up to the run's checks (the JSON report's ``summary.counts`` counts each check by its
+    own status)."""
+    groups: dict[str, list[Root]] = {}
+    for root in st.roots:
+        res = root.result
+        key = "fail" if res.status is Status.FAIL else "error" if res.status is Status.ERROR else \
+            "unjudged" if res.unjudged else "warn"
+        groups.setdefault(key, []).append(root)
+    words = {"fail": ("root cause failed", "root causes failed"), "error": ("errored", "errored"),
+             "unjudged": ("not judged", "not judged"), "warn": ("warning", "warnings")}
+    parts = [_count(len(groups[k]), *words[k], sum(1 + len(r.dependents) for r in groups[k]))
+             for k in ("fail", "error") if k in groups]
+    notes = [deps for _, deps in st.notices if deps]
+    if notes:
+        parts.append(_count(len(notes), "note", "notes", sum(len(d) for d in notes)))
+    parts += [_count(len(groups[k]), *words[k], sum(1 + len(r.dependents) for r in groups[k]))
+              for k in ("unjudged", "warn") if k in groups]
+    rest = [f"{len(st.passed)} passed"] if st.passed else []
+    if st.not_applicable:
+        rest.append(f"{len(st.not_applicable)} not applicable")
+    if st.interrupted:
+        rest.append(f"{len(st.interrupted)} interrupted")
+    return "; ".join(x for x in (", ".join(parts), "; ".join(rest)) if x) + f"; {total} checks"
+
+
 def footer(report: Any, color: bool, st: Story | None = None, columns: int = DEFAULT_WIDTH) -> list[str]:
     """Counts and time, the fixers that would change something, and last the next step."""
     st = st or story(report)
-    c = report.counts()
     unjudged = [r.id for r in report.results if r.status is Status.SKIP and r.unjudged]
-    parts = [f"{c['pass']} passed", f"{c['warn']} warnings", f"{c['fail']} failed",
-             f"{c['skip']} skipped" + (f" ({len(unjudged)} not judged)" if unjudged else ""), f"{c['error']} errors"]
     status = report.decision().status
+    head = f"{status.value.upper()}: "
+    if report.outcome.interrupted:
+        head = f"INTERRUPTED (Ctrl-C), a partial report: {len(report.results) - len(st.interrupted)} of " \
+               f"{len(report.results)} checks finished: "
     lines = []
     lines.extend(_paint(ln, COLORS.get(status, "1"), color) if i == 0 else ln for i, ln in enumerate(wrap(
-        f"{status.value.upper()}: " + ", ".join(parts) + f" in {report.outcome.duration_s:.2f}s", columns, "", "  ")))
-    if report.outcome.interrupted:
-        lines.append("interrupted: this report is partial")
+        head + tally(st, len(report.results)) + f" in {report.outcome.duration_s:.2f}s", columns, "", "  ")))
     if unjudged:
         lines.extend(wrap("not judged (want of facts: `launch` refuses, --strict fails): " + ", ".join(unjudged),
                           columns, "", "  "))
@@ -338,8 +384,10 @@ def footer(report: Any, color: bool, st: Story | None = None, columns: int = DEF
                           + "   (then add --apply)", columns, "", "            "))
     unshown = [r for r in st.roots if r.id != st.next_for and r.result.remediation is not None] if len(st.roots) > 1 \
         else []
-    if unshown:
+    if unshown and not report.outcome.interrupted:  # (no fix was planned)
         lines.extend(wrap("each fix: `k26-doctor fix` (plans them, changes nothing); details: -v", columns, "", "  "))
     if st.next_step:
         lines.extend(wrap(f"next: {st.next_step}", columns, "", "      "))
+    elif report.outcome.interrupted:
+        lines.append("interrupted: the same command again judges the rest")
     return lines

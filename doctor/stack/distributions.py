@@ -8,14 +8,15 @@ import os
 import re
 import shlex
 from collections.abc import Iterator
-from typing import Any
-
-from packaging.requirements import InvalidRequirement, Requirement
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from packaging.version import InvalidVersion, Version
+from typing import TYPE_CHECKING, Any
 
 from doctor.core.settings import Settings
 from doctor.stack import compat
+
+if TYPE_CHECKING:  # packaging is imported where it is used: `k26-doctor list` and --help never need it
+    from packaging.requirements import Requirement
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
 
 
 def norm(name: str) -> str:
@@ -43,6 +44,8 @@ def has_sglang(stack: Any) -> bool | None:
 
 
 def parse_version(text: Any) -> Version | None:
+    from packaging.version import InvalidVersion, Version
+
     try:
         return Version(str(text))
     except (InvalidVersion, TypeError):
@@ -52,6 +55,8 @@ def parse_version(text: Any) -> Version | None:
 def parse_spec(text: Any) -> SpecifierSet | None:
     if text in (None, ""):
         return None
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
     try:
         return SpecifierSet(str(text))
     except InvalidSpecifier:
@@ -76,6 +81,8 @@ def applicable_requirements(stack: dict[str, Any], requires: Any) -> Iterator[Re
     reads them: markers evaluated with the stack fact's marker environment (no extra selected); an entry
     that does not parse is passed over, and one whose marker cannot be evaluated (an unknown variable) is
     judged anyway. One reading for every check that compares requirements with what is installed."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
     env = dict((stack.get("python") or {}).get("markers") or {})
     env["extra"] = ""
     for text in requires or []:

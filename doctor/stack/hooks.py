@@ -38,11 +38,10 @@ def interpreter_notice(ctx: Context, results: list[Result]) -> Notice | None:
     config = settings.config_path or "/etc/k26-doctor/config.toml"
     notice = Notice(
         PYTHON_NOTICE,
-        f"--python is not set: the checks judged the doctor's own interpreter {python}, which has no SGLang. "
-        f"Set the service's once: [doctor] python = \"/path/to/service/venv/bin/python\" in {config} (or pass "
-        "--python).",
-        Remediation(f"In {config}, under [doctor]: python = \"/path/to/service/venv/bin/python\"; to try it first:",
-                    ["k26-doctor check --python /path/to/service/venv/bin/python"]))
+        f"--python is not set: the checks judged the doctor's own interpreter {python}, which has no SGLang; "
+        f"set [doctor] python = \"PYTHON\" in {config} (or --python PYTHON)",
+        Remediation(f"In {config}, under [doctor]: python = \"PYTHON\"; to try it first:",
+                    ["k26-doctor check --python PYTHON"]))
     point_at(notice, results, python)
     return notice
 

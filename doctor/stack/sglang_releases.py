@@ -14,16 +14,19 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-from packaging.version import InvalidVersion, Version
+from typing import TYPE_CHECKING, Any
 
 from doctor.core.fileio import read_text
+
+if TYPE_CHECKING:  # packaging is imported where it is used: `k26-doctor list` and --help never need it
+    from packaging.version import Version
 
 HISTORY_FILE = Path(__file__).resolve().parents[1] / "data" / "sglang_flag_history.json"
 
 
 def _version(text: str | None) -> Version | None:
+    from packaging.version import InvalidVersion, Version
+
     if not text:
         return None
     try:
@@ -51,6 +54,8 @@ class FlagHistory:
     def position(self, version: str | None) -> float | None:
         """Where ``version`` falls among the releases: its index, or a half index between two;
         ``None`` when it is not a version."""
+        from packaging.version import Version
+
         parsed = _version(version)
         if parsed is None:
             return None

@@ -6,15 +6,16 @@ as ``pip check`` reads them. Mismatched kernels load and then crash or silently 
 from __future__ import annotations
 
 import shlex
-from typing import Any
-
-from packaging.version import Version
+from typing import TYPE_CHECKING, Any
 
 from doctor.core.result import Findings, Remediation
 from doctor.core.settings import Settings
 from doctor.stack import compat
 from doctor.stack.distributions import applicable_requirements, installed_dist, norm, parse_spec, parse_version
 from doctor.stack.service_probe import probe_failure
+
+if TYPE_CHECKING:  # packaging is imported where it is used: `k26-doctor list` and --help never need it
+    from packaging.version import Version
 
 COMPONENTS = ("torch", "triton", "sglang", "sglang_kernel", "flashinfer")
 PIP_NAMES = {"torch": "torch", "triton": "triton", "sglang": "sglang", "sglang_kernel": "sglang-kernel",
@@ -37,6 +38,8 @@ def matrix(versions: dict[str, Version | None], problems: list[str], warnings: l
             warnings.append(text + " (the profile pins it deliberately)")
         else:
             problems.append(text)
+
+    from packaging.version import Version
 
     missing: dict[str, str] = {}
     torch_v, triton_v, sglang_v = versions.get("torch"), versions.get("triton"), versions.get("sglang")

@@ -33,13 +33,13 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
-
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from packaging.version import InvalidVersion, Version
+from typing import TYPE_CHECKING, Any
 
 from doctor.core.fileio import read_capped
 from doctor.sglang.patching.hashing import normalize_digest
+
+if TYPE_CHECKING:  # packaging is imported where it is used: `k26-doctor list` and --help never need it
+    from packaging.specifiers import SpecifierSet
 
 MANIFEST_NAME = "manifest.json"
 PACKAGE_SETS_DIR = Path(__file__).resolve().parents[3] / "sglang_patches"
@@ -78,10 +78,14 @@ class PatchSet:
 
     @property
     def specifier(self) -> SpecifierSet:
+        from packaging.specifiers import SpecifierSet
+
         return SpecifierSet(self.sglang)
 
     def supports(self, version: str) -> bool:
         """Whether the installed SGLang version is one this set was made for (pre-releases too)."""
+        from packaging.version import InvalidVersion, Version
+
         try:
             return self.specifier.contains(Version(version), prereleases=True)
         except InvalidVersion:
@@ -141,6 +145,8 @@ def from_dict(data: Any, directory: Path | None = None, origin: str = "manifest"
     spec = data.get("sglang")
     if not isinstance(spec, str) or not spec.strip():
         raise ManifestError(f"{origin}: 'sglang' must be a version specifier such as '==0.5.23'")
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
     try:
         SpecifierSet(spec)
     except InvalidSpecifier:
