@@ -137,9 +137,16 @@ def test_nvcc_missing_for_flashinfer_is_the_jit_toolchain_not_a_c_compiler() -> 
     assert [f.signature.check for f in diagnose_lines(["/bin/sh: 1: gcc: not found"], SIGS)] == ["triton.jit"]
 
 
-def test_an_nvcc_too_old_for_the_arch_is_the_jit_toolchain_not_ptxas() -> None:
+def test_an_nvcc_too_old_for_the_arch_is_the_jit_toolchain_not_ptxas_and_too_weak_to_blame() -> None:
+    """nvcc's "Unsupported gpu architecture" is read as the JIT toolchain (never ptxas), but the same line was an old
+    nvcc on the host in one thread and DeepGEMM asking CUDA 12.8 for sm_100f in another (a none case): the signature
+    is weak, so it is shown and names no check."""
     found = _found("jitnvcc-deepgemm-nvcc-sm100f-unsupported-sgl-kernel.log")
-    assert found[0].signature.check == "sglang.install"
+    assert found[0].signature.id == "jit-nvcc-arch-unsupported" and found[0].signature.check is None
+    assert found[0].withheld_check == "sglang.install" and "weak" in found[0].withheld
+    assert all(f.signature.check != "triton.ptxas" for f in found)
+    none = _found("none-deepgemm-cu128-nvcc-sm100f-unsupported-b200.log")
+    assert [f.signature.check for f in none] == [None]
 
 
 def test_the_capture_wrapper_is_judged_by_what_it_wraps() -> None:
