@@ -189,6 +189,158 @@ def test_consequences_blame_nothing_and_nothing_matched_still_shows_the_telling_
     assert "line 7: RuntimeError: NCCL Error 2" in render_text([], "x.log", lines)
 
 
+# -- blame needs the log's own causal evidence ----------------------------------------------------------------------
+
+SITE = """
+[[signature]]
+id = "gen"
+sources = []
+unsupported = "a test's generic message, weak"
+patterns = ['GenericFailure']
+strength = "weak"
+check = "host.disk"
+fix = "x"
+commands = ["k26-doctor check --only host.disk"]
+
+[[signature]]
+id = "strong-disk"
+sources = []
+unsupported = "a test's specific message of the same check"
+patterns = ['DiskReallyFull']
+check = "host.disk"
+fix = "x"
+commands = ["k26-doctor check --only host.disk"]
+
+[[signature]]
+id = "reads-as-port"
+sources = []
+unsupported = "a test's message that another check also reads"
+patterns = ['Ambiguous \\d+']
+check = "host.port"
+fix = "x"
+commands = ["k26-doctor check --only host.port"]
+
+[[signature]]
+id = "reads-as-shm"
+sources = []
+unsupported = "a test's message that another check also reads"
+patterns = ['Ambiguous 7']
+check = "host.shm"
+fix = "x"
+commands = ["k26-doctor check --only host.shm"]
+
+[[signature]]
+id = "echo"
+sources = []
+unsupported = "a test's consequence that names a check only beside its evidence"
+patterns = ['PeerGone']
+consequence = true
+blame_if = ['LinkDown']
+blame_if_raised = true
+check = "gpu.nvlink"
+fix = "x"
+commands = ["k26-doctor check --only gpu.nvlink"]
+"""
+
+
+def _site(tmp_path: Path) -> list:
+    path = tmp_path / "site.toml"
+    path.write_text(SITE)
+    return load_signatures([path])
+
+
+def _blame(lines: list[str], sigs: list) -> list[tuple[str, str | None, str | None]]:
+    return [(f.signature.id, f.signature.check, f.withheld_check) for f in diagnose_lines(lines, sigs)]
+
+
+def test_a_weak_signature_alone_names_nothing_and_beside_a_strong_one_of_its_check_names_it(tmp_path: Path) -> None:
+    sigs = _site(tmp_path)
+    assert _blame(["GenericFailure here"], sigs) == [("gen", None, "host.disk")]
+    assert _blame(["GenericFailure here", "DiskReallyFull"], sigs) == [("gen", "host.disk", None),
+                                                                      ("strong-disk", "host.disk", None)]
+
+
+def test_one_line_read_as_two_checks_names_neither(tmp_path: Path) -> None:
+    sigs = _site(tmp_path)
+    assert sorted(_blame(["Ambiguous 7"], sigs)) == [("reads-as-port", None, "host.port"),
+                                                     ("reads-as-shm", None, "host.shm")]
+    assert _blame(["Ambiguous 8"], sigs) == [("reads-as-port", "host.port", None)]
+    # a cause on another line still comes first and is named
+    assert _blame(["DiskReallyFull", "Ambiguous 7"], sigs)[0] == ("strong-disk", "host.disk", None)
+
+
+def test_a_consequence_names_its_check_only_beside_causal_evidence_or_as_the_raised_error(tmp_path: Path) -> None:
+    sigs = _site(tmp_path)
+    assert _blame(["[rank3]: PeerGone on allreduce"], sigs) == [("echo", None, "gpu.nvlink")]
+    assert _blame(["kernel: LinkDown on port 3", "[rank3]: PeerGone on allreduce"], sigs) == [
+        ("echo", "gpu.nvlink", None)]
+    raised = ["Traceback (most recent call last):", '  File "/srv/x.py", line 3, in init', "    comm()",
+              "RuntimeError: PeerGone at init"]
+    assert _blame(raised, sigs) == [("echo", "gpu.nvlink", None)]
+    # the same words below the traceback, after its exception, are not the raised error
+    assert _blame([*raised[:3], "RuntimeError: other", "[x] PeerGone later"], sigs) == [("echo", None, "gpu.nvlink")]
+
+
+def test_the_raised_error_is_read_through_logger_prefixes() -> None:
+    from doctor.service.logstructure import LogShape
+
+    lines = ["E0305 20:23:38.890000 755 site-packages/torch/_inductor/runtime/triton_heuristics.py:533] Traceback "
+             "(most recent call last):",
+             'E0305 20:23:38.890000 755 site-packages/torch/_inductor/runtime/triton_heuristics.py:533]   File '
+             '"/x/compiler.py", line 1, in make_cubin',
+             "E0305 20:23:38.890000 755 site-packages/torch/_inductor/runtime/triton_heuristics.py:533]     "
+             "subprocess.run(ptxas_cmd, check=True)",
+             "E0305 20:23:38.890000 755 site-packages/torch/_inductor/runtime/triton_heuristics.py:533] "
+             "subprocess.CalledProcessError: Command returned non-zero exit status 255.",
+             "I0305 20:23:39.000000 755 x.py:1] shutting down"]
+    shape = LogShape(lines)
+    assert [shape.raised(i) for i in range(len(lines))] == [False, False, False, True, False]
+
+
+def test_a_withheld_blame_is_shown_with_its_reason_and_the_telling_lines(tmp_path: Path) -> None:
+    sigs = _site(tmp_path)
+    lines = ["RuntimeError: GenericFailure in the loader"]
+    found = diagnose_lines(lines, sigs)
+    text = render_text(found, "x.log", lines)
+    assert "none of them blamed" in text and "not blamed on host.disk: weak evidence" in text
+    assert "line 1: RuntimeError: GenericFailure" in text.split("Lines that look like the failure")[1]
+    assert found[0].to_dict()["check"] is None and found[0].to_dict()["withheld"]["check"] == "host.disk"
+    log = tmp_path / "x.log"
+    log.write_text("\n".join(lines) + "\n")
+    out = _cli(str(log), "--signatures", str(tmp_path / "site.toml"), "--format", "json")
+    assert out.returncode == 0 and '"withheld"' in out.stdout and '"telling_lines": [' in out.stdout
+    assert "GenericFailure in the loader" in out.stdout.split('"telling_lines"')[1]
+
+
+def test_blame_keys_are_checked_when_loaded(tmp_path: Path) -> None:
+    from doctor.service.diagnose import SignatureError
+
+    for bad in ('strength = "medium"', "blame_if_raised = 1", "blame_if = ['(']"):
+        path = tmp_path / "bad.toml"
+        path.write_text(f"[[signature]]\nid = 'b'\npatterns = ['x']\n{bad}\n")
+        with pytest.raises(SignatureError):
+            load_signatures([path])
+
+
+def test_nccl_lines_blame_the_interconnect_only_on_causal_evidence() -> None:
+    def checks(lines: list[str]) -> list[str | None]:
+        return [f.signature.check for f in diagnose_lines(lines, SIGS)]
+
+    watchdog = ("[rank0]:[E1001 16:06:04.5 ProcessGroupNCCL.cpp:1664] [PG 0 (default_pg) Rank 0] Exception (either an "
+                "error or timeout) detected by watchdog at work: {n}, last enqueued NCCL work: {n}, last completed "
+                "NCCL work: {m}.")
+    timeout = "[rank0]:[E1001 16:06:04.5 ProcessGroupNCCL.cpp:607] [Rank 0] Watchdog caught collective operation timeout"
+    assert checks([timeout, watchdog.format(n=1, m=-1)]) == ["gpu.nvlink"]  # the first collective never completed
+    assert checks([timeout, watchdog.format(n=808, m=807)]) == [None]  # a rank stopped after 807 of them
+    xid = "NVRM: Xid (PCI:0000:18:00): 74, pid=1234, name=python, NVLink: fatal error detected on link 3"
+    assert checks([xid, timeout]) == ["gpu.nvlink"]
+    peer = ("torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:3763, remote process exited or "
+            "there was a network error, NCCL version 2.28.8")
+    assert checks(["Traceback (most recent call last):", '  File "/x.py", line 1, in f', "    g()", peer]) == [None]
+    nvls = "node23:12098:12141 [2] transport/nvls.cc:244 NCCL WARN Cuda failure 1 'invalid argument'"
+    assert checks([nvls, "node23:12098:12141 [2] NCCL INFO init.cc:1196 -> 1"]) == ["gpu.multicast"]
+
+
 # -- provenance ------------------------------------------------------------------------------------------
 
 def test_no_builtin_pattern_ignores_case() -> None:
