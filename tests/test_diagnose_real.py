@@ -329,7 +329,8 @@ def test_nccl_lines_blame_the_interconnect_only_on_causal_evidence() -> None:
     watchdog = ("[rank0]:[E1001 16:06:04.5 ProcessGroupNCCL.cpp:1664] [PG 0 (default_pg) Rank 0] Exception (either an "
                 "error or timeout) detected by watchdog at work: {n}, last enqueued NCCL work: {n}, last completed "
                 "NCCL work: {m}.")
-    timeout = "[rank0]:[E1001 16:06:04.5 ProcessGroupNCCL.cpp:607] [Rank 0] Watchdog caught collective operation timeout"
+    timeout = "[rank0]:[E1001 16:06:04.5 ProcessGroupNCCL.cpp:607] [Rank 0] Watchdog caught collective operation " \
+              "timeout"
     assert checks([timeout, watchdog.format(n=1, m=-1)]) == ["gpu.nvlink"]  # the first collective never completed
     assert checks([timeout, watchdog.format(n=808, m=807)]) == [None]  # a rank stopped after 807 of them
     xid = "NVRM: Xid (PCI:0000:18:00): 74, pid=1234, name=python, NVLink: fatal error detected on link 3"

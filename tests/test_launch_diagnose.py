@@ -114,8 +114,8 @@ def test_quoted_real_messages(line: str, check: str) -> None:
     assert got and got[0][1] == check, got
 
 
-NCCL_RAISED = ("torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/NCCLUtils.cpp:77, "
-               "unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL version 2.27.5")
+NCCL_RAISED = ("torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/"
+               "NCCLUtils.cpp:77, unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL version 2.27.5")
 
 
 def test_an_nccl_error_names_the_interconnect_only_as_the_error_a_traceback_raised() -> None:
