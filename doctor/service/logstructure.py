@@ -48,7 +48,7 @@ def layout() -> Layout:
     data = load_toml(LAYOUT_FILE)
     tb = data["traceback"]
     return Layout(tuple(re.compile(p) for p in data["process"]["tags"]),
-                  tuple(re.compile(p) for p in data["process"]["prefixes"]),
+                  (re.compile("|".join(f"(?:{p})" for p in data["process"]["prefixes"])),),  # one match a step
                   re.compile(tb["header"]), re.compile(tb["frame"]), tuple(re.compile(p) for p in tb["chain"]),
                   int(tb["max_lines"]), re.compile("|".join(f"(?:{p})" for p in data["phase"]["markers"])),
                   int(data["phase"]["max_lines"]))
