@@ -521,7 +521,8 @@ def names_a_cause(matches: list[LogMatch]) -> bool:
     return any(not f.signature.consequence and not f.withheld for f in matches)
 
 
-def judge_blame(found: list[LogMatch], hit_lines: dict[str, list[int]], shape: LogShape) -> None:
+def judge_blame(found: list[LogMatch], hit_lines: dict[str, list[int]], shape: LogShape,
+                candidates: dict[re.Pattern[str], list[int] | None] | None = None) -> None:
     """Withhold the blame of findings the log does not support (precision before recall: a wrong blame sends an
     operator to fix the wrong thing; "nothing found, here are the lines" does not):
     - a consequence (a peer died, a watchdog fired, a child failed) names its check only on the log's own causal
@@ -530,11 +531,19 @@ def judge_blame(found: list[LogMatch], hit_lines: dict[str, list[int]], shape: L
     - a weak signature (a generic message whose threads name more than one cause) names its check only beside a
       strong finding of the same check;
     - two causes of different checks read from the same line (comparable evidence, neither suppressing the other)
-      name neither."""
+      name neither.
+    ``candidates``: the lines the matcher's one prefilter pass found for each ``blame_if`` pattern (no second scan
+    of a large log)."""
+    def present(p: re.Pattern[str]) -> bool:
+        lines = (candidates or {}).get(p)
+        if lines is None:
+            return bool(shape.matching(p))
+        return any(p.search(shape.lines[i]) for i in lines)
+
     for f in found:
         s = f.signature
         if s.check is not None and s.consequence and not (
-                any(shape.matching(p) for p in s.blame_if)
+                any(present(p) for p in s.blame_if)
                 or (s.blame_if_raised and any(shape.raised(i) for i in hit_lines.get(s.id, ())))):
             f.withhold(f"a consequence: nothing in the log shows the cause {s.check} checks")
     strong = {f.signature.check for f in found if f.signature.check is not None and not f.signature.weak}
@@ -570,7 +579,7 @@ def diagnose_lines(lines: list[str], signatures: list[Signature], context: int =
         clean = [_ANSI.sub("", ln[:MAX_LINE]) for ln in clean]
         text = "\n".join(clean)
     starts = list(accumulate(map((1).__add__, map(len, clean)), initial=0))[:-1]
-    plan = {pat: required_literals(pat) for sig in signatures for pat in sig.patterns}
+    plan = {pat: required_literals(pat) for sig in signatures for pat in (*sig.patterns, *sig.blame_if)}
     candidates = candidate_lines(text, starts, plan, use_grep)
     per_line: dict[int, dict[str, re.Match[str]]] = {}
     hit_lines: dict[str, list[int]] = {}
@@ -598,7 +607,7 @@ def diagnose_lines(lines: list[str], signatures: list[Signature], context: int =
     found = {k: f for k, f in found.items() if not any(shape.matching(p) for p in f.signature.absent)}
     if any(not f.signature.consequence and not f.signature.fallback for f in found.values()):
         found = {k: f for k, f in found.items() if not f.signature.fallback}  # a cause was found: no fallback
-    judge_blame(list(found.values()), hit_lines, shape)
+    judge_blame(list(found.values()), hit_lines, shape, candidates)
     return with_host_values(order(list(found.values())), host, clean)
 
 
