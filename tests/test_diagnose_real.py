@@ -21,10 +21,18 @@ Measured (python bench/bench_diagnose_real.py --against REV):
   third round's signatures added two wrong blames on batch 1's test none cases, left as measured);
 - batch 4, unseen by any signature (both splits): 4/4 explained right, 2 wrong blames, both on none cases (1 of 3
   none cases right);
-- everything at f2bace7: dev 79/87 (91%), 6 wrong (3 on none); test 33/44 (75%), 4 wrong (3 on none).
-The dev wrong blames left are label conflicts with the existing corpus: an NVLS 'invalid argument' that
-tests/fixtures/diagnose expects as gpu.nvlink where the real threads resolved it as multicast, and an NCCL watchdog
-timeout that the existing corpus blames on gpu.nvlink where the thread found no check's cause.
+- everything at f2bace7 (and 506f424): dev 79/87 (91%), 6 wrong (3 on none); test 33/44 (75%), 4 wrong (3 on none).
+- blame on the log's own causal evidence (diagnose.judge_blame: a consequence names its check only beside a causal
+  line or as the error a traceback raised; a weak signature only beside a strong one of its check; one line read as
+  two checks names neither), NVLS's CUDA failure as gpu.multicast, Triton's C helper build, written from the dev
+  split only; the test split measured once, after: dev 82/87 (94%), 1 wrong (on none); test 32/44 (73%), 2 wrong
+  (both on none), at dfedf4e (test batch 1: 10/17, one explained case fewer than before, now shown unblamed; 2
+  wrong, both on none). Per dev class: gpu.multicast 2/5 -> 5/5 (3 wrong -> 0), none 30/33 -> 32/33 (3 wrong
+  -> 1), triton.jit 2/3 -> 3/3, sglang.install 4/4 -> 3/4 (nvcc's "Unsupported gpu architecture" is weak: the same
+  line was a none case), host.env near -> nothing.
+The one dev wrong blame left is a label conflict with the existing corpus: safetensors' InvalidHeaderDeserialization,
+which tests/fixtures/diagnose expects as model.shards and one real thread resolved as a safetensors too old for the
+file (no line tells them apart; recorded at the top of the signatures file).
 The bars asked for on the test split (>= 90% explained right, <= 1% wrong, 0 on none) are not met: the floors
 below are the measured ones, and test_real_failures_meet_the_asked_bars_on_the_test_split records the gap.
 """
@@ -91,8 +99,8 @@ def test_the_split_follows_its_rule() -> None:
 # -- the measure ---------------------------------------------------------------------------------------
 
 # Measured floors, per split and batch (batch 0: the whole corpus); see the module docstring for the figures.
-RECALL_FLOOR = {("dev", 1): 0.85, ("test", 1): 0.60, ("dev", 0): 0.90, ("test", 0): 0.70}
-WRONG_LIMIT = {("dev", 1): (0, 0), ("test", 1): (2, 2), ("dev", 0): (6, 3), ("test", 0): (4, 3)}  # (wrong, on none)
+RECALL_FLOOR = {("dev", 1): 0.85, ("test", 1): 0.58, ("dev", 0): 0.93, ("test", 0): 0.70}
+WRONG_LIMIT = {("dev", 1): (0, 0), ("test", 1): (2, 2), ("dev", 0): (1, 1), ("test", 0): (2, 2)}  # (wrong, on none)
 
 
 def _figures(split: str, batch: int):
@@ -114,8 +122,8 @@ def test_real_failures_floor(split: str, batch: int, record_property: pytest.Rec
     assert fig.recall >= RECALL_FLOOR[(split, batch)], fig.line(name)
 
 
-@pytest.mark.xfail(strict=True, reason="the test split misses the asked bars: 33/44 explained right (75%), "
-                                       "4/58 wrong blames, 3 of them on none cases")
+@pytest.mark.xfail(strict=True, reason="the test split misses the asked bars: 32/44 explained right (73%), "
+                                       "2/58 wrong blames, both on none cases (at dfedf4e)")
 def test_real_failures_meet_the_asked_bars_on_the_test_split() -> None:
     """The bars asked for: >= 90% of the explained test cases right, wrong blames <= 1% of all, none on none."""
     fig = _figures("test", 0)
