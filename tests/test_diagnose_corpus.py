@@ -16,7 +16,15 @@ Splits (by file name):
 Decisions the expectations encode (also at the top of the TOML): trust_remote_code prompts are
 sglang.flags; a missing auto_map file is model.config; bare "no kernel image" is stack.kernels and
 torch's own "not compatible with the current PyTorch installation" is torch.arch; a ptxas that knows the
-target but rejects an instruction is stack.kernels; EADDRINUSE on a rendezvous port is gpu.idle.
+target but rejects an instruction is stack.kernels; EADDRINUSE on a rendezvous port is gpu.idle; a CUDA
+failure in NCCL's NVLS transport (transport/nvls.cc) is gpu.multicast.
+
+One label changed: holdout-nccl-nvls-cuda-failure-vllm-h100.log (vLLM 6732, whose thread posted no resolution)
+was labelled gpu.nvlink from its title ("NCCL error: unhandled cuda error"); its lines are NVLS's own
+"Cuda failure 1 'invalid argument'", which three real threads of tests/fixtures/diagnose_real/ (NVIDIA/nccl 1672,
+1488, 976) resolved as NVLink SHARP multicast (NCCL_NVLS_ENABLE=0, a fabric manager restarted without a GPU reset):
+it now expects gpu.multicast. The other NCCL fixtures still name gpu.nvlink through the NCCL error their own
+traceback raised (or, for the watchdog one, a first collective that never completed): the log's causal evidence.
 """
 
 from __future__ import annotations

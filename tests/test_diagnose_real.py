@@ -21,10 +21,18 @@ Measured (python bench/bench_diagnose_real.py --against REV):
   third round's signatures added two wrong blames on batch 1's test none cases, left as measured);
 - batch 4, unseen by any signature (both splits): 4/4 explained right, 2 wrong blames, both on none cases (1 of 3
   none cases right);
-- everything at f2bace7: dev 79/87 (91%), 6 wrong (3 on none); test 33/44 (75%), 4 wrong (3 on none).
-The dev wrong blames left are label conflicts with the existing corpus: an NVLS 'invalid argument' that
-tests/fixtures/diagnose expects as gpu.nvlink where the real threads resolved it as multicast, and an NCCL watchdog
-timeout that the existing corpus blames on gpu.nvlink where the thread found no check's cause.
+- everything at f2bace7 (and 506f424): dev 79/87 (91%), 6 wrong (3 on none); test 33/44 (75%), 4 wrong (3 on none).
+- blame on the log's own causal evidence (diagnose.judge_blame: a consequence names its check only beside a causal
+  line or as the error a traceback raised; a weak signature only beside a strong one of its check; one line read as
+  two checks names neither), NVLS's CUDA failure as gpu.multicast, Triton's C helper build, written from the dev
+  split only; the test split measured once, after: dev 82/87 (94%), 1 wrong (on none); test 32/44 (73%), 2 wrong
+  (both on none), at dfedf4e (test batch 1: 10/17, one explained case fewer than before, now shown unblamed; 2
+  wrong, both on none). Per dev class: gpu.multicast 2/5 -> 5/5 (3 wrong -> 0), none 30/33 -> 32/33 (3 wrong
+  -> 1), triton.jit 2/3 -> 3/3, sglang.install 4/4 -> 3/4 (nvcc's "Unsupported gpu architecture" is weak: the same
+  line was a none case), host.env near -> nothing.
+The one dev wrong blame left is a label conflict with the existing corpus: safetensors' InvalidHeaderDeserialization,
+which tests/fixtures/diagnose expects as model.shards and one real thread resolved as a safetensors too old for the
+file (no line tells them apart; recorded at the top of the signatures file).
 The bars asked for on the test split (>= 90% explained right, <= 1% wrong, 0 on none) are not met: the floors
 below are the measured ones, and test_real_failures_meet_the_asked_bars_on_the_test_split records the gap.
 """
@@ -91,8 +99,8 @@ def test_the_split_follows_its_rule() -> None:
 # -- the measure ---------------------------------------------------------------------------------------
 
 # Measured floors, per split and batch (batch 0: the whole corpus); see the module docstring for the figures.
-RECALL_FLOOR = {("dev", 1): 0.85, ("test", 1): 0.60, ("dev", 0): 0.90, ("test", 0): 0.70}
-WRONG_LIMIT = {("dev", 1): (0, 0), ("test", 1): (2, 2), ("dev", 0): (6, 3), ("test", 0): (4, 3)}  # (wrong, on none)
+RECALL_FLOOR = {("dev", 1): 0.85, ("test", 1): 0.58, ("dev", 0): 0.93, ("test", 0): 0.70}
+WRONG_LIMIT = {("dev", 1): (0, 0), ("test", 1): (2, 2), ("dev", 0): (1, 1), ("test", 0): (2, 2)}  # (wrong, on none)
 
 
 def _figures(split: str, batch: int):
@@ -114,8 +122,8 @@ def test_real_failures_floor(split: str, batch: int, record_property: pytest.Rec
     assert fig.recall >= RECALL_FLOOR[(split, batch)], fig.line(name)
 
 
-@pytest.mark.xfail(strict=True, reason="the test split misses the asked bars: 33/44 explained right (75%), "
-                                       "4/58 wrong blames, 3 of them on none cases")
+@pytest.mark.xfail(strict=True, reason="the test split misses the asked bars: 32/44 explained right (73%), "
+                                       "2/58 wrong blames, both on none cases (at dfedf4e)")
 def test_real_failures_meet_the_asked_bars_on_the_test_split() -> None:
     """The bars asked for: >= 90% of the explained test cases right, wrong blames <= 1% of all, none on none."""
     fig = _figures("test", 0)
@@ -137,9 +145,16 @@ def test_nvcc_missing_for_flashinfer_is_the_jit_toolchain_not_a_c_compiler() -> 
     assert [f.signature.check for f in diagnose_lines(["/bin/sh: 1: gcc: not found"], SIGS)] == ["triton.jit"]
 
 
-def test_an_nvcc_too_old_for_the_arch_is_the_jit_toolchain_not_ptxas() -> None:
+def test_an_nvcc_too_old_for_the_arch_is_the_jit_toolchain_not_ptxas_and_too_weak_to_blame() -> None:
+    """nvcc's "Unsupported gpu architecture" is read as the JIT toolchain (never ptxas), but the same line was an old
+    nvcc on the host in one thread and DeepGEMM asking CUDA 12.8 for sm_100f in another (a none case): the signature
+    is weak, so it is shown and names no check."""
     found = _found("jitnvcc-deepgemm-nvcc-sm100f-unsupported-sgl-kernel.log")
-    assert found[0].signature.check == "sglang.install"
+    assert found[0].signature.id == "jit-nvcc-arch-unsupported" and found[0].signature.check is None
+    assert found[0].withheld_check == "sglang.install" and "weak" in found[0].withheld
+    assert all(f.signature.check != "triton.ptxas" for f in found)
+    none = _found("none-deepgemm-cu128-nvcc-sm100f-unsupported-b200.log")
+    assert [f.signature.check for f in none] == [None]
 
 
 def test_the_capture_wrapper_is_judged_by_what_it_wraps() -> None:
@@ -180,6 +195,159 @@ def test_consequences_blame_nothing_and_nothing_matched_still_shows_the_telling_
     assert diagnose_lines(lines, SIGS) == []
     assert telling_lines(lines)[-1] == (7, "RuntimeError: NCCL Error 2: unhandled system error")
     assert "line 7: RuntimeError: NCCL Error 2" in render_text([], "x.log", lines)
+
+
+# -- blame needs the log's own causal evidence ----------------------------------------------------------------------
+
+SITE = """
+[[signature]]
+id = "gen"
+sources = []
+unsupported = "a test's generic message, weak"
+patterns = ['GenericFailure']
+strength = "weak"
+check = "host.disk"
+fix = "x"
+commands = ["k26-doctor check --only host.disk"]
+
+[[signature]]
+id = "strong-disk"
+sources = []
+unsupported = "a test's specific message of the same check"
+patterns = ['DiskReallyFull']
+check = "host.disk"
+fix = "x"
+commands = ["k26-doctor check --only host.disk"]
+
+[[signature]]
+id = "reads-as-port"
+sources = []
+unsupported = "a test's message that another check also reads"
+patterns = ['Ambiguous \\d+']
+check = "host.port"
+fix = "x"
+commands = ["k26-doctor check --only host.port"]
+
+[[signature]]
+id = "reads-as-shm"
+sources = []
+unsupported = "a test's message that another check also reads"
+patterns = ['Ambiguous 7']
+check = "host.shm"
+fix = "x"
+commands = ["k26-doctor check --only host.shm"]
+
+[[signature]]
+id = "echo"
+sources = []
+unsupported = "a test's consequence that names a check only beside its evidence"
+patterns = ['PeerGone']
+consequence = true
+blame_if = ['LinkDown']
+blame_if_raised = true
+check = "gpu.nvlink"
+fix = "x"
+commands = ["k26-doctor check --only gpu.nvlink"]
+"""
+
+
+def _site(tmp_path: Path) -> list:
+    path = tmp_path / "site.toml"
+    path.write_text(SITE)
+    return load_signatures([path])
+
+
+def _blame(lines: list[str], sigs: list) -> list[tuple[str, str | None, str | None]]:
+    return [(f.signature.id, f.signature.check, f.withheld_check) for f in diagnose_lines(lines, sigs)]
+
+
+def test_a_weak_signature_alone_names_nothing_and_beside_a_strong_one_of_its_check_names_it(tmp_path: Path) -> None:
+    sigs = _site(tmp_path)
+    assert _blame(["GenericFailure here"], sigs) == [("gen", None, "host.disk")]
+    assert _blame(["GenericFailure here", "DiskReallyFull"], sigs) == [("gen", "host.disk", None),
+                                                                      ("strong-disk", "host.disk", None)]
+
+
+def test_one_line_read_as_two_checks_names_neither(tmp_path: Path) -> None:
+    sigs = _site(tmp_path)
+    assert sorted(_blame(["Ambiguous 7"], sigs)) == [("reads-as-port", None, "host.port"),
+                                                     ("reads-as-shm", None, "host.shm")]
+    assert _blame(["Ambiguous 8"], sigs) == [("reads-as-port", "host.port", None)]
+    # a cause on another line still comes first and is named
+    assert _blame(["DiskReallyFull", "Ambiguous 7"], sigs)[0] == ("strong-disk", "host.disk", None)
+
+
+def test_a_consequence_names_its_check_only_beside_causal_evidence_or_as_the_raised_error(tmp_path: Path) -> None:
+    sigs = _site(tmp_path)
+    assert _blame(["[rank3]: PeerGone on allreduce"], sigs) == [("echo", None, "gpu.nvlink")]
+    assert _blame(["kernel: LinkDown on port 3", "[rank3]: PeerGone on allreduce"], sigs) == [
+        ("echo", "gpu.nvlink", None)]
+    raised = ["Traceback (most recent call last):", '  File "/srv/x.py", line 3, in init', "    comm()",
+              "RuntimeError: PeerGone at init"]
+    assert _blame(raised, sigs) == [("echo", "gpu.nvlink", None)]
+    # the same words below the traceback, after its exception, are not the raised error
+    assert _blame([*raised[:3], "RuntimeError: other", "[x] PeerGone later"], sigs) == [("echo", None, "gpu.nvlink")]
+
+
+def test_the_raised_error_is_read_through_logger_prefixes() -> None:
+    from doctor.service.logstructure import LogShape
+
+    lines = ["E0305 20:23:38.890000 755 site-packages/torch/_inductor/runtime/triton_heuristics.py:533] Traceback "
+             "(most recent call last):",
+             'E0305 20:23:38.890000 755 site-packages/torch/_inductor/runtime/triton_heuristics.py:533]   File '
+             '"/x/compiler.py", line 1, in make_cubin',
+             "E0305 20:23:38.890000 755 site-packages/torch/_inductor/runtime/triton_heuristics.py:533]     "
+             "subprocess.run(ptxas_cmd, check=True)",
+             "E0305 20:23:38.890000 755 site-packages/torch/_inductor/runtime/triton_heuristics.py:533] "
+             "subprocess.CalledProcessError: Command returned non-zero exit status 255.",
+             "I0305 20:23:39.000000 755 x.py:1] shutting down"]
+    shape = LogShape(lines)
+    assert [shape.raised(i) for i in range(len(lines))] == [False, False, False, True, False]
+
+
+def test_a_withheld_blame_is_shown_with_its_reason_and_the_telling_lines(tmp_path: Path) -> None:
+    sigs = _site(tmp_path)
+    lines = ["RuntimeError: GenericFailure in the loader"]
+    found = diagnose_lines(lines, sigs)
+    text = render_text(found, "x.log", lines)
+    assert "none of them blamed" in text and "not blamed on host.disk: weak evidence" in text
+    assert "line 1: RuntimeError: GenericFailure" in text.split("Lines that look like the failure")[1]
+    assert found[0].to_dict()["check"] is None and found[0].to_dict()["withheld"]["check"] == "host.disk"
+    log = tmp_path / "x.log"
+    log.write_text("\n".join(lines) + "\n")
+    out = _cli(str(log), "--signatures", str(tmp_path / "site.toml"), "--format", "json")
+    assert out.returncode == 0 and '"withheld"' in out.stdout and '"telling_lines": [' in out.stdout
+    assert "GenericFailure in the loader" in out.stdout.split('"telling_lines"')[1]
+
+
+def test_blame_keys_are_checked_when_loaded(tmp_path: Path) -> None:
+    from doctor.service.diagnose import SignatureError
+
+    for bad in ('strength = "medium"', "blame_if_raised = 1", "blame_if = ['(']"):
+        path = tmp_path / "bad.toml"
+        path.write_text(f"[[signature]]\nid = 'b'\npatterns = ['x']\n{bad}\n")
+        with pytest.raises(SignatureError):
+            load_signatures([path])
+
+
+def test_nccl_lines_blame_the_interconnect_only_on_causal_evidence() -> None:
+    def checks(lines: list[str]) -> list[str | None]:
+        return [f.signature.check for f in diagnose_lines(lines, SIGS)]
+
+    watchdog = ("[rank0]:[E1001 16:06:04.5 ProcessGroupNCCL.cpp:1664] [PG 0 (default_pg) Rank 0] Exception (either an "
+                "error or timeout) detected by watchdog at work: {n}, last enqueued NCCL work: {n}, last completed "
+                "NCCL work: {m}.")
+    timeout = "[rank0]:[E1001 16:06:04.5 ProcessGroupNCCL.cpp:607] [Rank 0] Watchdog caught collective operation " \
+              "timeout"
+    assert checks([timeout, watchdog.format(n=1, m=-1)]) == ["gpu.nvlink"]  # the first collective never completed
+    assert checks([timeout, watchdog.format(n=808, m=807)]) == [None]  # a rank stopped after 807 of them
+    xid = "NVRM: Xid (PCI:0000:18:00): 74, pid=1234, name=python, NVLink: fatal error detected on link 3"
+    assert checks([xid, timeout]) == ["gpu.nvlink"]
+    peer = ("torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:3763, remote process exited or "
+            "there was a network error, NCCL version 2.28.8")
+    assert checks(["Traceback (most recent call last):", '  File "/x.py", line 1, in f', "    g()", peer]) == [None]
+    nvls = "node23:12098:12141 [2] transport/nvls.cc:244 NCCL WARN Cuda failure 1 'invalid argument'"
+    assert checks([nvls, "node23:12098:12141 [2] NCCL INFO init.cc:1196 -> 1"]) == ["gpu.multicast"]
 
 
 # -- provenance ------------------------------------------------------------------------------------------

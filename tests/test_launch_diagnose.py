@@ -96,8 +96,6 @@ def test_real_address_in_use() -> None:
     ("RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.", "model.fit"),
     ("RuntimeError: Unexpected error from cudaGetDeviceCount(). Did you run some cuda functions before calling "
      "NumCudaDevices() that might have already set an error? Error 802: system not yet initialized", "gpu.fabric"),
-    ("torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/NCCLUtils.cpp:77, "
-     "unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL version 2.27.5", "gpu.nvlink"),
     ("ValueError: Unknown speculative algorithm name: DDTREE", "sglang.patches"),
     # bare: whichever package's kernel it was (stack.kernels names it); torch's own warning -> torch.arch
     ("RuntimeError: CUDA error: no kernel image is available for execution on the device", "stack.kernels"),
@@ -116,6 +114,22 @@ def test_quoted_real_messages(line: str, check: str) -> None:
     assert got and got[0][1] == check, got
 
 
+NCCL_RAISED = ("torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/"
+               "NCCLUtils.cpp:77, unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL version 2.27.5")
+
+
+def test_an_nccl_error_names_the_interconnect_only_as_the_error_a_traceback_raised() -> None:
+    """The NCCL error this rank's own communicator raised is evidence; the same line quoted alone (as other ranks
+    print it when a peer died) is shown but blames nothing."""
+    raised = ["Traceback (most recent call last):",
+              '  File "/usr/lib/python3/dist-packages/sglang/srt/distributed/parallel_state.py", line 255, in __init__',
+              "    self.pynccl_comm = PyNcclCommunicator(", NCCL_RAISED]
+    assert found("\n".join(raised)) == [("nccl-error", "gpu.nvlink")]
+    alone = diagnose_lines([f"[2026-11-29 10:00:00 TP3] {NCCL_RAISED}"], load_signatures())
+    assert [(f.signature.id, f.signature.check, f.withheld_check) for f in alone] == [
+        ("nccl-error", None, "gpu.nvlink")]
+
+
 def test_root_cause_first_and_no_false_alarm_on_a_clean_start() -> None:
     log = "\n".join([
         "[2026-11-29 10:00:00] server_args=ServerArgs(model_path='/models/Kimi-K2.6', trust_remote_code=True, "
@@ -126,7 +140,7 @@ def test_root_cause_first_and_no_false_alarm_on_a_clean_start() -> None:
         "[2026-11-29 10:05:00 TP2] ptxas fatal   : Value 'sm_103a' is not defined for option 'gpu-name'",
     ])
     got = found(log)
-    assert [g[1] for g in got] == ["triton.ptxas", "gpu.nvlink"]  # the echo of a crashed rank comes last
+    assert [g[1] for g in got] == ["triton.ptxas", None]  # the echo of a crashed rank comes last, blaming nothing
     assert found(log.splitlines()[0] + "\n" + log.splitlines()[1] + "\n" + log.splitlines()[2]) == []
 
 

@@ -448,6 +448,7 @@ def diagnose(logfile: str | None, unit: str | None, invocation: str | None, on_s
         journal_argv,
         load_signatures,
         match_bounded,
+        names_a_cause,
         read_log,
         render_text,
         telling_lines,
@@ -491,7 +492,7 @@ def diagnose(logfile: str | None, unit: str | None, invocation: str | None, on_s
         return EXIT_USAGE
     with_host_values(matches, lambda clean: host_values(clean, python), lines)
     if fmt == "json":
-        shown = [] if any(not m.signature.consequence for m in matches) else telling_lines(lines)
+        shown = [] if names_a_cause(matches) else telling_lines(lines)
         click.echo(json.dumps({"source": source, "lines": len(lines),
                                "findings": [m.to_dict() for m in matches],  # the contract's key
                                "telling_lines": [{"line": n, "text": text} for n, text in shown]}, indent=2))

@@ -20,6 +20,7 @@ whole text (bench/bench_diagnose.py measures both).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import re
@@ -56,7 +57,8 @@ MAX_SIGNATURES = 2000
 MAX_PATTERNS = 200
 MAX_PATTERN_CHARS = 4096
 MAX_PATTERN_TOTAL = 32 << 10  # characters of regular expression in one file (the built-in: about 9,400)
-REGEX_KEYS = ("patterns", "unless", "context", "context_skip", "frames", "phase", "process", "absent")
+REGEX_KEYS = ("patterns", "unless", "context", "context_skip", "frames", "phase", "process", "absent", "blame_if")
+STRENGTHS = ("strong", "weak")
 GREP_MIN_CHARS = 1 << 20  # below this, starting grep costs more than searching in Python
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _PLACEHOLDER = re.compile(r"\{(\w+)\}")
@@ -64,7 +66,7 @@ _SAFE_VALUE = re.compile(r"[\w.:/@-]{1,64}")  # what a value read from a log may
 SIGNATURE_KEYS = {"id", "title", "patterns", "check", "fix", "commands", "explain", "rank", "consequence", "unless",
                "context", "context_before", "context_after", "context_skip", "suppresses", "defaults",
                "frames", "traceback_cause", "phase", "process", "fallback", "absent", "sources", "single_source",
-               "unsupported"}
+               "unsupported", "strength", "blame_if", "blame_if_raised"}
 
 
 class SignatureError(Exception):
@@ -101,6 +103,16 @@ class Signature:
     absent: tuple[re.Pattern[str], ...] = ()
     # provenance (not used for matching): the threads whose logs support it; a built-in signature with none says why
     sources: tuple[str, ...] = ()
+    # blame (``judge_blame``): a weak signature names its check only beside a strong finding of the same check; a
+    # consequence names its check only when the log shows that check's cause: a line matching `blame_if` anywhere,
+    # or (`blame_if_raised`) a hit that is the exception a traceback raised on this process
+    strength: str = "strong"
+    blame_if: tuple[re.Pattern[str], ...] = ()
+    blame_if_raised: bool = False
+
+    @property
+    def weak(self) -> bool:
+        return self.strength == "weak"
 
     @property
     def structural(self) -> bool:
@@ -118,6 +130,16 @@ class LogMatch:
     context: list[str] = field(default_factory=list)
     values: dict[str, str] = field(default_factory=dict)  # named groups of the first hit
     host: dict[str, str] = field(default_factory=dict)  # read from this host (``host_values``)
+    # why the check this signature names is not blamed (``judge_blame``); the signature then names no check and
+    # ``withheld_check`` keeps the one it would have named
+    withheld: str = ""
+    withheld_check: str | None = None
+
+    def withhold(self, why: str) -> None:
+        """Name no check for this finding (it is still shown, with ``why``)."""
+        if self.signature.check is not None:
+            self.withheld, self.withheld_check = why, self.signature.check
+            self.signature = dataclasses.replace(self.signature, check=None)
 
     def _fill(self, text: str) -> str:
         known = dict(self.signature.defaults)
@@ -135,9 +157,12 @@ class LogMatch:
 
     def to_dict(self) -> dict[str, Any]:
         s = self.signature
-        return {"id": s.id, "title": s.title, "check": s.check, "consequence": s.consequence,
-                "line": self.line_no, "text": self.line, "count": self.count, "context": self.context,
-                "explain": s.explain, "remediation": {"text": self.fix, "commands": self.commands}}
+        out = {"id": s.id, "title": s.title, "check": s.check, "consequence": s.consequence,
+               "line": self.line_no, "text": self.line, "count": self.count, "context": self.context,
+               "explain": s.explain, "remediation": {"text": self.fix, "commands": self.commands}}
+        if self.withheld:
+            out["withheld"] = {"check": self.withheld_check, "why": self.withheld}
+        return out
 
 
 def load_signatures(paths: list[Path] | None = None, builtin: Path = SIGNATURES_FILE) -> list[Signature]:
@@ -273,7 +298,9 @@ def _signature(entry: Any, where: str) -> Signature:
         raise SignatureError(f"{where}: sources must be a list of URLs")
     if not isinstance(entry.get("unsupported", ""), str):
         raise SignatureError(f"{where}: unsupported must be a sentence")
-    for key in ("traceback_cause", "fallback", "single_source"):
+    if entry.get("strength", "strong") not in STRENGTHS:
+        raise SignatureError(f"{where}: strength must be one of {', '.join(STRENGTHS)}")
+    for key in ("traceback_cause", "fallback", "single_source", "blame_if_raised"):
         if not isinstance(entry.get(key, False), bool):
             raise SignatureError(f"{where}: {key} must be true or false")
     if entry.get("traceback_cause") and not entry.get("frames"):
@@ -288,7 +315,9 @@ def _signature(entry: Any, where: str) -> Signature:
         tuple((str(k), str(v)) for k, v in defaults.items()),
         _patterns(entry.get("frames"), where, "frames"), bool(entry.get("traceback_cause", False)),
         _patterns(entry.get("phase"), where, "phase"), _patterns(entry.get("process"), where, "process"),
-        bool(entry.get("fallback", False)), _patterns(entry.get("absent"), where, "absent"), tuple(sources))
+        bool(entry.get("fallback", False)), _patterns(entry.get("absent"), where, "absent"), tuple(sources),
+        str(entry.get("strength", "strong")), _patterns(entry.get("blame_if"), where, "blame_if"),
+        bool(entry.get("blame_if_raised", False)))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -477,13 +506,59 @@ def _hits(sig: Signature, text: str, starts: list[int], clean: list[str],
 
 
 def order(matches: list[LogMatch]) -> list[LogMatch]:
-    """Causes by first occurrence (rank breaks ties on a line), then consequences: those naming a check
-    first, then by rank and line."""
-    causes = sorted((f for f in matches if not f.signature.consequence),
+    """Causes by first occurrence (rank breaks ties on a line), then consequences and findings whose blame was
+    withheld: those naming a check first, then by rank and line."""
+    causes = sorted((f for f in matches if not f.signature.consequence and not f.withheld),
                     key=lambda f: (f.line_no, f.signature.rank))
-    echoes = sorted((f for f in matches if f.signature.consequence),
+    echoes = sorted((f for f in matches if f.signature.consequence or f.withheld),
                     key=lambda f: (f.signature.check is None, f.signature.rank, f.line_no))
     return causes + echoes
+
+
+def names_a_cause(matches: list[LogMatch]) -> bool:
+    """Whether a finding is a cause that is blamed (not a consequence, not withheld): else the report shows the
+    lines that look like the failure."""
+    return any(not f.signature.consequence and not f.withheld for f in matches)
+
+
+def judge_blame(found: list[LogMatch], hit_lines: dict[str, list[int]], shape: LogShape,
+                candidates: dict[re.Pattern[str], list[int] | None] | None = None) -> None:
+    """Withhold the blame of findings the log does not support (precision before recall: a wrong blame sends an
+    operator to fix the wrong thing; "nothing found, here are the lines" does not):
+    - a consequence (a peer died, a watchdog fired, a child failed) names its check only on the log's own causal
+      evidence: a ``blame_if`` line anywhere, or, with ``blame_if_raised``, a hit that is the exception a traceback
+      raised (``LogShape.raised``), not one that co-occurs;
+    - a weak signature (a generic message whose threads name more than one cause) names its check only beside a
+      strong finding of the same check;
+    - two causes of different checks read from the same line (comparable evidence, neither suppressing the other)
+      name neither.
+    ``candidates``: the lines the matcher's one prefilter pass found for each ``blame_if`` pattern (no second scan
+    of a large log)."""
+    def present(p: re.Pattern[str]) -> bool:
+        lines = (candidates or {}).get(p)
+        if lines is None:
+            return bool(shape.matching(p))
+        return any(p.search(shape.lines[i]) for i in lines)
+
+    for f in found:
+        s = f.signature
+        if s.check is not None and s.consequence and not (
+                any(present(p) for p in s.blame_if)
+                or (s.blame_if_raised and any(shape.raised(i) for i in hit_lines.get(s.id, ())))):
+            f.withhold(f"a consequence: nothing in the log shows the cause {s.check} checks")
+    strong = {f.signature.check for f in found if f.signature.check is not None and not f.signature.weak}
+    for f in found:
+        if f.signature.check is not None and f.signature.weak and f.signature.check not in strong:
+            f.withhold("weak evidence: a generic message that threads resolved as more than one cause")
+    on_line: dict[int, list[LogMatch]] = {}
+    for f in found:
+        if f.signature.check is not None and not f.signature.consequence:
+            on_line.setdefault(f.line_no, []).append(f)
+    for line_no, same in on_line.items():
+        checks = sorted({f.signature.check for f in same if f.signature.check})
+        if len(checks) > 1:
+            for f in same:
+                f.withhold(f"line {line_no} reads as more than one cause ({', '.join(checks)})")
 
 
 def diagnose_lines(lines: list[str], signatures: list[Signature], context: int = 2,
@@ -504,9 +579,10 @@ def diagnose_lines(lines: list[str], signatures: list[Signature], context: int =
         clean = [_ANSI.sub("", ln[:MAX_LINE]) for ln in clean]
         text = "\n".join(clean)
     starts = list(accumulate(map((1).__add__, map(len, clean)), initial=0))[:-1]
-    plan = {pat: required_literals(pat) for sig in signatures for pat in sig.patterns}
+    plan = {pat: required_literals(pat) for sig in signatures for pat in (*sig.patterns, *sig.blame_if)}
     candidates = candidate_lines(text, starts, plan, use_grep)
     per_line: dict[int, dict[str, re.Match[str]]] = {}
+    hit_lines: dict[str, list[int]] = {}
     shape = LogShape(clean, text, literal_plan)
     for sig in signatures:
         if on_signature is not None:
@@ -521,6 +597,7 @@ def diagnose_lines(lines: list[str], signatures: list[Signature], context: int =
         for sid, m in ids.items():
             if sid in explained:
                 continue
+            hit_lines.setdefault(sid, []).append(idx)
             if sid in found:
                 found[sid].count += 1
                 continue
@@ -530,6 +607,7 @@ def diagnose_lines(lines: list[str], signatures: list[Signature], context: int =
     found = {k: f for k, f in found.items() if not any(shape.matching(p) for p in f.signature.absent)}
     if any(not f.signature.consequence and not f.signature.fallback for f in found.values()):
         found = {k: f for k, f in found.items() if not f.signature.fallback}  # a cause was found: no fallback
+    judge_blame(list(found.values()), hit_lines, shape, candidates)
     return with_host_values(order(list(found.values())), host, clean)
 
 
@@ -641,8 +719,14 @@ def match_bounded(lines: list[str], paths: list[Path], timeout: float = MATCH_TI
     except (ValueError, IndexError):
         raise SignatureError(f"matching the signatures failed: {res.why()}") from None
     by_id = {s.id: s for s in signatures}
-    return order([LogMatch(by_id[f["id"]], f["line_no"], f["line"], f["count"], f["context"], f["values"])
-                  for f in found if f.get("id") in by_id])
+    out = []
+    for f in found:
+        if f.get("id") in by_id:
+            match = LogMatch(by_id[f["id"]], f["line_no"], f["line"], f["count"], f["context"], f["values"])
+            if f.get("withheld"):
+                match.withhold(str(f["withheld"]))
+            out.append(match)
+    return order(out)
 
 
 def read_log(path: str, deadline_s: float = LOG_READ_S) -> list[str]:
@@ -676,10 +760,12 @@ def render_text(matches: list[LogMatch], source: str, lines: list[str] | None = 
         return printable("\n".join([f"{source}: no known failure signature found. Run `k26-doctor check` to judge "
                                     "the host, or add a signature (--signatures FILE).", *_telling_text(lines)]),
                          lines=True) + "\n"
-    top = matches[0]
-    if top.signature.consequence:
+    if not names_a_cause(matches) and all(f.signature.consequence for f in matches):
         head = (f"{source}: {len(matches)} known failure signature(s), all of them consequences of a failure "
                 "whose own message no signature knows; the most telling first.")
+    elif not names_a_cause(matches):
+        head = (f"{source}: {len(matches)} known failure signature(s), none of them blamed: each is a consequence "
+                "or evidence too weak to name a check; the most telling first.")
     else:
         head = f"{source}: {len(matches)} known failure signature(s); the likely root cause first."
     out = [head, ""]
@@ -687,6 +773,8 @@ def render_text(matches: list[LogMatch], source: str, lines: list[str] | None = 
         s = f.signature
         label = "   (a consequence: it follows a failure elsewhere)" if s.consequence else ""
         out.append(f"{n}. {s.title}  [{s.id}]" + (f"  -> check {s.check}" if s.check else "") + label)
+        if f.withheld:
+            out.append(f"   not blamed on {f.withheld_check}: {f.withheld}")
         out.append(f"   line {f.line_no}" + (f" (and {f.count - 1} more)" if f.count > 1 else "")
                    + f": {printable(f.line[:300])}")
         if s.explain:
@@ -696,6 +784,6 @@ def render_text(matches: list[LogMatch], source: str, lines: list[str] | None = 
         for cmd in f.commands:
             out.append(f"     $ {cmd}")
         out.append("")
-    if all(f.signature.consequence for f in matches):
+    if not names_a_cause(matches):
         out.extend(_telling_text(lines)[1:])
     return printable("\n".join(out), lines=True)

@@ -26,7 +26,8 @@ def main() -> int:
 
     found = diagnose_lines(lines, signatures, on_signature=progress)
     sys.stdout.write(json.dumps([{"id": f.signature.id, "line_no": f.line_no, "line": f.line, "count": f.count,
-                                  "context": f.context, "values": f.values} for f in found]) + "\n")
+                                  "context": f.context, "values": f.values, "withheld": f.withheld}
+                                 for f in found]) + "\n")
     return 0
 
 

@@ -26,6 +26,8 @@ from doctor.core.datafile import load_toml
 
 LAYOUT_FILE = Path(__file__).resolve().parents[1] / "data" / "log_structure.toml"
 MAX_MESSAGE_LINES = 8  # an exception message may wrap over this many lines below its first one
+# An exception line as Python prints it: "RuntimeError: ...", "torch.OutOfMemoryError: ...", "pkg.mod.NcclError: ...".
+_EXCEPTION = re.compile(r"^\s*(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Warning)\b\s*(?::|$)")
 SCAN_FACTOR = 4  # a traceback's process may be interleaved with others: scan this many times its lines
 
 
@@ -46,7 +48,7 @@ def layout() -> Layout:
     data = load_toml(LAYOUT_FILE)
     tb = data["traceback"]
     return Layout(tuple(re.compile(p) for p in data["process"]["tags"]),
-                  tuple(re.compile(p) for p in data["process"]["prefixes"]),
+                  (re.compile("|".join(f"(?:{p})" for p in data["process"]["prefixes"])),),  # one match a step
                   re.compile(tb["header"]), re.compile(tb["frame"]), tuple(re.compile(p) for p in tb["chain"]),
                   int(tb["max_lines"]), re.compile("|".join(f"(?:{p})" for p in data["phase"]["markers"])),
                   int(data["phase"]["max_lines"]))
@@ -174,6 +176,28 @@ class LogShape:
                 if messages > MAX_MESSAGE_LINES:
                     break
         return tuple(frames)
+
+    def raised(self, idx: int) -> bool:
+        """Whether line ``idx`` is the exception a traceback raised: an exception line ("RuntimeError: ...") right
+        below that traceback's frames (code lines between them skipped, and one unindented code line, as SGLang's
+        scheduler writes them). A line that only co-occurs with a traceback (a warning above it, a shutdown message
+        below it) is not."""
+        if not _EXCEPTION.match(self.message(idx)):
+            return False
+        unindented = 0
+        for i in self._same_proc(idx, -1, 3 * MAX_MESSAGE_LINES):
+            if i == idx:
+                continue
+            shape = self._shape(i)
+            if shape == "frame":
+                return True
+            if shape == "code":
+                continue
+            if shape == "message" and unindented == 0 and not _EXCEPTION.match(self.message(i)):
+                unindented += 1
+                continue
+            return False
+        return False
 
     def _chained_above(self, lines: list[int]) -> bool:
         """Whether a chain line ("The above exception...") comes first among ``lines`` (upwards; blank and
