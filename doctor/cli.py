@@ -57,6 +57,9 @@ LAZY_HELP = {
              "accept length, report errors and latencies.",
     "slurm-health": "Slurm node health check / prolog: drain the node with the failing root cause, resume it when "
                     "the checks pass.",
+    "validate": "Prove DDTree on this host and write the record that opens its gate.",
+    "kube-node": "The node's verdict for Kubernetes: node-problem-detector's plugin protocol, and with --mark the "
+                 "Node's condition, taint and label written through the API.",
 }
 
 

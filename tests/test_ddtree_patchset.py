@@ -181,9 +181,9 @@ def test_server_args_parse_and_resolve_ddtree(tmp_path_factory):
     assert "SGLANG_SPEC_TP_SYNC='off' at --tp-size 2 (it drops dflash-target, dflash-mem:" in refused["tp sync off"]
     assert "SGLANG_SPEC_TP_SYNC='init' at --tp-size 2 (it drops dflash-target:" in refused["tp sync init"]
     assert "'all,-dflash-target' at --tp-size 8 (it drops dflash-target:" in refused["tp sync no target"]
-    # ... and not those that keep them, nor any setting at TP 1: those reach the validated-configuration gate
+    # ... and not those that keep them, nor any setting at TP 1: those reach the site validation record gate
     for name in ("tp sync rng", "tp sync off at tp 1"):
-        assert refused.pop(name).startswith("NotImplementedError: DDTREE: this revision"), name
+        assert refused.pop(name).startswith("NotImplementedError: DDTREE starts only on a site validation record"), name
     assert all(v.startswith("ValueError: DDTREE was not validated with:") for v in refused.values()), refused
 
 

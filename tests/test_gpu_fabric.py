@@ -264,7 +264,7 @@ def test_settings_fabric_wait() -> None:
     assert resolve({"wait_fabric": 45}, environ={}).wait_fabric == 45.0
     from doctor.core.settings import ConfigError
 
-    with pytest.raises(ConfigError, match="seconds >= 0"):
+    with pytest.raises(ConfigError, match="must be a number of seconds between 0 and 604800"):
         resolve({"wait_fabric": -1}, environ={})
 
 

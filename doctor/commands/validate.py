@@ -18,7 +18,7 @@ from typing import Any
 
 import click
 
-from doctor.commands.options import Seconds, guarded, settings_from, settings_options, write_requested
+from doctor.commands.options import Number, Seconds, guarded, settings_from, settings_options, write_requested
 from doctor.core.exitcodes import EXIT_FAILED, EXIT_OK
 
 NOT_FASTER = "lossless-not-faster"
@@ -154,7 +154,7 @@ SETTINGS = ("config", "profile", "model_path", "draft_model_path", "python", "tp
 @click.option("--budgets", default=None, metavar="B[,B...]",
               help="DDTree budgets to validate, e.g. 16,32,64 (default: the profile's [server] ddtree_budget); "
                    "the best one for --concurrency is reported.")
-@click.option("--concurrency", type=click.IntRange(1, 1024), default=None,
+@click.option("--concurrency", type=Number(1, 1024, integer=True), default=None,
               help="The service's concurrency: worth is judged at c1 and at this (default: the profile's "
                    "[server] max_running_requests, at most 64, else 32).")
 @click.option("--time-budget", "time_budget", type=Seconds(1), default=None,
@@ -166,9 +166,9 @@ SETTINGS = ("config", "profile", "model_path", "draft_model_path", "python", "tp
 @click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), default=None,
               help="A JSON prompt file: text, or token ids for a --skip-tokenizer-init server "
                    "(default: the shipped text prompts).")
-@click.option("--port", "port_base", type=click.IntRange(1024, 65000), default=30100, show_default=True,
+@click.option("--port", "port_base", type=Number(1024, 65000, integer=True), default=30100, show_default=True,
               help="The first server's port (the others the next ones).")
-@click.option("--samples", type=click.IntRange(100, 1000000), default=2000, show_default=True,
+@click.option("--samples", type=Number(100, 1000000, integer=True), default=2000, show_default=True,
               help="Samples of one context on each side of the sampled test.")
 @click.option("--start-timeout", type=Seconds(1), default=None,
               help="Seconds a server may take to become healthy (default: the profile's start_timeout_s, else 1800).")

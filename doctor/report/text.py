@@ -314,14 +314,16 @@ def _verbose_lines(res: Any, pad: str, exhibit: bool = False) -> list[str]:
 
 def failure_line(st: Story) -> str | None:
     """What the failures mean for the node, when the deployment's configuration is among them (each check's
-    ``failure=``): a fleet drains, taints and pages only for the node's own."""
+    ``failure=``): a fleet drains, taints and pages only for the node's own. Said only where the node's own health
+    was judged too (a node failure, or a node check that passed): a run of configuration checks alone has nothing
+    to say of the node. ``k26-doctor validate`` is named only where the DDTREE gate is what blocks."""
     failing = st.failing_roots()
     config = [r.id for r in failing if r.result.failure == "deployment"]
     node = [r.id for r in failing if r.result.failure != "deployment"]
-    if not config:
+    if not config or not (node or any(r.failure == "node" for r in st.passed)):
         return None
     said = (f"configuration, not the node: {', '.join(config)} blocks the launch until the configuration is "
-            "changed or validated (k26-doctor validate); ")
+            "changed" + (" or validated (k26-doctor validate)" if "sglang.ddtree" in config else "") + "; ")
     if node:
         return said + f"the node's own failures (drain, taint, page): {', '.join(node)}"
     return said + "the node itself has no failure: nothing to drain, taint or page"
