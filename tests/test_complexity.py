@@ -68,7 +68,6 @@ RATCHET: dict[str, tuple[int, int]] = {
     "doctor/facts/shape.py:problem": (24, 33),
     "doctor/model/consistency.py:expert_shape_problems": (24, 48),
     "doctor/model/weights.py:judge_hashes": (24, 39),
-    "doctor/commands/launch.py:diagnose": (23, 66),
     "doctor/gpu/fabric.py:readiness": (23, 46),
     "doctor/sglang/flag_reader.py:_namespace_classes": (23, 28),
     "doctor/gpu/inventory.py:judge_arch": (22, 40),
