@@ -19,8 +19,6 @@ from doctor.host.jitcache import NOT_WRITABLE, VOLATILE, VOLATILE_FS, persistent
 from fixes.triton import set_env_line
 
 
-@fixer("host.jit_cache", "Keep the JIT caches on a persistent directory the service's user owns",
-       needs=("jit_caches",))
 def _env_file_actions(path: Path, old: str, wanted: dict[str, str]) -> list[Action]:
     """The writes that set each wanted variable in the environment file (its folder first when missing); none when
     every line already says so, so a second run plans nothing."""
@@ -38,6 +36,8 @@ def _env_file_actions(path: Path, old: str, wanted: dict[str, str]) -> list[Acti
     return actions
 
 
+@fixer("host.jit_cache", "Keep the JIT caches on a persistent directory the service's user owns",
+       needs=("jit_caches",))
 def plan_jit_cache(ctx: Context, result: Result) -> Plan:
     """For each cache on tmpfs or not writable for the service's user: create /var/cache/sglang-k26/<cache> for
     that user and set the cache's variable in the profile's server.env_file (a note names the line when the

@@ -415,20 +415,6 @@ def wait_ready(url: str | None, config: str | None, profile: str | None, timeout
     return EXIT_OK if outcome.ready else EXIT_FAILED
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("logfile", required=False)
-@click.option("--journal", "unit", default=None, help="Read the systemd journal of this unit instead of a file.")
-@click.option("--invocation", default=None, help="Only this start of the unit (its InvocationID).")
-@click.option("--on-service-failure", is_flag=True,
-              help="For ExecStopPost: do nothing unless $SERVICE_RESULT says the start failed.")
-@click.option("--signatures", multiple=True, type=click.Path(dir_okay=False), help="More signatures (TOML).")
-@click.option("--python", "python", default=None,
-              help="The service's interpreter, for fixes that name its packages (Python.h); default: what the log "
-                   "names.")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
-@click.option("--timeout", "match_timeout", type=Seconds(), default=60.0, show_default=True,
-              help="Seconds the matching may take with --signatures (matched in a child process killed then).")
-@guarded
 def _journal_lines(unit: str, invocation: str | None, on_service_failure: bool) -> tuple[list[str], str] | int:
     """The journal's lines of UNIT and their source's name, or EXIT_USAGE once said why: kept apart from
     diagnose so that reading the input stays one step beside matching it."""
@@ -477,6 +463,20 @@ def _show_diagnosis(matches: list, source: str, lines: list[str], fmt: str) -> N
         click.echo(render_text(matches, source, lines))
 
 
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("logfile", required=False)
+@click.option("--journal", "unit", default=None, help="Read the systemd journal of this unit instead of a file.")
+@click.option("--invocation", default=None, help="Only this start of the unit (its InvocationID).")
+@click.option("--on-service-failure", is_flag=True,
+              help="For ExecStopPost: do nothing unless $SERVICE_RESULT says the start failed.")
+@click.option("--signatures", multiple=True, type=click.Path(dir_okay=False), help="More signatures (TOML).")
+@click.option("--python", "python", default=None,
+              help="The service's interpreter, for fixes that name its packages (Python.h); default: what the log "
+                   "names.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--timeout", "match_timeout", type=Seconds(), default=60.0, show_default=True,
+              help="Seconds the matching may take with --signatures (matched in a child process killed then).")
+@guarded
 def diagnose(logfile: str | None, unit: str | None, invocation: str | None, on_service_failure: bool,
              signatures: tuple[str, ...], python: str | None, fmt: str, match_timeout: float) -> int:
     """Map a failed start's log (FILE, `-` for stdin, or --journal UNIT) to the checks that catch it.
