@@ -19,6 +19,23 @@ from doctor.host.jitcache import NOT_WRITABLE, VOLATILE, VOLATILE_FS, persistent
 from fixes.triton import set_env_line
 
 
+def _env_file_actions(path: Path, old: str, wanted: dict[str, str]) -> list[Action]:
+    """The writes that set each wanted variable in the environment file (its folder first when missing); none when
+    every line already says so, so a second run plans nothing."""
+    actions: list[Action] = []
+    text = old
+    for var, value in wanted.items():
+        if parse_env_file(text).get(var) != value:
+            text = set_env_line(text, var, value)
+    if text != old:
+        if not path.parent.is_dir():
+            actions.append(RunCommand(f"create {path.parent}", needs_root=not writable_ancestor(path.parent)[1],
+                                      argv=["mkdir", "-p", str(path.parent)]))
+        actions.append(WriteFile(f"set {', '.join(wanted)} in {path}", needs_root=not writable_ancestor(path.parent)[1],
+                                 path=str(path), new_text=text))
+    return actions
+
+
 @fixer("host.jit_cache", "Keep the JIT caches on a persistent directory the service's user owns",
        needs=("jit_caches",))
 def plan_jit_cache(ctx: Context, result: Result) -> Plan:
@@ -50,14 +67,4 @@ def plan_jit_cache(ctx: Context, result: Result) -> Plan:
         old = ""
     except (OSError, UnicodeDecodeError):
         return Plan(actions, notes=[f"{path} is not readable: set {v}={d} there by hand" for v, d in wanted.items()])
-    text = old
-    for var, value in wanted.items():
-        if parse_env_file(text).get(var) != value:
-            text = set_env_line(text, var, value)
-    if text != old:
-        if not path.parent.is_dir():
-            actions.append(RunCommand(f"create {path.parent}", needs_root=not writable_ancestor(path.parent)[1],
-                                      argv=["mkdir", "-p", str(path.parent)]))
-        actions.append(WriteFile(f"set {', '.join(wanted)} in {path}", needs_root=not writable_ancestor(path.parent)[1],
-                                 path=str(path), new_text=text))
-    return Plan(actions)
+    return Plan(actions + _env_file_actions(path, old, wanted))

@@ -415,6 +415,54 @@ def wait_ready(url: str | None, config: str | None, profile: str | None, timeout
     return EXIT_OK if outcome.ready else EXIT_FAILED
 
 
+def _journal_lines(unit: str, invocation: str | None, on_service_failure: bool) -> tuple[list[str], str] | int:
+    """The journal's lines of UNIT and their source's name, or EXIT_USAGE once said why: kept apart from
+    diagnose so that reading the input stays one step beside matching it."""
+    from doctor.core.proc import run
+    from doctor.service.diagnose import journal_argv
+
+    if on_service_failure and not invocation:
+        invocation = os.environ.get("INVOCATION_ID")
+    res = run(journal_argv(unit, invocation), 60)
+    if not res.ok:
+        _say(f"cannot read the journal of {unit}: {res.why()}")
+        return EXIT_USAGE
+    lines, source = res.stdout.splitlines(), f"journal of {unit}"
+    if not any(line.strip() and line.strip() != "-- No entries --" for line in lines):
+        which = f" (invocation {invocation})" if invocation else " since boot"
+        _say(f"the journal had no lines for {unit}{which}: check the unit name (systemctl list-units "
+             f"{shlex.quote(unit)}) or pass the log file instead")
+        return EXIT_USAGE
+    return lines, source
+
+
+def _file_lines(logfile: str | None) -> tuple[list[str], str] | int:
+    """The log file's lines (``-``: stdin) and its name, or EXIT_USAGE once said why it cannot be read."""
+    from doctor.service.diagnose import read_log
+
+    assert logfile is not None
+    try:
+        return read_log(logfile), logfile
+    except OSError as exc:
+        _say(f"cannot read {logfile}: {exc.strerror or exc}")
+        return EXIT_USAGE
+
+
+def _show_diagnosis(matches: list, source: str, lines: list[str], fmt: str) -> None:
+    """Print the matches as JSON (the contract's keys) or as text: one place for both renderings."""
+    import json
+
+    from doctor.service.diagnose import names_a_cause, render_text, telling_lines
+
+    if fmt == "json":
+        shown = [] if names_a_cause(matches) else telling_lines(lines)
+        click.echo(json.dumps({"source": source, "lines": len(lines),
+                               "findings": [m.to_dict() for m in matches],  # the contract's key
+                               "telling_lines": [{"line": n, "text": text} for n, text in shown]}, indent=2))
+    else:
+        click.echo(render_text(matches, source, lines))
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("logfile", required=False)
 @click.option("--journal", "unit", default=None, help="Read the systemd journal of this unit instead of a file.")
@@ -438,20 +486,12 @@ def diagnose(logfile: str | None, unit: str | None, invocation: str | None, on_s
     unit name). The likely root cause comes first; messages that only follow a failure (NCCL teardown,
     "Received sigquit") never outrank a cause.
     """
-    import json
-
-    from doctor.core.proc import run
     from doctor.service.diagnose import (
         SignatureError,
         diagnose_lines,
         host_values,
-        journal_argv,
         load_signatures,
         match_bounded,
-        names_a_cause,
-        read_log,
-        render_text,
-        telling_lines,
         with_host_values,
     )
 
@@ -464,26 +504,11 @@ def diagnose(logfile: str | None, unit: str | None, invocation: str | None, on_s
     except SignatureError as exc:
         _say(str(exc))
         return EXIT_USAGE
-    if unit:
-        if on_service_failure and not invocation:
-            invocation = os.environ.get("INVOCATION_ID")
-        res = run(journal_argv(unit, invocation), 60)
-        if not res.ok:
-            _say(f"cannot read the journal of {unit}: {res.why()}")
-            return EXIT_USAGE
-        lines, source = res.stdout.splitlines(), f"journal of {unit}"
-        if not any(line.strip() and line.strip() != "-- No entries --" for line in lines):
-            which = f" (invocation {invocation})" if invocation else " since boot"
-            _say(f"the journal had no lines for {unit}{which}: check the unit name (systemctl list-units "
-                 f"{shlex.quote(unit)}) or pass the log file instead")
-            return EXIT_USAGE
-    else:
-        assert logfile is not None
-        try:
-            lines, source = read_log(logfile), logfile
-        except OSError as exc:
-            _say(f"cannot read {logfile}: {exc.strerror or exc}")
-            return EXIT_USAGE
+    got = (_journal_lines(unit, invocation, on_service_failure) if unit
+           else _file_lines(logfile))
+    if isinstance(got, int):
+        return got
+    lines, source = got
     try:  # a site's patterns are matched in a killable child under a deadline; the built-in ones here
         matches = (match_bounded(lines, [Path(s) for s in signatures], match_timeout) if signatures
                    else diagnose_lines(lines, sigs))
@@ -491,11 +516,5 @@ def diagnose(logfile: str | None, unit: str | None, invocation: str | None, on_s
         _say(str(exc))
         return EXIT_USAGE
     with_host_values(matches, lambda clean: host_values(clean, python), lines)
-    if fmt == "json":
-        shown = [] if names_a_cause(matches) else telling_lines(lines)
-        click.echo(json.dumps({"source": source, "lines": len(lines),
-                               "findings": [m.to_dict() for m in matches],  # the contract's key
-                               "telling_lines": [{"line": n, "text": text} for n, text in shown]}, indent=2))
-    else:
-        click.echo(render_text(matches, source, lines))
+    _show_diagnosis(matches, source, lines, fmt)
     return EXIT_OK if matches else EXIT_FAILED

@@ -145,6 +145,78 @@ SETTINGS = ("config", "profile", "model_path", "draft_model_path", "python", "tp
 """The selection flags of ``check``/``launch`` that mean something here (the server is the profile's)."""
 
 
+def _ddtree_settings(flags: dict[str, Any]) -> Any:
+    """The profile's settings, refused (ConfigError) unless they run DDTREE on this host: validate starts real
+    servers, so a snapshot or another algorithm has nothing it could prove."""
+    from doctor.core.settings import ConfigError
+
+    settings = settings_from(flags)
+    if settings.from_snapshot:
+        raise ConfigError("validate runs servers on this host: it cannot judge a snapshot")
+    algo = str(settings.get("server.speculative_algorithm", "") or "").upper()
+    if algo != "DDTREE":
+        raise ConfigError(f"the profile launches {algo or 'no speculative algorithm'}, not DDTREE: nothing to "
+                          "validate (set [server] speculative_algorithm = \"DDTREE\")")
+    return settings
+
+
+def _check_prompt_kind(settings: Any, extra: list[str], prompt_set: dict[str, Any]) -> None:
+    """Refuse text prompts for a server without a tokenizer (ConfigError): it could not read them."""
+    from doctor.core.settings import ConfigError
+    from doctor.service.launcher import build_server_args
+
+    args = build_server_args(settings, extra)[0]
+    if "--skip-tokenizer-init" in args and prompt_set["kind"] == "text":
+        raise ConfigError("the server runs with --skip-tokenizer-init: give --prompts FILE of token ids "
+                          "(bench/ddtree/make_trained.py --prompts makes one for the trained pair)")
+
+
+def _measure(v: Any) -> tuple[bool, str | None]:
+    """Run the measurements with SIGTERM/SIGHUP turned into a clean stop: (interrupted, why it stopped early).
+    Interrupted: every server is down and the state kept, said here; the handlers are restored either way."""
+    from doctor.service.validation.run import Stopped
+
+    def terminate(signum: int, _frame: Any) -> None:
+        raise _Terminated(signum)
+
+    old = {s: signal.signal(s, terminate) for s in (signal.SIGTERM, signal.SIGHUP)}
+    stopped = None
+    try:
+        v.opts.resume = False  # the state was loaded above
+        v.measure()
+    except Stopped as exc:
+        stopped = str(exc)
+    except (KeyboardInterrupt, _Terminated):
+        _say(f"interrupted: every server stopped; the measurements so far are kept in {v.state_path} "
+             "(run the same command again to resume)")
+        return True, None
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    return False, stopped
+
+
+def _mark_stopped(result: dict[str, Any], stopped: str, state_path: Any) -> None:
+    """A run stopped early decides nothing: the outcome and every budget not already failed become undecided."""
+    _say(f"{stopped}: stopped cleanly, state kept in {state_path}")
+    result["outcome"] = "undecided"
+    result["stopped"] = stopped
+    for b in result["budgets"].values():
+        if b["outcome"] != "fail":
+            b["outcome"] = "undecided"
+            b["why"] = [*b["why"], stopped]
+
+
+def _emit(result: dict[str, Any], flags: dict[str, Any]) -> None:
+    """Print the outcome as text or JSON, and write it to --output too when asked."""
+    lines = _lines(result)  # after the timing: it is one of them
+    fmt = flags.get("fmt") or "text"
+    text = json.dumps(result, indent=1) + "\n" if fmt == "json" else "\n".join(lines) + "\n"
+    if flags.get("output"):
+        write_requested(flags["output"], text, "the validation")
+    click.echo(text, nl=False)
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @settings_options(*SETTINGS, report=False)
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
@@ -191,31 +263,19 @@ def validate(flags: dict[str, Any], fmt: str, output: str | None, budgets: str |
     1: fail or undecided (--format json: "outcome"); 2: invalid invocation.
     Extra server flags go after `--`, as with `launch`.
     """
-    from doctor.core.settings import ConfigError
-    from doctor.service.validation.run import Options, Stopped, Validation, expected_duration_s, run_key
+    from doctor.service.validation.run import Options, Validation, expected_duration_s, run_key
     from doctor.sglang.validation import prompts
     from doctor.sglang.validation.record import host_identity
     from doctor.sglang.validation.siteconfig import gpu_uuids
 
     began = time.monotonic()
     flags = {**flags, "fmt": fmt, "output": output}
-    settings = settings_from(flags)
-    if settings.from_snapshot:
-        raise ConfigError("validate runs servers on this host: it cannot judge a snapshot")
-    algo = str(settings.get("server.speculative_algorithm", "") or "").upper()
-    if algo != "DDTREE":
-        raise ConfigError(f"the profile launches {algo or 'no speculative algorithm'}, not DDTREE: nothing to "
-                          "validate (set [server] speculative_algorithm = \"DDTREE\")")
+    settings = _ddtree_settings(flags)
     chosen = _budgets(budgets, settings)
     conc = concurrency or min(64, int(settings.max_running_requests or 32))
     prompt_set = prompts.load(prompts_file)
     extra = list(server_args)
-    from doctor.service.launcher import build_server_args
-
-    args = build_server_args(settings, extra)[0]
-    if "--skip-tokenizer-init" in args and prompt_set["kind"] == "text":
-        raise ConfigError("the server runs with --skip-tokenizer-init: give --prompts FILE of token ids "
-                          "(bench/ddtree/make_trained.py --prompts makes one for the trained pair)")
+    _check_prompt_kind(settings, extra, prompt_set)
     timeout = start_timeout or float(settings.get("server.start_timeout_s", 1800) or 1800)
     opts = Options(budgets=chosen, concurrency=conc, time_budget_s=time_budget, parallel=parallel, resume=resume,
                    port_base=port_base, start_timeout_s=timeout, samples=samples, extra_args=extra)
@@ -235,33 +295,12 @@ def validate(flags: dict[str, Any], fmt: str, output: str | None, budgets: str |
     _say(f"{len(todo)} server start(s) ({', '.join(r.name for r in todo) or 'none: all measured'}), "
          f"{'side by side' if parallel else 'one at a time'}: expected about {est / 60:.0f} min"
          + (f" (time budget {time_budget:.0f} s)" if time_budget else ""))
-
-    def terminate(signum: int, _frame: Any) -> None:
-        raise _Terminated(signum)
-
-    old = {s: signal.signal(s, terminate) for s in (signal.SIGTERM, signal.SIGHUP)}
-    stopped = None
-    try:
-        v.opts.resume = False  # the state was loaded above
-        v.measure()
-    except Stopped as exc:
-        stopped = str(exc)
-    except (KeyboardInterrupt, _Terminated):
-        _say(f"interrupted: every server stopped; the measurements so far are kept in {v.state_path} "
-             "(run the same command again to resume)")
+    interrupted, stopped = _measure(v)
+    if interrupted:
         return EXIT_FAILED
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
     result = v.judge()
     if stopped:
-        _say(f"{stopped}: stopped cleanly, state kept in {v.state_path}")
-        result["outcome"] = "undecided"
-        result["stopped"] = stopped
-        for b in result["budgets"].values():
-            if b["outcome"] != "fail":
-                b["outcome"] = "undecided"
-                b["why"] = [*b["why"], stopped]
+        _mark_stopped(result, stopped, v.state_path)
     else:
         from doctor.facts.redaction import redact_argv
 
@@ -270,10 +309,5 @@ def validate(flags: dict[str, Any], fmt: str, output: str | None, budgets: str |
     result["timing"] = {"wall_s": round(wall, 2), **{k: round(t, 2) for k, t in v.timing.items()},
                         "overhead_s": round(wall - sum(v.timing.values()), 2)}
     result["state"] = str(v.state_path)
-    lines = _lines(result)  # after the timing: it is one of them
-    fmt = flags.get("fmt") or "text"
-    text = json.dumps(result, indent=1) + "\n" if fmt == "json" else "\n".join(lines) + "\n"
-    if flags.get("output"):
-        write_requested(flags["output"], text, "the validation")
-    click.echo(text, nl=False)
+    _emit(result, flags)
     return EXIT_OK if result["outcome"] in ("pass", NOT_FASTER) else EXIT_FAILED

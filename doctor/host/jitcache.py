@@ -120,6 +120,23 @@ def module_compiled(compiled: list[str], module: str, version: str | None, cc: s
     return False
 
 
+def _volatile_names(volatile: dict[str, Any]) -> str:
+    """Each wiped cache with what wipes it (a tmpfs mount or a systemd-tmpfiles rule): the warning names the cause."""
+    return "; ".join(f"{k} cache {v['path']} ({v.get('from')}) is " + (
+        f"on {v['fstype']} mounted at {v.get('mount_point')}" if v.get("fstype") in VOLATILE_FS else
+        f"emptied at boot by systemd-tmpfiles ({v.get('wiped_at_boot_by')})") for k, v in volatile.items())
+
+
+def _denied_names(denied: dict[str, Any]) -> str:
+    """Each cache the service's user cannot write, with the folder where the write stopped: where to look."""
+    return "; ".join(f"{k} cache {v['path']} (stopped at {v.get('denied_at')})" for k, v in denied.items())
+
+
+def _unread_names(caches: dict[str, Any], unknown: list[str]) -> str:
+    """Each cache whose place could not be judged, with the error that stopped it."""
+    return "; ".join(f"{k} cache: {caches[k]['error']}" for k in unknown)
+
+
 def judge_jit_cache(fact: dict[str, Any]) -> Findings:
     """Each cache: on tmpfs (wiped at boot: warn), not writable for the service's user (warn), else persistent."""
     caches = fact.get("caches") or {}
@@ -131,17 +148,14 @@ def judge_jit_cache(fact: dict[str, Any]) -> Findings:
     denied = {k: v for k, v in caches.items() if v.get("writable") is False}
     unknown = [k for k, v in caches.items() if v.get("error")]
     if volatile:
-        names = "; ".join(f"{k} cache {v['path']} ({v.get('from')}) is " + (
-            f"on {v['fstype']} mounted at {v.get('mount_point')}" if v.get("fstype") in VOLATILE_FS else
-            f"emptied at boot by systemd-tmpfiles ({v.get('wiped_at_boot_by')})") for k, v in volatile.items())
-        out.warn(VOLATILE, f"{names}: wiped at every boot, so every first start after one compiles again "
-                 "(FlashInfer's modules and Triton's kernels: minutes on the H200)", _move_fix(volatile, user))
+        out.warn(VOLATILE, f"{_volatile_names(volatile)}: wiped at every boot, so every first start after one "
+                 "compiles again (FlashInfer's modules and Triton's kernels: minutes on the H200)",
+                 _move_fix(volatile, user))
     if denied:
-        names = "; ".join(f"{k} cache {v['path']} (stopped at {v.get('denied_at')})" for k, v in denied.items())
-        out.warn(NOT_WRITABLE, f"{user} cannot write {names}: each start compiles again, or fails",
+        out.warn(NOT_WRITABLE, f"{user} cannot write {_denied_names(denied)}: each start compiles again, or fails",
                  _move_fix(denied, user))
     if unknown:
-        out.warn("host.jit_cache.unreadable", "; ".join(f"{k} cache: {caches[k]['error']}" for k in unknown))
+        out.warn("host.jit_cache.unreadable", _unread_names(caches, unknown))
     if not (volatile or denied or unknown):
         out.info(PERSISTENT, "the JIT caches are on persistent filesystems and writable for " + str(user) + ": "
                  + ", ".join(f"{k} {v['path']} ({v.get('fstype')})" for k, v in caches.items()))

@@ -165,33 +165,41 @@ class LogMatch:
         return out
 
 
+def _signature_entries(path: Path) -> list[Any]:
+    """The ``[[signature]]`` entries of one file, refused (SignatureError) before any pattern is compiled when the
+    file is too large, not a table list, or holds too many entries or pattern characters: a hostile file must not
+    stall the matcher."""
+    try:
+        size = os.stat(path).st_size if os.path.isfile(path) else 0
+    except OSError:
+        size = 0  # read_toml names the reason
+    if size > MAX_SIGNATURE_FILE_BYTES:
+        raise SignatureError(f"cannot read signatures file {path}: {size} bytes, larger than "
+                             f"{MAX_SIGNATURE_FILE_BYTES >> 20} MiB: not a signatures file")
+    try:
+        data = read_toml(path, "signatures file")
+    except DataFileError as exc:
+        raise SignatureError(str(exc)) from None
+    entries = data.get("signature")
+    if not isinstance(entries, list):
+        raise SignatureError(f"{path}: expected [[signature]] tables")
+    if len(entries) > MAX_SIGNATURES:
+        raise SignatureError(f"{path}: {len(entries)} signatures, more than {MAX_SIGNATURES}: "
+                             "not a signatures file")
+    total = sum(len(p) for e in entries if isinstance(e, dict) for k in REGEX_KEYS
+                for p in (e[k] if isinstance(e.get(k), list) else [e.get(k)]) if isinstance(p, str))
+    if total > MAX_PATTERN_TOTAL:
+        raise SignatureError(f"{path}: {total} characters of patterns, more than {MAX_PATTERN_TOTAL}: compiling "
+                             "them would take too long")
+    return entries
+
+
 def load_signatures(paths: list[Path] | None = None, builtin: Path = SIGNATURES_FILE) -> list[Signature]:
     """The built-in signatures plus any site files; later ids replace earlier ones. ``builtin``: another built-in
     table (a bench compares the previous release's)."""
     by_id: dict[str, Signature] = {}
     for path in [builtin, *(paths or [])]:
-        try:
-            size = os.stat(path).st_size if os.path.isfile(path) else 0
-        except OSError:
-            size = 0  # read_toml names the reason
-        if size > MAX_SIGNATURE_FILE_BYTES:
-            raise SignatureError(f"cannot read signatures file {path}: {size} bytes, larger than "
-                                 f"{MAX_SIGNATURE_FILE_BYTES >> 20} MiB: not a signatures file")
-        try:
-            data = read_toml(path, "signatures file")
-        except DataFileError as exc:
-            raise SignatureError(str(exc)) from None
-        entries = data.get("signature")
-        if not isinstance(entries, list):
-            raise SignatureError(f"{path}: expected [[signature]] tables")
-        if len(entries) > MAX_SIGNATURES:
-            raise SignatureError(f"{path}: {len(entries)} signatures, more than {MAX_SIGNATURES}: "
-                                 "not a signatures file")
-        total = sum(len(p) for e in entries if isinstance(e, dict) for k in REGEX_KEYS
-                    for p in (e[k] if isinstance(e.get(k), list) else [e.get(k)]) if isinstance(p, str))
-        if total > MAX_PATTERN_TOTAL:
-            raise SignatureError(f"{path}: {total} characters of patterns, more than {MAX_PATTERN_TOTAL}: compiling "
-                                 "them would take too long")
+        entries = _signature_entries(path)
         for i, entry in enumerate(entries):
             sig = _signature(entry, f"{path} signature #{i + 1}")
             by_id[sig.id] = sig
@@ -281,6 +289,14 @@ def _signature(entry: Any, where: str) -> Signature:
     unknown = sorted(set(entry) - SIGNATURE_KEYS)
     if unknown:
         raise SignatureError(f"{where}: unknown key(s) {', '.join(unknown)}")
+    _check_tables(entry, where)
+    _check_scalars(entry, where)
+    return _build_signature(entry, where)
+
+
+def _check_tables(entry: dict[str, Any], where: str) -> None:
+    """The list and table keys (commands, suppresses, defaults) have their shapes, else SignatureError: a site file
+    is read before anything is matched, so a wrong shape is named here and never a traceback later."""
     commands = entry.get("commands") or []
     if not isinstance(commands, list):
         raise SignatureError(f"{where}: commands must be a list")
@@ -290,6 +306,11 @@ def _signature(entry: Any, where: str) -> Signature:
     defaults = entry.get("defaults") or {}
     if not isinstance(defaults, dict):
         raise SignatureError(f"{where}: defaults must be a table")
+
+
+def _check_scalars(entry: dict[str, Any], where: str) -> None:
+    """The remaining keys (check, sources, unsupported, strength, the flags, frames) have their types, else
+    SignatureError, in the order a reader meets them."""
     check = entry.get("check")
     if check is not None and not isinstance(check, str):
         raise SignatureError(f"{where}: check must be a check id")
@@ -305,6 +326,16 @@ def _signature(entry: Any, where: str) -> Signature:
             raise SignatureError(f"{where}: {key} must be true or false")
     if entry.get("traceback_cause") and not entry.get("frames"):
         raise SignatureError(f"{where}: traceback_cause needs frames (which tracebacks)")
+
+
+def _build_signature(entry: dict[str, Any], where: str) -> Signature:
+    """The Signature of a checked entry (its patterns compiled, numbers read): apart from the checks above so that
+    each stays readable."""
+    check = entry.get("check")
+    commands = entry.get("commands") or []
+    suppresses = entry.get("suppresses") or []
+    defaults = entry.get("defaults") or {}
+    sources = entry.get("sources") or []
     return Signature(
         entry["id"], str(entry.get("title", entry["id"])), _patterns(entry.get("patterns"), where, "patterns"),
         check, str(entry.get("fix", "")), tuple(str(c) for c in commands), str(entry.get("explain", "")),
@@ -534,6 +565,15 @@ def judge_blame(found: list[LogMatch], hit_lines: dict[str, list[int]], shape: L
       name neither.
     ``candidates``: the lines the matcher's one prefilter pass found for each ``blame_if`` pattern (no second scan
     of a large log)."""
+    _withhold_unshown_consequences(found, hit_lines, shape, candidates)
+    _withhold_lone_weak(found)
+    _withhold_shared_lines(found)
+
+
+def _withhold_unshown_consequences(found: list[LogMatch], hit_lines: dict[str, list[int]], shape: LogShape,
+                                   candidates: dict[re.Pattern[str], list[int] | None] | None) -> None:
+    """A consequence keeps its check only on the log's own causal evidence (a ``blame_if`` line, or a raised hit
+    with ``blame_if_raised``): see ``judge_blame``."""
     def present(p: re.Pattern[str]) -> bool:
         lines = (candidates or {}).get(p)
         if lines is None:
@@ -546,10 +586,18 @@ def judge_blame(found: list[LogMatch], hit_lines: dict[str, list[int]], shape: L
                 any(present(p) for p in s.blame_if)
                 or (s.blame_if_raised and any(shape.raised(i) for i in hit_lines.get(s.id, ())))):
             f.withhold(f"a consequence: nothing in the log shows the cause {s.check} checks")
+
+
+def _withhold_lone_weak(found: list[LogMatch]) -> None:
+    """A weak signature keeps its check only beside a strong finding of the same check: see ``judge_blame``."""
     strong = {f.signature.check for f in found if f.signature.check is not None and not f.signature.weak}
     for f in found:
         if f.signature.check is not None and f.signature.weak and f.signature.check not in strong:
             f.withhold("weak evidence: a generic message that threads resolved as more than one cause")
+
+
+def _withhold_shared_lines(found: list[LogMatch]) -> None:
+    """Causes of different checks read from the same line name neither: see ``judge_blame``."""
     on_line: dict[int, list[LogMatch]] = {}
     for f in found:
         if f.signature.check is not None and not f.signature.consequence:
@@ -561,16 +609,9 @@ def judge_blame(found: list[LogMatch], hit_lines: dict[str, list[int]], shape: L
                 f.withhold(f"line {line_no} reads as more than one cause ({', '.join(checks)})")
 
 
-def diagnose_lines(lines: list[str], signatures: list[Signature], context: int = 2,
-                   use_grep: bool = True, on_signature: Any = None, host: Any = None) -> list[LogMatch]:
-    """Every signature that occurs in ``lines``, the likely root cause first (see ``order``).
-
-    ``use_grep=False`` keeps the search in Python (the fallback when the host has no grep);
-    ``on_signature(id)`` is called before each signature is matched (the bounded matcher's progress); ``host``: a
-    callable ``lines -> dict`` of this host's values (``host_values``), asked only when a found signature uses one."""
-    clean = list(lines)
-    if not clean:
-        return []
+def _cleaned(clean: list[str]) -> tuple[list[str], str]:
+    """The lines without line ends, ANSI colours and overlong tails, and their joined text: each clean-up runs only
+    when the text needs it (a 50 MB log has 500k lines)."""
     text = "\n".join(clean)  # the per-line clean-ups below run only when needed: a 50 MB log has 500k lines
     if "\r" in text or text.count("\n") != len(clean) - 1:
         clean = [ln.rstrip("\r\n") for ln in clean]
@@ -578,18 +619,13 @@ def diagnose_lines(lines: list[str], signatures: list[Signature], context: int =
     if max(map(len, clean)) > MAX_LINE or "\x1b" in text:
         clean = [_ANSI.sub("", ln[:MAX_LINE]) for ln in clean]
         text = "\n".join(clean)
-    starts = list(accumulate(map((1).__add__, map(len, clean)), initial=0))[:-1]
-    plan = {pat: required_literals(pat) for sig in signatures for pat in (*sig.patterns, *sig.blame_if)}
-    candidates = candidate_lines(text, starts, plan, use_grep)
-    per_line: dict[int, dict[str, re.Match[str]]] = {}
-    hit_lines: dict[str, list[int]] = {}
-    shape = LogShape(clean, text, literal_plan)
-    for sig in signatures:
-        if on_signature is not None:
-            on_signature(sig.id)
-        for idx, m in _hits(sig, text, starts, clean, candidates, shape).items():
-            per_line.setdefault(idx, {})[sig.id] = m
-    by_id = {s.id: s for s in signatures}
+    return clean, text
+
+
+def _first_matches(per_line: dict[int, dict[str, re.Match[str]]], by_id: dict[str, Signature], clean: list[str],
+                   context: int, hit_lines: dict[str, list[int]]) -> dict[str, LogMatch]:
+    """Each signature's first unsuppressed hit (later ones counted, every hit's line recorded in ``hit_lines``):
+    a signature another one on the same line explains is not a finding of that line."""
     found: dict[str, LogMatch] = {}
     for idx in sorted(per_line):
         ids = per_line[idx]
@@ -604,6 +640,32 @@ def diagnose_lines(lines: list[str], signatures: list[Signature], context: int =
             values = {k: v for k, v in m.groupdict().items() if v is not None and _SAFE_VALUE.fullmatch(v)}
             lo, hi = max(0, idx - context), min(len(clean), idx + 1 + context)
             found[sid] = LogMatch(by_id[sid], idx + 1, clean[idx].strip(), 1, clean[lo:hi], values)
+    return found
+
+
+def diagnose_lines(lines: list[str], signatures: list[Signature], context: int = 2,
+                   use_grep: bool = True, on_signature: Any = None, host: Any = None) -> list[LogMatch]:
+    """Every signature that occurs in ``lines``, the likely root cause first (see ``order``).
+
+    ``use_grep=False`` keeps the search in Python (the fallback when the host has no grep);
+    ``on_signature(id)`` is called before each signature is matched (the bounded matcher's progress); ``host``: a
+    callable ``lines -> dict`` of this host's values (``host_values``), asked only when a found signature uses one."""
+    clean = list(lines)
+    if not clean:
+        return []
+    clean, text = _cleaned(clean)
+    starts = list(accumulate(map((1).__add__, map(len, clean)), initial=0))[:-1]
+    plan = {pat: required_literals(pat) for sig in signatures for pat in (*sig.patterns, *sig.blame_if)}
+    candidates = candidate_lines(text, starts, plan, use_grep)
+    per_line: dict[int, dict[str, re.Match[str]]] = {}
+    hit_lines: dict[str, list[int]] = {}
+    shape = LogShape(clean, text, literal_plan)
+    for sig in signatures:
+        if on_signature is not None:
+            on_signature(sig.id)
+        for idx, m in _hits(sig, text, starts, clean, candidates, shape).items():
+            per_line.setdefault(idx, {})[sig.id] = m
+    found = _first_matches(per_line, {s.id: s for s in signatures}, clean, context, hit_lines)
     found = {k: f for k, f in found.items() if not any(shape.matching(p) for p in f.signature.absent)}
     if any(not f.signature.consequence and not f.signature.fallback for f in found.values()):
         found = {k: f for k, f in found.items() if not f.signature.fallback}  # a cause was found: no fallback

@@ -161,15 +161,10 @@ def start_inputs(get: Callable[[str], Any], args: list[str], *, tp: int,
     arguments. JSON only, so a plan can be recorded and replayed."""
     nvml, resident, caches, stack, imp = (get(n) for n in ("nvml", "weights_resident", "jit_caches", "stack",
                                                            "sglang_import"))
-    dev = ((nvml or {}).get("devices") or [{}])[0] if isinstance(nvml, dict) else {}
-    cc = dev.get("compute_capability") if isinstance(dev, dict) else None
-    cc_text = ".".join(str(x) for x in cc) if isinstance(cc, list) else (str(cc) if cc else None)
-    dists = (stack or {}).get("distributions") if isinstance(stack, dict) else None
-    fi = (dists or {}).get("flashinfer-python") if isinstance(dists, dict) else None
-    triton = ((caches or {}).get("caches") or {}).get("triton") if isinstance(caches, dict) else None
+    gpu_name, cc_text = _gpu_input(nvml)
     import_s = (imp or {}).get("import_s") if isinstance(imp, dict) and (imp or {}).get("imported") else None
     return {
-        "gpu_name": dev.get("name") if isinstance(dev, dict) else None,
+        "gpu_name": gpu_name,
         "compute_capability": cc_text,
         "tp": tp,
         "server_args": list(args),
@@ -177,15 +172,38 @@ def start_inputs(get: Callable[[str], Any], args: list[str], *, tp: int,
         "target": _model_input((resident or {}).get("target") if isinstance(resident, dict) else None),
         "drafter": _model_input((resident or {}).get("drafter") if isinstance(resident, dict) else None),
         "meminfo": (resident or {}).get("meminfo") if isinstance(resident, dict) else None,
-        "flashinfer": {"installed": (fi is not None) if isinstance(dists, dict) else None,
-                       "version": (fi or {}).get("version") if isinstance(fi, dict) else None,
-                       "compiled": (caches or {}).get("flashinfer_compiled") if isinstance(caches, dict) else None,
-                       "cache": (((caches or {}).get("caches") or {}).get("flashinfer") or {}).get("path")
-                       if isinstance(caches, dict) else None},
-        "triton_cache": {"path": (triton or {}).get("path"), "entries": (triton or {}).get("entries")}
-        if isinstance(triton, dict) else None,
+        "flashinfer": _flashinfer_input(stack, caches),
+        "triton_cache": _triton_input(caches),
         "import_s": import_s if isinstance(import_s, (int, float)) else python_import_s,
     }
+
+
+def _gpu_input(nvml: Any) -> tuple[Any, str | None]:
+    """The first GPU's name and compute capability ("9.0"), None for what the fact does not hold: a missing or
+    malformed fact gives an unknown, never a traceback."""
+    dev = ((nvml or {}).get("devices") or [{}])[0] if isinstance(nvml, dict) else {}
+    cc = dev.get("compute_capability") if isinstance(dev, dict) else None
+    cc_text = ".".join(str(x) for x in cc) if isinstance(cc, list) else (str(cc) if cc else None)
+    return (dev.get("name") if isinstance(dev, dict) else None), cc_text
+
+
+def _flashinfer_input(stack: Any, caches: Any) -> dict[str, Any]:
+    """FlashInfer's installed version, compiled modules and cache folder (None where not known): what decides
+    whether its modules compile at start."""
+    dists = (stack or {}).get("distributions") if isinstance(stack, dict) else None
+    fi = (dists or {}).get("flashinfer-python") if isinstance(dists, dict) else None
+    return {"installed": (fi is not None) if isinstance(dists, dict) else None,
+            "version": (fi or {}).get("version") if isinstance(fi, dict) else None,
+            "compiled": (caches or {}).get("flashinfer_compiled") if isinstance(caches, dict) else None,
+            "cache": (((caches or {}).get("caches") or {}).get("flashinfer") or {}).get("path")
+            if isinstance(caches, dict) else None}
+
+
+def _triton_input(caches: Any) -> dict[str, Any] | None:
+    """The Triton cache's folder and entry count, None when not recorded: an empty cache compiles every kernel."""
+    triton = ((caches or {}).get("caches") or {}).get("triton") if isinstance(caches, dict) else None
+    return ({"path": (triton or {}).get("path"), "entries": (triton or {}).get("entries")}
+            if isinstance(triton, dict) else None)
 
 
 def _model_input(entry: Any) -> dict[str, Any] | None:
@@ -291,37 +309,52 @@ def _graphs(inputs: dict[str, Any], table: dict[str, Any], k: dict[str, Any]) ->
         warm_total += warm
         cold_total += extra
         rows.append(f"{kind} {sizes}")
-    tri_note = ("Triton cache empty: every kernel compiles first" if cold else f"Triton cache has {entries} entries"
-                if entries is not None else "Triton cache not known: warm assumed")
-    at = f"{layers} layers" if known_layers else f"{layers} layers (K2.6's: config.json not read)"
-    basis = (f"{', '.join(rows) or 'none'} sizes at {at}; {tri_note}" if rows else
-             "CUDA graphs disabled")
-    advice = ""
-    avoid = cold_total
-    needed = gp.get("needed_bs")
-    if gp["kinds"] and needed is None and gp["max_bs"] > 64:
-        advice = (f"capture sizes up to {gp['max_bs']} ({gp['max_bs_from']}): the profile sets no concurrency "
-                  "(server.max_running_requests); a bound that the service needs captures fewer sizes")
-    elif gp["kinds"] and needed is not None and gp["max_bs"] > needed:
-        spec = "speculative" if gp.get("speculative") else "decode"
-        fewer = len(capture_sizes(table["graphs"][spec], needed))
-        extra = sum(_graph_seconds(kd, n - fewer, layers, False, k)[0]
-                    for kd, n in gp["kinds"].items() if kd != "prefill")
-        advice = (f"graphs captured up to batch size {gp['max_bs']} ({gp['max_bs_from']}) while the profile serves "
-                  f"at most {needed} requests at once: --cuda-graph-max-bs-decode {needed} captures "
-                  f"{fewer} sizes per kind and saves about {extra:.0f} s")
-        avoid += extra
+    basis = _graph_basis(rows, layers, bool(known_layers), cold, entries)
+    advice, saved = _capture_advice(gp, table, layers, k)
+    avoid = cold_total + saved
     if cold:
         advice = ("; " if advice else "").join(filter(None, [advice, "keep TRITON_CACHE_DIR on a persistent, "
                                                              "writable filesystem (host.jit_cache): the next start "
                                                              "reuses the compiled kernels"]))
     graphs = Part("cuda_graphs", round(warm_total + cold_total, 1), basis, round(avoid, 1), advice)
+    return graphs, _kernels(inputs, gp, cold, k)
+
+
+def _graph_basis(rows: list[str], layers: int, known_layers: bool, cold: bool, entries: Any) -> str:
+    """What the graphs' estimate rests on (sizes, layers, the Triton cache's state): a plan says what it assumed."""
+    tri_note = ("Triton cache empty: every kernel compiles first" if cold else f"Triton cache has {entries} entries"
+                if entries is not None else "Triton cache not known: warm assumed")
+    at = f"{layers} layers" if known_layers else f"{layers} layers (K2.6's: config.json not read)"
+    return (f"{', '.join(rows) or 'none'} sizes at {at}; {tri_note}" if rows else
+            "CUDA graphs disabled")
+
+
+def _capture_advice(gp: dict[str, Any], table: dict[str, Any], layers: int, k: dict[str, Any]) -> tuple[str, float]:
+    """Advice on capturing fewer sizes and the seconds it saves: none when the captures already fit the profile's
+    concurrency (or no graphs are captured)."""
+    needed = gp.get("needed_bs")
+    if gp["kinds"] and needed is None and gp["max_bs"] > 64:
+        return (f"capture sizes up to {gp['max_bs']} ({gp['max_bs_from']}): the profile sets no concurrency "
+                "(server.max_running_requests); a bound that the service needs captures fewer sizes"), 0.0
+    if gp["kinds"] and needed is not None and gp["max_bs"] > needed:
+        spec = "speculative" if gp.get("speculative") else "decode"
+        fewer = len(capture_sizes(table["graphs"][spec], needed))
+        extra = sum(_graph_seconds(kd, n - fewer, layers, False, k)[0]
+                    for kd, n in gp["kinds"].items() if kd != "prefill")
+        return (f"graphs captured up to batch size {gp['max_bs']} ({gp['max_bs_from']}) while the profile serves "
+                f"at most {needed} requests at once: --cuda-graph-max-bs-decode {needed} captures "
+                f"{fewer} sizes per kind and saves about {extra:.0f} s"), extra
+    return "", 0.0
+
+
+def _kernels(inputs: dict[str, Any], gp: dict[str, Any], cold: bool, k: dict[str, Any]) -> Part:
+    """Kernel warm-up outside the captures: DDTree's tree kernels compile on an empty Triton cache, and that
+    compile is what a persistent cache avoids."""
     spec = bool(gp.get("speculative")) and str(inputs.get("algorithm") or "").upper() == "DDTREE"
     ksec = _value(k, "kernel_warmup_cold_s" if (spec and cold) else "kernel_warmup_s")
-    kernels = Part("kernels", ksec, "kernel warm-up outside the captures" + (" (DDTree's tree kernels compile on "
-                   "an empty Triton cache)" if spec and cold else ""),
-                   round(ksec - _value(k, "kernel_warmup_s"), 1) if spec and cold else 0.0)
-    return graphs, kernels
+    return Part("kernels", ksec, "kernel warm-up outside the captures" + (" (DDTree's tree kernels compile on "
+                "an empty Triton cache)" if spec and cold else ""),
+                round(ksec - _value(k, "kernel_warmup_s"), 1) if spec and cold else 0.0)
 
 
 def needed_modules(inputs: dict[str, Any], table: dict[str, Any]) -> list[str]:

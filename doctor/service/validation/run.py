@@ -330,61 +330,86 @@ def problems_of(rec: dict[str, Any] | None, name: str) -> list[str]:
 def judge_state(state: Mapping[str, Any], opts: Options) -> dict[str, Any]:
     """The criteria per budget from the measured state: ``{"budgets": {b: {...outcome...}}, "outcome", "best"}``."""
     recs = state.get("roles") or {}
-    base, dflash = recs.get("base"), recs.get("dflash")
     ckey = concurrency_key(opts)
-
-    def speeds(rec: Mapping[str, Any] | None) -> dict[str, Any]:
-        phases = (rec or {}).get("phases") or {}
-        return {k[len("speed-"):]: v["speed"] for k, v in phases.items() if k.startswith("speed-")}
-
     budgets: dict[str, Any] = {}
     for budget in opts.budgets:
-        name = f"ddtree-{budget}"
-        rec = recs.get(name)
-        problems = problems_of(base, "base") + problems_of(rec, name)
-        phases = (rec or {}).get("phases") or {}
-        bph = (base or {}).get("phases") or {}
-        greedy_phases, probes = [], {}
-        for g in opts.greedy:
-            mine, theirs = phases.get(f"greedy-{g}"), bph.get(f"greedy-{g}")
-            if mine is None or theirs is None:
-                continue
-            greedy_phases.append({"name": g, "outputs": mine["outputs"], "baseline": theirs["outputs"],
-                                  "errors": mine["errors"] + theirs["errors"]})
-            probes.update(_probes(g, mine, theirs))
-        greedy = criteria.judge_greedy(greedy_phases, probes, opts.max_new_tokens)
-        for label, ph in (("base", bph), (name, phases)):
-            for pname in ("sampled", "control", *(f"speed-{k}" for k in speed_phases(opts))):
-                if (ph.get(pname) or {}).get("errors"):
-                    problems.append(f"{label}: {ph[pname]['errors']} request(s) of {pname} failed "
-                                    f"({ph[pname].get('first_error')})")
-        if "sampled" in phases and "sampled" in bph and "control" in bph:
-            subject = {"name": f"{name} T {opts.temperature}",
-                       "tests": criteria.position_tests(phases["sampled"]["outputs"], bph["sampled"]["outputs"],
-                                                        opts.sampled_tokens)}
-            control = {"name": f"base T {opts.control_temperature} (control)",
-                       "tests": criteria.position_tests(bph["control"]["outputs"], bph["sampled"]["outputs"],
-                                                        opts.sampled_tokens)}
-            sampled = criteria.judge_sampled(subject, control, min_n=min(opts.samples, criteria.MIN_SAMPLED_N))
-        else:
-            sampled = {"outcome": criteria.UNDECIDED, "why": "the sampled phases were not measured"}
-        ref = (rec or {}).get("refusals")
-        refusals = (criteria.judge_refusals(ref["answers"], ref["served_after"]) if ref else
-                    {"outcome": criteria.UNDECIDED, "why": "the refusals were not probed"})
-        worth = criteria.judge_worth(speeds(rec), speeds(dflash), speeds(base), ckey)
-        if dflash is not None and dflash.get("problems"):
-            problems += [f"dflash: {p}" for p in dflash["problems"]]
-        verdict = criteria.outcome(greedy, sampled, refusals, worth, problems if rec and base else [])
-        if (rec is None or base is None) and verdict["outcome"] != criteria.FAIL:
-            verdict = {"outcome": criteria.UNDECIDED, "why": problems}
-        budgets[str(budget)] = {**verdict, "greedy": _brief(greedy), "sampled": _brief_sampled(sampled),
-                                "refusals": {k: refusals[k] for k in ("outcome", "why")}, "worth": worth}
+        budgets[str(budget)] = _judge_budget(budget, recs, opts, ckey)
     order = [criteria.FAIL, criteria.UNDECIDED, criteria.NOT_FASTER, criteria.PASS]
     overall = min((b["outcome"] for b in budgets.values()), key=order.index, default=criteria.UNDECIDED)
     good = [(b, v) for b, v in budgets.items() if v["outcome"] in (criteria.PASS, criteria.NOT_FASTER)]
     best = max(good, key=lambda bv: bv[1]["worth"]["phases"].get(ckey, {}).get("tok_per_s") or 0.0)[0] if good \
         else None
     return {"budgets": budgets, "outcome": overall, "best_budget": int(best) if best else None, "concurrency": ckey}
+
+
+def _speeds(rec: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A role's speed phases by their concurrency key (``speed-c8`` -> ``c8``)."""
+    phases = (rec or {}).get("phases") or {}
+    return {k[len("speed-"):]: v["speed"] for k, v in phases.items() if k.startswith("speed-")}
+
+
+def _judge_budget(budget: int, recs: Mapping[str, Any], opts: Options, ckey: str) -> dict[str, Any]:
+    """One budget's verdict against the base and DFLASH: a role not measured leaves it undecided unless it
+    already failed, so a partial run never passes."""
+    base, dflash = recs.get("base"), recs.get("dflash")
+    name = f"ddtree-{budget}"
+    rec = recs.get(name)
+    problems = problems_of(base, "base") + problems_of(rec, name)
+    phases = (rec or {}).get("phases") or {}
+    bph = (base or {}).get("phases") or {}
+    greedy = _judge_greedy(phases, bph, opts)
+    problems += _phase_errors((("base", bph), (name, phases)), opts)
+    sampled = _judge_sampled(name, phases, bph, opts)
+    ref = (rec or {}).get("refusals")
+    refusals = (criteria.judge_refusals(ref["answers"], ref["served_after"]) if ref else
+                {"outcome": criteria.UNDECIDED, "why": "the refusals were not probed"})
+    worth = criteria.judge_worth(_speeds(rec), _speeds(dflash), _speeds(base), ckey)
+    if dflash is not None and dflash.get("problems"):
+        problems += [f"dflash: {p}" for p in dflash["problems"]]
+    verdict = criteria.outcome(greedy, sampled, refusals, worth, problems if rec and base else [])
+    if (rec is None or base is None) and verdict["outcome"] != criteria.FAIL:
+        verdict = {"outcome": criteria.UNDECIDED, "why": problems}
+    return {**verdict, "greedy": _brief(greedy), "sampled": _brief_sampled(sampled),
+            "refusals": {k: refusals[k] for k in ("outcome", "why")}, "worth": worth}
+
+
+def _judge_greedy(phases: Mapping[str, Any], bph: Mapping[str, Any], opts: Options) -> dict[str, Any]:
+    """Greedy token identity over the phases both roles measured, each divergence with its near-tie probes."""
+    greedy_phases, probes = [], {}
+    for g in opts.greedy:
+        mine, theirs = phases.get(f"greedy-{g}"), bph.get(f"greedy-{g}")
+        if mine is None or theirs is None:
+            continue
+        greedy_phases.append({"name": g, "outputs": mine["outputs"], "baseline": theirs["outputs"],
+                              "errors": mine["errors"] + theirs["errors"]})
+        probes.update(_probes(g, mine, theirs))
+    return criteria.judge_greedy(greedy_phases, probes, opts.max_new_tokens)
+
+
+def _phase_errors(roles: tuple[tuple[str, Mapping[str, Any]], ...], opts: Options) -> list[str]:
+    """Each sampled, control or speed phase whose requests failed, per role: a failed request is a problem of the
+    run, never a silent gap in the figures."""
+    problems: list[str] = []
+    for label, ph in roles:
+        for pname in ("sampled", "control", *(f"speed-{k}" for k in speed_phases(opts))):
+            if (ph.get(pname) or {}).get("errors"):
+                problems.append(f"{label}: {ph[pname]['errors']} request(s) of {pname} failed "
+                                f"({ph[pname].get('first_error')})")
+    return problems
+
+
+def _judge_sampled(name: str, phases: Mapping[str, Any], bph: Mapping[str, Any], opts: Options) -> dict[str, Any]:
+    """The sampled distribution against the base's, with the control that proves the test's power; undecided
+    when a phase was not measured."""
+    if "sampled" in phases and "sampled" in bph and "control" in bph:
+        subject = {"name": f"{name} T {opts.temperature}",
+                   "tests": criteria.position_tests(phases["sampled"]["outputs"], bph["sampled"]["outputs"],
+                                                    opts.sampled_tokens)}
+        control = {"name": f"base T {opts.control_temperature} (control)",
+                   "tests": criteria.position_tests(bph["control"]["outputs"], bph["sampled"]["outputs"],
+                                                    opts.sampled_tokens)}
+        return criteria.judge_sampled(subject, control, min_n=min(opts.samples, criteria.MIN_SAMPLED_N))
+    return {"outcome": criteria.UNDECIDED, "why": "the sampled phases were not measured"}
 
 
 def _brief(greedy: Mapping[str, Any]) -> dict[str, Any]:
