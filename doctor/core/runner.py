@@ -119,6 +119,23 @@ def apply_ignores(res: Result, ignore: list[str]) -> Result:
     return res
 
 
+def _abandoned(limit: float, by_run: bool, waiting: list) -> Result:
+    """The result of a check that ran past its limit (``by_run``: the run's deadline set it), naming the fact it
+    was still waiting for: kept apart from ``run_all`` so the scheduler loop stays readable."""
+    on = f" while it waited for the fact {waiting[-1]!r}" if waiting else ""
+    if by_run:
+        res = Result.errored(f"{deadline.ended()}{on or ' before it finished'} (abandoned)", timeout_s=limit)
+    else:
+        res = Result.errored(f"timed out after {limit:g}s{on} (abandoned; raise with --timeout if the host is "
+                             "slow)", timeout_s=limit)
+    res.remediation = Remediation(
+        (f"The fact {waiting[-1]!r} did not arrive in time: its probe (the service's interpreter), a driver "
+         "call or a stuck filesystem did not answer." if waiting else "The check did not finish in time.")
+        + " Look at `nvidia-smi` and `dmesg`, or run this check alone with -v.")
+    res.duration_s = limit
+    return res
+
+
 def run_all(
     checks: list[Check],
     ctx: Context,
@@ -151,18 +168,7 @@ def run_all(
     def late(cid: str) -> Result:
         limit, by_run = limits[cid]
         waiting = ctx.facts.collecting(threads[cid].ident) if cid in threads else []
-        on = f" while it waited for the fact {waiting[-1]!r}" if waiting else ""
-        if by_run:
-            res = Result.errored(f"{deadline.ended()}{on or ' before it finished'} (abandoned)", timeout_s=limit)
-        else:
-            res = Result.errored(f"timed out after {limit:g}s{on} (abandoned; raise with --timeout if the host is "
-                                 "slow)", timeout_s=limit)
-        res.remediation = Remediation(
-            (f"The fact {waiting[-1]!r} did not arrive in time: its probe (the service's interpreter), a driver "
-             "call or a stuck filesystem did not answer." if waiting else "The check did not finish in time.")
-            + " Look at `nvidia-smi` and `dmesg`, or run this check alone with -v.")
-        res.duration_s = limit
-        return _stamp(res, by_id[cid])
+        return _stamp(_abandoned(limit, by_run, waiting), by_id[cid])
 
     def blocked_by(chk: Check) -> tuple[bool, list[str]]:
         deps = [d for d in chk.depends if d in by_id]

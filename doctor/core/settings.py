@@ -79,20 +79,26 @@ def config_schema() -> dict[str, str]:
     return dict(_read_toml(SCHEMA_PATH, "config schema").get("keys") or {})
 
 
+def _text_kind_ok(kind: str, value: Any) -> bool:
+    """Whether ``value`` suits a text kind (str, a non-blank path, a parseable version spec): kept apart from
+    ``_kind_ok`` so its table of kinds stays one flat list."""
+    if not isinstance(value, str) or (kind == "path" and not value.strip()):
+        return False
+    if kind == "spec" and value:
+        from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+        try:
+            SpecifierSet(value)
+        except InvalidSpecifier:
+            return False
+    return True
+
+
 def _kind_ok(kind: str, value: Any) -> bool:
     is_int = isinstance(value, int) and not isinstance(value, bool)
     is_num = (is_int or isinstance(value, float)) and not isinstance(value, bool)
     if kind in ("str", "path", "spec"):
-        if not isinstance(value, str) or (kind == "path" and not value.strip()):
-            return False
-        if kind == "spec" and value:
-            from packaging.specifiers import InvalidSpecifier, SpecifierSet
-
-            try:
-                SpecifierSet(value)
-            except InvalidSpecifier:
-                return False
-        return True
+        return _text_kind_ok(kind, value)
     if kind == "host":  # what a socket can bind and a URL can hold: never a 10 MB string
         return isinstance(value, str) and len(value) <= 253 and not re.search(r"[\s\x00-\x1f\x7f/?#@]", value)
     if kind == "bool":
@@ -374,6 +380,19 @@ def _state_dir_problem(path: str) -> str | None:
     return None
 
 
+def _list_setting(name: str, from_cfg: Any, from_flags: Any, config_path: str | None) -> list[str]:
+    """A list setting: the config's items then the flags' ones, deduplicated in order (an ignore in the config
+    stays ignored); kept apart from ``resolve`` so each kind of setting reads on its own."""
+    from_cfg = from_cfg or []
+    if not isinstance(from_cfg, list):
+        raise ConfigError(f"invalid configuration: [doctor] {name} = {from_cfg!r} in {config_path} must be "
+                          "a list of strings (check ids or globs)")
+    items = list(from_cfg) + list(from_flags or [])
+    if not all(isinstance(i, str) for i in items):
+        raise ConfigError(f"{name} must be a list of check ids or globs")
+    return list(dict.fromkeys(items))
+
+
 def resolve(flags: dict[str, Any], environ: dict[str, str] | None = None) -> Settings:
     """Merge profile, config file and command-line flags (flags given as None are absent).
 
@@ -418,14 +437,7 @@ def resolve(flags: dict[str, Any], environ: dict[str, str] | None = None) -> Set
         if f.name == "config_path":
             values[f.name] = config_path
         elif kind == "list":
-            from_cfg = doctor_cfg.get(name) or []
-            if not isinstance(from_cfg, list):
-                raise ConfigError(f"invalid configuration: [doctor] {name} = {from_cfg!r} in {config_path} must be "
-                                  "a list of strings (check ids or globs)")
-            items = list(from_cfg) + list(flags.get(name) or [])
-            if not all(isinstance(i, str) for i in items):
-                raise ConfigError(f"{name} must be a list of check ids or globs")
-            values[f.name] = list(dict.fromkeys(items))
+            values[f.name] = _list_setting(name, doctor_cfg.get(name), flags.get(name), config_path)
         elif kind == "not":
             values[f.name] = not bool(flags.get(name))
         elif kind == "count":

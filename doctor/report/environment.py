@@ -126,10 +126,11 @@ def render_summary(data: dict[str, Any]) -> str:
     return printable(_summary_text(data), lines=True)
 
 
-def _summary_text(data: dict[str, Any]) -> str:
-    d, drv = data["doctor"], data["driver"]
-    lines = ["```", f"k26-doctor {d['version']} env (redacted)   profile {d['profile']}, TP{d['tp']}"
-             + (f", from snapshot {os.path.basename(str(d['from_snapshot']))}" if d.get("from_snapshot") else "")]
+def _machine_lines(data: dict[str, Any]) -> list[str]:
+    """The summary's OS, driver, GPU and topology lines: kept apart from ``_summary_text`` so each part of the
+    summary reads on its own."""
+    drv = data["driver"]
+    lines = []
     host = data["host"]
     if "kernel" in host:
         lines.append(f"OS:        {host['os']}, Linux {host['kernel']} {host['machine']}, {host['libc']}".rstrip(", "))
@@ -154,9 +155,15 @@ def _summary_text(data: dict[str, Any]) -> str:
     if data["topology"]:
         lines.append("topology:")
         lines.extend("  " + row for row in data["topology"] if row.strip() and not row.startswith("Legend"))
+    return lines
+
+
+def _software_lines(data: dict[str, Any]) -> list[str]:
+    """The summary's python, torch, package and environment lines: kept apart from ``_summary_text`` so each
+    part of the summary reads on its own."""
     py = data["python"]
-    lines.append(f"python:    service {py['service']} ({py.get('service_version') or '?'}"
-                 + (", venv" if py.get("in_venv") else "") + f"); doctor {py['doctor_version']}")
+    lines = [f"python:    service {py['service']} ({py.get('service_version') or '?'}"
+             + (", venv" if py.get("in_venv") else "") + f"); doctor {py['doctor_version']}"]
     t = data.get("torch")
     if t and t.get("version"):
         lines.append(f"torch:     {t['version']} (CUDA {t.get('cuda') or 'none'}, archs "
@@ -167,6 +174,16 @@ def _summary_text(data: dict[str, Any]) -> str:
     lines.append("packages:  " + (", ".join(f"{k} {v}" for k, v in pk.items()) if pk else "none of the stack's"))
     if data["env"]:
         lines.append("env:       " + " ".join(f"{k}={v}" for k, v in data["env"].items()))
+    return lines
+
+
+def _summary_text(data: dict[str, Any]) -> str:
+    """The pasteable summary, redacted: header, machine, software, then the verdict and what it names."""
+    d = data["doctor"]
+    lines = ["```", f"k26-doctor {d['version']} env (redacted)   profile {d['profile']}, TP{d['tp']}"
+             + (f", from snapshot {os.path.basename(str(d['from_snapshot']))}" if d.get("from_snapshot") else "")]
+    lines += _machine_lines(data)
+    lines += _software_lines(data)
     v = data["verdict"]
     c = v["counts"]
     lines.append(f"verdict:   {v['status'].upper()} ({c['pass']} passed, {c['warn']} warnings, {c['fail']} failed, "

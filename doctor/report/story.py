@@ -100,19 +100,32 @@ def rank(own: list[Root], notices: list[tuple[Notice, list[Result]]], results: l
     return [i for _, i in sorted(keyed)]
 
 
+def _dependents_by_root(results: list[Result], root_of: dict[str, str]) -> dict[str, list[Result]]:
+    """The results folded under each root, in run order: kept apart from ``story`` so the sorting reads on its
+    own."""
+    by_root: dict[str, list[Result]] = {}
+    for res in results:
+        if res.id in root_of:
+            by_root.setdefault(root_of[res.id], []).append(res)
+    return by_root
+
+
+def _own_roots(results: list[Result], root_of: dict[str, str], by_root: dict[str, list[Result]]) -> list[Root]:
+    """The results that are a cause of their own (not folded, not interrupted, not a pass or a skip that was
+    judged), each with its dependents: kept apart from ``story`` so the sorting reads on its own."""
+    return [Root(r, by_root.get(r.id, [])) for r in results
+            if r.id not in root_of and not is_interrupted(r)
+            and (r.status in (Status.FAIL, Status.ERROR, Status.WARN) or r.unjudged)]
+
+
 def story(report: Any) -> Story:
     """The run sorted into roots (with their dependents), notices, passes and what does not apply here."""
     results: list[Result] = list(report.results)
     notices: list[Notice] = list(getattr(report, "notices", []) or [])
     root_of = roots(results, notices)
-    by_root: dict[str, list[Result]] = {}
-    for res in results:
-        if res.id in root_of:
-            by_root.setdefault(root_of[res.id], []).append(res)
+    by_root = _dependents_by_root(results, root_of)
     stopped = [r for r in results if r.id not in root_of and is_interrupted(r)]
-    own = [Root(r, by_root.get(r.id, [])) for r in results
-           if r.id not in root_of and not is_interrupted(r)
-           and (r.status in (Status.FAIL, Status.ERROR, Status.WARN) or r.unjudged)]
+    own = _own_roots(results, root_of, by_root)
     passed = [r for r in results if r.id not in root_of and r.status is Status.PASS]
     not_applicable = [r for r in results if r.id not in root_of and r.status is Status.SKIP and not r.unjudged]
     told = [(n, by_root.get(n.id, [])) for n in notices]

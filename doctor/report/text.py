@@ -223,6 +223,22 @@ def render_text(report: Any, verbose: int = 0, color: bool | None = None, stream
             out.extend(_verbose_lines(dep, pad, exhibit=True))
     if st.interrupted:
         out.extend(_interrupted_lines(st.interrupted, color, stream, columns))
+    out.extend(_pass_lines(st, width, pad, color, stream, columns, verbose, each, problems))
+    for note in report.notes:
+        out.extend(_paint(ln, "2", color) for ln in wrap(f"note: {note}", columns, "", "  "))
+    out.extend(footer(report, color, st, columns))
+    text = redact_text("\n".join(out) + "\n")
+    if not utf8_capable(stream):
+        text = text.translate(ASCII_PUNCTUATION)
+    return text
+
+
+def _pass_lines(st: Any, width: int, pad: str, color: bool, stream: IO[str] | None, columns: int, verbose: int,
+                each: bool, problems: bool) -> list[str]:
+    """The passes and what does not apply: every one with its details (``verbose``), each pass on a line
+    (``each``), one summary line (the default) or nothing (``problems``); kept apart from ``render_text`` so the
+    report's order reads at a glance."""
+    out: list[str] = []
     if verbose:
         for res in st.passed + st.not_applicable:
             out.extend(render_result_line(res, width, color, stream, columns=columns))
@@ -240,13 +256,7 @@ def render_text(report: Any, verbose: int = 0, color: bool | None = None, stream
                          + ", ".join(r.id for r in st.not_applicable))
         if parts:
             out.extend(wrap("; ".join(parts), columns, "", "    "))
-    for note in report.notes:
-        out.extend(_paint(ln, "2", color) for ln in wrap(f"note: {note}", columns, "", "  "))
-    out.extend(footer(report, color, st, columns))
-    text = redact_text("\n".join(out) + "\n")
-    if not utf8_capable(stream):
-        text = text.translate(ASCII_PUNCTUATION)
-    return text
+    return out
 
 
 def _notice_lines(notice: Any, dependents: list[Any], color: bool, stream: IO[str] | None, columns: int,

@@ -273,6 +273,21 @@ def record_label(record: Mapping[str, Any]) -> str:
     return f"{record.get('path')} ({str(record.get('date') or 'undated')[:10]}, {record.get('outcome')})"
 
 
+def _gate_value(env: Any) -> Any:
+    """The gate variable's value in the recorded environment, None where it is not set or not recorded: kept apart
+    from ``judge_gate`` so the gate's reading of its facts stays short."""
+    return env["vars"].get(GATE) if isinstance(env, dict) and isinstance(env.get("vars"), dict) else None
+
+
+def _records_folder(site: Any, settings: Settings) -> str:
+    """The folder the site records were read from, else where they are written for this state directory: kept
+    apart from ``judge_gate`` so the gate's reading of its facts stays short."""
+    from doctor.sglang.validation.record import records_dir
+
+    folder = (site or {}).get("dir") if isinstance(site, dict) else None
+    return folder or str(records_dir(settings.state_dir))
+
+
 def judge_gate(read: Reader, planned: tuple[list[str], ConfigError | None], settings: Settings) -> Findings:
     """``read(name)``: the ``env``, ``stack``, ``nvml``, ``sglang_patches`` and ``ddtree_site`` facts, None where
     not recorded; ``planned``: the server arguments the launcher builds and why they cannot be built
@@ -280,7 +295,6 @@ def judge_gate(read: Reader, planned: tuple[list[str], ConfigError | None], sett
     the running configuration's (``doctor.sglang.validation``), or with the opt-in."""
     from doctor.sglang.validation.record import differences as record_differences
     from doctor.sglang.validation.record import nearest as nearest_record
-    from doctor.sglang.validation.record import records_dir
     from doctor.sglang.validation.siteconfig import site_configuration
 
     algo = str(settings.get("server.speculative_algorithm", "") or "").upper()
@@ -289,15 +303,14 @@ def judge_gate(read: Reader, planned: tuple[list[str], ConfigError | None], sett
     pset = patch_set(settings)
     values, unread = site_configuration(read, planned, release_options(pset), settings)
     env = read("env")
-    value = env["vars"].get(GATE) if isinstance(env, dict) and isinstance(env.get("vars"), dict) else None
+    value = _gate_value(env)
     site = read("ddtree_site")
     valid, refused_records = site_records(site, read("nvml"))
     match = None if unread else next((r for r in valid if r.get("configuration") == values), None)
     near = match or nearest_record(values, valid)
     differs = record_differences(values, near.get("configuration") or {}) if near is not None else []
-    folder = (site or {}).get("dir") if isinstance(site, dict) else None
     out = Findings(variable=GATE, value=value if isinstance(env, dict) else "not recorded", patch_set=pset.name,
-                   configuration=values, not_judged=unread, records_dir=folder or str(records_dir(settings.state_dir)),
+                   configuration=values, not_judged=unread, records_dir=_records_folder(site, settings),
                    records=[{"path": r["path"], "date": r.get("date"), "outcome": r.get("outcome")} for r in valid],
                    refused_records=refused_records, validate=validate_command(settings))
     if match is not None:

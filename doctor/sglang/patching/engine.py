@@ -194,6 +194,18 @@ class Engine:
         return data
 
     # -- planning -----------------------------------------------------------------------------
+    def _refuse_unsettled(self, ev: Any, plan: Transaction) -> None:
+        """Refuse a plan while the tree is not in a state to change: the status's problems (the patch set's own
+        are said elsewhere), an interrupted run to recover, a diff that does not check; shared by both plans so
+        their refusals stay the same."""
+        plan.refusals.extend(p for p in ev.problems if not p.startswith("patch set "))
+        if ev.journal and plan.op == "apply":
+            plan.refusals.append(f"an interrupted run ({ev.journal.get('op')}, {ev.journal.get('started')}) must be "
+                                 f"recovered first: {ev.journal.get('path')}")
+        elif ev.journal:
+            plan.refusals.append(f"an interrupted run must be recovered first: {ev.journal.get('path')}")
+        plan.refusals.extend(self.check_diffs())
+
     def plan_apply(self, *, force: bool = False, only: Iterable[str] | None = None) -> Transaction:
         ev = self.status()
         plan = Transaction("apply", self.pset.name, ev)
@@ -201,11 +213,7 @@ class Engine:
         if not ev.version_ok:
             plan.refusals.append(f"installed sglang {ev.version or '?'} is not one patch set {self.pset.name} is "
                                  f"for ({self.pset.sglang})")
-        plan.refusals.extend(p for p in ev.problems if not p.startswith("patch set "))
-        if ev.journal:
-            plan.refusals.append(f"an interrupted run ({ev.journal.get('op')}, {ev.journal.get('started')}) must be "
-                                 f"recovered first: {ev.journal.get('path')}")
-        plan.refusals.extend(self.check_diffs())
+        self._refuse_unsettled(ev, plan)
         if plan.refusals:
             return plan
         for fs, chain, positions, sel in self._selected_chains(ev, wanted):
@@ -275,10 +283,7 @@ class Engine:
         ev = self.status()
         plan = Transaction("revert", self.pset.name, ev)
         wanted = self._selection(only, plan)
-        plan.refusals.extend(p for p in ev.problems if not p.startswith("patch set "))
-        if ev.journal:
-            plan.refusals.append(f"an interrupted run must be recovered first: {ev.journal.get('path')}")
-        plan.refusals.extend(self.check_diffs())
+        self._refuse_unsettled(ev, plan)
         if plan.refusals:
             return plan
         for fs, chain, positions, sel in self._selected_chains(ev, wanted):

@@ -135,14 +135,9 @@ def _safe_relpath(value: Any, what: str) -> str:
     return value
 
 
-def from_dict(data: Any, directory: Path | None = None, origin: str = "manifest") -> PatchSet:
-    """Validate a manifest document; every problem becomes a ``ManifestError`` naming ``origin``."""
-    if not isinstance(data, dict):
-        raise ManifestError(f"{origin}: the top level must be a JSON object")
-    name = data.get("name")
-    if not isinstance(name, str) or not name or "/" in name:
-        raise ManifestError(f"{origin}: 'name' must be a non-empty string without '/'")
-    spec = data.get("sglang")
+def _sglang_spec(spec: Any, origin: str) -> str:
+    """The manifest's 'sglang' version specifier, checked that it parses: kept apart from ``from_dict`` so the
+    manifest's own checks read in their order."""
     if not isinstance(spec, str) or not spec.strip():
         raise ManifestError(f"{origin}: 'sglang' must be a version specifier such as '==0.5.23'")
     from packaging.specifiers import InvalidSpecifier, SpecifierSet
@@ -151,6 +146,17 @@ def from_dict(data: Any, directory: Path | None = None, origin: str = "manifest"
         SpecifierSet(spec)
     except InvalidSpecifier:
         raise ManifestError(f"{origin}: 'sglang' {spec!r} is not a valid version specifier") from None
+    return spec
+
+
+def from_dict(data: Any, directory: Path | None = None, origin: str = "manifest") -> PatchSet:
+    """Validate a manifest document; every problem becomes a ``ManifestError`` naming ``origin``."""
+    if not isinstance(data, dict):
+        raise ManifestError(f"{origin}: the top level must be a JSON object")
+    name = data.get("name")
+    if not isinstance(name, str) or not name or "/" in name:
+        raise ManifestError(f"{origin}: 'name' must be a non-empty string without '/'")
+    spec = _sglang_spec(data.get("sglang"), origin)
     description = data.get("description", "")
     if not isinstance(description, str):
         raise ManifestError(f"{origin}: 'description' must be a string")

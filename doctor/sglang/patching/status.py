@@ -153,6 +153,24 @@ def file_stage(chain: list[tuple[int, mf.FileChange]], digest: str | None, exist
     return (MISSING if not exists else DRIFTED), None
 
 
+def _patch_statuses(pset: Any, chains: dict[str, Any], files: list[FileStatus]) -> list[PatchStatus]:
+    """Each patch's state from its files' (applied where every file's stage is past it): kept apart from
+    ``evaluate`` so the judging of files and of patches read on their own."""
+    by_path = {f.path: f for f in files}
+    out = []
+    for i, patch in enumerate(pset.patches):
+        states = []
+        for change in patch.files:
+            fs = by_path[change.path]
+            if fs.state in (NOT_A_FILE, DRIFTED, MISSING):
+                states.append(fs.state)
+                continue
+            pos = [j for j, _ in chains[change.path]].index(i)
+            states.append(APPLIED if (fs.stage or 0) > pos else PRISTINE)
+        out.append(PatchStatus(patch.id, patch.description, _combine(states), [c.path for c in patch.files]))
+    return out
+
+
 def evaluate(obs: dict[str, Any]) -> Evaluation:
     """Judge an observation (see ``observe``); a malformed document (a hand-edited snapshot) gives
     ``overall == "invalid"`` with the reason, never an exception."""
@@ -197,17 +215,7 @@ def evaluate(obs: dict[str, Any]) -> Evaluation:
             note = note or "neither the original nor the patched bytes: edited by hand or another version"
         ev.files.append(FileStatus(path, state, digest if exists else None, first, chain[-1][1].after, stage,
                                    [pset.patches[i].id for i, _ in chain], record, in_record, note))
-    by_path = {f.path: f for f in ev.files}
-    for i, patch in enumerate(pset.patches):
-        states = []
-        for change in patch.files:
-            fs = by_path[change.path]
-            if fs.state in (NOT_A_FILE, DRIFTED, MISSING):
-                states.append(fs.state)
-                continue
-            pos = [j for j, _ in chains[change.path]].index(i)
-            states.append(APPLIED if (fs.stage or 0) > pos else PRISTINE)
-        ev.patches.append(PatchStatus(patch.id, patch.description, _combine(states), [c.path for c in patch.files]))
+    ev.patches.extend(_patch_statuses(pset, chains, ev.files))
     ev.overall = _combine([f.state for f in ev.files])
     return ev
 

@@ -273,6 +273,18 @@ def judge_greedy(phases: Sequence[Mapping[str, Any]], probes: Mapping[tuple[str,
 # ---------------------------------------------------------------------------------------------------- refusals
 
 
+def _refusals_why(served: list[str], unhealthy: list[str], silent: list[str], missing: list[str],
+                  served_after: bool) -> str:
+    """What went wrong with the refusals, each kind of failure named, in one line (empty when none did): kept
+    apart from ``judge_refusals`` so the verdict reads on its own."""
+    return "; ".join(part for part in (
+        f"served instead of refused: {', '.join(served)}" if served else "",
+        f"unhealthy after: {', '.join(unhealthy)}" if unhealthy else "",
+        f"no answer: {', '.join(silent)}" if silent else "",
+        f"not asked: {', '.join(missing)}" if missing else "",
+        "" if served_after else "a plain request failed after the refusals") if part)
+
+
 def judge_refusals(answers: Sequence[Mapping[str, Any]], served_after: bool) -> dict[str, Any]:
     """``answers``: ``[{"what", "code", "health_after"}]`` for each of ``REFUSALS``; every one must be an error
     (HTTP status >= 400) with the server healthy after it, and the server must serve a plain request after all."""
@@ -281,12 +293,7 @@ def judge_refusals(answers: Sequence[Mapping[str, Any]], served_after: bool) -> 
     silent = [a["what"] for a in answers if not a.get("code")]
     missing = [w for w, _, _ in REFUSALS if w not in {a["what"] for a in answers}]
     bad = served or unhealthy or silent or missing or not served_after
-    why = "; ".join(part for part in (
-        f"served instead of refused: {', '.join(served)}" if served else "",
-        f"unhealthy after: {', '.join(unhealthy)}" if unhealthy else "",
-        f"no answer: {', '.join(silent)}" if silent else "",
-        f"not asked: {', '.join(missing)}" if missing else "",
-        "" if served_after else "a plain request failed after the refusals") if part)
+    why = _refusals_why(served, unhealthy, silent, missing, served_after)
     return {"outcome": FAIL if bad else PASS, "why": why or f"all {len(answers)} refused, still serving",
             "answers": list(answers), "served_after": served_after}
 

@@ -91,6 +91,22 @@ def _type_ok(value: Any, kinds: str | list[str]) -> bool:
     return False
 
 
+def _check_object(value: dict[str, Any], node: Mapping[str, Any], where: str, problems: list[str]) -> None:
+    """An object's required keys, then each key against its property's schema (or ``additionalProperties``):
+    kept apart from ``_check`` so each kind of node is checked on its own."""
+    props = node.get("properties") or {}
+    for key in node.get("required") or ():
+        if key not in value:
+            problems.append(f"{where}.{key} is missing")
+    for key, sub in value.items():
+        if key in props:
+            _check(sub, props[key], f"{where}.{key}", problems)
+        elif node.get("additionalProperties") is False:
+            problems.append(f"{where}.{key} is not a key of the format")
+        elif isinstance(node.get("additionalProperties"), dict):
+            _check(sub, node["additionalProperties"], f"{where}.{key}", problems)
+
+
 def _check(value: Any, node: Mapping[str, Any], where: str, problems: list[str]) -> None:
     if "$ref" in node:
         node = schema()["$defs"][node["$ref"].rsplit("/", 1)[1]]
@@ -106,17 +122,7 @@ def _check(value: Any, node: Mapping[str, Any], where: str, problems: list[str])
     if "pattern" in node and isinstance(value, str) and not re.search(node["pattern"], value):
         problems.append(f"{where} {value!r} does not match {node['pattern']}")
     if isinstance(value, dict):
-        props = node.get("properties") or {}
-        for key in node.get("required") or ():
-            if key not in value:
-                problems.append(f"{where}.{key} is missing")
-        for key, sub in value.items():
-            if key in props:
-                _check(sub, props[key], f"{where}.{key}", problems)
-            elif node.get("additionalProperties") is False:
-                problems.append(f"{where}.{key} is not a key of the format")
-            elif isinstance(node.get("additionalProperties"), dict):
-                _check(sub, node["additionalProperties"], f"{where}.{key}", problems)
+        _check_object(value, node, where, problems)
     if isinstance(value, list) and isinstance(node.get("items"), dict):
         for i, sub in enumerate(value):
             _check(sub, node["items"], f"{where}[{i}]", problems)
