@@ -71,6 +71,9 @@ def sample(ctx, temperature, rng):
     return (base + 3) % VOCAB
 
 
+SEEDS = iter(range(1 << 62))  # each request's own seed, in arrival order (next() under the GIL: no two share one)
+
+
 def generate(req):
     sp = req.get("sampling_params") or {}
     ids = req.get("input_ids")
@@ -85,7 +88,9 @@ def generate(req):
     t = float(sp.get("temperature", 0.0))
     if "biased" in MINE and t > 0:
         t *= 1.6
-    rng = random.Random()
+    # Seeded (the role, the temperature, the request's number): the same run draws the same samples, so a verdict on
+    # them is the criteria's, never the luck of one run (an unseeded control could miss its rejection at n 300).
+    rng = random.Random(f"{ALGO}:{t}:{next(SEEDS)}")
     ctx = list(ids)
     out, tops = [], []
     for pos in range(n):
