@@ -41,8 +41,6 @@ default 110) skips what would not finish in time, and says so.
 from __future__ import annotations
 
 import argparse
-import ctypes
-import ctypes.util
 import json
 import os
 import platform
@@ -67,6 +65,7 @@ from timing import measure  # noqa: E402
 
 from doctor.model import hashing  # noqa: E402
 from doctor.model.hashing import HashJob, default_workers, hash_files, verify_model_hashes  # noqa: E402
+from doctor.model.residency import Residency as MincoreResidency  # noqa: E402
 
 GIB = 1024 ** 3
 MIB = 1024 ** 2
@@ -168,53 +167,27 @@ def warm_up(paths: list[str]) -> None:
 # -- the page cache: drop and verify ------------------------------------------------------------------
 
 class Residency:
-    """Bytes of a file in the page cache: ``mincore(2)`` on a shared read-only map (ctypes, no privilege:
-    the bench owns its files), else util-linux ``fincore``; ``method`` says which (None: neither works)."""
+    """Bytes of a file in the page cache: the product's ``mincore(2)`` reader (``doctor.model.residency``, the
+    start plan's ``weights_resident`` fact: a shared read-only map, windowed), else util-linux ``fincore``;
+    ``method`` says which (None: neither works)."""
 
     def __init__(self) -> None:
-        self.method: str | None = None
-        self._libc: Any = None
-        try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-            libc.mmap.restype = ctypes.c_void_p
-            libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                                  ctypes.c_long]
-            libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-            libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte)]
-            self._libc = libc
-            self.method = "mincore(2)"
-        except (OSError, AttributeError):
-            if shutil.which("fincore"):
-                self.method = "fincore"
+        self._mincore = MincoreResidency()
+        self.method: str | None = self._mincore.method
+        if self.method is None and shutil.which("fincore"):
+            self.method = "fincore"
 
     def resident(self, path: str) -> int | None:
         if self.method == "mincore(2)":
-            return self._mincore(path)
+            try:
+                return self._mincore.resident(path)[1]
+            except OSError:
+                return None
         if self.method == "fincore":
             out = subprocess.run(["fincore", "--bytes", "--noheadings", "--raw", "-o", "RES", path],
                                  capture_output=True, text=True)
             return int(out.stdout.split()[0]) if out.returncode == 0 and out.stdout.split() else None
         return None
-
-    def _mincore(self, path: str) -> int | None:
-        size = os.path.getsize(path)
-        if size == 0:
-            return 0
-        page = os.sysconf("SC_PAGE_SIZE")
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            addr = self._libc.mmap(None, size, 1, 1, fd, 0)  # PROT_READ, MAP_SHARED
-            if addr in (None, ctypes.c_void_p(-1).value):
-                return None
-            try:
-                vec = (ctypes.c_ubyte * ((size + page - 1) // page))()
-                if self._libc.mincore(ctypes.c_void_p(addr), size, vec) != 0:
-                    return None
-                return sum(b & 1 for b in vec) * page
-            finally:
-                self._libc.munmap(ctypes.c_void_p(addr), size)
-        finally:
-            os.close(fd)
 
 
 def drop(paths: list[str], res: Residency) -> dict[str, Any]:
