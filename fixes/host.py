@@ -9,31 +9,23 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from doctor.core.actions import Action, Plan, RunCommand, WriteFile
+from doctor.core.actions import Action, Plan, RunCommand
 from doctor.core.context import Context
-from doctor.core.fileio import read_text
 from doctor.core.registry import fixer
 from doctor.core.result import Result
 from doctor.host.facts import parse_env_file, writable_ancestor
 from doctor.host.jitcache import NOT_WRITABLE, VOLATILE, VOLATILE_FS, persistent_dir
-from fixes.triton import set_env_line
+from fixes.triton import env_file_writes, read_env_file, set_env_line
 
 
 def _env_file_actions(path: Path, old: str, wanted: dict[str, str]) -> list[Action]:
     """The writes that set each wanted variable in the environment file (its folder first when missing); none when
     every line already says so, so a second run plans nothing."""
-    actions: list[Action] = []
     text = old
     for var, value in wanted.items():
         if parse_env_file(text).get(var) != value:
             text = set_env_line(text, var, value)
-    if text != old:
-        if not path.parent.is_dir():
-            actions.append(RunCommand(f"create {path.parent}", needs_root=not writable_ancestor(path.parent)[1],
-                                      argv=["mkdir", "-p", str(path.parent)]))
-        actions.append(WriteFile(f"set {', '.join(wanted)} in {path}", needs_root=not writable_ancestor(path.parent)[1],
-                                 path=str(path), new_text=text))
-    return actions
+    return env_file_writes(path, text, f"set {', '.join(wanted)} in {path}") if text != old else []
 
 
 @fixer("host.jit_cache", "Keep the JIT caches on a persistent directory the service's user owns",
@@ -61,10 +53,7 @@ def plan_jit_cache(ctx: Context, result: Result) -> Plan:
         return Plan(actions, notes=[f"the profile has no server.env_file: set {v}={d} in the service's environment"
                                     for v, d in wanted.items()])
     path = Path(os.path.expanduser(str(env_file)))
-    try:
-        old = read_text(path, 1 << 20, "an environment file")
-    except FileNotFoundError:
-        old = ""
-    except (OSError, UnicodeDecodeError):
+    old = read_env_file(path)
+    if old is None:
         return Plan(actions, notes=[f"{path} is not readable: set {v}={d} there by hand" for v, d in wanted.items()])
     return Plan(actions + _env_file_actions(path, old, wanted))

@@ -69,6 +69,28 @@ def fix_triton_jit(ctx: Context, result: Result) -> Plan:
 
 # -- triton.ptxas: point Triton at a ptxas that knows the GPU ------------------------------------
 
+def read_env_file(path: Path) -> str | None:
+    """An environment file's text ("" when it does not exist yet); None when it cannot be read (then nothing can be
+    planned into it safely)."""
+    try:
+        return read_text(path, 1 << 20, "an environment file")
+    except FileNotFoundError:
+        return ""
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def env_file_writes(path: Path, text: str, what: str) -> list[Action]:
+    """The environment file written with ``text``: its folder created first when missing, then one atomic write
+    (a temporary file beside the target, then a rename: the write needs the directory)."""
+    actions: list[Action] = []
+    if not path.parent.is_dir():
+        actions.append(RunCommand(f"create {path.parent}", needs_root=not writable_ancestor(path.parent)[1],
+                                  argv=["mkdir", "-p", str(path.parent)]))
+    actions.append(WriteFile(what, needs_root=not writable_ancestor(path.parent)[1], path=str(path), new_text=text))
+    return actions
+
+
 def set_env_line(text: str, key: str, value: str) -> str:
     """``text`` with ``key=value`` set: the existing assignment replaced in place, else appended."""
     lines = text.splitlines()
@@ -101,11 +123,8 @@ def fix_triton_ptxas(ctx: Context, result: Result) -> Plan:
     if not good:
         return Plan()
     path = Path(os.path.expanduser(str(env_file)))
-    try:
-        old = read_text(path, 1 << 20, "an environment file")
-    except FileNotFoundError:
-        old = ""
-    except (OSError, UnicodeDecodeError):
+    old = read_env_file(path)
+    if old is None:
         return Plan()  # unreadable: nothing can be planned safely
     text = old
     changed = []
@@ -115,11 +134,4 @@ def fix_triton_ptxas(ctx: Context, result: Result) -> Plan:
             changed.append(var)
     if not changed:
         return Plan()
-    actions: list[Action] = []
-    if not path.parent.is_dir():
-        actions.append(RunCommand(f"create {path.parent}", needs_root=not writable_ancestor(path.parent)[1],
-                                  argv=["mkdir", "-p", str(path.parent)]))
-    # an atomic write needs the directory: a temporary file beside the target, then a rename
-    actions.append(WriteFile(f"set {', '.join(changed)}={good[0]} in {path}",
-                             needs_root=not writable_ancestor(path.parent)[1], path=str(path), new_text=text))
-    return Plan(actions)
+    return Plan(env_file_writes(path, text, f"set {', '.join(changed)}={good[0]} in {path}"))
