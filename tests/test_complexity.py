@@ -45,7 +45,6 @@ RATCHET: dict[str, tuple[int, int]] = {
     "doctor/service/systemd.py:reachability_notes": (30, 45),
     "doctor/gpu/fabric_software.py:judge_nvlsm": (29, 42),
     "doctor/sglang/patching/engine.py:Engine._roll_back": (29, 63),
-    "doctor/model/drafter.py:judge_drafter": (28, 43),
     "doctor/model/tokenizer.py:judge_files": (28, 46),
     "doctor/model/tokenizer_files.py:TokenizerFiles.__init__": (28, 36),
     "doctor/commands/patches.py:_run": (27, 56),
