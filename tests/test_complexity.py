@@ -48,7 +48,6 @@ RATCHET: dict[str, tuple[int, int]] = {
     "doctor/commands/patches.py:_run": (27, 56),
     "doctor/gpu/fabric.py:judge_fabric": (27, 42),
     "doctor/host/access.py:access_fix": (27, 33),
-    "doctor/model/remote_code.py:analyse_source": (26, 33),
     "doctor/sglang/patching/engine.py:Engine.execute": (26, 65),
     "doctor/stack/torch_cuda.py:judge_compat": (26, 49),
     "fixes/model.py:plan_redownload": (26, 66),
