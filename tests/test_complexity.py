@@ -50,7 +50,6 @@ RATCHET: dict[str, tuple[int, int]] = {
     "doctor/host/access.py:access_fix": (27, 33),
     "doctor/sglang/patching/engine.py:Engine.execute": (26, 65),
     "doctor/stack/torch_cuda.py:judge_compat": (26, 49),
-    "fixes/model.py:plan_redownload": (26, 66),
     "doctor/gpu/multicast.py:judge_multicast": (25, 49),
     "doctor/sglang/flag_reader.py:_walk_parser_function": (25, 30),
     "doctor/stack/libcuda.py:_mismatch": (25, 33),
