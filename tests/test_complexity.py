@@ -54,7 +54,6 @@ RATCHET: dict[str, tuple[int, int]] = {
     "doctor/sglang/flag_reader.py:_walk_parser_function": (25, 30),
     "doctor/stack/libcuda.py:_mismatch": (25, 33),
     "doctor/stack/torch_cuda.py:judge_arch": (25, 48),
-    "doctor/model/weights.py:judge_hashes": (24, 39),
     "doctor/gpu/fabric.py:readiness": (23, 46),
     "doctor/sglang/flag_reader.py:_namespace_classes": (23, 28),
     "doctor/gpu/inventory.py:judge_arch": (22, 40),
