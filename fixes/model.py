@@ -151,10 +151,28 @@ def plan_redownload(ctx: Context, result: Result) -> Plan:
         return Plan()
     if role is DRAFTER and target and os.path.realpath(model_dir) == os.path.realpath(target):
         return Plan(notes=[not_into_the_target(model_dir)])
-    verdicts = hash_verdicts(ctx, role)
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     aside = os.path.join(model_dir, ASIDE_DIR, stamp)
     staging = os.path.join(model_dir, STAGING_DIR, stamp)
+    stale, partial, files = _leftover_moves(leftovers, hash_verdicts(ctx, role), model_dir, aside, fact, files)
+    fetch = list(dict.fromkeys(files))
+    repo = ctx.settings.get(role.repo_key)
+    if not fetch:
+        return Plan(stale + partial)
+    if not repo:
+        # Nothing to download from: moving damaged files aside would only break more.
+        return Plan(stale)
+    actions = _download_actions(ctx, str(repo), _revision(fact) or "main", model_dir, fetch, staging)
+    actions += stale + partial
+    actions += _placing_actions(leftovers, fetch, model_dir, aside, staging)
+    return Plan(actions)
+
+
+def _leftover_moves(leftovers: list[dict[str, Any]], verdicts: dict[str, str], model_dir: str, aside: str,
+                    fact: dict[str, Any], files: list[str]) -> tuple[list[Action], list[Action], list[str]]:
+    """(stale aria2 control files to move aside, partial downloads to move aside, the files still to fetch): an
+    aria2 control file beside a shard whose sha256 verifies (``verdicts``) is stale alone, and that shard is
+    not fetched again; the control file of a shard to fetch moves aside with it (``_placing_actions``)."""
     stale: list[Action] = []
     partial: list[Action] = []
     for lo in leftovers:
@@ -168,26 +186,33 @@ def plan_redownload(ctx: Context, result: Result) -> Plan:
             partial.append(MoveAside(f"move aside the partial download {lo['path']}",
                                      src=_leftover_path(model_dir, lo["path"], fact),
                                      dst=os.path.join(aside, lo["path"].replace("/", "__"))))
-    fetch = list(dict.fromkeys(files))
-    repo = ctx.settings.get(role.repo_key)
-    if not fetch:
-        return Plan(stale + partial)
-    if not repo:
-        # Nothing to download from: moving damaged files aside would only break more.
-        return Plan(stale)
-    revision = _revision(fact) or "main"
+    return stale, partial, files
+
+
+def _download_actions(ctx: Context, repo: str, revision: str, model_dir: str, fetch: list[str],
+                      staging: str) -> list[Action]:
+    """The aria2 input file (for sites that download with aria2) and the ``hf download`` into the staging
+    directory, pinned to ``revision`` unless that is ``main``: the model directory is untouched until it
+    succeeds (a plan stops at its first failing step)."""
     key = hashlib.sha256(os.path.abspath(model_dir).encode()).hexdigest()[:12]
     input_path = os.path.join(state_dir(ctx), "downloads", f"aria2-{os.path.basename(model_dir)}-{key}.txt")
     actions: list[Action] = [WriteNewFile(
         f"write an aria2 input file for the {len(fetch)} file(s) (the alternative to hf: "
         f"aria2c -x16 -s16 -j6 -c --allow-overwrite=true -i {input_path})",
-        path=input_path, new_text=aria2_input(str(repo), revision, model_dir, fetch))]
-    argv = ["hf", "download", str(repo), *fetch, "--local-dir", staging]
+        path=input_path, new_text=aria2_input(repo, revision, model_dir, fetch))]
+    argv = ["hf", "download", repo, *fetch, "--local-dir", staging]
     if revision != "main":
         argv += ["--revision", revision]
     actions.append(RunCommand(f"download {len(fetch)} file(s) of {repo}@{revision} into a staging directory "
                               "(the model directory is untouched until it succeeds)", argv=argv, timeout=6 * 3600))
-    actions += stale + partial
+    return actions
+
+
+def _placing_actions(leftovers: list[dict[str, Any]], fetch: list[str], model_dir: str, aside: str,
+                     staging: str) -> list[Action]:
+    """After the download: the aria2 control files of the replaced files moved aside, then each downloaded file
+    moved into place (whatever is in its way kept aside, never deleted)."""
+    actions: list[Action] = []
     for lo in leftovers:
         if lo.get("kind") == "aria2" and lo.get("for") in fetch:
             actions.append(MoveAside(f"move aside {lo['path']} (its file is replaced)",
@@ -197,7 +222,7 @@ def plan_redownload(ctx: Context, result: Result) -> Plan:
                                        + (" (the damaged one kept aside)" if os.path.lexists(
                                            os.path.join(model_dir, name)) else ""),
                                        model_dir=model_dir, name=name, staging=staging, aside=aside))
-    return Plan(actions)
+    return actions
 
 
 @dataclass

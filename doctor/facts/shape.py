@@ -84,24 +84,11 @@ def problem(value: Any, spec: Any, path: str = "") -> str | None:
     if isinstance(spec, dict):
         return _object_problem(value, spec, path, where)
     if isinstance(spec, Mapping):
-        if not isinstance(value, dict):
-            return f"{where}: {type(value).__name__}, not an object"
-        for key, item in value.items():
-            bad = problem(item, spec.spec, f"{path}.{key}" if path else str(key))
-            if bad:
-                return bad
-        return None
+        return _mapping_problem(value, spec, path, where)
     if isinstance(spec, list):
-        if not isinstance(value, list):
-            return f"{where}: {type(value).__name__}, not a list"
-        for i, item in enumerate(value):
-            bad = problem(item, spec[0], f"{path}[{i}]")
-            if bad:
-                return bad
-        return None
+        return _list_problem(value, spec, path, where)
     if isinstance(spec, tuple) and not all(isinstance(t, type) for t in spec):  # alternatives
-        found = [problem(value, alt, path) for alt in spec]
-        return None if any(f is None for f in found) else found[0]
+        return _alternatives_problem(value, spec, path)
     return _scalar_problem(value, spec if isinstance(spec, tuple) else (spec,), where)
 
 
@@ -118,6 +105,34 @@ def _object_problem(value: Any, spec: dict[str, Any], path: str, where: str) -> 
         if bad:
             return bad
     return None
+
+
+def _mapping_problem(value: Any, spec: Mapping, path: str, where: str) -> str | None:
+    """An object whose every value must have ``spec.spec``: the first value that does not, by its key."""
+    if not isinstance(value, dict):
+        return f"{where}: {type(value).__name__}, not an object"
+    for key, item in value.items():
+        bad = problem(item, spec.spec, f"{path}.{key}" if path else str(key))
+        if bad:
+            return bad
+    return None
+
+
+def _list_problem(value: Any, spec: list[Any], path: str, where: str) -> str | None:
+    """A list whose every item must have ``spec[0]``: the first item that does not, by its index."""
+    if not isinstance(value, list):
+        return f"{where}: {type(value).__name__}, not a list"
+    for i, item in enumerate(value):
+        bad = problem(item, spec[0], f"{path}[{i}]")
+        if bad:
+            return bad
+    return None
+
+
+def _alternatives_problem(value: Any, spec: tuple[Any, ...], path: str) -> str | None:
+    """A value that may have any of the shapes in ``spec``: None where one fits, else what the first says."""
+    found = [problem(value, alt, path) for alt in spec]
+    return None if any(f is None for f in found) else found[0]
 
 
 def _scalar_problem(value: Any, types: tuple[type, ...], where: str) -> str | None:

@@ -32,64 +32,85 @@ def config_view(fact: dict[str, Any]) -> tuple[ConfigView | None, str | None]:
 
 def expert_shape_problems(view: ConfigView, summary: dict[str, Any]) -> list[str]:
     """int4 pack-quantized experts: packed I32 [out, in/8], scales [out, in/group_size]."""
-    out: list[str] = []
     q = view.quant or {}
     h, m = view.int_field("hidden_size"), view.int_field("moe_intermediate_size")
     pats = summary.get("patterns") or {}
     packed = {p: v for p, v in pats.items() if p.endswith(".weight_packed") and ".experts.#." in p}
-    if q.get("kind") != "int4-group":
-        if packed:
-            out.append(f"the shards hold int4 packed expert weights ({len(packed)} patterns) but config.json "
-                       "has no compressed-tensors int4 quantization_config")
-        return out
-    if not packed:
-        if any(".experts.#." in p for p in pats):
-            out.append("config.json says int4 pack-quantized, but the expert weights in the shards are not packed "
-                       "(no *.weight_packed)")
-        return out
+    if q.get("kind") != "int4-group" or not packed:
+        return _packing_problems(q.get("kind") == "int4-group", packed, pats)
     gs = q["group_size"]
     if not (h and m):
-        return out
+        return []
     dims = {"gate_proj": (m, h), "up_proj": (m, h), "down_proj": (h, m), "w1": (m, h), "w3": (m, h), "w2": (h, m)}
+    out: list[str] = []
     for pat, v in packed.items():
         proj = pat.rsplit(".", 2)[-2]
-        if proj not in dims:
-            continue
-        o, i = dims[proj]
-        want_p = f"I32{[o, i // 8]}"
-        got = list(v["shapes"])
-        if got != [want_p]:
-            out.append(f"{pat}: shards hold {', '.join(got)}, config (hidden {h}, moe_intermediate {m}, int4) "
-                       f"implies {want_p}")
-        spat = pat[: -len("weight_packed")] + "weight_scale"
-        sv = pats.get(spat)
-        if sv is None:
-            out.append(f"{spat} is missing from the shards (int4 needs scales)")
-            continue
-        want_s = [o, i // gs]
-        gots = [s for s in sv["shapes"] if not s.endswith(str(want_s))]
-        if gots:
-            implied = ""
-            try:
-                shape = [int(x) for x in gots[0].split("[", 1)[1].rstrip("]").split(",")]
-                if len(shape) == 2 and shape[1]:
-                    implied = f" (group size {i // shape[1]} in the shards)"
-            except ValueError:
-                pass
-            out.append(f"{spat}: shards hold {', '.join(gots)}, config group_size {gs} implies {want_s}{implied}")
+        if proj in dims:
+            out += _packed_expert_problems(pat, v, pats.get(pat[: -len("weight_packed")] + "weight_scale"),
+                                           dims[proj], (h, m, gs))
     return out
 
 
-def layer_problems(view: ConfigView, summary: dict[str, Any]) -> list[str]:
+def _packing_problems(int4: bool, packed: dict[str, Any], pats: dict[str, Any]) -> list[str]:
+    """config.json's quantization against whether the shards' expert weights are packed at all: packed weights
+    without an int4 quantization_config, or an int4 one over unpacked experts (nothing else can be compared)."""
+    if not int4:
+        return [f"the shards hold int4 packed expert weights ({len(packed)} patterns) but config.json "
+                "has no compressed-tensors int4 quantization_config"] if packed else []
+    if any(".experts.#." in p for p in pats):
+        return ["config.json says int4 pack-quantized, but the expert weights in the shards are not packed "
+                "(no *.weight_packed)"]
+    return []
+
+
+def _packed_expert_problems(pat: str, v: dict[str, Any], sv: dict[str, Any] | None, dims: tuple[int, int],
+                            config: tuple[int, int, Any]) -> list[str]:
+    """One packed expert projection (``pat``, its summary ``v``; ``sv``: its scales' summary, None where absent;
+    ``dims``: its (out, in); ``config``: hidden, moe_intermediate and group size) against config.json."""
+    h, m, gs = config
+    o, i = dims
     out: list[str] = []
+    want_p = f"I32{[o, i // 8]}"
+    got = list(v["shapes"])
+    if got != [want_p]:
+        out.append(f"{pat}: shards hold {', '.join(got)}, config (hidden {h}, moe_intermediate {m}, int4) "
+                   f"implies {want_p}")
+    spat = pat[: -len("weight_packed")] + "weight_scale"
+    if sv is None:
+        out.append(f"{spat} is missing from the shards (int4 needs scales)")
+        return out
+    want_s = [o, i // gs]
+    gots = [s for s in sv["shapes"] if not s.endswith(str(want_s))]
+    if gots:
+        out.append(f"{spat}: shards hold {', '.join(gots)}, config group_size {gs} implies {want_s}"
+                   f"{_implied_group(gots[0], i)}")
+    return out
+
+
+def _implied_group(shape_text: str, in_dim: int) -> str:
+    """The group size a scales shape such as ``F32[7168, 112]`` implies for an input of ``in_dim`` (said after
+    the mismatch, so that a download quantized with another group size is recognised), or ""."""
+    try:
+        shape = [int(x) for x in shape_text.split("[", 1)[1].rstrip("]").split(",")]
+    except ValueError:
+        return ""
+    if len(shape) == 2 and shape[1]:
+        return f" (group size {in_dim // shape[1]} in the shards)"
+    return ""
+
+
+def layer_problems(view: ConfigView, summary: dict[str, Any]) -> list[str]:
+    """The shards' layers against config.json: layers missing or beyond the config (MTP layers allowed), then
+    the routed experts per layer and the MoE layers that have none."""
     n_layers = view.int_field("num_hidden_layers")
     layers = summary.get("layers") or []
     if not n_layers or not layers:
-        return out
+        return []
     nextn = view.text.get("num_nextn_predict_layers") if type(view.text.get("num_nextn_predict_layers")) is int else 0
     have = set(layers)
     missing = sorted(set(range(n_layers)) - have)
     extra = sorted(x for x in have if x >= n_layers + nextn)
+    out: list[str] = []
     if missing:
         out.append(f"config has num_hidden_layers={n_layers} but the shards lack layer(s) {ranges(missing)}")
     if extra:
@@ -97,20 +118,35 @@ def layer_problems(view: ConfigView, summary: dict[str, Any]) -> list[str]:
     n_exp = view.int_field("n_routed_experts")
     per = summary.get("experts_per_layer") or {}
     if n_exp and per:
-        wrong = {int(k): v for k, v in per.items() if v != n_exp and int(k) < n_layers}
-        if wrong:
-            ex = ", ".join(f"layer {k}: {v}" for k, v in sorted(wrong.items())[:4])
-            out.append(f"config has n_routed_experts={n_exp}; the shards differ: {ex}"
-                       + (" ..." if len(wrong) > 4 else ""))
-        first_dense = view.text.get("first_k_dense_replace", 0)
-        first_dense = first_dense if type(first_dense) is int else 0
-        freq = view.text.get("moe_layer_freq", 1)
-        freq = freq if type(freq) is int and freq > 0 else 1
-        want_moe = {i for i in range(first_dense, n_layers) if (i - first_dense) % freq == 0}
-        lacking = sorted(want_moe - {int(k) for k in per})
-        if lacking and len(lacking) < len(want_moe):
-            out.append(f"MoE layer(s) {ranges(lacking)} have no experts in the shards")
+        out += _expert_count_problems(view, n_layers, n_exp, per)
     return out
+
+
+def _expert_count_problems(view: ConfigView, n_layers: int, n_exp: int, per: dict[str, int]) -> list[str]:
+    """``per`` (routed experts per layer in the shards) against n_routed_experts, and the MoE layers the config
+    implies (first_k_dense_replace, moe_layer_freq) that have none, said only where others have experts (a few
+    layers lost from a download, not a whole naming unrecognised)."""
+    out: list[str] = []
+    wrong = {int(k): v for k, v in per.items() if v != n_exp and int(k) < n_layers}
+    if wrong:
+        ex = ", ".join(f"layer {k}: {v}" for k, v in sorted(wrong.items())[:4])
+        out.append(f"config has n_routed_experts={n_exp}; the shards differ: {ex}"
+                   + (" ..." if len(wrong) > 4 else ""))
+    want_moe = _moe_layers(view, n_layers)
+    lacking = sorted(want_moe - {int(k) for k in per})
+    if lacking and len(lacking) < len(want_moe):
+        out.append(f"MoE layer(s) {ranges(lacking)} have no experts in the shards")
+    return out
+
+
+def _moe_layers(view: ConfigView, n_layers: int) -> set[int]:
+    """The layers the config makes MoE: from first_k_dense_replace on, every moe_layer_freq-th (ill-typed values
+    read as their defaults, 0 and 1)."""
+    first_dense = view.text.get("first_k_dense_replace", 0)
+    first_dense = first_dense if type(first_dense) is int else 0
+    freq = view.text.get("moe_layer_freq", 1)
+    freq = freq if type(freq) is int and freq > 0 else 1
+    return {i for i in range(first_dense, n_layers) if (i - first_dense) % freq == 0}
 
 
 def ranges(nums: list[int]) -> str:

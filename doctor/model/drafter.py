@@ -333,13 +333,9 @@ def judge_drafter(fact: dict[str, Any], read_target: Callable[[], Any], args: li
                   selected: frozenset[str]) -> Findings:
     """``fact``: the ``drafter`` fact; ``read_target()``: the ``model`` fact or None, read once the drafter's directory
     is usable; ``args``: the server command."""
-    spec_arg = arg_value(args, "--speculative-algorithm")
-    if not fact.get("given") and spec_arg and not settings.get("server.speculative_algorithm"):
-        return Findings(algorithm=spec_arg).fail(
-            NO_DRAFT_ARG, f"the server command runs --speculative-algorithm {spec_arg} (in [server] args) but no "
-            "draft model is given", Remediation("Give --draft-model-path DIR (or [drafter] path) and set [server] "
-                                                 f"speculative_algorithm = \"{spec_arg}\" instead of passing it in "
-                                                 "[server] args."))
+    missing = _draft_not_given(fact, args, settings)
+    if missing is not None:
+        return missing
     early = dir_problem(fact, DRAFTER, settings)
     if early is not None:
         return early
@@ -348,20 +344,49 @@ def judge_drafter(fact: dict[str, Any], read_target: Callable[[], Any], args: li
         return same_as_target(fact, settings)
     weights = Result.of(judge_weights(fact, DRAFTER, settings, selected))
     d, problem = json_object(fact.get("config"), "config.json")
-    problems = [problem] if problem else []
     tview = config_view(target)[0] if target.get("given") and not target.get("error") else None
     out = Findings(path=fact.get("path"), weights=weights.details)
-    if d:
-        problems += config_problems(d, tview, settings.get("drafter.architectures"), out)
-    pairing = pairing_of(d, tview, fact, args, settings) if d else []
-    problems += [f.message for f in pairing if f.severity is Severity.FAIL]
+    problems, pairing = _config_and_pairing(d, problem, tview, fact, args, settings, out)
+    fails = [f for f in pairing if f.severity is Severity.FAIL]
     warns = [f for f in pairing if f.severity is Severity.WARN]
-    out.details.update(problems=problems, warnings=[f.message for f in warns],
-                       problem_codes=[f.code for f in pairing if f.severity is Severity.FAIL])
+    out.details.update(problems=problems, warnings=[f.message for f in warns], problem_codes=[f.code for f in fails])
     if problems or weights.status.failed:
-        return drafter_failure(problems, weights, [f for f in pairing if f.severity is Severity.FAIL], out)
+        return drafter_failure(problems, weights, fails, out)
     if warns:
         return pairing_warnings(warns, out)
+    return _drafter_sound(d, weights, tview, out)
+
+
+def _draft_not_given(fact: dict[str, Any], args: list[str], settings: Settings) -> Findings | None:
+    """The server command asks for speculative decoding in ``[server] args`` with no draft model given: the
+    server would refuse to start (None where that is not so, or where the profile names the algorithm: then the
+    missing drafter is the directory's verdict)."""
+    spec_arg = arg_value(args, "--speculative-algorithm")
+    if fact.get("given") or not spec_arg or settings.get("server.speculative_algorithm"):
+        return None
+    return Findings(algorithm=spec_arg).fail(
+        NO_DRAFT_ARG, f"the server command runs --speculative-algorithm {spec_arg} (in [server] args) but no "
+        "draft model is given", Remediation("Give --draft-model-path DIR (or [drafter] path) and set [server] "
+                                             f"speculative_algorithm = \"{spec_arg}\" instead of passing it in "
+                                             "[server] args."))
+
+
+def _config_and_pairing(d: dict[str, Any] | None, problem: str | None, tview: Any, fact: dict[str, Any],
+                        args: list[str], settings: Settings, out: Findings) -> tuple[list[str], list[Finding]]:
+    """The drafter's config problems (config.json unreadable, or against the target) with the pairing's failures
+    last (``drafter_failure`` counts them from the end), and the pairing's findings; no pairing without a config."""
+    problems = [problem] if problem else []
+    if not d:
+        return problems, []
+    problems += config_problems(d, tview, settings.get("drafter.architectures"), out)
+    pairing = pairing_of(d, tview, fact, args, settings)
+    problems += [f.message for f in pairing if f.severity is Severity.FAIL]
+    return problems, pairing
+
+
+def _drafter_sound(d: dict[str, Any], weights: Result, tview: Any, out: Findings) -> Findings:
+    """The verdict of a drafter whose config and pairing are sound: its weights' warning where they have one, a
+    warning where the target's config could not be read (nothing was compared), else consistent."""
     name = ", ".join(d.get("architectures") or ["drafter"])
     if weights.status is Status.WARN:
         return out.warn("model.drafter.weights", f"{name}: {weights.summary}", weights.remediation)

@@ -885,17 +885,9 @@ def expected_digests(model_dir: str, names: list[str]) -> tuple[dict[str, dict[s
     return out, man_info
 
 
-def verify_model_hashes(model_dir: str, *, use_cache: bool = True, cache_dir: str | None = None,
-                        workers: int | None = None, progress: bool | None = None,
-                        processes: bool | None = None) -> dict[str, Any]:
-    """Hash every shard of ``model_dir`` and compare; the ``model.hashes`` fact for one directory
-    (``processes``: as ``hash_files``)."""
-    names, problem = shard_names(model_dir)
-    # The promised digests are read while the shards hash (off the critical path: on 16 cores, 1 GiB hashes in
-    # about 90 ms, and reading a manifest and 64 shards' metadata takes one or two of them).
-    lookup = ThreadPoolExecutor(max_workers=1, thread_name_prefix="k26-expected")
-    pending = lookup.submit(expected_digests, model_dir, names)
-    lookup.shutdown(wait=False)
+def _stat_shards(model_dir: str, names: list[str]) -> tuple[dict[str, dict[str, Any]], list[HashJob]]:
+    """Each shard's record and the jobs to hash: a shard that cannot be stat'ed or is not a regular file gets
+    its verdict here and is not hashed (nothing to read); the rest start with their size."""
     jobs: list[HashJob] = []
     files: dict[str, dict[str, Any]] = {}
     for name in names:
@@ -910,6 +902,57 @@ def verify_model_hashes(model_dir: str, *, use_cache: bool = True, cache_dir: st
             continue
         files[name] = {"size": st.st_size}
         jobs.append(HashJob(name, path, st))
+    return files, jobs
+
+
+def _hash_verdict(rec: dict[str, Any], res: dict[str, Any], exp: dict[str, Any] | None) -> str:
+    """One hashed shard's verdict against its promised digest (``rec`` gains ``expected`` where there is one):
+    a promised size that differs makes a matching digest a mismatch too."""
+    if "error" in res:
+        return "error"
+    if exp is None:
+        return "no_reference"
+    rec["expected"] = exp
+    if exp["sha256"] != res["sha256"]:
+        return "mismatch"
+    if exp.get("size") is not None and exp["size"] != rec["size"]:
+        return "mismatch"
+    return "match"
+
+
+def _record_hashes(files: dict[str, dict[str, Any]], hashed: dict[str, dict[str, Any]],
+                   expected: dict[str, dict[str, Any]]) -> int:
+    """Fold the hashing results and their verdicts into ``files``; the bytes hashed now (a cached answer read
+    nothing, so it counts for none of the rate)."""
+    bytes_hashed = 0
+    for name, res in hashed.items():
+        rec = files[name]
+        rec.update(res)
+        if not res.get("cached") and "sha256" in res:
+            bytes_hashed += rec["size"]
+        rec["verdict"] = _hash_verdict(rec, res, expected.get(name))
+    return bytes_hashed
+
+
+def _cache_summary(cache: VerifyCache | None, hashed: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The fact's ``cache`` part: whether a verify cache was used, where, its hits and its error."""
+    return {"used": cache is not None, "path": cache.path if cache else None,
+            "hits": sum(1 for r in hashed.values() if r.get("cached")),
+            "error": cache.error if cache else None}
+
+
+def verify_model_hashes(model_dir: str, *, use_cache: bool = True, cache_dir: str | None = None,
+                        workers: int | None = None, progress: bool | None = None,
+                        processes: bool | None = None) -> dict[str, Any]:
+    """Hash every shard of ``model_dir`` and compare; the ``model.hashes`` fact for one directory
+    (``processes``: as ``hash_files``)."""
+    names, problem = shard_names(model_dir)
+    # The promised digests are read while the shards hash (off the critical path: on 16 cores, 1 GiB hashes in
+    # about 90 ms, and reading a manifest and 64 shards' metadata takes one or two of them).
+    lookup = ThreadPoolExecutor(max_workers=1, thread_name_prefix="k26-expected")
+    pending = lookup.submit(expected_digests, model_dir, names)
+    lookup.shutdown(wait=False)
+    files, jobs = _stat_shards(model_dir, names)
     cache = VerifyCache(cache_dir or default_cache_dir()) if use_cache else None
     prog = Progress(sum(j.st.st_size for j in jobs), len(jobs), enabled=progress)
     t0 = time.monotonic()
@@ -921,22 +964,7 @@ def verify_model_hashes(model_dir: str, *, use_cache: bool = True, cache_dir: st
     expected, man_info = pending.result()
     if cache is not None:
         cache.save()
-    bytes_hashed = 0
-    for name, res in hashed.items():
-        rec = files[name]
-        rec.update(res)
-        if not res.get("cached") and "sha256" in res:
-            bytes_hashed += rec["size"]
-        exp = expected.get(name)
-        if "error" in res:
-            rec["verdict"] = "error"
-        elif exp is None:
-            rec["verdict"] = "no_reference"
-        else:
-            rec["expected"] = exp
-            rec["verdict"] = "match" if exp["sha256"] == res["sha256"] else "mismatch"
-            if exp.get("size") is not None and exp["size"] != rec["size"] and rec["verdict"] == "match":
-                rec["verdict"] = "mismatch"
+    bytes_hashed = _record_hashes(files, hashed, expected)
     return {
         "given": True, "path": model_dir, "problem": problem,
         "files": [{"name": n, **files[n]} for n in names],
@@ -944,7 +972,5 @@ def verify_model_hashes(model_dir: str, *, use_cache: bool = True, cache_dir: st
         "bytes_hashed": bytes_hashed, "seconds": round(seconds, 3),
         "rate_bytes_s": round(bytes_hashed / seconds) if seconds > 0 and bytes_hashed else None,
         "workers": workers or default_workers(),
-        "cache": {"used": cache is not None, "path": cache.path if cache else None,
-                  "hits": sum(1 for r in hashed.values() if r.get("cached")),
-                  "error": cache.error if cache else None},
+        "cache": _cache_summary(cache, hashed),
     }

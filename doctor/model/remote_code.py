@@ -76,28 +76,50 @@ def analyse_source(text: str) -> dict[str, Any]:
     known = {(m["module"], m["name"]): m for m in compat_table().get("moved_imports", [])}
     reserved = None
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom):
-            if node.level:
-                names = [node.module] if node.module else [a.name for a in node.names]
-                relative += [n.replace(".", "/") + ".py" for n in names if n]
-                continue
+        if isinstance(node, ast.ImportFrom) and node.level:
+            relative += _relative_files(node)
+        elif isinstance(node, ast.ImportFrom):
             if node.module and not _guarded(node, parents):
                 imports.add(node.module.split(".")[0])
-                for alias in node.names:
-                    hit = known.get((node.module, alias.name))
-                    if hit:
-                        moved.append({"module": node.module, "name": alias.name, "line": node.lineno,
-                                      "gone_from": hit["gone_from"], "now_in": hit.get("now_in")})
+                moved += _moved_imports(node, known)
         elif isinstance(node, ast.Import) and not _guarded(node, parents):
             imports.update(alias.name.split(".")[0] for alias in node.names)
         elif isinstance(node, ast.ClassDef):
-            for stmt in node.body:
-                names = [t.id for t in stmt.targets if isinstance(t, ast.Name)] if isinstance(stmt, ast.Assign) else []
-                if "num_reserved_special_tokens" in names and isinstance(stmt.value, ast.Constant) \
-                        and type(stmt.value.value) is int:
-                    reserved = stmt.value.value
+            found = _class_reserved(node)
+            reserved = reserved if found is None else found
     return {"relative": sorted(set(relative)), "imports": sorted(imports), "moved": moved,
             "num_reserved_special_tokens": reserved}
+
+
+def _relative_files(node: ast.ImportFrom) -> list[str]:
+    """The sibling files a relative import reads (``from .x import y``: x.py; ``from . import y``: y.py): the
+    remote code needs them beside it in the model directory."""
+    names = [node.module] if node.module else [a.name for a in node.names]
+    return [n.replace(".", "/") + ".py" for n in names if n]
+
+
+def _moved_imports(node: ast.ImportFrom, known: dict[tuple[str, str], dict[str, Any]]) -> list[dict[str, Any]]:
+    """The names of one absolute ``from M import ...`` that the compat table (``known``) says a transformers
+    release moved away from M: the remote code fails to import under that release and later."""
+    out: list[dict[str, Any]] = []
+    for alias in node.names:
+        hit = known.get((node.module or "", alias.name))
+        if hit:
+            out.append({"module": node.module, "name": alias.name, "line": node.lineno,
+                        "gone_from": hit["gone_from"], "now_in": hit.get("now_in")})
+    return out
+
+
+def _class_reserved(node: ast.ClassDef) -> int | None:
+    """A class's ``num_reserved_special_tokens = <int>`` (the last one), or None: the tokenizer's special ids
+    follow the vocabulary's tokens in that many reserved slots."""
+    reserved = None
+    for stmt in node.body:
+        names = [t.id for t in stmt.targets if isinstance(t, ast.Name)] if isinstance(stmt, ast.Assign) else []
+        if "num_reserved_special_tokens" in names and isinstance(stmt.value, ast.Constant) \
+                and type(stmt.value.value) is int:
+            reserved = stmt.value.value
+    return reserved
 
 
 def scan_remote_code(model_dir: str, refs: list[str]) -> dict[str, Any]:

@@ -183,40 +183,70 @@ def fork_server(sock, pool: int = 0) -> int:
         if not msg:
             break
         _reap(live, idle)
-        for level, kind, data in anc:  # no request carries descriptors: any sent are closed
-            if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
-                fds = array.array("i")
-                fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
-                for fd in fds:
-                    os.close(fd)
-        fds = None
-        reply = b"?"
-        count = msg[2:] if msg[:2] == b"f " else b"1" if msg == b"f" else b""
-        if count.isdigit() and 1 <= int(count) <= MAX_HANDOUT:
-            pids = list(idle)[: int(count)]
-            while len(pids) < int(count):  # forked while the chosen are still in ``idle``: none keeps their ends
-                pid = _spawn(sock, live, idle)
-                if pid is None:
-                    break
-                pids.append(pid)
-            fds = [fd for pid in pids for fd in idle.pop(pid)] or None
-            reply = b" ".join(b"%d" % pid for pid in pids) if pids else b"?"
-        elif msg[:2] == b"k " and msg[2:].isdigit():
-            _kill(int(msg[2:]), live, idle)
-            reply = b"k"
-        try:
-            if fds is not None:
-                sock.sendmsg([reply], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, array.array("i", fds))])
-            else:
-                sock.send(reply)
-        except OSError:
+        _close_passed(anc)
+        reply, fds = _answer(msg, sock, live, idle)
+        if not _send_reply(sock, reply, fds):
             break
-        finally:
-            for fd in fds or ():
-                os.close(fd)
     for pid in list(live):
         _kill(pid, live, idle)
     return 0
+
+
+def _close_passed(anc) -> None:
+    """Close every descriptor a request carried (``anc``: ``recvmsg``'s ancillary data). No request carries
+    any; one left open here would be inherited by every worker forked after it."""
+    import array
+
+    for level, kind, data in anc:
+        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+            fds = array.array("i")
+            fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+            for fd in fds:
+                os.close(fd)
+
+
+def _answer(msg: bytes, sock, live, idle):
+    """The reply to one request and the descriptors that go with it (None: a plain reply): ``f [K]`` hands
+    out workers, ``k PID`` kills one, anything else is ``?``."""
+    count = msg[2:] if msg[:2] == b"f " else b"1" if msg == b"f" else b""
+    if count.isdigit() and 1 <= int(count) <= MAX_HANDOUT:
+        return _handout(int(count), sock, live, idle)
+    if msg[:2] == b"k " and msg[2:].isdigit():
+        _kill(int(msg[2:]), live, idle)
+        return b"k", None
+    return b"?", None
+
+
+def _handout(count: int, sock, live, idle):
+    """``count`` workers, pooled ones first, forked ones for the rest (fewer where no more can be forked):
+    (their pids as the reply, or ``?`` where none; the doctor's ends of their pipes, or None where none).
+    The chosen leave ``idle`` only after the forks, so that no forked worker keeps a copy of their ends."""
+    pids = list(idle)[:count]
+    while len(pids) < count:
+        pid = _spawn(sock, live, idle)
+        if pid is None:
+            break
+        pids.append(pid)
+    fds = [fd for pid in pids for fd in idle.pop(pid)] or None
+    return (b" ".join(b"%d" % pid for pid in pids) if pids else b"?"), fds
+
+
+def _send_reply(sock, reply: bytes, fds) -> bool:
+    """Send ``reply`` (with ``fds`` as SCM_RIGHTS where there are any); False where the socket is gone. This
+    server's copies of the handed-out ends are closed either way: the doctor holds them now, or nobody does."""
+    import array
+
+    try:
+        if fds is not None:
+            sock.sendmsg([reply], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, array.array("i", fds))])
+        else:
+            sock.send(reply)
+    except OSError:
+        return False
+    finally:
+        for fd in fds or ():
+            os.close(fd)
+    return True
 
 
 def _spawn(sock, live, idle):

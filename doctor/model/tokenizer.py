@@ -193,35 +193,52 @@ def judge_files(fact: dict[str, Any], vocab_size: int | None, repo: str | None, 
     inside the reserved ids, remote-code files present (``named_reported``: leave out the files auto_map
     names itself, which the caller reports)."""
     v = Findings()
-    path = fact.get("path")
     tk = fact.get("tiktoken")
     remote = fact.get("remote_code") or {}
-    reserved = next((f.get("num_reserved_special_tokens") for f in (remote.get("files") or {}).values()
-                     if f.get("num_reserved_special_tokens")), None)
-    redo = functools.partial(download_command, repo, path)
+    redo = functools.partial(download_command, repo, fact.get("path"))
     if tk is not None and not tk.get("ok"):
         problem(v, "tiktoken_invalid", "tiktoken.model: " + "; ".join(tk.get("problems") or ["invalid"]),
                                   "Re-download tiktoken.model from the model's repository.",
                                   [redo(["tiktoken.model"])])
     elif tk is not None:
-        base = tk["tokens"]
-        specials = fact.get("special_tokens") or {}
-        v.details["base_tokens"] = base
-        if vocab_size and reserved and base + reserved != vocab_size:
-            problem(v, "vocab_size",
-                f"tiktoken.model has {base:,} tokens; with the remote code's {reserved} reserved special ids the "
-                f"vocabulary is {base + reserved:,}, config.json says {vocab_size:,}: every special token's id moves",
-                "tiktoken.model and config.json come from different revisions: re-download both.",
-                [redo(["tiktoken.model", "config.json", "tokenizer_config.json"])])
-        limit = base + (reserved or 256)
-        outside = sorted((tid, tok) for tok, tid in specials.items() if not base <= tid < limit)
-        if outside and reserved:
-            shown = ", ".join(f"{tok} ({tid})" for tid, tok in outside[:4])
-            problem(v, "special_ids",
-                f"tokenizer_config.json gives {len(outside)} special token(s) ids outside the reserved range "
-                f"{base}..{limit - 1} after tiktoken.model's tokens: {shown}",
-                "tokenizer_config.json and tiktoken.model come from different revisions: re-download both.",
-                [redo(["tiktoken.model", "tokenizer_config.json"])])
+        v.details["base_tokens"] = tk["tokens"]
+        _judge_vocab(tk["tokens"], _reserved_ids(remote), vocab_size, fact.get("special_tokens") or {}, redo, v)
+    _judge_remote_files(remote, named_reported, redo, v)
+    return v
+
+
+def _reserved_ids(remote: dict[str, Any]) -> int | None:
+    """The special ids the remote code reserves after tiktoken.model's tokens (the first file that says), or None:
+    the vocabulary's size and the special tokens' ids are judged against it."""
+    return next((f.get("num_reserved_special_tokens") for f in (remote.get("files") or {}).values()
+                 if f.get("num_reserved_special_tokens")), None)
+
+
+def _judge_vocab(base: int, reserved: int | None, vocab_size: int | None, specials: dict[str, int],
+                 redo: Callable[[list[str]], str], v: Findings) -> None:
+    """A valid tiktoken.model against config.json's vocabulary and tokenizer_config.json's special ids: files of
+    different revisions move every special token's id, which nothing else notices until the output is wrong."""
+    if vocab_size and reserved and base + reserved != vocab_size:
+        problem(v, "vocab_size",
+            f"tiktoken.model has {base:,} tokens; with the remote code's {reserved} reserved special ids the "
+            f"vocabulary is {base + reserved:,}, config.json says {vocab_size:,}: every special token's id moves",
+            "tiktoken.model and config.json come from different revisions: re-download both.",
+            [redo(["tiktoken.model", "config.json", "tokenizer_config.json"])])
+    limit = base + (reserved or 256)
+    outside = sorted((tid, tok) for tok, tid in specials.items() if not base <= tid < limit)
+    if outside and reserved:
+        shown = ", ".join(f"{tok} ({tid})" for tid, tok in outside[:4])
+        problem(v, "special_ids",
+            f"tokenizer_config.json gives {len(outside)} special token(s) ids outside the reserved range "
+            f"{base}..{limit - 1} after tiktoken.model's tokens: {shown}",
+            "tokenizer_config.json and tiktoken.model come from different revisions: re-download both.",
+            [redo(["tiktoken.model", "tokenizer_config.json"])])
+
+
+def _judge_remote_files(remote: dict[str, Any], named_reported: bool, redo: Callable[[list[str]], str],
+                        v: Findings) -> None:
+    """Remote-code modules missing (one another imports always; one auto_map names only where the caller does not
+    report those itself) or unreadable: the tokenizer load would fail on either."""
     for name in remote.get("missing") or []:
         by = (remote.get("files") or {}).get(name, {}).get("needed_by")
         if by or not named_reported:
@@ -232,7 +249,6 @@ def judge_files(fact: dict[str, Any], vocab_size: int | None, repo: str | None, 
         if rec.get("error"):
             problem(v, "remote_code_unreadable", f"{name}: {rec['error']}",
                     "Re-download it from the model's repository.", [redo([name])])
-    return v
 
 
 def judge_load(fact: dict[str, Any], model_type: str | None, repo: str | None, v: Findings) -> Findings:
@@ -335,23 +351,15 @@ def _judge_class(fact: dict[str, Any], cls: dict[str, Any], steps: list[dict[str
 
 
 def _judge_markers(fact: dict[str, Any], probe: dict[str, Any], v: Findings) -> None:
+    """The markers the probe encoded and decoded against tokenizer_config.json: a wrong one the server's parsers
+    rely on fails (tool calls and reasoning would not be parsed), any other special token only warns."""
     required = required_markers(fact.get("parsers") or {})
     specials = fact.get("special_tokens") or {}
     seen = probe.get("markers") or {}
     bad_required: list[str] = []
     bad_other: list[str] = []
     for marker, rec in seen.items():
-        want = specials.get(marker)
-        ids, plain = rec.get("ids"), rec.get("ids_plain")
-        why = None
-        if rec.get("encode_error") or rec.get("lookup_error"):
-            why = (rec.get("encode_error") or rec.get("lookup_error"))["message"]
-        elif want is not None and (ids != [want] or (plain is not None and plain != [want])):
-            why = f"encodes to {ids if ids != [want] else plain}, tokenizer_config.json says [{want}]"
-        elif want is None and (not ids or len(ids) != 1):
-            why = f"is not one token (encodes to {ids})"
-        elif rec.get("decoded") != marker:
-            why = f"decodes to {rec.get('decoded')!r}"
+        why = _marker_problem(marker, rec, specials.get(marker))
         if why:
             (bad_required if marker in required else bad_other).append(f"{marker} {why}")
     for marker in required:
@@ -359,6 +367,26 @@ def _judge_markers(fact: dict[str, Any], probe: dict[str, Any], v: Findings) -> 
             bad_required.append(f"{marker} is not a special token of this tokenizer (tokenizer_config.json)")
     v.details["markers_checked"] = sorted(seen)
     v.details["markers_required"] = required
+    _report_markers(required, bad_required, bad_other, v)
+
+
+def _marker_problem(marker: str, rec: dict[str, Any], want: int | None) -> str | None:
+    """What is wrong with one marker as the probe saw it (``want``: its id in tokenizer_config.json, None where it
+    is not a special token there), or None: it must encode to that one id (or to one token), and decode back."""
+    ids, plain = rec.get("ids"), rec.get("ids_plain")
+    if rec.get("encode_error") or rec.get("lookup_error"):
+        return (rec.get("encode_error") or rec.get("lookup_error"))["message"]
+    if want is not None and (ids != [want] or (plain is not None and plain != [want])):
+        return f"encodes to {ids if ids != [want] else plain}, tokenizer_config.json says [{want}]"
+    if want is None and (not ids or len(ids) != 1):
+        return f"is not one token (encodes to {ids})"
+    if rec.get("decoded") != marker:
+        return f"decodes to {rec.get('decoded')!r}"
+    return None
+
+
+def _report_markers(required: dict[str, Any], bad_required: list[str], bad_other: list[str], v: Findings) -> None:
+    """The wrong markers as findings, the first three of each kind shown."""
     if bad_required:
         parsers = sorted({p for m in required for p in required[m]})
         problem(v, "markers",

@@ -36,19 +36,11 @@ class TokenizerFiles:
     def __init__(self, fact: dict[str, Any], trust_remote_code: Any) -> None:
         tok = fact.get("tokenizer") or {}
         self.files = tok.get("files") or {}
-        self.problems: list[str] = []
+        self.problems: list[str] = self._link_problems()
         self.notes: list[str] = []
-        self.problems += [f"{n} is {'a symlink loop' if v.get('loop') else 'a dangling symlink'}"
-                          for n, v in self.files.items() if isinstance(v, dict) and v.get("dangling")]
-        self.problems += [f"{n} is {v['kind']}, not a regular file" for n, v in self.files.items()
-                          if isinstance(v, dict) and v.get("kind")]
         tc = tok.get("tokenizer_config") or {}
         data, problem = json_object(tc, "tokenizer_config.json")
-        if not tc.get("present"):  # tokenizer.json alone is enough
-            if "tokenizer.json" not in self.files:
-                self.problems.append("tokenizer_config.json is missing (and there is no tokenizer.json)")
-        elif problem:
-            self.problems.append(problem)
+        self._config_presence(tc, problem)
         self.cls = data.get("tokenizer_class") if isinstance(data.get("tokenizer_class"), str) else ""
         refs = auto_map_modules(data.get("auto_map"))
         cfg = json_data(fact.get("config"))
@@ -56,14 +48,40 @@ class TokenizerFiles:
         self.tiktoken = "tiktoken" in self.cls.lower() or any("tiktoken" in r.lower() or "tokenization_kimi" in r
                                                               for r in refs)
         self.vocabulary(data)
+        self.chat_template(tc, data)
+        self.remote_code(fact.get("remote_code") or {}, trust_remote_code)
+
+    def _link_problems(self) -> list[str]:
+        """Files the loader would open and fail on: dangling symlinks (or loops) and files that are not regular."""
+        return ([f"{n} is {'a symlink loop' if v.get('loop') else 'a dangling symlink'}"
+                 for n, v in self.files.items() if isinstance(v, dict) and v.get("dangling")]
+                + [f"{n} is {v['kind']}, not a regular file" for n, v in self.files.items()
+                   if isinstance(v, dict) and v.get("kind")])
+
+    def _config_presence(self, tc: dict[str, Any], problem: str | None) -> None:
+        """tokenizer_config.json missing (a problem only without tokenizer.json, which is enough alone) or
+        unreadable."""
+        if not tc.get("present"):
+            if "tokenizer.json" not in self.files:
+                self.problems.append("tokenizer_config.json is missing (and there is no tokenizer.json)")
+        elif problem:
+            self.problems.append(problem)
+
+    def chat_template(self, tc: dict[str, Any], data: dict[str, Any]) -> None:
+        """A chat template in tokenizer_config.json or a file of its own (without one, chat completions fail;
+        not said where tokenizer_config.json gave nothing to judge)."""
         self.has_template = bool(tc.get("chat_template")) or any(n in self.files for n in ("chat_template.jinja",
                                                                                            "chat_template.json"))
         if not self.has_template and data:
             self.problems.append("no chat template (chat_template in tokenizer_config.json, chat_template.jinja or "
                                  "chat_template.json): chat completions will fail")
+
+    def remote_code(self, remote_fact: dict[str, Any], trust_remote_code: Any) -> None:
+        """The remote code auto_map names: another repository's (network at start), modules missing or broken, and
+        --trust-remote-code, which any of it needs."""
         self.notes += [f"auto_map {ref} loads code from another repository at start (needs network)"
                        for ref in self.remote if "--" in ref]
-        module_problems, download = named_module_problems(fact.get("remote_code") or {})
+        module_problems, download = named_module_problems(remote_fact)
         self.problems += module_problems
         self.missing_mods = sorted(set(download))
         self.needs_trc = bool(self.remote)

@@ -358,27 +358,49 @@ def hashed_dir(facts: dict[str, Any], role: Role, settings: Settings) -> dict[st
 
 
 def judge_hashes(facts: dict[str, Any], role: Role, settings: Settings) -> Findings:
+    """The deep tier's verdict for one directory: every shard's sha256 against its published digest."""
     fact = hashed_dir(facts, role, settings)
+    unhashable = _unhashable(fact, role)
+    if unhashable is not None:
+        return unhashable
+    files = fact.get("files") or []
+    by = {v: [f for f in files if f.get("verdict") == v] for v in VERDICTS}
+    out = _hash_details(fact, by)
+    if by["mismatch"] or by["missing"] or by["error"]:
+        return mismatched(fact, by, role, settings, out)
+    return _none_wrong(fact, by, role, settings, out)
+
+
+def _unhashable(fact: dict[str, Any], role: Role) -> Findings | None:
+    """The failure of a directory with nothing hashed (no path, a bad one, no shards), else None."""
     if not fact.get("given"):
         return Findings().fail(f"{role.deep_check}.no_path", role.missing)
     if fact.get("error"):
         return Findings().fail(f"{role.deep_check}.bad_path", f"{role.name} path {fact.get('path')} {fact['error']}")
-    files = fact.get("files") or []
-    if not files:
+    if not fact.get("files"):
         return Findings().fail(f"{role.deep_check}.no_shards", f"no shards to hash in {fact.get('path')}: "
                                f"{fact.get('problem') or 'no index'}")
-    by = {v: [f for f in files if f.get("verdict") == v] for v in VERDICTS}
+    return None
+
+
+def _hash_details(fact: dict[str, Any], by: dict[str, list[dict[str, Any]]]) -> Findings:
+    """The findings' details: the counts per verdict, the files that are wrong or unverified, the rate, the cache
+    and the manifest (what a fixer and a reader of the JSON report act on)."""
+    return Findings(path=fact.get("path"), counts={k: len(v) for k, v in by.items()},
+                    mismatch=[{"name": f["name"], "sha256": f.get("sha256"), "expected": f.get("expected")}
+                              for f in by["mismatch"]],
+                    missing=[f["name"] for f in by["missing"]],
+                    errors=[{"name": f["name"], "error": f.get("error")} for f in by["error"]],
+                    unverified=[f["name"] for f in by["no_reference"]], bytes_hashed=fact.get("bytes_hashed"),
+                    seconds=fact.get("seconds"), rate_bytes_s=fact.get("rate_bytes_s"), cache=fact.get("cache"),
+                    manifest=fact.get("manifest"))
+
+
+def _none_wrong(fact: dict[str, Any], by: dict[str, list[dict[str, Any]]], role: Role, settings: Settings,
+                out: Findings) -> Findings:
+    """No file wrong: all match, or some (a warning) or all (not judged: nothing was compared) have no reference
+    digest, with how a published digest is obtained."""
     rate = fact.get("rate_bytes_s")
-    out = Findings(path=fact.get("path"), counts={k: len(v) for k, v in by.items()},
-                   mismatch=[{"name": f["name"], "sha256": f.get("sha256"), "expected": f.get("expected")}
-                             for f in by["mismatch"]],
-                   missing=[f["name"] for f in by["missing"]],
-                   errors=[{"name": f["name"], "error": f.get("error")} for f in by["error"]],
-                   unverified=[f["name"] for f in by["no_reference"]], bytes_hashed=fact.get("bytes_hashed"),
-                   seconds=fact.get("seconds"), rate_bytes_s=rate, cache=fact.get("cache"),
-                   manifest=fact.get("manifest"))
-    if by["mismatch"] or by["missing"] or by["error"]:
-        return mismatched(fact, by, role, settings, out)
     speed = f" at {rate / GIB:.2f} GiB/s" if rate else ""
     cached = (fact.get("cache") or {}).get("hits") or 0
     tail = f" ({fmt_bytes(fact.get('bytes_hashed'))} hashed{speed}, {cached} from the verification cache)"
@@ -390,8 +412,9 @@ def judge_hashes(facts: dict[str, Any], role: Role, settings: Settings) -> Findi
         "(`k26-doctor manifest write DIR` there, copied here).",
         digest_commands(settings, fact, role, unverified if len(unverified) <= 8 else []))
     if by["no_reference"] and not by["match"]:
-        raise NotJudged.missing(f"{len(files)} files hashed but nothing to compare with: no k26-doctor manifest, "
-                                "no huggingface_hub metadata, not a Hugging Face cache" + tail, settle, **out.details)
+        raise NotJudged.missing(f"{len(fact.get('files') or [])} files hashed but nothing to compare with: no "
+                                "k26-doctor manifest, no huggingface_hub metadata, not a Hugging Face cache" + tail,
+                                settle, **out.details)
     if by["no_reference"]:
         return out.warn(f"{role.deep_check}.unverified", f"{len(by['match'])} files match, {len(by['no_reference'])} "
                         f"have no reference digest: {', '.join(unverified[:5])}" + tail, settle)

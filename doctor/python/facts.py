@@ -105,14 +105,36 @@ VENV_SHAPE = {
 @collector("venv", timeout=30, shape=VENV_SHAPE)
 def collect_venv(opts: CollectOptions) -> dict[str, Any]:
     """The service environment's files: pyvenv.cfg and its home, bin/python, scripts' shebangs, site-packages."""
-    python = os.path.expanduser(opts.python)
-    if os.sep not in python:  # "python3": what the service would run, found on its PATH
-        python = shutil.which(python, path=service_env(opts)[0].get("PATH")) or python
-    python = os.path.abspath(python)
+    python = _service_python(opts)
     out: dict[str, Any] = {"python": python, "exists": os.path.lexists(python)}
     out.update(path_facts(python))
     out["resolved"] = os.path.realpath(python)
     out["resolves"] = os.path.exists(python)
+    out["link_chain"] = _link_chain(python)
+    root = env_root(python)
+    out["root"] = str(root) if root else None
+    cfg_path = root / "pyvenv.cfg" if root else None
+    out["is_venv"] = bool(cfg_path and cfg_path.is_file())
+    if out["is_venv"] and root is not None and cfg_path is not None:
+        out.update(_venv_files(root, cfg_path))
+    else:
+        out["conda"] = bool(root and (root / "conda-meta").is_dir())
+    out.update(_runtime(python))
+    return out
+
+
+def _service_python(opts: CollectOptions) -> str:
+    """The interpreter the service runs, as an absolute path: a bare name (``python3``) is looked up on the
+    service's PATH, as the service would find it (kept as given where it is not there)."""
+    python = os.path.expanduser(opts.python)
+    if os.sep not in python:
+        python = shutil.which(python, path=service_env(opts)[0].get("PATH")) or python
+    return os.path.abspath(python)
+
+
+def _link_chain(python: str) -> list[str]:
+    """Each symlink hop from ``python`` (at most 20: a loop ends there), so that a venv whose interpreter points
+    into a removed base install shows where the chain breaks."""
     chain = []
     p = python
     for _ in range(20):
@@ -124,28 +146,33 @@ def collect_venv(opts: CollectOptions) -> dict[str, Any]:
             break
         p = os.path.normpath(os.path.join(os.path.dirname(p), target))
         chain.append(p)
-    out["link_chain"] = chain
-    root = env_root(python)
-    out["root"] = str(root) if root else None
-    cfg_path = root / "pyvenv.cfg" if root else None
-    out["is_venv"] = bool(cfg_path and cfg_path.is_file())
-    if out["is_venv"] and root is not None and cfg_path is not None:
-        try:
-            with open_regular(cfg_path) as fh:
-                cfg = parse_pyvenv_cfg(fh.read(65536).decode("utf-8", "replace"))  # a few lines; never a giant
-            out["pyvenv_cfg"] = cfg
-        except OSError as exc:
-            cfg = {}
-            out["pyvenv_cfg_error"] = exc.strerror or str(exc)
-        home = cfg.get("home")
-        out["home"] = home
-        out["home_exists"] = bool(home) and os.path.isdir(home)
-        out["cfg_version"] = cfg.get("version") or cfg.get("version_info")
-        out["conda"] = (root / "conda-meta").is_dir()
-        out.update(scan_scripts(root))
-        out["site_packages"] = _site_packages(root)
-    else:
-        out["conda"] = bool(root and (root / "conda-meta").is_dir())
+    return chain
+
+
+def _venv_files(root: Path, cfg_path: Path) -> dict[str, Any]:
+    """A venv's pyvenv.cfg (or why it cannot be read), its home, version and conda marker, its scripts' shebangs
+    and its site-packages."""
+    out: dict[str, Any] = {}
+    try:
+        with open_regular(cfg_path) as fh:
+            cfg = parse_pyvenv_cfg(fh.read(65536).decode("utf-8", "replace"))  # a few lines; never a giant
+        out["pyvenv_cfg"] = cfg
+    except OSError as exc:
+        cfg = {}
+        out["pyvenv_cfg_error"] = exc.strerror or str(exc)
+    home = cfg.get("home")
+    out["home"] = home
+    out["home_exists"] = bool(home) and os.path.isdir(home)
+    out["cfg_version"] = cfg.get("version") or cfg.get("version_info")
+    out["conda"] = (root / "conda-meta").is_dir()
+    out.update(scan_scripts(root))
+    out["site_packages"] = _site_packages(root)
+    return out
+
+
+def _runtime(python: str) -> dict[str, Any]:
+    """Whether the interpreter starts, and its version and prefixes when it does; else why not, with its output
+    (a file that runs but is no Python, a timeout, one that cannot be started)."""
     run = proc.run([python, "-I", "-c", "import sys,json;print(json.dumps([list(sys.version_info[:3]),"
                     "sys.prefix,sys.base_prefix]))"], 20)
     if run.ok:
@@ -153,18 +180,14 @@ def collect_venv(opts: CollectOptions) -> dict[str, Any]:
 
         try:
             ver, prefix, base = json.loads(run.stdout.strip().splitlines()[-1])
-            out["starts"] = True
-            out["runtime"] = {"version_info": ver, "prefix": prefix, "base_prefix": base}
+            return {"starts": True, "runtime": {"version_info": ver, "prefix": prefix, "base_prefix": base}}
         except (ValueError, IndexError):
-            out["starts"] = False
-            out["start_error"] = not_python_error(run.returncode, run.stdout, run.stderr)
-            out["start_output"] = start_output(run.stdout, run.stderr)
-    else:
-        out["starts"] = False
-        out["start_error"] = (not_python_error(run.returncode, run.stdout, run.stderr)
-                              if run.start_error is None and not run.timed_out else run.why())
-        out["start_output"] = start_output(run.stdout, run.stderr)
-    return out
+            return {"starts": False, "start_error": not_python_error(run.returncode, run.stdout, run.stderr),
+                    "start_output": start_output(run.stdout, run.stderr)}
+    return {"starts": False,
+            "start_error": (not_python_error(run.returncode, run.stdout, run.stderr)
+                            if run.start_error is None and not run.timed_out else run.why()),
+            "start_output": start_output(run.stdout, run.stderr)}
 
 
 def _site_packages(root: Path) -> list[dict[str, Any]]:
