@@ -36,7 +36,6 @@ RATCHET: dict[str, tuple[int, int]] = {
     "doctor/sglang/flag_validator.py:validate_args": (41, 85),
     "doctor/sglang/patching/status.py:evaluate": (35, 47),
     "doctor/core/settings.py:resolve": (34, 76),
-    "doctor/service/smoke.py:run_smoke": (37, 98),
     "doctor/sglang/runtime.py:flashinfer_jit_problems": (37, 62),
     "doctor/sglang/patching/manifest.py:from_dict": (31, 63),
     "doctor/report/text.py:render_text": (24, 39),
