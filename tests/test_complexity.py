@@ -41,7 +41,6 @@ RATCHET: dict[str, tuple[int, int]] = {
     "doctor/report/text.py:render_text": (24, 39),
     "doctor/core/runner.py:run_all": (31, 94),
     "doctor/core/settings.py:_kind_ok": (26, 26),
-    "doctor/gpu/fabric_software.py:judge_nvlsm": (29, 42),
     "doctor/model/sha256_worker.py:fork_server": (29, 71),
     "doctor/sglang/patching/engine.py:Engine._roll_back": (29, 63),
     "doctor/model/drafter.py:judge_drafter": (28, 43),
