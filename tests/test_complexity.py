@@ -47,7 +47,6 @@ RATCHET: dict[str, tuple[int, int]] = {
     "doctor/model/tokenizer.py:judge_files": (28, 46),
     "doctor/model/tokenizer_files.py:TokenizerFiles.__init__": (28, 36),
     "doctor/commands/patches.py:_run": (27, 56),
-    "doctor/host/access.py:access_fix": (27, 33),
     "doctor/model/tokenizer.py:_judge_markers": (27, 35),
     "doctor/model/consistency.py:layer_problems": (26, 31),
     "doctor/model/hashing.py:verify_model_hashes": (26, 62),
