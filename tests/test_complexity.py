@@ -53,7 +53,6 @@ RATCHET: dict[str, tuple[int, int]] = {
     "doctor/model/remote_code.py:analyse_source": (26, 33),
     "doctor/sglang/patching/engine.py:Engine.execute": (26, 65),
     "fixes/model.py:plan_redownload": (26, 66),
-    "doctor/gpu/multicast.py:judge_multicast": (25, 49),
     "doctor/sglang/flag_reader.py:_walk_parser_function": (25, 30),
     "doctor/stack/libcuda.py:_mismatch": (25, 33),
     "doctor/facts/shape.py:problem": (24, 33),
