@@ -54,7 +54,6 @@ RATCHET: dict[str, tuple[int, int]] = {
     "doctor/sglang/patching/engine.py:Engine.execute": (26, 65),
     "fixes/model.py:plan_redownload": (26, 66),
     "doctor/sglang/flag_reader.py:_walk_parser_function": (25, 30),
-    "doctor/stack/libcuda.py:_mismatch": (25, 33),
     "doctor/facts/shape.py:problem": (24, 33),
     "doctor/model/consistency.py:expert_shape_problems": (24, 48),
     "doctor/model/weights.py:judge_hashes": (24, 39),
