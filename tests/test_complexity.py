@@ -58,7 +58,6 @@ RATCHET: dict[str, tuple[int, int]] = {
     "doctor/model/consistency.py:expert_shape_problems": (24, 48),
     "doctor/model/weights.py:judge_hashes": (24, 39),
     "doctor/sglang/flag_reader.py:_namespace_classes": (23, 28),
-    "doctor/report/environment.py:collect_summary": (22, 44),
     "doctor/sglang/install.py:judge_install": (22, 32),
     "doctor/sglang/runtime.py:runtime_problems": (22, 44),
     "doctor/stack/versions.py:judge_versions": (22, 34),
