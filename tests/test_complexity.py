@@ -60,7 +60,6 @@ RATCHET: dict[str, tuple[int, int]] = {
     "doctor/sglang/flag_reader.py:_namespace_classes": (23, 28),
     "doctor/sglang/install.py:judge_install": (22, 32),
     "doctor/sglang/runtime.py:runtime_problems": (22, 44),
-    "doctor/stack/versions.py:judge_versions": (22, 34),
     "doctor/python/facts.py:collect_venv": (21, 62),
     "doctor/service/launcher.py:build_server_args": (21, 57),
     "doctor/sglang/flag_reader.py:_add_argument": (21, 30),
