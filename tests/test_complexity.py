@@ -62,7 +62,6 @@ RATCHET: dict[str, tuple[int, int]] = {
     "doctor/sglang/runtime.py:runtime_problems": (22, 44),
     "doctor/python/facts.py:collect_venv": (21, 62),
     "doctor/sglang/flag_reader.py:_add_argument": (21, 30),
-    "doctor/stack/cuda_arch.py:best_match": (21, 23),
 }
 
 
