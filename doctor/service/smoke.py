@@ -16,7 +16,8 @@ The accept length is SGLang's own: ``completion_tokens / spec_verify_ct`` from e
 ``meta_info`` (tokens committed per target verify pass, the bonus token included), summed over the requests.
 Verdicts: ``fail`` for an unreachable or unready server, any HTTP error or timeout, a speculative server
 whose accept length is below ``fail_below`` (the drafter does not match the target); ``warn`` below
-``warn_below`` or when the speculative counters are missing; else ``pass``. Exit codes as ``check``.
+``warn_below`` or when the speculative counters are missing; else ``pass``. The status and the exit code come
+from the table every run is decided by (``doctor.core.decision``), as ``check``'s.
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from doctor.core.decision import Decision, decide
 from doctor.core.printable import printable
-from doctor.core.result import Findings, Severity
+from doctor.core.result import Findings, Result, Severity
 from doctor.service import http
 
 PROMPTS = ("The capital of France is", "Write a Python function that returns the sum of a list.",
@@ -163,10 +165,23 @@ class SmokeReport:
     calls: list[Call] = field(default_factory=list)
     seconds: float = 0.0
 
+    def result(self) -> Result:
+        """The smoke as one check's result, by the table every check's findings go through (``Result.of``). A
+        smoke with nothing to remark (every request answered, no speculation to measure) passed: for a check no
+        finding is a bug, for the smoke it is the quiet success."""
+        res = Result.of(self.found) if self.found else Result.passed(self.summary)
+        res.id = "smoke"
+        return res
+
+    def decision(self, strict: bool = False) -> Decision:
+        """Status and exit code from the run's one table (``doctor.core.decision.decide``), as ``check``'s:
+        a failure exits 1, a warning too under ``--strict``."""
+        return decide([self.result()], strict=strict)
+
     @property
     def status(self) -> str:
-        """pass | warn | fail"""
-        return "fail" if self.problems else "warn" if self.warnings else "pass"
+        """pass | warn | fail, as reported (``--strict`` changes the exit code, not the status shown)."""
+        return self.decision().status.value
 
     @property
     def problems(self) -> list[str]:
