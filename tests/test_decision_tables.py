@@ -1,12 +1,13 @@
-"""The two tables of the core, row by row: ``Result.of`` (a check's findings -> its status, summary and fix) and
-``doctor.core.decision.decide`` (a run's results -> status, exit code and the launch gate). Each row of their
-docstrings is a case here, so a change of the table is a change of this file."""
+"""The tables of the core, row by row: ``Result.of`` (a check's findings -> its status, summary and fix),
+``doctor.core.decision.decide`` (a run's results -> status, exit code and the launch gate) and its node view,
+``decide_node`` (a run's results -> the node's state and slurm-health's exit). Each row of their docstrings is a
+case here, so a change of the table is a change of this file."""
 
 from __future__ import annotations
 
 import pytest
 
-from doctor.core.decision import decide
+from doctor.core.decision import decide, decide_node
 from doctor.core.exitcodes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from doctor.core.result import Findings, NotJudged, Remediation, Result, Status
 
@@ -108,3 +109,33 @@ def test_the_run_is_decided_by_the_first_row_that_holds(results: list[Result], k
     got = decide(results, **kw)
     assert (got.status, got.exit_code) == (status, code)
     assert got.refusal == refusal if refusal is None else got.refusal.startswith(refusal)
+
+
+def by_id_prefix(failed: list[Result]) -> tuple[list[Result], list[Result]]:
+    """A split as ``fleet.split_by_failure`` makes it: here the results whose id starts with "cfg" are the
+    deployment's configuration's."""
+    return [r for r in failed if not r.id.startswith("cfg")], [r for r in failed if r.id.startswith("cfg")]
+
+
+CONFIG = result("cfg", Status.FAIL)
+CONFIG_UNJUDGED = result("cfg-u", Status.SKIP, unjudged=True)
+CONFIG_UNJUDGED.failure = "deployment"
+
+
+@pytest.mark.parametrize(("results", "kw", "state", "code", "node", "configuration", "unjudged"), [
+    ([PASS, FAIL, ERROR, UNJUDGED, CONFIG], {"interrupted": True}, "failed", EXIT_FAILED, ["f", "e"], ["cfg"],
+     ["u"]),
+    ([PASS, WARN], {"strict": True}, "failed", EXIT_FAILED, ["w"], [], []),
+    ([PASS, UNJUDGED], {"drain_unjudged": True}, "not_judged", EXIT_FAILED, [], [], ["u"]),
+    ([PASS, UNJUDGED], {"strict": True, "interrupted": True}, "not_judged", EXIT_FAILED, [], [], ["u"]),
+    ([PASS, UNJUDGED, CONFIG], {"interrupted": True}, "interrupted", EXIT_FAILED, [], ["cfg"], ["u"]),
+    ([PASS, UNJUDGED, WARN, CONFIG], {}, "healthy", EXIT_OK, [], ["cfg"], ["u"]),
+    ([PASS, CONFIG_UNJUDGED], {"drain_unjudged": True}, "healthy", EXIT_OK, [], [], []),
+])
+def test_the_node_is_decided_by_the_first_row_that_holds(results: list[Result], kw: dict, state: str, code: int,
+                                                         node: list[str], configuration: list[str],
+                                                         unjudged: list[str]) -> None:
+    got = decide_node(results, by_id_prefix, **kw)
+    assert (got.state, got.exit_code) == (state, code)
+    assert [[r.id for r in part] for part in (got.node, got.configuration, got.unjudged)] == [node, configuration,
+                                                                                              unjudged]

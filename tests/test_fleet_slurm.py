@@ -127,6 +127,21 @@ def test_a_failure_of_the_deployments_configuration_never_drains() -> None:
     assert slurm.node_action(rep, IDLE, drain_unjudged=True).action == "keep"
 
 
+def test_an_interrupted_run_keeps_the_node_and_exits_1_unless_a_node_failure_drains_it() -> None:
+    """decide_node's interrupted row: a run stopped before it finished proves nothing about the node, so the node is
+    left as it is, with a non-zero exit (slurmd: not healthy); a failure already seen still drains it."""
+    def interrupted(*results: Result) -> Report:
+        return Report(resolve({}, environ={}), RunOutcome(list(results), 0.1, interrupted=True))
+
+    ours = slurm.NodeState("gpu01", ["IDLE", "DRAIN"], f"{PREFIX} gpu.nvlink: 2 pairs")
+    for node in (IDLE, ours):
+        d = slurm.node_action(interrupted(res("host.disk", Result.passed("ok"))), node)
+        assert (d.action, d.reason, d.exit_code) == ("keep", None, 1)
+        assert d.lines == ["gpu01: the run was interrupted; the node is left as it is"]
+    d = slurm.node_action(interrupted(res("gpu.nvlink", Result.failed("2 pairs"))), IDLE)
+    assert (d.action, d.exit_code) == ("drain", 1) and d.reason == f"{PREFIX} gpu.nvlink: 2 pairs"
+
+
 def test_the_healthy_b300_with_the_default_profile_is_left_up() -> None:
     """The synthetic healthy B300 node fails sglang.ddtree by design (the profile's DDTREE is not validated for
     TP8 on sm_103): a configuration failure, so Slurm keeps the node up, and resumes a drain of ours."""

@@ -61,6 +61,17 @@ def test_a_lower_threshold_lets_it_pass_and_warn_below_warns():
     assert warn.status == "warn" and "below the expected 2" in warn.summary
 
 
+def test_a_warning_exits_0_and_1_under_strict_with_the_status_shown_unchanged():
+    """The exit code is the run's one table's (doctor.core.decision): a warning fails only under --strict, and the
+    status the report shows stays "warn" either way."""
+    with ApiStandIn("mismatch") as srv:
+        runs = {strict: doctor("--url", srv.url, "--format", "json", "--max-tokens", "16", "--fail-below", "1.0",
+                               "--warn-below", "2.0", *(["--strict"] if strict else []))
+                for strict in (False, True)}
+    assert [runs[False].returncode, runs[True].returncode] == [0, 1], runs[True].stdout + runs[True].stderr
+    assert {json.loads(out.stdout)["status"] for out in runs.values()} == {"warn"}
+
+
 def test_http_500_fails():
     with ApiStandIn("error500") as srv:
         out = doctor("--url", srv.url)

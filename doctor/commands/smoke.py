@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from doctor.commands.options import Number, Seconds, Stop, guarded, settings_from
-from doctor.core.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from doctor.core.exitcodes import EXIT_USAGE
 
 MAX_ACCEPT_LENGTH = 1024  # tokens accepted per step: at most a draft tree's budget, never more than this
 
@@ -101,5 +101,4 @@ def smoke(url: str | None, config: str | None, profile: str | None, timeout: flo
         click.echo(json.dumps(report.to_dict(), indent=2))
     else:
         click.echo(render_text(report), nl=False)
-    failed = report.status == "fail" or (strict and report.status == "warn")
-    return EXIT_FAILED if failed else EXIT_OK
+    return report.decision(strict).exit_code

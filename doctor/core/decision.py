@@ -1,9 +1,10 @@
 """The one decision a run leads to: the status it reports, the exit code, and whether ``launch`` may start the
-server. One table, read by every command and renderer (pip's ``status_codes``, black's ``Report``)."""
+server. One table, read by every command and renderer (pip's ``status_codes``, black's ``Report``); ``smoke``
+decides by it too, and ``decide_node`` reads the same rows for the node a run judged (``slurm-health``)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from doctor.core.exitcodes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
@@ -37,7 +38,7 @@ def decide(results: Sequence[Result], *, interrupted: bool = False, strict: bool
     check not judged that is ignored is judged knowingly: neither refuses on its own.
     """
     failed = [r.id for r in results if r.status.failed and not (interrupted and r.details.get("interrupted"))]
-    unjudged = [r.id for r in results if r.status is Status.SKIP and r.unjudged]
+    unjudged = [r.id for r in not_judged(results)]
     warned = any(r.status is Status.WARN for r in results)
     strict_fails = strict and (warned or bool(unjudged))
     status = Status.FAIL if failed or strict_fails else Status.WARN if warned else Status.PASS
@@ -50,3 +51,64 @@ def decide(results: Sequence[Result], *, interrupted: bool = False, strict: bool
         return Decision(status, code, f"{len(unjudged)} check(s) could not be judged for want of facts: "
                                       f"{', '.join(unjudged)} (--ignore ID accepts that knowingly)")
     return Decision(status, code, "warnings under --strict" if strict_fails else None)
+
+
+def failing(results: Sequence[Result], *, strict: bool = False) -> list[Result]:
+    """The results that fail a run: a check that failed or errored, and under ``--strict`` a warning (``decide``'s
+    second and fifth rows; ``decide`` also leaves out, in an interrupted run, the checks Ctrl-C stopped, which
+    this list keeps: ``decide_node`` drains for them as it always has)."""
+    return [r for r in results if r.status.failed or (strict and r.status is Status.WARN)]
+
+
+def not_judged(results: Sequence[Result]) -> list[Result]:
+    """The checks not judged for want of facts (skipped, but not because a dependency failed): never a pass."""
+    return [r for r in results if r.status is Status.SKIP and r.unjudged]
+
+
+Split = Callable[[list[Result]], tuple[list[Result], list[Result]]]
+
+
+@dataclass(frozen=True)
+class NodeDecision:
+    """What a run means for the node it ran on (``slurm-health``): the run's rows, seen from the node."""
+
+    state: str  # "failed", "not_judged", "interrupted" or "healthy": NODE_STATES
+    node: list[Result]  # the failures of the node's own (warnings too under --strict)
+    configuration: list[Result]  # the deployment's failures: the same on every node, said, never acted on
+    unjudged: list[Result]  # the node's checks not judged for want of facts
+    exit_code: int
+
+
+# slurm-health's exit status per node state: non-zero is what slurmd reads as "not healthy" (a prolog's requeues
+# the job), so an interrupted run exits 1, not the shell's 130.
+NODE_EXIT = {"failed": EXIT_FAILED, "not_judged": EXIT_FAILED, "interrupted": EXIT_FAILED, "healthy": EXIT_OK}
+
+
+def decide_node(results: Sequence[Result], split: Split, *, interrupted: bool = False, strict: bool = False,
+                drain_unjudged: bool = False) -> NodeDecision:
+    """The node's state and exit status from a run's results, by the first row that holds:
+
+    =====================================================================  ===========  ====
+    the node                                                               state        exit
+    =====================================================================  ===========  ====
+    a failure of the node's own (``failing``: a warning too, --strict)     failed       1
+    a node check not judged, under ``--drain-unjudged`` or ``--strict``    not_judged   1
+    the run was interrupted (Ctrl-C, a signal) before it finished          interrupted  1
+    anything else (the deployment's failures are said, not acted on)       healthy      0
+    =====================================================================  ===========  ====
+
+    ``split`` parts the failing results into (the node's, the deployment's configuration's), by what the check
+    whose failure explains each one declares (``doctor.service.fleet.split_by_failure``); a check not judged
+    counts for the node unless it declares ``failure="deployment"``.
+    """
+    node, configuration = split(failing(results, strict=strict))
+    unjudged = [r for r in not_judged(results) if r.failure != "deployment"]
+    if node:
+        state = "failed"
+    elif unjudged and (drain_unjudged or strict):
+        state = "not_judged"
+    elif interrupted:
+        state = "interrupted"
+    else:
+        state = "healthy"
+    return NodeDecision(state, node, configuration, unjudged, NODE_EXIT[state])

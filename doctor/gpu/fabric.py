@@ -73,6 +73,43 @@ def span(gpus: list[str]) -> str:
     return ", ".join(gpus)
 
 
+def _read_gpu(out: Readiness, d: dict[str, Any]) -> bool:
+    """Record one GPU's fabric state in ``out``; True when that GPU has no fabric (NotSupported), which only
+    counts: a host whose GPUs all lack one has no fabric, some lacking it is a mixed host."""
+    g = label(d)
+    f = d.get("fabric")
+    state = f.get("state_name") if isinstance(f, dict) else None
+    if state is None:
+        err = f.get("error") if isinstance(f, dict) else None
+        if err and str(err).startswith("NotSupported"):
+            out.states[g] = "not_supported"
+            return True
+        out.unread.append(f"{g} ({err or 'not read'})")
+        return False
+    status = f.get("status")
+    if state == "completed" and status not in (0, None):
+        out.states[g] = "completed with an error"
+        out.failed.append(f"{g}: {f.get('status_name') or status}")
+        return False
+    out.states[g] = str(state)
+    if state in PENDING:
+        out.pending.append(g)
+    return state == "not_supported"
+
+
+def _outcome(out: Readiness, unsupported: int, gpus: int) -> str:
+    """The group's outcome from its GPUs' states, the worst first: an error, a wait, an unread GPU, no fabric."""
+    if out.failed:
+        return "failed"
+    if out.pending:
+        return "pending"
+    if out.unread:
+        return "unreadable"
+    if unsupported == gpus:
+        return "no_fabric"
+    return "mixed" if unsupported else out.outcome
+
+
 def readiness(nvml: Any, size: int) -> Readiness:
     """Judge one ``nvml`` fact: is every GPU of the first ``size`` registered with the fabric?"""
     if not isinstance(nvml, dict):
@@ -85,39 +122,8 @@ def readiness(nvml: Any, size: int) -> Readiness:
     if not grp:
         out.outcome = "no_gpu"
         return out
-    unsupported = 0
-    for d in grp:
-        g = label(d)
-        f = d.get("fabric")
-        state = f.get("state_name") if isinstance(f, dict) else None
-        if state is None:
-            err = f.get("error") if isinstance(f, dict) else None
-            if err and str(err).startswith("NotSupported"):
-                unsupported += 1
-                out.states[g] = "not_supported"
-            else:
-                out.unread.append(f"{g} ({err or 'not read'})")
-            continue
-        status = f.get("status")
-        if state == "completed" and status not in (0, None):
-            out.states[g] = "completed with an error"
-            out.failed.append(f"{g}: {f.get('status_name') or status}")
-            continue
-        out.states[g] = str(state)
-        if state in PENDING:
-            out.pending.append(g)
-        elif state == "not_supported":
-            unsupported += 1
-    if out.failed:
-        out.outcome = "failed"
-    elif out.pending:
-        out.outcome = "pending"
-    elif out.unread:
-        out.outcome = "unreadable"
-    elif unsupported == len(grp):
-        out.outcome = "no_fabric"
-    elif unsupported:
-        out.outcome = "mixed"
+    unsupported = sum(_read_gpu(out, d) for d in grp)
+    out.outcome = _outcome(out, unsupported, len(grp))
     return out
 
 
@@ -276,6 +282,37 @@ def fabric_states(grp: list[Any]) -> tuple[dict[str, list[str]], list[str]]:
     return states, unread
 
 
+def _fabric_of(d: dict[str, Any]) -> dict[str, Any]:
+    """One GPU's fabric record (empty when it has none)."""
+    return d.get("fabric") or {}
+
+
+def _failed_registrations(grp: list[dict[str, Any]]) -> list[str]:
+    """``GPU3: <status>`` for every GPU whose registration completed with an error."""
+    return [f"{label(d)}: {_fabric_of(d).get('status_name')}" for d in grp
+            if _fabric_of(d).get("state_name") == "completed" and _fabric_of(d).get("status")]
+
+
+def _unjudged_fabric(unread: list[str], states: dict[str, list[str]], nvswitch: bool, details: dict[str, Any]) -> None:
+    """Raise ``NotJudged`` when the fabric cannot be judged: a state not read (failing where the profile expects
+    an NVSwitch, inapplicable where it does not), or no GPU with a fabric at all."""
+    if unread:
+        if nvswitch:
+            raise NotJudged.failing("could not read the fabric state of " + ", ".join(unread), **details)
+        raise NotJudged.inapplicable("fabric state not read (" + ", ".join(unread) + "); the profile expects no "
+                                     "NVSwitch", **details)
+    if "completed" not in states:
+        raise NotJudged.inapplicable("the GPUs report no NVSwitch fabric (NotSupported)"
+                                     + ("; the profile expects one: see gpu.nvlink" if nvswitch else ""), **details)
+
+
+def _after_wait(wait_record: dict[str, Any] | None) -> str:
+    """`` (after waiting N s)`` when the fabric became ready only after more than one poll."""
+    if wait_record and wait_record.get("polls", 1) > 1:
+        return f" (after waiting {wait_record.get('waited_s', 0):.0f} s)"
+    return ""
+
+
 def judge_fabric(nvml: NvmlFact, wait: Any, settings: Settings) -> Findings:
     """Every GPU of the TP group registered with the NVSwitch fabric, completed with success."""
     grp = tp_group(nvml, settings.world_size)
@@ -290,34 +327,23 @@ def judge_fabric(nvml: NvmlFact, wait: Any, settings: Settings) -> Findings:
     bad = {s: g for s, g in states.items() if s in PENDING}
     if bad:
         return not_ready(bad, fm, driver, wait_record, out)
-    failed = [f"{label(d)}: {(d.get('fabric') or {}).get('status_name')}" for d in grp
-              if (d.get("fabric") or {}).get("state_name") == "completed" and (d.get("fabric") or {}).get("status")]
+    failed = _failed_registrations(grp)
     if failed:
         return out.fail("gpu.fabric.failed", "fabric registration completed with an error: " + ", ".join(failed),
                         Remediation("Read the fabric manager log; restart it (same version as the driver).",
                                     ["journalctl -u nvidia-fabricmanager -n 100",
                                      "sudo systemctl restart nvidia-fabricmanager"]))
-    nvswitch = bool(settings.get("gpu.nvswitch", False))
-    if unread:
-        if nvswitch:
-            raise NotJudged.failing("could not read the fabric state of " + ", ".join(unread), **out.details)
-        raise NotJudged.inapplicable("fabric state not read (" + ", ".join(unread) + "); the profile expects no "
-                                     "NVSwitch", **out.details)
-    if "completed" not in states:
-        raise NotJudged.inapplicable("the GPUs report no NVSwitch fabric (NotSupported)"
-                                     + ("; the profile expects one: see gpu.nvlink" if nvswitch else ""), **out.details)
+    _unjudged_fabric(unread, states, bool(settings.get("gpu.nvswitch", False)), out.details)
     if states.get("not_supported"):
         return out.fail("gpu.fabric.partial", f"fabric completed on {len(states['completed'])} GPU(s) but not "
                         "supported on " + ", ".join(states["not_supported"]))
-    unhealthy = [f"{label(d)}: {(d.get('fabric') or {}).get('health_summary')}" for d in grp
-                 if (d.get("fabric") or {}).get("health_summary") in ("unhealthy", "limited_capacity")]
+    unhealthy = [f"{label(d)}: {_fabric_of(d).get('health_summary')}" for d in grp
+                 if _fabric_of(d).get("health_summary") in ("unhealthy", "limited_capacity")]
     if unhealthy:
         return out.warn("gpu.fabric.unhealthy", "fabric completed but health says " + ", ".join(unhealthy),
                         Remediation("Check the fabric manager log and the NVLink error counters.",
                                     ["journalctl -u nvidia-fabricmanager -n 100", "nvidia-smi nvlink -e"]))
-    after = (f" (after waiting {wait_record.get('waited_s', 0):.0f} s)"
-             if wait_record and wait_record.get("polls", 1) > 1 else "")
-    return out.info("gpu.fabric.ready", f"NVSwitch fabric completed on all {len(grp)} GPU(s){after}")
+    return out.info("gpu.fabric.ready", f"NVSwitch fabric completed on all {len(grp)} GPU(s){_after_wait(wait_record)}")
 
 
 def not_ready(bad: dict[str, list[str]], fm: Any, driver: str | None, wait_record: dict[str, Any] | None,

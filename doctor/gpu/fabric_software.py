@@ -368,34 +368,41 @@ def nvlsm_host(nvml: NvmlFact, settings: Settings) -> NvmlFact:
     return fabric_host(nvml, settings, "NVLSM")
 
 
-def judge_nvlsm(nvml: NvmlFact, sw: dict[str, Any], settings: Settings) -> Findings:
-    """NVLSM installed and running (on a host ``nvlsm_host`` took)."""
-    nv, fm = sw.get("nvlsm") or {}, sw.get("fabric_manager") or {}
+def _nvlsm_missing(out: Findings, sw: dict[str, Any], start: list[str]) -> Findings:
+    """No NVLSM package and no binary: a failure when the package database was read, else ``NotJudged`` (an
+    unread database says nothing about what is installed)."""
     manager = sw.get("package_manager")
-    pkgs = nv.get("packages") or []
-    units = nv.get("units") or {}
-    out = Findings(packages=pkgs, binary=nv.get("binary"), pids=nv.get("pids"), units=units,
-                   ib_umad_loaded=nv.get("ib_umad_loaded"), fabric_manager_unit=fm.get("unit"))
-    start = ["sudo " + " ".join(step) for step in nvlsm_start_plan(nv, fm)]
-    if not pkgs and not nv.get("binary"):
-        if not manager or sw.get("packages_error"):
-            raise NotJudged.missing(f"whether NVLSM is installed could not be read ({sw.get('packages_error')})",
-                                    **out.details)
-        return out.fail("gpu.fabric.nvlsm.missing", f"NVLSM is not installed (no {NVLSM_PACKAGE} package, no "
-                        f"{NVLSM_BINARY}): on NVLink 5 the fabric manager cannot bring up the NVSwitches and CUDA "
-                        f"reports 'system not ready'",
-                        Remediation("Install nvlsm, load ib_umad, restart the fabric manager (its start script runs "
-                                    "NVLSM).", [*install_nvlsm_commands(manager), *start]))
-    version = pkgs[0].get("version") if pkgs else None
+    if not manager or sw.get("packages_error"):
+        raise NotJudged.missing(f"whether NVLSM is installed could not be read ({sw.get('packages_error')})",
+                                **out.details)
+    return out.fail("gpu.fabric.nvlsm.missing", f"NVLSM is not installed (no {NVLSM_PACKAGE} package, no "
+                    f"{NVLSM_BINARY}): on NVLink 5 the fabric manager cannot bring up the NVSwitches and CUDA "
+                    f"reports 'system not ready'",
+                    Remediation("Install nvlsm, load ib_umad, restart the fabric manager (its start script runs "
+                                "NVLSM).", [*install_nvlsm_commands(manager), *start]))
+
+
+def _nvlsm_running(nv: dict[str, Any], units: dict[str, Any]) -> str | None:
+    """How NVLSM is seen running (its PID, or an active unit), or None when it is not seen running."""
+    if nv.get("pids"):
+        return f"PID {nv['pids'][0]}"
     active_units = [u for u, info in units.items() if unit_active(info)]
-    if nv.get("pids") or active_units:
-        how = f"PID {nv['pids'][0]}" if nv.get("pids") else f"{active_units[0]} active"
-        return out.info("gpu.fabric.nvlsm.running", f"NVLSM {version or '(version unknown)'} running ({how})")
+    return f"{active_units[0]} active" if active_units else None
+
+
+def _nvlsm_visible(sw: dict[str, Any], units: dict[str, Any]) -> bool:
+    """Whether "not running" can be told from "not visible": the host's processes are in this /proc (a
+    container's is not), or a unit of NVLSM is loaded and says its state."""
     proc = sw.get("proc") or {}
-    if not (proc.get("readable") and proc.get("pid1") in ("systemd", "init")) and not any(
-            unit_loaded(info) for info in units.values()):
-        raise NotJudged.missing("NVLSM is installed; whether it runs cannot be seen from here (this /proc does not "
-                                "show the host's processes and no NVLSM unit is loaded)", **out.details)
+    return bool(proc.get("readable") and proc.get("pid1") in ("systemd", "init")) or any(
+        unit_loaded(info) for info in units.values())
+
+
+def _nvlsm_down(out: Findings, nvml: NvmlFact, sw: dict[str, Any], settings: Settings,
+                start: list[str]) -> Findings:
+    """NVLSM installed but not running, and why (ib_umad, the fabric manager that starts it): a failure while the
+    fabric is not up, a warning when it is (only link recovery needs NVLSM then)."""
+    nv, fm = sw.get("nvlsm") or {}, sw.get("fabric_manager") or {}
     why = [] if nv.get("ib_umad_loaded") else ["the ib_umad module is not loaded"]
     if not unit_active(fm.get("unit")):
         why.append(f"{FM_UNIT} (which starts it) is {(fm.get('unit') or {}).get('ActiveState') or 'not running'}")
@@ -410,3 +417,23 @@ def judge_nvlsm(nvml: NvmlFact, sw: dict[str, Any], settings: Settings) -> Findi
         return out.fail(NVLSM_DOWN, summary + " (the fabric is not up)", Remediation(text, start))
     return out.warn(NVLSM_DOWN, summary + "; the fabric is up now, but link recovery needs NVLSM",
                     Remediation(text, start))
+
+
+def judge_nvlsm(nvml: NvmlFact, sw: dict[str, Any], settings: Settings) -> Findings:
+    """NVLSM installed and running (on a host ``nvlsm_host`` took)."""
+    nv, fm = sw.get("nvlsm") or {}, sw.get("fabric_manager") or {}
+    pkgs = nv.get("packages") or []
+    units = nv.get("units") or {}
+    out = Findings(packages=pkgs, binary=nv.get("binary"), pids=nv.get("pids"), units=units,
+                   ib_umad_loaded=nv.get("ib_umad_loaded"), fabric_manager_unit=fm.get("unit"))
+    start = ["sudo " + " ".join(step) for step in nvlsm_start_plan(nv, fm)]
+    if not pkgs and not nv.get("binary"):
+        return _nvlsm_missing(out, sw, start)
+    version = pkgs[0].get("version") if pkgs else None
+    how = _nvlsm_running(nv, units)
+    if how is not None:
+        return out.info("gpu.fabric.nvlsm.running", f"NVLSM {version or '(version unknown)'} running ({how})")
+    if not _nvlsm_visible(sw, units):
+        raise NotJudged.missing("NVLSM is installed; whether it runs cannot be seen from here (this /proc does not "
+                                "show the host's processes and no NVLSM unit is loaded)", **out.details)
+    return _nvlsm_down(out, nvml, sw, settings, start)

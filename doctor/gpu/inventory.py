@@ -90,14 +90,42 @@ def judge_count(nvml: NvmlFact, settings: Settings) -> Findings:
     return out.info("gpu.count.exact", f"{want} GPU(s) visible, as TP x PP x DP = {want} needs")
 
 
-def judge_arch(nvml: NvmlFact, settings: Settings) -> Findings:
-    """Every GPU of the TP group of one kind, of the profile's compute capability (else the profile for it)."""
-    grp = tp_group(nvml, settings.world_size)
+def _mixed_listing(grp: list[dict[str, Any]], kinds: list[tuple[str, tuple[int, int] | None]]) -> str:
+    """``NAME 9.0: GPU0,GPU1; NAME 8.0: GPU2``: which GPUs are of which kind, for a mixed TP group."""
+    def of_kind(d: dict[str, Any], n: str, cc: tuple[int, int] | None) -> bool:
+        return (d.get("name") or "?") == n and compute_capability(d.get("compute_capability")) == cc
+
+    return "; ".join(f"{n} {cc[0]}.{cc[1]}: " + ",".join(label(d) for d in grp if of_kind(d, n, cc))
+                     for n, cc in kinds if cc is not None)
+
+
+def _other_gpu(out: Findings, count: int, name: str, cc: tuple[int, int], want: tuple[int, int],
+               settings: Settings) -> Findings:
+    """GPUs of another compute capability than the profile's: the fix names the built-in profile made for them."""
+    better = profiles_for(cc, name)
+    hint = (f"Use the profile made for these GPUs: --profile {better[0]}" if better
+            else "No built-in profile targets these GPUs; write a profile for them (--profile FILE.toml).")
+    out.details["matching_profiles"] = better
+    return out.fail("gpu.arch.other_gpu", f"{count}x {name} is compute capability {cc[0]}.{cc[1]} "
+                    f"(sm_{cc[0]}{cc[1]}); profile {settings.profile_name} expects {want[0]}.{want[1]} "
+                    f"(sm_{want[0]}{want[1]})",
+                    Remediation(hint, [f"k26-doctor check --profile {better[0]}"] if better else []))
+
+
+def _wanted_cc(settings: Settings) -> tuple[int, int]:
+    """The profile's compute capability; without a valid one there is nothing to judge against (``NotJudged``)."""
     want_raw = settings.get("gpu.compute_capability")
     want = compute_capability(want_raw)
     if want is None:
         raise NotJudged.missing(f"the profile names no valid gpu.compute_capability ({want_raw!r})",
                                 "Set [gpu] compute_capability (e.g. \"10.3\") in the profile or config.")
+    return want
+
+
+def judge_arch(nvml: NvmlFact, settings: Settings) -> Findings:
+    """Every GPU of the TP group of one kind, of the profile's compute capability (else the profile for it)."""
+    grp = tp_group(nvml, settings.world_size)
+    want = _wanted_cc(settings)
     seen = {label(d): (d.get("name"), d.get("compute_capability")) for d in grp}
     out = Findings(expected=f"{want[0]}.{want[1]}",
                    gpus={k: {"name": n, "compute_capability": cc} for k, (n, cc) in seen.items()})
@@ -107,24 +135,14 @@ def judge_arch(nvml: NvmlFact, settings: Settings) -> Findings:
         raise NotJudged.failing("could not read the compute capability of " + ", ".join(unread), **out.details)
     kinds = sorted({(d.get("name") or "?", compute_capability(d.get("compute_capability"))) for d in grp}, key=str)
     if len(kinds) > 1:
-        listing = "; ".join(f"{n} {cc[0]}.{cc[1]}: " + ",".join(
-            label(d) for d in grp if (d.get("name") or "?") == n and compute_capability(d.get("compute_capability"))
-            == cc) for n, cc in kinds)
-        return out.fail("gpu.arch.mixed", f"mixed GPUs in the TP group: {listing}",
+        return out.fail("gpu.arch.mixed", f"mixed GPUs in the TP group: {_mixed_listing(grp, kinds)}",
                         Remediation("Use identical GPUs for one TP group: set CUDA_VISIBLE_DEVICES to GPUs of one "
                                     "kind.", ["nvidia-smi -L"]))
     name, cc = kinds[0]
     assert cc is not None
     out.details["found"] = f"{cc[0]}.{cc[1]}"
     if cc != want:
-        better = profiles_for(cc, name)
-        hint = (f"Use the profile made for these GPUs: --profile {better[0]}" if better
-                else "No built-in profile targets these GPUs; write a profile for them (--profile FILE.toml).")
-        out.details["matching_profiles"] = better
-        return out.fail("gpu.arch.other_gpu", f"{len(grp)}x {name} is compute capability {cc[0]}.{cc[1]} "
-                        f"(sm_{cc[0]}{cc[1]}); profile {settings.profile_name} expects {want[0]}.{want[1]} "
-                        f"(sm_{want[0]}{want[1]})",
-                        Remediation(hint, [f"k26-doctor check --profile {better[0]}"] if better else []))
+        return _other_gpu(out, len(grp), name, cc, want, settings)
     name_want = settings.get("gpu.name_contains")
     if name_want and str(name_want) not in str(name):
         return out.warn("gpu.arch.other_name", f"{name} has compute capability {cc[0]}.{cc[1]} as expected, but the "
@@ -132,39 +150,68 @@ def judge_arch(nvml: NvmlFact, settings: Settings) -> Findings:
     return out.info("gpu.arch.match", f"{len(grp)}x {name}, compute capability {cc[0]}.{cc[1]} (sm_{cc[0]}{cc[1]})")
 
 
+def _memory_rows(grp: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per GPU: its label, index and what NVML said of its memory (total, free, used), for the details."""
+    rows: list[dict[str, Any]] = []
+    for d in grp:
+        m = d.get("memory")
+        rows.append({"gpu": label(d), "index": d.get("index"),
+                     **({k: m.get(k) for k in ("total", "free", "used")} if isinstance(m, dict) else {})})
+    return rows
+
+
+def _memory_unread(grp: list[dict[str, Any]]) -> list[str]:
+    """``GPU3: <error>`` for every GPU whose total or free memory was not read as a number."""
+    def read(d: dict[str, Any]) -> bool:
+        m = d.get("memory") or {}
+        return isinstance(m.get("total"), int) and isinstance(m.get("free"), int)
+
+    return [f"{label(d)}: {(d.get('errors') or {}).get('memory', 'not read')}" for d in grp if not read(d)]
+
+
+def _too_small(out: Findings, grp: list[dict[str, Any]], totals: list[int], min_gib: Any) -> Findings | None:
+    """GPUs below the profile's minimum memory (when the profile sets one): a failure, the model does not fit."""
+    if not isinstance(min_gib, (int, float)):
+        return None
+    out.details["min_memory_gib"] = min_gib
+    small = [f"{label(d)} {gib(t)}" for d, t in zip(grp, totals, strict=True) if t < min_gib * GIB]
+    if not small:
+        return None
+    return out.fail("gpu.memory.small", f"GPU memory below the profile's {min_gib} GiB: " + ", ".join(small),
+                    Remediation("Use GPUs with more memory or the profile made for these GPUs.",
+                                ["nvidia-smi --query-gpu=index,name,memory.total --format=csv"]))
+
+
+def _held(out: Findings, grp: list[dict[str, Any]], totals: list[int], frees: list[int], frac: Any) -> Findings | None:
+    """GPUs with less free memory than the server reserves (``mem_fraction_static`` of the total): a warning,
+    something else holds them now."""
+    if not (isinstance(frac, (int, float)) and 0 < frac <= 1):
+        return None
+    short = [f"{label(d)} {gib(f)} free of {gib(t)}" for d, t, f in zip(grp, totals, frees, strict=True)
+             if f < frac * t]
+    if not short:
+        return None
+    return out.warn("gpu.memory.held", f"less free memory than the server reserves ({frac:g} of the total): "
+                    + ", ".join(short),
+                    Remediation("Free the GPUs (see gpu.idle) or lower server.mem_fraction_static.",
+                                ["nvidia-smi"]))
+
+
 def judge_memory(nvml: NvmlFact, settings: Settings) -> Findings:
     """Each GPU's total memory against the profile's minimum, its free memory against what the server reserves."""
     grp = tp_group(nvml, settings.world_size)
-    per_gpu: list[dict[str, Any]] = []
-    for d in grp:
-        m = d.get("memory")
-        per_gpu.append({"gpu": label(d), "index": d.get("index"),
-                        **({k: m.get(k) for k in ("total", "free", "used")} if isinstance(m, dict) else {})})
-    unread = [f"{label(d)}: {(d.get('errors') or {}).get('memory', 'not read')}" for d in grp
-              if not isinstance((d.get("memory") or {}).get("total"), int)
-              or not isinstance((d.get("memory") or {}).get("free"), int)]
-    out = Findings(per_gpu=per_gpu)
+    unread = _memory_unread(grp)
+    out = Findings(per_gpu=_memory_rows(grp))
     if unread:
         raise NotJudged.failing("could not read memory of " + ", ".join(unread), **out.details)
     totals = [int(d["memory"]["total"]) for d in grp]  # type: ignore[index]
     frees = [int(d["memory"]["free"]) for d in grp]  # type: ignore[index]
     out.details.update(total_min_bytes=min(totals), free_min_bytes=min(frees), free_total_bytes=sum(frees))
-    min_gib = settings.get("gpu.min_memory_gib")
-    if isinstance(min_gib, (int, float)):
-        out.details["min_memory_gib"] = min_gib
-        small = [f"{label(d)} {gib(t)}" for d, t in zip(grp, totals, strict=True) if t < min_gib * GIB]
-        if small:
-            return out.fail("gpu.memory.small", f"GPU memory below the profile's {min_gib} GiB: " + ", ".join(small),
-                            Remediation("Use GPUs with more memory or the profile made for these GPUs.",
-                                        ["nvidia-smi --query-gpu=index,name,memory.total --format=csv"]))
-    frac = settings.get("server.mem_fraction_static")
-    if isinstance(frac, (int, float)) and 0 < frac <= 1:
-        short = [f"{label(d)} {gib(f)} free of {gib(t)}" for d, t, f in zip(grp, totals, frees, strict=True)
-                 if f < frac * t]
-        if short:
-            return out.warn("gpu.memory.held", f"less free memory than the server reserves ({frac:g} of the total): "
-                            + ", ".join(short),
-                            Remediation("Free the GPUs (see gpu.idle) or lower server.mem_fraction_static.",
-                                        ["nvidia-smi"]))
+    small = _too_small(out, grp, totals, settings.get("gpu.min_memory_gib"))
+    if small is not None:
+        return small
+    held = _held(out, grp, totals, frees, settings.get("server.mem_fraction_static"))
+    if held is not None:
+        return held
     return out.info("gpu.memory.enough", f"{len(grp)} GPU(s), {gib(min(totals))} each at least, {gib(min(frees))} "
                     "free at least")

@@ -127,6 +127,38 @@ def profile_flags(args: list[str]) -> tuple[list[dict[str, Any]], list[dict[str,
             [r for r in data.get("needs", []) if r["flag"] in names])
 
 
+def _probe_to_judge(ready: fabric.Readiness, mc: dict[str, Any] | None) -> dict[str, Any]:
+    """The multicast probe's reading, or ``NotJudged`` when it is not to be judged: a fabric not ready yet
+    (``gpu.fabric`` says so first), the fact not recorded, or the probe itself failed."""
+    if ready.outcome in ("pending", "failed", "mixed"):
+        raise NotJudged.blocked(f"multicast needs the NVSwitch fabric, which is not ready: {ready.describe()} "
+                                "(see gpu.fabric)", "gpu.fabric")
+    if mc is None:
+        raise NotJudged.missing("multicast not read: the 'multicast' fact is not recorded (CUDA's attribute per GPU)")
+    probe_problem(mc)
+    return mc
+
+
+def _lacking(out: Findings, lacking: list[str], outcome: str, group: list[dict[str, Any]],
+             off: list[dict[str, Any]], asked: list[dict[str, Any]], flags_fact: dict[str, Any] | None) -> Findings:
+    """GPUs without multicast: fine when the server's arguments keep its users off or nothing would ask for it,
+    else a failure at start, with the flags of the installed release that keep them off."""
+    where = fabric.span(lacking)
+    why = "no NVSwitch fabric: PCIe or NVLink bridges" if outcome == "no_fabric" else \
+        f"the fabric is {outcome}, yet the driver says no (confidential computing, NVLSM/IMEX)"
+    if off and not asked:
+        return out.info(NOT_NEEDED, f"NVLink multicast not supported on {where} ({why}); the server's "
+                                    f"arguments keep its users off ({', '.join(r['flag'] for r in off)})")
+    if not asked and not auto_fusion(group):
+        return out.info(NOT_NEEDED, f"NVLink multicast not supported on {where} ({why}); SGLang turns the "
+                                    "fusion on by itself only on SM90/SM100 and no server flag asks for a "
+                                    "multicast user")
+    users = ", ".join(r["flag"] for r in asked) if asked else "FlashInfer's all-reduce fusion (SGLang turns it " \
+        "on by itself for DeepSeek-style models on SM90/SM100 at TP > 1)"
+    return out.fail(UNSUPPORTED, f"NVLink multicast not supported on {where} ({why}): {users} fails at start "
+                                 "(\"Device does not support multicasting\")", off_remedy(flags_fact, asked))
+
+
 def judge_multicast(nvml: dict[str, Any], mc: dict[str, Any] | None, flags_fact: dict[str, Any] | None,
                     args: list[str], settings: Settings) -> Findings:
     """Multicast on every GPU of the TP group, the fabric it needs, and what the server will ask of it."""
@@ -135,13 +167,7 @@ def judge_multicast(nvml: dict[str, Any], mc: dict[str, Any] | None, flags_fact:
         raise NotJudged.inapplicable("TP x PP x DP = 1: no all-reduce between GPUs, nothing needs multicast")
     group = tp_group(nvml, world)
     ready = fabric.readiness(nvml, world)
-    if ready.outcome in ("pending", "failed", "mixed"):
-        raise NotJudged.blocked(f"multicast needs the NVSwitch fabric, which is not ready: {ready.describe()} "
-                                "(see gpu.fabric)", "gpu.fabric")
-    if mc is None:
-        raise NotJudged.missing("multicast not read: the 'multicast' fact is not recorded (CUDA's attribute per GPU)")
-    probe_problem(mc)
-    seen = probe_devices(mc, group)
+    seen = probe_devices(_probe_to_judge(ready, mc), group)
     unread = [f"{g}: {e.get('error') or 'not seen by CUDA'}" for g, e in seen.items()
               if e.get("multicast_supported") is None]
     lacking = [g for g, e in seen.items() if e.get("multicast_supported") is False]
@@ -150,20 +176,7 @@ def judge_multicast(nvml: dict[str, Any], mc: dict[str, Any] | None, flags_fact:
                    disabled_by=[r["flag"] for r in off], asked_by=[r["flag"] for r in asked],
                    not_judged=UNREADABLE_OBJECTS)
     if lacking:
-        where = fabric.span(lacking)
-        why = "no NVSwitch fabric: PCIe or NVLink bridges" if ready.outcome == "no_fabric" else \
-            f"the fabric is {ready.outcome}, yet the driver says no (confidential computing, NVLSM/IMEX)"
-        if off and not asked:
-            return out.info(NOT_NEEDED, f"NVLink multicast not supported on {where} ({why}); the server's "
-                                        f"arguments keep its users off ({', '.join(r['flag'] for r in off)})")
-        if not asked and not auto_fusion(group):
-            return out.info(NOT_NEEDED, f"NVLink multicast not supported on {where} ({why}); SGLang turns the "
-                                        "fusion on by itself only on SM90/SM100 and no server flag asks for a "
-                                        "multicast user")
-        users = ", ".join(r["flag"] for r in asked) if asked else "FlashInfer's all-reduce fusion (SGLang turns it " \
-            "on by itself for DeepSeek-style models on SM90/SM100 at TP > 1)"
-        return out.fail(UNSUPPORTED, f"NVLink multicast not supported on {where} ({why}): {users} fails at start "
-                                     "(\"Device does not support multicasting\")", off_remedy(flags_fact, asked))
+        return _lacking(out, lacking, ready.outcome, group, off, asked, flags_fact)
     if unread:
         raise NotJudged.failing("multicast not read on " + "; ".join(unread), **out.details)
     busy = [label(d) for d in group if d.get("processes")]

@@ -62,28 +62,35 @@ def describe(info: dict[str, Any]) -> str:
     return f"owned by {info.get('owner')}:{info.get('group')}, mode {info.get('mode')} ({info.get('perms')})"
 
 
-def access_fix(items: list[dict[str, Any]], need: str, user: dict[str, Any] | None, *,
-               what: str = "the service") -> Remediation:
-    """The chmod (and the chown alternative) that gives ``user`` ``need`` access ("read" or "write") to
-    ``items`` (``ownership`` records). Commands are shell-quoted; nothing is downloaded or deleted."""
-    who = (user or {}).get("user") or "the service's user"
+def _to_create(item: dict[str, Any]) -> bool:
+    """Whether a write record names a directory that does not exist yet (``target`` beside its existing
+    ``path``): it is created for the user, never a chown of its parent (e.g. /var)."""
+    return bool(item.get("target")) and item.get("target") != item["path"]
+
+
+def _write_fix(items: list[dict[str, Any]], who: str, what: str) -> Remediation:
+    """Give ``who`` its directories: create the missing ones owned by it, take over the existing ones."""
+    cmds: list[str] = []
+    create = [i["target"] for i in items if _to_create(i)]
+    owned = [i["path"] for i in items if not _to_create(i)]
+    if create:
+        cmds.append(shlex.join(["sudo", "install", "-d", "-o", who, "-m", "0750", *create]))
+    if owned:
+        cmds.append(shlex.join(["sudo", "chown", f"{who}:", *owned]))
+        cmds.append(shlex.join(["sudo", "chmod", "u+rwx", *owned]))
+    text = (f"{what.capitalize()} runs as {who} and cannot write here ("
+            + "; ".join((f"{i['target']} does not exist and " if _to_create(i) else "")
+                        + f"{i['path']} is {describe(i)}" for i in items[:3])
+            + "). Give it its directory (or point the cache elsewhere in the service's environment file):")
+    return Remediation(text, cmds)
+
+
+def _read_fix(items: list[dict[str, Any]], who: str, what: str) -> Remediation:
+    """Grant read (and search on directories) to all, or make ``who`` the owner: a permission problem, which
+    the text says is not damage, so that nobody re-downloads a model that only cannot be read."""
     files = [i for i in items if not i.get("is_dir")]
     dirs = [i for i in items if i.get("is_dir")]
     cmds: list[str] = []
-    if need == "write":
-        # A directory that does not exist yet is created for the user (never a chown of its parent, e.g. /var).
-        create = [i["target"] for i in items if i.get("target") and i.get("target") != i["path"]]
-        owned = [i["path"] for i in items if not i.get("target") or i.get("target") == i["path"]]
-        if create:
-            cmds.append(shlex.join(["sudo", "install", "-d", "-o", who, "-m", "0750", *create]))
-        if owned:
-            cmds.append(shlex.join(["sudo", "chown", f"{who}:", *owned]))
-            cmds.append(shlex.join(["sudo", "chmod", "u+rwx", *owned]))
-        text = (f"{what.capitalize()} runs as {who} and cannot write here ("
-                + "; ".join((f"{i['target']} does not exist and " if i.get("target") and i["target"] != i["path"]
-                             else "") + f"{i['path']} is {describe(i)}" for i in items[:3])
-                + "). Give it its directory (or point the cache elsewhere in the service's environment file):")
-        return Remediation(text, cmds)
     if dirs:
         cmds.append(shlex.join(["sudo", "chmod", "a+rx", *[d["path"] for d in dirs]]))
     if files:
@@ -95,6 +102,16 @@ def access_fix(items: list[dict[str, Any]], need: str, user: dict[str, Any] | No
             + (f" and {len(items) - 3} more" if len(items) > 3 else "")
             + ". This is a permission problem, not damage: nothing needs downloading. Grant read access:")
     return Remediation(text, cmds)
+
+
+def access_fix(items: list[dict[str, Any]], need: str, user: dict[str, Any] | None, *,
+               what: str = "the service") -> Remediation:
+    """The chmod (and the chown alternative) that gives ``user`` ``need`` access ("read" or "write") to
+    ``items`` (``ownership`` records). Commands are shell-quoted; nothing is downloaded or deleted."""
+    who = (user or {}).get("user") or "the service's user"
+    if need == "write":
+        return _write_fix(items, who, what)
+    return _read_fix(items, who, what)
 
 
 # -- what another user may reach, from mode bits, owner and groups (never os.access: root would pass) -------

@@ -74,6 +74,56 @@ def _gpu(d: dict[str, Any]) -> dict[str, Any]:
             "nvlinks_active": _scalar(_obj(d, "nvlink").get("active"))}
 
 
+def _devices(nvml: dict[str, Any]) -> list[dict[str, Any]]:
+    """The recorded GPUs that are objects (a recorded list of the wrong type is no GPU, never a crash)."""
+    raw = nvml.get("devices")
+    return [d for d in raw if isinstance(d, dict)] if isinstance(raw, list) else []
+
+
+def _topology(nvml: dict[str, Any], devices: list[dict[str, Any]]) -> list[str]:
+    """The GPU link matrix's rows (more than one GPU), or none when the recorded links are of the wrong type."""
+    try:
+        return links.matrix(nvml, devices) if len(devices) > 1 else []
+    except (TypeError, ValueError, KeyError, AttributeError):  # recorded links of the wrong type
+        return []
+
+
+def _host_section(live: bool) -> dict[str, Any]:
+    """This machine's OS when run live; a replayed snapshot is not this machine, so it says so instead."""
+    if not live:
+        return {"recorded": "see the snapshot"}
+    return {"kernel": platform.release(), "machine": platform.machine(), "os": os_release(),
+            "libc": " ".join(platform.libc_ver())}
+
+
+def _driver_section(nvml: dict[str, Any]) -> dict[str, Any]:
+    """The driver as NVML read it; its CUDA version as ``12.8`` from NVML's integer (12080)."""
+    cuda_drv = nvml.get("cuda_driver_version")
+    return {"available": bool(nvml.get("available")), "version": _scalar(nvml.get("driver_version")),
+            "kernel_module": _scalar(nvml.get("kernel_module_version")),
+            "cuda": f"{cuda_drv // 1000}.{cuda_drv % 1000 // 10}"
+            if isinstance(cuda_drv, int) and not isinstance(cuda_drv, bool) else None,
+            "error": _scalar(nvml.get("error"))}
+
+
+def _torch_section(torch: dict[str, Any]) -> dict[str, Any] | None:
+    """torch as imported (--deep or a recording with ``torch_info``), or None when it was not."""
+    if not torch:
+        return None
+    return {"version": _scalar(torch.get("version")), "cuda": _scalar(torch.get("cuda")),
+            "arch_flags": _strings(torch.get("arch_flags")),
+            "cuda_available": _scalar(torch.get("cuda_available")),
+            "error": _scalar(torch.get("error"))}
+
+
+def _verdict_section(report: Any) -> dict[str, Any]:
+    """The run's verdict and the check ids it names, so a pasted summary says what failed without the report."""
+    return {"status": report.decision().status.value, "counts": report.counts(),
+            "failed": [r.id for r in report.results if r.status.failed],
+            "warned": [r.id for r in report.results if r.status.value == "warn"],
+            "unjudged": [r.id for r in report.unjudged]}
+
+
 def collect_summary(report: Any, facts: Any, live: bool) -> dict[str, Any]:
     """The summary as data (``--format json``), redacted. Every value is read defensively: a recorded fact
     of the wrong type is left out, never a crash."""
@@ -82,40 +132,23 @@ def collect_summary(report: Any, facts: Any, live: bool) -> dict[str, Any]:
     stack = _fact(facts, "stack")
     torch = _fact(facts, "torch_info")
     env = {str(k): str(v) for k, v in _obj(_fact(facts, "env"), "vars").items() if _scalar(v) is not None}
-    raw_devices = nvml.get("devices")
-    devices = [d for d in raw_devices if isinstance(d, dict)] if isinstance(raw_devices, list) else []
-    cuda_drv = nvml.get("cuda_driver_version")
+    devices = _devices(nvml)
     dists = _obj(stack, "distributions")
     py = _obj(stack, "python")
-    try:
-        topology = links.matrix(nvml, devices) if len(devices) > 1 else []
-    except (TypeError, ValueError, KeyError, AttributeError):  # recorded links of the wrong type
-        topology = []
     out: dict[str, Any] = {
         "doctor": {"version": __version__, "profile": s.profile_name, "tp": s.tp,
                    "from_snapshot": s.from_snapshot},
-        "host": ({"kernel": platform.release(), "machine": platform.machine(), "os": os_release(),
-                  "libc": " ".join(platform.libc_ver())} if live else {"recorded": "see the snapshot"}),
-        "driver": {"available": bool(nvml.get("available")), "version": _scalar(nvml.get("driver_version")),
-                   "kernel_module": _scalar(nvml.get("kernel_module_version")),
-                   "cuda": f"{cuda_drv // 1000}.{cuda_drv % 1000 // 10}"
-                   if isinstance(cuda_drv, int) and not isinstance(cuda_drv, bool) else None,
-                   "error": _scalar(nvml.get("error"))},
+        "host": _host_section(live),
+        "driver": _driver_section(nvml),
         "gpus": [_gpu(d) for d in devices],
         "cuda_visible_devices": env.get("CUDA_VISIBLE_DEVICES"),
-        "topology": topology,
+        "topology": _topology(nvml, devices),
         "python": {"service": s.python, "service_version": _scalar(py.get("version")),
                    "in_venv": _scalar(py.get("in_venv")), "doctor_version": platform.python_version()},
-        "torch": {"version": _scalar(torch.get("version")), "cuda": _scalar(torch.get("cuda")),
-                  "arch_flags": _strings(torch.get("arch_flags")),
-                  "cuda_available": _scalar(torch.get("cuda_available")),
-                  "error": _scalar(torch.get("error"))} if torch else None,
+        "torch": _torch_section(torch),
         "packages": {name: _scalar(_obj(dists, name).get("version")) for name in PACKAGES if _obj(dists, name)},
         "env": {k: v for k, v in sorted(env.items()) if k.startswith(ENV_PREFIXES)},
-        "verdict": {"status": report.decision().status.value, "counts": report.counts(),
-                    "failed": [r.id for r in report.results if r.status.failed],
-                    "warned": [r.id for r in report.results if r.status.value == "warn"],
-                    "unjudged": [r.id for r in report.unjudged]},
+        "verdict": _verdict_section(report),
     }
     return redact(out)
 

@@ -119,14 +119,8 @@ def planned_args(settings: Settings) -> tuple[list[str], ConfigError | None]:
         return [], exc
 
 
-def build_server_args(settings: Settings, extra: list[str] | tuple[str, ...] = (), *,
-                      table: dict[str, dict[str, Any]] | None = None,
-                      placeholders: bool = False) -> tuple[list[str], list[str]]:
-    """The server's arguments from settings; returns ``(args, replaced flag names)``.
-
-    ``placeholders``: put ``<model-path>`` where a path is not configured (for the flag check),
-    instead of raising ``ConfigError``.
-    """
+def _model_args(settings: Settings, placeholders: bool) -> list[str]:
+    """The model and how it is split: path, TP, PP and DP beyond 1, remote code (Kimi's config needs it)."""
     model = settings.model_path
     if not model:
         if not placeholders:
@@ -141,20 +135,33 @@ def build_server_args(settings: Settings, extra: list[str] | tuple[str, ...] = (
         args += ["--dp-size", str(dp)]
     if settings.get("model.trust_remote_code", True):
         args.append("--trust-remote-code")
+    return args
+
+
+def _speculative_args(settings: Settings, placeholders: bool) -> list[str]:
+    """The speculative algorithm with its draft model (and DDTree's budget), or nothing without one."""
     algorithm = settings.get("server.speculative_algorithm")
-    if algorithm:
-        if not isinstance(algorithm, str):
-            raise ConfigError(f"server.speculative_algorithm must be a string, got {algorithm!r}")
-        draft = settings.draft_model_path
-        if not draft:
-            if not placeholders:
-                raise ConfigError(f"speculative algorithm {algorithm} needs a draft model: give "
-                                  "--draft-model-path or set [drafter] path in the config")
-            draft = DRAFT_PLACEHOLDER
-        args += ["--speculative-algorithm", algorithm, "--speculative-draft-model-path", draft]
-        budget = _number(settings, "server.ddtree_budget", int, 1)
-        if algorithm.upper() == "DDTREE" and budget is not None:
-            args += ["--speculative-ddtree-budget", str(budget)]
+    if not algorithm:
+        return []
+    if not isinstance(algorithm, str):
+        raise ConfigError(f"server.speculative_algorithm must be a string, got {algorithm!r}")
+    draft = settings.draft_model_path
+    if not draft:
+        if not placeholders:
+            raise ConfigError(f"speculative algorithm {algorithm} needs a draft model: give "
+                              "--draft-model-path or set [drafter] path in the config")
+        draft = DRAFT_PLACEHOLDER
+    args = ["--speculative-algorithm", algorithm, "--speculative-draft-model-path", draft]
+    budget = _number(settings, "server.ddtree_budget", int, 1)
+    if algorithm.upper() == "DDTREE" and budget is not None:
+        args += ["--speculative-ddtree-budget", str(budget)]
+    return args
+
+
+def _serving_args(settings: Settings) -> list[str]:
+    """Memory, sizes and where it listens: the attention backend, the static memory fraction, context length,
+    running requests, CUDA graph batch size, host, port and the API key a server beyond loopback asks for."""
+    args: list[str] = []
     backend = settings.get("server.attention_backend")
     if backend:
         args += ["--attention-backend", str(backend)]
@@ -174,6 +181,18 @@ def build_server_args(settings: Settings, extra: list[str] | tuple[str, ...] = (
         if not isinstance(api_key, str):
             raise ConfigError("server.api_key must be a string")
         args += ["--api-key", api_key]
+    return args
+
+
+def build_server_args(settings: Settings, extra: list[str] | tuple[str, ...] = (), *,
+                      table: dict[str, dict[str, Any]] | None = None,
+                      placeholders: bool = False) -> tuple[list[str], list[str]]:
+    """The server's arguments from settings; returns ``(args, replaced flag names)``.
+
+    ``placeholders``: put ``<model-path>`` where a path is not configured (for the flag check),
+    instead of raising ``ConfigError``.
+    """
+    args = _model_args(settings, placeholders) + _speculative_args(settings, placeholders) + _serving_args(settings)
     later = _string_list(settings, "server.args") + list(extra)
     return merge_args(args, later, table)
 

@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from doctor.core import proc
-from doctor.core.exitcodes import EXIT_FAILED, EXIT_OK
+from doctor.core.decision import decide_node
+from doctor.core.exitcodes import EXIT_OK
 from doctor.core.printable import printable
-from doctor.core.result import Status
 from doctor.facts.redaction import redact_text
 from doctor.service.fleet import fleet_data, root_causes, split_by_failure
 
@@ -159,7 +159,7 @@ class NodeAction:
     action: str  # "drain", "resume" or "keep"
     reason: str | None = None
     lines: list[str] = field(default_factory=list)
-    exit_code: int = 0
+    exit_code: int = EXIT_OK
 
 
 def _one_line(text: str) -> str:
@@ -184,58 +184,58 @@ def drain_reason(prefix: str, causes: list[tuple[str, str]], limit: int, what: s
 
 
 def node_action(report: Any, node: NodeState, *, drain_unjudged: bool = False) -> NodeAction:
-    """The node's fate from the report (pure): drain with the root cause of a node failure, resume a drain of
-    ours, or keep; a failure of the deployment's configuration is said and drains nothing."""
+    """The node's fate from the report (pure), its state and exit status by the one table
+    (``doctor.core.decision.decide_node``): drain with the root cause of a node failure, resume a drain of ours,
+    or keep; a failure of the deployment's configuration is said and drains nothing."""
     table = slurm_table()
     prefix, limit = table["reason_prefix"], int(table["reason_max_chars"])
-    strict = bool(report.settings.strict)
-    failing = [r for r in report.results if r.status.failed or (strict and r.status is Status.WARN)]
-    failing, configuration = split_by_failure(report, failing)
-    unjudged = [r for r in report.unjudged if r.failure != "deployment"]
+    verdict = decide_node(report.results, lambda failed: split_by_failure(report, failed),
+                          interrupted=report.outcome.interrupted, strict=bool(report.settings.strict),
+                          drain_unjudged=drain_unjudged)
     lines: list[str] = []
-    if configuration:
+    if verdict.configuration:
         lines.append(f"{node.name}: not drained for the deployment's configuration (the same on every node; it "
-                     "blocks the launch): " + drain_reason("configuration:", root_causes(report, configuration),
-                                                          limit))
-    reason = None
-    if failing:
-        reason = drain_reason(prefix, root_causes(report, failing), limit)
-    elif unjudged and (drain_unjudged or strict):
-        reason = drain_reason(prefix, [(r.id, r.summary) for r in unjudged], limit, what="not judged: ")
-    elif report.outcome.interrupted:
-        return NodeAction("keep", None, [*lines, f"{node.name}: the run was interrupted; the node is left as it is"],
-                          EXIT_FAILED)
-    if unjudged and reason is None:
+                     "blocks the launch): " + drain_reason("configuration:",
+                                                          root_causes(report, verdict.configuration), limit))
+    if verdict.state == "interrupted":
+        lines.append(f"{node.name}: the run was interrupted; the node is left as it is")
+        return NodeAction("keep", None, lines, verdict.exit_code)
+    if verdict.state == "failed":
+        return drain(node, drain_reason(prefix, root_causes(report, verdict.node), limit), prefix, lines,
+                     verdict.exit_code)
+    if verdict.state == "not_judged":
+        reason = drain_reason(prefix, [(r.id, r.summary) for r in verdict.unjudged], limit, what="not judged: ")
+        return drain(node, reason, prefix, lines, verdict.exit_code)
+    if verdict.unjudged:
         lines.append(f"{node.name}: not judged for want of facts (not drained for them; --drain-unjudged drains): "
-                     + ", ".join(r.id for r in unjudged))
-    if reason is not None:
-        return drain(node, reason, prefix, lines)
-    return healthy(node, prefix, lines, "the node's checks pass" if configuration else "the checks pass")
+                     + ", ".join(r.id for r in verdict.unjudged))
+    return healthy(node, prefix, lines, "the node's checks pass" if verdict.configuration else "the checks pass",
+                   verdict.exit_code)
 
 
-def drain(node: NodeState, reason: str, prefix: str, lines: list[str]) -> NodeAction:
+def drain(node: NodeState, reason: str, prefix: str, lines: list[str], exit_code: int) -> NodeAction:
     """A node failure: drain, unless someone else drained the node or our drain already says ``reason``."""
     if node.drained and not node.drained_by(prefix):
         lines.append(f"{node.name}: {reason}; the node is drained already by someone else "
                      f"({node.reason or 'no reason'}): left as it is")
-        return NodeAction("keep", reason, lines, EXIT_FAILED)
+        return NodeAction("keep", reason, lines, exit_code)
     if node.drained and node.reason == reason:
         lines.append(f"{node.name}: still drained: {reason}")
-        return NodeAction("keep", reason, lines, EXIT_FAILED)
+        return NodeAction("keep", reason, lines, exit_code)
     lines.append(f"{node.name}: drain: {reason}")
-    return NodeAction("drain", reason, lines, EXIT_FAILED)
+    return NodeAction("drain", reason, lines, exit_code)
 
 
-def healthy(node: NodeState, prefix: str, lines: list[str], said: str) -> NodeAction:
+def healthy(node: NodeState, prefix: str, lines: list[str], said: str, exit_code: int) -> NodeAction:
     """No failure of the node's own: resume a drain of ours, leave anyone else's."""
     if node.drained_by(prefix):
         lines.append(f"{node.name}: {said}: resume (it was drained: {node.reason})")
-        return NodeAction("resume", None, lines, EXIT_OK)
+        return NodeAction("resume", None, lines, exit_code)
     if node.drained:
         lines.append(f"{node.name}: {said}; drained by someone else ({node.reason or 'no reason'}): left drained")
-        return NodeAction("keep", None, lines, EXIT_OK)
+        return NodeAction("keep", None, lines, exit_code)
     lines.append(f"{node.name}: {said}")
-    return NodeAction("keep", None, lines, EXIT_OK)
+    return NodeAction("keep", None, lines, exit_code)
 
 
 def carry_out(tool: Scontrol, node: NodeState, decision: NodeAction) -> None:

@@ -16,7 +16,8 @@ The accept length is SGLang's own: ``completion_tokens / spec_verify_ct`` from e
 ``meta_info`` (tokens committed per target verify pass, the bonus token included), summed over the requests.
 Verdicts: ``fail`` for an unreachable or unready server, any HTTP error or timeout, a speculative server
 whose accept length is below ``fail_below`` (the drafter does not match the target); ``warn`` below
-``warn_below`` or when the speculative counters are missing; else ``pass``. Exit codes as ``check``.
+``warn_below`` or when the speculative counters are missing; else ``pass``. The status and the exit code come
+from the table every run is decided by (``doctor.core.decision``), as ``check``'s.
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from doctor.core.decision import Decision, decide
 from doctor.core.printable import printable
-from doctor.core.result import Findings, Severity
+from doctor.core.result import Findings, Result, Severity
 from doctor.service import http
 
 PROMPTS = ("The capital of France is", "Write a Python function that returns the sum of a list.",
@@ -163,10 +165,23 @@ class SmokeReport:
     calls: list[Call] = field(default_factory=list)
     seconds: float = 0.0
 
+    def result(self) -> Result:
+        """The smoke as one check's result, by the table every check's findings go through (``Result.of``). A
+        smoke with nothing to remark (every request answered, no speculation to measure) passed: for a check no
+        finding is a bug, for the smoke it is the quiet success."""
+        res = Result.of(self.found) if self.found else Result.passed(self.summary)
+        res.id = "smoke"
+        return res
+
+    def decision(self, strict: bool = False) -> Decision:
+        """Status and exit code from the run's one table (``doctor.core.decision.decide``), as ``check``'s:
+        a failure exits 1, a warning too under ``--strict``."""
+        return decide([self.result()], strict=strict)
+
     @property
     def status(self) -> str:
-        """pass | warn | fail"""
-        return "fail" if self.problems else "warn" if self.warnings else "pass"
+        """pass | warn | fail, as reported (``--strict`` changes the exit code, not the status shown)."""
+        return self.decision().status.value
 
     @property
     def problems(self) -> list[str]:
@@ -232,6 +247,110 @@ def _completion_tokens(call: Call) -> int | None:
     return ct if isinstance(ct, int) else None
 
 
+def _summary(found: Findings, calls: list[Call], spec: str | None, acc: float | None,
+             latency: dict[str, dict[str, float]]) -> str:
+    """The report's one line: the first problem (and how many more) when any failed, else what was answered
+    and measured, with the first warning: what a person scanning a fleet's smoke logs needs first."""
+    problems, warnings = [f.message for f in found.of(Severity.FAIL)], [f.message for f in found.of(Severity.WARN)]
+    if problems:
+        return problems[0] + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else "")
+    gen = latency.get("generate", {})
+    parts = [f"{len([c for c in calls if c.ok])} requests answered"]
+    if acc is not None:
+        parts.append(f"accept length {acc:.2f} ({spec})")
+    if gen:
+        parts.append(f"/generate p50 {gen['p50_s']:.2f}s")
+    return ", ".join(parts) + (f"; {warnings[0]}" if warnings else "")
+
+
+def _server_info(client: Client, found: Findings) -> dict[str, Any] | None:
+    """The resolved server arguments (``/server_info``, ``/get_server_info`` on older releases), or None with a
+    note: without them speculation is judged from the answers alone, which is weaker but not a failure."""
+    info_call = client.request("GET", "/server_info")
+    if info_call.status == 404:
+        info_call = client.request("GET", "/get_server_info")
+    info = info_call.body if info_call.ok and isinstance(info_call.body, dict) else None
+    if info is None:
+        found.info("smoke.server_info",
+                   f"server arguments unknown ({info_call.describe()}): speculation judged from the answers")
+    return info
+
+
+def _model_id(client: Client, found: Findings) -> str | None:
+    """The first model ``/v1/models`` lists (the name the OpenAI calls must send); a failed listing fails."""
+    models = client.request("GET", "/v1/models")
+    listed = models.body.get("data") if models.ok and isinstance(models.body, dict) else None
+    if isinstance(listed, list) and listed:
+        first = listed[0]
+        return first.get("id") if isinstance(first, dict) else None
+    if not models.ok:
+        found.fail("smoke.http", models.describe())
+    return None
+
+
+def _openai_calls(client: Client, found: Findings, model_id: str | None, max_tokens: int) -> list[Call]:
+    """One chat and one plain completion through the OpenAI-compatible API, judged: the path most clients use,
+    and the one a broken chat template breaks while ``/generate`` still works."""
+    chat = client.request("POST", "/v1/chat/completions", {
+        "model": model_id or "default", "messages": [{"role": "user", "content": PROMPTS[0]}],
+        "max_tokens": max_tokens, "temperature": 0})
+    comp = client.request("POST", "/v1/completions", {
+        "model": model_id or "default", "prompt": PROMPTS[1], "max_tokens": max_tokens, "temperature": 0})
+    calls = [chat, comp]
+    for call in calls:
+        if not call.ok:
+            found.fail("smoke.http", call.describe())
+        elif not isinstance(call.body, dict) or not call.body.get("choices"):
+            found.fail("smoke.no_choices", f"{call.method} {call.path}: HTTP 200 without choices")
+        elif not _completion_tokens(call):
+            found.warn("smoke.no_tokens", f"{call.path} generated no tokens")
+    return calls
+
+
+def _generate_payload(opts: SmokeOptions, i: int, skip_tok: bool) -> dict[str, Any]:
+    """The i-th greedy ``/generate`` request: a prompt as text, or rotated token ids when the server has no
+    tokenizer (``--skip-tokenizer-init``), so that successive requests are not one cached prefix."""
+    payload: dict[str, Any] = {"sampling_params": {"max_new_tokens": opts.max_tokens, "temperature": 0,
+                                                   "ignore_eos": True}}
+    if skip_tok:
+        k = i % len(opts.input_ids)
+        payload["input_ids"] = list(opts.input_ids[k:] + opts.input_ids[:k])
+    else:
+        payload["text"] = PROMPTS[i % len(PROMPTS)]
+    return payload
+
+
+def _generate_calls(client: Client, found: Findings, opts: SmokeOptions, skip_tok: bool) -> list[Call]:
+    """``opts.requests`` (at least one) ``/generate`` calls, each failure a problem; a timeout or a dead
+    connection stops them, since the rest would only wait as long."""
+    calls: list[Call] = []
+    for i in range(max(1, opts.requests)):
+        call = client.request("POST", "/generate", _generate_payload(opts, i, skip_tok))
+        calls.append(call)
+        if not call.ok:
+            found.fail("smoke.http", call.describe())
+            if call.error:
+                break
+    return calls
+
+
+def _judge_accept_length(found: Findings, opts: SmokeOptions, spec: str, acc: float | None, tokens: int) -> None:
+    """A speculative server's accept length against the thresholds: near 1.0 means the drafter does not match
+    the target (every step verifies one token: slower than no speculation, silently)."""
+    if acc is None:
+        found.warn("smoke.no_counters", f"{spec}: the answers carry no speculative counters "
+                   "(meta_info.spec_verify_ct): accept length unknown")
+    elif acc < opts.fail_below:
+        found.fail("smoke.accept_length",
+                   f"{spec} accept length {acc:.2f} over {tokens} tokens: the drafter's tokens are "
+                   "(almost) never accepted: it does not match the target (a drafter trained for "
+                   "another model or revision, a wrong --speculative-draft-model-path, mask token or "
+                   "target layers)")
+    elif opts.warn_below is not None and acc < opts.warn_below:
+        found.warn("smoke.accept_length",
+                   f"{spec} accept length {acc:.2f} is below the expected {opts.warn_below:g}")
+
+
 def run_smoke(opts: SmokeOptions, clock: Callable[[], float] = time.monotonic) -> SmokeReport:
     """Every step against ``opts.base_url`` within ``opts.timeout_s``; the verdict (never raises)."""
     t0 = clock()
@@ -240,17 +359,7 @@ def run_smoke(opts: SmokeOptions, clock: Callable[[], float] = time.monotonic) -
 
     def finish(spec: str | None = None, acc: float | None = None, acc_m: float | None = None, tokens: int = 0,
                verify: int = 0, latency: dict[str, dict[str, float]] | None = None) -> SmokeReport:
-        problems, warnings = [f.message for f in found.of(Severity.FAIL)], [f.message for f in found.of(Severity.WARN)]
-        if problems:
-            summary = problems[0] + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else "")
-        else:
-            gen = (latency or {}).get("generate", {})
-            parts = [f"{len([c for c in client.calls if c.ok])} requests answered"]
-            if acc is not None:
-                parts.append(f"accept length {acc:.2f} ({spec})")
-            if gen:
-                parts.append(f"/generate p50 {gen['p50_s']:.2f}s")
-            summary = ", ".join(parts) + (f"; {warnings[0]}" if warnings else "")
+        summary = _summary(found, client.calls, spec, acc, latency or {})
         return SmokeReport(summary, http.shown_url(opts.base_url), found, spec, acc, acc_m, tokens, verify,
                            latency or {}, client.calls, clock() - t0)
 
@@ -258,56 +367,17 @@ def run_smoke(opts: SmokeOptions, clock: Callable[[], float] = time.monotonic) -
     if not health.ok:
         found.fail("smoke.unready", f"the server is not ready: {health.describe()}")
         return finish()
-    info_call = client.request("GET", "/server_info")
-    if info_call.status == 404:
-        info_call = client.request("GET", "/get_server_info")
-    info = info_call.body if info_call.ok and isinstance(info_call.body, dict) else None
-    if info is None:
-        found.info("smoke.server_info",
-                   f"server arguments unknown ({info_call.describe()}): speculation judged from the answers")
+    info = _server_info(client, found)
     spec = speculative_algorithm(info)
     skip_tok = bool(info.get("skip_tokenizer_init")) if info else False
-    models = client.request("GET", "/v1/models")
-    model_id = None
-    listed = models.body.get("data") if models.ok and isinstance(models.body, dict) else None
-    if isinstance(listed, list) and listed:
-        first = listed[0]
-        model_id = first.get("id") if isinstance(first, dict) else None
-    elif not models.ok:
-        found.fail("smoke.http", models.describe())
+    model_id = _model_id(client, found)
     openai_calls: list[Call] = []
     if skip_tok:
         found.info("smoke.no_tokenizer", "the server runs --skip-tokenizer-init: no OpenAI chat/completions "
                    "(no tokenizer); /generate with input_ids")
     else:
-        chat = client.request("POST", "/v1/chat/completions", {
-            "model": model_id or "default", "messages": [{"role": "user", "content": PROMPTS[0]}],
-            "max_tokens": opts.max_tokens, "temperature": 0})
-        comp = client.request("POST", "/v1/completions", {
-            "model": model_id or "default", "prompt": PROMPTS[1], "max_tokens": opts.max_tokens, "temperature": 0})
-        openai_calls = [chat, comp]
-        for call in openai_calls:
-            if not call.ok:
-                found.fail("smoke.http", call.describe())
-            elif not isinstance(call.body, dict) or not call.body.get("choices"):
-                found.fail("smoke.no_choices", f"{call.method} {call.path}: HTTP 200 without choices")
-            elif not _completion_tokens(call):
-                found.warn("smoke.no_tokens", f"{call.path} generated no tokens")
-    gen_calls: list[Call] = []
-    for i in range(max(1, opts.requests)):
-        payload: dict[str, Any] = {"sampling_params": {"max_new_tokens": opts.max_tokens, "temperature": 0,
-                                                       "ignore_eos": True}}
-        if skip_tok:
-            k = i % len(opts.input_ids)
-            payload["input_ids"] = list(opts.input_ids[k:] + opts.input_ids[:k])
-        else:
-            payload["text"] = PROMPTS[i % len(PROMPTS)]
-        call = client.request("POST", "/generate", payload)
-        gen_calls.append(call)
-        if not call.ok:
-            found.fail("smoke.http", call.describe())
-            if call.error:  # a timeout or a dead connection: the rest would only wait as long
-                break
+        openai_calls = _openai_calls(client, found, model_id, opts.max_tokens)
+    gen_calls = _generate_calls(client, found, opts, skip_tok)
     metrics = client.request("GET", "/metrics", raw=True)
     acc_m = metrics_accept_length(metrics.body) if metrics.ok else None
     if metrics.status == 404:
@@ -317,18 +387,7 @@ def run_smoke(opts: SmokeOptions, clock: Callable[[], float] = time.monotonic) -
         spec = "speculative (unnamed)"
     latency = {k: v for k, v in (("generate", _latency(gen_calls)), ("openai", _latency(openai_calls))) if v}
     if spec and not found.failing:
-        if acc is None:
-            found.warn("smoke.no_counters", f"{spec}: the answers carry no speculative counters "
-                       "(meta_info.spec_verify_ct): accept length unknown")
-        elif acc < opts.fail_below:
-            found.fail("smoke.accept_length",
-                       f"{spec} accept length {acc:.2f} over {tokens} tokens: the drafter's tokens are "
-                       "(almost) never accepted: it does not match the target (a drafter trained for "
-                       "another model or revision, a wrong --speculative-draft-model-path, mask token or "
-                       "target layers)")
-        elif opts.warn_below is not None and acc < opts.warn_below:
-            found.warn("smoke.accept_length",
-                       f"{spec} accept length {acc:.2f} is below the expected {opts.warn_below:g}")
+        _judge_accept_length(found, opts, spec, acc, tokens)
     return finish(spec, acc, acc_m, tokens, verify, latency)
 
 

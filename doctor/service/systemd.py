@@ -39,7 +39,7 @@ from typing import Any
 from doctor import __version__
 from doctor.core.fileio import read_text
 from doctor.core.settings import ConfigError, Settings
-from doctor.host.access import account, describe, first_denied
+from doctor.host.access import Account, account, describe, first_denied
 from doctor.python.interpreter import needed_paths
 
 WEIGHTS_BYTES_DEFAULT = 595e9 + 6.5e9  # Kimi K2.6 INT4 (~595 GB) + the DFlash drafter (~6.5 GB)
@@ -277,6 +277,52 @@ def hardening_lines(settings: Settings, user: str) -> list[str]:
     return lines
 
 
+def _interpreter_paths(settings: Settings, doctor: list[str]) -> tuple[list[tuple[str, str, str]], list[str]]:
+    """(what, path, need) for the doctor's and the service's interpreters with everything they load, and why an
+    interpreter's loads are unknown: a venv links into its base Python, which may sit where the user cannot
+    go (a pyenv Python under ``/root``), so the links are followed, not only the venv's own path judged."""
+    wanted: list[tuple[str, str, str]] = []
+    reasons: list[str] = []
+    pythons = dict.fromkeys(p for p in (settings.python, _script_interpreter(doctor[0]) if doctor else None) if p)
+    for python in pythons:
+        if os.sep not in python:
+            continue
+        needed, why = needed_paths(python)
+        label = "the service's interpreter" if python == settings.python else "the doctor's interpreter"
+        wanted.extend((f"{label}: {what}" if what != "the interpreter" else label, path, need)
+                      for what, path, need in needed)
+        if why:
+            reasons.append(f"{python} did not say what it loads ({why}): only its path was judged")
+    return wanted, reasons
+
+
+_Blocked = dict[str, tuple[dict[str, Any], dict[str, str]]]  # denied path -> (the denial, {what: path})
+
+
+def _blocked_paths(wanted: list[tuple[str, str, str]], who: Account) -> _Blocked:
+    """Denied path -> (the denial, {what: the path asked for}): many wanted paths (a venv's files) fail on one
+    directory, and the note names that directory once instead of once per file."""
+    blocked: dict[str, tuple[dict[str, Any], dict[str, str]]] = {}
+    for what, path, need in wanted:
+        if not path or os.sep not in path:
+            continue
+        denied = first_denied(path, who, need)
+        if denied is not None:
+            entry = blocked.setdefault(denied["path"], (denied, {}))
+            entry[1].setdefault(what.split(": ")[0], path)
+    return blocked
+
+
+def _denial_note(user: str, where: str, denied: dict[str, Any], whats: dict[str, str]) -> str:
+    """One blocked directory or file, what it stops the service from using, and the two ways out."""
+    is_dir = bool((denied["access"] or {}).get("is_dir"))
+    verb = ("enter" if is_dir else "execute") if denied["need"] == "x" else "read"
+    names = "; ".join(f"{what} {path}" + ("" if path == where or path.startswith(where + os.sep) else
+                                           f" (it resolves into {where})") for what, path in whats.items())
+    return (f"{user} cannot {verb} {where} ({describe(denied['access'] or {})}), so the service cannot use "
+            f"{names}: install them where {user} can read them, or run as another --user")
+
+
 def reachability_notes(settings: Settings, doctor: list[str], user: str) -> list[str]:
     """What the service's user will not be able to reach, judged for that user from mode bits, owners and its
     groups (``doctor.host.access.first_denied``): the doctor and the interpreter it runs under, the service's
@@ -288,36 +334,13 @@ def reachability_notes(settings: Settings, doctor: list[str], user: str) -> list
     wanted: list[tuple[str, str, str]] = []
     if doctor and os.sep in doctor[0]:
         wanted.append(("the doctor", doctor[0], "x"))
-    pythons = dict.fromkeys(p for p in (settings.python, _script_interpreter(doctor[0]) if doctor else None) if p)
-    reasons = []
-    for python in pythons:
-        if os.sep not in python:
-            continue
-        needed, why = needed_paths(python)
-        label = "the service's interpreter" if python == settings.python else "the doctor's interpreter"
-        wanted.extend((f"{label}: {what}" if what != "the interpreter" else label, path, need)
-                      for what, path, need in needed)
-        if why:
-            reasons.append(f"{python} did not say what it loads ({why}): only its path was judged")
+    interpreters, reasons = _interpreter_paths(settings, doctor)
+    wanted += interpreters
     wanted += [("the config", str(settings.config_path or ""), "r"),
                ("the model", str(settings.model_path or ""), "rx"),
                ("the draft model", str(settings.draft_model_path or ""), "rx")]
-    blocked: dict[str, tuple[dict[str, Any], dict[str, str]]] = {}  # denied path -> (denial, {what: path})
-    for what, path, need in wanted:
-        if not path or os.sep not in path:
-            continue
-        denied = first_denied(path, who, need)
-        if denied is not None:
-            entry = blocked.setdefault(denied["path"], (denied, {}))
-            entry[1].setdefault(what.split(": ")[0], path)
-    notes: list[str] = []
-    for where, (denied, whats) in blocked.items():
-        is_dir = bool((denied["access"] or {}).get("is_dir"))
-        verb = ("enter" if is_dir else "execute") if denied["need"] == "x" else "read"
-        names = "; ".join(f"{what} {path}" + ("" if path == where or path.startswith(where + os.sep) else
-                                               f" (it resolves into {where})") for what, path in whats.items())
-        notes.append(f"{user} cannot {verb} {where} ({describe(denied['access'] or {})}), so the service cannot use "
-                     f"{names}: install them where {user} can read them, or run as another --user")
+    notes = [_denial_note(user, where, denied, whats)
+             for where, (denied, whats) in _blocked_paths(wanted, who).items()]
     if notes and not who.exists:
         notes.append(f"{user} does not exist yet (useradd --system --shell /usr/sbin/nologin {user}): judged as a "
                      "user who owns none of these and is in none of their groups")

@@ -103,29 +103,49 @@ class Match:
         return self.how != "none"
 
 
+def _runnable(parsed: list[Target], cc: tuple[int, int], kind: str) -> list[Target]:
+    """The targets of one kind ("sm" cubins, "compute" PTX) that run on ``cc``."""
+    return [t for t in parsed if t.kind == kind and t.runs_on(cc)]
+
+
+def _newest_cubin(parsed: list[Target], cc: tuple[int, int]) -> Target | None:
+    """The compatible cubin the CUDA runtime picks: the newest minor of the major (``f`` after plain)."""
+    cubins = sorted(_runnable(parsed, cc, "sm"), key=lambda t: (t.minor, t.suffix))
+    return cubins[-1] if cubins else None
+
+
+def _newest_ptx(parsed: list[Target], cc: tuple[int, int]) -> Target | None:
+    """The PTX the driver would JIT-compile for ``cc``: the newest that runs on it."""
+    ptx = sorted(_runnable(parsed, cc, "compute"), key=lambda t: (t.major, t.minor))
+    return ptx[-1] if ptx else None
+
+
+def _no_match(parsed: list[Target], cc: tuple[int, int]) -> Match:
+    """No target runs: naming the arch-specific ones of the same major, which look right but run only on their
+    exact GPU."""
+    arch_specific = [t.name for t in parsed if t.suffix == "a" and t.major == cc[0]]
+    extra = f" ({', '.join(arch_specific)} are arch-specific and run only on their exact GPU)" if arch_specific else ""
+    return Match("none", None, f"no target runs on {cc_str(cc)}{extra}")
+
+
 def best_match(targets: list[str], cc: tuple[int, int]) -> Match:
     """The target a GPU of capability ``cc`` would use, by preference: exact cubin, compatible cubin, PTX.
 
     Among compatible cubins the newest wins (what the CUDA runtime picks); PTX only when no cubin runs.
     """
     parsed = [t for t in (parse_target(x) for x in targets) if t is not None]
-    exact = [t for t in parsed if t.kind == "sm" and (t.major, t.minor) == cc and t.runs_on(cc)]
+    exact = [t for t in _runnable(parsed, cc, "sm") if (t.major, t.minor) == cc]
     if exact:
         return Match("exact", exact[0].name, f"has {exact[0].name} for {cc_str(cc)}")
-    cubins = sorted((t for t in parsed if t.kind == "sm" and t.runs_on(cc)), key=lambda t: (t.minor, t.suffix))
-    want = f"sm_{cc[0]}{cc[1]}"
-    if cubins:
-        t = cubins[-1]
-        return Match("cubin", t.name, f"no {want}; {cc_str(cc)} runs the {t.name} cubins "
-                                      f"(binary compatible within major {cc[0]})")
-    ptx = sorted((t for t in parsed if t.kind == "compute" and t.runs_on(cc)), key=lambda t: (t.major, t.minor))
-    if ptx:
-        t = ptx[-1]
-        return Match("ptx", t.name, f"no cubin runs on {cc_str(cc)}; the driver JIT-compiles {t.name} PTX "
-                                    "(slow first start, every kernel recompiled)")
-    arch_specific = [t.name for t in parsed if t.suffix == "a" and t.major == cc[0]]
-    extra = f" ({', '.join(arch_specific)} are arch-specific and run only on their exact GPU)" if arch_specific else ""
-    return Match("none", None, f"no target runs on {cc_str(cc)}{extra}")
+    cubin = _newest_cubin(parsed, cc)
+    if cubin is not None:
+        return Match("cubin", cubin.name, f"no sm_{cc[0]}{cc[1]}; {cc_str(cc)} runs the {cubin.name} cubins "
+                                          f"(binary compatible within major {cc[0]})")
+    ptx = _newest_ptx(parsed, cc)
+    if ptx is not None:
+        return Match("ptx", ptx.name, f"no cubin runs on {cc_str(cc)}; the driver JIT-compiles {ptx.name} PTX "
+                                      "(slow first start, every kernel recompiled)")
+    return _no_match(parsed, cc)
 
 
 def judged_ccs(read_nvml: Callable[[], Any], settings: Any) -> tuple[list[tuple[int, int]], str, dict[str, Any]]:

@@ -205,16 +205,26 @@ def _candidates(fact: dict[str, Any], keys: tuple[str, ...] = ("ld_library_path_
     return [c for key in keys for c in fact.get(key) or [] if isinstance(c, dict)]
 
 
-def _mismatch(kmd_v: str | None, lib_v: str, path: str, origin: str, cu_init: Any, gpu_names: list[str] | None,
-              fix: str, commands: list[str], details: dict[str, Any]) -> Findings:
+def _is_803(kmd_v: str | None, lib_v: str, cu_init: Any) -> bool:
+    """Whether a libcuda of another version than the kernel module is a plain mismatch (error 803) rather than an
+    attempt at forward compatibility: cuInit said 803, or the library is not newer and cuInit did not say 804."""
     newer = bool(kmd_v) and (compat.version_tuple(lib_v) or ()) > (compat.version_tuple(kmd_v) or ())
-    if cu_init == ERR_MISMATCH or (not newer and cu_init != ERR_COMPAT_UNSUPPORTED):
-        return said("cuda.libcuda.mismatch_803", "fail",
-                    f"error {ERR_MISMATCH} (system has unsupported display driver / cuda driver "
-                       f"combination): the service loads libcuda {lib_v} ({path}, via {origin}) on kernel module "
-                       f"{kmd_v or '?'}"
-                       + (f"; cuInit returned {cu_init}" if cu_init not in (None, 0) else ""),
-                       fix, commands, details)
+    return cu_init == ERR_MISMATCH or (not newer and cu_init != ERR_COMPAT_UNSUPPORTED)
+
+
+def _compat_unknown_why(gpu_names: list[str] | None, unknown: list[str], cu_init: Any) -> str | None:
+    """Why forward compatibility cannot be confirmed (no GPU names, a GPU the table lacks, no cuInit), or None."""
+    if gpu_names is None:
+        return "NVML could not name the GPUs"
+    if unknown:
+        return f"the table does not know {', '.join(sorted(set(unknown)))}"
+    return "cuInit was not run" if cu_init is None else None
+
+
+def _forward_compat(kmd_v: str | None, loaded: str, cu_init: Any, gpu_names: list[str] | None,
+                    fix: str, commands: list[str], details: dict[str, Any]) -> Findings:
+    """A newer libcuda than the kernel module (forward compatibility): it fails on GPUs that are not data center
+    ones (error 804), is unconfirmed when the GPUs or cuInit are unknown, else runs."""
     unsupported = [n for n in gpu_names or [] if datacenter_gpu(n) is False]
     unknown = [n for n in gpu_names or [] if datacenter_gpu(n) is None]
     details["forward_compat"] = {"unsupported_gpus": unsupported, "unknown_gpus": unknown}
@@ -222,22 +232,35 @@ def _mismatch(kmd_v: str | None, lib_v: str, path: str, origin: str, cu_init: An
         who = ", ".join(sorted(set(unsupported))) or "this GPU"
         return said("cuda.libcuda.compat_804", "fail",
                     f"error {ERR_COMPAT_UNSUPPORTED} (forward compatibility was attempted on non supported "
-                       f"HW): the service loads the forward-compatibility libcuda {lib_v} ({path}, via {origin}) on "
-                       f"kernel module {kmd_v or '?'}, and {who} cannot use it",
-                       fix + " Forward compatibility works only on NVIDIA data center GPUs: upgrade the driver "
-                       "instead.",
-                       commands, details)
-    summary = (f"forward compatibility: libcuda {lib_v} ({path}, via {origin}) on kernel module {kmd_v}"
+                    f"HW): the service loads the forward-compatibility libcuda {loaded} on "
+                    f"kernel module {kmd_v or '?'}, and {who} cannot use it",
+                    fix + " Forward compatibility works only on NVIDIA data center GPUs: upgrade the driver "
+                    "instead.",
+                    commands, details)
+    summary = (f"forward compatibility: libcuda {loaded} on kernel module {kmd_v}"
                + (f", cuInit {cu_init}" if cu_init is not None else ""))
-    if gpu_names is None or unknown or cu_init is None:
-        why = "NVML could not name the GPUs" if gpu_names is None else (
-            f"the table does not know {', '.join(sorted(set(unknown)))}" if unknown else "cuInit was not run")
+    why = _compat_unknown_why(gpu_names, unknown, cu_init)
+    if why is not None:
         return said("cuda.libcuda.compat_unknown", "warn",
                     summary + f"; only data center GPUs support it and {why}",
-                       "Check the GPU is in NVIDIA's forward-compatibility support list, or upgrade the driver.",
-                       commands, details)
+                    "Check the GPU is in NVIDIA's forward-compatibility support list, or upgrade the driver.",
+                    commands, details)
     return said("cuda.libcuda.compat", "pass",
-                    summary + f", supported on {', '.join(sorted(set(gpu_names)))}", details=details)
+                summary + f", supported on {', '.join(sorted(set(gpu_names or [])))}", details=details)
+
+
+def _mismatch(kmd_v: str | None, lib_v: str, path: str, origin: str, cu_init: Any, gpu_names: list[str] | None,
+              fix: str, commands: list[str], details: dict[str, Any]) -> Findings:
+    """A libcuda whose version is not the kernel module's: a plain mismatch (803), or forward compatibility."""
+    loaded = f"{lib_v} ({path}, via {origin})"
+    if _is_803(kmd_v, lib_v, cu_init):
+        return said("cuda.libcuda.mismatch_803", "fail",
+                    f"error {ERR_MISMATCH} (system has unsupported display driver / cuda driver "
+                    f"combination): the service loads libcuda {loaded} on kernel module "
+                    f"{kmd_v or '?'}"
+                    + (f"; cuInit returned {cu_init}" if cu_init not in (None, 0) else ""),
+                    fix, commands, details)
+    return _forward_compat(kmd_v, loaded, cu_init, gpu_names, fix, commands, details)
 
 
 def judge_libcuda(fact: dict[str, Any], nvml: Any, python: str) -> Findings:

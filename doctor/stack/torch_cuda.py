@@ -13,7 +13,7 @@ from doctor.core.context import FactUnavailable, MalformedFact
 from doctor.core.result import Findings, NotJudged, Remediation
 from doctor.core.settings import Settings
 from doctor.stack import compat, kernels
-from doctor.stack.cuda_arch import best_match, cc_str
+from doctor.stack.cuda_arch import Match, best_match, cc_str
 from doctor.stack.distributions import pip_install
 
 Reader = Callable[[str], Any]  # a fact by name (``ctx.fact``), read only when needed
@@ -101,6 +101,40 @@ def driver_reading(read: Reader) -> dict[str, Any]:
     return nvml
 
 
+def _profile_cuda_note(settings: Settings, runtime: str, out: Findings) -> str:
+    """``; the profile expects CUDA X`` when torch's CUDA major.minor is not the profile's (recorded in the
+    details too): the pair still runs, but it is not the stack the profile was measured with."""
+    expect = settings.get("stack.cuda_runtime")
+    if expect and (compat.version_tuple(str(expect)) or ())[:2] != (compat.version_tuple(runtime) or ())[:2]:
+        out.details["profile_cuda_runtime"] = expect
+        return f"; the profile expects CUDA {expect}"
+    return ""
+
+
+def _driver_runs(runtime: str, driver: str, driver_cuda: str | None, need: str | None, out: Findings) -> bool:
+    """Whether the driver runs torch's CUDA runtime: NVML's CUDA version is what the driver itself says it
+    supports; the table's minimum driver is the fallback; with neither it cannot be judged (``NotJudged``)."""
+    rt = compat.version_tuple(runtime) or (0,)
+    drv = compat.version_tuple(driver)
+    dc = compat.version_tuple(driver_cuda)
+    need_t = compat.version_tuple(need)
+    if dc is not None:
+        return rt[:2] <= dc[:2]
+    if drv is not None and need_t is not None:
+        return drv >= need_t
+    raise NotJudged.failing(f"cannot judge: NVML reported driver {driver or '?'} and no CUDA version, and CUDA "
+                            f"{runtime} is not in the table", **out.details)
+
+
+def _torch_blind(nvml: dict[str, Any], info: dict[str, Any]) -> str | None:
+    """Why torch cannot use CUDA while NVML sees GPUs (the finding's text), or None when that is not so."""
+    gpus = [d for d in nvml.get("devices") or [] if isinstance(d, dict)]
+    if gpus and info.get("cuda_available") is False:
+        why = "; ".join(info.get("cuda_warnings") or []) or info.get("cuda_error") or "no reason given"
+        return f"NVML sees {len(gpus)} GPU(s) but torch {info.get('version')} cannot use CUDA: {why}"
+    return None
+
+
 def judge_compat(read: Reader, settings: Settings) -> Findings:
     """Driver CUDA version (NVML) against the CUDA runtime torch was built with (doctor/data/compat.toml)."""
     nvml = driver_reading(read)
@@ -117,32 +151,15 @@ def judge_compat(read: Reader, settings: Settings) -> Findings:
     need = compat.min_driver(runtime)
     out = Findings(driver=driver, driver_cuda=driver_cuda, torch=info.get("version"), torch_cuda=runtime,
                    min_driver=need)
-    expect = settings.get("stack.cuda_runtime")
-    note = ""
-    if expect and (compat.version_tuple(str(expect)) or ())[:2] != (compat.version_tuple(runtime) or ())[:2]:
-        note = f"; the profile expects CUDA {expect}"
-        out.details["profile_cuda_runtime"] = expect
-    rt = compat.version_tuple(runtime) or (0,)
-    drv = compat.version_tuple(driver)
-    dc = compat.version_tuple(driver_cuda)
-    need_t = compat.version_tuple(need)
+    note = _profile_cuda_note(settings, runtime, out)
     fix = Remediation(
         f"Install NVIDIA driver >= {need or 'the one matching CUDA ' + runtime} (CUDA {runtime}), or a torch "
         f"built for CUDA {driver_cuda or 'your driver'}; on datacenter GPUs the cuda-compat package is a third way.",
         ["nvidia-smi", shlex.join([settings.python, "-c", "import torch; print(torch.version.cuda)"])])
-    # NVML's CUDA version is what the driver itself says it supports; the table is the fallback.
-    if dc is not None:
-        supported = rt[:2] <= dc[:2]
-    elif drv is not None and need_t is not None:
-        supported = drv >= need_t
-    else:
-        raise NotJudged.failing(f"cannot judge: NVML reported driver {driver or '?'} and no CUDA version, and CUDA "
-                                f"{runtime} is not in the table", **out.details)
-    gpus = [d for d in nvml.get("devices") or [] if isinstance(d, dict)]
-    if gpus and info.get("cuda_available") is False:
-        why = "; ".join(info.get("cuda_warnings") or []) or info.get("cuda_error") or "no reason given"
-        return out.fail("cuda.compat.no_cuda", f"NVML sees {len(gpus)} GPU(s) but torch {info.get('version')} "
-                        f"cannot use CUDA: {why}", fix)
+    supported = _driver_runs(runtime, driver, driver_cuda, need, out)
+    blind = _torch_blind(nvml, info)
+    if blind:
+        return out.fail("cuda.compat.no_cuda", blind, fix)
     if supported:
         summary = f"driver {driver} (CUDA {driver_cuda or '?'}) runs torch's CUDA {runtime} runtime"
         if note:
@@ -189,42 +206,69 @@ def matmul_failure(info: dict[str, Any], out: Findings) -> Findings | None:
     return None
 
 
+def _no_arch_to_judge(info: dict[str, Any], settings: Settings) -> Findings | None:
+    """A torch with nothing to match against a GPU: a CPU-only build, or one that reports no compiled target."""
+    if not info.get("cuda"):
+        return Findings(torch=info.get("version")).fail(
+            "torch.arch.cpu_torch", f"torch {info.get('version')} is a CPU-only build: no GPU kernels at all",
+            Remediation("Install the CUDA build of torch.", [pip_install(settings, "torch", "torch")]))
+    if not info.get("arch_flags"):
+        return Findings(torch=info.get("version")).fail("torch.arch.no_targets", f"torch {info.get('version')} "
+                                                        "reports no compiled CUDA targets")
+    return None
+
+
+def _arch_match(flags: list[str], cc: tuple[int, int]) -> Match:
+    """The best of torch's targets for one GPU, its general targets first: the arch-specific extras (``sm_90a``)
+    are not torch's kernel set, only a fallback."""
+    general = [f for f in flags if not f.endswith("a")]
+    match = best_match(general, cc)
+    return match if match.ok else best_match(flags, cc)
+
+
+def _no_kernels(out: Findings, info: dict[str, Any], bad: dict[str, Match], where: str, flags: list[str],
+                settings: Settings) -> Findings:
+    """No usable target for some GPU: the fix names the CUDA each architecture needs a torch built with."""
+    needs = []
+    for cc in bad:
+        arch = compat.arch_info(cc)
+        if arch.get("min_cuda"):
+            needs.append(f"{arch.get('name', cc)} ({cc}) needs a torch built with CUDA >= {arch['min_cuda']}")
+    text = "Install a torch wheel built for this GPU's architecture" + (f": {'; '.join(needs)}" if needs else "")
+    notes = "; ".join(m.note for m in bad.values())
+    return out.fail("torch.arch.no_kernels", f"torch {info.get('version')} (CUDA {info.get('cuda')}) has no "
+                    f"kernels for {where}: {notes} (has {' '.join(flags)})",
+                    Remediation(text + ".", [pip_install(settings, "torch", "torch")]))
+
+
 def judge_arch(read: Reader, judged: Callable[[], tuple[list[tuple[int, int]], str, dict[str, Any]]],
                settings: Settings) -> Findings:
     """torch's compiled targets against every GPU by CUDA's binary compatibility (doctor/stack/cuda_arch.py)."""
     info = torch_reading(read, settings.deep, torch_from_binaries)
     if not info.get("ok"):
         return torch_unusable(settings, info)
-    if not info.get("cuda"):
-        return Findings(torch=info.get("version")).fail(
-            "torch.arch.cpu_torch", f"torch {info.get('version')} is a CPU-only build: no GPU kernels at all",
-            Remediation("Install the CUDA build of torch.", [pip_install(settings, "torch", "torch")]))
+    early = _no_arch_to_judge(info, settings)
+    if early is not None:
+        return early
     flags = [str(f) for f in info.get("arch_flags") or []]
-    if not flags:
-        return Findings(torch=info.get("version")).fail("torch.arch.no_targets", f"torch {info.get('version')} "
-                                                        "reports no compiled CUDA targets")
     ccs, where, source = judged()
     if not ccs:
         raise NotJudged.missing("no GPU to judge: NVML sees none and the profile names no compute_capability",
                                 **source)
-    general = [f for f in flags if not f.endswith("a")]  # arch-specific extras are not torch's kernel set
-    per_cc = {cc_str(cc): best_match(general, cc) if best_match(general, cc).ok else best_match(flags, cc)
-              for cc in ccs}
+    per_cc = {cc_str(cc): _arch_match(flags, cc) for cc in ccs}
     out = Findings(torch=info.get("version"), arch_flags=flags, gpus=where, **source,
                    targets_from=info.get("targets_from", "torch._C._cuda_getArchFlags()"),
                    match={k: {"how": m.how, "target": m.target, "note": m.note} for k, m in per_cc.items()})
     bad = {k: m for k, m in per_cc.items() if not m.ok}
     if bad:
-        needs = []
-        for cc in bad:
-            arch = compat.arch_info(cc)
-            if arch.get("min_cuda"):
-                needs.append(f"{arch.get('name', cc)} ({cc}) needs a torch built with CUDA >= {arch['min_cuda']}")
-        text = "Install a torch wheel built for this GPU's architecture" + (f": {'; '.join(needs)}" if needs else "")
-        notes = "; ".join(m.note for m in bad.values())
-        return out.fail("torch.arch.no_kernels", f"torch {info.get('version')} (CUDA {info.get('cuda')}) has no "
-                        f"kernels for {where}: {notes} (has {' '.join(flags)})",
-                        Remediation(text + ".", [pip_install(settings, "torch", "torch")]))
+        return _no_kernels(out, info, bad, where, flags, settings)
+    return _kernels_found(out, info, per_cc, where, source, settings)
+
+
+def _kernels_found(out: Findings, info: dict[str, Any], per_cc: dict[str, Match], where: str,
+                   source: dict[str, Any], settings: Settings) -> Findings:
+    """Every GPU has a target: with --deep the matmul must also have run everywhere; a PTX-only match warns (every
+    kernel JIT-compiled at first use); GPUs taken from the profile are said to be so."""
     summary = f"torch {info.get('version')} on {where}: " + "; ".join(m.note for m in per_cc.values())
     if settings.deep:
         failed = matmul_failure(info, out)

@@ -127,13 +127,11 @@ def components(stack: dict[str, Any], settings: Settings, problems: list[str]) -
     return rows, versions
 
 
-def judge_versions(stack: dict[str, Any], settings: Settings) -> Findings:
-    if not stack.get("ok"):
-        return probe_failure(settings.python, stack, "read the installed packages")
-    problems: list[str] = []
-    warnings: list[str] = []
-    rows, versions = components(stack, settings, problems)
-    missing = matrix(versions, problems, warnings, rows)
+def _install_problems(stack: dict[str, Any], settings: Settings, missing: dict[str, str], problems: list[str],
+                      warnings: list[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Add what the installed packages say beyond the profile's pins to ``problems`` and ``warnings``: SGLang's
+    unmet requirements (a warning where the profile overrides one on purpose), unreadable metadata, two copies
+    of a stack package on sys.path. Returns (the unmet requirements, the duplicates) for the details."""
     unmet = unmet_requirements(settings, stack, set(missing))
     for item in unmet:
         (warnings if item["overridden_by_profile"] else problems).append(item["text"])
@@ -142,16 +140,35 @@ def judge_versions(stack: dict[str, Any], settings: Settings) -> Findings:
     dups = [d for d in stack.get("duplicates") or [] if norm(d.get("name", "")) in stack_dist_names()]
     for d in dups:
         warnings.append(f"two copies of {d['name']} on sys.path ({d['shadowed_by']} imports, {d['version']} shadowed)")
+    return unmet, dups
+
+
+def _pin_fix(settings: Settings, missing: dict[str, str]) -> Remediation:
+    """One pip install of every version the profile pins, and of what the installed SGLang needs unpinned:
+    they are tested together, so the fix installs the whole set, not only the one that differs."""
+    specs = [f"{PIP_NAMES[c]}{settings.get(f'stack.{c}')}" for c in COMPONENTS if settings.get(f"stack.{c}")]
+    specs += [f"{PIP_NAMES[c]}=={pin}" for c, pin in missing.items()]
+    text = "Install the versions the profile pins (they are tested together)"
+    if missing:
+        text += " and what the installed SGLang needs that the profile does not pin"
+    return Remediation(text + ".", [shlex.join([settings.python, "-m", "pip", "install", *specs])])
+
+
+def judge_versions(stack: dict[str, Any], settings: Settings) -> Findings:
+    """The stack's installed versions against the profile's pins and SGLang's own requirements: every problem
+    a failure with one fix, else the overrides as warnings, else the installed set."""
+    if not stack.get("ok"):
+        return probe_failure(settings.python, stack, "read the installed packages")
+    problems: list[str] = []
+    warnings: list[str] = []
+    rows, versions = components(stack, settings, problems)
+    missing = matrix(versions, problems, warnings, rows)
+    unmet, dups = _install_problems(stack, settings, missing, problems, warnings)
     out = Findings(components=rows, unmet=unmet, duplicates=dups, python=settings.python,
                    metadata_errors=stack.get("metadata_errors") or [], warnings=warnings)
     installed = ", ".join(f"{PIP_NAMES[c]} {rows[c]['installed']}" for c in COMPONENTS if rows[c]["installed"])
     if problems:
-        specs = [f"{PIP_NAMES[c]}{settings.get(f'stack.{c}')}" for c in COMPONENTS if settings.get(f"stack.{c}")]
-        specs += [f"{PIP_NAMES[c]}=={pin}" for c, pin in missing.items()]
-        text = "Install the versions the profile pins (they are tested together)"
-        if missing:
-            text += " and what the installed SGLang needs that the profile does not pin"
-        fix = Remediation(text + ".", [shlex.join([settings.python, "-m", "pip", "install", *specs])])
+        fix = _pin_fix(settings, missing)
         for problem in problems:
             out.fail("stack.versions.mismatch", problem, fix)
         return out
