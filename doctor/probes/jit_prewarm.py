@@ -3,11 +3,14 @@
 Started by ``k26-doctor launch`` while its checks run (``doctor.service.prewarm``), never by ``check``.
 Arguments: ``--deadline SECONDS`` then the module names (``sampling``, ``norm``). Each is built the way the
 server's first call builds it, ``flashinfer.jit.<name>.gen_<name>_module().build_and_load()`` (a module already in
-the cache is only loaded), all of them at once (one nvcc per source file: a module alone leaves most cores idle).
-FlashInfer holds a file lock per module while it builds, so a server that needs a module being built waits for it
-and loads it rather than building it again. At the deadline the probe stops its whole process group (ninja, and
-through ninja the compilers: its lock is released, the server builds what is missing), so a hung compiler never
-holds a start.
+the cache is only loaded), all of them at once, one process per module (``--one NAME``: this file again, in this
+process group), each with its ninja's jobs bounded by the cores shared between them (``MAX_JOBS``, which
+FlashInfer passes to ninja as ``-j``; a module has two or three sources, so the longest module's time is the
+prewarm's). FlashInfer 0.7.2 holds a file lock per module while it builds (``JitSpec.build_and_load``:
+``FileLock(<cached_ops>/tmp/<name>.lock)``, then a second look for the built module), so a server that needs a
+module being built waits for it and loads it rather than building it again. At the deadline the probe stops its
+whole process group (its module processes, their ninja, and through ninja the compilers: the locks are released,
+the server builds what is missing), so a hung compiler never holds a start.
 The GPU is not touched: ``launch`` hides the devices and names the architecture (``FLASHINFER_CUDA_ARCH_LIST``).
 Prints one JSON object on its last line: ``{"modules": [{"module", "ok", "seconds", "error"}]}`` (``"absent": true``
 when FlashInfer is not installed: nothing to compile); exit 0 even when a module fails (the launch goes on).
@@ -19,8 +22,8 @@ import importlib.util
 import json
 import os
 import signal
+import subprocess
 import sys
-import threading
 import time
 
 
@@ -57,8 +60,44 @@ def expire(_signum, _frame):
     os.killpg(group, signal.SIGKILL)
 
 
+def build_one(name):
+    """``--one NAME``: this module alone, its result as one JSON line."""
+    results = {}
+    try:
+        build(name, spec_of(name), results)
+    except BaseException as exc:
+        results[name] = {"module": name, "ok": False, "seconds": 0.0,
+                         "error": (type(exc).__name__ + ": " + str(exc))[-2000:]}
+    print(json.dumps(results[name]), flush=True)
+    return 0
+
+
+def jobs_each(count):
+    """Ninja's jobs per module: the cores this process may use, shared (MAX_JOBS when the service sets it)."""
+    given = os.environ.get("MAX_JOBS")
+    if given and given.isdigit():
+        return given
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return str(max(1, cores // max(1, count)))
+
+
+def last_json(text):
+    for line in reversed((text or "").strip().splitlines()):
+        if line.strip().startswith("{"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                return None
+    return None
+
+
 def main(argv):
     deadline = None
+    if len(argv) == 2 and argv[0] == "--one":
+        return build_one(argv[1])
     if len(argv) >= 2 and argv[0] == "--deadline":
         deadline, argv = float(argv[1]), argv[2:]
     if deadline is not None and os.getpgid(0) == os.getpid():  # only a group of its own is ours to kill
@@ -67,25 +106,27 @@ def main(argv):
     if importlib.util.find_spec("flashinfer") is None:  # nothing to compile: the server does not use it either
         print(json.dumps({"modules": [], "absent": True}), flush=True)
         return 0
-    results, threads = {}, []
-    for name in argv:  # imported one after the other: the builds run at once
+    env = dict(os.environ, MAX_JOBS=jobs_each(len(argv)))
+    children, results = {}, {}
+    for name in argv:  # one process each, all at once, in this process group (the deadline stops them all)
+        started = time.perf_counter()
         try:
-            spec = spec_of(name)
-        except BaseException as exc:
-            results[name] = {"module": name, "ok": False, "seconds": 0.0,
-                             "error": (type(exc).__name__ + ": " + str(exc))[-2000:]}
-            continue
-        t = threading.Thread(target=build, args=(name, spec, results), daemon=True)
-        t.start()
-        threads.append(t)
-    for t in threads:
-        t.join()
+            children[name] = (subprocess.Popen([sys.executable, os.path.abspath(__file__), "--one", name], env=env,
+                                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE), started)
+        except OSError as exc:
+            results[name] = {"module": name, "ok": False, "seconds": 0.0, "error": "cannot start: " + str(exc)}
+    for name, (child, started) in children.items():
+        out, _ = child.communicate()
+        got = last_json(out.decode("utf-8", "replace"))
+        results[name] = got if isinstance(got, dict) and got.get("module") == name else {
+            "module": name, "ok": False, "seconds": round(time.perf_counter() - started, 2),
+            "error": f"its process exited with status {child.returncode} without a result"}
     out = [results[n] for n in argv if n in results]
     for r in out:
         sys.stderr.write("prewarm {}: {} in {:.1f} s\n".format(r["module"], "ok" if r["ok"] else "failed",
                                                                r["seconds"]))
     sys.stderr.flush()
-    print(json.dumps({"modules": out}), flush=True)
+    print(json.dumps({"modules": out, "jobs_each": env["MAX_JOBS"]}), flush=True)
     return 0
 
 

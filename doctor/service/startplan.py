@@ -33,6 +33,7 @@ CONSTANTS_FILE = Path(__file__).resolve().parents[1] / "data" / "start_constants
 GIB = 1024**3
 DEFAULT_KIND = "h200"  # the constants used for a GPU no kind matches (the plan says so)
 ASSUMED_LAYERS = 61  # Kimi K2.6's num_hidden_layers, when the target's config.json was not read
+TREE_MODULE = "speculative_tree"  # SGLang's JIT module of the DDTree tree-verify kernels
 
 
 @dataclass
@@ -154,15 +155,45 @@ def graph_plan(args: list[str], table: dict[str, Any]) -> dict[str, Any]:
 
 # -- the inputs: what the facts say -----------------------------------------------------------------------------
 
+def cache_state(env: dict[str, str], home: str) -> dict[str, Any]:
+    """What the server's caches hold now, read where the server will look (its environment ``env``): FlashInfer's
+    compiled modules (``<base>/.cache/flashinfer/<version>/<archs>/cached_ops/<module>/<module>.so``), the Triton
+    cache's entry count (SGLang's redirect of its default included) and SGLang's own JIT modules (the DDTree
+    tree-verify kernels). Stat and listdir only: ``launch`` reads them again after its prewarm, and a plan made on
+    them predicts a warm start warm and a cold one cold."""
+    from doctor.host.jitcache import (
+        cache_dirs,
+        entry_count,
+        flashinfer_compiled,
+        server_triton_dir,
+        sglang_jit_compiled,
+        sglang_jit_dir,
+    )
+
+    fi = cache_dirs(env, home)["flashinfer"]["path"]
+    triton, triton_from = server_triton_dir(env, home)
+    sgl = sglang_jit_dir(env, home)
+    return {"flashinfer": {"cache": fi, "compiled": flashinfer_compiled(fi)},
+            "triton_cache": {"path": triton, "from": triton_from, "entries": entry_count(triton) or 0},
+            "sglang_jit": {"path": sgl, "compiled": sglang_jit_compiled(sgl)}}
+
+
 def start_inputs(get: Callable[[str], Any], args: list[str], *, tp: int,
-                 python_import_s: float | None = None) -> dict[str, Any]:
+                 python_import_s: float | None = None, caches: dict[str, Any] | None = None) -> dict[str, Any]:
     """The plan's inputs from the facts ``get(name)`` returns (None where a fact is not to be had): the GPU, the
     shards and how much of them is resident, the compiled FlashInfer modules and the Triton cache, the server's
-    arguments. JSON only, so a plan can be recorded and replayed."""
-    nvml, resident, caches, stack, imp = (get(n) for n in ("nvml", "weights_resident", "jit_caches", "stack",
-                                                           "sglang_import"))
+    arguments. ``caches`` (``cache_state`` of the server's environment) replaces what the facts say of the caches.
+    JSON only, so a plan can be recorded and replayed."""
+    nvml, resident, jit_facts, stack, imp = (get(n) for n in ("nvml", "weights_resident", "jit_caches", "stack",
+                                                              "sglang_import"))
     gpu_name, cc_text = _gpu_input(nvml)
     import_s = (imp or {}).get("import_s") if isinstance(imp, dict) and (imp or {}).get("imported") else None
+    fi = _flashinfer_input(stack, jit_facts)
+    triton = _triton_input(jit_facts)
+    sgl_jit = None
+    if caches:
+        fi.update(caches["flashinfer"])
+        triton, sgl_jit = caches["triton_cache"], caches["sglang_jit"]
     return {
         "gpu_name": gpu_name,
         "compute_capability": cc_text,
@@ -172,8 +203,9 @@ def start_inputs(get: Callable[[str], Any], args: list[str], *, tp: int,
         "target": _model_input((resident or {}).get("target") if isinstance(resident, dict) else None),
         "drafter": _model_input((resident or {}).get("drafter") if isinstance(resident, dict) else None),
         "meminfo": (resident or {}).get("meminfo") if isinstance(resident, dict) else None,
-        "flashinfer": _flashinfer_input(stack, caches),
-        "triton_cache": _triton_input(caches),
+        "flashinfer": fi,
+        "triton_cache": triton,
+        "sglang_jit": sgl_jit,
         "import_s": import_s if isinstance(import_s, (int, float)) else python_import_s,
     }
 
@@ -243,7 +275,8 @@ def predict(inputs: dict[str, Any], table: dict[str, Any]) -> StartPlan:
                    _load("drafter", inputs.get("drafter"), None, k)]
     plan.parts.append(Part("kv_cache", _value(k, "kv_cache_s"), "measured constant"))
     graphs, kernels = _graphs(inputs, table, k)
-    plan.parts += [graphs, kernels, _jit(inputs, table, k),
+    to_first_forward = sum(p.seconds for p in plan.parts)  # where the server first calls FlashInfer's modules
+    plan.parts += [graphs, kernels, _jit(inputs, table, k, to_first_forward),
                    Part("warmup", _value(k, "warmup_s"), "measured constant"),
                    Part("ready", _value(k, "ready_after_fired_up_s"), "first /health 200 after the warm-up "
                         "(measured constant)")]
@@ -351,10 +384,20 @@ def _kernels(inputs: dict[str, Any], gp: dict[str, Any], cold: bool, k: dict[str
     """Kernel warm-up outside the captures: DDTree's tree kernels compile on an empty Triton cache, and that
     compile is what a persistent cache avoids."""
     spec = bool(gp.get("speculative")) and str(inputs.get("algorithm") or "").upper() == "DDTREE"
-    ksec = _value(k, "kernel_warmup_cold_s" if (spec and cold) else "kernel_warmup_s")
-    return Part("kernels", ksec, "kernel warm-up outside the captures" + (" (DDTree's tree kernels compile on "
-                "an empty Triton cache)" if spec and cold else ""),
-                round(ksec - _value(k, "kernel_warmup_s"), 1) if spec and cold else 0.0)
+    sgl = inputs.get("sglang_jit")
+    if isinstance(sgl, dict) and isinstance(sgl.get("compiled"), list):
+        # SGLang's JIT cache read: the tree-verify kernels are built there or compile now
+        built = any(str(m).split("/")[-1] == TREE_MODULE for m in sgl["compiled"])
+        cold, why = not built, (f"SGLang's {TREE_MODULE} JIT module " + ("built" if built else "not built")
+                                + f" in {sgl.get('path')}")
+    else:
+        why = "the SGLang JIT cache not read: taken as cold as the Triton cache" if cold else ""
+    cold = spec and cold
+    ksec = _value(k, "kernel_warmup_cold_s" if cold else "kernel_warmup_s")
+    basis = "kernel warm-up outside the captures" + (f" (DDTree's tree kernels: {why})" if spec and why else "")
+    return Part("kernels", ksec, basis, round(ksec - _value(k, "kernel_warmup_s"), 1) if cold else 0.0,
+                "keep SGLANG_JIT_CACHE_DIR on a persistent, writable filesystem: the next start reuses the "
+                "tree kernels" if cold else "")
 
 
 def needed_modules(inputs: dict[str, Any], table: dict[str, Any]) -> list[str]:
@@ -377,7 +420,11 @@ def missing_modules(inputs: dict[str, Any], table: dict[str, Any]) -> list[str]:
                                                                    inputs.get("compute_capability")))]
 
 
-def _jit(inputs: dict[str, Any], table: dict[str, Any], k: dict[str, Any]) -> Part:
+def _jit(inputs: dict[str, Any], table: dict[str, Any], k: dict[str, Any], to_first_forward: float) -> Part:
+    """FlashInfer's modules: none to compile (warm), compiled by the server when it first calls them (one after the
+    other, the start waits for each), or being compiled by ``launch``'s prewarm beside the server (all at once, one
+    process each: the server waits on FlashInfer's file lock only for what is not done when its first forward,
+    ``to_first_forward`` s after the exec, calls it)."""
     need = needed_modules(inputs, table)
     if not need:
         return Part("jit", 0.0, "FlashInfer not installed: no JIT modules")
@@ -389,10 +436,12 @@ def _jit(inputs: dict[str, Any], table: dict[str, Any], k: dict[str, Any]) -> Pa
     building = (inputs.get("flashinfer") or {}).get("building")
     if isinstance(building, dict) and set(missing) <= set(building.get("modules") or []):
         # the prewarm goes on beside the server, which needs the modules only after its start-up
-        head = float(building.get("elapsed_s") or 0.0) + _value(k, "interpreter_s") + _value(k, "startup_s")
-        left = max(0.0, seconds - head)
+        head = float(building.get("elapsed_s") or 0.0) + to_first_forward
+        longest = max(float(k["jit"].get(m, {}).get("value", 0.0)) for m in missing)
+        left = max(0.0, longest - head)
         return Part("jit", round(left, 1), f"FlashInfer's {', '.join(missing)} being compiled by the prewarm beside "
-                    f"the server ({building.get('elapsed_s')} s so far): what is left when the server needs them")
+                    f"the server, in parallel ({building.get('elapsed_s')} s so far, the longest {longest:g} s): what "
+                    f"is left when the server's first forward needs them, {to_first_forward:.0f} s after its exec")
     return Part("jit", round(seconds, 1), f"FlashInfer's {', '.join(missing)} not compiled in {where}: compiled at "
                 "start", round(seconds, 1), "compile them ahead: `k26-doctor launch` prewarms them in parallel with "
                 "its checks (unless --no-prewarm)")

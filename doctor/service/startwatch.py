@@ -53,14 +53,13 @@ class StartWatch:
     def _start_prewarm(self, launch_plan: Any) -> None:
         if not self.want_prewarm:
             return
-        from doctor.host.jitcache import cache_dirs, flashinfer_compiled
-
         env = dict(launch_plan.env)
-        cache = cache_dirs(env, env.get("HOME") or os.path.expanduser("~"))["flashinfer"]["path"]
+        state = server_caches(launch_plan)
+        cache = state["flashinfer"]["cache"]
         cc = gpu_capability()
         algorithm = startplan.arg_value(launch_plan.server_args, "--speculative-algorithm")
         inputs = {"algorithm": algorithm, "compute_capability": cc,
-                  "flashinfer": {"compiled": flashinfer_compiled(cache), "version": None}}
+                  "flashinfer": {"compiled": state["flashinfer"]["compiled"], "version": None}}
         missing = startplan.missing_modules(inputs, startplan.constants())
         plan = pw.plan_prewarm(launch_plan.argv[0], env, missing, cache, cc, self.deadline_s)
         if plan is None:
@@ -111,9 +110,9 @@ class StartWatch:
 
         ctx = ctx or make_context(self.settings)
         get = startplan.fact_reader(ctx, also=("nvml",))  # which GPU: the constants of its kind
-        if self.prewarm is not None:  # what the prewarm built is in the cache now: list it again
-            get = with_cache_listed(get, self.prewarm.plan.cache)
-        self.inputs = startplan.start_inputs(get, launch_plan.server_args, tp=self.settings.tp)
+        # the caches as they are now (after the prewarm's work so far), where the server will look: its environment
+        self.inputs = startplan.start_inputs(get, launch_plan.server_args, tp=self.settings.tp,
+                                             caches=server_caches(launch_plan))
         if self.building:
             self.inputs["flashinfer"]["building"] = self.building
         if self.prewarm_outcome is not None and self.prewarm_outcome.absent:
@@ -178,13 +177,10 @@ class StartWatch:
         return entry
 
 
-def with_cache_listed(get: Callable[[str], Any], cache: str) -> Callable[[str], Any]:
-    """``get`` with the ``jit_caches`` fact's FlashInfer modules listed again from ``cache`` (after a prewarm)."""
-    from doctor.host.jitcache import flashinfer_compiled
-
-    fresh = dict(get("jit_caches") or {})
-    fresh["flashinfer_compiled"] = flashinfer_compiled(cache)
-    return lambda name: fresh if name == "jit_caches" else get(name)
+def server_caches(launch_plan: Any) -> dict[str, Any]:
+    """``startplan.cache_state`` of the environment the server is exec'd with (its HOME, else the doctor's)."""
+    env = dict(launch_plan.env)
+    return startplan.cache_state(env, env.get("HOME") or os.path.expanduser("~"))
 
 
 def gpu_capability() -> str | None:

@@ -1,0 +1,199 @@
+"""The start plan reads the caches the server will use as facts: FlashInfer's compiled modules, the Triton cache and
+SGLang's own JIT modules, on directory layouts as the real packages write them, so that a warm start is predicted
+warm and a cold one cold; and ``launch``'s prewarm compiles the modules at once, one process each."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from doctor.host.jitcache import server_triton_dir, sglang_jit_compiled, sglang_jit_dir
+from doctor.service import prewarm, startplan
+from doctor.service.launcher import LaunchPlan
+from doctor.service.startwatch import server_caches
+
+ARGS = ["--speculative-algorithm", "DDTREE", "--max-running-requests", "48"]
+PAYLOAD_WHEEL = Path.home() / ".cache/k26-doctor-payload/flashinfer/flashinfer_python-0.7.2-py3-none-any.whl"
+
+
+def flashinfer_module(base: Path, module: str, version: str = "0.7.2", archs: str = "90a") -> Path:
+    """A module as FlashInfer 0.7.2 leaves it built (flashinfer/jit/env.py: FLASHINFER_CACHE_DIR =
+    <FLASHINFER_WORKSPACE_BASE>/.cache/flashinfer, the workspace <version>/<archs: sorted major-minor joined by
+    "_">, FLASHINFER_JIT_DIR its cached_ops; flashinfer/jit/core.py: build_dir <JIT_DIR>/<name>, the library
+    <name>.so beside build.ninja and the objects, the lock <JIT_DIR>/tmp/<name>.lock)."""
+    ops = base / ".cache" / "flashinfer" / version / archs / "cached_ops"
+    (ops / "tmp").mkdir(parents=True, exist_ok=True)
+    (ops / "tmp" / f"{module}.lock").write_bytes(b"")
+    (ops / module).mkdir(parents=True, exist_ok=True)
+    (ops / module / "build.ninja").write_text("ninja_required_version = 1.3\n")
+    (ops / module / f"{module}.cuda.o").write_bytes(b"\x7fELF")
+    so = ops / module / f"{module}.so"
+    so.write_bytes(b"\x7fELF")
+    return so
+
+
+def sglang_module(root: Path, module: str, target: str = "sm90a") -> Path:
+    """A module as SGLang 0.5.23 publishes it (sglang/kernels/jit/utils/compile/cache.py: <SGLANG_JIT_CACHE_DIR>/
+    <target>/<module>/build-<build_key>/deps-<deps_key>/<module>.so beside sgl_deps.json)."""
+    leaf = root / target / module / "build-3f2a9c" / "deps-77b1e0"
+    leaf.mkdir(parents=True, exist_ok=True)
+    (leaf / "sgl_deps.json").write_text("[]")
+    so = leaf / f"{module}.so"
+    so.write_bytes(b"\x7fELF")
+    return so
+
+
+def env_for(tmp: Path) -> dict[str, str]:
+    return {"HOME": str(tmp / "home"), "FLASHINFER_WORKSPACE_BASE": str(tmp / "fi"),
+            "TRITON_CACHE_DIR": str(tmp / "triton"), "SGLANG_JIT_CACHE_DIR": str(tmp / "sgl-jit")}
+
+
+def plan_on(caches: dict, *, building: dict | None = None) -> dict[str, startplan.Part]:
+    facts = {"nvml": {"devices": [{"name": "NVIDIA H200", "compute_capability": [9, 0]}]},
+             "stack": {"distributions": {"flashinfer-python": {"version": "0.7.2"}}}}
+    inputs = startplan.start_inputs(facts.get, ARGS, tp=1, caches=caches)
+    if building:
+        inputs["flashinfer"]["building"] = building
+    return {p.name: p for p in startplan.predict(inputs, startplan.constants()).parts}
+
+
+def test_a_warm_cache_set_is_predicted_warm_and_an_empty_one_cold(tmp_path: Path) -> None:
+    env = env_for(tmp_path)
+    cold = startplan.cache_state(env, env["HOME"])  # none of the directories exists yet: what a fresh host has
+    assert cold["flashinfer"]["compiled"] == [] and cold["triton_cache"]["entries"] == 0
+    assert cold["sglang_jit"]["compiled"] == []
+    parts = plan_on(cold)
+    assert parts["jit"].seconds == pytest.approx(107.0 + 40.1) and "not compiled" in parts["jit"].basis
+    assert "Triton cache empty" in parts["cuda_graphs"].basis and parts["cuda_graphs"].avoidable_s > 20
+    assert parts["kernels"].seconds == 31.0 and "speculative_tree JIT module not built" in parts["kernels"].basis
+
+    for m in ("norm", "sampling"):
+        flashinfer_module(tmp_path / "fi", m)
+    sglang_module(tmp_path / "sgl-jit", "speculative_tree")
+    for i in range(40):  # Triton: one directory per kernel (its hash)
+        (tmp_path / "triton" / f"{i:02x}ab").mkdir(parents=True)
+    warm = startplan.cache_state(env, env["HOME"])
+    assert sorted(warm["flashinfer"]["compiled"]) == ["0.7.2/90a/norm", "0.7.2/90a/sampling"]
+    assert warm["triton_cache"] == {"path": str(tmp_path / "triton"), "from": "TRITON_CACHE_DIR", "entries": 40}
+    assert warm["sglang_jit"]["compiled"] == ["sm90a/speculative_tree"]
+    parts = plan_on(warm)
+    assert parts["jit"].seconds == 0 and parts["kernels"].seconds == 0.2 and parts["cuda_graphs"].avoidable_s == 0
+    assert "40 entries" in parts["cuda_graphs"].basis
+
+
+def test_a_module_of_another_architecture_or_half_built_does_not_count(tmp_path: Path) -> None:
+    env = env_for(tmp_path)
+    flashinfer_module(tmp_path / "fi", "sampling", archs="100a")  # a B200's build in the same cache
+    half = flashinfer_module(tmp_path / "fi", "norm")
+    half.unlink()  # interrupted: objects and build.ninja, no library
+    leaf = sglang_module(tmp_path / "sgl-jit", "speculative_tree")
+    leaf.unlink()
+    (leaf.parents[1] / ".staging-1f").mkdir()  # a build in progress
+    state = startplan.cache_state(env, env["HOME"])
+    assert state["flashinfer"]["compiled"] == ["0.7.2/100a/sampling"] and state["sglang_jit"]["compiled"] == []
+    parts = plan_on(state)
+    assert parts["jit"].seconds == pytest.approx(107.0 + 40.1)  # both compile on the H200
+    assert parts["kernels"].seconds == 31.0
+
+
+def test_the_caches_are_those_of_the_servers_environment(tmp_path: Path) -> None:
+    """Without the variables: FlashInfer under SGLang's cache (SGLang points it there), Triton under
+    <SGLANG_CACHE_DIR>/triton (``import sglang`` sets that default), SGLang's JIT kernels in ~/.cache/sglang/jit."""
+    home = str(tmp_path / "h")
+    assert server_triton_dir({}, home) == (os.path.join(home, ".cache", "sglang", "triton"),
+                                           "SGLang's default <SGLANG_CACHE_DIR>/triton")
+    assert server_triton_dir({"SGLANG_CACHE_DIR": "/srv/c"}, home)[0] == "/srv/c/triton"
+    assert sglang_jit_dir({"SGLANG_CACHE_DIR": "/srv/c"}, home) == os.path.join(home, ".cache", "sglang", "jit")
+    assert sglang_jit_dir({"SGLANG_JIT_CACHE_DIR": "~/j"}, home) == os.path.join(home, "j")
+    flashinfer_module(Path(home) / ".cache" / "sglang", "norm")
+    sglang_module(Path(home) / ".cache" / "sglang" / "jit", "speculative_tree")
+    plan = LaunchPlan(["python3", "-m", "sglang.launch_server"], {"HOME": home}, [], [])
+    state = server_caches(plan)
+    assert state["flashinfer"]["compiled"] == ["0.7.2/90a/norm"]
+    assert state["sglang_jit"]["compiled"] == ["sm90a/speculative_tree"]
+    assert sglang_jit_compiled(str(tmp_path / "absent")) == []
+
+
+def test_the_layout_is_the_one_flashinfer_0_7_2_writes() -> None:
+    """The paths the tests above build, read in FlashInfer 0.7.2's own JIT code (the wheel the GPU payload ships,
+    when this host has it): the cache root, the workspace, cached_ops, the library's name and the build lock."""
+    if not PAYLOAD_WHEEL.exists():
+        pytest.skip(f"FlashInfer 0.7.2's wheel is not on this host ({PAYLOAD_WHEEL}): bench/ddtree/payload.py "
+                    "downloads it")
+    with zipfile.ZipFile(PAYLOAD_WHEEL) as z:
+        env = z.read("flashinfer/jit/env.py").decode()
+        core = z.read("flashinfer/jit/core.py").decode()
+    assert 'FLASHINFER_CACHE_DIR: pathlib.Path = FLASHINFER_BASE_DIR / ".cache" / "flashinfer"' in env
+    assert 'os.getenv("FLASHINFER_WORKSPACE_BASE"' in env
+    assert "return FLASHINFER_CACHE_DIR / flashinfer_version / arch" in env
+    assert 'FLASHINFER_JIT_DIR: pathlib.Path = FLASHINFER_WORKSPACE_DIR / "cached_ops"' in env
+    assert 'return jit_env.FLASHINFER_JIT_DIR / self.name / f"{self.name}.so"' in core
+    # the lock a server waits on while the prewarm builds the module, and its second look once it has it
+    assert 'return get_tmpdir() / f"{self.name}.lock"' in core
+    body = core[core.index("    def build_and_load(self) -> Any:"):]
+    body = body[:body.index("\nclass ")]
+    assert body.index("with FileLock(self.lock_path") < body.index("# Another process may have built")
+    assert body.index("cached = self.try_load()", body.index("with FileLock")) < body.index("self.build()")
+
+
+def test_a_prewarm_beside_the_server_leaves_what_its_longest_module_needs(tmp_path: Path) -> None:
+    """Built at once, one process each: the server waits, at its first forward, only for what is left of the
+    longest module; a module already built costs nothing."""
+    env = env_for(tmp_path)
+    cold = startplan.cache_state(env, env["HOME"])
+    parts = plan_on(cold, building={"modules": ["norm", "sampling"], "elapsed_s": 30.0})
+    first_forward = sum(parts[n].seconds for n in ("interpreter", "startup", "weights", "drafter", "kv_cache")
+                        if n in parts)
+    assert parts["jit"].seconds == pytest.approx(max(0.0, 107.0 - 30.0 - first_forward), abs=0.1)
+    flashinfer_module(tmp_path / "fi", "sampling")
+    only_norm = plan_on(startplan.cache_state(env, env["HOME"]), building={"modules": ["norm"], "elapsed_s": 1.0})
+    assert only_norm["jit"].seconds == pytest.approx(max(0.0, 40.1 - 1.0 - first_forward), abs=0.1)
+
+
+# -- the prewarm: one process per module, all at once ------------------------------------------------------------
+
+# Each module's build writes its process id and MAX_JOBS, then waits (bounded) until every module has started: the
+# build of one can only finish while the others run, so a prewarm that built them one after the other would fail.
+TOGETHER = """
+import json, os, time
+class Spec:
+    def __init__(self, name):
+        self.name = name
+    def build_and_load(self):
+        folder = os.environ["K26_TEST_DIR"]
+        with open(os.path.join(folder, self.name + ".json"), "w") as fh:
+            json.dump({"pid": os.getpid(), "jobs": os.environ.get("MAX_JOBS")}, fh)
+        end = time.monotonic() + 30
+        while len([n for n in os.listdir(folder) if n.endswith(".json")]) < 2:
+            if time.monotonic() > end:
+                raise RuntimeError("built alone: the other module never started")
+            time.sleep(0.05)
+def gen_{name}_module():
+    return Spec("{name}")
+"""
+
+
+def test_the_prewarm_builds_each_module_in_a_process_of_its_own_at_once(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    for rel, text in {"__init__.py": "", "jit/__init__.py": "", "jit/norm.py": TOGETHER.replace("{name}", "norm"),
+                      "jit/sampling.py": TOGETHER.replace("{name}", "sampling")}.items():
+        (site / "flashinfer" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / "flashinfer" / rel).write_text(text)
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "MAX_JOBS"}
+    env.update(PYTHONPATH=str(site), K26_TEST_DIR=str(seen))
+    plan = prewarm.plan_prewarm(sys.executable, env, ["sampling", "norm"], str(tmp_path / "c"), "9.0")
+    assert plan is not None
+    out = prewarm.Prewarm(plan).start().finish(60)
+    assert out.ok, out.reason
+    assert [m["module"] for m in out.modules] == ["sampling", "norm"] and all(m["ok"] for m in out.modules)
+    runs = {n: json.loads((seen / f"{n}.json").read_text()) for n in ("norm", "sampling")}
+    assert runs["norm"]["pid"] != runs["sampling"]["pid"]
+    cores = len(os.sched_getaffinity(0))
+    assert runs["norm"]["jobs"] == runs["sampling"]["jobs"] == str(max(1, cores // 2))
