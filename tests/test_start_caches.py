@@ -70,17 +70,19 @@ def test_a_warm_cache_set_is_predicted_warm_and_an_empty_one_cold(tmp_path: Path
     parts = plan_on(cold)
     assert parts["jit"].seconds == pytest.approx(107.0 + 40.1) and "not compiled" in parts["jit"].basis
     assert "Triton cache empty" in parts["cuda_graphs"].basis and parts["cuda_graphs"].avoidable_s > 20
-    assert parts["kernels"].seconds == 31.0 and "speculative_tree JIT module not built" in parts["kernels"].basis
+    assert parts["kernels"].seconds == 31.0
+    assert "speculative_tree, speculative_sampling JIT modules not built" in parts["kernels"].basis
 
     for m in ("norm", "sampling"):
         flashinfer_module(tmp_path / "fi", m)
     sglang_module(tmp_path / "sgl-jit", "speculative_tree")
+    sglang_module(tmp_path / "sgl-jit", "speculative_sampling")
     for i in range(40):  # Triton: one directory per kernel (its hash)
         (tmp_path / "triton" / f"{i:02x}ab").mkdir(parents=True)
     warm = startplan.cache_state(env, env["HOME"])
     assert sorted(warm["flashinfer"]["compiled"]) == ["0.7.2/90a/norm", "0.7.2/90a/sampling"]
     assert warm["triton_cache"] == {"path": str(tmp_path / "triton"), "from": "TRITON_CACHE_DIR", "entries": 40}
-    assert warm["sglang_jit"]["compiled"] == ["sm90a/speculative_tree"]
+    assert warm["sglang_jit"]["compiled"] == ["sm90a/speculative_sampling", "sm90a/speculative_tree"]
     parts = plan_on(warm)
     assert parts["jit"].seconds == 0 and parts["kernels"].seconds == 0.2 and parts["cuda_graphs"].avoidable_s == 0
     assert "40 entries" in parts["cuda_graphs"].basis
@@ -197,3 +199,90 @@ def test_the_prewarm_builds_each_module_in_a_process_of_its_own_at_once(tmp_path
     assert runs["norm"]["pid"] != runs["sampling"]["pid"]
     cores = len(os.sched_getaffinity(0))
     assert runs["norm"]["jobs"] == runs["sampling"]["jobs"] == str(max(1, cores // 2))
+
+
+# -- SGLang's DDTree tree kernels: prewarmed too --------------------------------------------------------------------
+
+SGLANG_WHEEL = Path.home() / ".cache/k26-doctor-tests/sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl"
+# A stand-in of the three SGLang 0.5.23 names the probe calls (their real signatures: the test below reads them in
+# the wheel), which records the architecture each build was made for.
+FAKE_SGLANG = {
+    "__init__.py": "", "kernels/__init__.py": "", "kernels/jit/__init__.py": "", "kernels/jit/utils/__init__.py": "",
+    "kernels/jit/utils/arch.py": (
+        "import contextlib\nARCH = [None]\n@contextlib.contextmanager\n"
+        "def override_jit_cuda_arch(major, minor, suffix=None):\n    ARCH[0] = (major, minor)\n    yield\n"
+        "    ARCH[0] = None\n"),
+    "kernels/ops/__init__.py": "", "kernels/ops/speculative/__init__.py": "",
+    "kernels/ops/speculative/tree.py": (
+        "import json, os\nfrom sglang.kernels.jit.utils.arch import ARCH\n"
+        "def _jit_tree_module():\n    json.dump({'arch': ARCH[0], 'pid': os.getpid()}, "
+        "open(os.path.join(os.environ['K26_TEST_DIR'], 'tree.json'), 'w'))\n"),
+    "kernels/ops/speculative/sampling.py": (
+        "import json, os\nfrom sglang.kernels.jit.utils.arch import ARCH\n"
+        "def _jit_sampling_module(vec_size, deterministic):\n    json.dump({'arch': ARCH[0], 'vec': vec_size, "
+        "'det': deterministic, 'pid': os.getpid()}, open(os.path.join(os.environ['K26_TEST_DIR'], 'sampling.json'), "
+        "'w'))\n"),
+}
+
+
+def test_sglangs_tree_kernels_are_prewarmed_for_the_named_architecture(tmp_path: Path) -> None:
+    """Without FlashInfer in the service's environment, SGLang's modules are still built, each in its own process,
+    for the architecture ``launch`` names (no device is visible to the prewarm)."""
+    site = tmp_path / "site"
+    for rel, text in FAKE_SGLANG.items():
+        (site / "sglang" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / "sglang" / rel).write_text(text)
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(site), K26_TEST_DIR=str(seen))
+    plan = prewarm.plan_prewarm(sys.executable, env, ["sglang.speculative_tree", "sglang.speculative_sampling.4"],
+                                str(tmp_path / "c"), "9.0")
+    assert plan is not None
+    out = prewarm.Prewarm(plan).start().finish(60)
+    assert out.ok and not out.absent, out.reason
+    tree, sampling = (json.loads((seen / f"{n}.json").read_text()) for n in ("tree", "sampling"))
+    assert tree["arch"] == sampling["arch"] == [9, 0] and tree["pid"] != sampling["pid"]
+    assert sampling["vec"] == 4 and sampling["det"] is True
+
+
+def test_the_names_the_prewarm_calls_are_sglang_0_5_23s() -> None:
+    if not SGLANG_WHEEL.exists():
+        pytest.skip(f"SGLang 0.5.23's wheel is not on this host ({SGLANG_WHEEL}): the wheel tests download it")
+    with zipfile.ZipFile(SGLANG_WHEEL) as z:
+        arch = z.read("sglang/kernels/jit/utils/arch.py").decode()
+        tree = z.read("sglang/kernels/ops/speculative/tree.py").decode()
+        sampling = z.read("sglang/kernels/ops/speculative/sampling.py").decode()
+        cache = z.read("sglang/kernels/jit/utils/compile/cache.py").decode()
+    assert "def override_jit_cuda_arch(major: int, minor: int, suffix: str | None = None):" in arch
+    assert "def _jit_tree_module() -> Module:" in tree and '"speculative_tree",' in tree
+    assert "def _jit_sampling_module(vec_size: int, deterministic: bool) -> Module:" in sampling
+    assert '"speculative_sampling",' in sampling and "vec_size = math.gcd(4, target_probs.shape[-1])" in sampling
+    # the layout sglang_module() builds, and its root
+    assert "$SGLANG_JIT_CACHE_DIR/<target>/<module_name>/build-<build_key>/" in cache
+    assert 'configured = envs.SGLANG_JIT_CACHE_DIR.get() or "~/.cache/sglang/jit"' in cache
+
+
+def test_the_sampling_kernels_instance_follows_the_targets_vocabulary(tmp_path: Path) -> None:
+    from doctor.service.startwatch import sglang_prewarm_names
+
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"vocab_size": 163842}))
+    args = ["--model-path", str(model)]
+    assert sglang_prewarm_names(["speculative_tree", "speculative_sampling"], args) == [
+        "sglang.speculative_tree", "sglang.speculative_sampling.2"]
+    (model / "config.json").write_text("{not json")
+    assert sglang_prewarm_names(["speculative_sampling"], args) == []  # not known: left to the server
+    assert sglang_prewarm_names(["speculative_tree"], ["--model-path", str(tmp_path / "absent")]) == [
+        "sglang.speculative_tree"]
+
+
+def test_tree_kernels_being_prewarmed_leave_what_is_not_done_at_the_first_forward(tmp_path: Path) -> None:
+    env = env_for(tmp_path)
+    state = startplan.cache_state(env, env["HOME"])
+    state["sglang_jit"]["building"] = {"modules": ["sglang.speculative_tree", "sglang.speculative_sampling.4"],
+                                       "elapsed_s": 25.0}
+    parts = plan_on(state)
+    assert parts["kernels"].seconds == 0.2 and "being compiled by the prewarm" in parts["kernels"].basis
+    state["sglang_jit"]["building"] = {"modules": ["sglang.speculative_tree"], "elapsed_s": 25.0}
+    assert plan_on(state)["kernels"].seconds == 31.0  # the sampling module is not among them: compiled at start

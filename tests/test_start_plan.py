@@ -461,7 +461,7 @@ def test_launch_wait_prewarms_shows_the_plan_and_records_the_start(tmp_path: Pat
     the start; once /health answers 200 the actual parts are printed against the plan and recorded."""
     py, cfg = _service(tmp_path)
     err, entry = _launch(tmp_path, py, cfg, "--only", "host.port")
-    assert "prewarm: compiling FlashInfer's" in err and "warning: prewarm:" in err and "the start goes on" in err
+    assert "prewarm: compiling the JIT modules" in err and "warning: prewarm:" in err and "the start goes on" in err
     assert err.index("prewarm: compiling") < err.index("host.port") < err.index("start plan: healthy about")
     assert err.index("start plan: healthy about") < err.index("exec:") < err.index("server ready")
     assert "start plan against the start" in err and "Load weight end" in err  # the server's lines pass through

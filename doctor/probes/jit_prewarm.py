@@ -1,7 +1,9 @@
 """Compile FlashInfer's JIT modules into the cache the service will use (run under the service's interpreter).
 
 Started by ``k26-doctor launch`` while its checks run (``doctor.service.prewarm``), never by ``check``.
-Arguments: ``--deadline SECONDS`` then the module names (``sampling``, ``norm``). Each is built the way the
+Arguments: ``--deadline SECONDS`` then the module names: FlashInfer's (``sampling``, ``norm``) and SGLang's
+DDTree kernels (``sglang.speculative_tree``, ``sglang.speculative_sampling.<vec_size>``: ``SglangJit``). Each
+FlashInfer module is built the way the
 server's first call builds it, ``flashinfer.jit.<name>.gen_<name>_module().build_and_load()`` (a module already in
 the cache is only loaded), all of them at once, one process per module (``--one NAME``: this file again, in this
 process group), each with its ninja's jobs bounded by the cores shared between them (``MAX_JOBS``, which
@@ -26,10 +28,49 @@ import subprocess
 import sys
 import time
 
+SGLANG = "sglang."  # SGLang's own JIT modules: sglang.speculative_tree, sglang.speculative_sampling.<vec_size>
+
 
 def spec_of(name):
+    if name.startswith(SGLANG):
+        return SglangJit(name)
     mod = importlib.import_module("flashinfer.jit." + name)
     return getattr(mod, "gen_" + name + "_module")()
+
+
+def named_arch():
+    """(major, minor) of the architecture ``launch`` names (FLASHINFER_CUDA_ARCH_LIST "9.0" or "9.0a")."""
+    first = (os.environ.get("FLASHINFER_CUDA_ARCH_LIST") or "").replace(",", " ").split()
+    if not first:
+        raise RuntimeError("no architecture named (FLASHINFER_CUDA_ARCH_LIST)")
+    major, minor = first[0].split(".")
+    return int(major), int("".join(ch for ch in minor if ch.isdigit()))
+
+
+class SglangJit:
+    """A DDTree tree-verify kernel module of SGLang's JIT (``load_jit``), built as the server's start-up builds it
+    (``warm_verify_kernels``: the tree module, and the sampling module for the target's vocabulary, deterministic)
+    for the named architecture instead of the device's (``override_jit_cuda_arch``: no device here). SGLang's cache
+    publishes a build by a rename, with no lock: a server that gets there first builds it too, nothing breaks."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def build_and_load(self):
+        from sglang.kernels.jit.utils.arch import override_jit_cuda_arch
+
+        major, minor = named_arch()
+        with override_jit_cuda_arch(major, minor):
+            if self.name == SGLANG + "speculative_tree":
+                from sglang.kernels.ops.speculative.tree import _jit_tree_module
+
+                _jit_tree_module()
+            elif self.name.startswith(SGLANG + "speculative_sampling."):
+                from sglang.kernels.ops.speculative.sampling import _jit_sampling_module
+
+                _jit_sampling_module(int(self.name.rsplit(".", 1)[1]), True)
+            else:
+                raise ValueError("not a module the prewarm knows: " + self.name)
 
 
 def build(name, spec, results):
@@ -103,9 +144,11 @@ def main(argv):
     if deadline is not None and os.getpgid(0) == os.getpid():  # only a group of its own is ours to kill
         signal.signal(signal.SIGALRM, expire)
         signal.setitimer(signal.ITIMER_REAL, max(0.01, deadline))
-    if importlib.util.find_spec("flashinfer") is None:  # nothing to compile: the server does not use it either
-        print(json.dumps({"modules": [], "absent": True}), flush=True)
-        return 0
+    if importlib.util.find_spec("flashinfer") is None:  # FlashInfer's modules: the server does not use them either
+        argv = [n for n in argv if n.startswith(SGLANG)]
+        if not argv:
+            print(json.dumps({"modules": [], "absent": True}), flush=True)
+            return 0
     env = dict(os.environ, MAX_JOBS=jobs_each(len(argv)))
     children, results = {}, {}
     for name in argv:  # one process each, all at once, in this process group (the deadline stops them all)

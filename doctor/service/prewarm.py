@@ -1,4 +1,5 @@
-"""FlashInfer's JIT modules compiled ahead, in parallel with ``launch``'s checks: the start's avoidable minutes.
+"""FlashInfer's JIT modules (and SGLang's DDTree tree kernels) compiled ahead, in parallel with ``launch``'s checks:
+the start's avoidable minutes.
 
 A DFLASH/DDTREE server compiles FlashInfer's ``sampling`` module at its first start on a cache without it (~107 s
 on the H200) and every server compiles ``norm`` (~40 s), after the weights loaded, at the worst moment. ``launch``
@@ -42,9 +43,10 @@ class PrewarmPlan:
 
     def describe(self) -> list[str]:
         """The plan, shown before anything runs."""
-        return [f"prewarm: compiling FlashInfer's {', '.join(self.modules)} into {self.cache} while the checks run "
-                f"(GPU not used; what is not done by the start goes on beside the server, which waits on FlashInfer's "
-                f"lock for it; a failure does not stop the start): {shlex.join(self.argv)}"]
+        return [f"prewarm: compiling the JIT modules {', '.join(self.modules)} (FlashInfer's into {self.cache}) "
+                f"while the checks run, one process each (GPU not used; what is not done by the start goes on beside "
+                f"the server, which waits on FlashInfer's lock for a module being built; a failure does not stop the "
+                f"start): {shlex.join(self.argv)}"]
 
 
 @dataclass

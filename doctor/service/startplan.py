@@ -274,8 +274,8 @@ def predict(inputs: dict[str, Any], table: dict[str, Any]) -> StartPlan:
     plan.parts += [_load("weights", inputs.get("target"), inputs.get("meminfo"), k),
                    _load("drafter", inputs.get("drafter"), None, k)]
     plan.parts.append(Part("kv_cache", _value(k, "kv_cache_s"), "measured constant"))
-    graphs, kernels = _graphs(inputs, table, k)
     to_first_forward = sum(p.seconds for p in plan.parts)  # where the server first calls FlashInfer's modules
+    graphs, kernels = _graphs(inputs, table, k, to_first_forward)
     plan.parts += [graphs, kernels, _jit(inputs, table, k, to_first_forward),
                    Part("warmup", _value(k, "warmup_s"), "measured constant"),
                    Part("ready", _value(k, "ready_after_fired_up_s"), "first /health 200 after the warm-up "
@@ -328,7 +328,8 @@ def _graph_seconds(kind: str, sizes: int, layers: int, cold: bool, k: dict[str, 
     return warm, float(g["triton_cold_s"]) if cold and sizes else 0.0
 
 
-def _graphs(inputs: dict[str, Any], table: dict[str, Any], k: dict[str, Any]) -> tuple[Part, Part]:
+def _graphs(inputs: dict[str, Any], table: dict[str, Any], k: dict[str, Any],
+            to_first_forward: float) -> tuple[Part, Part]:
     gp = graph_plan(inputs.get("server_args") or [], table["graphs"])
     tri = inputs.get("triton_cache") or {}
     entries = tri.get("entries")
@@ -350,7 +351,7 @@ def _graphs(inputs: dict[str, Any], table: dict[str, Any], k: dict[str, Any]) ->
                                                              "writable filesystem (host.jit_cache): the next start "
                                                              "reuses the compiled kernels"]))
     graphs = Part("cuda_graphs", round(warm_total + cold_total, 1), basis, round(avoid, 1), advice)
-    return graphs, _kernels(inputs, gp, cold, k)
+    return graphs, _kernels(inputs, table, gp, cold, k, to_first_forward)
 
 
 def _graph_basis(rows: list[str], layers: int, known_layers: bool, cold: bool, entries: Any) -> str:
@@ -380,24 +381,48 @@ def _capture_advice(gp: dict[str, Any], table: dict[str, Any], layers: int, k: d
     return "", 0.0
 
 
-def _kernels(inputs: dict[str, Any], gp: dict[str, Any], cold: bool, k: dict[str, Any]) -> Part:
-    """Kernel warm-up outside the captures: DDTree's tree kernels compile on an empty Triton cache, and that
-    compile is what a persistent cache avoids."""
+def _kernels(inputs: dict[str, Any], table: dict[str, Any], gp: dict[str, Any], cold: bool, k: dict[str, Any],
+             to_first_forward: float) -> Part:
+    """Kernel warm-up outside the captures: DDTree's tree kernels are SGLang JIT modules, compiled (nvcc) when its
+    cache lacks them, unless ``launch``'s prewarm builds them beside the server; when that cache was not read, the
+    Triton cache's state (``cold``) stands for it."""
     spec = bool(gp.get("speculative")) and str(inputs.get("algorithm") or "").upper() == "DDTREE"
     sgl = inputs.get("sglang_jit")
-    if isinstance(sgl, dict) and isinstance(sgl.get("compiled"), list):
-        # SGLang's JIT cache read: the tree-verify kernels are built there or compile now
-        built = any(str(m).split("/")[-1] == TREE_MODULE for m in sgl["compiled"])
-        cold, why = not built, (f"SGLang's {TREE_MODULE} JIT module " + ("built" if built else "not built")
-                                + f" in {sgl.get('path')}")
+    missing = missing_sglang_modules(inputs, table)
+    warm_s = _value(k, "kernel_warmup_s")
+    if spec and missing is not None:  # SGLang's JIT cache read: the tree kernels are built there or compile now
+        cold = bool(missing)
+        names = ", ".join(missing or table["jit"]["sglang_ddtree"])
+        why = f"SGLang's {names} JIT modules {'not built' if missing else 'built'} in {(sgl or {}).get('path')}"
     else:
         why = "the SGLang JIT cache not read: taken as cold as the Triton cache" if cold else ""
     cold = spec and cold
     ksec = _value(k, "kernel_warmup_cold_s" if cold else "kernel_warmup_s")
     basis = "kernel warm-up outside the captures" + (f" (DDTree's tree kernels: {why})" if spec and why else "")
-    return Part("kernels", ksec, basis, round(ksec - _value(k, "kernel_warmup_s"), 1) if cold else 0.0,
-                "keep SGLANG_JIT_CACHE_DIR on a persistent, writable filesystem: the next start reuses the "
-                "tree kernels" if cold else "")
+    building = (sgl or {}).get("building") if isinstance(sgl, dict) else None
+    if cold and missing and isinstance(building, dict) and all(
+            any(str(b).split(".")[1:2] == [m] for b in building.get("modules") or []) for m in missing):
+        left = max(0.0, ksec - warm_s - float(building.get("elapsed_s") or 0.0) - to_first_forward)
+        return Part("kernels", round(warm_s + left, 1), f"{basis}: being compiled by the prewarm beside the server "
+                    f"({building.get('elapsed_s')} s so far): what is left when the server needs them")
+    return Part("kernels", ksec, basis, round(ksec - warm_s, 1) if cold else 0.0,
+                "keep SGLANG_JIT_CACHE_DIR on a persistent, writable filesystem and let `k26-doctor launch` "
+                "prewarm the tree kernels: the next start reuses them" if cold else "")
+
+
+def missing_sglang_modules(inputs: dict[str, Any], table: dict[str, Any]) -> list[str] | None:
+    """SGLang's JIT modules a DDTREE server builds at start and its cache (``sglang_jit``) lacks for this GPU (a
+    target directory naming its compute capability, "sm90a" for 9.0); None when the cache was not read, [] for
+    another algorithm."""
+    if str(inputs.get("algorithm") or "").upper() != "DDTREE":
+        return []
+    sgl = inputs.get("sglang_jit")
+    if not isinstance(sgl, dict) or not isinstance(sgl.get("compiled"), list):
+        return None
+    want = str(inputs.get("compute_capability") or "").replace(".", "")
+    have = {str(m).split("/")[-1] for m in sgl["compiled"]
+            if not want or "".join(ch for ch in str(m).split("/")[0] if ch.isdigit()) == want}
+    return [m for m in table["jit"]["sglang_ddtree"] if m not in have]
 
 
 def needed_modules(inputs: dict[str, Any], table: dict[str, Any]) -> list[str]:
