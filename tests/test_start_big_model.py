@@ -109,3 +109,22 @@ def test_the_full_model_is_planned_to_fit_the_h200_host() -> None:
     two = json.loads(run("/nonexistent/x", "--plan-only", "--dense", "1", "--moe", "2").stdout)
     assert two["bytes"] > 45 * 2**30  # a second MoE layer: 22.6 GB more, past the disk's room
     assert run("/nonexistent/x", "--dense", "0").returncode != 0
+
+
+def test_the_big_models_profile_serves_it_alone(tiny: Path, tmp_path: Path) -> None:
+    """bench_start_plan.py's profile for the big model (from the trained pair's, as gpu_session.sh points it): the
+    server command `launch` would exec names the big model, no drafter, no speculative decoding, room for a KV
+    cache beside 28 GiB of weights."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import bench_start_plan
+
+    text = (ROOT / "bench" / "ddtree" / "profiles" / "h200-trained-ddtree.toml").read_text()
+    trained = tmp_path / "trained.toml"
+    trained.write_text(text.replace("/tmp/trained", str(tmp_path / "pair")))
+    profile = bench_start_plan.big_profile(tmp_path, tiny, trained)
+    res = subprocess.run([sys.executable, "-m", "doctor", "launch", "--profile", str(profile), "--python",
+                          sys.executable, "--dry-run"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    argv = res.stdout.split("\n")
+    assert argv[argv.index("--model-path") + 1] == str(tiny), res.stdout + res.stderr
+    assert "--speculative-algorithm" not in argv and "--speculative-draft-model-path" not in argv
+    assert argv[argv.index("--mem-fraction-static") + 1] == "0.6" and "--skip-tokenizer-init" in argv
