@@ -18,6 +18,7 @@ from doctor.service.launcher import LaunchPlan
 from doctor.service.startwatch import server_caches
 
 ARGS = ["--speculative-algorithm", "DDTREE", "--max-running-requests", "48"]
+TRAINED = Path(__file__).resolve().parents[1] / "bench" / "ddtree" / "profiles" / "h200-trained-ddtree.toml"  # DDTREE
 PAYLOAD_WHEEL = Path.home() / ".cache/k26-doctor-payload/flashinfer/flashinfer_python-0.7.2-py3-none-any.whl"
 
 
@@ -286,3 +287,23 @@ def test_tree_kernels_being_prewarmed_leave_what_is_not_done_at_the_first_forwar
     assert parts["kernels"].seconds == 0.2 and "being compiled by the prewarm" in parts["kernels"].basis
     state["sglang_jit"]["building"] = {"modules": ["sglang.speculative_tree"], "elapsed_s": 25.0}
     assert plan_on(state)["kernels"].seconds == 31.0  # the sampling module is not among them: compiled at start
+
+
+def test_check_v_plans_on_the_caches_of_the_servers_environment(tmp_path: Path) -> None:
+    """`check -v`'s start plan reads the caches where the server will look (the doctor's environment here, as
+    launch passes it on): the same host with its FlashInfer modules built is planned without their compile."""
+    from conftest import doctor_env, run_doctor
+
+    def notice(env: dict[str, str]) -> str:
+        res = run_doctor("check", "--profile", str(TRAINED), "--only", "host.port", "--format", "json", "-v",
+                         env=doctor_env(**env), timeout=300)
+        notices = {n["id"]: n for n in json.loads(res.stdout)["doctor"]["notices"]}
+        return json.dumps(notices["doctor.start_plan"])
+
+    env = {**env_for(tmp_path), "FLASHINFER_CUDA_ARCH_LIST": "9.0"}
+    cold = notice(env)
+    for m in ("norm", "sampling"):
+        flashinfer_module(tmp_path / "fi", m)
+    warm = notice(env)
+    assert "jit 147" in cold and "jit 0" in warm, (cold, warm)
+    assert sorted(os.listdir(tmp_path)) == ["fi"]  # nothing made: the other caches stay absent

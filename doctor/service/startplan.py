@@ -387,27 +387,39 @@ def _kernels(inputs: dict[str, Any], table: dict[str, Any], gp: dict[str, Any], 
     cache lacks them, unless ``launch``'s prewarm builds them beside the server; when that cache was not read, the
     Triton cache's state (``cold``) stands for it."""
     spec = bool(gp.get("speculative")) and str(inputs.get("algorithm") or "").upper() == "DDTREE"
-    sgl = inputs.get("sglang_jit")
     missing = missing_sglang_modules(inputs, table)
+    cold, why = _tree_kernels_state(inputs, table, missing, cold) if spec else (False, "")
     warm_s = _value(k, "kernel_warmup_s")
-    if spec and missing is not None:  # SGLang's JIT cache read: the tree kernels are built there or compile now
-        cold = bool(missing)
-        names = ", ".join(missing or table["jit"]["sglang_ddtree"])
-        why = f"SGLang's {names} JIT modules {'not built' if missing else 'built'} in {(sgl or {}).get('path')}"
-    else:
-        why = "the SGLang JIT cache not read: taken as cold as the Triton cache" if cold else ""
-    cold = spec and cold
     ksec = _value(k, "kernel_warmup_cold_s" if cold else "kernel_warmup_s")
-    basis = "kernel warm-up outside the captures" + (f" (DDTree's tree kernels: {why})" if spec and why else "")
-    building = (sgl or {}).get("building") if isinstance(sgl, dict) else None
-    if cold and missing and isinstance(building, dict) and all(
-            any(str(b).split(".")[1:2] == [m] for b in building.get("modules") or []) for m in missing):
+    basis = "kernel warm-up outside the captures" + (f" (DDTree's tree kernels: {why})" if why else "")
+    building = _prewarm_building(inputs.get("sglang_jit"), missing) if cold else None
+    if building is not None:
         left = max(0.0, ksec - warm_s - float(building.get("elapsed_s") or 0.0) - to_first_forward)
         return Part("kernels", round(warm_s + left, 1), f"{basis}: being compiled by the prewarm beside the server "
                     f"({building.get('elapsed_s')} s so far): what is left when the server needs them")
     return Part("kernels", ksec, basis, round(ksec - warm_s, 1) if cold else 0.0,
                 "keep SGLANG_JIT_CACHE_DIR on a persistent, writable filesystem and let `k26-doctor launch` "
                 "prewarm the tree kernels: the next start reuses them" if cold else "")
+
+
+def _tree_kernels_state(inputs: dict[str, Any], table: dict[str, Any], missing: list[str] | None,
+                        triton_cold: bool) -> tuple[bool, str]:
+    """Whether a DDTREE server compiles its tree kernels at start, and why: SGLang's JIT cache read, else the
+    Triton cache's state stands for it (a host whose caches are all new or all kept)."""
+    if missing is None:
+        return triton_cold, "the SGLang JIT cache not read: taken as cold as the Triton cache" if triton_cold else ""
+    sgl = inputs.get("sglang_jit") or {}
+    names = ", ".join(missing or table["jit"]["sglang_ddtree"])
+    return bool(missing), f"SGLang's {names} JIT modules {'not built' if missing else 'built'} in {sgl.get('path')}"
+
+
+def _prewarm_building(sgl: Any, missing: list[str] | None) -> dict[str, Any] | None:
+    """The prewarm's ``building`` record when it builds every missing SGLang module (``sglang.<module>[.<arg>]``)."""
+    building = sgl.get("building") if isinstance(sgl, dict) else None
+    if not missing or not isinstance(building, dict):
+        return None
+    names = [str(b).split(".")[1:2] for b in building.get("modules") or []]
+    return building if all([m] in names for m in missing) else None
 
 
 def missing_sglang_modules(inputs: dict[str, Any], table: dict[str, Any]) -> list[str] | None:
@@ -584,8 +596,13 @@ def start_plan_notice(ctx: Any) -> Any:
     if not settings.verbose or settings.from_snapshot or settings.while_serving:
         return None
     from doctor.core.result import Notice, Remediation
-    from doctor.service.launcher import planned_args
+    from doctor.service.launcher import build_env, planned_args
 
     args, _problem = planned_args(settings)
-    plan = predict(start_inputs(fact_reader(ctx), args, tp=settings.tp), constants())
+    try:  # the caches where the server will look (its environment as launch builds it): stat and listdir only
+        env, _notes = build_env(settings)
+        caches: dict[str, Any] | None = cache_state(env, env.get("HOME") or os.path.expanduser("~"))
+    except Exception:  # a profile whose environment cannot be built: the jit_caches fact stands in
+        caches = None
+    plan = predict(start_inputs(fact_reader(ctx), args, tp=settings.tp, caches=caches), constants())
     return Notice(START_PLAN_NOTICE, render(plan)[0], Remediation(render_compact(plan), []))
