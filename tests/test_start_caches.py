@@ -307,3 +307,29 @@ def test_check_v_plans_on_the_caches_of_the_servers_environment(tmp_path: Path) 
     warm = notice(env)
     assert "jit 147" in cold and "jit 0" in warm, (cold, warm)
     assert sorted(os.listdir(tmp_path)) == ["fi"]  # nothing made: the other caches stay absent
+
+
+# -- the newest recorded starts (ddtree-h200-site-validate), predicted again ---------------------------------------
+
+SITE = Path(__file__).resolve().parents[1] / "bench" / "results" / "ddtree-h200-site-validate"
+
+
+def test_the_recorded_warm_and_cold_prewarmed_starts_are_predicted_within_20_percent() -> None:
+    """call2: the product's launch --wait on warm caches (its recorded inputs); call4: the bench's launch on fresh
+    FlashInfer and Triton directories with the prewarm 32.4 s into its compile at the exec and SGLang's JIT cache
+    kept (its tree kernels took 0.18 s), predicted 277 s then against 118.1 s read (the Triton figures are now measured
+    on it: the model reproduces its own data). Both within the issue's 20%."""
+    record = json.loads((SITE / "call2-launch-start-record.json").read_text())
+    inputs = record["inputs"]
+    inputs["sglang_jit"] = {"path": "/kept", "compiled": ["sm90a/speculative_tree", "sm90a/speculative_sampling"]}
+    warm = startplan.predict(inputs, startplan.constants())
+    assert abs(warm.total_s - record["ready_after_s"]) <= 0.2 * record["ready_after_s"], warm.to_dict()
+
+    run = json.loads((SITE / "call4-start-plan.json").read_text())["runs"][0]
+    cold = json.loads(json.dumps(inputs))
+    cold["import_s"] = 18.31  # as that run's plan read it
+    cold["flashinfer"].update(compiled=[], building={"modules": ["norm", "sampling"], "elapsed_s": 32.4})
+    cold["triton_cache"] = {"path": "/fresh", "entries": 0}
+    got = startplan.predict(cold, startplan.constants())
+    assert abs(got.total_s - run["server_ready_after_s"]) <= 0.2 * run["server_ready_after_s"], got.to_dict()
+    assert got.total_s > warm.total_s + 30  # the Triton compiles and what is left of sampling's

@@ -267,8 +267,10 @@ def predict(inputs: dict[str, Any], table: dict[str, Any]) -> StartPlan:
         plan.notes.append(f"no measured constants for {inputs.get('gpu_name') or 'this GPU'}: the {kind.upper()}'s "
                           "are used")
     imp = inputs.get("import_s")
-    plan.parts.append(Part("interpreter", float(imp) if imp else _value(k, "interpreter_s"),
-                           "SGLang's import as sglang.install timed it" if imp else "measured constant"))
+    extra = _value(k, "interpreter_extra_s")  # the server's own imports and argument parsing after SGLang's import
+    source = "SGLang's import as sglang.install timed it" if imp else "SGLang's import (measured constant)"
+    plan.parts.append(Part("interpreter", round((float(imp) if imp else _value(k, "interpreter_s")) + extra, 1),
+                           f"{source}, and {extra:g} s more to the server's first log line (measured constant)"))
     plan.parts.append(Part("startup", _value(k, "startup_s"), "server args, tokenizer, scheduler processes, "
                            "model import (measured constant)"))
     plan.parts += [_load("weights", inputs.get("target"), inputs.get("meminfo"), k),
