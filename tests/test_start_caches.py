@@ -240,7 +240,7 @@ def test_sglangs_tree_kernels_are_prewarmed_for_the_named_architecture(tmp_path:
                                 str(tmp_path / "c"), "9.0")
     assert plan is not None
     out = prewarm.Prewarm(plan).start().finish(60)
-    assert out.ok and not out.absent, out.reason
+    assert out.ok and out.absent, out.reason  # SGLang's modules built; FlashInfer's absent (none to plan)
     tree, sampling = (json.loads((seen / f"{n}.json").read_text()) for n in ("tree", "sampling"))
     assert tree["arch"] == sampling["arch"] == [9, 0] and tree["pid"] != sampling["pid"]
     assert sampling["vec"] == 4 and sampling["det"] is True

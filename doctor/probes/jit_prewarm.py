@@ -14,8 +14,9 @@ module being built waits for it and loads it rather than building it again. At t
 whole process group (its module processes, their ninja, and through ninja the compilers: the locks are released,
 the server builds what is missing), so a hung compiler never holds a start.
 The GPU is not touched: ``launch`` hides the devices and names the architecture (``FLASHINFER_CUDA_ARCH_LIST``).
-Prints one JSON object on its last line: ``{"modules": [{"module", "ok", "seconds", "error"}]}`` (``"absent": true``
-when FlashInfer is not installed: nothing to compile); exit 0 even when a module fails (the launch goes on).
+Prints one JSON object on its last line: ``{"modules": [{"module", "ok", "seconds", "error"}], "flashinfer_absent"}``
+(``"absent": true`` when FlashInfer is not installed and nothing else was asked: nothing to compile); exit 0 even when
+a module fails (the launch goes on).
 Standard library only at import (the service's environment does not have k26-doctor).
 """
 
@@ -144,7 +145,8 @@ def main(argv):
     if deadline is not None and os.getpgid(0) == os.getpid():  # only a group of its own is ours to kill
         signal.signal(signal.SIGALRM, expire)
         signal.setitimer(signal.ITIMER_REAL, max(0.01, deadline))
-    if importlib.util.find_spec("flashinfer") is None:  # FlashInfer's modules: the server does not use them either
+    flashinfer_absent = importlib.util.find_spec("flashinfer") is None
+    if flashinfer_absent:  # FlashInfer's modules: the server does not use them either
         argv = [n for n in argv if n.startswith(SGLANG)]
         if not argv:
             print(json.dumps({"modules": [], "absent": True}), flush=True)
@@ -169,7 +171,8 @@ def main(argv):
         sys.stderr.write("prewarm {}: {} in {:.1f} s\n".format(r["module"], "ok" if r["ok"] else "failed",
                                                                r["seconds"]))
     sys.stderr.flush()
-    print(json.dumps({"modules": out, "jobs_each": env["MAX_JOBS"]}), flush=True)
+    print(json.dumps({"modules": out, "jobs_each": env["MAX_JOBS"], "flashinfer_absent": flashinfer_absent}),
+          flush=True)
     return 0
 
 

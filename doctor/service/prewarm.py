@@ -172,11 +172,12 @@ class Prewarm:
         mods = [m for m in result.get("modules") or [] if isinstance(m, dict)]
         failed = [m for m in mods if not m.get("ok")]
         done = ", ".join(f"{m.get('module')} {m.get('seconds')} s" for m in mods if m.get("ok"))
+        absent = bool(result.get("flashinfer_absent"))  # SGLang's modules built, FlashInfer not installed
         if failed:
             return PrewarmOutcome(False, f"{', '.join(str(m.get('module')) for m in failed)} failed: "
                                   f"{last_line(failed[0].get('error'))}" + (f" (built: {done})" if done else ""),
-                                  mods, took)
-        return PrewarmOutcome(True, f"built or found {done} in {took:.0f} s", mods, took)
+                                  mods, took, absent)
+        return PrewarmOutcome(True, f"built or found {done} in {took:.0f} s", mods, took, absent)
 
 
 GRACE_S = 5.0
