@@ -123,12 +123,15 @@ def test_the_plan_names_what_is_avoidable() -> None:
     assert parts["jit"].seconds == pytest.approx(107.0 + 40.1) and parts["jit"].avoidable_s == parts["jit"].seconds
     assert "prewarm" in parts["jit"].advice
     assert parts["cuda_graphs"].avoidable_s >= 15.9 + 5.1 + 6.3  # the Triton compiles of an empty cache
-    beside = inputs_for(61, 256, 0, [])
+    beside = inputs_for(4, 32, 800, [])
     beside["flashinfer"]["building"] = {"modules": ["norm", "sampling"], "elapsed_s": 10.0}
     got = {p.name: p for p in startplan.predict(beside, startplan.constants()).parts}
     to_first_forward = sum(got[n].seconds for n in ("interpreter", "startup", "weights", "drafter", "kv_cache"))
-    # built at once: what is left of the longest (sampling) when the server's first forward needs it
-    assert got["jit"].seconds == pytest.approx(107.0 - 10.0 - to_first_forward, abs=0.1)
+    # built at once: norm is done before the first forward; what is left of sampling when the rehearsal after the
+    # captures calls it
+    assert to_first_forward > 40.1 - 10.0
+    after_captures = to_first_forward + got["cuda_graphs"].seconds + got["kernels"].seconds
+    assert got["jit"].seconds == pytest.approx(107.0 - 10.0 - after_captures, abs=0.1) and got["jit"].seconds > 30
     warm = startplan.predict(inputs_for(61, 256, 800, BUILT), startplan.constants())
     assert warm.total_s < cold.total_s - 200 and {p.name: p for p in warm.parts}["jit"].seconds == 0
     bounded = dict(inputs_for(61, 256, 800, BUILT), server_args=["--speculative-algorithm", "DDTREE",

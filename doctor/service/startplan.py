@@ -278,7 +278,7 @@ def predict(inputs: dict[str, Any], table: dict[str, Any]) -> StartPlan:
     plan.parts.append(Part("kv_cache", _value(k, "kv_cache_s"), "measured constant"))
     to_first_forward = sum(p.seconds for p in plan.parts)  # where the server first calls FlashInfer's modules
     graphs, kernels = _graphs(inputs, table, k, to_first_forward)
-    plan.parts += [graphs, kernels, _jit(inputs, table, k, to_first_forward),
+    plan.parts += [graphs, kernels, _jit(inputs, table, k, to_first_forward, graphs.seconds + kernels.seconds),
                    Part("warmup", _value(k, "warmup_s"), "measured constant"),
                    Part("ready", _value(k, "ready_after_fired_up_s"), "first /health 200 after the warm-up "
                         "(measured constant)")]
@@ -459,11 +459,13 @@ def missing_modules(inputs: dict[str, Any], table: dict[str, Any]) -> list[str]:
                                                                    inputs.get("compute_capability")))]
 
 
-def _jit(inputs: dict[str, Any], table: dict[str, Any], k: dict[str, Any], to_first_forward: float) -> Part:
+def _jit(inputs: dict[str, Any], table: dict[str, Any], k: dict[str, Any], to_first_forward: float,
+         captures_s: float) -> Part:
     """FlashInfer's modules: none to compile (warm), compiled by the server when it first calls them (one after the
     other, the start waits for each), or being compiled by ``launch``'s prewarm beside the server (all at once, one
-    process each: the server waits on FlashInfer's file lock only for what is not done when its first forward,
-    ``to_first_forward`` s after the exec, calls it)."""
+    process each: the server waits on FlashInfer's file lock only for what is not done when it calls a module:
+    ``norm`` at its first forward, ``to_first_forward`` s after the exec, ``sampling`` at the sampling rehearsal
+    after its captures, ``captures_s`` later: ``[jit.need]``)."""
     need = needed_modules(inputs, table)
     if not need:
         return Part("jit", 0.0, "FlashInfer not installed: no JIT modules")
@@ -474,16 +476,30 @@ def _jit(inputs: dict[str, Any], table: dict[str, Any], k: dict[str, Any], to_fi
         return Part("jit", 0.0, f"FlashInfer's {', '.join(need)} compiled in {where}")
     building = (inputs.get("flashinfer") or {}).get("building")
     if isinstance(building, dict) and set(missing) <= set(building.get("modules") or []):
-        # the prewarm goes on beside the server, which needs the modules only after its start-up
-        head = float(building.get("elapsed_s") or 0.0) + to_first_forward
-        longest = max(float(k["jit"].get(m, {}).get("value", 0.0)) for m in missing)
-        left = max(0.0, longest - head)
-        return Part("jit", round(left, 1), f"FlashInfer's {', '.join(missing)} being compiled by the prewarm beside "
-                    f"the server, in parallel ({building.get('elapsed_s')} s so far, the longest {longest:g} s): what "
-                    f"is left when the server's first forward needs them, {to_first_forward:.0f} s after its exec")
+        elapsed = float(building.get("elapsed_s") or 0.0)
+        waited, rows = _prewarm_waits(missing, table, k, elapsed, to_first_forward, captures_s)
+        return Part("jit", round(waited, 1), f"FlashInfer's {', '.join(missing)} being compiled by the prewarm beside "
+                    f"the server, in parallel ({elapsed:g} s so far): the server waits for what is not done when it "
+                    f"calls them ({'; '.join(rows)})")
     return Part("jit", round(seconds, 1), f"FlashInfer's {', '.join(missing)} not compiled in {where}: compiled at "
                 "start", round(seconds, 1), "compile them ahead: `k26-doctor launch` prewarms them in parallel with "
                 "its checks (unless --no-prewarm)")
+
+
+def _prewarm_waits(missing: list[str], table: dict[str, Any], k: dict[str, Any], elapsed: float,
+                   to_first_forward: float, captures_s: float) -> tuple[float, list[str]]:
+    """The seconds the server waits for modules the prewarm is building, in the order it calls them: each is done
+    ``compile - elapsed`` s after the exec; a wait moves every later call."""
+    order = {"first_forward": 0, "after_captures": 1}
+    when = table["jit"].get("need", {})
+    waited, rows = 0.0, []
+    for m in sorted(missing, key=lambda m: order.get(when.get(m, "first_forward"), 0)):
+        at = to_first_forward + waited + (captures_s if when.get(m) == "after_captures" else 0.0)
+        compile_s = float(k["jit"].get(m, {}).get("value", 0.0))
+        wait = max(0.0, compile_s - elapsed - at)
+        waited += wait
+        rows.append(f"{m}: {compile_s:g} s to build, needed {at:.0f} s after the exec, waits {wait:.0f} s")
+    return waited, rows
 
 
 # -- rendering, comparison, record ------------------------------------------------------------------------------
