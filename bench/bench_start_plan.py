@@ -207,8 +207,14 @@ def main() -> int:
         before = None
         if run.startswith("big"):
             if "big_model" not in results:
-                results["big_model"] = write_big(big, ns.big_dense, ns.big_moe)
+                try:
+                    results["big_model"] = write_big(big, ns.big_dense, ns.big_moe)
+                except Exception as exc:  # no room, no GPU, no safetensors: said, and no big run
+                    results["big_model"] = {"error": f"{type(exc).__name__}: {exc}"}
                 print(json.dumps({k: v for k, v in results["big_model"].items() if k != "per_shard"}), flush=True)
+            if "error" in results["big_model"]:
+                results["runs"].append({"run": run, "skipped": "the big model was not written"})
+                continue
             profile = big_profile(out, big, Path(ns.profile))
             before = drop_pages(big) if run == "big-evicted" else residency(big)
         row = launch(run, profile, {**env, **cache_env}, state, out, extra, min(ns.limit, left - 30))
