@@ -181,6 +181,8 @@ def main() -> int:
     ap.add_argument("--limit", type=float, default=400, help="seconds one start may take")
     ap.add_argument("--big-dense", type=int, default=3, help="make_big.py --dense")
     ap.add_argument("--big-moe", type=int, default=1, help="make_big.py --moe (each 22.6 GB)")
+    ap.add_argument("--big-dir", default=None, help="where the big model goes (a disk, not a tmpfs: its pages must "
+                    "be droppable); default ROOT/big-dsv3")
     ns = ap.parse_args()
     began = time.monotonic()
     out, root = Path(ns.out), Path(ns.root)
@@ -192,7 +194,7 @@ def main() -> int:
                                                           "--format=csv,noheader"], capture_output=True,
                                                          text=True).stdout.strip()}
     cache_env: dict[str, str] = {}
-    big = root / "big-dsv3"
+    big = Path(ns.big_dir) if ns.big_dir else root / "big-dsv3"
     for run in [r for r in ns.runs.split(",") if r]:
         left = ns.budget - (time.monotonic() - began)
         if left < 60:

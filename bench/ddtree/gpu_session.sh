@@ -281,9 +281,15 @@ stage_bigload() {  # the big random DeepSeek-V3 written (timed), launched cached
   local prof=$WORK/trained.toml
   sed "s|/tmp/trained|$WORK/pair|g" "$REPO/bench/ddtree/profiles/h200-trained-ddtree.toml" > "$prof"
   export PYTHONPATH=$REPO:$PYTHONPATH
-  mkdir -p "$OUT/bigload"; df -h "$WORK" | tail -1; free -g | head -2
+  # The model must lie on a disk (a tmpfs page cannot be dropped: "evicted" would still load from memory).
+  local big=${BIG_DIR:-$WORK/start-big/big-dsv3}
+  mkdir -p "$OUT/bigload" "$(dirname "$big")"
+  if [ "$(stat -f -c %T "$(dirname "$big")")" = tmpfs ] && [ -z "${BIG_DIR:-}" ]; then
+    big=$REPO/.big-dsv3; log "bigload: $WORK is a tmpfs: the model goes to $big ($(stat -f -c %T "$REPO"))"
+  fi
+  df -h "$(dirname "$big")" | tail -1; free -g | head -2
   (cd "$REPO" && timeout -k 10 530 python3 bench/bench_start_plan.py --profile "$prof" --out "$OUT/bigload" \
-      --root "$WORK/start-big" --runs big-cached,big-evicted --budget 515 --limit 220 "$@")
+      --root "$WORK/start-big" --big-dir "$big" --runs big-cached,big-evicted --budget 515 --limit 220 "$@")
   log "bigload: exit $?"; cat "$OUT/bigload/start-plan.json" 2>/dev/null | python3 -c "
 import json,sys; d=json.load(sys.stdin); print('model', {k: v for k, v in d.get('big_model', {}).items() if k != 'per_shard'})
 for r in d['runs']:
