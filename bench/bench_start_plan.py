@@ -3,20 +3,23 @@
 what the doctor predicted (doctor/service/startplan.py), into $OUT/start-plan.json.
 
 Run on the H200 after `bash bench/ddtree/gpu_session.sh setup` and `... pair` (payload unpacked, patch set
-applied, the trained pair built), through the session script's stage, which points the profile at the pair:
+applied, the trained pair built), through the session script's stages, which point the profile at the pair:
 
+    bash bench/ddtree/gpu_session.sh startcoldwarm    # --runs cold-prewarm,warm
+    bash bench/ddtree/gpu_session.sh bigload          # --runs big-cached,big-evicted
     bash bench/ddtree/gpu_session.sh startplan --runs cold,warm --budget 500
-    bash bench/ddtree/gpu_session.sh startplan --runs cold-prewarm,warm --budget 500
-    bash bench/ddtree/gpu_session.sh startplan --runs big-cold,big-warm --big-gib 40 --budget 500
 
 Runs (each one `launch --wait` to /health 200, then SIGTERM):
-- ``cold``: empty FlashInfer and Triton caches (fresh directories named by FLASHINFER_WORKSPACE_BASE and
-  TRITON_CACHE_DIR), ``--no-prewarm``: today's first start.
-- ``cold-prewarm``: empty caches, the prewarm on (FlashInfer's modules compiled in parallel with the checks).
-- ``warm``: the caches the previous run of this call filled.
-- ``big-cold`` / ``big-warm``: a random DeepSeek-V3 of ``--big-gib`` GiB written as real safetensors shards
-  (``write_big_dsv3``, bounded by ``--big-seconds``), served without speculative decoding; cold: its pages
-  dropped first (``posix_fadvise(DONTNEED)`` after fsync, verified by mincore), warm: resident after the cold run.
+- ``cold``: empty FlashInfer, Triton and SGLang caches (fresh directories named by FLASHINFER_WORKSPACE_BASE,
+  TRITON_CACHE_DIR, SGLANG_CACHE_DIR and SGLANG_JIT_CACHE_DIR), ``--no-prewarm``: today's first start.
+- ``cold-prewarm``: empty caches, the prewarm on (the JIT modules compiled in parallel with the checks and beside
+  the server).
+- ``warm``: the caches the previous run of this call filled; the session's own caches (gpu_session.sh's) when it
+  is the call's first run.
+- ``big-cached`` / ``big-evicted``: a random DeepSeek-V3 (``bench/ddtree/make_big.py``: hidden 7168, 3 dense
+  layers and one of 256 experts, 28 GiB of real safetensors shards) served without speculative decoding; cached:
+  as the writing left the page cache (its residency recorded, mincore), evicted: its pages dropped first
+  (``posix_fadvise(DONTNEED)`` after fsync, verified by mincore: no privilege needed, nothing else evicted).
 
 Each run records: the bench's wall time from the launch to /health 200 (and the checks' share), the doctor's
 own record of the start (``<state>/start/last.json``: plan, actual parts, comparison), the prediction's ratio to
@@ -89,7 +92,9 @@ def launch(name: str, profile: Path, env: dict[str, str], state: Path, out: Path
         out_row.update(predicted_s=entry["plan"]["total_s"], server_ready_after_s=entry["ready_after_s"],
                        prediction_ratio=round(entry["plan"]["total_s"] / entry["ready_after_s"], 3),
                        comparison=entry["comparison"], prewarm=entry.get("prewarm"), plan=entry["plan"],
-                       actual=entry["actual"]["parts"])
+                       actual=entry["actual"]["parts"], captures=entry["actual"].get("captures"),
+                       inputs={k: (entry.get("inputs") or {}).get(k) for k in ("target", "flashinfer", "triton_cache",
+                                                                               "sglang_jit", "meminfo")})
     return out_row
 
 
@@ -105,102 +110,37 @@ def gpu_free(limit_s: float) -> bool:
     return False
 
 
+CACHE_VARS = {"FLASHINFER_WORKSPACE_BASE": "flashinfer", "TRITON_CACHE_DIR": "triton", "SGLANG_CACHE_DIR": "sglang",
+              "SGLANG_JIT_CACHE_DIR": "sglang-jit"}
+
+
 def fresh_caches(root: Path) -> dict[str, str]:
+    """Empty directories for every cache a start compiles into (FlashInfer's, Triton's, SGLang's own and its JIT
+    kernels'): a cold start."""
     shutil.rmtree(root, ignore_errors=True)
-    (root / "flashinfer").mkdir(parents=True)
-    (root / "triton").mkdir(parents=True)
-    return {"FLASHINFER_WORKSPACE_BASE": str(root / "flashinfer"), "TRITON_CACHE_DIR": str(root / "triton")}
+    for sub in CACHE_VARS.values():
+        (root / sub).mkdir(parents=True)
+    return {var: str(root / sub) for var, sub in CACHE_VARS.items()}
 
 
 # -- a random DeepSeek-V3 checkpoint large enough that loading shows --------------------------------------------
 
-def write_big_dsv3(out: Path, gib: float, seconds: float) -> dict:
-    """A DeepSeek-V3 (MLA + MoE) of about ``gib`` GiB as real safetensors shards with random bf16 values: the
-    tensor names and shapes of transformers' DeepseekV3ForCausalLM (built on the meta device: no memory), the
-    layer count chosen to reach the size, the data one random 64 MiB block repeated (the load reads every byte;
-    what they are does not matter to its time). Stops at ``seconds`` (the checkpoint stays consistent: the
-    layer count is fixed first)."""
-    import torch
-    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+def write_big(out: Path, dense: int, moe: int) -> dict:
+    """``bench/ddtree/make_big.py`` into ``out`` on the GPU (timed), unless a whole one (its index) is there."""
+    sys.path.insert(0, str(ROOT / "bench" / "ddtree"))
+    import make_big
 
-    def config(layers: int) -> DeepseekV3Config:
-        return DeepseekV3Config(vocab_size=32000, hidden_size=2048, intermediate_size=8192, moe_intermediate_size=1024,
-                                num_hidden_layers=layers, num_attention_heads=16, num_key_value_heads=16,
-                                n_shared_experts=1, n_routed_experts=64, num_experts_per_tok=6, n_group=1,
-                                topk_group=1, routed_scaling_factor=1.0, first_k_dense_replace=1, q_lora_rank=512,
-                                kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
-                                max_position_embeddings=4096, rope_theta=10000.0, tie_word_embeddings=False,
-                                torch_dtype="bfloat16", bos_token_id=1, eos_token_id=2, pad_token_id=0,
-                                rope_scaling=None)
-
-    def shapes(layers: int) -> dict:
-        with torch.device("meta"):
-            model = DeepseekV3ForCausalLM(config(layers))
-        return {k: tuple(v.shape) for k, v in model.state_dict().items()}
-
-    per_layer = sum(2 * _numel(s) for k, s in shapes(3).items() if ".layers.2." in k)
-    fixed = sum(2 * _numel(s) for k, s in shapes(3).items() if ".layers." not in k)
-    layers = max(2, int((gib * 1024**3 - fixed) // per_layer))
-    names = shapes(layers)
-    out.mkdir(parents=True, exist_ok=True)
-    block = os.urandom(64 << 20)
-    shard_limit, shard, shard_bytes, index, files = 4 << 30, [], 0, {}, []
-    started = time.monotonic()
-
-    def flush() -> None:
-        nonlocal shard, shard_bytes
-        if not shard:
-            return
-        name = f"model-{len(files) + 1:05d}.safetensors"
-        _write_shard(out / name, shard, block)
-        files.append(name)
-        index.update({k: name for k, _ in shard})
-        shard, shard_bytes = [], 0
-
-    for key, shape in names.items():
-        size = 2 * _numel(shape)
-        if shard_bytes + size > shard_limit:
-            flush()
-            if time.monotonic() - started > seconds:
-                raise SystemExit(f"writing the checkpoint passed {seconds:.0f} s: give --big-gib less")
-        shard.append((key, shape))
-        shard_bytes += size
-    flush()
-    total = sum((out / f).stat().st_size for f in files)
-    (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total},
-                                                                  "weight_map": index}))
-    cfg = config(layers).to_dict()
-    cfg.update({"architectures": ["DeepseekV3ForCausalLM"], "moe_layer_freq": 1, "topk_method": "noaux_tc",
-                "scoring_func": "sigmoid", "ep_size": 1, "num_nextn_predict_layers": 0})
-    (out / "config.json").write_text(json.dumps(cfg, indent=1, default=str))
-    return {"path": str(out), "layers": layers, "bytes": total, "shards": len(files),
-            "write_s": round(time.monotonic() - started, 1)}
+    if (out / "model.safetensors.index.json").exists() and (out / "config.json").exists():
+        cfg = json.loads((out / "config.json").read_text())
+        if (cfg.get("first_k_dense_replace"), cfg.get("num_hidden_layers")) == (dense, dense + moe):
+            return {"path": str(out), "reused": True}
+    return make_big.write(out, dense, moe, 4.5, "cuda", 0, False, None)
 
 
-def _numel(shape: tuple) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
+def residency(folder: Path) -> dict:
+    from doctor.model.residency import Residency, model_residency
 
-
-def _write_shard(path: Path, tensors: list, block: bytes) -> None:
-    header, offset = {}, 0
-    for key, shape in tensors:
-        size = 2 * _numel(shape)
-        header[key] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [offset, offset + size]}
-        offset += size
-    head = json.dumps(header, separators=(",", ":")).encode()
-    head += b" " * (-len(head) % 8)
-    with open(path, "wb") as fh:
-        fh.write(len(head).to_bytes(8, "little") + head)
-        left = offset
-        while left > 0:
-            n = min(left, len(block))
-            fh.write(block[:n])
-            left -= n
-        fh.flush()
-        os.fsync(fh.fileno())
+    return model_residency(str(folder), Residency())
 
 
 def drop_pages(folder: Path) -> dict:
@@ -239,8 +179,10 @@ def main() -> int:
     ap.add_argument("--root", default="/tmp/k26-start-bench")
     ap.add_argument("--budget", type=float, default=540, help="seconds for the whole call")
     ap.add_argument("--limit", type=float, default=400, help="seconds one start may take")
-    ap.add_argument("--big-gib", type=float, default=40)
-    ap.add_argument("--big-seconds", type=float, default=150, help="most seconds writing the checkpoint may take")
+    ap.add_argument("--big-dense", type=int, default=3, help="make_big.py --dense")
+    ap.add_argument("--big-moe", type=int, default=1, help="make_big.py --moe (each 22.6 GB)")
+    ap.add_argument("--big-dir", default=None, help="where the big model goes (a disk, not a tmpfs: its pages must "
+                    "be droppable); default ROOT/big-dsv3")
     ns = ap.parse_args()
     began = time.monotonic()
     out, root = Path(ns.out), Path(ns.root)
@@ -252,7 +194,7 @@ def main() -> int:
                                                           "--format=csv,noheader"], capture_output=True,
                                                          text=True).stdout.strip()}
     cache_env: dict[str, str] = {}
-    big = root / "big-dsv3"
+    big = Path(ns.big_dir) if ns.big_dir else root / "big-dsv3"
     for run in [r for r in ns.runs.split(",") if r]:
         left = ns.budget - (time.monotonic() - began)
         if left < 60:
@@ -260,23 +202,32 @@ def main() -> int:
             continue
         extra: list[str] = []
         profile = Path(ns.profile)
-        if run in ("cold", "cold-prewarm", "big-cold") or not cache_env:
+        if run in ("cold", "cold-prewarm"):
             cache_env = fresh_caches(caches)
         if run == "cold":
             extra.append("--no-prewarm")
+        before = None
         if run.startswith("big"):
-            if not (big / "config.json").exists():
-                results["big_model"] = write_big_dsv3(big, ns.big_gib, ns.big_seconds)
+            if "big_model" not in results:
+                try:
+                    results["big_model"] = write_big(big, ns.big_dense, ns.big_moe)
+                except Exception as exc:  # no room, no GPU, no safetensors: said, and no big run
+                    results["big_model"] = {"error": f"{type(exc).__name__}: {exc}"}
+                print(json.dumps({k: v for k, v in results["big_model"].items() if k != "per_shard"}), flush=True)
+            if "error" in results["big_model"]:
+                results["runs"].append({"run": run, "skipped": "the big model was not written"})
+                continue
             profile = big_profile(out, big, Path(ns.profile))
-            if run == "big-cold":
-                results.setdefault("dropped", drop_pages(big))
+            before = drop_pages(big) if run == "big-evicted" else residency(big)
         row = launch(run, profile, {**env, **cache_env}, state, out, extra, min(ns.limit, left - 30))
+        if before is not None:
+            row["residency_before"] = before
         results["runs"].append(row)
         print(json.dumps({k: row.get(k) for k in ("run", "launch_to_healthy_s", "predicted_s",
                                                    "server_ready_after_s", "prediction_ratio")}), flush=True)
         (out / "start-plan.json").write_text(json.dumps(results, indent=1, default=str))
     by = {r["run"]: r for r in results["runs"] if r.get("launch_to_healthy_s")}
-    for cold, warm in (("cold", "warm"), ("cold-prewarm", "warm"), ("big-cold", "big-warm")):
+    for cold, warm in (("cold", "warm"), ("cold-prewarm", "warm"), ("big-evicted", "big-cached")):
         if cold in by and warm in by:
             results[f"{cold}/{warm}"] = round(by[cold]["launch_to_healthy_s"] / by[warm]["launch_to_healthy_s"], 3)
     (out / "start-plan.json").write_text(json.dumps(results, indent=1, default=str))

@@ -12,6 +12,12 @@
 #   bash bench/ddtree/gpu_session.sh startplan [ARGS] the product's launch --wait cold and warm on the trained pair
 #                                                     against the doctor's start plan (bench/bench_start_plan.py ARGS,
 #                                                     e.g. --runs cold,warm --budget 500); after setup and pair
+#   bash bench/ddtree/gpu_session.sh startcoldwarm    after setup and pair: launch --wait of the trained pair on empty
+#                                                     caches (FlashInfer, Triton, SGLang's, its JIT kernels) with the
+#                                                     product's prewarm, then warm on what it filled (issue 40's 1.15x)
+#   bash bench/ddtree/gpu_session.sh bigload          after setup: a random DeepSeek-V3 of 28 GiB (make_big.py, timed),
+#                                                     then launch --wait on it as the writing left the page cache and
+#                                                     again with its pages dropped (posix_fadvise): the weights part
 #   bash bench/ddtree/gpu_session.sh validate         after setup and pair: the product's `k26-doctor validate` end to
 #                                                     end, in sub-stages callable alone (each resumable, bounded):
 #                                                     validate-run [S] (validate the trained pair's profile, sequential),
@@ -258,6 +264,40 @@ stage_startplan() {  # the start plan measured (bench/bench_start_plan.py): cold
   (cd "$REPO" && python3 bench/bench_start_plan.py --profile "$prof" --out "$OUT" --root "$WORK/start-bench" "$@")
 }
 
+stage_startcoldwarm() {  # cold (fresh caches, the prewarm on) then warm launch --wait of the trained pair, in 540 s
+  local prof=$WORK/trained.toml
+  sed "s|/tmp/trained|$WORK/pair|g" "$REPO/bench/ddtree/profiles/h200-trained-ddtree.toml" > "$prof"
+  export PYTHONPATH=$REPO:$PYTHONPATH
+  mkdir -p "$OUT/startcoldwarm"
+  (cd "$REPO" && timeout -k 10 530 python3 bench/bench_start_plan.py --profile "$prof" --out "$OUT/startcoldwarm" \
+      --root "$WORK/start-coldwarm" --runs cold-prewarm,warm --budget 515 --limit 240 "$@")
+  log "startcoldwarm: exit $?"; cat "$OUT/startcoldwarm/start-plan.json" 2>/dev/null | python3 -c "
+import json,sys; d=json.load(sys.stdin)
+for r in d['runs']: print(r.get('run'), 'launch->healthy', r.get('launch_to_healthy_s'), 'exec->ready', r.get('server_ready_after_s'), 'predicted', r.get('predicted_s'), 'ratio', r.get('prediction_ratio'))
+print({k: v for k, v in d.items() if '/' in k})" 2>/dev/null
+}
+
+stage_bigload() {  # the big random DeepSeek-V3 written (timed), launched cached then evicted, in 540 s
+  local prof=$WORK/trained.toml
+  sed "s|/tmp/trained|$WORK/pair|g" "$REPO/bench/ddtree/profiles/h200-trained-ddtree.toml" > "$prof"
+  export PYTHONPATH=$REPO:$PYTHONPATH
+  # The model must lie on a disk (a tmpfs page cannot be dropped: "evicted" would still load from memory).
+  local big=${BIG_DIR:-$WORK/start-big/big-dsv3}
+  mkdir -p "$OUT/bigload" "$(dirname "$big")"
+  if [ "$(stat -f -c %T "$(dirname "$big")")" = tmpfs ] && [ -z "${BIG_DIR:-}" ]; then
+    big=$REPO/.big-dsv3; log "bigload: $WORK is a tmpfs: the model goes to $big ($(stat -f -c %T "$REPO"))"
+  fi
+  df -h "$(dirname "$big")" | tail -1; free -g | head -2
+  (cd "$REPO" && timeout -k 10 530 python3 bench/bench_start_plan.py --profile "$prof" --out "$OUT/bigload" \
+      --root "$WORK/start-big" --big-dir "$big" --runs big-cached,big-evicted --budget 515 --limit 220 "$@")
+  log "bigload: exit $?"; cat "$OUT/bigload/start-plan.json" 2>/dev/null | python3 -c "
+import json,sys; d=json.load(sys.stdin); print('model', {k: v for k, v in d.get('big_model', {}).items() if k != 'per_shard'})
+for r in d['runs']:
+    w = {c['part']: (c['predicted_s'], c['actual_s']) for c in r.get('comparison') or []}
+    print(r.get('run'), 'resident before', (r.get('residency_before') or {}).get('resident_bytes'), 'exec->ready', r.get('server_ready_after_s'), 'predicted', r.get('predicted_s'), 'weights (pred, actual)', w.get('weights'))" 2>/dev/null
+  df -h "$WORK" | tail -1
+}
+
 # -- the product's `k26-doctor validate` on the trained pair (after setup and pair) --------------------------------
 VPROF=$WORK/validate.toml VSTATE=$WORK/doctor-state
 validate_env() {
@@ -342,6 +382,8 @@ main() {
     all) stage_all "$@" ;;
     product) stage_product ;;
     startplan) stage_startplan "$@" ;;
+    startcoldwarm) stage_startcoldwarm "$@" ;;
+    bigload) stage_bigload "$@" ;;
     prep) stage_prep ;;
     validate) stage_validate "$@" ;;
     validate-run) stage_validate_run "$@" ;;

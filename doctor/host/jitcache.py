@@ -85,6 +85,39 @@ def flashinfer_compiled(base: str) -> list[str]:
     return out
 
 
+def sglang_jit_dir(env: dict[str, str], home: str) -> str:
+    """SGLang's own JIT kernel cache (its tree-verify kernels among them): ``SGLANG_JIT_CACHE_DIR``, else
+    ``~/.cache/sglang/jit`` (sglang/kernels/jit/utils/compile/cache.py ``cache_root``: not under SGLANG_CACHE_DIR)."""
+    given = env.get("SGLANG_JIT_CACHE_DIR")
+    if given:
+        return os.path.join(home, given[2:]) if given.startswith("~/") else given
+    return os.path.join(home, ".cache", "sglang", "jit")
+
+
+def server_triton_dir(env: dict[str, str], home: str) -> tuple[str, str]:
+    """The Triton cache a SGLang 0.5.2x server uses, and why: ``TRITON_CACHE_DIR``, else ``<SGLANG_CACHE_DIR>/
+    triton`` (``import sglang`` sets that default before Triton is imported: sglang/srt/environ.py
+    ``redirect_third_party_caches``), not Triton's own ``~/.triton/cache``."""
+    if env.get("TRITON_CACHE_DIR"):
+        t = env["TRITON_CACHE_DIR"]
+        return (os.path.join(home, t[2:]) if t.startswith("~/") else t), "TRITON_CACHE_DIR"
+    return os.path.join(cache_dirs(env, home)["sglang"]["path"], "triton"), "SGLang's default <SGLANG_CACHE_DIR>/triton"
+
+
+def sglang_jit_compiled(root: str) -> list[str]:
+    """SGLang's JIT modules built under ``root`` as ``<target>/<module>`` (``<root>/<target>/<module>/build-<key>/
+    deps-<key>/<module>.so``, its content-addressed layout): stat and listdir only."""
+    out: list[str] = []
+    for target in _listdir(root)[:32]:
+        for module in _listdir(os.path.join(root, target))[:256]:
+            mdir = os.path.join(root, target, module)
+            if any(os.path.isfile(os.path.join(mdir, b, d, module + ".so"))
+                   for b in _listdir(mdir)[:64] if b.startswith("build-")
+                   for d in _listdir(os.path.join(mdir, b))[:64] if d.startswith("deps-")):
+                out.append(f"{target}/{module}")
+    return out
+
+
 def entry_count(path: str) -> int | None:
     """Entries directly in ``path`` (Triton keeps one directory per kernel), None when it is not a directory."""
     try:

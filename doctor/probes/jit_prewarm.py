@@ -1,16 +1,22 @@
 """Compile FlashInfer's JIT modules into the cache the service will use (run under the service's interpreter).
 
 Started by ``k26-doctor launch`` while its checks run (``doctor.service.prewarm``), never by ``check``.
-Arguments: ``--deadline SECONDS`` then the module names (``sampling``, ``norm``). Each is built the way the
+Arguments: ``--deadline SECONDS`` then the module names: FlashInfer's (``sampling``, ``norm``) and SGLang's
+DDTree kernels (``sglang.speculative_tree``, ``sglang.speculative_sampling.<vec_size>``: ``SglangJit``). Each
+FlashInfer module is built the way the
 server's first call builds it, ``flashinfer.jit.<name>.gen_<name>_module().build_and_load()`` (a module already in
-the cache is only loaded), all of them at once (one nvcc per source file: a module alone leaves most cores idle).
-FlashInfer holds a file lock per module while it builds, so a server that needs a module being built waits for it
-and loads it rather than building it again. At the deadline the probe stops its whole process group (ninja, and
-through ninja the compilers: its lock is released, the server builds what is missing), so a hung compiler never
-holds a start.
+the cache is only loaded), all of them at once, one process per module (``--one NAME``: this file again, in this
+process group), each with its ninja's jobs bounded by the cores shared between them (``MAX_JOBS``, which
+FlashInfer passes to ninja as ``-j``; a module has two or three sources, so the longest module's time is the
+prewarm's). FlashInfer 0.7.2 holds a file lock per module while it builds (``JitSpec.build_and_load``:
+``FileLock(<cached_ops>/tmp/<name>.lock)``, then a second look for the built module), so a server that needs a
+module being built waits for it and loads it rather than building it again. At the deadline the probe stops its
+whole process group (its module processes, their ninja, and through ninja the compilers: the locks are released,
+the server builds what is missing), so a hung compiler never holds a start.
 The GPU is not touched: ``launch`` hides the devices and names the architecture (``FLASHINFER_CUDA_ARCH_LIST``).
-Prints one JSON object on its last line: ``{"modules": [{"module", "ok", "seconds", "error"}]}`` (``"absent": true``
-when FlashInfer is not installed: nothing to compile); exit 0 even when a module fails (the launch goes on).
+Prints one JSON object on its last line: ``{"modules": [{"module", "ok", "seconds", "error"}], "flashinfer_absent"}``
+(``"absent": true`` when FlashInfer is not installed and nothing else was asked: nothing to compile); exit 0 even when
+a module fails (the launch goes on).
 Standard library only at import (the service's environment does not have k26-doctor).
 """
 
@@ -19,14 +25,53 @@ import importlib.util
 import json
 import os
 import signal
+import subprocess
 import sys
-import threading
 import time
+
+SGLANG = "sglang."  # SGLang's own JIT modules: sglang.speculative_tree, sglang.speculative_sampling.<vec_size>
 
 
 def spec_of(name):
+    if name.startswith(SGLANG):
+        return SglangJit(name)
     mod = importlib.import_module("flashinfer.jit." + name)
     return getattr(mod, "gen_" + name + "_module")()
+
+
+def named_arch():
+    """(major, minor) of the architecture ``launch`` names (FLASHINFER_CUDA_ARCH_LIST "9.0" or "9.0a")."""
+    first = (os.environ.get("FLASHINFER_CUDA_ARCH_LIST") or "").replace(",", " ").split()
+    if not first:
+        raise RuntimeError("no architecture named (FLASHINFER_CUDA_ARCH_LIST)")
+    major, minor = first[0].split(".")
+    return int(major), int("".join(ch for ch in minor if ch.isdigit()))
+
+
+class SglangJit:
+    """A DDTree tree-verify kernel module of SGLang's JIT (``load_jit``), built as the server's start-up builds it
+    (``warm_verify_kernels``: the tree module, and the sampling module for the target's vocabulary, deterministic)
+    for the named architecture instead of the device's (``override_jit_cuda_arch``: no device here). SGLang's cache
+    publishes a build by a rename, with no lock: a server that gets there first builds it too, nothing breaks."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def build_and_load(self):
+        from sglang.kernels.jit.utils.arch import override_jit_cuda_arch
+
+        major, minor = named_arch()
+        with override_jit_cuda_arch(major, minor):
+            if self.name == SGLANG + "speculative_tree":
+                from sglang.kernels.ops.speculative.tree import _jit_tree_module
+
+                _jit_tree_module()
+            elif self.name.startswith(SGLANG + "speculative_sampling."):
+                from sglang.kernels.ops.speculative.sampling import _jit_sampling_module
+
+                _jit_sampling_module(int(self.name.rsplit(".", 1)[1]), True)
+            else:
+                raise ValueError("not a module the prewarm knows: " + self.name)
 
 
 def build(name, spec, results):
@@ -57,35 +102,77 @@ def expire(_signum, _frame):
     os.killpg(group, signal.SIGKILL)
 
 
+def build_one(name):
+    """``--one NAME``: this module alone, its result as one JSON line."""
+    results = {}
+    try:
+        build(name, spec_of(name), results)
+    except BaseException as exc:
+        results[name] = {"module": name, "ok": False, "seconds": 0.0,
+                         "error": (type(exc).__name__ + ": " + str(exc))[-2000:]}
+    print(json.dumps(results[name]), flush=True)
+    return 0
+
+
+def jobs_each(count):
+    """Ninja's jobs per module: the cores this process may use, shared (MAX_JOBS when the service sets it)."""
+    given = os.environ.get("MAX_JOBS")
+    if given and given.isdigit():
+        return given
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return str(max(1, cores // max(1, count)))
+
+
+def last_json(text):
+    for line in reversed((text or "").strip().splitlines()):
+        if line.strip().startswith("{"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                return None
+    return None
+
+
 def main(argv):
     deadline = None
+    if len(argv) == 2 and argv[0] == "--one":
+        return build_one(argv[1])
     if len(argv) >= 2 and argv[0] == "--deadline":
         deadline, argv = float(argv[1]), argv[2:]
     if deadline is not None and os.getpgid(0) == os.getpid():  # only a group of its own is ours to kill
         signal.signal(signal.SIGALRM, expire)
         signal.setitimer(signal.ITIMER_REAL, max(0.01, deadline))
-    if importlib.util.find_spec("flashinfer") is None:  # nothing to compile: the server does not use it either
-        print(json.dumps({"modules": [], "absent": True}), flush=True)
-        return 0
-    results, threads = {}, []
-    for name in argv:  # imported one after the other: the builds run at once
+    flashinfer_absent = importlib.util.find_spec("flashinfer") is None
+    if flashinfer_absent:  # FlashInfer's modules: the server does not use them either
+        argv = [n for n in argv if n.startswith(SGLANG)]
+        if not argv:
+            print(json.dumps({"modules": [], "absent": True}), flush=True)
+            return 0
+    env = dict(os.environ, MAX_JOBS=jobs_each(len(argv)))
+    children, results = {}, {}
+    for name in argv:  # one process each, all at once, in this process group (the deadline stops them all)
+        started = time.perf_counter()
         try:
-            spec = spec_of(name)
-        except BaseException as exc:
-            results[name] = {"module": name, "ok": False, "seconds": 0.0,
-                             "error": (type(exc).__name__ + ": " + str(exc))[-2000:]}
-            continue
-        t = threading.Thread(target=build, args=(name, spec, results), daemon=True)
-        t.start()
-        threads.append(t)
-    for t in threads:
-        t.join()
+            children[name] = (subprocess.Popen([sys.executable, os.path.abspath(__file__), "--one", name], env=env,
+                                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE), started)
+        except OSError as exc:
+            results[name] = {"module": name, "ok": False, "seconds": 0.0, "error": "cannot start: " + str(exc)}
+    for name, (child, started) in children.items():
+        out, _ = child.communicate()
+        got = last_json(out.decode("utf-8", "replace"))
+        results[name] = got if isinstance(got, dict) and got.get("module") == name else {
+            "module": name, "ok": False, "seconds": round(time.perf_counter() - started, 2),
+            "error": f"its process exited with status {child.returncode} without a result"}
     out = [results[n] for n in argv if n in results]
     for r in out:
         sys.stderr.write("prewarm {}: {} in {:.1f} s\n".format(r["module"], "ok" if r["ok"] else "failed",
                                                                r["seconds"]))
     sys.stderr.flush()
-    print(json.dumps({"modules": out}), flush=True)
+    print(json.dumps({"modules": out, "jobs_each": env["MAX_JOBS"], "flashinfer_absent": flashinfer_absent}),
+          flush=True)
     return 0
 
 

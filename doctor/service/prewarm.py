@@ -1,4 +1,5 @@
-"""FlashInfer's JIT modules compiled ahead, in parallel with ``launch``'s checks: the start's avoidable minutes.
+"""FlashInfer's JIT modules (and SGLang's DDTree tree kernels) compiled ahead, in parallel with ``launch``'s checks:
+the start's avoidable minutes.
 
 A DFLASH/DDTREE server compiles FlashInfer's ``sampling`` module at its first start on a cache without it (~107 s
 on the H200) and every server compiles ``norm`` (~40 s), after the weights loaded, at the worst moment. ``launch``
@@ -42,9 +43,10 @@ class PrewarmPlan:
 
     def describe(self) -> list[str]:
         """The plan, shown before anything runs."""
-        return [f"prewarm: compiling FlashInfer's {', '.join(self.modules)} into {self.cache} while the checks run "
-                f"(GPU not used; what is not done by the start goes on beside the server, which waits on FlashInfer's "
-                f"lock for it; a failure does not stop the start): {shlex.join(self.argv)}"]
+        return [f"prewarm: compiling the JIT modules {', '.join(self.modules)} (FlashInfer's into {self.cache}) "
+                f"while the checks run, one process each (GPU not used; what is not done by the start goes on beside "
+                f"the server, which waits on FlashInfer's lock for a module being built; a failure does not stop the "
+                f"start): {shlex.join(self.argv)}"]
 
 
 @dataclass
@@ -170,11 +172,12 @@ class Prewarm:
         mods = [m for m in result.get("modules") or [] if isinstance(m, dict)]
         failed = [m for m in mods if not m.get("ok")]
         done = ", ".join(f"{m.get('module')} {m.get('seconds')} s" for m in mods if m.get("ok"))
+        absent = bool(result.get("flashinfer_absent"))  # SGLang's modules built, FlashInfer not installed
         if failed:
             return PrewarmOutcome(False, f"{', '.join(str(m.get('module')) for m in failed)} failed: "
                                   f"{last_line(failed[0].get('error'))}" + (f" (built: {done})" if done else ""),
-                                  mods, took)
-        return PrewarmOutcome(True, f"built or found {done} in {took:.0f} s", mods, took)
+                                  mods, took, absent)
+        return PrewarmOutcome(True, f"built or found {done} in {took:.0f} s", mods, took, absent)
 
 
 GRACE_S = 5.0

@@ -33,6 +33,7 @@ CONSTANTS_FILE = Path(__file__).resolve().parents[1] / "data" / "start_constants
 GIB = 1024**3
 DEFAULT_KIND = "h200"  # the constants used for a GPU no kind matches (the plan says so)
 ASSUMED_LAYERS = 61  # Kimi K2.6's num_hidden_layers, when the target's config.json was not read
+TREE_MODULE = "speculative_tree"  # SGLang's JIT module of the DDTree tree-verify kernels
 
 
 @dataclass
@@ -154,15 +155,45 @@ def graph_plan(args: list[str], table: dict[str, Any]) -> dict[str, Any]:
 
 # -- the inputs: what the facts say -----------------------------------------------------------------------------
 
+def cache_state(env: dict[str, str], home: str) -> dict[str, Any]:
+    """What the server's caches hold now, read where the server will look (its environment ``env``): FlashInfer's
+    compiled modules (``<base>/.cache/flashinfer/<version>/<archs>/cached_ops/<module>/<module>.so``), the Triton
+    cache's entry count (SGLang's redirect of its default included) and SGLang's own JIT modules (the DDTree
+    tree-verify kernels). Stat and listdir only: ``launch`` reads them again after its prewarm, and a plan made on
+    them predicts a warm start warm and a cold one cold."""
+    from doctor.host.jitcache import (
+        cache_dirs,
+        entry_count,
+        flashinfer_compiled,
+        server_triton_dir,
+        sglang_jit_compiled,
+        sglang_jit_dir,
+    )
+
+    fi = cache_dirs(env, home)["flashinfer"]["path"]
+    triton, triton_from = server_triton_dir(env, home)
+    sgl = sglang_jit_dir(env, home)
+    return {"flashinfer": {"cache": fi, "compiled": flashinfer_compiled(fi)},
+            "triton_cache": {"path": triton, "from": triton_from, "entries": entry_count(triton) or 0},
+            "sglang_jit": {"path": sgl, "compiled": sglang_jit_compiled(sgl)}}
+
+
 def start_inputs(get: Callable[[str], Any], args: list[str], *, tp: int,
-                 python_import_s: float | None = None) -> dict[str, Any]:
+                 python_import_s: float | None = None, caches: dict[str, Any] | None = None) -> dict[str, Any]:
     """The plan's inputs from the facts ``get(name)`` returns (None where a fact is not to be had): the GPU, the
     shards and how much of them is resident, the compiled FlashInfer modules and the Triton cache, the server's
-    arguments. JSON only, so a plan can be recorded and replayed."""
-    nvml, resident, caches, stack, imp = (get(n) for n in ("nvml", "weights_resident", "jit_caches", "stack",
-                                                           "sglang_import"))
+    arguments. ``caches`` (``cache_state`` of the server's environment) replaces what the facts say of the caches.
+    JSON only, so a plan can be recorded and replayed."""
+    nvml, resident, jit_facts, stack, imp = (get(n) for n in ("nvml", "weights_resident", "jit_caches", "stack",
+                                                              "sglang_import"))
     gpu_name, cc_text = _gpu_input(nvml)
     import_s = (imp or {}).get("import_s") if isinstance(imp, dict) and (imp or {}).get("imported") else None
+    fi = _flashinfer_input(stack, jit_facts)
+    triton = _triton_input(jit_facts)
+    sgl_jit = None
+    if caches:
+        fi.update(caches["flashinfer"])
+        triton, sgl_jit = caches["triton_cache"], caches["sglang_jit"]
     return {
         "gpu_name": gpu_name,
         "compute_capability": cc_text,
@@ -172,8 +203,9 @@ def start_inputs(get: Callable[[str], Any], args: list[str], *, tp: int,
         "target": _model_input((resident or {}).get("target") if isinstance(resident, dict) else None),
         "drafter": _model_input((resident or {}).get("drafter") if isinstance(resident, dict) else None),
         "meminfo": (resident or {}).get("meminfo") if isinstance(resident, dict) else None,
-        "flashinfer": _flashinfer_input(stack, caches),
-        "triton_cache": _triton_input(caches),
+        "flashinfer": fi,
+        "triton_cache": triton,
+        "sglang_jit": sgl_jit,
         "import_s": import_s if isinstance(import_s, (int, float)) else python_import_s,
     }
 
@@ -235,15 +267,18 @@ def predict(inputs: dict[str, Any], table: dict[str, Any]) -> StartPlan:
         plan.notes.append(f"no measured constants for {inputs.get('gpu_name') or 'this GPU'}: the {kind.upper()}'s "
                           "are used")
     imp = inputs.get("import_s")
-    plan.parts.append(Part("interpreter", float(imp) if imp else _value(k, "interpreter_s"),
-                           "SGLang's import as sglang.install timed it" if imp else "measured constant"))
+    extra = _value(k, "interpreter_extra_s")  # the server's own imports and argument parsing after SGLang's import
+    source = "SGLang's import as sglang.install timed it" if imp else "SGLang's import (measured constant)"
+    plan.parts.append(Part("interpreter", round((float(imp) if imp else _value(k, "interpreter_s")) + extra, 1),
+                           f"{source}, and {extra:g} s more to the server's first log line (measured constant)"))
     plan.parts.append(Part("startup", _value(k, "startup_s"), "server args, tokenizer, scheduler processes, "
                            "model import (measured constant)"))
     plan.parts += [_load("weights", inputs.get("target"), inputs.get("meminfo"), k),
                    _load("drafter", inputs.get("drafter"), None, k)]
     plan.parts.append(Part("kv_cache", _value(k, "kv_cache_s"), "measured constant"))
-    graphs, kernels = _graphs(inputs, table, k)
-    plan.parts += [graphs, kernels, _jit(inputs, table, k),
+    to_first_forward = sum(p.seconds for p in plan.parts)  # where the server first calls FlashInfer's modules
+    graphs, kernels = _graphs(inputs, table, k, to_first_forward)
+    plan.parts += [graphs, kernels, _jit(inputs, table, k, to_first_forward, graphs.seconds + kernels.seconds),
                    Part("warmup", _value(k, "warmup_s"), "measured constant"),
                    Part("ready", _value(k, "ready_after_fired_up_s"), "first /health 200 after the warm-up "
                         "(measured constant)")]
@@ -295,7 +330,8 @@ def _graph_seconds(kind: str, sizes: int, layers: int, cold: bool, k: dict[str, 
     return warm, float(g["triton_cold_s"]) if cold and sizes else 0.0
 
 
-def _graphs(inputs: dict[str, Any], table: dict[str, Any], k: dict[str, Any]) -> tuple[Part, Part]:
+def _graphs(inputs: dict[str, Any], table: dict[str, Any], k: dict[str, Any],
+            to_first_forward: float) -> tuple[Part, Part]:
     gp = graph_plan(inputs.get("server_args") or [], table["graphs"])
     tri = inputs.get("triton_cache") or {}
     entries = tri.get("entries")
@@ -317,7 +353,7 @@ def _graphs(inputs: dict[str, Any], table: dict[str, Any], k: dict[str, Any]) ->
                                                              "writable filesystem (host.jit_cache): the next start "
                                                              "reuses the compiled kernels"]))
     graphs = Part("cuda_graphs", round(warm_total + cold_total, 1), basis, round(avoid, 1), advice)
-    return graphs, _kernels(inputs, gp, cold, k)
+    return graphs, _kernels(inputs, table, gp, cold, k, to_first_forward)
 
 
 def _graph_basis(rows: list[str], layers: int, known_layers: bool, cold: bool, entries: Any) -> str:
@@ -347,14 +383,60 @@ def _capture_advice(gp: dict[str, Any], table: dict[str, Any], layers: int, k: d
     return "", 0.0
 
 
-def _kernels(inputs: dict[str, Any], gp: dict[str, Any], cold: bool, k: dict[str, Any]) -> Part:
-    """Kernel warm-up outside the captures: DDTree's tree kernels compile on an empty Triton cache, and that
-    compile is what a persistent cache avoids."""
+def _kernels(inputs: dict[str, Any], table: dict[str, Any], gp: dict[str, Any], cold: bool, k: dict[str, Any],
+             to_first_forward: float) -> Part:
+    """Kernel warm-up outside the captures: DDTree's tree kernels are SGLang JIT modules, compiled (nvcc) when its
+    cache lacks them, unless ``launch``'s prewarm builds them beside the server; when that cache was not read, the
+    Triton cache's state (``cold``) stands for it."""
     spec = bool(gp.get("speculative")) and str(inputs.get("algorithm") or "").upper() == "DDTREE"
-    ksec = _value(k, "kernel_warmup_cold_s" if (spec and cold) else "kernel_warmup_s")
-    return Part("kernels", ksec, "kernel warm-up outside the captures" + (" (DDTree's tree kernels compile on "
-                "an empty Triton cache)" if spec and cold else ""),
-                round(ksec - _value(k, "kernel_warmup_s"), 1) if spec and cold else 0.0)
+    missing = missing_sglang_modules(inputs, table)
+    cold, why = _tree_kernels_state(inputs, table, missing, cold) if spec else (False, "")
+    warm_s = _value(k, "kernel_warmup_s")
+    ksec = _value(k, "kernel_warmup_cold_s" if cold else "kernel_warmup_s")
+    basis = "kernel warm-up outside the captures" + (f" (DDTree's tree kernels: {why})" if why else "")
+    building = _prewarm_building(inputs.get("sglang_jit"), missing) if cold else None
+    if building is not None:
+        left = max(0.0, ksec - warm_s - float(building.get("elapsed_s") or 0.0) - to_first_forward)
+        return Part("kernels", round(warm_s + left, 1), f"{basis}: being compiled by the prewarm beside the server "
+                    f"({building.get('elapsed_s')} s so far): what is left when the server needs them")
+    return Part("kernels", ksec, basis, round(ksec - warm_s, 1) if cold else 0.0,
+                "keep SGLANG_JIT_CACHE_DIR on a persistent, writable filesystem and let `k26-doctor launch` "
+                "prewarm the tree kernels: the next start reuses them" if cold else "")
+
+
+def _tree_kernels_state(inputs: dict[str, Any], table: dict[str, Any], missing: list[str] | None,
+                        triton_cold: bool) -> tuple[bool, str]:
+    """Whether a DDTREE server compiles its tree kernels at start, and why: SGLang's JIT cache read, else the
+    Triton cache's state stands for it (a host whose caches are all new or all kept)."""
+    if missing is None:
+        return triton_cold, "the SGLang JIT cache not read: taken as cold as the Triton cache" if triton_cold else ""
+    sgl = inputs.get("sglang_jit") or {}
+    names = ", ".join(missing or table["jit"]["sglang_ddtree"])
+    return bool(missing), f"SGLang's {names} JIT modules {'not built' if missing else 'built'} in {sgl.get('path')}"
+
+
+def _prewarm_building(sgl: Any, missing: list[str] | None) -> dict[str, Any] | None:
+    """The prewarm's ``building`` record when it builds every missing SGLang module (``sglang.<module>[.<arg>]``)."""
+    building = sgl.get("building") if isinstance(sgl, dict) else None
+    if not missing or not isinstance(building, dict):
+        return None
+    names = [str(b).split(".")[1:2] for b in building.get("modules") or []]
+    return building if all([m] in names for m in missing) else None
+
+
+def missing_sglang_modules(inputs: dict[str, Any], table: dict[str, Any]) -> list[str] | None:
+    """SGLang's JIT modules a DDTREE server builds at start and its cache (``sglang_jit``) lacks for this GPU (a
+    target directory naming its compute capability, "sm90a" for 9.0); None when the cache was not read, [] for
+    another algorithm."""
+    if str(inputs.get("algorithm") or "").upper() != "DDTREE":
+        return []
+    sgl = inputs.get("sglang_jit")
+    if not isinstance(sgl, dict) or not isinstance(sgl.get("compiled"), list):
+        return None
+    want = str(inputs.get("compute_capability") or "").replace(".", "")
+    have = {str(m).split("/")[-1] for m in sgl["compiled"]
+            if not want or "".join(ch for ch in str(m).split("/")[0] if ch.isdigit()) == want}
+    return [m for m in table["jit"]["sglang_ddtree"] if m not in have]
 
 
 def needed_modules(inputs: dict[str, Any], table: dict[str, Any]) -> list[str]:
@@ -377,7 +459,13 @@ def missing_modules(inputs: dict[str, Any], table: dict[str, Any]) -> list[str]:
                                                                    inputs.get("compute_capability")))]
 
 
-def _jit(inputs: dict[str, Any], table: dict[str, Any], k: dict[str, Any]) -> Part:
+def _jit(inputs: dict[str, Any], table: dict[str, Any], k: dict[str, Any], to_first_forward: float,
+         captures_s: float) -> Part:
+    """FlashInfer's modules: none to compile (warm), compiled by the server when it first calls them (one after the
+    other, the start waits for each), or being compiled by ``launch``'s prewarm beside the server (all at once, one
+    process each: the server waits on FlashInfer's file lock only for what is not done when it calls a module:
+    ``norm`` at its first forward, ``to_first_forward`` s after the exec, ``sampling`` at the sampling rehearsal
+    after its captures, ``captures_s`` later: ``[jit.need]``)."""
     need = needed_modules(inputs, table)
     if not need:
         return Part("jit", 0.0, "FlashInfer not installed: no JIT modules")
@@ -388,14 +476,30 @@ def _jit(inputs: dict[str, Any], table: dict[str, Any], k: dict[str, Any]) -> Pa
         return Part("jit", 0.0, f"FlashInfer's {', '.join(need)} compiled in {where}")
     building = (inputs.get("flashinfer") or {}).get("building")
     if isinstance(building, dict) and set(missing) <= set(building.get("modules") or []):
-        # the prewarm goes on beside the server, which needs the modules only after its start-up
-        head = float(building.get("elapsed_s") or 0.0) + _value(k, "interpreter_s") + _value(k, "startup_s")
-        left = max(0.0, seconds - head)
-        return Part("jit", round(left, 1), f"FlashInfer's {', '.join(missing)} being compiled by the prewarm beside "
-                    f"the server ({building.get('elapsed_s')} s so far): what is left when the server needs them")
+        elapsed = float(building.get("elapsed_s") or 0.0)
+        waited, rows = _prewarm_waits(missing, table, k, elapsed, to_first_forward, captures_s)
+        return Part("jit", round(waited, 1), f"FlashInfer's {', '.join(missing)} being compiled by the prewarm beside "
+                    f"the server, in parallel ({elapsed:g} s so far): the server waits for what is not done when it "
+                    f"calls them ({'; '.join(rows)})")
     return Part("jit", round(seconds, 1), f"FlashInfer's {', '.join(missing)} not compiled in {where}: compiled at "
                 "start", round(seconds, 1), "compile them ahead: `k26-doctor launch` prewarms them in parallel with "
                 "its checks (unless --no-prewarm)")
+
+
+def _prewarm_waits(missing: list[str], table: dict[str, Any], k: dict[str, Any], elapsed: float,
+                   to_first_forward: float, captures_s: float) -> tuple[float, list[str]]:
+    """The seconds the server waits for modules the prewarm is building, in the order it calls them: each is done
+    ``compile - elapsed`` s after the exec; a wait moves every later call."""
+    order = {"first_forward": 0, "after_captures": 1}
+    when = table["jit"].get("need", {})
+    waited, rows = 0.0, []
+    for m in sorted(missing, key=lambda m: order.get(when.get(m, "first_forward"), 0)):
+        at = to_first_forward + waited + (captures_s if when.get(m) == "after_captures" else 0.0)
+        compile_s = float(k["jit"].get(m, {}).get("value", 0.0))
+        wait = max(0.0, compile_s - elapsed - at)
+        waited += wait
+        rows.append(f"{m}: {compile_s:g} s to build, needed {at:.0f} s after the exec, waits {wait:.0f} s")
+    return waited, rows
 
 
 # -- rendering, comparison, record ------------------------------------------------------------------------------
@@ -510,8 +614,13 @@ def start_plan_notice(ctx: Any) -> Any:
     if not settings.verbose or settings.from_snapshot or settings.while_serving:
         return None
     from doctor.core.result import Notice, Remediation
-    from doctor.service.launcher import planned_args
+    from doctor.service.launcher import build_env, planned_args
 
     args, _problem = planned_args(settings)
-    plan = predict(start_inputs(fact_reader(ctx), args, tp=settings.tp), constants())
+    try:  # the caches where the server will look (its environment as launch builds it): stat and listdir only
+        env, _notes = build_env(settings)
+        caches: dict[str, Any] | None = cache_state(env, env.get("HOME") or os.path.expanduser("~"))
+    except Exception:  # a profile whose environment cannot be built: the jit_caches fact stands in
+        caches = None
+    plan = predict(start_inputs(fact_reader(ctx), args, tp=settings.tp, caches=caches), constants())
     return Notice(START_PLAN_NOTICE, render(plan)[0], Remediation(render_compact(plan), []))

@@ -53,20 +53,21 @@ class StartWatch:
     def _start_prewarm(self, launch_plan: Any) -> None:
         if not self.want_prewarm:
             return
-        from doctor.host.jitcache import cache_dirs, flashinfer_compiled
-
         env = dict(launch_plan.env)
-        cache = cache_dirs(env, env.get("HOME") or os.path.expanduser("~"))["flashinfer"]["path"]
+        state = server_caches(launch_plan)
+        cache = state["flashinfer"]["cache"]
         cc = gpu_capability()
         algorithm = startplan.arg_value(launch_plan.server_args, "--speculative-algorithm")
-        inputs = {"algorithm": algorithm, "compute_capability": cc,
-                  "flashinfer": {"compiled": flashinfer_compiled(cache), "version": None}}
-        missing = startplan.missing_modules(inputs, startplan.constants())
+        inputs = {"algorithm": algorithm, "compute_capability": cc, "sglang_jit": state["sglang_jit"],
+                  "flashinfer": {"compiled": state["flashinfer"]["compiled"], "version": None}}
+        table = startplan.constants()
+        missing = startplan.missing_modules(inputs, table) + sglang_prewarm_names(
+            startplan.missing_sglang_modules(inputs, table) or [], launch_plan.server_args)
         plan = pw.plan_prewarm(launch_plan.argv[0], env, missing, cache, cc, self.deadline_s)
         if plan is None:
             if missing:
                 self.say(f"prewarm: not started (the GPU's architecture is not known): the server compiles "
-                         f"FlashInfer's {', '.join(missing)} itself")
+                         f"{', '.join(missing)} itself")
             return
         for line in plan.describe():
             self.say(line)
@@ -111,11 +112,13 @@ class StartWatch:
 
         ctx = ctx or make_context(self.settings)
         get = startplan.fact_reader(ctx, also=("nvml",))  # which GPU: the constants of its kind
-        if self.prewarm is not None:  # what the prewarm built is in the cache now: list it again
-            get = with_cache_listed(get, self.prewarm.plan.cache)
-        self.inputs = startplan.start_inputs(get, launch_plan.server_args, tp=self.settings.tp)
+        # the caches as they are now (after the prewarm's work so far), where the server will look: its environment
+        self.inputs = startplan.start_inputs(get, launch_plan.server_args, tp=self.settings.tp,
+                                             caches=server_caches(launch_plan))
         if self.building:
             self.inputs["flashinfer"]["building"] = self.building
+            if isinstance(self.inputs.get("sglang_jit"), dict):
+                self.inputs["sglang_jit"]["building"] = self.building
         if self.prewarm_outcome is not None and self.prewarm_outcome.absent:
             self.inputs["flashinfer"]["installed"] = False
         self.plan = startplan.predict(self.inputs, startplan.constants())
@@ -178,13 +181,42 @@ class StartWatch:
         return entry
 
 
-def with_cache_listed(get: Callable[[str], Any], cache: str) -> Callable[[str], Any]:
-    """``get`` with the ``jit_caches`` fact's FlashInfer modules listed again from ``cache`` (after a prewarm)."""
-    from doctor.host.jitcache import flashinfer_compiled
+def sglang_prewarm_names(missing: list[str], server_args: list[str]) -> list[str]:
+    """The prewarm's names of SGLang's missing JIT modules: ``sglang.speculative_tree``, and
+    ``sglang.speculative_sampling.<vec_size>`` (its instance for the target's vocabulary, gcd(4, vocab_size) as
+    the server computes it) only when the target's config.json gives the vocabulary."""
+    import math
 
-    fresh = dict(get("jit_caches") or {})
-    fresh["flashinfer_compiled"] = flashinfer_compiled(cache)
-    return lambda name: fresh if name == "jit_caches" else get(name)
+    out = []
+    for m in missing:
+        if m == "speculative_sampling":
+            vocab = target_vocab(server_args)
+            if vocab:
+                out.append(f"sglang.{m}.{math.gcd(4, vocab)}")
+        else:
+            out.append(f"sglang.{m}")
+    return out
+
+
+def target_vocab(server_args: list[str]) -> int | None:
+    """``vocab_size`` of the target's config.json (``--model-path``), None when it cannot be read."""
+    import json
+
+    from doctor.core.fileio import read_text
+
+    path = startplan.arg_value(server_args, "--model-path", "--model")
+    try:
+        cfg = json.loads(read_text(os.path.join(str(path), "config.json"), 1 << 20, "a model config"))
+        vocab = cfg.get("vocab_size") or (cfg.get("text_config") or {}).get("vocab_size")
+        return int(vocab) if isinstance(vocab, int) and vocab > 0 else None
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+
+
+def server_caches(launch_plan: Any) -> dict[str, Any]:
+    """``startplan.cache_state`` of the environment the server is exec'd with (its HOME, else the doctor's)."""
+    env = dict(launch_plan.env)
+    return startplan.cache_state(env, env.get("HOME") or os.path.expanduser("~"))
 
 
 def gpu_capability() -> str | None:
