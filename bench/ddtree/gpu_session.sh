@@ -79,8 +79,11 @@ stage_setup() {
       --state-dir "$WORK/k26state" | tail -1)
   python3 -c "import sgl_kernel, sglang; print('sgl_kernel', sgl_kernel.__version__, 'sglang', sglang.__version__)"
   # FlashInfer's sampling and norm modules, compiled once for every server of the session (105 s cold).
-  (python3 "$REPO/bench/ddtree/jit_prewarm.py" > "$AUX/jit-prewarm.txt" 2>&1; echo "rc=$?" >> "$AUX/jit-prewarm.txt") &
-  echo $! > "$WORK/jit-prewarm.pid"
+  # SETUP_JIT=0 leaves the caches empty (a cold start measured in the same call must not share the cores with it).
+  if [ "${SETUP_JIT:-1}" = 1 ]; then
+    (python3 "$REPO/bench/ddtree/jit_prewarm.py" > "$AUX/jit-prewarm.txt" 2>&1; echo "rc=$?" >> "$AUX/jit-prewarm.txt") &
+    echo $! > "$WORK/jit-prewarm.pid"
+  fi
   touch "$WORK/.setup-done"
 }
 
@@ -269,7 +272,7 @@ stage_startcoldwarm() {  # cold (fresh caches, the prewarm on) then warm launch 
   sed "s|/tmp/trained|$WORK/pair|g" "$REPO/bench/ddtree/profiles/h200-trained-ddtree.toml" > "$prof"
   export PYTHONPATH=$REPO:$PYTHONPATH
   mkdir -p "$OUT/startcoldwarm"
-  (cd "$REPO" && timeout -k 10 530 python3 bench/bench_start_plan.py --profile "$prof" --out "$OUT/startcoldwarm" \
+  (cd "$REPO" && timeout -k 10 "${START_TIMEOUT:-530}" python3 bench/bench_start_plan.py --profile "$prof" --out "$OUT/startcoldwarm" \
       --root "$WORK/start-coldwarm" --runs cold-prewarm,warm --budget 515 --limit 240 "$@")
   log "startcoldwarm: exit $?"; cat "$OUT/startcoldwarm/start-plan.json" 2>/dev/null | python3 -c "
 import json,sys; d=json.load(sys.stdin)
@@ -288,7 +291,7 @@ stage_bigload() {  # the big random DeepSeek-V3 written (timed), launched cached
     big=$REPO/.big-dsv3; log "bigload: $WORK is a tmpfs: the model goes to $big ($(stat -f -c %T "$REPO"))"
   fi
   df -h "$(dirname "$big")" | tail -1; free -g | head -2
-  (cd "$REPO" && timeout -k 10 530 python3 bench/bench_start_plan.py --profile "$prof" --out "$OUT/bigload" \
+  (cd "$REPO" && timeout -k 10 "${START_TIMEOUT:-530}" python3 bench/bench_start_plan.py --profile "$prof" --out "$OUT/bigload" \
       --root "$WORK/start-big" --big-dir "$big" --runs big-cached,big-evicted --budget 515 --limit 220 "$@")
   log "bigload: exit $?"; cat "$OUT/bigload/start-plan.json" 2>/dev/null | python3 -c "
 import json,sys; d=json.load(sys.stdin); print('model', {k: v for k, v in d.get('big_model', {}).items() if k != 'per_shard'})
