@@ -34,7 +34,6 @@ RATCHET_AT_START = 67  # entries in RATCHET when the budget came in: the list ne
 # "path:qualified name": (cyclomatic complexity, lines) as measured when the entry was last reviewed.
 RATCHET: dict[str, tuple[int, int]] = {
     "doctor/service/smoke.py:run_smoke": (37, 98),
-    "doctor/sglang/runtime.py:flashinfer_jit_problems": (37, 62),
     "doctor/sglang/patching/manifest.py:from_dict": (31, 63),
     "doctor/report/text.py:render_text": (24, 39),
     "doctor/core/runner.py:run_all": (31, 94),
@@ -68,7 +67,6 @@ RATCHET: dict[str, tuple[int, int]] = {
     "doctor/gpu/inventory.py:judge_memory": (22, 35),
     "doctor/report/environment.py:collect_summary": (22, 44),
     "doctor/sglang/install.py:judge_install": (22, 32),
-    "doctor/sglang/runtime.py:runtime_problems": (22, 44),
     "doctor/stack/versions.py:judge_versions": (22, 34),
     "doctor/python/facts.py:collect_venv": (21, 62),
     "doctor/service/launcher.py:build_server_args": (21, 57),

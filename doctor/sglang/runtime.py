@@ -32,42 +32,56 @@ def runtime_problems(runtime: Any, *, algorithm: str | None, architectures: list
     Found on disk (``"from": "files"``), a module counts when its files are there; imported, FlashInfer
     counts when ``import flashinfer.sampling`` succeeded.
     """
-    fails: list[str] = []
-    warns: list[str] = []
-    cmds: list[str] = []
     if not isinstance(runtime, dict):
-        return fails, warns, cmds
+        return [], [], []
     r = rules()
-    fi_rule, cute_rule = r["flashinfer"], r["cute_dsl"]
-    algo = (algorithm or "").upper()
     on_disk = runtime.get("from") == "files"
-    fi = runtime.get("flashinfer") if isinstance(runtime.get("flashinfer"), dict) else {}
-    if algo in fi_rule["algorithms"]:
-        missing_dirs = [d for d, ok in (fi.get("jit_dirs") or {}).items() if not ok]
-        why = (f"{algo} verify on CUDA renormalises with {fi_rule['module']} and SGLang JIT-compiles "
-               "FlashInfer's modules from its sources at start")
-        pin = f"=={flashinfer_pin.lstrip('=')}" if flashinfer_pin else ""
-        if not fi.get("found" if on_disk else "importable"):
-            fails.append(f"{why}, but {fi_rule['module']} is not installed: {fi.get('error') or 'not found'}"
-                         if on_disk else
-                         f"{why}, but `import {fi_rule['module']}` fails: {fi.get('error') or 'not installed'}")
-            cmds.append(f"pip install '{fi_rule['pip']}{pin}'")
-        elif missing_dirs:
-            fails.append(f"{why}, but the FlashInfer at {fi.get('package_dir')} lacks "
-                         f"{', '.join(missing_dirs)} (a trimmed or partial install)")
-            cmds.append(f"pip install --force-reinstall --no-deps '{fi_rule['pip']}{pin}'")
-    cute = runtime.get("cute_dsl") if isinstance(runtime.get("cute_dsl"), dict) else {}
-    if cute and not cute.get("found"):
-        archs = set(architectures or [])
-        hit = sorted(archs & set(cute_rule["architectures"]))
-        text = (f"the CuTe DSL (`{cute_rule['module']}`) is not {'installed' if on_disk else 'importable'}"
-                + (f": {cute['error']}" if cute.get("error") else ""))
-        if hit:
-            fails.append(f"{text}; {', '.join(hit)} builds SGLang's DualGemm MLP, which imports it on every CUDA start")
-            cmds.append(f"pip install '{cute_rule['pip']}'")
-        else:
-            warns.append(f"{text} (SGLang requires it; this model's start does not import it)")
-    return fails, warns, cmds
+    fails, cmds = _flashinfer_runtime(r["flashinfer"], (algorithm or "").upper(), _part(runtime, "flashinfer"),
+                                      on_disk, flashinfer_pin)
+    cute_fails, warns, cute_cmds = _cute_runtime(r["cute_dsl"], _part(runtime, "cute_dsl"), on_disk, architectures)
+    return fails + cute_fails, warns, cmds + cute_cmds
+
+
+def _part(doc: dict[str, Any], key: str) -> dict[str, Any]:
+    """``doc[key]`` when it is an object, else an empty one: a recorded fact may hold anything there."""
+    value = doc.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def _flashinfer_runtime(fi_rule: dict[str, Any], algo: str, fi: dict[str, Any], on_disk: bool,
+                        flashinfer_pin: str | None) -> tuple[list[str], list[str]]:
+    """(failures, fix commands) on FlashInfer for a server whose speculative algorithm needs it at start: absent
+    (or not importable), or installed without the source directories its JIT compiles from."""
+    if algo not in fi_rule["algorithms"]:
+        return [], []
+    missing_dirs = [d for d, ok in (fi.get("jit_dirs") or {}).items() if not ok]
+    why = (f"{algo} verify on CUDA renormalises with {fi_rule['module']} and SGLang JIT-compiles "
+           "FlashInfer's modules from its sources at start")
+    pin = f"=={flashinfer_pin.lstrip('=')}" if flashinfer_pin else ""
+    if not fi.get("found" if on_disk else "importable"):
+        return ([f"{why}, but {fi_rule['module']} is not installed: {fi.get('error') or 'not found'}" if on_disk else
+                 f"{why}, but `import {fi_rule['module']}` fails: {fi.get('error') or 'not installed'}"],
+                [f"pip install '{fi_rule['pip']}{pin}'"])
+    if missing_dirs:
+        return ([f"{why}, but the FlashInfer at {fi.get('package_dir')} lacks {', '.join(missing_dirs)} "
+                 "(a trimmed or partial install)"],
+                [f"pip install --force-reinstall --no-deps '{fi_rule['pip']}{pin}'"])
+    return [], []
+
+
+def _cute_runtime(cute_rule: dict[str, Any], cute: dict[str, Any], on_disk: bool, architectures: list[str] | None
+                  ) -> tuple[list[str], list[str], list[str]]:
+    """(failures, warnings, fix commands) on the CuTe DSL: a failure for a model whose start imports it, a
+    warning otherwise (SGLang requires it, this start does not reach it)."""
+    if not cute or cute.get("found"):
+        return [], [], []
+    hit = sorted(set(architectures or []) & set(cute_rule["architectures"]))
+    text = (f"the CuTe DSL (`{cute_rule['module']}`) is not {'installed' if on_disk else 'importable'}"
+            + (f": {cute['error']}" if cute.get("error") else ""))
+    if hit:
+        return ([f"{text}; {', '.join(hit)} builds SGLang's DualGemm MLP, which imports it on every CUDA start"], [],
+                [f"pip install '{cute_rule['pip']}'"])
+    return [], [f"{text} (SGLang requires it; this model's start does not import it)"], []
 
 
 def _digits(text: Any) -> str:
@@ -151,25 +165,53 @@ def flashinfer_jit_problems(fact: Any, distributions: Any, *, algorithm: str | N
     r = rules()["flashinfer"]
     if (algorithm or "").upper() not in r["algorithms"] or not isinstance(fact, dict):
         return JitJudgement([], [], "")
-    dists = distributions if isinstance(distributions, dict) else {}
-    fi_ver = fact.get("version")
-    shim = (dists.get("flashinfer-jit-cache") or {}).get("version")
-    providers = {k: (v or {}).get("version") for k, v in dists.items() if k.startswith("flashinfer-jit-cache-sm")}
     want = _digits(compute_capability)
-    if _same_release(shim, fi_ver):
-        if not providers:  # before 0.7 one wheel held every architecture
-            return JitJudgement([], [], f"FlashInfer's kernels come precompiled from flashinfer-jit-cache {shim}")
-        mine = sorted(k for k, v in providers.items()
-                      if _same_release(v, fi_ver) and _digits(k.rsplit("-sm", 1)[1]) == want)
-        if mine:
-            return JitJudgement([], [], f"FlashInfer's kernels come precompiled from {mine[0]} {providers[mine[0]]}")
-    module = r["jit_module"]
-    # "<archs>/<module>": FlashInfer names the directory by the architectures it built for ("90a", "100a_103a")
+    ready = (_precompiled(fact.get("version"), distributions, want)
+             or _compiled(fact, r["jit_module"], want))
+    if ready:
+        return JitJudgement([], [], ready)
+    fails, cmds, toolchain = _build_problems(fact, r, algorithm, want, torch_cuda)
+    if fails:
+        return JitJudgement(fails, list(dict.fromkeys(cmds)), "", toolchain)
+    nvcc = _part(fact, "nvcc")
+    headers = header_release(nvcc.get("cudart_version"))
+    return JitJudgement([], [], f"the first start compiles FlashInfer's {r['jit_module']} module with "
+                        f"{nvcc.get('nvcc')} ({nvcc.get('release') or 'release ?'}"
+                        + (f", CUDA {headers} headers" if headers else "") + f") into {fact.get('cache_dir')}")
+
+
+def _precompiled(fi_ver: Any, distributions: Any, want: str) -> str | None:
+    """The note when an AOT ``flashinfer-jit-cache`` of FlashInfer's release holds this GPU's kernels: the one
+    wheel before 0.7, the provider of this architecture since; ``None`` when none does."""
+    dists = distributions if isinstance(distributions, dict) else {}
+    shim = (dists.get("flashinfer-jit-cache") or {}).get("version")
+    if not _same_release(shim, fi_ver):
+        return None
+    providers = {k: (v or {}).get("version") for k, v in dists.items() if k.startswith("flashinfer-jit-cache-sm")}
+    if not providers:  # before 0.7 one wheel held every architecture
+        return f"FlashInfer's kernels come precompiled from flashinfer-jit-cache {shim}"
+    mine = sorted(k for k, v in providers.items()
+                  if _same_release(v, fi_ver) and _digits(k.rsplit("-sm", 1)[1]) == want)
+    return f"FlashInfer's kernels come precompiled from {mine[0]} {providers[mine[0]]}" if mine else None
+
+
+def _compiled(fact: dict[str, Any], module: str, want: str) -> str | None:
+    """The note when an earlier start compiled the module for this GPU into the cache; ``None`` otherwise.
+    FlashInfer names the directory by the architectures it built for: ``<archs>/<module>``, archs "90a" or
+    "100a_103a"."""
     compiled = [c for c in fact.get("compiled") or [] if str(c).endswith(f"/{module}")
                 and (not want or want in {_digits(a) for a in str(c).split("/", 1)[0].split("_")})]
-    if compiled:
-        return JitJudgement([], [], f"FlashInfer's {module} module is compiled in {fact.get('cache_dir')}/{fi_ver}/"
-                            f"{compiled[0]}")
+    if not compiled:
+        return None
+    return f"FlashInfer's {module} module is compiled in {fact.get('cache_dir')}/{fact.get('version')}/{compiled[0]}"
+
+
+def _build_problems(fact: dict[str, Any], r: dict[str, Any], algorithm: str | None, want: str,
+                    torch_cuda: str | None) -> tuple[list[str], list[str], bool]:
+    """(failures, fix commands, whether the toolchain's own are among them) for a start that must compile the
+    module: nvcc, the toolkit it belongs to, ``ninja`` on PATH and a writable cache. Each failure says why the
+    start compiles; the AOT cache is offered as the fix wherever the compiler is the problem."""
+    fi_ver, module = fact.get("version"), r["jit_module"]
     index = r["jit_cache_index"].format(cuda=_digits(torch_cuda)[:3] or "130")
     package = f"'{r['jit_cache_pip']}=={fi_ver}'" if fi_ver else r["jit_cache_pip"]
     aot = f"pip install {package} --index-url {index}"
@@ -177,7 +219,7 @@ def flashinfer_jit_problems(fact: Any, distributions: Any, *, algorithm: str | N
            f"for sm_{want or '?'}, nothing compiled in {fact.get('cache_dir')})")
     fails: list[str] = []
     cmds: list[str] = []
-    nvcc = fact.get("nvcc") if isinstance(fact.get("nvcc"), dict) else {}
+    nvcc = _part(fact, "nvcc")
     if not nvcc.get("exists"):
         fails.append(f"{why}, but there is no nvcc at {nvcc.get('nvcc')} (via {nvcc.get('found_by')})")
         cmds += [aot, "# or install the CUDA toolkit and set CUDA_HOME in the service's environment"]
@@ -185,19 +227,31 @@ def flashinfer_jit_problems(fact: Any, distributions: Any, *, algorithm: str | N
     if tool_fails:
         fails += [f"{why}, but {text}" for text in tool_fails]
         cmds += [aot, *tool_cmds]
-    if not fact.get("ninja"):
-        beside = fact.get("ninja_beside_python")
-        fails.append(f"{why}, but `ninja` is not on the service's PATH"
-                     + (f" ({beside} is, beside the interpreter: its bin directory is not on PATH)" if beside else ""))
-        cmds.append(f"# add {beside.rsplit('/', 1)[0]} to the service's PATH (a unit from `k26-doctor systemd-unit` "
-                    "puts it first)" if beside else "pip install ninja")
-    if not fact.get("writable"):
-        fails.append(f"{why}, but {fact.get('writable_checked')} is not writable for this user "
-                     f"(the cache {fact.get('cache_dir')}, from {fact.get('base_from')})")
-        cmds.append("# set SGLANG_CACHE_DIR (or FLASHINFER_WORKSPACE_BASE) to a writable directory")
-    if fails:
-        return JitJudgement(fails, list(dict.fromkeys(cmds)), "", bool(tool_fails))
-    headers = header_release(nvcc.get("cudart_version"))
-    return JitJudgement([], [], f"the first start compiles FlashInfer's {module} module with {nvcc.get('nvcc')} "
-                        f"({nvcc.get('release') or 'release ?'}" + (f", CUDA {headers} headers" if headers else "")
-                        + f") into {fact.get('cache_dir')}")
+    for text, cmd in (_ninja_problem(fact), _cache_problem(fact)):
+        if text:
+            fails.append(f"{why}, but {text}")
+            cmds.append(cmd)
+    return fails, cmds, bool(tool_fails)
+
+
+def _ninja_problem(fact: dict[str, Any]) -> tuple[str, str]:
+    """(what is wrong, its fix) when ``ninja`` is not on the service's PATH (``("", "")`` when it is); one
+    beside the interpreter is named, since a unit that puts that directory first fixes it."""
+    if fact.get("ninja"):
+        return "", ""
+    beside = fact.get("ninja_beside_python")
+    if beside:
+        return (f"`ninja` is not on the service's PATH ({beside} is, beside the interpreter: its bin directory is "
+                "not on PATH)", f"# add {beside.rsplit('/', 1)[0]} to the service's PATH (a unit from `k26-doctor "
+                "systemd-unit` puts it first)")
+    return "`ninja` is not on the service's PATH", "pip install ninja"
+
+
+def _cache_problem(fact: dict[str, Any]) -> tuple[str, str]:
+    """(what is wrong, its fix) when the JIT cache cannot be written by the service's user (``("", "")`` when it
+    can)."""
+    if fact.get("writable"):
+        return "", ""
+    return (f"{fact.get('writable_checked')} is not writable for this user (the cache {fact.get('cache_dir')}, "
+            f"from {fact.get('base_from')})", "# set SGLANG_CACHE_DIR (or FLASHINFER_WORKSPACE_BASE) to a writable "
+            "directory")
