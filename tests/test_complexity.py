@@ -40,7 +40,6 @@ RATCHET: dict[str, tuple[int, int]] = {
     "doctor/model/drafter.py:judge_drafter": (28, 43),
     "doctor/model/tokenizer.py:judge_files": (28, 46),
     "doctor/model/tokenizer_files.py:TokenizerFiles.__init__": (28, 36),
-    "doctor/commands/patches.py:_run": (27, 56),
     "doctor/gpu/fabric.py:judge_fabric": (27, 42),
     "doctor/host/access.py:access_fix": (27, 33),
     "doctor/model/tokenizer.py:_judge_markers": (27, 35),
