@@ -49,14 +49,12 @@ RATCHET: dict[str, tuple[int, int]] = {
     "doctor/stack/torch_cuda.py:judge_compat": (26, 49),
     "fixes/model.py:plan_redownload": (26, 66),
     "doctor/gpu/multicast.py:judge_multicast": (25, 49),
-    "doctor/sglang/flag_reader.py:_walk_parser_function": (25, 30),
     "doctor/stack/libcuda.py:_mismatch": (25, 33),
     "doctor/stack/torch_cuda.py:judge_arch": (25, 48),
     "doctor/facts/shape.py:problem": (24, 33),
     "doctor/model/consistency.py:expert_shape_problems": (24, 48),
     "doctor/model/weights.py:judge_hashes": (24, 39),
     "doctor/gpu/fabric.py:readiness": (23, 46),
-    "doctor/sglang/flag_reader.py:_namespace_classes": (23, 28),
     "doctor/gpu/inventory.py:judge_arch": (22, 40),
     "doctor/gpu/inventory.py:judge_memory": (22, 35),
     "doctor/report/environment.py:collect_summary": (22, 44),
@@ -64,7 +62,6 @@ RATCHET: dict[str, tuple[int, int]] = {
     "doctor/stack/versions.py:judge_versions": (22, 34),
     "doctor/python/facts.py:collect_venv": (21, 62),
     "doctor/service/launcher.py:build_server_args": (21, 57),
-    "doctor/sglang/flag_reader.py:_add_argument": (21, 30),
     "doctor/stack/cuda_arch.py:best_match": (21, 23),
 }
 
