@@ -58,7 +58,6 @@ RATCHET: dict[str, tuple[int, int]] = {
     "doctor/gpu/inventory.py:judge_arch": (22, 40),
     "doctor/gpu/inventory.py:judge_memory": (22, 35),
     "doctor/report/environment.py:collect_summary": (22, 44),
-    "doctor/sglang/install.py:judge_install": (22, 32),
     "doctor/stack/versions.py:judge_versions": (22, 34),
     "doctor/python/facts.py:collect_venv": (21, 62),
     "doctor/service/launcher.py:build_server_args": (21, 57),

@@ -61,23 +61,36 @@ def judge_install(stack: dict[str, Any], read_import: Callable[[], Any], setting
     if dist is None:
         return out.fail("sglang.install.no_metadata", f"an sglang package is importable from {pkg.get('dirs')} but has "
                         "no installed metadata (a source tree on sys.path?)", install)
-    want = parse_spec(want_text)
-    ver = parse_version(dist.get("version"))
-    if want_text and want is None:
-        return out.fail("sglang.install.bad_pin", f"the profile's stack.sglang {want_text!r} is not a version "
-                        "specifier")
-    if ver is None or (want is not None and not want.contains(ver, prereleases=True)):
-        return out.fail("sglang.install.version", f"sglang {dist.get('version')} installed, the profile pins "
-                        f"{want_text}", install)
-    warnings = []
-    loc = dist.get("location")
-    dirs = pkg.get("dirs") or []
-    if loc and dirs and not any(is_under(d, loc) for d in dirs if d):
-        warnings.append(f"`import sglang` would load {dirs[0]}, not the installed {loc}")
+    if not _version_ok(dist, want_text, install, out):
+        return out
+    warnings = _shadowed(dist, pkg.get("dirs") or [])
     on_disk = stack.get("sglang_runtime")
     if not (settings.deep or settings.import_sglang) and isinstance(on_disk, dict):
         return judge_on_disk(stack, dist, on_disk, warnings, settings, out)
-    return judge_import(stack, read_import(), dist, ver, warnings, settings, out)
+    return judge_import(stack, read_import(), dist, parse_version(dist.get("version")), warnings, settings, out)
+
+
+def _version_ok(dist: dict[str, Any], want_text: str | None, install: Remediation, out: Findings) -> bool:
+    """Whether the installed version is one the profile's pin allows; a failure in ``out`` when not (or when
+    the pin itself is no version specifier)."""
+    want = parse_spec(want_text)
+    ver = parse_version(dist.get("version"))
+    if want_text and want is None:
+        out.fail("sglang.install.bad_pin", f"the profile's stack.sglang {want_text!r} is not a version specifier")
+        return False
+    if ver is None or (want is not None and not want.contains(ver, prereleases=True)):
+        out.fail("sglang.install.version", f"sglang {dist.get('version')} installed, the profile pins {want_text}",
+                 install)
+        return False
+    return True
+
+
+def _shadowed(dist: dict[str, Any], dirs: list[Any]) -> list[str]:
+    """A warning when ``import sglang`` would load another copy than the installed distribution's."""
+    loc = dist.get("location")
+    if loc and dirs and not any(is_under(d, loc) for d in dirs if d):
+        return [f"`import sglang` would load {dirs[0]}, not the installed {loc}"]
+    return []
 
 
 def judge_import(stack: dict[str, Any], imp: Any, dist: dict[str, Any], ver: Any, warnings: list[str],
