@@ -33,22 +33,6 @@ RATCHET_AT_START = 67  # entries in RATCHET when the budget came in: the list ne
 
 # "path:qualified name": (cyclomatic complexity, lines) as measured when the entry was last reviewed.
 RATCHET: dict[str, tuple[int, int]] = {
-    "doctor/sglang/flag_validator.py:validate_args": (41, 85),
-    "doctor/sglang/patching/status.py:evaluate": (35, 47),
-    "doctor/core/settings.py:resolve": (34, 76),
-    "doctor/sglang/runtime.py:flashinfer_jit_problems": (37, 62),
-    "doctor/sglang/patching/manifest.py:from_dict": (31, 63),
-    "doctor/report/text.py:render_text": (24, 39),
-    "doctor/core/runner.py:run_all": (31, 94),
-    "doctor/core/settings.py:_kind_ok": (26, 26),
-    "doctor/sglang/patching/engine.py:Engine._roll_back": (29, 63),
-    "doctor/commands/patches.py:_run": (27, 56),
-    "doctor/sglang/patching/engine.py:Engine.execute": (26, 65),
-    "doctor/sglang/flag_reader.py:_walk_parser_function": (25, 30),
-    "doctor/sglang/flag_reader.py:_namespace_classes": (23, 28),
-    "doctor/sglang/install.py:judge_install": (22, 32),
-    "doctor/sglang/runtime.py:runtime_problems": (22, 44),
-    "doctor/sglang/flag_reader.py:_add_argument": (21, 30),
 }
 
 

@@ -18,10 +18,9 @@ from cuda_toolkit import nvcc_script, runtime_release, toolkit
 from stack_support import healthy_venv, make_ctx, nvml_fact, run_check, stack_site, write_dist
 
 from doctor.core import proc
-from doctor.core.result import Status
+from doctor.core.result import Findings, Severity, Status
 from doctor.host.environment import CUDA_HOME_BAD, PATH_EMPTY, judge_env
-from doctor.sglang.install import JIT_TOOLCHAIN
-from doctor.sglang.runtime import flashinfer_jit_problems
+from doctor.sglang.runtime import JIT_TOOLCHAIN, flashinfer_jit_problems
 
 
 def site_with_flashinfer(root: Path) -> Path:
@@ -48,8 +47,18 @@ def probed(tmp: Path, cuda_home: str | None, path: str = "") -> dict:
     return data["flashinfer_jit"]
 
 
-def judge(fi: dict, torch_cuda: str = "13.0"):
+def judge(fi: dict, torch_cuda: str = "13.0") -> Findings:
     return flashinfer_jit_problems(fi, {}, algorithm="DDTREE", compute_capability="10.3", torch_cuda=torch_cuda)
+
+
+def toolchain(found: Findings) -> list[str]:
+    """The messages of the toolchain's own failures (code ``JIT_TOOLCHAIN``: what its fixer would act on)."""
+    return [f.message for f in found if f.code == JIT_TOOLCHAIN and f.severity is Severity.FAIL]
+
+
+def note(found: Findings) -> str:
+    """Where the kernels come from, when nothing fails (the one info finding)."""
+    return " ".join(f.message for f in found.of(Severity.INFO))
 
 
 def pip_nvidia(tmp: Path, nvcc) -> Path:
@@ -69,13 +78,16 @@ def test_real_nvcc_13_5_beside_the_cu13_0_runtime_headers_fails(tmp_path: Path) 
     assert nvcc["include"] == str(cu13 / "include") and nvcc["cuda_runtime_h"] is True
     assert nvcc["cudart_version"] == int(headers.split(".")[0]) * 1000 + int(headers.split(".")[1]) * 10
     assert headers != "13.5"
-    fails, cmds, note, toolchain = judge(fi)
-    assert toolchain and not note
-    assert any(f"nvcc 13.5 ({cu13}/bin/nvcc) with CUDA {headers} headers ({cu13}/include/cuda_runtime_api.h "
-               "CUDART_VERSION): the build stops at \"CUDA compiler and CUDA toolkit headers are incompatible\"" in f
-               for f in fails), fails
-    assert f"pip install 'nvidia-cuda-nvcc=={headers}.*'" in cmds
-    assert cmds[0].startswith("pip install 'flashinfer-jit-cache==0.7.2'")  # the precompiled modules avoid it all
+    found = judge(fi)
+    assert toolchain(found) and not note(found)
+    mismatch = [f for f in found if f.code == JIT_TOOLCHAIN and
+                f"nvcc 13.5 ({cu13}/bin/nvcc) with CUDA {headers} headers ({cu13}/include/cuda_runtime_api.h "
+                "CUDART_VERSION): the build stops at \"CUDA compiler and CUDA toolkit headers are incompatible\""
+                in f.message]
+    assert len(mismatch) == 1 and mismatch[0].fix, found
+    assert f"pip install 'nvidia-cuda-nvcc=={headers}.*'" in mismatch[0].fix.commands
+    # the precompiled modules avoid it all: offered first
+    assert mismatch[0].fix.commands[0].startswith("pip install 'flashinfer-jit-cache==0.7.2'")
 
 
 @pytest.mark.network
@@ -97,17 +109,17 @@ def test_sglang_install_names_the_toolchain_code(tmp_path: Path) -> None:
 def test_nvcc_of_the_headers_release_compiles(tmp_path: Path) -> None:
     rel = runtime_release()
     home = toolkit(tmp_path / "cuda", nvcc=nvcc_script(rel))
-    fails, _, note, toolchain = judge(probed(tmp_path, str(home)), torch_cuda=rel)
-    assert fails == [] and not toolchain
-    assert f"({rel}, CUDA {rel} headers)" in note
+    found = judge(probed(tmp_path, str(home)), torch_cuda=rel)
+    assert not found.failing
+    assert f"({rel}, CUDA {rel} headers)" in note(found)
 
 
 def test_a_toolkit_without_cuda_runtime_h(tmp_path: Path) -> None:
     home = toolkit(tmp_path / "cuda", nvcc=nvcc_script(runtime_release()), headers=("cuda.h", "cuda_runtime_api.h"))
     fi = probed(tmp_path, str(home))
     assert fi["nvcc"]["cuda_runtime_h"] is False
-    fails, _, _, toolchain = judge(fi, torch_cuda=runtime_release())
-    assert toolchain and any(f"has bin/nvcc but no {home}/include/cuda_runtime.h" in f for f in fails), fails
+    found = judge(fi, torch_cuda=runtime_release())
+    assert any(f"has bin/nvcc but no {home}/include/cuda_runtime.h" in f for f in toolchain(found)), found
 
 
 def test_a_wrapper_nvcc_without_headers_beside_it_is_not_judged_on_them(tmp_path: Path) -> None:
@@ -117,8 +129,8 @@ def test_a_wrapper_nvcc_without_headers_beside_it_is_not_judged_on_them(tmp_path
     wrapper = toolkit(tmp_path / "local", nvcc=nvcc_script(runtime_release()), headers=(), profile=False)
     fi = probed(tmp_path, None, path=str(wrapper / "bin"))
     assert fi["nvcc"]["found_by"] == "PATH" and fi["nvcc"]["cuda_runtime_h"] is None
-    fails, _, note, toolchain = judge(fi, torch_cuda=runtime_release())
-    assert fails == [] and not toolchain and note
+    found = judge(fi, torch_cuda=runtime_release())
+    assert not found.failing and note(found)
 
 
 def test_nvccs_own_include_directory_comes_first(tmp_path: Path) -> None:
@@ -131,29 +143,31 @@ def test_nvccs_own_include_directory_comes_first(tmp_path: Path) -> None:
     fi = probed(tmp_path, str(home))
     assert fi["nvcc"]["includes"] == [str(real / "include"), str(home / "include")]
     assert fi["nvcc"]["include"] == str(real / "include") and fi["nvcc"]["cuda_runtime_h"] is True
-    assert judge(fi, torch_cuda=runtime_release()).fails == []
+    assert not judge(fi, torch_cuda=runtime_release()).failing
 
 
 def test_a_toolkit_of_another_cuda_major_than_torchs(tmp_path: Path) -> None:
     rel = runtime_release()
     home = toolkit(tmp_path / "cuda", nvcc=nvcc_script(rel))
-    fails, cmds, _, toolchain = judge(probed(tmp_path, str(home)), torch_cuda="12.8")
-    assert toolchain and any(f"the toolkit is CUDA {rel}, torch is built for CUDA 12.8" in f for f in fails), fails
-    assert "# install the CUDA 12 toolkit (torch's) and point CUDA_HOME at it" in cmds
+    found = judge(probed(tmp_path, str(home)), torch_cuda="12.8")
+    major = [f for f in found if f.code == JIT_TOOLCHAIN
+             and f"the toolkit is CUDA {rel}, torch is built for CUDA 12.8" in f.message]
+    assert len(major) == 1 and major[0].fix, found
+    assert "# install the CUDA 12 toolkit (torch's) and point CUDA_HOME at it" in major[0].fix.commands
 
 
 def test_cuda_home_holding_a_search_path(tmp_path: Path) -> None:
     home = toolkit(tmp_path / "cuda", nvcc=nvcc_script(runtime_release()))
     fi = probed(tmp_path, f"{home}:/usr/local/cuda")
-    fails, _, _, toolchain = judge(fi)
-    assert toolchain and any("is " + repr(f"{home}:/usr/local/cuda") + ", a search path" in f for f in fails), fails
+    found = judge(fi)
+    assert any("is " + repr(f"{home}:/usr/local/cuda") + ", a search path" in f for f in toolchain(found)), found
 
 
 def test_a_recorded_nvcc_without_the_header_keys_is_judged_as_before() -> None:
     fi = {"version": "0.7.2", "cache_dir": "/c", "compiled": [], "ninja": "/usr/bin/ninja", "writable": True,
           "nvcc": {"exists": True, "nvcc": "/usr/local/cuda/bin/nvcc", "found_by": "PATH", "release": "13.0"}}
-    fails, _, note, toolchain = judge(fi)
-    assert fails == [] and not toolchain and "(13.0)" in note
+    found = judge(fi)
+    assert not found.failing and "(13.0)" in note(found)
 
 
 # -- host.env: PATH and CUDA_HOME ---------------------------------------------------------------------------

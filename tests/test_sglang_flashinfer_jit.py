@@ -19,8 +19,8 @@ from cuda_toolkit import nvcc_script, runtime_release, toolkit
 from stack_support import healthy_venv, make_ctx, nvml_fact, run_check, stack_site, write_dist
 
 from doctor.core import proc
-from doctor.core.result import Status
-from doctor.sglang.runtime import flashinfer_jit_problems
+from doctor.core.result import Findings, Severity, Status
+from doctor.sglang.runtime import JIT_CACHE, JIT_NINJA, JIT_NVCC, JIT_READY, flashinfer_jit_problems
 
 
 def cuda_home(root: Path) -> Path:
@@ -69,9 +69,16 @@ def probe(site: Path, *, python: str = sys.executable, nvcc: bool, ninja: bool, 
     return data
 
 
-def judge(fact: dict, cc: str = "10.3", algorithm: str | None = "DDTREE") -> tuple[list[str], list[str], str]:
+def judge(fact: dict, cc: str = "10.3", algorithm: str | None = "DDTREE") -> Findings:
     return flashinfer_jit_problems(fact["flashinfer_jit"], fact["distributions"], algorithm=algorithm,
-                                   compute_capability=cc, torch_cuda="13.0")[:3]
+                                   compute_capability=cc, torch_cuda="13.0")
+
+
+def note(found: Findings) -> str:
+    """Where the kernels come from (the one ``JIT_READY`` finding), when nothing fails."""
+    ready = [f for f in found if f.code == JIT_READY]
+    assert len(ready) <= 1 and all(f.severity is Severity.INFO for f in ready), found
+    return ready[0].message if ready else ""
 
 
 def test_no_nvcc_and_no_ninja_fail_with_the_precompiled_cache_as_the_fix(tmp_path):
@@ -80,22 +87,25 @@ def test_no_nvcc_and_no_ninja_fail_with_the_precompiled_cache_as_the_fix(tmp_pat
     assert fi["version"] == "0.7.2" and fi["cache_dir"] == str(tmp_path / "cache" / ".cache" / "flashinfer")
     assert fi["base_from"] == "SGLANG_CACHE_DIR" and fi["writable"] and fi["compiled"] == []
     assert fi["nvcc"]["exists"] is False and fi["nvcc"]["found_by"] == "CUDA_HOME/CUDA_PATH"
-    fails, cmds, note = judge(fact)
-    assert len(fails) == 2 and not note
-    assert "DDTREE compiles FlashInfer's sampling module at start" in fails[0] and "no nvcc at" in fails[0]
-    assert "`ninja` is not on the service's PATH" in fails[1]
-    assert cmds[0] == "pip install 'flashinfer-jit-cache==0.7.2' --index-url https://flashinfer.ai/whl/cu130"
-    assert "pip install ninja" in cmds
+    found = judge(fact)
+    assert [f.code for f in found] == [JIT_NVCC, JIT_NINJA] and found.failing and not note(found)  # a code each
+    nvcc, ninja = found
+    assert "DDTREE compiles FlashInfer's sampling module at start" in nvcc.message and "no nvcc at" in nvcc.message
+    assert "`ninja` is not on the service's PATH" in ninja.message
+    assert nvcc.fix and ninja.fix
+    assert nvcc.fix.commands[0] == "pip install 'flashinfer-jit-cache==0.7.2' --index-url https://flashinfer.ai/whl/cu130"
+    assert ninja.fix.commands == ["pip install ninja"]
 
 
 def test_nvcc_ninja_and_a_writable_cache_compile_at_the_first_start(tmp_path):
     fact = probe(site_with_flashinfer(tmp_path), nvcc=True, ninja=True, cache=tmp_path / "new" / "cache")
     assert fact["flashinfer_jit"]["nvcc"]["release"] == runtime_release()
     assert fact["flashinfer_jit"]["writable_checked"] == str(tmp_path)  # the nearest directory that exists
-    fails, cmds, note = judge(fact)
-    assert fails == [] and cmds == [] and note.startswith("the first start compiles FlashInfer's sampling module")
-    assert f"({runtime_release()}, CUDA {runtime_release()} headers)" in note
-    assert judge(fact, algorithm=None) == ([], [], "")  # no speculation: the start does not call it
+    found = judge(fact)
+    assert [f.code for f in found] == [JIT_READY] and found[0].fix is None
+    assert note(found).startswith("the first start compiles FlashInfer's sampling module")
+    assert f"({runtime_release()}, CUDA {runtime_release()} headers)" in note(found)
+    assert judge(fact, algorithm=None) == []  # no speculation: the start does not call it
 
 
 def test_a_cache_that_cannot_be_made_fails(tmp_path):
@@ -103,8 +113,9 @@ def test_a_cache_that_cannot_be_made_fails(tmp_path):
     blocker.write_text("")
     fact = probe(site_with_flashinfer(tmp_path), nvcc=True, ninja=True, cache=blocker / "cache")
     assert fact["flashinfer_jit"]["writable"] is False and fact["flashinfer_jit"]["writable_checked"] == str(blocker)
-    fails, cmds, _ = judge(fact)
-    assert len(fails) == 1 and f"{blocker} is not writable" in fails[0] and "SGLANG_CACHE_DIR" in cmds[0]
+    found = judge(fact)
+    assert [f.code for f in found] == [JIT_CACHE] and f"{blocker} is not writable" in found[0].message
+    assert found[0].fix and "SGLANG_CACHE_DIR" in found[0].fix.commands[0]
 
 
 def test_a_module_compiled_earlier_needs_no_compiler(tmp_path):
@@ -113,21 +124,23 @@ def test_a_module_compiled_earlier_needs_no_compiler(tmp_path):
     (cache / ".cache" / "flashinfer" / "0.7.2" / "103a" / "cached_ops" / "norm").mkdir()  # a failed build: no .so
     fact = probe(site_with_flashinfer(tmp_path), nvcc=False, ninja=False, cache=cache)
     assert fact["flashinfer_jit"]["compiled"] == ["103a/sampling"]
-    fails, _, note = judge(fact)
-    assert fails == [] and "sampling module is compiled in" in note and note.endswith("0.7.2/103a/sampling")
-    assert judge(fact, cc="9.0")[0]  # compiled for a B300 only: an H200 compiles its own
+    found = judge(fact)
+    assert not found.failing and "sampling module is compiled in" in note(found)
+    assert note(found).endswith("0.7.2/103a/sampling")
+    assert judge(fact, cc="9.0").failing  # compiled for a B300 only: an H200 compiles its own
 
 
 def test_the_precompiled_cache_counts_for_its_own_version_and_architecture(tmp_path):
     fact = probe(site_with_flashinfer(tmp_path / "b300", ("flashinfer-jit-cache", "0.7.2+cu130"),
                                       ("flashinfer-jit-cache-sm103a", "0.7.2+cu130")),
                  nvcc=False, ninja=False, cache=tmp_path / "cache")
-    fails, _, note = judge(fact)
-    assert fails == [] and note == "FlashInfer's kernels come precompiled from flashinfer-jit-cache-sm103a 0.7.2+cu130"
-    assert judge(fact, cc="9.0")[0]  # an H200 needs the sm90a provider: nothing precompiled for it here
+    found = judge(fact)
+    assert not found.failing
+    assert note(found) == "FlashInfer's kernels come precompiled from flashinfer-jit-cache-sm103a 0.7.2+cu130"
+    assert judge(fact, cc="9.0").failing  # an H200 needs the sm90a provider: nothing precompiled for it here
     fact = probe(site_with_flashinfer(tmp_path / "old", ("flashinfer-jit-cache", "0.7.1+cu130")),
                  nvcc=False, ninja=False, cache=tmp_path / "cache")
-    assert judge(fact)[0]  # another release's cache is ignored by FlashInfer: the kernels compile
+    assert judge(fact).failing  # another release's cache is ignored by FlashInfer: the kernels compile
 
 
 def test_ninja_beside_the_interpreter_but_not_on_path_is_named(tmp_path):
@@ -137,9 +150,11 @@ def test_ninja_beside_the_interpreter_but_not_on_path_is_named(tmp_path):
     fact = probe(site_with_flashinfer(tmp_path), python=str(venv / "bin" / "python"), nvcc=True, ninja=False,
                  cache=tmp_path / "cache")
     assert fact["flashinfer_jit"]["ninja_beside_python"] == str(venv / "bin" / "ninja")
-    fails, cmds, _ = judge(fact)
-    assert len(fails) == 1 and f"({venv}/bin/ninja is, beside the interpreter" in fails[0]
-    assert cmds == [f"# add {venv}/bin to the service's PATH (a unit from `k26-doctor systemd-unit` puts it first)"]
+    found = judge(fact)
+    assert [f.code for f in found] == [JIT_NINJA]
+    assert f"({venv}/bin/ninja is, beside the interpreter" in found[0].message
+    assert found[0].fix and found[0].fix.commands == [
+        f"# add {venv}/bin to the service's PATH (a unit from `k26-doctor systemd-unit` puts it first)"]
 
 
 def test_sglang_install_fails_a_ddtree_profile_on_a_host_without_nvcc(tmp_path):
@@ -150,8 +165,11 @@ def test_sglang_install_fails_a_ddtree_profile_on_a_host_without_nvcc(tmp_path):
     ctx = make_ctx(healthy_venv(), env=env, facts={"nvml": nvml_fact([(10, 3)])})
     res = run_check("sglang.install", ctx)
     assert res.status is Status.FAIL and "would stop at start" in res.summary, res.summary
+    assert res.summary.count("would stop at start") == 1  # one verdict line for every problem
     assert "DDTREE compiles FlashInfer's sampling module at start" in res.summary
     assert res.remediation.commands[0].startswith("pip install 'flashinfer-jit-cache==0.7.2' --index-url")
+    # each problem stays a finding of its own kind, for a fixer that acts on one (no nvcc, no ninja on PATH)
+    assert [f.code for f in res.findings if f.severity is Severity.FAIL] == [JIT_NVCC, JIT_NINJA], res.findings
     assert os.path.basename(res.details["flashinfer_jit"]["cache_dir"]) == "flashinfer"
 
 

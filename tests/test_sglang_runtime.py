@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from stack_support import healthy_venv, make_ctx, nvml_fact, run_check, stack_site
 
-from doctor.core.result import Status
-from doctor.sglang.runtime import runtime_problems
+from doctor.core.result import Severity, Status
+from doctor.sglang.runtime import RUNTIME_CUTE_DSL, RUNTIME_FLASHINFER, RUNTIME_FLASHINFER_SOURCES, runtime_problems
 
 PROBE = Path(__file__).resolve().parents[1] / "doctor" / "probes" / "sglang_import.py"
 JIT_DIRS = ("data/csrc", "data/include", "data/cutlass/include", "data/cccl/cub")
@@ -70,27 +70,32 @@ NO_CUTE = {"flashinfer": {"importable": True, "jit_dirs": dict.fromkeys(JIT_DIRS
 
 @pytest.mark.parametrize("algo", ["DDTREE", "DFLASH"])
 def test_speculative_verify_without_flashinfer_fails_with_the_pinned_install(algo):
-    fails, _, cmds = runtime_problems(NO_FI, algorithm=algo, architectures=["KimiK25ForConditionalGeneration"],
-                                      flashinfer_pin="==0.7.2")
-    assert len(fails) == 1 and "flashinfer.sampling" in fails[0] and algo in fails[0]
-    assert cmds == ["pip install 'flashinfer-python==0.7.2'"]
+    found = runtime_problems(NO_FI, algorithm=algo, architectures=["KimiK25ForConditionalGeneration"],
+                             flashinfer_pin="==0.7.2")
+    assert [(f.code, f.severity) for f in found] == [(RUNTIME_FLASHINFER, Severity.FAIL)]
+    assert "flashinfer.sampling" in found[0].message and algo in found[0].message
+    assert found[0].fix and found[0].fix.commands == ["pip install 'flashinfer-python==0.7.2'"]
 
 
 def test_no_speculation_does_not_need_flashinfer_and_a_trimmed_one_is_named():
-    assert runtime_problems(NO_FI, algorithm=None, architectures=["Qwen3ForCausalLM"]) == ([], [], [])
-    fails, _, cmds = runtime_problems(TRIMMED, algorithm="DDTREE", architectures=[])
-    assert "lacks data/cutlass/include" in fails[0] and "--force-reinstall" in cmds[0]
+    assert runtime_problems(NO_FI, algorithm=None, architectures=["Qwen3ForCausalLM"]) == []
+    found = runtime_problems(TRIMMED, algorithm="DDTREE", architectures=[])
+    assert [(f.code, f.severity) for f in found] == [(RUNTIME_FLASHINFER_SOURCES, Severity.FAIL)]
+    assert "lacks data/cutlass/include" in found[0].message
+    assert found[0].fix and "--force-reinstall" in found[0].fix.commands[0]
 
 
 def test_cute_dsl_fails_a_qwen_target_and_only_warns_a_kimi_one():
-    fails, warns, _ = runtime_problems(NO_CUTE, algorithm=None, architectures=["Qwen3ForCausalLM"])
-    assert fails and "DualGemm" in fails[0] and not warns
-    fails, warns, _ = runtime_problems(NO_CUTE, algorithm=None, architectures=["KimiK25ForConditionalGeneration"])
-    assert not fails and "not importable" in warns[0]
+    found = runtime_problems(NO_CUTE, algorithm=None, architectures=["Qwen3ForCausalLM"])
+    assert [(f.code, f.severity) for f in found] == [(RUNTIME_CUTE_DSL, Severity.FAIL)]
+    assert "DualGemm" in found[0].message
+    found = runtime_problems(NO_CUTE, algorithm=None, architectures=["KimiK25ForConditionalGeneration"])
+    assert [(f.code, f.severity) for f in found] == [(RUNTIME_CUTE_DSL, Severity.WARN)]  # the same kind: a warning
+    assert "not importable" in found[0].message
 
 
 def test_an_older_fact_without_runtime_judges_nothing_more():
-    assert runtime_problems(None, algorithm="DDTREE", architectures=[]) == ([], [], [])
+    assert runtime_problems(None, algorithm="DDTREE", architectures=[]) == []
 
 
 def test_sglang_install_fails_a_ddtree_profile_whose_flashinfer_is_missing(tmp_path):

@@ -23,7 +23,7 @@ from doctor.core.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from doctor.core.fileio import read_text
 from doctor.core.settings import ConfigError, Settings
 from doctor.sglang.patching import locate, manifest, record
-from doctor.sglang.patching.engine import Engine, EngineError, Transaction
+from doctor.sglang.patching.engine import Engine, EngineError, Outcome, Transaction
 from doctor.sglang.patching.state import StateError
 from doctor.sglang.patching.status import APPLIED, Evaluation, evaluate
 
@@ -201,33 +201,9 @@ def _run(settings: Settings, set_name: str, op: str, yes: bool, force: bool, onl
     eng = _engine(settings, set_name)
     selected = list(only) or None
     try:
-        recovered = eng.recover()
-        if recovered:
-            click.echo(recovered)
-        make = eng.plan_apply if op == "apply" else eng.plan_revert
-        plan = make(force=force, only=selected)
-        _print_plan(plan, settings.verbose)
-        if not plan.ok:
-            click.echo(f"{op} refused; nothing was written.", err=True)
-            return (EXIT_FAILED)
-        if not plan.changes:
-            click.echo(f"nothing to {op}: patch set {eng.pset.name} is already "
-                       f"{'applied' if op == 'apply' else 'reverted'} ({eng.installed.site_packages})")
-            return (EXIT_OK)
-        if not yes:
-            if not sys.stdin.isatty():
-                click.echo(f"refusing to {op} without --yes: stdin is not a terminal", err=True)
-                return (EXIT_USAGE)
-            chosen = _confirm_patches(eng, plan)
-            if chosen is not None:
-                if not chosen:
-                    click.echo("nothing chosen; nothing was written.")
-                    return (EXIT_OK)
-                plan = make(force=force, only=chosen)
-                if not plan.ok:
-                    _print_plan(plan, 0)
-                    return (EXIT_FAILED)
-        out = eng.execute(plan)
+        plan, out = _plan_and_execute(eng, op, yes, force, selected, settings.verbose)
+    except Stop as stop:  # said why already
+        return stop.code
     except (EngineError, StateError) as exc:
         click.echo(f"k26-doctor: {exc}", err=True)
         return (EXIT_FAILED)
@@ -237,20 +213,67 @@ def _run(settings: Settings, set_name: str, op: str, yes: bool, force: bool, onl
     except KeyboardInterrupt:
         click.echo("interrupted; every file is as it was (rolled back)", err=True)
         return (EXIT_FAILED)
-    click.echo(f"{op}: {len(out.changed)} file(s) changed" +
-               (f", {len(out.removed_bytecode)} stale .pyc removed" if out.removed_bytecode else ""))
-    if out.backups:
-        click.echo(f"  originals backed up in {Path(next(iter(out.backups.values()))).parent} (named by sha256)")
-    if settings.verbose:
-        for path, backup in out.backups.items():
-            click.echo(f"    {path}: {backup}")
-    click.echo(f"  record: {out.history}")
+    _print_outcome(op, out, settings.verbose)
     ev = eng.status()
     want = APPLIED if op == "apply" else "pristine"
     chosen = set(plan_ids(plan)) if selected or not yes else None
     done = all(p.state == want for p in ev.patches if chosen is None or p.id in chosen)
     click.echo(f"now: {ev.overall}")
     return (EXIT_OK if done else EXIT_FAILED)
+
+
+def _plan_and_execute(eng: Engine, op: str, yes: bool, force: bool, selected: list[str] | None, verbose: int
+                      ) -> tuple[Transaction, Outcome]:
+    """Recover an interrupted run, plan, show the plan, let the user choose (without ``--yes``) and carry out
+    what was chosen: (the plan carried out, its outcome). A run that ends before writing raises ``Stop`` with
+    its exit code, having said why."""
+    recovered = eng.recover()
+    if recovered:
+        click.echo(recovered)
+    make = eng.plan_apply if op == "apply" else eng.plan_revert
+    plan = make(force=force, only=selected)
+    _print_plan(plan, verbose)
+    if not plan.ok:
+        click.echo(f"{op} refused; nothing was written.", err=True)
+        raise Stop(EXIT_FAILED)
+    if not plan.changes:
+        click.echo(f"nothing to {op}: patch set {eng.pset.name} is already "
+                   f"{'applied' if op == 'apply' else 'reverted'} ({eng.installed.site_packages})")
+        raise Stop(EXIT_OK)
+    if not yes:
+        plan = _chosen_plan(eng, plan, make, op, force)
+    return plan, eng.execute(plan)
+
+
+def _chosen_plan(eng: Engine, plan: Transaction, make: Callable[..., Transaction], op: str, force: bool
+                 ) -> Transaction:
+    """The plan of the patches the user chose at the terminal (asked one by one); never asked when stdin is
+    not a terminal: that needs ``--yes`` (exit 2)."""
+    if not sys.stdin.isatty():
+        click.echo(f"refusing to {op} without --yes: stdin is not a terminal", err=True)
+        raise Stop(EXIT_USAGE)
+    chosen = _confirm_patches(eng, plan)
+    if chosen is None:
+        return plan
+    if not chosen:
+        click.echo("nothing chosen; nothing was written.")
+        raise Stop(EXIT_OK)
+    plan = make(force=force, only=chosen)
+    if not plan.ok:
+        _print_plan(plan, 0)
+        raise Stop(EXIT_FAILED)
+    return plan
+
+
+def _print_outcome(op: str, out: Outcome, verbose: int) -> None:
+    click.echo(f"{op}: {len(out.changed)} file(s) changed" +
+               (f", {len(out.removed_bytecode)} stale .pyc removed" if out.removed_bytecode else ""))
+    if out.backups:
+        click.echo(f"  originals backed up in {Path(next(iter(out.backups.values()))).parent} (named by sha256)")
+    if verbose:
+        for path, backup in out.backups.items():
+            click.echo(f"    {path}: {backup}")
+    click.echo(f"  record: {out.history}")
 
 
 def plan_ids(plan: Transaction) -> list[str]:

@@ -136,6 +136,117 @@ def _abandoned(limit: float, by_run: bool, waiting: list) -> Result:
     return res
 
 
+class _Run:
+    """One run's scheduling state and its steps: which checks wait, which run (with the moment each is
+    abandoned), which are done. Kept as one object so ``run_all``'s loop reads as its steps: start what is
+    ready, settle a cycle, collect a result or a check past its limit."""
+
+    def __init__(self, checks: list[Check], ctx: Context, on_result: Callable[[Result], None] | None) -> None:
+        self.ctx = ctx
+        self.settings = ctx.settings
+        self.on_result = on_result
+        self.by_id = {c.id: c for c in checks}
+        ctx.selected = frozenset(self.by_id)
+        self.pending = list(checks)
+        self.done: dict[str, Result] = {}
+        self.running: dict[str, float] = {}  # id -> deadline (monotonic)
+        self.results_q: queue.Queue[Result] = queue.Queue()
+        self.threads: dict[str, threading.Thread] = {}
+        # id -> (seconds it was given, whether the run's deadline set it)
+        self.limits: dict[str, tuple[float, bool]] = {}
+
+    def finish(self, res: Result) -> None:
+        """A check's last word: ignores applied, recorded for the checks that depend on it, passed on."""
+        apply_ignores(res, self.settings.ignore)
+        self.done[res.id] = res
+        self.ctx.results[res.id] = res
+        if self.on_result is not None:
+            self.on_result(res)
+
+    def _worker(self, chk: Check) -> None:
+        self.results_q.put(execute(chk, self.ctx))
+
+    def _late(self, cid: str) -> Result:
+        limit, by_run = self.limits[cid]
+        waiting = self.ctx.facts.collecting(self.threads[cid].ident) if cid in self.threads else []
+        return _stamp(_abandoned(limit, by_run, waiting), self.by_id[cid])
+
+    def _blocked_by(self, chk: Check) -> tuple[bool, list[str]]:
+        """(whether a dependency of the run is still unfinished, the finished ones that did not pass)."""
+        deps = [d for d in chk.depends if d in self.by_id]
+        if any(d not in self.done for d in deps):
+            return True, []
+        bad = [d for d in deps if self.done[d].status in (Status.FAIL, Status.ERROR, Status.SKIP)
+               or self.done[d].ignored is not None]
+        return False, bad
+
+    def step(self) -> None:
+        """One turn of the scheduler: start what is ready; with nothing running, settle what can never start;
+        else wait (at most a quarter second) for a result and abandon the checks past their limit."""
+        self._start_ready()
+        if not self.running:
+            self._settle_cycle()
+            return
+        self._collect()
+
+    def _start_ready(self) -> None:
+        for chk in list(self.pending):
+            waiting, bad = self._blocked_by(chk)
+            if waiting:
+                continue
+            self.pending.remove(chk)
+            if bad:
+                why = ", ".join(f"{d} ({(self.done[d].ignored or self.done[d].status).value})" for d in bad)
+                self.finish(_stamp(Result.blocked(f"skipped: depends on {why}", bad[0], depends_on=bad), chk))
+                continue
+            self._start(chk)
+
+    def _start(self, chk: Check) -> None:
+        """Start one check in its own thread, under its limit or what is left of the run's deadline (none
+        left: not run)."""
+        limit = deadline_for(chk, self.settings.timeout)
+        left = deadline.remaining()
+        if left is not None and left <= 0:
+            self.finish(_stamp(Result.errored(f"not run: {deadline.ended()}"), chk))
+            return
+        self.limits[chk.id] = (min(limit, left), True) if left is not None and left < limit else (limit, False)
+        self.running[chk.id] = time.monotonic() + self.limits[chk.id][0]
+        thread = threading.Thread(target=self._worker, args=(chk,), name=f"check:{chk.id}", daemon=True)
+        self.threads[chk.id] = thread
+        thread.start()
+
+    def _settle_cycle(self) -> None:
+        """Nothing runs and every pending check still waits: a cycle or a missing dependency, an error each."""
+        if self.pending and all(self._blocked_by(c)[0] for c in self.pending):
+            for chk in self.pending:
+                self.finish(_stamp(Result.errored("dependency cycle among: " +
+                                                  ", ".join(c.id for c in self.pending)), chk))
+            self.pending.clear()
+
+    def _collect(self) -> None:
+        wait = max(0.0, min(self.running.values()) - time.monotonic())
+        try:
+            res = self.results_q.get(timeout=min(wait, 0.25) if wait > 0 else 0.001)
+        except queue.Empty:
+            res = None
+        if res is not None and res.id in self.running:
+            self.running.pop(res.id)
+            self.finish(res)
+        now = time.monotonic()
+        for cid, dl in list(self.running.items()):
+            if now >= dl:
+                self.running.pop(cid)
+                self.finish(self._late(cid))
+
+    def interrupt(self) -> None:
+        """Ctrl-C: the run's deadline expires and every unfinished check is an ``error`` saying so."""
+        deadline.expire("the run was interrupted (Ctrl-C)")
+        for cid in list(self.running) + [c.id for c in self.pending]:
+            if cid not in self.done:
+                res = Result.errored("interrupted (Ctrl-C) before it finished", interrupted=True)
+                self.finish(_stamp(res, self.by_id[cid]))
+
+
 def run_all(
     checks: list[Check],
     ctx: Context,
@@ -143,92 +254,17 @@ def run_all(
     on_result: Callable[[Result], None] | None = None,
 ) -> RunOutcome:
     """Run ``checks`` concurrently, respecting dependencies and deadlines; never raises."""
-    settings = ctx.settings
     started = time.monotonic()
-    by_id = {c.id: c for c in checks}
-    ctx.selected = frozenset(by_id)
-    done: dict[str, Result] = {}
-    running: dict[str, float] = {}  # id -> deadline (monotonic)
-    results_q: queue.Queue[Result] = queue.Queue()
+    run = _Run(checks, ctx, on_result)
     interrupted = False
-
-    def finish(res: Result) -> None:
-        apply_ignores(res, settings.ignore)
-        done[res.id] = res
-        ctx.results[res.id] = res
-        if on_result is not None:
-            on_result(res)
-
-    threads: dict[str, threading.Thread] = {}
-    limits: dict[str, tuple[float, bool]] = {}  # id -> (seconds it was given, whether the run's deadline set it)
-
-    def worker(chk: Check) -> None:
-        results_q.put(execute(chk, ctx))
-
-    def late(cid: str) -> Result:
-        limit, by_run = limits[cid]
-        waiting = ctx.facts.collecting(threads[cid].ident) if cid in threads else []
-        return _stamp(_abandoned(limit, by_run, waiting), by_id[cid])
-
-    def blocked_by(chk: Check) -> tuple[bool, list[str]]:
-        deps = [d for d in chk.depends if d in by_id]
-        if any(d not in done for d in deps):
-            return True, []
-        bad = [d for d in deps if done[d].status in (Status.FAIL, Status.ERROR, Status.SKIP)
-               or done[d].ignored is not None]
-        return False, bad
-
-    pending = list(checks)
     try:
-        while pending or running:
-            for chk in list(pending):
-                waiting, bad = blocked_by(chk)
-                if waiting:
-                    continue
-                pending.remove(chk)
-                if bad:
-                    why = ", ".join(f"{d} ({(done[d].ignored or done[d].status).value})" for d in bad)
-                    finish(_stamp(Result.blocked(f"skipped: depends on {why}", bad[0], depends_on=bad), chk))
-                    continue
-                limit = deadline_for(chk, settings.timeout)
-                left = deadline.remaining()
-                if left is not None and left <= 0:
-                    finish(_stamp(Result.errored(f"not run: {deadline.ended()}"), chk))
-                    continue
-                limits[chk.id] = (min(limit, left), True) if left is not None and left < limit else (limit, False)
-                running[chk.id] = time.monotonic() + limits[chk.id][0]
-                thread = threading.Thread(target=worker, args=(chk,), name=f"check:{chk.id}", daemon=True)
-                threads[chk.id] = thread
-                thread.start()
-            if not running:
-                if pending and all(blocked_by(c)[0] for c in pending):  # a cycle or a missing dep
-                    for chk in pending:
-                        finish(_stamp(Result.errored("dependency cycle among: " +
-                                                     ", ".join(c.id for c in pending)), chk))
-                    pending.clear()
-                continue
-            wait = max(0.0, min(running.values()) - time.monotonic())
-            try:
-                res = results_q.get(timeout=min(wait, 0.25) if wait > 0 else 0.001)
-            except queue.Empty:
-                res = None
-            if res is not None and res.id in running:
-                running.pop(res.id)
-                finish(res)
-            now = time.monotonic()
-            for cid, dl in list(running.items()):
-                if now >= dl:
-                    running.pop(cid)
-                    finish(late(cid))
+        while run.pending or run.running:
+            run.step()
     except KeyboardInterrupt:
         interrupted = True
-        deadline.expire("the run was interrupted (Ctrl-C)")
-        for cid in list(running) + [c.id for c in pending]:
-            if cid not in done:
-                res = Result.errored("interrupted (Ctrl-C) before it finished", interrupted=True)
-                finish(_stamp(res, by_id[cid]))
-    ordered = [done[c.id] for c in checks if c.id in done]
-    one_root_per_malformed_fact(ordered, by_id)
+        run.interrupt()
+    ordered = [run.done[c.id] for c in checks if c.id in run.done]
+    one_root_per_malformed_fact(ordered, run.by_id)
     return RunOutcome(ordered, time.monotonic() - started, interrupted)
 
 

@@ -94,32 +94,58 @@ def _text_kind_ok(kind: str, value: Any) -> bool:
     return True
 
 
+def _is_int(value: Any) -> bool:
+    """An integer that is not a boolean (TOML's ``true`` is no count)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _within(low: float, high: float, *, integer: bool = False, above: bool = False) -> Callable[[Any], bool]:
+    """A kind's test for a number in ``[low, high]`` (``low`` excluded with ``above``; an ``int`` with
+    ``integer``): one shape for every numeric kind, and ``nan`` fails every bound."""
+
+    def ok(value: Any) -> bool:
+        if not (_is_int(value) or (not integer and isinstance(value, float))):
+            return False
+        return (low < value if above else low <= value) and value <= high
+
+    return ok
+
+
+def _host_ok(value: Any) -> bool:
+    """What a socket can bind and a URL can hold: never a 10 MB string, a path or credentials."""
+    return isinstance(value, str) and len(value) <= 253 and not re.search(r"[\s\x00-\x1f\x7f/?#@]", value)
+
+
+def _list_str_ok(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _table_scalar_ok(value: Any) -> bool:
+    return isinstance(value, dict) and all(isinstance(v, (str, int, float, bool)) for v in value.values())
+
+
+# kind -> its test: one flat table, so a kind is added in one line. "number" is finite (inf is no deadline and no
+# size: int(inf) would crash a reader of it); "seconds" is written into units (TimeoutStartSec=): never 301 digits.
+_KIND_TESTS: dict[str, Callable[[Any], bool]] = {
+    "host": _host_ok,
+    "bool": lambda value: isinstance(value, bool),
+    "int": _is_int,
+    "posint": _within(1, float("inf"), integer=True),
+    "port": _within(1, 65535, integer=True),
+    "number": _within(0, MAX_CONFIG_NUMBER),
+    "seconds": _within(0, MAX_SECONDS),
+    "fraction": _within(0, 1, above=True),
+    "list_str": _list_str_ok,
+    "table_scalar": _table_scalar_ok,
+}
+
+
 def _kind_ok(kind: str, value: Any) -> bool:
-    is_int = isinstance(value, int) and not isinstance(value, bool)
-    is_num = (is_int or isinstance(value, float)) and not isinstance(value, bool)
+    """Whether ``value`` suits the schema's ``kind``; a kind the table does not know accepts anything."""
     if kind in ("str", "path", "spec"):
         return _text_kind_ok(kind, value)
-    if kind == "host":  # what a socket can bind and a URL can hold: never a 10 MB string
-        return isinstance(value, str) and len(value) <= 253 and not re.search(r"[\s\x00-\x1f\x7f/?#@]", value)
-    if kind == "bool":
-        return isinstance(value, bool)
-    if kind == "int":
-        return is_int
-    if kind == "posint":
-        return is_int and value >= 1
-    if kind == "port":
-        return is_int and 1 <= value <= 65535
-    if kind == "number":  # finite: inf is no deadline and no size (int(inf) would crash a reader of it)
-        return is_num and 0 <= value <= MAX_CONFIG_NUMBER
-    if kind == "seconds":  # written into units (TimeoutStartSec=): never a 301-digit one
-        return is_num and 0 <= value <= MAX_SECONDS
-    if kind == "fraction":
-        return is_num and 0 < value <= 1
-    if kind == "list_str":
-        return isinstance(value, list) and all(isinstance(v, str) for v in value)
-    if kind == "table_scalar":
-        return isinstance(value, dict) and all(isinstance(v, (str, int, float, bool)) for v in value.values())
-    return True
+    test = _KIND_TESTS.get(kind)
+    return test(value) if test else True
 
 
 def shown(value: Any, limit: int = 80) -> str:
@@ -393,17 +419,17 @@ def _list_setting(name: str, from_cfg: Any, from_flags: Any, config_path: str | 
     return list(dict.fromkeys(items))
 
 
-def resolve(flags: dict[str, Any], environ: dict[str, str] | None = None) -> Settings:
-    """Merge profile, config file and command-line flags (flags given as None are absent).
-
-    Every field made with ``setting()`` resolves the same way: the flag if given, else the
-    ``[doctor]`` key, else the profile's ``profile_key``, else the default; lists from the config and
-    the flags add up (an ignore in the config stays ignored).
-    """
-    environ = dict(os.environ) if environ is None else environ
+def _config_path(flags: dict[str, Any], environ: dict[str, str]) -> str | None:
+    """The config file of this run: ``--config``, else ``$K26_DOCTOR_CONFIG``, else the default one if present."""
     config_path = flags.get("config") or environ.get(CONFIG_ENV) or None
     if config_path is None and os.path.isfile(DEFAULT_CONFIG):
         config_path = DEFAULT_CONFIG
+    return config_path
+
+
+def _read_config(config_path: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the config's profile tables, its ``[doctor]`` table), read and checked: an unknown ``[doctor]`` key is
+    refused by name (a typo never silently leaves a setting at its default)."""
     config: dict[str, Any] = {}
     if config_path:
         if not os.path.lexists(config_path):
@@ -416,56 +442,89 @@ def resolve(flags: dict[str, Any], environ: dict[str, str] | None = None) -> Set
     if unknown:
         raise ConfigError(f"unknown key(s) in [doctor]: {', '.join(sorted(unknown))}; "
                           f"known: {', '.join(sorted(DOCTOR_KEYS))}")
+    return config, doctor_cfg
 
-    def pick(name: str, default: Any = None) -> Any:
-        value = flags.get(name)
-        if value not in (None, (), []):
-            return value
-        if name in doctor_cfg:
-            return doctor_cfg[name]
+
+def _given(value: Any) -> bool:
+    """Whether a flag was given: absent flags come as ``None`` (or an empty repeatable one)."""
+    return value not in (None, (), [])
+
+
+def _pick(flags: dict[str, Any], doctor_cfg: dict[str, Any], name: str, default: Any = None) -> Any:
+    """The flag if given, else the ``[doctor]`` key, else ``default``: the one order of precedence."""
+    value = flags.get(name)
+    if _given(value):
+        return value
+    if name in doctor_cfg:
+        return doctor_cfg[name]
+    return default
+
+
+def _profile_default(f: Field[Any], profile: dict[str, Any]) -> Any:
+    """A setting's default: its ``profile_key`` in the merged profile when that holds one, else the field's."""
+    default = f.default if f.default is not MISSING else None
+    if not f.metadata["profile_key"]:
         return default
+    node: Any = profile
+    for part in f.metadata["profile_key"].split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node if node is not None else default
 
-    profile_name = pick("profile", DEFAULT_PROFILE)
+
+def _source_of(f: Field[Any], flags: dict[str, Any], doctor_cfg: dict[str, Any], config_path: str | None) -> str:
+    """Where a setting's value came from, as an error about it names it (the flag, the config key, the profile)."""
+    name = key_of(f)
+    if _given(flags.get(name)):
+        return f.metadata["flag"] or name
+    if name in doctor_cfg:
+        return f"[doctor] {name} in {config_path}"
+    if f.metadata["profile_key"]:
+        return f"[{f.metadata['profile_key'].replace('.', '] ', 1)} in the profile/config"
+    return name
+
+
+def _field_value(f: Field[Any], flags: dict[str, Any], doctor_cfg: dict[str, Any], profile: dict[str, Any],
+                 config_path: str | None) -> Any:
+    """One setting's value, resolved by its kind: lists add up, ``not``/``count`` flags exist only on the
+    command line, the rest is flag > ``[doctor]`` > profile > default, checked and converted."""
+    name, kind = key_of(f), f.metadata["kind"]
+    if f.name == "config_path":
+        return config_path
+    if kind == "list":
+        return _list_setting(name, doctor_cfg.get(name), flags.get(name), config_path)
+    if kind == "not":
+        return not bool(flags.get(name))
+    if kind == "count":
+        return int(flags.get(name) or 0)
+    if not f.metadata["config"]:
+        return flags.get(name)
+    value = _pick(flags, doctor_cfg, name, _profile_default(f, profile))
+    from_config = not _given(flags.get(name)) and name in doctor_cfg
+    return _convert(f, value, _source_of(f, flags, doctor_cfg, config_path), config_path if from_config else None)
+
+
+def resolve(flags: dict[str, Any], environ: dict[str, str] | None = None) -> Settings:
+    """Merge profile, config file and command-line flags (flags given as None are absent).
+
+    Every field made with ``setting()`` resolves the same way: the flag if given, else the
+    ``[doctor]`` key, else the profile's ``profile_key``, else the default; lists from the config and
+    the flags add up (an ignore in the config stays ignored).
+    """
+    environ = dict(os.environ) if environ is None else environ
+    config_path = _config_path(flags, environ)
+    config, doctor_cfg = _read_config(config_path)
+    profile_name = _pick(flags, doctor_cfg, "profile", DEFAULT_PROFILE)
     if not isinstance(profile_name, str) or not profile_name:
         raise ConfigError(f"invalid configuration: [doctor] profile = {profile_name!r} in {config_path} must be a "
                           f"profile name or a profile file; built-in profiles: {', '.join(profile_names())}")
     profile = deep_merge(load_profile(profile_name), config)
     validate_profile(profile, config, config_path, str(profile_name))
-    values: dict[str, Any] = {}
-    for f in setting_fields():
-        name, kind = key_of(f), f.metadata["kind"]
-        if f.name == "config_path":
-            values[f.name] = config_path
-        elif kind == "list":
-            values[f.name] = _list_setting(name, doctor_cfg.get(name), flags.get(name), config_path)
-        elif kind == "not":
-            values[f.name] = not bool(flags.get(name))
-        elif kind == "count":
-            values[f.name] = int(flags.get(name) or 0)
-        elif not f.metadata["config"]:
-            values[f.name] = flags.get(name)
-        else:
-            default = f.default if f.default is not MISSING else None
-            if f.metadata["profile_key"]:
-                node: Any = profile
-                for part in f.metadata["profile_key"].split("."):
-                    node = node.get(part) if isinstance(node, dict) else None
-                default = node if node is not None else default
-            value = pick(name, default)
-            if flags.get(name) not in (None, (), []):
-                source = f.metadata["flag"] or name
-            elif name in doctor_cfg:
-                source = f"[doctor] {name} in {config_path}"
-            else:
-                source = f"[{f.metadata['profile_key'].replace('.', '] ', 1)} in the profile/config" if (
-                    f.metadata["profile_key"]) else name
-            from_config = flags.get(name) in (None, (), []) and name in doctor_cfg
-            values[f.name] = _convert(f, value, source, config_path if from_config else None)
+    values = {f.name: _field_value(f, flags, doctor_cfg, profile, config_path) for f in setting_fields()}
     problem = _state_dir_problem(values["state_dir"]) if values.get("state_dir") else None
     if problem:
         raise ConfigError(f"--state-dir {values['state_dir']} {problem}: give a directory (it is created if absent)")
     values["profile_name"] = str(profile.get("name", profile_name))
     values["profile_given"] = str(profile_name)
-    values["python_given"] = bool(pick("python"))
+    values["python_given"] = bool(_pick(flags, doctor_cfg, "python"))
     values["python"] = values["python"] or sys.executable
     return Settings(profile=profile, **values)

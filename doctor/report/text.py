@@ -203,12 +203,36 @@ def render_text(report: Any, verbose: int = 0, color: bool | None = None, stream
     out: list[str] = []
     out.extend(_paint(ln, "1", color) for ln in wrap(f"k26-doctor · {s.profile_name} · TP{s.tp} · python "
                                                      f"{s.python}", columns, "", "    "))
-    shown = [r.result for r in st.roots] + (st.passed if verbose or each else [])
-    if verbose:
-        shown += [d for r in st.roots for d in r.dependents] + [d for _, deps in st.notices for d in deps]
-        shown += st.not_applicable
-    width = max((len(r.id) for r in shown), default=10)
+    width = max((len(r.id) for r in _listed(st, verbose, each)), default=10)
     pad = " " * (width + 4)
+    out.extend(_cause_lines(st, width, pad, color, stream, columns, verbose))
+    if st.interrupted:
+        out.extend(_interrupted_lines(st.interrupted, color, stream, columns))
+    out.extend(_pass_lines(st, width, pad, color, stream, columns, verbose, each, problems))
+    for note in report.notes:
+        out.extend(_paint(ln, "2", color) for ln in wrap(f"note: {note}", columns, "", "  "))
+    out.extend(footer(report, color, st, columns))
+    text = redact_text("\n".join(out) + "\n")
+    if not utf8_capable(stream):
+        text = text.translate(ASCII_PUNCTUATION)
+    return text
+
+
+def _listed(st: Any, verbose: int, each: bool) -> list[Any]:
+    """The results that get a line of their own (the ids column is as wide as the longest of theirs): the roots,
+    the passes too with ``verbose`` or ``each``, and with ``verbose`` every dependent and what does not apply."""
+    listed = [r.result for r in st.roots] + (st.passed if verbose or each else [])
+    if verbose:
+        listed += [d for r in st.roots for d in r.dependents] + [d for _, deps in st.notices for d in deps]
+        listed += st.not_applicable
+    return listed
+
+
+def _cause_lines(st: Any, width: int, pad: str, color: bool, stream: IO[str] | None, columns: int,
+                 verbose: int) -> list[str]:
+    """Every cause in the story's order: a root with its fix (in full when it is the next step, the only root,
+    or ``verbose``), a notice with the checks it explains (listed one by one with ``verbose``)."""
+    out: list[str] = []
     for cause in st.causes():
         if isinstance(cause, Root):
             full = bool(verbose) or cause.id == st.next_for or len(st.roots) == 1
@@ -221,16 +245,7 @@ def render_text(report: Any, verbose: int = 0, color: bool | None = None, stream
             out.extend(render_result_line(dep, width, color, stream, f"[same cause as {notice.id}] {dep.summary}",
                                           columns))
             out.extend(_verbose_lines(dep, pad, exhibit=True))
-    if st.interrupted:
-        out.extend(_interrupted_lines(st.interrupted, color, stream, columns))
-    out.extend(_pass_lines(st, width, pad, color, stream, columns, verbose, each, problems))
-    for note in report.notes:
-        out.extend(_paint(ln, "2", color) for ln in wrap(f"note: {note}", columns, "", "  "))
-    out.extend(footer(report, color, st, columns))
-    text = redact_text("\n".join(out) + "\n")
-    if not utf8_capable(stream):
-        text = text.translate(ASCII_PUNCTUATION)
-    return text
+    return out
 
 
 def _pass_lines(st: Any, width: int, pad: str, color: bool, stream: IO[str] | None, columns: int, verbose: int,

@@ -316,23 +316,22 @@ def _add_argument(table: FlagTable, call: ast.Call, sources: _Sources, mod: _Mod
     dest = dest if isinstance(dest, str) else long.lstrip("-").replace("-", "_")
     action, nargs = _action_info(kw.get("action"), sources, mod)
     if "nargs" in kw:
-        value = _const(kw["nargs"])
-        nargs = 1 if value is None else (value if not isinstance(value, _Unknown) else "*")
-    if nargs is None:
-        nargs = 1
-    choices, strict = (None, True)
-    if "choices" in kw:
-        choices, strict = resolver.resolve(kw["choices"], mod)
+        nargs = _nargs_of(kw["nargs"])
+    choices, strict = resolver.resolve(kw["choices"], mod) if "choices" in kw else (None, True)
     type_name = _name_of(kw.get("type")) if "type" in kw else None
-    deprecated = None
-    if action and "Deprecat" in action:
-        new = _const(kw.get("new_flag"))
-        deprecated = new if isinstance(new, str) else ""
-    required = _const(kw.get("required")) is True
-    spec = _spec(dest, nargs=nargs, choices=choices, strict=strict,
+    spec = _spec(dest, nargs=1 if nargs is None else nargs, choices=choices, strict=strict,
                  type_name=type_name if type_name in ("int", "float") else None,
-                 deprecated=deprecated, required=required)
+                 deprecated=_deprecated_for(action, kw), required=_const(kw.get("required")) is True)
     table.add(opts, spec, action)
+
+
+def _deprecated_for(action: str | None, kw: dict[str, ast.expr]) -> str | None:
+    """What a deprecating action says of the flag: its ``new_flag`` ("" when it names none); ``None`` when
+    the action deprecates nothing."""
+    if not action or "Deprecat" not in action:
+        return None
+    new = _const(kw.get("new_flag"))
+    return new if isinstance(new, str) else ""
 
 
 def _annotated_parts(annotation: ast.expr) -> list[ast.expr] | None:
@@ -466,32 +465,40 @@ def _struct_fields(table: FlagTable, cls: ast.ClassDef, sources: _Sources, mod: 
 
 
 def _namespace_classes(server_args: _Module, sources: _Sources) -> list[tuple[ast.ClassDef, _Module]]:
-    """The structs ServerArgs collects its fields from (``collect_input_fields(NAMES)``)."""
+    """The structs ServerArgs collects its fields from (``collect_input_fields(NAMES)``); else, every namespace
+    struct (``_NS_PATH = ...``) in arg_groups/fields/."""
     found: list[tuple[ast.ClassDef, _Module]] = []
     for node in ast.walk(server_args.tree):
         if isinstance(node, ast.Call) and _name_of(node.func) == "collect_input_fields" and node.args:
-            arg = node.args[0]
-            if isinstance(arg, ast.Name):
-                arg = server_args.toplevel_assign(arg.id) or arg
-            if isinstance(arg, (ast.List, ast.Tuple)):
-                for elt in arg.elts:
-                    name = _name_of(elt)
-                    if name:
-                        cls, cls_mod = _find_class(name, sources, server_args)
-                        if cls is not None and cls_mod is not None:
-                            found.append((cls, cls_mod))
-    if found:
-        return found
-    # Fallback: every namespace struct (``_NS_PATH = ...``) in arg_groups/fields/.
+            found.extend(_collected_classes(node.args[0], server_args, sources))
+    return found or _fields_dir_classes(sources)
+
+
+def _collected_classes(arg: ast.expr, server_args: _Module, sources: _Sources) -> list[tuple[ast.ClassDef, _Module]]:
+    """The classes one ``collect_input_fields(NAMES)`` names: a list or tuple written there or assigned to a
+    top-level name; a class that cannot be found is left out."""
+    if isinstance(arg, ast.Name):
+        arg = server_args.toplevel_assign(arg.id) or arg
+    if not isinstance(arg, (ast.List, ast.Tuple)):
+        return []
+    found: list[tuple[ast.ClassDef, _Module]] = []
+    for name in filter(None, (_name_of(elt) for elt in arg.elts)):
+        cls, cls_mod = _find_class(name, sources, server_args)
+        if cls is not None and cls_mod is not None:
+            found.append((cls, cls_mod))
+    return found
+
+
+def _fields_dir_classes(sources: _Sources) -> list[tuple[ast.ClassDef, _Module]]:
+    """Every class of ``arg_groups/fields/*.py`` that sets ``_NS_PATH``: a namespace struct of the parser."""
     fields_dir = sources.package_dir / "srt" / "arg_groups" / "fields"
+    found: list[tuple[ast.ClassDef, _Module]] = []
     for path in sorted(fields_dir.glob("*.py")) if fields_dir.is_dir() else []:
         mod = sources.module("sglang.srt.arg_groups.fields." + path.stem) if path.stem != "__init__" else None
         if mod is None:
             continue
-        for node in mod.tree.body:
-            if isinstance(node, ast.ClassDef) and any(
-                    isinstance(s, ast.Assign) and any(_name_of(t) == "_NS_PATH" for t in s.targets) for s in node.body):
-                found.append((node, mod))
+        found.extend((node, mod) for node in mod.tree.body if isinstance(node, ast.ClassDef) and any(
+            isinstance(s, ast.Assign) and any(_name_of(t) == "_NS_PATH" for t in s.targets) for s in node.body))
     return found
 
 
@@ -506,25 +513,38 @@ def _walk_parser_function(table: FlagTable, func: ast.FunctionDef, sources: _Sou
         if isinstance(node.func, ast.Attribute) and fname == "add_argument":
             _add_argument(table, node, sources, mod, resolver)
         elif fname == "add_cli_args_from_dataclass" and len(node.args) >= 2:
-            target = _name_of(node.args[1])
-            if target == "ServerArgs":
-                table.style = "fields"
-                cls = mod.find_class("ServerArgs")
-                if cls is not None:
-                    _struct_fields(table, cls, sources, mod, resolver)
-                for ns_cls, ns_mod in _namespace_classes(mod, sources):
-                    _struct_fields(table, ns_cls, sources, ns_mod, resolver)
-            elif target:
-                cls, cls_mod = _find_class(target, sources, mod)
-                if cls is not None and cls_mod is not None:
-                    _struct_fields(table, cls, sources, cls_mod, resolver)
-        elif fname and depth < 3 and fname not in seen and node.args and any(
-                isinstance(a, ast.Name) and a.id == "parser" for a in node.args):
-            seen.add(fname)
-            helper = next((n for n in ast.walk(mod.tree) if isinstance(n, ast.FunctionDef) and n.name == fname), None)
+            _dataclass_flags(table, _name_of(node.args[1]), sources, mod, resolver)
+        elif fname and depth < 3:
+            helper = _parser_helper(node, fname, mod, seen)
             if helper is not None and helper is not func:
                 _walk_parser_function(table, helper, sources, mod, resolver, seen, depth + 1)
                 resolver.scope = func
+
+
+def _parser_helper(call: ast.Call, fname: str, mod: _Module, seen: set[str]) -> ast.FunctionDef | None:
+    """The module's function a call hands the parser to (``helper(parser, ...)``), the first time it is seen
+    (``seen`` is updated): its ``add_argument`` calls are the parser's too."""
+    if fname in seen or not any(isinstance(a, ast.Name) and a.id == "parser" for a in call.args):
+        return None
+    seen.add(fname)
+    return next((n for n in ast.walk(mod.tree) if isinstance(n, ast.FunctionDef) and n.name == fname), None)
+
+
+def _dataclass_flags(table: FlagTable, target: str | None, sources: _Sources, mod: _Module, resolver: _Choices
+                     ) -> None:
+    """The flags ``add_cli_args_from_dataclass(parser, target)`` adds: ServerArgs's own fields and those of the
+    namespace structs it collects, or another dataclass's fields."""
+    if target == "ServerArgs":
+        table.style = "fields"
+        cls = mod.find_class("ServerArgs")
+        if cls is not None:
+            _struct_fields(table, cls, sources, mod, resolver)
+        for ns_cls, ns_mod in _namespace_classes(mod, sources):
+            _struct_fields(table, ns_cls, sources, ns_mod, resolver)
+    elif target:
+        cls, cls_mod = _find_class(target, sources, mod)
+        if cls is not None and cls_mod is not None:
+            _struct_fields(table, cls, sources, cls_mod, resolver)
 
 
 def read_flags(package_dir: str | Path, version: str | None = None) -> FlagTable:

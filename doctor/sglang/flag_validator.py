@@ -79,7 +79,6 @@ def validate_args(table: FlagTable, argv: list[str], removed: dict[str, dict[str
     added), a value outside choices a plugin may extend.
     """
     removed = removed_flags() if removed is None else removed
-    opts = table.options
     problems: list[ArgFinding] = []
     seen_dests: set[str] = set()
     i = 0
@@ -94,66 +93,97 @@ def validate_args(table: FlagTable, argv: list[str], removed: dict[str, dict[str
             problems.append(on_flag("error", "positional", arg, f"unexpected positional argument {arg!r} "
                                                       "(SGLang's server takes only options)"))
             continue
-        name, eq, inline = arg.partition("=")
-        spec = opts.get(name)
-        shown = name
-        if spec is None:
-            why = explain_unknown(name, opts, table.version, removed=removed)
-        if spec is None and name.startswith("--"):
-            matches = sorted(o for o in opts if o.startswith(name))
-            if name in removed or (why.kind == "removed" and len(matches) > 1):
-                msg = why.message
-                if len(matches) > 1:
-                    msg += f"; argparse fails with 'ambiguous option: {name} could match {', '.join(matches)}'"
-                problems.append(on_flag("error", "removed", name, msg, why.replacement))
-                i = _skip_values(argv, i, eq)
-                continue
-            if len(matches) == 1:
-                spec = opts[matches[0]]
-                then = explain_abbreviation(name, matches[0], table.version)
-                problems.append(on_flag("warning", "abbreviation", name, f"{name} is accepted only as an abbreviation "
-                                        f"of {matches[0]}; spell it out" + (f" ({then})" if then else ""),
-                                        matches[0]))
-                shown = matches[0]
-            elif len(matches) > 1:
-                problems.append(on_flag("error", "ambiguous", name, f"ambiguous option: {name} could match "
-                                            f"{', '.join(matches)}"))
-                i = _skip_values(argv, i, eq)
-                continue
-        if spec is None:
-            problems.append(on_flag("error", "unknown", name, why.message, why.replacement))
-            i = _skip_values(argv, i, eq)
-            continue
-        values: list[str] = []
-        nargs = spec.get("nargs", 1)
-        if eq:
-            values = [inline]
-            if nargs == 0:
-                problems.append(on_flag("error", "no_value", shown, f"{shown} takes no value (got {arg!r})"))
-                continue
-        elif nargs != 0:
-            limit = 1 if nargs in (1, "?") else (nargs if isinstance(nargs, int) else None)
-            while i < len(argv) and not _looks_like_option(argv[i]) and argv[i] != "--" and (
-                    limit is None or len(values) < limit):
-                values.append(argv[i])
-                i += 1
-        want = 1 if nargs == 1 else nargs
-        if not _arity_ok(want, len(values)):
-            problems.append(on_flag("error", "nargs", shown,
-                                    f"{shown} expects {_describe_nargs(want)}, got {len(values)}"))
-            continue
-        seen_dests.add(spec.get("dest", ""))
-        if spec.get("deprecated") is not None:
-            new = spec.get("deprecated") or None
-            problems.append(on_flag("warning", "deprecated", shown, f"{shown} is deprecated"
-                                        + (f"; use {new}" if new else ""), new))
-        problems.extend(_check_values(shown, spec, values))
-    for opt, spec in opts.items():
-        if spec.get("required") and spec.get("dest") not in seen_dests and opt.startswith("--"):
-            if not any(o for o, s in opts.items() if s.get("dest") == spec.get("dest") and o in argv):
-                problems.append(on_flag("error", "required", opt, f"the required flag {opt} is missing"))
-                seen_dests.add(spec.get("dest", ""))
+        i, dest, found = _one_option(table, argv, i, arg, removed)
+        problems.extend(found)
+        if dest is not None:
+            seen_dests.add(dest)
+    problems.extend(_missing_required(table.options, argv, seen_dests))
     return problems
+
+
+def _one_option(table: FlagTable, argv: list[str], i: int, arg: str, removed: dict[str, dict[str, Any]]
+                ) -> tuple[int, str | None, list[ArgFinding]]:
+    """One option (``argv[i - 1]``) and the values it takes, as argparse consumes them.
+
+    Returns where the next option starts, the ``dest`` the option set (``None`` when argparse would reject it,
+    so a missing required flag is still reported) and what is wrong with it.
+    """
+    name, eq, inline = arg.partition("=")
+    spec, shown, note = _resolve_option(table, name, removed)
+    found = [note] if note else []
+    if spec is None:
+        return _skip_values(argv, i, eq), None, found
+    nargs = spec.get("nargs", 1)
+    if eq and nargs == 0:
+        return i, None, [*found, on_flag("error", "no_value", shown, f"{shown} takes no value (got {arg!r})")]
+    values, i = ([inline], i) if eq else _take_values(argv, i, nargs)
+    want = 1 if nargs == 1 else nargs
+    if not _arity_ok(want, len(values)):
+        return i, None, [*found, on_flag("error", "nargs", shown,
+                                         f"{shown} expects {_describe_nargs(want)}, got {len(values)}")]
+    return i, spec.get("dest", ""), found + _deprecation(shown, spec) + _check_values(shown, spec, values)
+
+
+def _resolve_option(table: FlagTable, name: str, removed: dict[str, dict[str, Any]]
+                    ) -> tuple[dict[str, Any] | None, str, ArgFinding | None]:
+    """The option ``name`` stands for, as argparse's exact-then-unique-prefix matching finds it.
+
+    Returns ``(spec, the flag's full spelling, a finding)``. ``spec`` is ``None`` when argparse rejects the
+    name, and the finding says why (removed, ambiguous, unknown); a unique prefix resolves with a warning,
+    since it breaks the day a flag with that prefix is added.
+    """
+    opts = table.options
+    spec = opts.get(name)
+    if spec is not None:
+        return spec, name, None
+    why = explain_unknown(name, opts, table.version, removed=removed)
+    long_form = name.startswith("--")
+    matches = sorted(o for o in opts if o.startswith(name)) if long_form else []
+    if long_form and (name in removed or (why.kind == "removed" and len(matches) > 1)):
+        msg = why.message
+        if len(matches) > 1:
+            msg += f"; argparse fails with 'ambiguous option: {name} could match {', '.join(matches)}'"
+        return None, name, on_flag("error", "removed", name, msg, why.replacement)
+    if len(matches) == 1:
+        then = explain_abbreviation(name, matches[0], table.version)
+        return opts[matches[0]], matches[0], on_flag(
+            "warning", "abbreviation", name, f"{name} is accepted only as an abbreviation of {matches[0]}; "
+            "spell it out" + (f" ({then})" if then else ""), matches[0])
+    if len(matches) > 1:
+        return None, name, on_flag("error", "ambiguous", name, f"ambiguous option: {name} could match "
+                                   f"{', '.join(matches)}")
+    return None, name, on_flag("error", "unknown", name, why.message, why.replacement)
+
+
+def _take_values(argv: list[str], i: int, nargs: Any) -> tuple[list[str], int]:
+    """The values after an option, as many as its ``nargs`` lets argparse take (up to the next option)."""
+    limit = 1 if nargs in (1, "?") else (nargs if isinstance(nargs, int) else None)
+    values: list[str] = []
+    while i < len(argv) and not _looks_like_option(argv[i]) and argv[i] != "--" and (
+            limit is None or len(values) < limit):
+        values.append(argv[i])
+        i += 1
+    return values, i
+
+
+def _deprecation(shown: str, spec: dict[str, Any]) -> list[ArgFinding]:
+    """A warning for a flag SGLang marks deprecated, naming its replacement when the parser gives one."""
+    if spec.get("deprecated") is None:
+        return []
+    new = spec.get("deprecated") or None
+    return [on_flag("warning", "deprecated", shown, f"{shown} is deprecated" + (f"; use {new}" if new else ""), new)]
+
+
+def _missing_required(opts: dict[str, dict[str, Any]], argv: list[str], seen_dests: set[str]) -> list[ArgFinding]:
+    """Required flags no accepted option set: one error per ``dest`` (a flag's aliases share it)."""
+    out: list[ArgFinding] = []
+    seen = set(seen_dests)
+    for opt, spec in opts.items():
+        if spec.get("required") and spec.get("dest") not in seen and opt.startswith("--"):
+            if not any(o for o, s in opts.items() if s.get("dest") == spec.get("dest") and o in argv):
+                out.append(on_flag("error", "required", opt, f"the required flag {opt} is missing"))
+                seen.add(spec.get("dest", ""))
+    return out
 
 
 def _skip_values(argv: list[str], i: int, had_inline: str) -> int:

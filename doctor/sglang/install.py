@@ -10,7 +10,7 @@ import shlex
 from collections.abc import Callable
 from typing import Any
 
-from doctor.core.result import Findings, Remediation
+from doctor.core.result import Finding, Findings, Remediation, Severity
 from doctor.core.settings import Settings
 from doctor.sglang.runtime import flashinfer_jit_problems, runtime_problems
 from doctor.stack.distributions import (
@@ -24,8 +24,10 @@ from doctor.stack.distributions import (
 )
 from doctor.stack.service_probe import probe_failure
 
-RUNTIME = "sglang.install.runtime"  # the server would stop at start: a module or file it imports is missing
-JIT_TOOLCHAIN = "sglang.install.jit_toolchain"  # only the toolkit FlashInfer's JIT compiles with is wrong
+# What the server would stop on at start has a code per kind (doctor.sglang.runtime: sglang.install.runtime.*,
+# sglang.install.jit_*), all said in one verdict with this remediation:
+STOP_FIX = "Install what the server imports at start into the service's environment."
+WARNING = "sglang.install.warning"  # what does not stop the start: a shadowed copy, a version, DFlash's kernel
 
 
 def requirements(stack: dict[str, Any], dist: dict[str, Any]) -> tuple[list[str], list[str]]:
@@ -61,23 +63,36 @@ def judge_install(stack: dict[str, Any], read_import: Callable[[], Any], setting
     if dist is None:
         return out.fail("sglang.install.no_metadata", f"an sglang package is importable from {pkg.get('dirs')} but has "
                         "no installed metadata (a source tree on sys.path?)", install)
-    want = parse_spec(want_text)
-    ver = parse_version(dist.get("version"))
-    if want_text and want is None:
-        return out.fail("sglang.install.bad_pin", f"the profile's stack.sglang {want_text!r} is not a version "
-                        "specifier")
-    if ver is None or (want is not None and not want.contains(ver, prereleases=True)):
-        return out.fail("sglang.install.version", f"sglang {dist.get('version')} installed, the profile pins "
-                        f"{want_text}", install)
-    warnings = []
-    loc = dist.get("location")
-    dirs = pkg.get("dirs") or []
-    if loc and dirs and not any(is_under(d, loc) for d in dirs if d):
-        warnings.append(f"`import sglang` would load {dirs[0]}, not the installed {loc}")
+    if not _version_ok(dist, want_text, install, out):
+        return out
+    warnings = _shadowed(dist, pkg.get("dirs") or [])
     on_disk = stack.get("sglang_runtime")
     if not (settings.deep or settings.import_sglang) and isinstance(on_disk, dict):
         return judge_on_disk(stack, dist, on_disk, warnings, settings, out)
-    return judge_import(stack, read_import(), dist, ver, warnings, settings, out)
+    return judge_import(stack, read_import(), dist, parse_version(dist.get("version")), warnings, settings, out)
+
+
+def _version_ok(dist: dict[str, Any], want_text: str | None, install: Remediation, out: Findings) -> bool:
+    """Whether the installed version is one the profile's pin allows; a failure in ``out`` when not (or when
+    the pin itself is no version specifier)."""
+    want = parse_spec(want_text)
+    ver = parse_version(dist.get("version"))
+    if want_text and want is None:
+        out.fail("sglang.install.bad_pin", f"the profile's stack.sglang {want_text!r} is not a version specifier")
+        return False
+    if ver is None or (want is not None and not want.contains(ver, prereleases=True)):
+        out.fail("sglang.install.version", f"sglang {dist.get('version')} installed, the profile pins {want_text}",
+                 install)
+        return False
+    return True
+
+
+def _shadowed(dist: dict[str, Any], dirs: list[Any]) -> list[str]:
+    """A warning when ``import sglang`` would load another copy than the installed distribution's."""
+    loc = dist.get("location")
+    if loc and dirs and not any(is_under(d, loc) for d in dirs if d):
+        return [f"`import sglang` would load {dirs[0]}, not the installed {loc}"]
+    return []
 
 
 def judge_import(stack: dict[str, Any], imp: Any, dist: dict[str, Any], ver: Any, warnings: list[str],
@@ -143,36 +158,44 @@ def judge_runtime(stack: dict[str, Any], runtime: Any, dflash: Any, warnings: li
                             f"none at {jit.get('nvcc')} (via {jit.get('found_by')}); set CUDA_HOME or install the "
                             "CUDA toolkit")
     algorithm = settings.get("server.speculative_algorithm")
-    fails, runtime_warns, runtime_cmds = runtime_problems(
-        runtime, algorithm=algorithm, architectures=settings.get("model.architectures"),
-        flashinfer_pin=settings.get("stack.flashinfer"))
+    found = runtime_problems(runtime, algorithm=algorithm, architectures=settings.get("model.architectures"),
+                             flashinfer_pin=settings.get("stack.flashinfer"))
     out.details["runtime"] = runtime
     fi_jit = stack.get("flashinfer_jit")
-    code = RUNTIME
     if isinstance(fi_jit, dict):
         out.details["flashinfer_jit"] = fi_jit
         torch_cuda = ((stack.get("torch") or {}).get("version_py") or {}).get("cuda")
-        jit_fails, jit_cmds, jit_note, toolchain = flashinfer_jit_problems(
-            fi_jit, stack.get("distributions"), algorithm=algorithm,
-            compute_capability=settings.get("gpu.compute_capability"), torch_cuda=torch_cuda)
-        code = JIT_TOOLCHAIN if toolchain and not fails else code
-        fails, runtime_cmds = fails + jit_fails, runtime_cmds + jit_cmds
-        if jit_note:
-            summary += "; " + jit_note
-    if fails:
-        return out.fail(code, f"{stop_prefix}, but the server would stop at start: "
-                        + "; ".join(fails), Remediation("Install what the server imports at start into the service's "
-                                                        "environment.", runtime_cmds))
-    warnings.extend(runtime_warns)
-    dflash = dflash if isinstance(dflash, dict) else {}
-    if dflash.get("available") is False:
-        warnings.append("DFlash's tree-sampling kernel is unavailable: SGLang will verify greedily "
-                        "(temperature sampling ignored)")
-    elif dflash.get("available") is None:
-        warnings.append(f"cannot tell whether DFlash's sampling kernel is available: {dflash.get('error')}")
-    if warnings:
+        found.extend(flashinfer_jit_problems(fi_jit, stack.get("distributions"), algorithm=algorithm,
+                                             compute_capability=settings.get("gpu.compute_capability"),
+                                             torch_cuda=torch_cuda))
+    if found.failing:
+        return _would_stop(out, stop_prefix, found.of(Severity.FAIL))
+    summary += "".join(f"; {note.message}" for note in found.of(Severity.INFO))
+    warned = [Finding(Severity.WARN, WARNING, text) for text in warnings] + found.of(Severity.WARN) + [
+        Finding(Severity.WARN, WARNING, text) for text in _dflash_warnings(dflash)]
+    if warned:
         out.info("sglang.install.installed", summary)
-        for warning in warnings:
-            out.warn("sglang.install.warning", warning)
+        out.extend(warned)
         return out
     return out.info("sglang.install.installed", summary + "; DFlash sampling kernel available")
+
+
+def _would_stop(out: Findings, stop_prefix: str, fails: list[Finding]) -> Findings:
+    """The server would stop at start: each problem stays a finding of its own code (a fixer acts on one kind),
+    said as one line (the first carries the lead) with one remediation (``Result.of`` merges their commands)."""
+    lead = f"{stop_prefix}, but the server would stop at start: "
+    for n, problem in enumerate(fails):
+        out.fail(problem.code, (lead if n == 0 else "") + problem.message,
+                 Remediation(STOP_FIX, problem.fix.commands if problem.fix else []))
+    return out
+
+
+def _dflash_warnings(dflash: Any) -> list[str]:
+    """DFlash's tree-sampling kernel unavailable (SGLang then verifies greedily), or not known to be available."""
+    dflash = dflash if isinstance(dflash, dict) else {}
+    if dflash.get("available") is False:
+        return ["DFlash's tree-sampling kernel is unavailable: SGLang will verify greedily "
+                "(temperature sampling ignored)"]
+    if dflash.get("available") is None:
+        return [f"cannot tell whether DFlash's sampling kernel is available: {dflash.get('error')}"]
+    return []

@@ -406,13 +406,7 @@ class Engine:
         with store.lock(plan.op):
             if store.read_journal() is not None:
                 raise EngineError(f"an interrupted run must be recovered first ({store.journal_path})")
-            for c in plan.changes:
-                try:
-                    cur, _ = self._read(c.path)
-                except OSError as exc:
-                    raise EngineError(f"{c.path}: cannot read ({exc.strerror or exc}); nothing was written") from None
-                if cur != c.old:
-                    raise EngineError(f"{c.path} changed since the plan was made; nothing was written, plan again")
+            self._check_unchanged(plan.changes)
             for c in plan.changes:
                 for data in (c.old, c.new):
                     if data is not None:
@@ -420,46 +414,72 @@ class Engine:
                 if c.old is not None:
                     out.backups[c.path] = str(store.object_path(c.old_sha or ""))
             made_dirs = self._missing_dirs(plan.changes)
-            doc = {"kind": JOURNAL_KIND, "schema_version": JOURNAL_SCHEMA,
-                   "op": plan.op, "set": plan.set_name, "site_packages": str(self.installed.site_packages),
-                   "package_root": str(self.root), "pid": os.getpid(), "started": now_stamp(),
-                   "made_dirs": [str(d) for d in made_dirs],
-                   "files": [{"path": c.path, "old": c.old_sha, "new": c.new_sha,
-                              "mode": (c.stat.st_mode & 0o7777) if c.stat else None} for c in plan.changes]}
+            doc = self._journal(plan, made_dirs)
             store.write_journal(doc)
             try:
-                self._event("journal-written", store.journal_path)
-                for d in made_dirs:
-                    d.mkdir(exist_ok=True)
-                for c in plan.changes:
-                    target = self.root / c.path
-                    if c.new is None:
-                        fileio.remove(target, hook=self.hook)
-                    else:
-                        fileio.atomic_write(target, c.new, like=c.stat, hook=self.hook)
-                    out.removed_bytecode.extend(fileio.remove_stale_bytecode(target))
-                    if c.new is None:
-                        self._prune_empty_dirs(target.parent)
-                for c in plan.changes:
-                    cur, _ = self._read(c.path)
-                    if cur != c.new:
-                        raise EngineError(f"{c.path} does not read back as written")
-                self._event("verified", store.journal_path)
+                self._write_and_verify(plan.changes, made_dirs, out, store)
             except BaseException as exc:
-                problems = self._roll_back(doc, store)
-                if problems:
-                    raise EngineError(f"{plan.op} failed ({_why(exc)}) and could not be rolled back completely: "
-                                      f"{'; '.join(problems)}. Every file is either as it was or as planned; the "
-                                      f"journal {store.journal_path} stays, and the next apply or revert finishes "
-                                      "the roll-back") from exc
-                store.close_journal(doc, f"rolled back: {_why(exc)}")
-                if not isinstance(exc, Exception):
-                    raise
-                raise EngineError(f"{plan.op} failed ({_why(exc)}); every file was rolled back, "
-                                  "nothing changed") from exc
+                self._undo(plan, doc, store, exc)
+                raise  # not an Exception (an interrupt, an exit): rolled back, and it goes on as it came
             out.history = str(store.close_journal(doc, "done"))
             out.changed = [c.path for c in plan.changes]
         return out
+
+    def _check_unchanged(self, changes: list[Change]) -> None:
+        """Every file still reads as the plan found it; else nothing is written (the plan is stale)."""
+        for c in changes:
+            try:
+                cur, _ = self._read(c.path)
+            except OSError as exc:
+                raise EngineError(f"{c.path}: cannot read ({exc.strerror or exc}); nothing was written") from None
+            if cur != c.old:
+                raise EngineError(f"{c.path} changed since the plan was made; nothing was written, plan again")
+
+    def _journal(self, plan: Transaction, made_dirs: list[Path]) -> dict[str, Any]:
+        """The journal of a run, written before the first file is: what a roll-back (now or after a crash)
+        needs to put every file and directory back."""
+        return {"kind": JOURNAL_KIND, "schema_version": JOURNAL_SCHEMA,
+                "op": plan.op, "set": plan.set_name, "site_packages": str(self.installed.site_packages),
+                "package_root": str(self.root), "pid": os.getpid(), "started": now_stamp(),
+                "made_dirs": [str(d) for d in made_dirs],
+                "files": [{"path": c.path, "old": c.old_sha, "new": c.new_sha,
+                           "mode": (c.stat.st_mode & 0o7777) if c.stat else None} for c in plan.changes]}
+
+    def _write_and_verify(self, changes: list[Change], made_dirs: list[Path], out: Outcome, store: StateStore
+                          ) -> None:
+        """Make the missing directories, write (or remove) every file, then read every one back."""
+        self._event("journal-written", store.journal_path)
+        for d in made_dirs:
+            d.mkdir(exist_ok=True)
+        for c in changes:
+            target = self.root / c.path
+            if c.new is None:
+                fileio.remove(target, hook=self.hook)
+            else:
+                fileio.atomic_write(target, c.new, like=c.stat, hook=self.hook)
+            out.removed_bytecode.extend(fileio.remove_stale_bytecode(target))
+            if c.new is None:
+                self._prune_empty_dirs(target.parent)
+        for c in changes:
+            cur, _ = self._read(c.path)
+            if cur != c.new:
+                raise EngineError(f"{c.path} does not read back as written")
+        self._event("verified", store.journal_path)
+
+    def _undo(self, plan: Transaction, doc: dict[str, Any], store: StateStore, exc: BaseException) -> None:
+        """A run that failed part-way is rolled back. Raises ``EngineError`` saying so (and what could not be
+        put back, the journal then kept for the next run to finish); returns only for an exception that is not
+        an ``Exception`` (an interrupt), which the caller raises again."""
+        problems = self._roll_back(doc, store)
+        if problems:
+            raise EngineError(f"{plan.op} failed ({_why(exc)}) and could not be rolled back completely: "
+                              f"{'; '.join(problems)}. Every file is either as it was or as planned; the "
+                              f"journal {store.journal_path} stays, and the next apply or revert finishes "
+                              "the roll-back") from exc
+        store.close_journal(doc, f"rolled back: {_why(exc)}")
+        if isinstance(exc, Exception):
+            raise EngineError(f"{plan.op} failed ({_why(exc)}); every file was rolled back, "
+                              "nothing changed") from exc
 
     def apply(self, *, force: bool = False, only: Iterable[str] | None = None) -> Outcome:
         """Recover, plan and execute in one call (refusals raise ``EngineError``)."""
@@ -509,58 +529,58 @@ class Engine:
             return [f"the journal names package_root {root}, outside this environment's site-packages "
                     f"({self.installed.site_packages}): nothing of it was touched; inspect {store.journal_path} "
                     "and remove it by hand"]
-        problems: list[str] = []
         files = doc.get("files")
-        for entry in reversed(files if isinstance(files, list) else []):
-            path = str(entry.get("path", "")) if isinstance(entry, dict) else ""
-            target = root / path
-            if not path or path.startswith("/") or ".." in path.split("/") or escapes(root, path):
-                problems.append(f"journal entry {entry!r} is not a file inside {root}")
-                continue
-            for tmp in fileio.leftover_tmp_files(target):
-                try:
-                    tmp.unlink()
-                except OSError:
-                    pass
-            try:
-                cur = fileio.read_or_none(target)
-            except OSError as exc:
-                problems.append(f"{path}: cannot read: {exc.strerror or exc}")
-                continue
-            cur_sha = None if cur is None else sha256_bytes(cur)
-            old, new = entry.get("old"), entry.get("new")
-            if cur_sha == old:
-                continue
-            if cur_sha != new:
-                problems.append(f"{path} is neither as it was ({old}) nor as planned ({new}): changed by someone "
-                                "else meanwhile; left alone")
-                continue
-            try:
-                if old is None:
-                    fileio.remove(target, hook=self.hook)
-                else:
-                    data = store.get_object(old)
-                    if data is None:
-                        problems.append(f"{path}: its backup {store.object_path(old)} is missing or corrupt")
-                        continue
-                    like = None
-                    try:
-                        like = os.stat(target)
-                    except FileNotFoundError:
-                        target.parent.mkdir(parents=True, exist_ok=True)  # a revert may have pruned it
-                    fileio.atomic_write(target, data, like=like, hook=self.hook)
-                fileio.remove_stale_bytecode(target)
-            except OSError as exc:
-                problems.append(f"{path}: cannot restore: {exc.strerror or exc}")
+        problems = [p for entry in reversed(files if isinstance(files, list) else [])
+                    if (p := self._roll_back_file(entry, root, store))]
         if not problems:
-            for d in reversed(doc.get("made_dirs") or []):
-                if not isinstance(d, str) or not same_or_inside(Path(d), root):
-                    continue
-                try:
-                    os.rmdir(d)
-                except OSError:
-                    pass
+            _remove_made_dirs(doc.get("made_dirs"), root)
         return problems
+
+    def _roll_back_file(self, entry: Any, root: Path, store: StateStore) -> str | None:
+        """One journal entry put back: left as it is when it already reads as it was, refused when it reads
+        neither as it was nor as planned (someone else changed it meanwhile). Returns the problem, if any."""
+        path = str(entry.get("path", "")) if isinstance(entry, dict) else ""
+        if not path or path.startswith("/") or ".." in path.split("/") or escapes(root, path):
+            return f"journal entry {entry!r} is not a file inside {root}"
+        target = root / path
+        for tmp in fileio.leftover_tmp_files(target):
+            try:
+                tmp.unlink()
+            except OSError:
+                pass
+        try:
+            cur = fileio.read_or_none(target)
+        except OSError as exc:
+            return f"{path}: cannot read: {exc.strerror or exc}"
+        cur_sha = None if cur is None else sha256_bytes(cur)
+        old, new = entry.get("old"), entry.get("new")
+        if cur_sha == old:
+            return None
+        if cur_sha != new:
+            return (f"{path} is neither as it was ({old}) nor as planned ({new}): changed by someone else "
+                    "meanwhile; left alone")
+        try:
+            return self._restore(target, path, old, store)
+        except OSError as exc:
+            return f"{path}: cannot restore: {exc.strerror or exc}"
+
+    def _restore(self, target: Path, path: str, old: str | None, store: StateStore) -> str | None:
+        """The file's old bytes written back from their backup (or the file removed, when it was absent);
+        returns the problem when the backup is gone. ``OSError`` is the caller's to name."""
+        if old is None:
+            fileio.remove(target, hook=self.hook)
+        else:
+            data = store.get_object(old)
+            if data is None:
+                return f"{path}: its backup {store.object_path(old)} is missing or corrupt"
+            like = None
+            try:
+                like = os.stat(target)
+            except FileNotFoundError:
+                target.parent.mkdir(parents=True, exist_ok=True)  # a revert may have pruned it
+            fileio.atomic_write(target, data, like=like, hook=self.hook)
+        fileio.remove_stale_bytecode(target)
+        return None
 
     def _prune_empty_dirs(self, directory: Path) -> None:
         """After deleting a file: remove directories left empty that the wheel does not have (RECORD)."""
@@ -604,6 +624,18 @@ class Engine:
     def _event(self, event: str, path: Path) -> None:
         if self.hook is not None:
             self.hook(event, str(path))
+
+
+def _remove_made_dirs(made_dirs: Any, root: Path) -> None:
+    """After a whole roll-back: the directories the run made, removed when empty, deepest first (a journal's
+    entry outside ``root`` is never touched)."""
+    for d in reversed(made_dirs or []):
+        if not isinstance(d, str) or not same_or_inside(Path(d), root):
+            continue
+        try:
+            os.rmdir(d)
+        except OSError:
+            pass
 
 
 def same_or_inside(path: Path, root: Path) -> bool:

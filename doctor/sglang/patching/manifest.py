@@ -163,55 +163,64 @@ def from_dict(data: Any, directory: Path | None = None, origin: str = "manifest"
     raw_patches = data.get("patches")
     if not isinstance(raw_patches, list) or not raw_patches:
         raise ManifestError(f"{origin}: 'patches' must be a non-empty list")
-    patches: list[Patch] = []
     seen_ids: set[str] = set()
     last_after: dict[str, str | None] = {}
-    for n, rp in enumerate(raw_patches):
-        where = f"{origin}: patches[{n}]"
-        if not isinstance(rp, dict):
-            raise ManifestError(f"{where} must be an object")
-        pid = rp.get("id")
-        if not isinstance(pid, str) or not pid or any(c.isspace() for c in pid):
-            raise ManifestError(f"{where}: 'id' must be a non-empty string without spaces")
-        if pid in seen_ids:
-            raise ManifestError(f"{where}: duplicate patch id {pid!r}")
-        seen_ids.add(pid)
-        where = f"{origin}: patch {pid!r}"
-        pdesc = rp.get("description", "")
-        if not isinstance(pdesc, str):
-            raise ManifestError(f"{where}: 'description' must be a string")
-        diff = _safe_relpath(rp.get("diff"), f"{where}: 'diff'")
-        raw_files = rp.get("files")
-        if not isinstance(raw_files, list) or not raw_files:
-            raise ManifestError(f"{where}: 'files' must be a non-empty list")
-        files: list[FileChange] = []
-        paths_here: set[str] = set()
-        for rf in raw_files:
-            if not isinstance(rf, dict):
-                raise ManifestError(f"{where}: each entry of 'files' must be an object")
-            path = _safe_relpath(rf.get("path"), f"{where}: file path")
-            if path in paths_here:
-                raise ManifestError(f"{where}: {path} listed twice")
-            paths_here.add(path)
-            if "before" not in rf or "after" not in rf:
-                raise ManifestError(f"{where}: {path} needs 'before' and 'after' (null for absent)")
-            try:
-                before, after = normalize_digest(rf["before"]), normalize_digest(rf["after"])
-            except ValueError as exc:
-                raise ManifestError(f"{where}: {path}: {exc}") from None
-            if before == after:
-                raise ManifestError(f"{where}: {path}: 'before' and 'after' are the same: the patch changes nothing")
-            if path in last_after and last_after[path] != before:
-                raise ManifestError(f"{where}: {path}: 'before' is not the 'after' of the earlier patch that "
-                                    "touches this file (patches apply in order)")
-            last_after[path] = after
-            files.append(FileChange(path, before, after))
-        patches.append(Patch(pid, pdesc, diff, tuple(files)))
+    patches = [_patch(rp, origin, n, seen_ids, last_after) for n, rp in enumerate(raw_patches)]
     validated = data.get("validated", [])
     if not isinstance(validated, list) or not all(isinstance(v, dict) for v in validated):
         raise ManifestError(f"{origin}: 'validated' must be a list of objects (one validated configuration each)")
     return PatchSet(name, description, spec.strip(), patches, directory, raw=data,
                     validated=tuple(dict(v) for v in validated))
+
+
+def _patch(rp: Any, origin: str, n: int, seen_ids: set[str], last_after: dict[str, str | None]) -> Patch:
+    """One entry of 'patches', checked. ``seen_ids`` (ids so far) and ``last_after`` (each file's hash after the
+    patches so far) carry what the set's earlier patches leave, and are updated: a later patch of a file must
+    start from the hash the earlier one leaves."""
+    where = f"{origin}: patches[{n}]"
+    if not isinstance(rp, dict):
+        raise ManifestError(f"{where} must be an object")
+    pid = rp.get("id")
+    if not isinstance(pid, str) or not pid or any(c.isspace() for c in pid):
+        raise ManifestError(f"{where}: 'id' must be a non-empty string without spaces")
+    if pid in seen_ids:
+        raise ManifestError(f"{where}: duplicate patch id {pid!r}")
+    seen_ids.add(pid)
+    where = f"{origin}: patch {pid!r}"
+    pdesc = rp.get("description", "")
+    if not isinstance(pdesc, str):
+        raise ManifestError(f"{where}: 'description' must be a string")
+    diff = _safe_relpath(rp.get("diff"), f"{where}: 'diff'")
+    raw_files = rp.get("files")
+    if not isinstance(raw_files, list) or not raw_files:
+        raise ManifestError(f"{where}: 'files' must be a non-empty list")
+    paths_here: set[str] = set()
+    files = tuple(_file_change(rf, where, paths_here, last_after) for rf in raw_files)
+    return Patch(pid, pdesc, diff, files)
+
+
+def _file_change(rf: Any, where: str, paths_here: set[str], last_after: dict[str, str | None]) -> FileChange:
+    """One entry of a patch's 'files', checked: listed once in its patch, both hashes given and different, and
+    its 'before' the 'after' of the set's earlier patch of that file (``last_after``, updated here)."""
+    if not isinstance(rf, dict):
+        raise ManifestError(f"{where}: each entry of 'files' must be an object")
+    path = _safe_relpath(rf.get("path"), f"{where}: file path")
+    if path in paths_here:
+        raise ManifestError(f"{where}: {path} listed twice")
+    paths_here.add(path)
+    if "before" not in rf or "after" not in rf:
+        raise ManifestError(f"{where}: {path} needs 'before' and 'after' (null for absent)")
+    try:
+        before, after = normalize_digest(rf["before"]), normalize_digest(rf["after"])
+    except ValueError as exc:
+        raise ManifestError(f"{where}: {path}: {exc}") from None
+    if before == after:
+        raise ManifestError(f"{where}: {path}: 'before' and 'after' are the same: the patch changes nothing")
+    if path in last_after and last_after[path] != before:
+        raise ManifestError(f"{where}: {path}: 'before' is not the 'after' of the earlier patch that "
+                            "touches this file (patches apply in order)")
+    last_after[path] = after
+    return FileChange(path, before, after)
 
 
 def stage_hashes(chain: list[tuple[int, FileChange]]) -> list[str | None]:

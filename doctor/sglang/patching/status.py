@@ -180,44 +180,81 @@ def evaluate(obs: dict[str, Any]) -> Evaluation:
         pset = mf.from_dict((obs.get("set") or {}).get("manifest"), origin="recorded manifest")
     except mf.ManifestError as exc:
         return Evaluation("invalid", problems=[str(exc)])
-    sg = obs.get("sglang") if isinstance(obs.get("sglang"), dict) else {}
-    version = sg.get("version")
+    ev = _set_level(pset, obs)
+    seen = _object(obs, "files") or {}
+    chains = pset.chains()
+    for path, chain in chains.items():
+        status, problem = _file_status(pset, path, chain, _object(seen, path) or {})
+        ev.files.append(status)
+        if problem:
+            ev.problems.append(f"{path}: {problem}")
+    ev.patches.extend(_patch_statuses(pset, chains, ev.files))
+    ev.overall = _combine([f.state for f in ev.files])
+    return ev
+
+
+def _set_level(pset: mf.PatchSet, obs: dict[str, Any]) -> Evaluation:
+    """The evaluation before any file is judged: the installed version against the set's, the journal of an
+    unfinished run, the last run, and the problems these alone show."""
+    version = (_object(obs, "sglang") or {}).get("version")
     ev = Evaluation("pristine", pset.name, pset.sglang, version, bool(version) and pset.supports(str(version)))
-    ev.journal = obs.get("journal") if isinstance(obs.get("journal"), dict) else None
-    ev.last_run = obs.get("last_run") if isinstance(obs.get("last_run"), dict) else None
+    ev.journal = _object(obs, "journal")
+    ev.last_run = _object(obs, "last_run")
     if obs.get("journal_error"):
         ev.problems.append(str(obs["journal_error"]))
     if not ev.version_ok:
         ev.problems.append(f"patch set {pset.name} is for sglang {pset.sglang}; installed: {version or 'unknown'}")
-    seen = obs.get("files") if isinstance(obs.get("files"), dict) else {}
-    chains = pset.chains()
-    for path, chain in chains.items():
-        entry = seen.get(path) if isinstance(seen.get(path), dict) else {}
-        digest, exists = entry.get("sha256"), bool(entry.get("exists"))
-        state, stage = file_stage(chain, digest, exists)
-        if entry.get("not_a_file"):  # whatever its hash would match: absent for a file the set creates, too
-            state, note = NOT_A_FILE, f"{entry.get('error') or 'not a regular file'}: remove it and reinstall sglang"
-        elif entry.get("error") and state in (MISSING, DRIFTED):
-            state, note = DRIFTED if exists else MISSING, f"unreadable: {entry['error']}"
-        else:
-            note = ""
-        record, in_record = entry.get("record"), bool(entry.get("in_record"))
-        first = chain[0][1].before
-        if first is None and in_record:
-            note = "the set creates this file, but the installed wheel already has it (made for another version?)"
-            ev.problems.append(f"{path}: {note}")
-        elif first is not None and in_record and record and record != first:
-            note = "RECORD's hash differs from the manifest's 'before': this set was made for another build"
-            ev.problems.append(f"{path}: {note}")
-        elif state == DRIFTED and digest == record and record:
-            note = "matches RECORD (pristine for this install), but not the set's original"
-        elif state == DRIFTED:
-            note = note or "neither the original nor the patched bytes: edited by hand or another version"
-        ev.files.append(FileStatus(path, state, digest if exists else None, first, chain[-1][1].after, stage,
-                                   [pset.patches[i].id for i, _ in chain], record, in_record, note))
-    ev.patches.extend(_patch_statuses(pset, chains, ev.files))
-    ev.overall = _combine([f.state for f in ev.files])
     return ev
+
+
+def _object(doc: dict[str, Any], key: str) -> dict[str, Any] | None:
+    """``doc[key]`` when it is an object; ``None`` otherwise: a hand-edited snapshot may hold anything there."""
+    value = doc.get(key)
+    return value if isinstance(value, dict) else None
+
+
+def _file_status(pset: mf.PatchSet, path: str, chain: list[tuple[int, mf.FileChange]], entry: dict[str, Any]
+                 ) -> tuple[FileStatus, str | None]:
+    """One file's status from its observed entry, and the problem it shows about the set itself (``None``
+    when there is none): a set made for another build or version is a problem even where the file reads
+    pristine."""
+    digest, exists = entry.get("sha256"), bool(entry.get("exists"))
+    state, stage, note = _observed_state(chain, entry)
+    record, in_record = entry.get("record"), bool(entry.get("in_record"))
+    first = chain[0][1].before
+    note, problem = _record_note(first, state, digest, record, in_record, note)
+    status = FileStatus(path, state, digest if exists else None, first, chain[-1][1].after, stage,
+                        [pset.patches[i].id for i, _ in chain], record, in_record, note)
+    return status, problem
+
+
+def _observed_state(chain: list[tuple[int, mf.FileChange]], entry: dict[str, Any]) -> tuple[str, int | None, str]:
+    """(state, stage, note) of one file: from its hash, unless something other than a file stands there or it
+    could not be read (then the hash says nothing)."""
+    exists = bool(entry.get("exists"))
+    state, stage = file_stage(chain, entry.get("sha256"), exists)
+    if entry.get("not_a_file"):  # whatever its hash would match: absent for a file the set creates, too
+        return NOT_A_FILE, stage, f"{entry.get('error') or 'not a regular file'}: remove it and reinstall sglang"
+    if entry.get("error") and state in (MISSING, DRIFTED):
+        return (DRIFTED if exists else MISSING), stage, f"unreadable: {entry['error']}"
+    return state, stage, ""
+
+
+def _record_note(first: str | None, state: str, digest: str | None, record: str | None, in_record: bool,
+                 note: str) -> tuple[str, str | None]:
+    """The file's note once RECORD (the wheel's own hashes) is read beside the manifest, and the problem it
+    names when RECORD shows the set was made for another build or version."""
+    if first is None and in_record:
+        note = "the set creates this file, but the installed wheel already has it (made for another version?)"
+        return note, note
+    if first is not None and in_record and record and record != first:
+        note = "RECORD's hash differs from the manifest's 'before': this set was made for another build"
+        return note, note
+    if state == DRIFTED and digest == record and record:
+        return "matches RECORD (pristine for this install), but not the set's original", None
+    if state == DRIFTED:
+        return note or "neither the original nor the patched bytes: edited by hand or another version", None
+    return note, None
 
 
 def _combine(states: list[str]) -> str:
