@@ -169,7 +169,7 @@ def plan_redownload(ctx: Context, result: Result) -> Plan:
                                      src=_leftover_path(model_dir, lo["path"], fact),
                                      dst=os.path.join(aside, lo["path"].replace("/", "__"))))
     fetch = list(dict.fromkeys(files))
-    repo = ctx.settings.get(role.repo_key)
+    repo = role.repo(ctx.settings)
     if not fetch:
         return Plan(stale + partial)
     if not repo:

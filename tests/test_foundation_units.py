@@ -31,18 +31,18 @@ def test_every_profile_loads_with_what_checks_expect() -> None:
                     "stack.sglang", "model.num_hidden_layers", "model.n_routed_experts", "server.port",
                     "server.args"):
             assert s.get(key) is not None, (name, key)
-        assert s.get("stack.sglang") == "==0.5.23"
+        assert s.stack.sglang == "==0.5.23"
     assert resolve({}, environ={}).profile_name == "b300-tp8-ddtree"
-    assert resolve({"profile": "b300-tp8-ddtree"}, environ={}).get("gpu.compute_capability") == "10.3"
-    assert resolve({"profile": "rtxpro6000-ep8"}, environ={}).get("gpu.nvlink_required") is False
+    assert resolve({"profile": "b300-tp8-ddtree"}, environ={}).gpu.compute_capability == "10.3"
+    assert resolve({"profile": "rtxpro6000-ep8"}, environ={}).gpu.nvlink_required is False
 
 
 def test_flags_over_config_over_profile(tmp_path: Path) -> None:
     cfg = tmp_path / "c.toml"
     cfg.write_text('[doctor]\ntp = 4\nignore = ["gpu.health"]\n[server]\nport = 31000\n[model]\npath = "/cfg/model"\n')
     s = resolve({"config": str(cfg)}, environ={})
-    assert (s.tp, s.get("server.port"), s.model_path, s.ignore) == (4, 31000, "/cfg/model", ["gpu.health"])
-    assert s.get("server.host") == "0.0.0.0", "tables merge key by key"
+    assert (s.tp, s.server.port, s.model_path, s.ignore) == (4, 31000, "/cfg/model", ["gpu.health"])
+    assert s.server.host == "0.0.0.0", "tables merge key by key"
     s = resolve({"config": str(cfg), "tp": 2, "model_path": "/flag/model", "ignore": ["host.port"]}, environ={})
     assert (s.tp, s.model_path) == (2, "/flag/model")
     assert s.ignore == ["gpu.health", "host.port"], "ignores from config and flags add up"
@@ -194,5 +194,6 @@ def test_text_report_color_only_when_asked_and_no_color_wins(monkeypatch: pytest
     assert "fix: do this" in plain
     assert "k26-doctor fix --only a.b" in plain
     assert "--ignore" not in plain  # no paste line that hides every failure
+
 
 

@@ -297,7 +297,7 @@ def judge_fabric(nvml: NvmlFact, wait: Any, settings: Settings) -> Findings:
                         Remediation("Read the fabric manager log; restart it (same version as the driver).",
                                     ["journalctl -u nvidia-fabricmanager -n 100",
                                      "sudo systemctl restart nvidia-fabricmanager"]))
-    nvswitch = bool(settings.get("gpu.nvswitch", False))
+    nvswitch = bool(settings.gpu.nvswitch)
     if unread:
         if nvswitch:
             raise NotJudged.failing("could not read the fabric state of " + ", ".join(unread), **out.details)

@@ -88,7 +88,7 @@ def per_gpu(d: Device) -> dict[str, Any]:
 
 def judge_health(nvml: NvmlFact, settings: Settings) -> Findings:
     grp = tp_group(nvml, settings.world_size)
-    mig_allowed = bool(settings.get("gpu.mig_allowed", False))
+    mig_allowed = bool(settings.gpu.mig_allowed)
     seen = Reading()
     for d in grp:
         read_device(d, mig_allowed, seen)

@@ -93,7 +93,7 @@ def judge_count(nvml: NvmlFact, settings: Settings) -> Findings:
 def judge_arch(nvml: NvmlFact, settings: Settings) -> Findings:
     """Every GPU of the TP group of one kind, of the profile's compute capability (else the profile for it)."""
     grp = tp_group(nvml, settings.world_size)
-    want_raw = settings.get("gpu.compute_capability")
+    want_raw = settings.gpu.compute_capability
     want = compute_capability(want_raw)
     if want is None:
         raise NotJudged.missing(f"the profile names no valid gpu.compute_capability ({want_raw!r})",
@@ -125,7 +125,7 @@ def judge_arch(nvml: NvmlFact, settings: Settings) -> Findings:
                         f"(sm_{cc[0]}{cc[1]}); profile {settings.profile_name} expects {want[0]}.{want[1]} "
                         f"(sm_{want[0]}{want[1]})",
                         Remediation(hint, [f"k26-doctor check --profile {better[0]}"] if better else []))
-    name_want = settings.get("gpu.name_contains")
+    name_want = settings.gpu.name_contains
     if name_want and str(name_want) not in str(name):
         return out.warn("gpu.arch.other_name", f"{name} has compute capability {cc[0]}.{cc[1]} as expected, but the "
                         f"profile is for {name_want} GPUs (memory and link figures may differ)")
@@ -149,7 +149,7 @@ def judge_memory(nvml: NvmlFact, settings: Settings) -> Findings:
     totals = [int(d["memory"]["total"]) for d in grp]  # type: ignore[index]
     frees = [int(d["memory"]["free"]) for d in grp]  # type: ignore[index]
     out.details.update(total_min_bytes=min(totals), free_min_bytes=min(frees), free_total_bytes=sum(frees))
-    min_gib = settings.get("gpu.min_memory_gib")
+    min_gib = settings.gpu.min_memory_gib
     if isinstance(min_gib, (int, float)):
         out.details["min_memory_gib"] = min_gib
         small = [f"{label(d)} {gib(t)}" for d, t in zip(grp, totals, strict=True) if t < min_gib * GIB]
@@ -157,7 +157,7 @@ def judge_memory(nvml: NvmlFact, settings: Settings) -> Findings:
             return out.fail("gpu.memory.small", f"GPU memory below the profile's {min_gib} GiB: " + ", ".join(small),
                             Remediation("Use GPUs with more memory or the profile made for these GPUs.",
                                         ["nvidia-smi --query-gpu=index,name,memory.total --format=csv"]))
-    frac = settings.get("server.mem_fraction_static")
+    frac = settings.server.mem_fraction_static
     if isinstance(frac, (int, float)) and 0 < frac <= 1:
         short = [f"{label(d)} {gib(f)} free of {gib(t)}" for d, t, f in zip(grp, totals, frees, strict=True)
                  if f < frac * t]

@@ -321,7 +321,7 @@ MISMATCH = "model.drafter.mismatch"  # the drafter's config.json, or the drafter
 
 
 def same_as_target(fact: dict[str, Any], settings: Settings) -> Findings:
-    repo = settings.get("drafter.repo") or "<drafter repo>"
+    repo = settings.drafter.repo or "<drafter repo>"
     return Findings(path=fact.get("path"), realpath=fact.get("realpath")).fail(
         IS_TARGET, f"the draft model path {fact.get('path')} is the target model's directory: the "
         "server would load the target itself as its drafter",
@@ -334,7 +334,7 @@ def judge_drafter(fact: dict[str, Any], read_target: Callable[[], Any], args: li
     """``fact``: the ``drafter`` fact; ``read_target()``: the ``model`` fact or None, read once the drafter's directory
     is usable; ``args``: the server command."""
     spec_arg = arg_value(args, "--speculative-algorithm")
-    if not fact.get("given") and spec_arg and not settings.get("server.speculative_algorithm"):
+    if not fact.get("given") and spec_arg and not settings.server.speculative_algorithm:
         return Findings(algorithm=spec_arg).fail(
             NO_DRAFT_ARG, f"the server command runs --speculative-algorithm {spec_arg} (in [server] args) but no "
             "draft model is given", Remediation("Give --draft-model-path DIR (or [drafter] path) and set [server] "
@@ -352,7 +352,7 @@ def judge_drafter(fact: dict[str, Any], read_target: Callable[[], Any], args: li
     tview = config_view(target)[0] if target.get("given") and not target.get("error") else None
     out = Findings(path=fact.get("path"), weights=weights.details)
     if d:
-        problems += config_problems(d, tview, settings.get("drafter.architectures"), out)
+        problems += config_problems(d, tview, settings.drafter.architectures, out)
     pairing = pairing_of(d, tview, fact, args, settings) if d else []
     problems += [f.message for f in pairing if f.severity is Severity.FAIL]
     warns = [f for f in pairing if f.severity is Severity.WARN]
@@ -406,9 +406,9 @@ def drafter_failure(problems: list[str], weights: Result, fixes: list[Finding], 
 def pairing_of(draft: dict[str, Any], tview: Any, fact: dict[str, Any], args: list[str],
                settings: Settings) -> list[Finding]:
     """The drafter against the target's config and the server command (``judge_pairing``)."""
-    budget = settings.get("server.ddtree_budget")
+    budget = settings.server.ddtree_budget
     return judge_pairing(draft, target_archs=tview.architectures if tview else [],
                          target_is_mla=bool(tview and tview.int_field("kv_lora_rank")),
                          target_hidden=tview.int_field("hidden_size") if tview else None,
-                         draft_tensors=fact.get("tensors"), algorithm=settings.get("server.speculative_algorithm"),
+                         draft_tensors=fact.get("tensors"), algorithm=settings.server.speculative_algorithm,
                          server_args=args, budget=budget if type(budget) is int else None)

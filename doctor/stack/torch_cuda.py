@@ -117,7 +117,7 @@ def judge_compat(read: Reader, settings: Settings) -> Findings:
     need = compat.min_driver(runtime)
     out = Findings(driver=driver, driver_cuda=driver_cuda, torch=info.get("version"), torch_cuda=runtime,
                    min_driver=need)
-    expect = settings.get("stack.cuda_runtime")
+    expect = settings.stack.cuda_runtime
     note = ""
     if expect and (compat.version_tuple(str(expect)) or ())[:2] != (compat.version_tuple(runtime) or ())[:2]:
         note = f"; the profile expects CUDA {expect}"
