@@ -10,7 +10,6 @@ from doctor.core.registry import check
 from doctor.core.result import Result
 from doctor.gpu import bandwidth, fabric, fabric_software, health, inventory, multicast, nvlink, p2p_path, processes
 from doctor.gpu.group import answered, available
-from doctor.service.launcher import planned_args
 
 
 @check("gpu.driver", "NVIDIA driver and NVML load", needs=("nvml",), timeout=30, failure="node")
@@ -155,7 +154,7 @@ def gpu_multicast(ctx: Context) -> Result:
     NCCL_NVLS_ENABLE=0 keeps NCCL's NVLS off. On NVSwitch hosts: `systemctl status nvidia-fabricmanager`,
     `nvidia-smi -q -d FABRIC`."""
     nvml = answered(ctx.fact("nvml"), ctx.settings.world_size)
-    args, _problem = planned_args(ctx.settings)
+    args, _problem = ctx.server_args
     return Result.of(multicast.judge_multicast(nvml, ctx.optional("multicast"), ctx.optional("sglang_flags"), args,
                                                ctx.settings))
 

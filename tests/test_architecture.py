@@ -26,6 +26,8 @@
     ``doctor.core.result``. What they find wrong is recorded as data; the area's judgement words and weighs it.
 14. The profile is read typed: no dotted string lookup of a schema table (``settings.get("server.port")``): its
     keys are attributes of the tables generated from the schema (``settings.server.port``, ``doctor/core/profile.py``).
+15. The server's planned argv is the run's (``Context.server_args``, computed once by ``doctor.app``): ``checks/``
+    never import ``doctor.service.launcher``.
 """
 
 from __future__ import annotations
@@ -487,16 +489,35 @@ def dotted_lookups(root: Path = ROOT) -> list[str]:
     return bad
 
 
+def launcher_imports(root: Path = ROOT) -> list[str]:
+    """Imports of ``doctor.service.launcher`` by a check module (the planned argv is ``ctx.server_args``)."""
+    bad = []
+    for path in sorted((root / "checks").glob("*.py")):
+        for module, names, line in imports(path):
+            if module == "doctor.service.launcher" or (module == "doctor.service" and "launcher" in names):
+                bad.append(f"{path.relative_to(root)}:{line}: imports doctor.service.launcher")
+    return bad
+
+
 def test_the_profile_is_read_through_its_typed_tables() -> None:
     assert dotted_lookups() == []
 
 
-def test_a_dotted_lookup_is_caught(tmp_path: Path) -> None:
+def test_checks_read_the_planned_argv_from_the_run() -> None:
+    assert launcher_imports() == []
+
+
+def test_a_dotted_lookup_and_a_launcher_import_are_caught(tmp_path: Path) -> None:
     for pkg in PACKAGES:
         (tmp_path / pkg).mkdir()
     (tmp_path / "doctor" / "gpu.py").write_text(
         "def f(settings, s, params, role):\n    a = settings.get('server.port', 30000)\n"
         "    b = s.get(f'stack.{role}')\n    c = params.get('iommu.passthrough')\n"
         "    d = settings.get(role.repo_key)\n    return s.server.port\n")
+    (tmp_path / "checks" / "host.py").write_text("from doctor.service.launcher import planned_args\n"
+                                                 "from doctor.service import launcher, readiness\n")
+    (tmp_path / "checks" / "gpu.py").write_text("from doctor.service import readiness\n")
     assert dotted_lookups(tmp_path) == ["doctor/gpu.py:2: settings.get('server.port', 30000)",
                                         "doctor/gpu.py:3: s.get(f'stack.{role}')"]
+    assert launcher_imports(tmp_path) == ["checks/host.py:1: imports doctor.service.launcher",
+                                          "checks/host.py:2: imports doctor.service.launcher"]

@@ -197,3 +197,24 @@ def test_text_report_color_only_when_asked_and_no_color_wins(monkeypatch: pytest
 
 
 
+
+def test_the_planned_server_argv_is_the_runs_computed_once() -> None:
+    """The checks that judge the server's command read ``ctx.server_args``: planned once per run (by the launcher,
+    through ``doctor.app``), the same argv for every check's view, a list of its own for each reader."""
+    calls: list[str] = []
+
+    def planner(settings):  # the launcher's planned_args, counted
+        from doctor.app import planned_server
+
+        calls.append(settings.profile_name)
+        return planned_server(settings)
+
+    ctx = make_context({"profile": "b300-tp8-ddtree", "model_path": "/m", "draft_model_path": "/d"})
+    ctx = Context(ctx.settings, ctx.facts, planner)
+    first, problem = ctx.view(("nvml",)).server_args
+    assert problem is None and first[:2] == ["--model-path", "/m"] and "--speculative-draft-model-path" in first
+    first.append("--edited-by-one-check")
+    again, _ = ctx.view(("model",)).server_args
+    assert again == first[:-1] and calls == ["b300-tp8-ddtree"]
+    other_run = make_context({"profile": "b300-tp8-ddtree", "model_path": "/other"})
+    assert other_run.server_args[0][:2] == ["--model-path", "/other"], "each run plans its own"
