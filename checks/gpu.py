@@ -74,6 +74,18 @@ def gpu_health(ctx: Context) -> Result:
     return Result.of(health.judge_health(ctx.fact("nvml"), ctx.settings))
 
 
+@check("gpu.pcie_width", "PCIe link of every GPU at its full width", needs=("nvml",), depends=("gpu.driver",),
+       failure="node")
+def gpu_pcie_width(ctx: Context) -> Result:
+    """Per GPU of the TP group, the width its PCIe link trained at against the width it can do (NVML's current
+    and max link width: the `nvml` fact). A link at x8 of x16 (a riser, retimer or slot fault, a card not seated)
+    stays so until it is retrained, and every host-to-device copy runs at that fraction: the weights' load at
+    start, and the all-reduce on hosts without NVLink. It warns; a node of the fleet that shows it is the one to
+    send for repair. The generation is recorded, not judged (GPUs lower it while idle). A GPU whose width NVML
+    cannot read (NotSupported) is listed. By hand: `sudo lspci -vv -s BUS | grep -E 'LnkCap:|LnkSta:'`."""
+    return Result.of(health.judge_pcie_width(ctx.fact("nvml"), ctx.settings))
+
+
 @check("gpu.nvlink", "NVLink P2P between every pair of the TP group; link counts equal", needs=("nvml",),
        depends=("gpu.driver",), failure="node")
 def gpu_nvlink(ctx: Context) -> Result:
