@@ -16,6 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from doctor.app import planned_server
 from doctor.core.context import Context
 from doctor.core.registry import Check
 from doctor.core.result import Result
@@ -35,7 +36,7 @@ def main() -> None:
         return Result.passed("waited")
 
     checks = [Check(f"bench.{i}", "waits", waits) for i in range(args.n)]
-    ctx = Context(resolve({}, environ={}), FactStore(CollectOptions(), snapshot={"facts": {}}))
+    ctx = Context(resolve({}, environ={}), FactStore(CollectOptions(), snapshot={"facts": {}}), planned_server)
     t0 = time.perf_counter()
     for c in checks:
         execute(c, ctx)

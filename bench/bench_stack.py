@@ -26,6 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from doctor.app import planned_server  # noqa: E402
 from doctor.core import registry  # noqa: E402
 from doctor.core import settings as doctor_settings  # noqa: E402
 from doctor.core.context import Context, FactUnavailable  # noqa: E402
@@ -62,7 +63,7 @@ def checks_once(python: str) -> tuple[float, dict[str, str], dict[str, float]]:
     """All seven checks on a fresh FactStore, concurrently (as doctor.core.runner runs them)."""
     st = doctor_settings.resolve({"python": python}, environ={})
     opts = CollectOptions(python=st.python, profile=st.profile, tp=st.tp, env=dict(os.environ))
-    ctx = Context(st, FactStore(opts))
+    ctx = Context(st, FactStore(opts), planned_server)
     ctx.facts._values["nvml"] = {"available": False, "error": "no GPU on the bench host"}
 
     def one(cid: str) -> tuple[str, str]:

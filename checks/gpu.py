@@ -10,7 +10,6 @@ from doctor.core.registry import check
 from doctor.core.result import Result
 from doctor.gpu import bandwidth, fabric, fabric_software, health, inventory, multicast, nvlink, p2p_path, processes
 from doctor.gpu.group import answered, available
-from doctor.service.launcher import planned_args
 
 
 @check("gpu.driver", "NVIDIA driver and NVML load", needs=("nvml",), timeout=30, failure="node")
@@ -73,6 +72,18 @@ def gpu_health(ctx: Context) -> Result:
     events, persistence mode off and ECC off warn. Readings a GPU does not support (NotSupported)
     are listed, not judged. By hand: `nvidia-smi -q -d ECC,ROW_REMAPPER,PERFORMANCE`."""
     return Result.of(health.judge_health(ctx.fact("nvml"), ctx.settings))
+
+
+@check("gpu.pcie_width", "PCIe link of every GPU at its full width", needs=("nvml",), depends=("gpu.driver",),
+       failure="node")
+def gpu_pcie_width(ctx: Context) -> Result:
+    """Per GPU of the TP group, the width its PCIe link trained at against the width it can do (NVML's current
+    and max link width: the `nvml` fact). A link at x8 of x16 (a riser, retimer or slot fault, a card not seated)
+    stays so until it is retrained, and every host-to-device copy runs at that fraction: the weights' load at
+    start, and the all-reduce on hosts without NVLink. It warns; a node of the fleet that shows it is the one to
+    send for repair. The generation is recorded, not judged (GPUs lower it while idle). A GPU whose width NVML
+    cannot read (NotSupported) is listed. By hand: `sudo lspci -vv -s BUS | grep -E 'LnkCap:|LnkSta:'`."""
+    return Result.of(health.judge_pcie_width(ctx.fact("nvml"), ctx.settings))
 
 
 @check("gpu.nvlink", "NVLink P2P between every pair of the TP group; link counts equal", needs=("nvml",),
@@ -155,7 +166,7 @@ def gpu_multicast(ctx: Context) -> Result:
     NCCL_NVLS_ENABLE=0 keeps NCCL's NVLS off. On NVSwitch hosts: `systemctl status nvidia-fabricmanager`,
     `nvidia-smi -q -d FABRIC`."""
     nvml = answered(ctx.fact("nvml"), ctx.settings.world_size)
-    args, _problem = planned_args(ctx.settings)
+    args, _problem = ctx.server_args
     return Result.of(multicast.judge_multicast(nvml, ctx.optional("multicast"), ctx.optional("sglang_flags"), args,
                                                ctx.settings))
 

@@ -9,7 +9,6 @@ from doctor.core.context import Context
 from doctor.core.registry import check
 from doctor.core.result import Result
 from doctor.host import disk, environment, exposure, jitcache, port, shm
-from doctor.service.launcher import planned_args
 
 
 @check("host.disk", "Free space where caches, logs and temp files are written", needs=("disk",), failure="node")
@@ -101,4 +100,4 @@ def host_exposure(ctx: Context) -> Result:
     so that other hosts can reach it. Fix by hand: require a key ([server] api_key in the config, which
     the launcher passes as --api-key; keep that file mode 0640), or bind 127.0.0.1 behind a reverse proxy
     that authenticates ([server] host = "127.0.0.1")."""
-    return Result.of(exposure.judge_exposure(*planned_args(ctx.settings), ctx.settings))
+    return Result.of(exposure.judge_exposure(*ctx.server_args, ctx.settings))

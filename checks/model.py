@@ -18,7 +18,6 @@ from doctor.model.drafter import judge_drafter
 from doctor.model.fit import judge_fit
 from doctor.model.tokenizer_files import judge_tokenizer
 from doctor.model.weights import DRAFTER, TARGET, Role, judge_hashes, judge_shards
-from doctor.service.launcher import planned_args
 
 
 @check("model.shards", "Model shards: index, headers, completeness, no partial downloads", needs=("model",),
@@ -106,7 +105,7 @@ def model_tokenizer(ctx: Context) -> Result:
     the answer and unparsed tool calls, with no error anywhere. Fix by hand: download the missing files
     from the model's repository; use the model's current remote code with the transformers SGLang pins.
     A server started with --skip-tokenizer-init loads no tokenizer: then there is nothing to judge (skip)."""
-    fact, args = ctx.fact("model"), planned_args(ctx.settings)[0]
+    fact, args = ctx.fact("model"), ctx.server_args[0]
     return Result.of(judge_tokenizer(fact, lambda: ctx.optional("model.tokenizer"), args, ctx.settings))
 
 
@@ -130,7 +129,7 @@ def model_drafter(ctx: Context) -> Result:
     Why: SGLang rejects an inconsistent drafter only after the target loaded (minutes), or runs it on another
     backend than asked. Fix by hand: use the drafter trained for this target, downloaded whole, at its own
     path; the flags the result names."""
-    fact, args = ctx.fact("drafter"), planned_args(ctx.settings)[0]
+    fact, args = ctx.fact("drafter"), ctx.server_args[0]
     return Result.of(judge_drafter(fact, lambda: ctx.optional("model"), args, ctx.settings, ctx.selected))
 
 
@@ -158,4 +157,4 @@ def model_fit(ctx: Context) -> Result:
     requests, the CUDA graphs' max batch size or the DDTree budget; or use more GPUs."""
     return Result.of(judge_fit(lambda: ctx.fact("nvml"), lambda: ctx.fact("model"),
                                lambda: ctx.optional("model.tensors"), lambda: ctx.optional("drafter"),
-                               planned_args(ctx.settings), ctx.settings))
+                               ctx.server_args, ctx.settings))

@@ -11,7 +11,6 @@ from __future__ import annotations
 from doctor.core.context import Context
 from doctor.core.registry import check
 from doctor.core.result import Result
-from doctor.service.launcher import planned_args
 from doctor.sglang.ddtree import judge_gate
 from doctor.sglang.flags import judge_server_flags
 from doctor.sglang.install import judge_install
@@ -83,7 +82,7 @@ def sglang_flags(ctx: Context) -> Result:
     Fix by hand: use the replacement flag named in the result (`k26-doctor launch --dry-run` shows the
     command), or apply the patch set (`k26-doctor patches apply`).
     """
-    return Result.of(judge_server_flags(ctx.fact("sglang_flags"), *planned_args(ctx.settings)))
+    return Result.of(judge_server_flags(ctx.fact("sglang_flags"), *ctx.server_args))
 
 
 @check("sglang.ddtree", "DDTREE will be accepted by the patched SGLang (site validation record gate)",
@@ -108,4 +107,4 @@ def ddtree_gate(ctx: Context) -> Result:
     Fix: run `k26-doctor validate --profile PROFILE` on this host (the remediation names the command), or serve
     DFLASH (server.speculative_algorithm = "DFLASH").
     """
-    return Result.of(judge_gate(ctx.optional, planned_args(ctx.settings), ctx.settings))
+    return Result.of(judge_gate(ctx.optional, ctx.server_args, ctx.settings))

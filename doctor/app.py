@@ -12,7 +12,7 @@ from typing import IO, Any
 from doctor import __version__
 from doctor.core import deadline, runner
 from doctor.core.causes import mark_unexplained
-from doctor.core.context import Context
+from doctor.core.context import Context, PlannedArgs
 from doctor.core.decision import Decision, decide
 from doctor.core.fixing import not_plannable, plan_for, wants_fix
 from doctor.core.registry import Check, Registry, load
@@ -65,7 +65,16 @@ def registry_for(settings: Settings) -> Registry:
 def make_context(settings: Settings, registry: Registry | None = None) -> Context:
     reg = registry or registry_for(settings)
     return Context(settings, FactStore(collect_options(settings), snapshot=settings.snapshot,
-                                       collectors=reg.collectors))
+                                       collectors=reg.collectors), planned_server)
+
+
+def planned_server(settings: Settings) -> PlannedArgs:
+    """The server's argv as ``launch`` builds it (placeholders for paths not configured) and why the settings
+    cannot build it: computed once per run for the checks that judge it (``Context.server_args``)."""
+    from doctor.service.launcher import planned_args
+
+    args, problem = planned_args(settings)
+    return tuple(args), problem
 
 
 @dataclass

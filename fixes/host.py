@@ -48,7 +48,7 @@ def plan_jit_cache(ctx: Context, result: Result) -> Plan:
         actions.append(RunCommand(f"create {target} for {user}", needs_root=not writable_ancestor(Path(target))[1],
                                   argv=["install", "-d", "-o", user, "-m", "0750", target]))
     wanted = {str(bad[c].get("var")): persistent_dir(c) for c in sorted(bad) if bad[c].get("var")}
-    env_file = ctx.settings.get("server.env_file")
+    env_file = ctx.settings.server.env_file
     if not env_file:
         return Plan(actions, notes=[f"the profile has no server.env_file: set {v}={d} in the service's environment"
                                     for v, d in wanted.items()])

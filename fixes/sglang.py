@@ -86,7 +86,7 @@ def plan_patches(ctx: Context, result: Result) -> Plan:
     another version, an interrupted run): plan the apply through the engine, which refuses with the reason what it
     cannot apply safely (drift, a wrong version, a journal to roll back first)."""
     s = ctx.settings
-    set_name = str(s.get("patches.set", "") or "")
+    set_name = str(s.patches.set or "")
     if not set_name or not result.has("sglang.patches."):
         return Plan()
     patches_dir = patches_dir_of(CollectOptions.from_settings(s))

@@ -112,7 +112,7 @@ def set_env_line(text: str, key: str, value: str) -> str:
 def fix_triton_ptxas(ctx: Context, result: Result) -> Plan:
     """When triton.ptxas found a ptxas that rejects the GPU: write TRITON_PTXAS_PATH (or
     TRITON_PTXAS_BLACKWELL_PATH) into the profile's server.env_file."""
-    env_file = ctx.settings.get("server.env_file")
+    env_file = ctx.settings.server.env_file
     if not result.has(REJECTS_ARCH) or not env_file:
         return Plan()
     fact = ctx.fact("ptxas")

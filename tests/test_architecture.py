@@ -24,6 +24,10 @@
 13. Facts are facts: a collector's module (``doctor/<area>/facts.py``) and the readers whose output a fact records
     (``FACT_READERS``: the model's header, index and weights scan) make no finding: they import nothing from
     ``doctor.core.result``. What they find wrong is recorded as data; the area's judgement words and weighs it.
+14. The profile is read typed: no dotted string lookup of a schema table (``settings.get("server.port")``): its
+    keys are attributes of the tables generated from the schema (``settings.server.port``, ``doctor/core/profile.py``).
+15. The server's planned argv is the run's (``Context.server_args``, computed once by ``doctor.app``): ``checks/``
+    never import ``doctor.service.launcher``.
 """
 
 from __future__ import annotations
@@ -456,3 +460,64 @@ def test_a_judging_collector_is_caught(tmp_path: Path) -> None:
     (tmp_path / "doctor" / "model" / "weights.py").write_text("from doctor.core.result import Findings\n")
     assert judging_collectors(tmp_path) == ["doctor/model/facts.py:1: imports Findings",
                                             "doctor/model/header.py:2: imports Finding"]
+
+
+def schema_tables() -> tuple[str, ...]:
+    from doctor.core.profile import TABLES
+
+    return TABLES
+
+
+def dotted_lookups(root: Path = ROOT) -> list[str]:
+    """``X.get("table.key", ...)`` where ``table`` is a table of the schema (or the receiver is the settings), the
+    key a string or an f-string: the profile read by string instead of through its typed tables."""
+    prefixes = tuple(f"{t}." for t in schema_tables())
+    bad = []
+    for path in modules(root):
+        for node in nodes(path):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+                    and node.args):
+                continue
+            first = node.args[0]
+            head = first.value if isinstance(first, ast.Constant) else (
+                first.values[0].value if isinstance(first, ast.JoinedStr) and first.values
+                and isinstance(first.values[0], ast.Constant) else None)
+            if not isinstance(head, str) or "." not in head:
+                continue
+            if head.startswith(prefixes) or ast.unparse(node.func.value).endswith("settings"):
+                bad.append(f"{path.relative_to(root)}:{node.lineno}: {ast.unparse(node)}")
+    return bad
+
+
+def launcher_imports(root: Path = ROOT) -> list[str]:
+    """Imports of ``doctor.service.launcher`` by a check module (the planned argv is ``ctx.server_args``)."""
+    bad = []
+    for path in sorted((root / "checks").glob("*.py")):
+        for module, names, line in imports(path):
+            if module == "doctor.service.launcher" or (module == "doctor.service" and "launcher" in names):
+                bad.append(f"{path.relative_to(root)}:{line}: imports doctor.service.launcher")
+    return bad
+
+
+def test_the_profile_is_read_through_its_typed_tables() -> None:
+    assert dotted_lookups() == []
+
+
+def test_checks_read_the_planned_argv_from_the_run() -> None:
+    assert launcher_imports() == []
+
+
+def test_a_dotted_lookup_and_a_launcher_import_are_caught(tmp_path: Path) -> None:
+    for pkg in PACKAGES:
+        (tmp_path / pkg).mkdir()
+    (tmp_path / "doctor" / "gpu.py").write_text(
+        "def f(settings, s, params, role):\n    a = settings.get('server.port', 30000)\n"
+        "    b = s.get(f'stack.{role}')\n    c = params.get('iommu.passthrough')\n"
+        "    d = settings.get(role.repo_key)\n    return s.server.port\n")
+    (tmp_path / "checks" / "host.py").write_text("from doctor.service.launcher import planned_args\n"
+                                                 "from doctor.service import launcher, readiness\n")
+    (tmp_path / "checks" / "gpu.py").write_text("from doctor.service import readiness\n")
+    assert dotted_lookups(tmp_path) == ["doctor/gpu.py:2: settings.get('server.port', 30000)",
+                                        "doctor/gpu.py:3: s.get(f'stack.{role}')"]
+    assert launcher_imports(tmp_path) == ["checks/host.py:1: imports doctor.service.launcher",
+                                          "checks/host.py:2: imports doctor.service.launcher"]

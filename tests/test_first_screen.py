@@ -124,12 +124,13 @@ def test_the_first_screen_of_a_gpuless_host_is_golden(tmp_path: Path):
     results = {r["id"]: r for r in js["results"]}
     screen_rules(out.stdout, results)
     lines = text.splitlines()
-    assert lines[1].startswith("✘ gpu.driver ")  # it blocks the most: 15 checks, the notice's 8
+    assert lines[1].startswith("✘ gpu.driver ")  # it blocks the most checks (the notice's 8 among them)
     assert js["summary"]["roots"][:3] == ["gpu.driver", "doctor.python", "model.shards"]
     assert next_line(text) == f"next: {js['summary']['next_step']}" == \
         "next: k26-doctor explain gpu.driver (what it looks at and how to fix it)".replace(" (", "   (")
     tally = next(ln for ln in lines if ln.startswith("FAIL: "))
-    assert tally.startswith("FAIL: 3 root causes failed (20 checks), 1 note (8 checks), 2 not judged, 1"), tally
+    # how many checks the three roots take down is the golden file's (a new GPU check adds one there)
+    assert re.match(r"FAIL: 3 root causes failed \(\d+ checks\), 1 note \(8 checks\), 2 not judged, 1", tally), tally
     assert len([ln for ln in lines if ln.startswith("✘ ")]) == 3  # the 3 it counts
 
 
@@ -204,7 +205,9 @@ def test_ctrl_c_during_check_deep_reports_what_finished_in_one_line_and_exits_13
         "‼ interrupted before they finished (1): site.hang"]
     assert not [ln for ln in lines if ln.startswith("next:")]
     assert lines[-1] == "interrupted: the same command again judges the rest"
-    assert "\nINTERRUPTED (Ctrl-C), a partial report: 45 of 46 checks finished: 3 root causes\n" in text
+    done = re.search(r"\nINTERRUPTED \(Ctrl-C\), a partial report: (\d+) of (\d+) checks finished: 3 root causes\n",
+                     text)
+    assert done and int(done[1]) == int(done[2]) - 1, "every check but the hung one finished"
     assert "Traceback" not in err
 
 

@@ -228,7 +228,7 @@ def test_the_init_container_gates_the_server_with_the_pods_gpus_and_shm(tmp_path
         assert secret == docs["Secret"]["metadata"]["name"]
         models = next(m for p, m in mounts.items() if str(settings.model_path).startswith(p + "/"))
         assert models["readOnly"] and str(settings.draft_model_path).startswith(models["mountPath"] + "/")
-    port = int(settings.get("server.port"))
+    port = int(settings.server.port)
     assert server["ports"][0]["containerPort"] == port
     assert server["startupProbe"]["httpGet"]["path"] == "/health"
     assert docs["Service"]["spec"]["ports"][0]["port"] == port

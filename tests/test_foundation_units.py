@@ -31,18 +31,18 @@ def test_every_profile_loads_with_what_checks_expect() -> None:
                     "stack.sglang", "model.num_hidden_layers", "model.n_routed_experts", "server.port",
                     "server.args"):
             assert s.get(key) is not None, (name, key)
-        assert s.get("stack.sglang") == "==0.5.23"
+        assert s.stack.sglang == "==0.5.23"
     assert resolve({}, environ={}).profile_name == "b300-tp8-ddtree"
-    assert resolve({"profile": "b300-tp8-ddtree"}, environ={}).get("gpu.compute_capability") == "10.3"
-    assert resolve({"profile": "rtxpro6000-ep8"}, environ={}).get("gpu.nvlink_required") is False
+    assert resolve({"profile": "b300-tp8-ddtree"}, environ={}).gpu.compute_capability == "10.3"
+    assert resolve({"profile": "rtxpro6000-ep8"}, environ={}).gpu.nvlink_required is False
 
 
 def test_flags_over_config_over_profile(tmp_path: Path) -> None:
     cfg = tmp_path / "c.toml"
     cfg.write_text('[doctor]\ntp = 4\nignore = ["gpu.health"]\n[server]\nport = 31000\n[model]\npath = "/cfg/model"\n')
     s = resolve({"config": str(cfg)}, environ={})
-    assert (s.tp, s.get("server.port"), s.model_path, s.ignore) == (4, 31000, "/cfg/model", ["gpu.health"])
-    assert s.get("server.host") == "0.0.0.0", "tables merge key by key"
+    assert (s.tp, s.server.port, s.model_path, s.ignore) == (4, 31000, "/cfg/model", ["gpu.health"])
+    assert s.server.host == "0.0.0.0", "tables merge key by key"
     s = resolve({"config": str(cfg), "tp": 2, "model_path": "/flag/model", "ignore": ["host.port"]}, environ={})
     assert (s.tp, s.model_path) == (2, "/flag/model")
     assert s.ignore == ["gpu.health", "host.port"], "ignores from config and flags add up"
@@ -196,3 +196,25 @@ def test_text_report_color_only_when_asked_and_no_color_wins(monkeypatch: pytest
     assert "--ignore" not in plain  # no paste line that hides every failure
 
 
+
+
+def test_the_planned_server_argv_is_the_runs_computed_once() -> None:
+    """The checks that judge the server's command read ``ctx.server_args``: planned once per run (by the launcher,
+    through ``doctor.app``), the same argv for every check's view, a list of its own for each reader."""
+    calls: list[str] = []
+
+    def planner(settings):  # the launcher's planned_args, counted
+        from doctor.app import planned_server
+
+        calls.append(settings.profile_name)
+        return planned_server(settings)
+
+    ctx = make_context({"profile": "b300-tp8-ddtree", "model_path": "/m", "draft_model_path": "/d"})
+    ctx = Context(ctx.settings, ctx.facts, planner)
+    first, problem = ctx.view(("nvml",)).server_args
+    assert problem is None and first[:2] == ["--model-path", "/m"] and "--speculative-draft-model-path" in first
+    first.append("--edited-by-one-check")
+    again, _ = ctx.view(("model",)).server_args
+    assert again == first[:-1] and calls == ["b300-tp8-ddtree"]
+    other_run = make_context({"profile": "b300-tp8-ddtree", "model_path": "/other"})
+    assert other_run.server_args[0][:2] == ["--model-path", "/other"], "each run plans its own"

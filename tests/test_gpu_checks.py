@@ -21,7 +21,8 @@ from doctor.core.runner import execute
 
 SNAPS = Path(__file__).parent / "fixtures" / "snapshots"
 GPU_IDS = ["gpu.arch", "gpu.count", "gpu.driver", "gpu.fabric", "gpu.health", "gpu.idle", "gpu.memory",
-           "gpu.nvlink", "gpu.p2p_bandwidth", "gpu.fabric.manager", "gpu.fabric.nvlsm", "gpu.p2p", "gpu.multicast"]
+           "gpu.nvlink", "gpu.p2p_bandwidth", "gpu.fabric.manager", "gpu.fabric.nvlsm", "gpu.p2p", "gpu.multicast",
+           "gpu.pcie_width"]
 P, W, F, S, E = "pass", "warn", "fail", "skip", "error"
 
 
@@ -42,11 +43,13 @@ def results(snapshot: str | dict[str, Any], profile: str, tp: int | None = None)
 
 
 #     driver count arch memory idle health nvlink fabric p2p_bandwidth | fabric.manager fabric.nvlsm p2p | multicast
+#     | pcie_width (every recording with its link widths read has them at x16: pass)
 def row(driver: str, count: str, arch: str, memory: str, idle: str, health: str, nvlink: str, fabric: str,
-        bw: str, fm: str, nvlsm: str, p2p: str, mc: str) -> dict[str, str]:
+        bw: str, fm: str, nvlsm: str, p2p: str, mc: str, pcie: str = "pass") -> dict[str, str]:
     return {"gpu.driver": driver, "gpu.count": count, "gpu.arch": arch, "gpu.memory": memory, "gpu.idle": idle,
             "gpu.health": health, "gpu.nvlink": nvlink, "gpu.fabric": fabric, "gpu.p2p_bandwidth": bw,
-            "gpu.fabric.manager": fm, "gpu.fabric.nvlsm": nvlsm, "gpu.p2p": p2p, "gpu.multicast": mc}
+            "gpu.fabric.manager": fm, "gpu.fabric.nvlsm": nvlsm, "gpu.p2p": p2p, "gpu.multicast": mc,
+            "gpu.pcie_width": pcie}
 
 
 # The first nine columns are the verdicts these snapshots gave before the fabric software and PCIe facts existed:
@@ -58,9 +61,9 @@ def row(driver: str, count: str, arch: str, memory: str, idle: str, health: str,
 # not judged; TP 1 needs no multicast. MULTICAST_WHY below tells these skips apart.
 VERDICTS = [
     # real 2x H200 (converted): 2 of 8 GPUs; the recording's fabric read failed (TypeError) -> error
-    ("h200x2-reference.json", "h200-tp8", None, row(P, F, P, P, P, P, P, E, S, S, S, P, S)),
-    ("h200x2-reference.json", "h200-tp8", 2, row(P, P, P, P, P, P, P, E, S, S, S, P, S)),
-    ("h200x2-reference.json", "b300-tp8-ddtree", 2, row(P, P, F, F, P, P, P, E, S, S, S, P, S)),
+    ("h200x2-reference.json", "h200-tp8", None, row(P, F, P, P, P, P, P, E, S, S, S, P, S, S)),
+    ("h200x2-reference.json", "h200-tp8", 2, row(P, P, P, P, P, P, P, E, S, S, S, P, S, S)),
+    ("h200x2-reference.json", "b300-tp8-ddtree", 2, row(P, P, F, F, P, P, P, E, S, S, S, P, S, S)),
     ("b300x8-healthy.json", "b300-tp8-ddtree", None, row(P, P, P, P, P, P, P, P, P, P, P, P, P)),
     ("b300x8-link-down.json", "b300-tp8-ddtree", None, row(P, P, P, P, P, P, F, P, P, S, S, P, S)),
     ("b300x8-fabric-not-started.json", "b300-tp8-ddtree", None, row(P, P, P, P, P, P, F, F, F, S, S, S, S)),
@@ -242,6 +245,48 @@ def test_health_not_supported_is_listed_not_judged() -> None:
     res = judge(doc, "gpu.health")
     assert res.status is Status.SKIP
     assert "row_remap" in res.details["per_gpu"]["GPU0"]["not_supported"]
+
+
+def test_pcie_width_narrower_than_the_gpu_can_warns_naming_it() -> None:
+    """A link trained at x8 of x16 warns (node failure: the fleet sends that node for repair) with the lspci
+    command on that GPU's bus; an idle GPU's lower generation is recorded, never judged."""
+    doc = healthy()
+    for d in nvml_of(doc)["devices"]:
+        d["pcie"]["gen_current"] = 1  # idle: power saving
+    assert judge(doc, "gpu.pcie_width").status is Status.PASS
+    dev = nvml_of(doc)["devices"][3]
+    dev["pcie"]["width_current"] = 8
+    res = judge(doc, "gpu.pcie_width")
+    assert res.status is Status.WARN and res.failure == "node"
+    assert res.summary == "GPU3: PCIe link at x8 of x16: host-to-device copies at 50% of the rate"
+    assert res.remediation and res.remediation.commands[0] == (
+        f"sudo lspci -vv -s {dev['pci_bus_id'][-12:]} | grep -E 'LnkCap:|LnkSta:'")
+    assert res.details["per_gpu"]["GPU3"]["width_current"] == 8 and res.has("gpu.pcie_width.narrow")
+
+
+def test_pcie_width_unread_is_not_judged_and_not_supported_is_listed() -> None:
+    doc = healthy()
+    dev = nvml_of(doc)["devices"][5]
+    dev["pcie"]["width_current"] = None
+    res = judge(doc, "gpu.pcie_width")
+    assert res.status is Status.SKIP and res.unjudged and "GPU5" in res.summary, res.summary
+    dev.setdefault("errors", {})["pcie.width_current"] = "NotSupported"
+    res = judge(doc, "gpu.pcie_width")
+    assert res.status is Status.PASS and res.summary.endswith("; GPU5: NotSupported"), res.summary
+    for d in nvml_of(doc)["devices"]:
+        d["pcie"] = {"gen_max": None, "width_max": None, "gen_current": None, "width_current": None}
+        d["errors"] = {"pcie.width_max": "NotSupported", "pcie.width_current": "NotSupported"}
+    res = judge(doc, "gpu.pcie_width")
+    assert res.status is Status.SKIP and not res.unjudged and "NotSupported" in res.summary
+
+
+def test_pcie_width_a_bus_id_that_is_not_one_stays_off_the_command_line() -> None:
+    doc = healthy()
+    dev = nvml_of(doc)["devices"][0]
+    dev["pcie"]["width_current"], dev["pci_bus_id"] = 4, "0000:5D:00.0; rm -rf /"
+    res = judge(doc, "gpu.pcie_width")
+    assert res.status is Status.WARN and "x4 of x16" in res.summary
+    assert res.remediation and res.remediation.commands[0] == "sudo lspci -vv | grep -E 'LnkCap:|LnkSta:'"
 
 
 def test_count_with_cuda_visible_devices_problems() -> None:

@@ -105,7 +105,7 @@ def test_one_settings_record_gives_config_keys_flags_and_collector_options() -> 
     from click.testing import CliRunner
 
     from doctor.cli import cli
-    from doctor.core.settings import COLLECT_FIELDS, DOCTOR_KEYS, key_of, setting_fields
+    from doctor.core.settings import COLLECT_FIELDS, DOCTOR_KEYS, Settings, key_of, resolve, setting_fields
     from doctor.facts.store import CollectOptions
 
     help_text = CliRunner().invoke(cli, ["check", "--help"]).output
@@ -114,7 +114,11 @@ def test_one_settings_record_gives_config_keys_flags_and_collector_options() -> 
             assert f.metadata["flag"].split("/")[-1] in help_text, f.name
         if f.metadata["config"]:
             assert key_of(f) in DOCTOR_KEYS
-    assert set(COLLECT_FIELDS) | {"env"} == set(CollectOptions.__dataclass_fields__)
+    # one options type: collectors get the run's settings, only the fields marked collect (env among them)
+    assert CollectOptions is Settings and "env" in COLLECT_FIELDS
+    collected = resolve({"deep": True, "only": ["gpu.*"]}, environ={}).collected()
+    assert set(collected.to_dict()) == set(COLLECT_FIELDS)
+    assert collected.deep is True and collected.only == [], "a field not marked collect stays at its default"
     assert "disable_plugins" in DOCTOR_KEYS
 
 

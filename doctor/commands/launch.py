@@ -227,7 +227,7 @@ def _supervise(plan: Any, settings: Any, timeout: float, interval: float, watch:
     started.append(child)
     if watch:
         watch.tee(child)  # its output passes through unchanged; the start's lines are kept for the record
-    url = health_url(str(settings.get("server.host", "127.0.0.1")), int(settings.get("server.port", 30000)))
+    url = health_url(str(settings.server.host), int(settings.server.port))
     sd_notify(f"MAINPID={os.getpid()}\nSTATUS=starting SGLang (pid {child.pid}), waiting for {url}")
     outcome = wait_ready(url, timeout, interval_s=interval, exited=child.poll, progress=sys.stderr,
                          notify=lambda status: sd_notify(f"STATUS={status}"))
@@ -403,7 +403,7 @@ def wait_ready(url: str | None, config: str | None, profile: str | None, timeout
 
     if url is None:
         settings = settings_from({"config": config, "profile": profile})
-        url = health_url(str(settings.get("server.host", "127.0.0.1")), int(settings.get("server.port", 30000)))
+        url = health_url(str(settings.server.host), int(settings.server.port))
     why = url_problem(url)
     if why:
         raise ConfigError(f"--url {shown_url(url)!r} {why}")

@@ -36,7 +36,7 @@ def target_options(func: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(flags: dict[str, Any], set_name: str | None, **kwargs: Any) -> Any:
         try:
             settings = _settings(flags)
-            name = set_name if set_name is not None else str(settings.get("patches.set", "") or "")
+            name = set_name if set_name is not None else str(settings.patches.set or "")
             return func(settings=settings, set_name=name, **kwargs)
         except ConfigError as exc:
             click.echo(f"k26-doctor: {exc}", err=True)

@@ -71,13 +71,13 @@ def smoke(url: str | None, config: str | None, profile: str | None, timeout: flo
     if url is None or fail_below is None or warn_below is None:
         settings = settings_from({"config": config, "profile": profile})
     if url is None:
-        url = health_url(str(settings.get("server.host", "127.0.0.1")), int(settings.get("server.port", 30000)), "/")
+        url = health_url(str(settings.server.host), int(settings.server.port), "/")
     why = url_problem(url)
     if why:  # 'http://[::1', a bad port, no host: an invalid invocation (exit 2), never a crash
         raise ConfigError(f"--url {shown_url(url)!r} {why}")
 
     def threshold(key: str, default: float | None) -> float | None:
-        v = settings.get(f"smoke.{key}") if settings is not None else None
+        v = getattr(settings.smoke, key) if settings is not None else None
         if v is None:
             return default
         try:  # a TOML number: a string ("1.5") is the wrong type, not a number to parse

@@ -41,7 +41,7 @@ def _budgets(text: str | None, settings: Any) -> list[int]:
         if not values or any(v < 1 or v > 4096 for v in values):
             raise ConfigError(f"--budgets {text!r}: each budget from 1 to 4096")
         return list(dict.fromkeys(values))
-    budget = settings.get("server.ddtree_budget")
+    budget = settings.server.ddtree_budget
     if not isinstance(budget, int) or isinstance(budget, bool):
         raise ConfigError("the profile sets no [server] ddtree_budget: give --budgets 16,32,64")
     return [budget]
@@ -73,7 +73,7 @@ def configurations(settings: Any, budgets: list[int], extra: list[str], read: An
     from doctor.sglang.validation.siteconfig import site_configuration
 
     options = release_options(patch_set(settings))
-    port = int(settings.get("server.port", 30000) or 30000)
+    port = int(settings.server.port or 30000)
     out: dict[int, dict[str, Any]] = {}
     unread: dict[str, str] = {}
     for budget in budgets:
@@ -153,7 +153,7 @@ def _ddtree_settings(flags: dict[str, Any]) -> Any:
     settings = settings_from(flags)
     if settings.from_snapshot:
         raise ConfigError("validate runs servers on this host: it cannot judge a snapshot")
-    algo = str(settings.get("server.speculative_algorithm", "") or "").upper()
+    algo = str(settings.server.speculative_algorithm or "").upper()
     if algo != "DDTREE":
         raise ConfigError(f"the profile launches {algo or 'no speculative algorithm'}, not DDTREE: nothing to "
                           "validate (set [server] speculative_algorithm = \"DDTREE\")")
@@ -276,7 +276,7 @@ def validate(flags: dict[str, Any], fmt: str, output: str | None, budgets: str |
     prompt_set = prompts.load(prompts_file)
     extra = list(server_args)
     _check_prompt_kind(settings, extra, prompt_set)
-    timeout = start_timeout or float(settings.get("server.start_timeout_s", 1800) or 1800)
+    timeout = start_timeout or float(settings.server.start_timeout_s or 1800)
     opts = Options(budgets=chosen, concurrency=conc, time_budget_s=time_budget, parallel=parallel, resume=resume,
                    port_base=port_base, start_timeout_s=timeout, samples=samples, extra_args=extra)
     _say("reading this host's configuration (the sglang.ddtree check's facts)")

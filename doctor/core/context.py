@@ -7,11 +7,16 @@ declarations are the contract between collectors and checks and the registry can
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from doctor.core.result import Result
-from doctor.core.settings import Settings
+from doctor.core.settings import ConfigError, Settings
+
+# The server's argv as ``launch`` would build it from the settings (placeholders where a path is not configured),
+# and why the settings cannot build it (None when they can): ``doctor.service.launcher.planned_args``.
+PlannedArgs = tuple[tuple[str, ...], ConfigError | None]
 
 
 class FactUnavailable(Exception):
@@ -55,9 +60,15 @@ class FactSource(Protocol):
 class Context:
     settings: Settings
     facts: FactSource
+    # how the run plans the server's argv from its settings (doctor.app.planned_server: the launcher's
+    # planned_args), given by whoever builds the run, so that no check imports the launcher; ``server_args`` calls
+    # it once per run, on first use, and every check judging the server's command (flags, exposure, tokenizer,
+    # drafter, fit, multicast, the DDTREE gate) judges that one argv
+    planner: Callable[[Settings], PlannedArgs]
     results: dict[str, Result] = field(default_factory=dict)  # finished checks, by id (shared by every view)
     selected: frozenset[str] = frozenset()  # the ids of this run's checks (set by the runner)
     needs: frozenset[str] | None = None  # the facts this view may read; None: the run's own context
+    planned: dict[str, PlannedArgs] = field(default_factory=dict)  # the planner's answer, shared by every view
 
     def view(self, needs: tuple[str, ...] | frozenset[str]) -> Context:
         """The context of one check (or fixer): the same run, reading only the facts in ``needs``."""
@@ -79,6 +90,15 @@ class Context:
             raise
         except FactUnavailable:
             return None
+
+    @property
+    def server_args(self) -> tuple[list[str], ConfigError | None]:
+        """The server's planned argv (a list of its own for each reader: a judgement that edits it edits no other
+        check's) and why the settings cannot build it, or None."""
+        if "argv" not in self.planned:  # two checks asking at once both compute it: the same value, no harm
+            self.planned["argv"] = self.planner(self.settings)
+        args, problem = self.planned["argv"]
+        return list(args), problem
 
     @property
     def deep(self) -> bool:

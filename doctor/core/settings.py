@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from doctor.core.datafile import DataFileError, read_toml
+from doctor.core.profile import ProfileTables
 
 PROFILES_DIR = Path(__file__).resolve().parents[1] / "profiles"
 DEFAULT_PROFILE = "b300-tp8-ddtree"
@@ -74,9 +75,24 @@ KIND_WORDS = {"str": "a string", "bool": "true or false", "int": "an integer", "
               "host": "a host name or address (at most 253 characters, e.g. \"127.0.0.1\")"}
 
 
+def schema_entries() -> dict[str, tuple[str, Any]]:
+    """Dotted key -> (kind, default), from ``doctor/data/config_schema.toml``: a key is ``"kind"``, or
+    ``{kind = "kind", default = value}`` (the value a profile that leaves the key out stands for; None: no default).
+    ``doctor/core/profile.py``, the typed tables the code reads, is generated from these
+    (``scripts/make_profile_types.py``)."""
+    out: dict[str, tuple[str, Any]] = {}
+    for dotted, entry in (_read_toml(SCHEMA_PATH, "config schema").get("keys") or {}).items():
+        kind, default = (entry["kind"], entry.get("default")) if isinstance(entry, dict) else (entry, None)
+        if default is not None and not _kind_ok(kind, default):  # a default is a value like any the profile gives
+            raise ConfigError(f"config schema {SCHEMA_PATH}: the default of {dotted}, {shown(default)}, is not "
+                              f"{KIND_WORDS.get(kind, kind)}")
+        out[dotted] = (kind, default)
+    return out
+
+
 def config_schema() -> dict[str, str]:
     """Dotted key -> kind, from ``doctor/data/config_schema.toml``."""
-    return dict(_read_toml(SCHEMA_PATH, "config schema").get("keys") or {})
+    return {dotted: kind for dotted, (kind, _default) in schema_entries().items()}
 
 
 def _text_kind_ok(kind: str, value: Any) -> bool:
@@ -210,8 +226,12 @@ def setting(default: Any = None, *, factory: Callable[[], Any] | None = None, ke
 
 
 @dataclass
-class Settings:
-    """Everything a run needs to know, resolved once (flags > config ``[doctor]`` > profile > default)."""
+class Settings(ProfileTables):
+    """Everything a run needs to know, resolved once (flags > config ``[doctor]`` > profile > default); the
+    profile's tables are typed attributes (``settings.server.port``: ``doctor.core.profile``, generated from the
+    schema). It is also what collectors are given (``CollectOptions`` is this type): ``collected()`` keeps only
+    the fields marked ``collect`` (the rest at their defaults), so a fact depends on nothing a snapshot does not
+    record (``to_dict``)."""
 
     config_path: str | None = setting(key="config", config=False, flag="--config", help=(
         "TOML config (default $K26_DOCTOR_CONFIG, else /etc/k26-doctor/config.toml)."))
@@ -279,9 +299,14 @@ class Settings:
     # recorded in a snapshot: a replay of a run that judged the doctor's own interpreter says so as the run did
     python_given: bool = field(default=False, metadata={"collect": True})
     snapshot: dict[str, Any] | None = field(default=None, repr=False)  # with --from-snapshot
+    # what collectors see of the environment the doctor runs in (doctor.host.facts.service_env adds what the
+    # service will get); recorded in a snapshot as the redacted fact "env", never in its options
+    env: dict[str, str] = field(default_factory=lambda: dict(os.environ), repr=False, metadata={"collect": True})
 
     def get(self, dotted: str, default: Any = None) -> Any:
-        """A profile value by dotted path, e.g. ``settings.get("gpu.compute_capability")``."""
+        """A value of a site's own table by dotted path (a plugin's ``[site] rack``). The doctor's own keys are
+        typed attributes of their tables (``settings.gpu.compute_capability``): ``tests/test_architecture.py``
+        refuses a dotted lookup of them."""
         node: Any = self.profile
         for part in dotted.split("."):
             if not isinstance(node, dict) or part not in node:
@@ -292,7 +317,27 @@ class Settings:
     @property
     def world_size(self) -> int:
         """GPUs the service uses: TP x PP x DP (SGLang's EP runs inside the TP group)."""
-        return self.tp * int(self.get("parallel.pp", 1) or 1) * int(self.get("parallel.dp", 1) or 1)
+        return self.tp * int(self.parallel.pp or 1) * int(self.parallel.dp or 1)
+
+    def collected(self) -> Settings:
+        """What collectors are given: the fields marked ``collect`` (``COLLECT_FIELDS``), the environment as it is
+        now, everything else at its default (a fact depends only on what a snapshot records)."""
+        return Settings(**{name: getattr(self, name) for name in COLLECT_FIELDS if name != "env"})
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Settings:
+        """``settings.collected()`` (the name collectors' callers have used since options were a type of their
+        own)."""
+        return settings.collected()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The collectors' fields as JSON (a snapshot's ``options``, an isolated collector's request)."""
+        return {name: copy.deepcopy(getattr(self, name)) for name in COLLECT_FIELDS}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Settings:
+        """Collectors' options from ``to_dict``'s JSON (unknown keys, from another version, left out)."""
+        return cls(**{k: v for k, v in data.items() if k in COLLECT_FIELDS})
 
 
 def setting_fields() -> list[Field[Any]]:

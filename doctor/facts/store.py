@@ -4,50 +4,21 @@ raises ``doctor.core.context.FactUnavailable`` (``MalformedFact`` for a value of
 
 from __future__ import annotations
 
-import os
-import sys
 import threading
 import time
 import traceback
-from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from doctor.core import deadline
 from doctor.core.context import FactUnavailable, MalformedFact
 from doctor.core.registry import Collector
-from doctor.core.settings import DEFAULT_STATE_DIR, Settings
+from doctor.core.settings import Settings
 from doctor.facts.isolation import collect_isolated
 
-
-@dataclass
-class CollectOptions:
-    """What collectors may look at: the run's settings marked ``collect=True`` in ``doctor.core.settings`` (the
-    same names and defaults; ``tests/test_registry.py`` holds them equal) and ``env``, the environment the doctor
-    runs in (``doctor.host.facts.service_env`` adds what the service will get)."""
-
-    model_path: str | None = None
-    draft_model_path: str | None = None
-    python: str = sys.executable
-    tp: int = 1
-    deep: bool = False
-    patches_dir: str | None = None
-    state_dir: str = DEFAULT_STATE_DIR
-    verify_cache_dir: str | None = None
-    verify_cache: bool = True
-    profile: dict[str, Any] = field(default_factory=dict)  # the profile merged with the config's tables
-    python_given: bool = False  # recorded in a snapshot: a replay says "--python not set" as the run did
-    env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> CollectOptions:
-        return cls(**{k: v for k, v in data.items() if k in {f.name for f in fields(cls)}})
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> CollectOptions:
-        return cls(**{f.name: getattr(settings, f.name) for f in fields(cls) if f.name != "env"})
+# What collectors may look at is the run's settings marked ``collect=True`` (``Settings.collected()``: one type for
+# the run and its collectors, so the two cannot drift), ``env`` among them: the environment the doctor runs in
+# (``doctor.host.facts.service_env`` adds what the service will get).
+CollectOptions = Settings
 
 
 class FactStore:

@@ -15,8 +15,6 @@ from doctor.gpu import links
 from doctor.gpu.group import available, label
 from doctor.gpu.nvml_fact import NvmlFact
 
-MIN_BANDWIDTH_FRACTION = 0.5
-WARN_BANDWIDTH_FRACTION = 0.7
 LOOK = ["nvidia-smi topo -m", "nvidia-smi nvlink -s", "nvidia-smi -q | grep -i -A3 fabric"]
 
 
@@ -93,9 +91,9 @@ def judge_bandwidth(nvml: NvmlFact, bw: dict[str, Any], settings: Settings) -> F
         return not_measured(bw, out)
     if len(grp) < 2:
         raise NotJudged.inapplicable(f"{len(grp)} GPU in the TP group: no pair to measure", **out.details)
-    min_frac = float(settings.get("gpu.min_p2p_bandwidth_fraction", MIN_BANDWIDTH_FRACTION))
-    warn_frac = float(settings.get("gpu.warn_p2p_bandwidth_fraction", WARN_BANDWIDTH_FRACTION))
-    rates = Rates(nvml, grp, bw, settings.get("gpu.nvlink_generation"), min_frac, warn_frac)
+    min_frac = float(settings.gpu.min_p2p_bandwidth_fraction)
+    warn_frac = float(settings.gpu.warn_p2p_bandwidth_fraction)
+    rates = Rates(nvml, grp, bw, settings.gpu.nvlink_generation, min_frac, warn_frac)
     failed = failed_pairs(bw, grp, rates)
     out.details.update(pairs=rates.rows, min_fraction=min_frac, warn_fraction=warn_frac, missing=rates.missing,
                        failed_pairs=bw.get("failed_pairs") or [])

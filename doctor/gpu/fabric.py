@@ -333,7 +333,7 @@ def judge_fabric(nvml: NvmlFact, wait: Any, settings: Settings) -> Findings:
                         Remediation("Read the fabric manager log; restart it (same version as the driver).",
                                     ["journalctl -u nvidia-fabricmanager -n 100",
                                      "sudo systemctl restart nvidia-fabricmanager"]))
-    _unjudged_fabric(unread, states, bool(settings.get("gpu.nvswitch", False)), out.details)
+    _unjudged_fabric(unread, states, bool(settings.gpu.nvswitch), out.details)
     if states.get("not_supported"):
         return out.fail("gpu.fabric.partial", f"fabric completed on {len(states['completed'])} GPU(s) but not "
                         "supported on " + ", ".join(states["not_supported"]))

@@ -294,7 +294,7 @@ NVLSM_DOWN = "gpu.fabric.nvlsm.stopped"  # the finding the NVLSM fixer acts on (
 
 def fabric_host(nvml: NvmlFact, settings: Settings, what: str) -> NvmlFact:
     """The nvml fact when the fabric software is worth judging here; else ``NotJudged`` saying why not."""
-    if not settings.get("gpu.nvswitch", False):
+    if not settings.gpu.nvswitch:
         raise NotJudged.inapplicable(f"the profile ({settings.profile_name}) expects no NVSwitch: no {what} to judge")
     tp_group(nvml, settings.world_size)
     if fabric.readiness(nvml, settings.world_size).outcome == "no_fabric":
@@ -361,7 +361,7 @@ def judge_manager(nvml: NvmlFact, sw: dict[str, Any], settings: Settings) -> Fin
 
 def nvlsm_host(nvml: NvmlFact, settings: Settings) -> NvmlFact:
     """The nvml fact on an NVLink 5 NVSwitch host, where NVLSM is needed; else ``NotJudged`` saying why not."""
-    gen = settings.get("gpu.nvlink_generation")
+    gen = settings.gpu.nvlink_generation
     if not isinstance(gen, int) or gen < 5:
         raise NotJudged.inapplicable(f"NVLSM is needed on NVLink 5 NVSwitch hosts (B200/B300); profile "
                                      f"{settings.profile_name} is NVLink {gen if gen is not None else '(unset)'}")

@@ -3,6 +3,7 @@ events, persistence. What fails needs a reset or a replacement; what warns makes
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from doctor.core.result import Findings, NotJudged, Remediation
@@ -88,7 +89,7 @@ def per_gpu(d: Device) -> dict[str, Any]:
 
 def judge_health(nvml: NvmlFact, settings: Settings) -> Findings:
     grp = tp_group(nvml, settings.world_size)
-    mig_allowed = bool(settings.get("gpu.mig_allowed", False))
+    mig_allowed = bool(settings.gpu.mig_allowed)
     seen = Reading()
     for d in grp:
         read_device(d, mig_allowed, seen)
@@ -107,3 +108,75 @@ def judge_health(nvml: NvmlFact, settings: Settings) -> Findings:
         return out
     return out.info("gpu.health.healthy", f"{len(grp)} GPU(s) healthy: no uncorrected ECC error, no remapping "
                     "pending, MIG off, no slowdown")
+
+
+
+NARROW_LINK = "gpu.pcie_width.narrow"
+WIDTH_READS = ("pcie.width_current", "pcie.width_max")
+
+
+def link_width(d: Device) -> tuple[int, int] | None:
+    """(current, max) lanes of a GPU's PCIe link as NVML read them, or None when either was not read."""
+    pcie = d.get("pcie") or {}
+    cur, top = pcie.get("width_current"), pcie.get("width_max")
+    ok = all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (cur, top))
+    return (int(cur), int(top)) if ok else None  # type: ignore[arg-type]
+
+
+def width_readings(grp: list[Device]) -> tuple[dict[str, tuple[int, int]], list[str], list[str]]:
+    """The TP group's link widths by GPU, the GPUs NVML cannot read them on (NotSupported), and those whose
+    reading is missing for another reason."""
+    widths: dict[str, tuple[int, int]] = {}
+    unsupported: list[str] = []
+    unread: list[str] = []
+    for d in grp:
+        width = link_width(d)
+        if width is not None:
+            widths[label(d)] = width
+        elif any((d.get("errors") or {}).get(k) == "NotSupported" for k in WIDTH_READS):
+            unsupported.append(label(d))
+        else:
+            unread.append(label(d))
+    return widths, unsupported, unread
+
+
+def lspci_command(d: Device) -> str:
+    """``lspci`` on this GPU's bus id (NVML's 8-digit domain cut to lspci's 4): its LnkCap against LnkSta. A bus id
+    that is not one (a damaged or hostile snapshot) never reaches the command line."""
+    bus = re.fullmatch(r"(?:[0-9a-fA-F]{4})?([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])",
+                       str(d.get("pci_bus_id") or ""))
+    where = f"-s {bus.group(1)} " if bus else ""
+    return f"sudo lspci -vv {where}| grep -E 'LnkCap:|LnkSta:'"
+
+
+def warn_narrow(out: Findings, narrow: list[Device], widths: dict[str, tuple[int, int]]) -> Findings:
+    fix = Remediation("Reseat the GPU or have its riser, cable or slot replaced; a reboot retrains the link. "
+                      "lspci's LnkSta shows the width the link trained at, LnkCap the width it can do.",
+                      [*sorted({lspci_command(d) for d in narrow}), "nvidia-smi --query-gpu=index,pci.bus_id,"
+                       "pcie.link.width.current,pcie.link.width.max --format=csv"])
+    for d in narrow:
+        cur, top = widths[label(d)]
+        out.warn(NARROW_LINK, f"{label(d)}: PCIe link at x{cur} of x{top}: host-to-device copies at "
+                 f"{cur / top:.0%} of the rate", fix)
+    return out
+
+
+def judge_pcie_width(nvml: NvmlFact, settings: Settings) -> Findings:
+    """gpu.pcie_width: every GPU of the TP group has its PCIe link at its full width. A link that trained narrower
+    (x8 of x16: a riser, retimer or slot fault, a card not seated) stays so until it is retrained, and every
+    host-to-device copy runs at that fraction: the weights' load, and the all-reduce on hosts without NVLink.
+    The generation is recorded, not judged: GPUs lower it while idle to save power and raise it under load."""
+    grp = tp_group(nvml, settings.world_size)
+    out = Findings(per_gpu={label(d): {**(d.get("pcie") or {}), "bus": d.get("pci_bus_id")} for d in grp})
+    widths, unsupported, unread = width_readings(grp)
+    if unread:
+        raise NotJudged.missing(f"the PCIe link width of {', '.join(unread)} was not read (fact nvml)", **out.details)
+    if not widths:
+        raise NotJudged.inapplicable("NVML reads no PCIe link width on these GPUs (NotSupported)", **out.details)
+    narrow = [d for d in grp if label(d) in widths and widths[label(d)][0] < widths[label(d)][1]]
+    if narrow:
+        return warn_narrow(out, narrow, widths)
+    also = f"; {', '.join(unsupported)}: NotSupported" if unsupported else ""
+    lanes = sorted({f"x{top}" for _cur, top in widths.values()})
+    return out.info("gpu.pcie_width.full", f"{len(widths)} GPU(s) with their PCIe link at full width "
+                    f"({', '.join(lanes)}){also}")

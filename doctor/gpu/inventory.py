@@ -114,7 +114,7 @@ def _other_gpu(out: Findings, count: int, name: str, cc: tuple[int, int], want: 
 
 def _wanted_cc(settings: Settings) -> tuple[int, int]:
     """The profile's compute capability; without a valid one there is nothing to judge against (``NotJudged``)."""
-    want_raw = settings.get("gpu.compute_capability")
+    want_raw = settings.gpu.compute_capability
     want = compute_capability(want_raw)
     if want is None:
         raise NotJudged.missing(f"the profile names no valid gpu.compute_capability ({want_raw!r})",
@@ -143,7 +143,7 @@ def judge_arch(nvml: NvmlFact, settings: Settings) -> Findings:
     out.details["found"] = f"{cc[0]}.{cc[1]}"
     if cc != want:
         return _other_gpu(out, len(grp), name, cc, want, settings)
-    name_want = settings.get("gpu.name_contains")
+    name_want = settings.gpu.name_contains
     if name_want and str(name_want) not in str(name):
         return out.warn("gpu.arch.other_name", f"{name} has compute capability {cc[0]}.{cc[1]} as expected, but the "
                         f"profile is for {name_want} GPUs (memory and link figures may differ)")
@@ -207,10 +207,10 @@ def judge_memory(nvml: NvmlFact, settings: Settings) -> Findings:
     totals = [int(d["memory"]["total"]) for d in grp]  # type: ignore[index]
     frees = [int(d["memory"]["free"]) for d in grp]  # type: ignore[index]
     out.details.update(total_min_bytes=min(totals), free_min_bytes=min(frees), free_total_bytes=sum(frees))
-    small = _too_small(out, grp, totals, settings.get("gpu.min_memory_gib"))
+    small = _too_small(out, grp, totals, settings.gpu.min_memory_gib)
     if small is not None:
         return small
-    held = _held(out, grp, totals, frees, settings.get("server.mem_fraction_static"))
+    held = _held(out, grp, totals, frees, settings.server.mem_fraction_static)
     if held is not None:
         return held
     return out.info("gpu.memory.enough", f"{len(grp)} GPU(s), {gib(min(totals))} each at least, {gib(min(frees))} "

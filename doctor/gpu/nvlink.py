@@ -52,7 +52,7 @@ def judge_nvlink(nvml: NvmlFact, settings: Settings) -> Findings:
     slots = {label(d): links.link_slots(d) for d in grp}
     out.details.update(pairs=pairs, active_links=counts, links_present=slots)
     pcie_only = all(s == 0 for s in slots.values())
-    if not bool(settings.get("gpu.nvlink_required", True)):
+    if not bool(settings.gpu.nvlink_required):
         if pcie_only or no_nv:
             return out.info("gpu.nvlink.not_required", f"no NVLink between {len(no_nv)} of {len(pairs)} pair(s); the "
                             f"profile does not need it ({settings.profile_name})")
@@ -74,7 +74,7 @@ def no_links(grp: list[Any], pcie_only: bool, settings: Settings, out: Findings)
                         f"NVSwitch fabric is not up on {', '.join(fabric_down)} (see gpu.fabric)",
                         Remediation("Start nvidia-fabricmanager (same version as the driver).",
                                     ["sudo systemctl start nvidia-fabricmanager", "nvidia-smi nvlink -s"]))
-    if pcie_only and int(settings.get("parallel.ep", 1) or 1) == 1:
+    if pcie_only and int(settings.parallel.ep or 1) == 1:
         out.details.update(ep_profile=EP_PROFILE, measured_tok_s={"tp8_pcie": PCIE_TP8_TOK_S,
                                                                   "ep8_pcie": PCIE_EP8_TOK_S})
         return out.fail(
@@ -100,7 +100,7 @@ def link_counts(no_nv: list[str], unknown: list[str], n_pairs: int, counts: dict
         low = [f"{g} {c}/{slots.get(g)}" for g, c in known.items() if c < top]
         out.fail("gpu.nvlink.link_down", f"unequal active link counts (degraded link): {', '.join(low)} vs {top} on "
                  "the others", LINK_DOWN_FIX)
-    min_links = settings.get("gpu.min_nvlinks", 0) or 0
+    min_links = settings.gpu.min_nvlinks or 0
     if isinstance(min_links, int) and min_links > 0:
         few = [f"{g} {c}" for g, c in known.items() if c < min_links]
         if few and not (len(set(known.values())) > 1):

@@ -47,7 +47,7 @@ def judge_idle(nvml: NvmlFact, settings: Settings) -> Findings:
     text = ("Stop them (`k26-doctor fix --apply` plans exactly these PIDs)."
             + (" One looks like an SGLang server: if it is the service itself, stop its unit instead."
                if sglang else ""))
-    unit = settings.get("server.unit")
+    unit = settings.server.unit
     cmds = ["nvidia-smi", "kill " + " ".join(str(p["pid"]) for p in out.details["processes"])]
     if sglang and unit:
         cmds.insert(1, f"sudo systemctl stop {unit}")

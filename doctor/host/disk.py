@@ -48,7 +48,7 @@ class DiskReading:
 
 
 def judge_disk(disk: dict[str, Any], settings: Settings) -> Findings:
-    need = float(settings.get("host.min_free_gib", 20)) * GIB
+    need = float(settings.host.min_free_gib) * GIB
     seen = DiskReading(disk, need)
     out = Findings(paths=seen.rows)
     if seen.bad:

@@ -176,7 +176,7 @@ def working_tp_sizes(settings: Settings, view: ConfigView) -> list[int]:
 def tp_problems(settings: Settings, view: ConfigView, tp: int | None = None) -> list[str]:
     out: list[str] = []
     tp = settings.tp if tp is None else tp
-    ep = settings.get("parallel.ep", 1)
+    ep = settings.parallel.ep
     ep = ep if type(ep) is int and ep > 0 else 1
     heads = view.int_field("num_attention_heads")
     if heads and heads % tp:
@@ -203,18 +203,18 @@ def tp_problems(settings: Settings, view: ConfigView, tp: int | None = None) -> 
 
 def profile_problems(settings: Settings, view: ConfigView) -> list[str]:
     out: list[str] = []
-    mt = settings.get("model.model_type")
+    mt = settings.model.model_type
     if mt and view.model_type != mt:
         out.append(f"model_type is {view.model_type!r}, the profile expects {mt!r}")
-    archs = settings.get("model.architectures")
+    archs = settings.model.architectures
     if archs and view.architectures and not set(archs) & set(view.architectures):
         out.append(f"architectures {view.architectures} are not the profile's {archs}")
     for key in ("num_hidden_layers", "n_routed_experts", "hidden_size", "vocab_size"):
-        want = settings.get(f"model.{key}")
+        want = getattr(settings.model, key)
         got = view.text.get(key)
         if want is not None and got is not None and got != want:
             out.append(f"{key} is {got}, the profile expects {want}")
-    quant = settings.get("model.quantization")
+    quant = settings.model.quantization
     got_q = (view.quant or {}).get("method")
     if quant and got_q != quant:
         out.append(f"quantization is {got_q or 'none'}, the profile expects {quant}")
@@ -343,14 +343,14 @@ def config_failure(fact: dict[str, Any], view: ConfigView, seen: ConfigReading, 
     commands: list[str] = []
     if seen.code:
         texts.append("Download the model's remote code (the revision of the rest of the model).")
-        commands.append(download_command(settings.get("model.repo"), fact.get("path"), seen.code_files))
+        commands.append(download_command(settings.model.repo, fact.get("path"), seen.code_files))
     if seen.config:
         texts.append("Use the config.json of the same revision as the shards.")
         commands += redownload_commands(settings, fact, ["config.json"], TARGET)
     if seen.tp:
         sizes = working_tp_sizes(settings, view)
         out.details["working_tp_sizes"] = sizes
-        want = int(settings.get("parallel.tp", 0) or 0)
+        want = int(settings.parallel.tp or 0)
         pick = want if want in sizes else max((s for s in sizes if s <= settings.tp), default=None)
         texts.append(f"TP {settings.tp} does not divide this model; TP sizes that do: "
                      + (", ".join(map(str, sizes)) if sizes else "none up to 64") + ".")

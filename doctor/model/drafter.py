@@ -321,7 +321,7 @@ MISMATCH = "model.drafter.mismatch"  # the drafter's config.json, or the drafter
 
 
 def same_as_target(fact: dict[str, Any], settings: Settings) -> Findings:
-    repo = settings.get("drafter.repo") or "<drafter repo>"
+    repo = settings.drafter.repo or "<drafter repo>"
     return Findings(path=fact.get("path"), realpath=fact.get("realpath")).fail(
         IS_TARGET, f"the draft model path {fact.get('path')} is the target model's directory: the "
         "server would load the target itself as its drafter",
@@ -362,7 +362,7 @@ def _draft_not_given(fact: dict[str, Any], args: list[str], settings: Settings) 
     server would refuse to start (None where that is not so, or where the profile names the algorithm: then the
     missing drafter is the directory's verdict)."""
     spec_arg = arg_value(args, "--speculative-algorithm")
-    if fact.get("given") or not spec_arg or settings.get("server.speculative_algorithm"):
+    if fact.get("given") or not spec_arg or settings.server.speculative_algorithm:
         return None
     return Findings(algorithm=spec_arg).fail(
         NO_DRAFT_ARG, f"the server command runs --speculative-algorithm {spec_arg} (in [server] args) but no "
@@ -378,7 +378,7 @@ def _config_and_pairing(d: dict[str, Any] | None, problem: str | None, tview: An
     problems = [problem] if problem else []
     if not d:
         return problems, []
-    problems += config_problems(d, tview, settings.get("drafter.architectures"), out)
+    problems += config_problems(d, tview, settings.drafter.architectures, out)
     pairing = pairing_of(d, tview, fact, args, settings)
     problems += [f.message for f in pairing if f.severity is Severity.FAIL]
     return problems, pairing
@@ -431,9 +431,9 @@ def drafter_failure(problems: list[str], weights: Result, fixes: list[Finding], 
 def pairing_of(draft: dict[str, Any], tview: Any, fact: dict[str, Any], args: list[str],
                settings: Settings) -> list[Finding]:
     """The drafter against the target's config and the server command (``judge_pairing``)."""
-    budget = settings.get("server.ddtree_budget")
+    budget = settings.server.ddtree_budget
     return judge_pairing(draft, target_archs=tview.architectures if tview else [],
                          target_is_mla=bool(tview and tview.int_field("kv_lora_rank")),
                          target_hidden=tview.int_field("hidden_size") if tview else None,
-                         draft_tensors=fact.get("tensors"), algorithm=settings.get("server.speculative_algorithm"),
+                         draft_tensors=fact.get("tensors"), algorithm=settings.server.speculative_algorithm,
                          server_args=args, budget=budget if type(budget) is int else None)

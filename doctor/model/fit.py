@@ -36,7 +36,7 @@ def kv_bytes_per_token(view: Any, tp: int, kv_dtype: Any = None) -> int | None:
 def fraction_given(args: list[str], settings: Settings) -> float | None:
     f = memory.parse_server_args(args).get("mem_fraction")
     if f is None:
-        f = settings.get("server.mem_fraction_static")
+        f = settings.server.mem_fraction_static
     return float(f) if isinstance(f, (int, float)) and not isinstance(f, bool) and 0 < f <= 1 else None
 
 
@@ -88,7 +88,7 @@ def sizing(devices: list[dict[str, Any]], fact: dict[str, Any], tensors: Callabl
     draft_total = ((draft.get("weights") or {}).get("totals") or {}).get("data_bytes") or 0
     draft_w = memory.split_weights((draft.get("tensors") or {}).get("patterns"), draft_total, tp, draft=True)
     weights = target_w.per_gpu + (draft_w.per_gpu if draft_total else 0)
-    overhead = memory.runtime_overhead(tp, int(settings.get("parallel.pp", 1) or 1), c)
+    overhead = memory.runtime_overhead(tp, int(settings.parallel.pp or 1), c)
     rows = []
     for dev in devices[:settings.world_size]:
         mem = dev["memory"]
@@ -169,7 +169,7 @@ def kv_need(shape: Any, cell: int, settings: Settings) -> int:
         need = max(need, requests * per_request)
     if requests and shape.algorithm != "NONE":
         need += requests * 2 * shape.verify_width  # the per-step KV reservation of speculative decoding
-    min_kv = settings.get("model.min_kv_cache_gib")
+    min_kv = settings.model.min_kv_cache_gib
     if isinstance(min_kv, (int, float)) and not isinstance(min_kv, bool) and min_kv > 0:
         need = max(need, math.ceil(min_kv * GIB / cell))
     return need

@@ -107,7 +107,7 @@ def the_load(fact: dict[str, Any], tok: Any, settings: Settings) -> tuple[Findin
     if not isinstance(tok, dict) or not tok.get("given"):
         return load, NotJudged.missing("the tokenizer load was not collected (fact model.tokenizer)")
     view, _ = config_view(fact)
-    repo = settings.get("model.repo")
+    repo = settings.model.repo
     load.extend(judge_files(tok, view.int_field("vocab_size") if view else None, repo, named_reported=True))
     try:
         judge_load(tok, view.model_type if view else None, repo, load)
@@ -126,7 +126,7 @@ def judge_tokenizer(fact: dict[str, Any], read_tok: Callable[[], Any], args: lis
     if "--skip-tokenizer-init" in args:
         raise NotJudged.inapplicable("the server runs with --skip-tokenizer-init: it loads no tokenizer "
                                      "(requests carry input_ids)", server_flag="--skip-tokenizer-init")
-    trc = settings.get("model.trust_remote_code")
+    trc = settings.model.trust_remote_code
     seen = TokenizerFiles(fact, trc)
     load, unjudged = the_load(fact, read_tok(), settings)
     out = Findings(tokenizer_class=seen.cls or None, files=seen.files, auto_map=seen.remote,

@@ -38,9 +38,9 @@ class Role:
     deep_check: str  # the check that hashes them
     missing: str  # what a run without the path says
 
-    @property
-    def repo_key(self) -> str:
-        return f"{self.name}.repo"
+    def repo(self, settings: Settings) -> str | None:
+        """The profile's repository of this model (``[model] repo`` / ``[drafter] repo``)."""
+        return (settings.model if self.name == "model" else settings.drafter).repo
 
     @property
     def damaged(self) -> str:
@@ -66,7 +66,7 @@ def role_of(check_id: str) -> Role:
 
 def drafter_required(settings: Settings) -> bool:
     """The profile's server drafts (DFLASH, DDTREE, ...): a draft model is then a required input."""
-    return bool(settings.get("server.speculative_algorithm"))
+    return bool(settings.server.speculative_algorithm)
 
 
 def fmt_bytes(n: float | None) -> str:
@@ -105,7 +105,7 @@ def dir_problem(fact: dict[str, Any], role: Role, settings: Settings, cause: str
 
 
 def redownload_commands(settings: Settings, fact: dict[str, Any], files: list[str], role: Role) -> list[str]:
-    repo = settings.get(role.repo_key)
+    repo = role.repo(settings)
     path = fact.get("path") or "MODEL_DIR"
     if not files:
         return []
@@ -134,7 +134,7 @@ def digest_commands(settings: Settings, fact: dict[str, Any], role: Role, names:
     hashes the files already there against the Hub's sha256, records it and fetches only what differs;
     then the deep check; a manifest only for a download verified another way."""
     path = str(fact.get("path") or "MODEL_DIR")
-    repo = settings.get(role.repo_key)
+    repo = role.repo(settings)
     cmds = []
     if repo:
         cmds.append(shlex.join(["hf", "download", str(repo), *names, "--local-dir", path]))

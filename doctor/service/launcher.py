@@ -88,8 +88,8 @@ def merge_args(base: list[str], later: list[str], table: dict[str, dict[str, Any
     return kept + list(later), replaced
 
 
-def _number(settings: Settings, key: str, kind: type, low: float | None = None, high: float | None = None) -> Any:
-    value = settings.get(key)
+def _number(value: Any, key: str, kind: type, low: float | None = None, high: float | None = None) -> Any:
+    """``value`` (the profile's ``key``) as a number of ``kind`` within ``[low, high]``; None stays None."""
     if value is None:
         return None
     try:
@@ -103,8 +103,8 @@ def _number(settings: Settings, key: str, kind: type, low: float | None = None, 
     return num
 
 
-def _string_list(settings: Settings, key: str) -> list[str]:
-    value = settings.get(key, []) or []
+def _string_list(value: Any, key: str) -> list[str]:
+    value = value or []
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise ConfigError(f"{key} must be a list of strings (one argv element each), got {value!r}")
     return list(value)
@@ -127,20 +127,20 @@ def _model_args(settings: Settings, placeholders: bool) -> list[str]:
             raise ConfigError("no model path: give --model-path or set [model] path in the config")
         model = MODEL_PLACEHOLDER
     args = ["--model-path", model, "--tp-size", str(settings.tp)]
-    pp = _number(settings, "parallel.pp", int, 1)
-    dp = _number(settings, "parallel.dp", int, 1)
+    pp = _number(settings.parallel.pp, "parallel.pp", int, 1)
+    dp = _number(settings.parallel.dp, "parallel.dp", int, 1)
     if pp and pp > 1:
         args += ["--pp-size", str(pp)]
     if dp and dp > 1:
         args += ["--dp-size", str(dp)]
-    if settings.get("model.trust_remote_code", True):
+    if settings.model.trust_remote_code is not False:  # a bool or left out (validate_profile): on unless false
         args.append("--trust-remote-code")
     return args
 
 
 def _speculative_args(settings: Settings, placeholders: bool) -> list[str]:
     """The speculative algorithm with its draft model (and DDTree's budget), or nothing without one."""
-    algorithm = settings.get("server.speculative_algorithm")
+    algorithm = settings.server.speculative_algorithm
     if not algorithm:
         return []
     if not isinstance(algorithm, str):
@@ -152,7 +152,7 @@ def _speculative_args(settings: Settings, placeholders: bool) -> list[str]:
                               "--draft-model-path or set [drafter] path in the config")
         draft = DRAFT_PLACEHOLDER
     args = ["--speculative-algorithm", algorithm, "--speculative-draft-model-path", draft]
-    budget = _number(settings, "server.ddtree_budget", int, 1)
+    budget = _number(settings.server.ddtree_budget, "server.ddtree_budget", int, 1)
     if algorithm.upper() == "DDTREE" and budget is not None:
         args += ["--speculative-ddtree-budget", str(budget)]
     return args
@@ -162,10 +162,10 @@ def _serving_args(settings: Settings) -> list[str]:
     """Memory, sizes and where it listens: the attention backend, the static memory fraction, context length,
     running requests, CUDA graph batch size, host, port and the API key a server beyond loopback asks for."""
     args: list[str] = []
-    backend = settings.get("server.attention_backend")
+    backend = settings.server.attention_backend
     if backend:
         args += ["--attention-backend", str(backend)]
-    mem = _number(settings, "server.mem_fraction_static", float, 0.0, 1.0)
+    mem = _number(settings.server.mem_fraction_static, "server.mem_fraction_static", float, 0.0, 1.0)
     if mem is not None:
         args += ["--mem-fraction-static", f"{mem:g}"]
     for flag, value in (("--context-length", settings.context_length),
@@ -173,10 +173,10 @@ def _serving_args(settings: Settings) -> list[str]:
                         ("--cuda-graph-max-bs-decode", settings.cuda_graph_max_bs)):
         if value is not None:
             args += [flag, str(value)]
-    host = settings.get("server.host", "127.0.0.1")
-    port = _number(settings, "server.port", int, 1, 65535) or 30000
+    host = settings.server.host
+    port = _number(settings.server.port, "server.port", int, 1, 65535) or 30000
     args += ["--host", str(host), "--port", str(port)]
-    api_key = settings.get("server.api_key")
+    api_key = settings.server.api_key
     if api_key:  # host.exposure: a server beyond loopback asks for it
         if not isinstance(api_key, str):
             raise ConfigError("server.api_key must be a string")
@@ -193,7 +193,7 @@ def build_server_args(settings: Settings, extra: list[str] | tuple[str, ...] = (
     instead of raising ``ConfigError``.
     """
     args = _model_args(settings, placeholders) + _speculative_args(settings, placeholders) + _serving_args(settings)
-    later = _string_list(settings, "server.args") + list(extra)
+    later = _string_list(settings.server.args, "server.args") + list(extra)
     return merge_args(args, later, table)
 
 
@@ -220,7 +220,7 @@ def build_env(settings: Settings, environ: dict[str, str] | None = None) -> tupl
 
     env = dict(os.environ if environ is None else environ)
     notes: list[str] = []
-    profile_env = settings.get("server.env", {}) or {}
+    profile_env = settings.server.env or {}
     if not isinstance(profile_env, dict):
         raise ConfigError("[server.env] must be a table of NAME = \"value\"")
     wanted: dict[str, str] = {}
@@ -234,7 +234,7 @@ def build_env(settings: Settings, environ: dict[str, str] | None = None) -> tupl
                          f"{redact_pair(key, text)})")
             continue
         env[str(key)] = text
-    env_file = settings.get("server.env_file")
+    env_file = settings.server.env_file
     if env_file:
         try:
             file_vars = parse_env_file(read_text(os.path.expanduser(str(env_file)), 1 << 20, "an environment file",
@@ -246,7 +246,7 @@ def build_env(settings: Settings, environ: dict[str, str] | None = None) -> tupl
                 notes.append(f"{key}={redact_pair(key, value)} pinned by {env_file} is kept (profile wants "
                              f"{redact_pair(key, wanted[key])})")
             env[key] = value
-    if str(settings.get("server.speculative_algorithm", "") or "").upper() == "DDTREE":
+    if str(settings.server.speculative_algorithm or "").upper() == "DDTREE":
         from doctor.sglang.validation.record import RECORD_ENV, records_dir
 
         # the patched server opens DDTREE's gate on a site validation record of this host (launch narrows this to

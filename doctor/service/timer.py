@@ -88,7 +88,7 @@ def render_check_service(settings: Settings, opts: TimerOptions, *, config: str 
         lines += [f"# {opts.user} must be able to write {os.path.dirname(opts.textfile)}.", f"User={opts.user}"]
     else:
         lines.append(f"# root, as Debian's textfile collectors: {os.path.dirname(opts.textfile)} is root's.")
-    env_file = settings.get("server.env_file")
+    env_file = settings.server.env_file
     if env_file:
         lines.append("# The server's environment file: host.env judges what the server gets.")
         lines.append(f"EnvironmentFile=-{env_file}")

@@ -224,7 +224,7 @@ def not_judged(unread: Mapping[str, str]) -> str:
 
 def patch_set(settings: Settings) -> manifest.PatchSet:
     """The profile's patch set, whose ``validated`` lists what the patched server starts without the opt-in."""
-    name = str(settings.get("patches.set", "") or "")
+    name = str(settings.patches.set or "")
     if not name:
         raise NotJudged.missing("the profile launches DDTREE but names no patch set ([patches] set): no validated "
                                 "configurations to judge it against (DDTREE exists only with the DDTree patch set)",
@@ -297,7 +297,7 @@ def judge_gate(read: Reader, planned: tuple[list[str], ConfigError | None], sett
     from doctor.sglang.validation.record import nearest as nearest_record
     from doctor.sglang.validation.siteconfig import site_configuration
 
-    algo = str(settings.get("server.speculative_algorithm", "") or "").upper()
+    algo = str(settings.server.speculative_algorithm or "").upper()
     if algo != "DDTREE":
         raise NotJudged.inapplicable(f"the profile launches {algo or 'no speculative algorithm'}, not DDTREE")
     pset = patch_set(settings)

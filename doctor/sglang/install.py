@@ -54,7 +54,7 @@ def judge_install(stack: dict[str, Any], read_import: Callable[[], Any], setting
         return probe_failure(settings.python, stack, "read the installed packages")
     dist = installed_dist(stack, "sglang")
     pkg = (stack.get("packages") or {}).get("sglang") or {}
-    want_text = settings.get("stack.sglang")
+    want_text = settings.stack.sglang
     install = Remediation("Install the SGLang the profile pins into the service's environment.",
                           [pip_install(settings, "sglang", "sglang")])
     if dist is None and not pkg.get("found"):
@@ -157,16 +157,16 @@ def judge_runtime(stack: dict[str, Any], runtime: Any, dflash: Any, warnings: li
             warnings.append(f"SGLang builds its JIT kernels (DFlash tree sampling among them) with nvcc at first use: "
                             f"none at {jit.get('nvcc')} (via {jit.get('found_by')}); set CUDA_HOME or install the "
                             "CUDA toolkit")
-    algorithm = settings.get("server.speculative_algorithm")
-    found = runtime_problems(runtime, algorithm=algorithm, architectures=settings.get("model.architectures"),
-                             flashinfer_pin=settings.get("stack.flashinfer"))
+    algorithm = settings.server.speculative_algorithm
+    found = runtime_problems(runtime, algorithm=algorithm, architectures=settings.model.architectures,
+                             flashinfer_pin=settings.stack.flashinfer)
     out.details["runtime"] = runtime
     fi_jit = stack.get("flashinfer_jit")
     if isinstance(fi_jit, dict):
         out.details["flashinfer_jit"] = fi_jit
         torch_cuda = ((stack.get("torch") or {}).get("version_py") or {}).get("cuda")
         found.extend(flashinfer_jit_problems(fi_jit, stack.get("distributions"), algorithm=algorithm,
-                                             compute_capability=settings.get("gpu.compute_capability"),
+                                             compute_capability=settings.gpu.compute_capability,
                                              torch_cuda=torch_cuda))
     if found.failing:
         return _would_stop(out, stop_prefix, found.of(Severity.FAIL))

@@ -63,7 +63,7 @@ def usable_fact(fact: dict[str, Any], settings: Settings, set_name: str, out: Fi
 
 
 def judge_patches(fact: dict[str, Any], settings: Settings) -> Findings:
-    set_name = settings.get("patches.set", "") or fact.get("set_name", "")
+    set_name = settings.patches.set or fact.get("set_name", "")
     if not set_name or fact.get("no_set"):
         raise NotJudged.inapplicable(f"profile {settings.profile_name} uses no SGLang patch set ([patches] set is "
                                      "empty)")

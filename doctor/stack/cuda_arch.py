@@ -167,7 +167,7 @@ def judged_ccs(read_nvml: Callable[[], Any], settings: Any) -> tuple[list[tuple[
             return sorted(set(ccs_ok)), f"{len(nvml['devices'])}x {', '.join(names)}", {"source": "nvml"}
     if isinstance(nvml, dict) and not why:
         why = nvml.get("error") or "NVML sees no GPU"
-    cc = parse_cc(settings.get("gpu.compute_capability"))
+    cc = parse_cc(settings.gpu.compute_capability)
     if cc is None:
         return [], "", {"source": None, "nvml": why}
     return [cc], f"the profile's GPU ({cc_str(cc)})", {"source": "profile", "nvml": why}

@@ -65,7 +65,7 @@ def parse_spec(text: Any) -> SpecifierSet | None:
 
 def pip_install(settings: Settings, component: str, dist: str) -> str:
     """``PYTHON -m pip install DIST<the profile's pin>`` for the service's interpreter."""
-    spec = settings.get(f"stack.{component}") or ""
+    spec = getattr(settings.stack, component) or ""
     return shlex.join([str(settings.python), "-m", "pip", "install", f"{dist}{spec}"])
 
 

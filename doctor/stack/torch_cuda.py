@@ -104,7 +104,7 @@ def driver_reading(read: Reader) -> dict[str, Any]:
 def _profile_cuda_note(settings: Settings, runtime: str, out: Findings) -> str:
     """``; the profile expects CUDA X`` when torch's CUDA major.minor is not the profile's (recorded in the
     details too): the pair still runs, but it is not the stack the profile was measured with."""
-    expect = settings.get("stack.cuda_runtime")
+    expect = settings.stack.cuda_runtime
     if expect and (compat.version_tuple(str(expect)) or ())[:2] != (compat.version_tuple(runtime) or ())[:2]:
         out.details["profile_cuda_runtime"] = expect
         return f"; the profile expects CUDA {expect}"

@@ -82,7 +82,7 @@ def unmet_requirements(settings: Settings, stack: dict[str, Any], named_missing:
             if have_v is not None and req.specifier.contains(have_v, prereleases=True):
                 continue
             comp = by_dist.get(target, target)
-            want = parse_spec(settings.get(f"stack.{comp}"))
+            want = parse_spec(getattr(settings.stack, comp))
             if have is None and (want is not None or comp in named_missing):
                 continue  # reported once, as "not installed (profile: ...)" or "sglang X needs ..., not installed"
             overridden = have_v is not None and want is not None and want.contains(have_v, prereleases=True)
@@ -102,7 +102,7 @@ def components(stack: dict[str, Any], settings: Settings, problems: list[str]) -
     versions: dict[str, Version | None] = {}
     for comp in COMPONENTS:
         dist = installed_dist(stack, comp)
-        want_text = settings.get(f"stack.{comp}")
+        want_text = getattr(settings.stack, comp)
         want = parse_spec(want_text)
         row: dict[str, Any] = {"installed": dist.get("version") if dist else None, "expected": want_text}
         rows[comp] = row
@@ -146,7 +146,7 @@ def _install_problems(stack: dict[str, Any], settings: Settings, missing: dict[s
 def _pin_fix(settings: Settings, missing: dict[str, str]) -> Remediation:
     """One pip install of every version the profile pins, and of what the installed SGLang needs unpinned:
     they are tested together, so the fix installs the whole set, not only the one that differs."""
-    specs = [f"{PIP_NAMES[c]}{settings.get(f'stack.{c}')}" for c in COMPONENTS if settings.get(f"stack.{c}")]
+    specs = [f"{PIP_NAMES[c]}{getattr(settings.stack, c)}" for c in COMPONENTS if getattr(settings.stack, c)]
     specs += [f"{PIP_NAMES[c]}=={pin}" for c, pin in missing.items()]
     text = "Install the versions the profile pins (they are tested together)"
     if missing:

@@ -79,7 +79,7 @@ def upgrade_remedy(verdicts: list[dict[str, Any]], good: list[str], settings: Se
     cmds = [shlex.join([settings.python, "-m", "pip", "install", "triton>=3.6"])]
     var = verdicts[0]["var"]
     if good:
-        cmds.append(f"echo '{var}={good[0]}' >> {settings.get('server.env_file') or '<service env file>'}")
+        cmds.append(f"echo '{var}={good[0]}' >> {settings.server.env_file or '<service env file>'}")
     text = (f"Upgrade Triton (3.6 bundles a ptxas that knows Blackwell Ultra; it comes with torch >= 2.10), or set "
             f"{var} to a ptxas from CUDA >= {min(need) if need else '12.9'}"
             + (f": usable here: {', '.join(good)}" if good else ": none found on this host")

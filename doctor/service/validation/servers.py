@@ -129,7 +129,7 @@ class Server:
 def start_server(settings: Settings, role: Role, port: int, extra: list[str] | tuple[str, ...], log_dir: Path,
                  launcher: Callable[[Server], None] | None = None) -> Server:
     """Build and start the role's server (``launcher``: a test's replacement of ``Server.start``)."""
-    host = str(settings.get("server.host", "127.0.0.1"))
+    host = str(settings.server.host)
     server = Server(role, role_plan(settings, role, port, extra), port, host, log_dir / f"{role.name}.log")
     (launcher or Server.start)(server)
     return server

@@ -83,7 +83,7 @@ def stack_site_keys(stack: Any) -> tuple[dict[str, Any], dict[str, str]]:
 
 
 def patch_site_keys(patches: Any, settings: Settings) -> tuple[dict[str, Any], dict[str, str]]:
-    name = str(settings.get("patches.set", "") or "") or None
+    name = str(settings.patches.set or "") or None
     if not isinstance(patches, dict):
         return {"patch_set": name}, {"patched_files": "the installed patched files were not read (sglang_patches)"}
     files = patches.get("files")
