@@ -65,7 +65,8 @@ def sp():
 
 def tie_logits() -> torch.Tensor:
     """``[ROWS, VOCAB]`` logits from a few values (ties inside and across shards), ``-inf`` runs, a row with
-    fewer finite entries than the top-k, a row all ``-inf``, a row whose maximum sits in the last shard."""
+    fewer finite entries than the top-k, a row all ``-inf``, a row whose maximum sits in the last shard; the
+    last rows continuous (where a normaliser summed in another order in float32 would round differently)."""
     g = torch.Generator().manual_seed(7)
     logits = torch.randint(-4, 3, (ROWS, VOCAB), generator=g).float()
     logits[0, 900:] = 9.0  # the maximum tied across the last shards
@@ -75,6 +76,7 @@ def tie_logits() -> torch.Tensor:
     logits[3, ::7] = float("-inf")
     logits[4, 998] = 50.0
     logits[5] = 2.0  # every token tied
+    logits[6:] = torch.randn(ROWS - 6, VOCAB, generator=g) * 4  # no ties: the normaliser's rounding shows
     return logits
 
 
