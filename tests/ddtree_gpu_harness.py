@@ -7,6 +7,9 @@
   captured without the buffer would run) must be wrong on the tree.
 * ``verify_tree_greedy_kernel_triton`` (speculative/spec_tree.py) on the DDTree EAGLE encoding, against
   the torch reference in ``ddtree_utils``.
+* the set's draft top-k (``ddtree_step.vocab_parallel_topk``, ``run_shard_topk_case``) at TP 1 on the device
+  (the merge of one shard the identity), 8 shards merged on the device equal to TP 1 bit for bit, captured in a
+  CUDA graph equal to eager, against the full-vocabulary top-k.
 * ``ddtree_step.CommitGraphs`` captured in real CUDA graphs (``run_commit_race_case``): a live move into a
   root slot a padded row of the bucket last held keeps the moved KV, and the bucket's whole scatter writes no
   slot twice with different sources.
@@ -173,6 +176,79 @@ def run_draft_topk_case(device: str = "cuda", seed: int = 0) -> dict:
         cases.append({"vocab": vocab, "k": k, "ids_equal": bool(torch.equal(ids.long(), ref_ids)),
                       "max_abs_err": float((lp - ref_lp).abs().max())})
     return {"cases": cases, "ok": all(c["ids_equal"] and c["max_abs_err"] < 1e-4 for c in cases)}
+
+
+def run_shard_topk_case(device: str = "cuda", seed: int = 0) -> dict:
+    """The patch set's draft top-k (``ddtree_step.vocab_parallel_topk`` / ``DraftTopK``: float32 shard top-k,
+    ties to the lowest id, float64 log-sum-exp, the exact merge) on the device's kernels, at TP 1 (world size 1,
+    no collective: the merge of one shard must be the identity), against the full-vocabulary answer computed on
+    the CPU (the first k of a stable descending sort, float64 log-softmax rounded to float32); the same logits
+    cut into 8 shards and merged on the device (TP 8's numerics without the collective) must give TP 1's values
+    bit for bit; on a GPU, the function captured in a CUDA graph and replayed on new logits gives the eager
+    values bit for bit. bf16 logits (Kimi K2.6's head dtype: ties are common at 163840 columns), a tie-heavy
+    row, ``-inf`` runs and an all ``-inf`` row; budgets 16/32/64 at the TP 1 and TP 8 shard widths.
+    ``lilicorr_ids_equal`` (SGLang's helper the revision-6 path used) is reported, not judged: its tile
+    pre-selection has no fixed tie rule."""
+    torch = _torch(device)
+    st = ddtree_step_module()
+    dd = ddtree_utils_module()
+    dev = torch.device(device)
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    shapes = ((163840, 64, 48), (163840, 16, 48), (20480, 32, 48), (20480, 64, 48)) if device == "cuda" else \
+        ((8192, 64, 8), (2560, 32, 8))
+    def bits(x):  # float32 compared bit for bit (the all -inf row's NaN log-probs included)
+        return x.contiguous().view(torch.int32)
+
+    cases = []
+    for vocab, k, rows in shapes:
+        cpu = (torch.randn(rows, vocab, generator=g) * 3).to(torch.bfloat16).float()
+        cpu[0] = torch.randint(-2, 3, (vocab,), generator=g).float()  # ties everywhere
+        cpu[1, ::3] = float("-inf")
+        cpu[2] = float("-inf")
+        logits = cpu.to(dev, torch.bfloat16)
+        lp, ids = st.vocab_parallel_topk(logits, k, 0, None, None)
+        order = torch.sort(cpu, dim=-1, descending=True, stable=True).indices[:, :k]
+        ref_lp = torch.log_softmax(cpu.double(), dim=-1).gather(-1, order).float()
+        vals, sids, lse = dd.shard_topk(logits, k, 0, None)
+        one = dd.merge_shard_topk(vals[None], sids[None], lse[None], k)  # world size 1
+        own = (vals.double() - lse[:, None]).float()
+        identity = bool(torch.equal(one[1], sids) and torch.equal(bits(one[0]), bits(own))
+                        and torch.equal(one[1], ids) and torch.equal(bits(one[0]), bits(lp)))
+        per = vocab // 8
+        packed = torch.stack([dd.pack_shard_topk(*dd.shard_topk(logits[:, r * per:(r + 1) * per], k, r * per))
+                              for r in range(8)])
+        lp8, ids8 = dd.merge_packed_shard_topk(packed, k)
+        case = {"vocab": vocab, "k": k, "ids_equal": bool(torch.equal(ids.cpu(), order)),
+                "max_abs_err": float((lp.cpu() - ref_lp).nan_to_num(0.0).abs().max()),
+                "nan_rows_equal": bool(torch.equal(lp.cpu().isnan(), ref_lp.isnan())),
+                "identity_at_tp1": identity,
+                "tp8_equals_tp1": bool(torch.equal(ids8, ids) and torch.equal(bits(lp8), bits(lp)))}
+        if device == "cuda":
+            static = logits.clone()
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                st.vocab_parallel_topk(static, k, 0, None, None)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out_lp, out_ids = st.vocab_parallel_topk(static, k, 0, None, None)
+            fresh = (torch.randn(rows, vocab, generator=g) * 3).to(dev, torch.bfloat16)
+            static.copy_(fresh)
+            graph.replay()
+            torch.cuda.synchronize()
+            e_lp, e_ids = st.vocab_parallel_topk(fresh, k, 0, None, None)
+            case["graph_equals_eager"] = bool(torch.equal(out_ids, e_ids) and torch.equal(bits(out_lp), bits(e_lp)))
+            try:
+                l_vals, l_ids, _ = lilicorr_module(torch).lilicorr_topk_lse(logits, k)
+                case["lilicorr_ids_equal"] = bool(torch.equal(l_ids.long(), ids))
+                case["lilicorr_vals_equal"] = bool(torch.equal(l_vals.float(), vals))
+            except Exception as exc:  # reported only
+                case["lilicorr"] = f"{type(exc).__name__}: {exc}"
+        cases.append(case)
+    judged = ("ids_equal", "nan_rows_equal", "identity_at_tp1", "tp8_equals_tp1", "graph_equals_eager")
+    ok = all(c["max_abs_err"] < 1e-5 and all(c.get(key, True) for key in judged) for c in cases)
+    return {"cases": cases, "ok": ok}
 
 
 def verify_greedy_kernel_module() -> types.ModuleType:
@@ -585,6 +661,9 @@ def main(argv: list[str]) -> int:
     r = run_draft_topk_case(device="cpu" if interpret else "cuda")
     ok &= r["ok"]
     print(f"draft top-k (lilicorr_topk_lse) {r} {'OK' if r['ok'] else 'FAIL'}")
+    r = run_shard_topk_case(device="cpu" if interpret else "cuda")
+    ok &= r["ok"]
+    print(f"draft top-k (ddtree_step.vocab_parallel_topk, TP 1 and 8 shards) {r} {'OK' if r['ok'] else 'FAIL'}")
     r = run_step_loop_greedy_case(device="cpu" if interpret else "cuda")
     good = r["equal_to_autoregressive"]
     ok &= good

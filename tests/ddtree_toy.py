@@ -116,10 +116,10 @@ class Engine:
         barrier = threading.Barrier(self.tp)
 
         def gather_for(rank):
-            def gather(vals, ids, lse):
-                gathered[rank] = (vals, ids, lse)
+            def gather(packed):  # the TP group's all-gather of each rank's packed candidates, stacked
+                gathered[rank] = packed
                 barrier.wait()
-                out = tuple(torch.stack([gathered[r][i] for r in range(self.tp)]) for i in range(3))
+                out = torch.stack([gathered[r] for r in range(self.tp)])
                 barrier.wait()
                 return out
             return gather

@@ -87,8 +87,12 @@ def test_trees_come_from_rank_zeros_topk_and_sampled_matrices_are_borrowed():
     src = ast.unparse(method(worker, "DDTreeWorkerV2", "_tree_eager"))
     bcast = "broadcast_decisions((lp, ids), tp_group.broadcast, int(tp_group.world_size))"
     assert src.index(bcast) < src.index("build_tree_verify(")
-    # the trees folded into the draft graph skip that broadcast: only at TP 1
-    assert "world_size) != 1" in ast.unparse(method(worker, "DDTreeWorkerV2", "_make_draft_tree_capture"))
+    # the folded trees (every TP size) take the same top-k object as the eager ones; the ranks agree on folding
+    assert "self._draft_topk_fn()" in ast.unparse(method(worker, "DDTreeWorkerV2", "_make_draft_tree_capture"))
+    assert "self._draft_topk_fn()" in ast.unparse(method(worker, "DDTreeWorkerV2", "_draft_topk"))
+    assert "self._draft_topk(" in src and not any("candidate_topk" in c for c in calls(worker))
+    init = ast.unparse(method(worker, "DDTreeWorkerV2", "init_cuda_graphs"))
+    assert "self._every_rank_folded(" in init
     accept = ast.unparse(next(n for n in tree("sglang/srt/speculative/ddtree_worker.py").body
                               if isinstance(n, ast.FunctionDef) and n.name == "ddtree_accept"))
     borrow = accept.index("borrow_graph_pool(")

@@ -40,6 +40,11 @@ def test_draft_topk_from_the_upstream_shard_helper_is_exact():
     assert res["ok"], res
 
 
+def test_the_sets_draft_topk_is_exact_at_tp1_equal_to_8_shards_and_captured():
+    res = _run(harness.run_shard_topk_case)
+    assert res["ok"], res
+
+
 def test_ddtree_step_loop_with_sglang_greedy_kernel_equals_autoregressive():
     res = _run(harness.run_step_loop_greedy_case)
     assert res["equal_to_autoregressive"], res

@@ -4,7 +4,8 @@
   hook. Each bucket's capture writes its trees into static rows; a replay re-runs the captured work on the
   runner's new hidden states and input ids (emulated here by calling the hook again on the bucket's buffers,
   which is what the graph replays). The batch's rows, moved to their real prefixes, equal the eager trees of the
-  same hidden states, for every batch size up to the largest bucket, whatever the padded rows hold.
+  same hidden states, for every batch size up to the largest bucket, whatever the padded rows hold -- also with
+  the worker's own top-k (``DraftTopK``, the function the drafter's graph captures at every TP size).
 * ``CommitGraphs``: the commit plan and the target's KV moves per bucket (emulated on the CPU: capture records a
   re-run on the static buffers). A batch in a larger bucket gets the eager plan and exactly the eager KV moves:
   the padded rows -- stale rows of an earlier, larger batch, whose moves were real -- write nothing a live row
@@ -96,6 +97,43 @@ def test_draft_tree_capture_replays_give_the_eager_trees(sp):
         # the eager path of the same object (a draft forward without a graph) gives the same trees
         eager = sp.at_prefix(cap.compute(hidden, ids, bs), prefix)
         assert same_trees(type(want)(**{**eager.__dict__, "out_cache_loc": loc}), want) == []
+
+
+def test_the_workers_draft_topk_folded_gives_its_eager_trees(sp):
+    """The worker's own top-k (``DraftTopK``, TP 1: the merge of one shard) as the capture hook's ``topk_fn``,
+    on a bf16 head of small integers (logits full of ties): the folded trees equal the eager path's (the same
+    object, then ``build_tree_verify``) for every batch size, and its top-k is the full-vocabulary one (the first
+    k of a stable descending sort, log-softmax values)."""
+    gen = torch.Generator().manual_seed(5)
+    weight = torch.randint(-2, 3, (VOCAB, HIDDEN), generator=gen).to(torch.bfloat16)
+    draft_topk = sp.DraftTopK(weight=weight, num_org=VOCAB, vocab_start=0, topk=BUDGET)
+    buckets = (2, 4)
+    cap = sp.DraftTreeCapture(topk_fn=draft_topk, block=BLOCK, width=WIDTH, budget=BUDGET, topk=BUDGET,
+                              max_bs=max(buckets), device=torch.device("cpu"))
+
+    def outputs(bs):
+        hidden = torch.randint(-2, 3, (bs * BLOCK, HIDDEN), generator=gen).float()
+        return hidden, torch.randint(0, VOCAB, (bs * BLOCK,), generator=gen)
+
+    for b in reversed(buckets):
+        cap(None, type("Out", (), {"hidden_states": outputs(b)[0]})(),
+            type("FB", (), {"input_ids": outputs(b)[1]})(), b * BLOCK)
+    assert cap.captured == set(buckets), cap.failed
+    for bs in (1, 2, 3, 4):
+        bucket = next(b for b in buckets if b >= bs)
+        hidden, ids = outputs(bucket)
+        cap(None, type("Out", (), {"hidden_states": hidden})(), type("FB", (), {"input_ids": ids})(), bucket * BLOCK)
+        prefix = torch.arange(bs, dtype=torch.int64) * 5 + 1
+        loc = torch.arange(bs * WIDTH, dtype=torch.int64) + 100
+        want = eager_trees(sp, draft_topk, hidden, ids, prefix, loc, bs)
+        assert same_trees(cap.rows(bs, prefix, loc), want) == [], bs
+    logits = hidden.to(torch.bfloat16).float() @ weight.float().T
+    lp, tok = draft_topk(hidden)
+    order = torch.sort(logits, dim=-1, descending=True, stable=True).indices[:, :BUDGET]
+    assert torch.equal(tok, order)
+    assert torch.allclose(lp, torch.log_softmax(logits.double(), dim=-1).gather(-1, order).float(), atol=1e-6)
+    cut = torch.sort(logits, dim=-1, descending=True).values
+    assert (cut[:, BUDGET - 1] == cut[:, BUDGET]).sum() >= 4  # ties across the cut: which ids is the tie rule's
 
 
 def test_draft_tree_capture_refuses_what_is_not_a_batch_of_blocks(sp):

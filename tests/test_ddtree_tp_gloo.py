@@ -5,12 +5,17 @@ set's ``ddtree_step`` / ``ddtree_utils`` with one collective between its steps. 
 from this one, so the patched modules are not loaded again) join a gloo group and run those functions with the
 group's own collectives:
 
-* the draft top-k (``vocab_parallel_topk``: each rank's shard top-k and log-sum-exp all-gathered and merged) and
-  the verify argmax (``vocab_parallel_argmax``: each rank's row maxima and first ids, ``N x 2`` numbers,
-  all-gathered and merged, also through the worker's ``stacked_all_gather`` over ``all_gather_into_tensor``)
-  on logits full of ties and ``-inf``, over SGLang's vocabulary-parallel layout (``vocab_shard_rows``: padded
-  shards, the last ones partly padding) -- equal to the full-vocabulary result (ids exactly, ties to the
-  lowest id); the full logits gathered from the shards (``gather_vocab_shards``, for sampled rounds);
+* the draft top-k (``vocab_parallel_topk``: each rank's shard top-k -- float32, ties to the lowest id -- and float64
+  log-sum-exp, packed into ``N x (2k + 1)`` numbers, one all-gather, an exact merge), also as the worker runs it
+  (``DraftTopK`` on a vocabulary-parallel LM head through ``stacked_all_gather`` over ``all_gather_into_tensor``)
+  and folded with the trees (``DraftTreeCapture``'s capture hook, what the drafter's graph records): equal to the
+  full-vocabulary top-k (ids exactly, ties to the lowest id) and to the TP 1 result bit for bit (log-probs included:
+  trees at TP > 1 are TP 1's), shards with fewer real rows than the top-k (none at all included) among them; and the
+  verify argmax (``vocab_parallel_argmax``: each rank's row maxima and first ids, ``N x 2`` numbers, all-gathered
+  and merged, also through the worker's ``stacked_all_gather`` over ``all_gather_into_tensor``) on logits full of
+  ties and ``-inf``, over SGLang's vocabulary-parallel layout (``vocab_shard_rows``: padded shards, the last ones
+  partly padding) -- equal to the full-vocabulary result (ids exactly, ties to the lowest id); the full logits
+  gathered from the shards (``gather_vocab_shards``, for sampled rounds);
 * the trees: each rank starts from its own (different) top-k, as ranks whose numerics differ would; after
   ``broadcast_decisions`` every rank builds rank 0's trees;
 * the sampled acceptance with a different seed per rank: the ranks' decisions differ before the broadcast
@@ -43,6 +48,8 @@ from ddtree_support import ddtree_step, ddtree_utils, patchset_tool, require_whe
 pytestmark = pytest.mark.network  # reads the released SGLang 0.5.23 wheel (a first-run download)
 
 VOCAB, ROWS, TOPK = 1000, 12, 16
+SMALL_VOCAB, SMALL_TOPK = 100, 40  # shards with fewer real rows than the top-k at 2, 4 and 8 ranks
+HEAD_HIDDEN = 4
 BS, BLOCK, BUDGET = 3, 5, 10
 WIDTH = BUDGET + 1
 TARGET_VOCAB = 40
@@ -58,7 +65,8 @@ def sp():
 
 def tie_logits() -> torch.Tensor:
     """``[ROWS, VOCAB]`` logits from a few values (ties inside and across shards), ``-inf`` runs, a row with
-    fewer finite entries than the top-k, a row all ``-inf``, a row whose maximum sits in the last shard."""
+    fewer finite entries than the top-k, a row all ``-inf``, a row whose maximum sits in the last shard; the
+    last rows continuous (where a normaliser summed in another order in float32 would round differently)."""
     g = torch.Generator().manual_seed(7)
     logits = torch.randint(-4, 3, (ROWS, VOCAB), generator=g).float()
     logits[0, 900:] = 9.0  # the maximum tied across the last shards
@@ -68,13 +76,64 @@ def tie_logits() -> torch.Tensor:
     logits[3, ::7] = float("-inf")
     logits[4, 998] = 50.0
     logits[5] = 2.0  # every token tied
+    logits[6:] = torch.randn(ROWS - 6, VOCAB, generator=g) * 4  # no ties: the normaliser's rounding shows
     return logits
+
+
+def small_tie_logits() -> torch.Tensor:
+    """``[ROWS, SMALL_VOCAB]``: ties, ``-inf``, an all ``-inf`` row, over a vocabulary whose shards hold fewer
+    real rows than ``SMALL_TOPK``."""
+    g = torch.Generator().manual_seed(8)
+    logits = torch.randint(-3, 2, (ROWS, SMALL_VOCAB), generator=g).float()
+    logits[logits == -3] = float("-inf")
+    logits[1] = float("-inf")
+    logits[2, 90:] = 4.0  # the maximum tied in the last real rows
+    return logits
+
+
+def head() -> tuple[torch.Tensor, torch.Tensor]:
+    """A draft LM head and hidden states of small integers: logits exact in float32, full of ties."""
+    g = torch.Generator().manual_seed(9)
+    weight = torch.randint(-2, 3, (VOCAB, HEAD_HIDDEN), generator=g).float()
+    hidden = torch.randint(-2, 3, (BS * BLOCK, HEAD_HIDDEN), generator=g).float()
+    return weight, hidden
 
 
 def full_vocab_topk(logits: torch.Tensor, k: int):
     """The full-vocabulary answer: log-softmax, the first k of a stable descending sort of the logits."""
     order = torch.sort(logits, dim=-1, descending=True, stable=True).indices[:, :k]
     return torch.log_softmax(logits, dim=-1).gather(-1, order), order
+
+
+def local_head(sp, weight: torch.Tensor, rank: int, world: int):
+    """Rank ``rank``'s LM-head rows (SGLang's padded layout: garbage past the real rows, never read)."""
+    rows = sp.vocab_shard_rows(weight.shape[0], world)
+    per = _per_shard(weight.shape[0], world)
+    local = torch.full((per, weight.shape[1]), 7.0)
+    local[: rows[rank]] = weight[rank * per: rank * per + rows[rank]]
+    return local, rows[rank], rank * per
+
+
+def folded_trees(sp, topk_fn) -> list:
+    """What the drafter's graph records: ``DraftTreeCapture``'s hook on a batch of ``BS`` blocks."""
+    _weight, hidden = head()
+    roots = torch.arange(BS * BLOCK, dtype=torch.int64) % TARGET_VOCAB
+    cap = sp.DraftTreeCapture(topk_fn=topk_fn, block=BLOCK, width=WIDTH, budget=BUDGET, topk=BUDGET, max_bs=BS,
+                              device=torch.device("cpu"))
+    cap(None, type("Out", (), {"hidden_states": hidden})(), type("FB", (), {"input_ids": roots})(), BS * BLOCK)
+    assert cap.captured == {BS}, cap.failed
+    tv = cap.rows(BS, torch.tensor([3, 8, 0]), torch.arange(BS * WIDTH, dtype=torch.int64))
+    return [tv.input_ids, tv.positions, tv.custom_mask, tv.batch.retrieve_index, tv.batch.retrieve_next_token,
+            tv.batch.retrieve_next_sibling, tv.batch.scores]
+
+
+def tp1_results(sp) -> dict:
+    """The same work in one process, TP 1 (no gather: the merge of one shard)."""
+    weight, hidden = head()
+    return {"topk": sp.vocab_parallel_topk(tie_logits(), TOPK, 0, None, None),
+            "small_topk": sp.vocab_parallel_topk(small_tie_logits(), SMALL_TOPK, 0, None, None),
+            "head_topk": sp.DraftTopK(weight=weight, num_org=VOCAB, vocab_start=0, topk=BUDGET)(hidden),
+            "folded": folded_trees(sp, sp.DraftTopK(weight=weight, num_org=VOCAB, vocab_start=0, topk=BUDGET))}
 
 
 def local_shard(sp, logits: torch.Tensor, rank: int, world: int, fill: float = 123.0):
@@ -154,11 +213,18 @@ def rank_work(sp, rank: int, world: int) -> dict:
     res = {}
     logits = tie_logits()
     local, start, real = local_shard(sp, logits, rank, world)
-    res["topk"] = sp.vocab_parallel_topk(local, TOPK, start, real,
-                                         lambda v, i, s: (gather_stack(v), gather_stack(i), gather_stack(s)))
+    res["topk"] = sp.vocab_parallel_topk(local, TOPK, start, real, gather_stack)
+    small, small_start, small_real = local_shard(sp, small_tie_logits(), rank, world)
+    res["small_topk"] = sp.vocab_parallel_topk(small, SMALL_TOPK, small_start, small_real, gather_stack)
+    res["small_real"] = small_real
     res["argmax"] = sp.vocab_parallel_argmax(local, start, real, gather_stack)
-    # the worker's verify path on a shard (defer_verify_shard): one all_gather_into_tensor per call
+    # the worker's draft top-k and verify path on a shard: one all_gather_into_tensor per call
     gather = sp.stacked_all_gather(dist.all_gather_into_tensor, world)
+    weight, hidden = head()
+    w_local, w_real, w_start = local_head(sp, weight, rank, world)
+    draft_topk = sp.DraftTopK(weight=w_local, num_org=w_real, vocab_start=w_start, topk=BUDGET, gather=gather)
+    res["head_topk"] = draft_topk(hidden)
+    res["folded"] = folded_trees(sp, draft_topk)
     shard_start, shard_real = sp.vocab_shard_range(rank, local.shape[1], VOCAB)
     assert (shard_start, shard_real) == (start, real)
     res["verify_argmax"] = sp.vocab_parallel_argmax(local, shard_start, shard_real, gather)
@@ -223,7 +289,8 @@ def test_tp_paths_agree_on_every_rank_and_equal_the_single_process_round(sp, wor
     logits = tie_logits()
     # every rank holds the same values, bit for bit
     for r in range(1, world):
-        for key in ("topk", "argmax", "verify_argmax", "verify_logits", "tree", "decisions", "plan", "kv"):
+        for key in ("topk", "small_topk", "head_topk", "folded", "argmax", "verify_argmax", "verify_logits", "tree",
+                    "decisions", "plan", "kv"):
             assert same(results[r][key], results[0][key]), (world, r, key)
     # the vocabulary merges equal the full-vocabulary answer: ids exactly (ties to the lowest id), log-probs up
     # to the normaliser's rounding
@@ -232,6 +299,19 @@ def test_tp_paths_agree_on_every_rank_and_equal_the_single_process_round(sp, wor
     assert torch.equal(ids, ref_ids), world
     assert torch.allclose(lp, ref_lp, atol=1e-5, equal_nan=True), world
     assert torch.isnan(lp[2]).all()  # the all -inf row: no distribution, as log_softmax gives
+    small_lp, small_ids = results[0]["small_topk"]
+    ref_lp, ref_ids = full_vocab_topk(small_tie_logits(), SMALL_TOPK)
+    assert torch.equal(small_ids, ref_ids), world
+    assert torch.allclose(small_lp, ref_lp, atol=1e-5, equal_nan=True), world
+    assert min(r["small_real"] for r in results) < SMALL_TOPK  # the case of a short shard was there
+    # the same values as TP 1, bit for bit (log-probs included): the trees at TP > 1 are TP 1's
+    tp1 = tp1_results(sp)
+    for key in ("topk", "small_topk", "head_topk", "folded"):
+        assert same(results[0][key], tp1[key]), (world, key)
+    weight, hidden = head()
+    head_lp, head_ids = results[0]["head_topk"]
+    ref_lp, ref_ids = full_vocab_topk(hidden[:, :] @ weight.T, BUDGET)
+    assert torch.equal(head_ids, ref_ids) and torch.allclose(head_lp, ref_lp, atol=1e-5), world
     assert torch.equal(results[0]["argmax"], logits.argmax(dim=-1)), world
     assert torch.equal(results[0]["verify_argmax"], logits.argmax(dim=-1)), world
     assert same(results[0]["verify_logits"], logits.to(torch.bfloat16).float()), world  # padding columns dropped
