@@ -99,7 +99,7 @@ def test_the_split_follows_its_rule() -> None:
 # -- the measure ---------------------------------------------------------------------------------------
 
 # Measured floors, per split and batch (batch 0: the whole corpus); see the module docstring for the figures.
-RECALL_FLOOR = {("dev", 1): 0.85, ("test", 1): 0.58, ("dev", 0): 0.93, ("test", 0): 0.70}
+RECALL_FLOOR = {("dev", 1): 0.85, ("test", 1): 0.58, ("dev", 0): 0.92, ("test", 0): 0.70}
 WRONG_LIMIT = {("dev", 1): (0, 0), ("test", 1): (2, 2), ("dev", 0): (1, 1), ("test", 0): (2, 2)}  # (wrong, on none)
 
 
