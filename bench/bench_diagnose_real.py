@@ -2,7 +2,10 @@
 the none cases that blame nothing, and the wrong blames; `--against REV` measures that revision's signature table on
 the same corpus (the figures before a change).
 
-    python bench/bench_diagnose_real.py [--against REV] [--show-dev]
+    python bench/bench_diagnose_real.py [--against REV] [--show-dev] [--batch N]
+
+`--batch N` also prints the figures of batch N alone (batch 5 was committed before the fifth round of signatures:
+`--against` its commit measures it under the signatures it was gathered against).
 
 The dev split's per-excerpt outcomes are printed with --show-dev; the test split only as figures (it is not read while
 signatures are written).
@@ -27,6 +30,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--against", default="", metavar="REV")
     ap.add_argument("--show-dev", action="store_true")
+    ap.add_argument("--batch", type=int, default=0, metavar="N")
     args = ap.parse_args()
     logs = load_manifest()
     tables = [("this table", load_signatures())]
@@ -42,6 +46,9 @@ def main() -> int:
                 print(f"  {outcome:8} {log.label:15} top={top.id if top else None}  {log.file}")
         for split in ("dev", "test"):
             print(f"{name}: " + figures([g for g in logs if g.split == split], outcomes).line(split))
+            if args.batch:
+                group = [g for g in logs if g.split == split and g.batch == args.batch]
+                print(f"{name}: " + figures(group, outcomes).line(f"{split}-batch{args.batch}"))
     return 0
 
 

@@ -197,6 +197,83 @@ def test_consequences_blame_nothing_and_nothing_matched_still_shows_the_telling_
     assert "line 7: RuntimeError: NCCL Error 2" in render_text([], "x.log", lines)
 
 
+# -- the fifth round: the log's own figures and paths decide between neighbouring checks ---------------------------
+
+NEW_OOM = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+           "79.25 GiB of which 1.27 GiB is free. Including non-PyTorch memory, this process has {this} memory in use. "
+           "{others}Of the allocated memory {allocated} is allocated by PyTorch, and 20.98 MiB is reserved by PyTorch "
+           "but unallocated.")
+
+
+def test_an_oom_whose_figures_show_the_gpu_held_elsewhere_is_the_idle_gpu_not_the_window() -> None:
+    """PyTorch's message says what the failing process held: the rest, neither free nor its own, is another
+    process's (gpu.idle). The process's own figures decide, so a full window stays model.fit."""
+    assert _found("idle-oom-1gb-allocated-of-10gb-other-programs.log")[0].signature.check == "gpu.idle"
+
+    def top(line: str) -> str | None:
+        found = diagnose_lines([line], SIGS)
+        return found[0].signature.check if found else None
+
+    held = NEW_OOM.format(this="2.10 GiB", others="Process 4711 has 75.80 GiB memory in use. ", allocated="1.50 GiB")
+    full = NEW_OOM.format(this="77.96 GiB", others="", allocated="75.46 GiB")
+    # in a container NVML may not map the pid: "0 bytes" for this process, the allocator's figures stand for it
+    container = NEW_OOM.format(this="0 bytes", others="", allocated="77.10 GiB")
+    old_full = ("RuntimeError: CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 10.76 GiB total capacity; "
+                "9.80 GiB already allocated; 8.81 MiB free; 9.95 GiB reserved in total by PyTorch)")
+    assert [top(held), top(full), top(container), top(old_full)] == ["gpu.idle", "model.fit", "model.fit",
+                                                                     "model.fit"]
+    assert top("RuntimeError: CUDA error: out of memory") == "model.fit"  # no figures: the window, as before
+    # "this process has 0 bytes" and no allocator figure (a message cut short): nothing known, no gpu.idle
+    assert top(held.split(" Process 4711")[0].replace("2.10 GiB", "0 bytes")) == "model.fit"
+    assert top("Exception: Capture cuda graph failed: " + held.split(": ", 1)[1]) == "gpu.idle"
+
+
+def test_the_oom_figures_are_read_in_both_layouts() -> None:
+    from doctor.service.oom_accounting import memory_elsewhere
+
+    gib = 1 << 30
+    total, elsewhere = memory_elsewhere(NEW_OOM.format(this="2.10 GiB", others="", allocated="1.50 GiB")) or (0, 0)
+    assert total == int(79.25 * gib) and abs(elsewhere - (79.25 - 1.27 - 2.10) * gib) < gib / 100
+    cached = ("RuntimeError: CUDA out of memory. Tried to allocate 1024.00 KiB (GPU 0; 11.17 GiB total capacity; "
+              "10.90 GiB already allocated; 576.00 KiB free; 30.96 MiB cached)")
+    total, elsewhere = memory_elsewhere(cached) or (0, 0)
+    assert total == int(11.17 * gib) and elsewhere < gib  # the process held nearly all of it
+    assert memory_elsewhere("RuntimeError: CUDA out of memory.") is None
+
+
+def test_no_space_on_dev_shm_is_shared_memory_not_the_disk() -> None:
+    def checks(line: str) -> list[str | None]:
+        return [f.signature.check for f in diagnose_lines([line], SIGS)]
+
+    assert checks("OSError: [Errno 28] No space left on device: '/dev/shm/sem.mp-x1'") == ["host.shm"]
+    assert checks("RuntimeError: unable to write to file </torch_2210_3086393373_0>: No space left on device (28)") \
+        == ["host.shm"]
+    assert checks("OSError: [Errno 28] No space left on device: '/root/.cache/huggingface/hub/x.incomplete'") == [
+        "host.disk"]
+
+
+def test_general_messages_of_the_checks_classes_name_them() -> None:
+    """The kernel's own ECC Xids (48 double-bit, 64 row-remap failure, 94/95 contained/uncontained), transformers'
+    missing-shard and tokenizer-load messages."""
+    def checks(line: str) -> list[str | None]:
+        return [f.signature.check for f in diagnose_lines([line], SIGS)]
+
+    for xid in ("48, pid=7, An uncorrectable double bit error (DBE) has been detected", "94, pid=7, Contained ECC error.",
+                "95, pid=7, Uncontained ECC error.", "64, pid=7, Row remapping failure"):
+        assert checks(f"NVRM: Xid (PCI:0000:18:00): {xid}") == ["gpu.health"], xid
+    assert checks("NVRM: Xid (PCI:0000:18:00): 63, pid=7, Row Remapper: New row marked for remapping") == []
+    assert checks("OSError: /models/m does not appear to have a file named model-00003-of-00064.safetensors.") == [
+        "model.shards"]
+    assert checks("OSError: Can't load tokenizer for '/models/m'. If you were trying to load it from "
+                  "'https://huggingface.co/models', make sure you don't have a local directory with the same name.") \
+        == ["model.tokenizer"]
+
+
+def test_a_cuda_extension_build_without_a_toolkit_is_the_jit_toolchain() -> None:
+    line = "OSError: CUDA_HOME environment variable is not set. Please set it to your CUDA install root."
+    assert [f.signature.check for f in diagnose_lines([line], SIGS)] == ["sglang.install"]
+
+
 # -- blame needs the log's own causal evidence ----------------------------------------------------------------------
 
 SITE = """
@@ -323,7 +400,8 @@ def test_a_withheld_blame_is_shown_with_its_reason_and_the_telling_lines(tmp_pat
 def test_blame_keys_are_checked_when_loaded(tmp_path: Path) -> None:
     from doctor.service.diagnose import SignatureError
 
-    for bad in ('strength = "medium"', "blame_if_raised = 1", "blame_if = ['(']"):
+    for bad in ('strength = "medium"', "blame_if_raised = 1", "blame_if = ['(']", "held_elsewhere = 1.5",
+                "held_elsewhere = true", 'held_elsewhere = "most"'):
         path = tmp_path / "bad.toml"
         path.write_text(f"[[signature]]\nid = 'b'\npatterns = ['x']\n{bad}\n")
         with pytest.raises(SignatureError):
