@@ -258,8 +258,9 @@ def test_general_messages_of_the_checks_classes_name_them() -> None:
     def checks(line: str) -> list[str | None]:
         return [f.signature.check for f in diagnose_lines([line], SIGS)]
 
-    for xid in ("48, pid=7, An uncorrectable double bit error (DBE) has been detected", "94, pid=7, Contained ECC error.",
-                "95, pid=7, Uncontained ECC error.", "64, pid=7, Row remapping failure"):
+    for xid in ("48, pid=7, An uncorrectable double bit error (DBE) has been detected",
+                "94, pid=7, Contained ECC error.", "95, pid=7, Uncontained ECC error.",
+                "64, pid=7, Row remapping failure"):
         assert checks(f"NVRM: Xid (PCI:0000:18:00): {xid}") == ["gpu.health"], xid
     assert checks("NVRM: Xid (PCI:0000:18:00): 63, pid=7, Row Remapper: New row marked for remapping") == []
     assert checks("OSError: /models/m does not appear to have a file named model-00003-of-00064.safetensors.") == [
