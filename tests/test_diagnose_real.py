@@ -1,13 +1,15 @@
 """`diagnose` on real failure excerpts from public threads (tests/fixtures/diagnose_real/), precision first.
 
-The corpus: 178 excerpts (2017-2026; SGLang, vLLM, FlashInfer, NCCL, Triton, TensorRT-LLM, DeepGEMM, PyTorch,
-transformers and the projects they run under), each labelled from its thread's resolution with the check whose
-failure class it is, or ``none`` (47 of them) when no registered check explains it. Split by sha256(source) mod 3
-(120 dev, 58 test). Batch 1 (79) was committed before any signature was written from it (e9d74ef); batch 2 (74)
-after the first generalisation and before the second (3b04ba9); batch 3 (18) after the second and before the third
-(8b4c910); batch 4 (7) after the third (f2bace7), and no signature was written from it. Signatures were written
-from the dev split only; the test excerpts were not read while they were. Scored by tests/diagnose_real.py (the top
-finding's check; a none case is right only when the top finding blames nothing).
+The corpus: 218 excerpts (2016-2026; SGLang, vLLM, FlashInfer, NCCL, Triton, TensorRT-LLM, DeepGEMM, DeepEP,
+PyTorch, transformers and the projects they run under), each labelled from its thread's resolution with the check
+whose failure class it is, or ``none`` (59 of them) when no registered check explains it. Split by sha256(source)
+mod 3 (147 dev, 71 test). Batch 1 (79) was committed before any signature was written from it (e9d74ef); batch 2
+(74) after the first generalisation and before the second (3b04ba9); batch 3 (18) after the second and before the
+third (8b4c910); batch 4 (7) after the third (f2bace7), and no signature was written from it; batch 5 (40, 12 of
+them none) after the fourth (judge_blame) and before the fifth (b0f87ec). Signatures were written from the dev split
+only; the test excerpts were not read while they were (batch 5's were read while they were gathered, before its
+split was computed and before any signature of the fifth round). Scored by tests/diagnose_real.py (the top finding's
+check; a none case is right only when the top finding blames nothing).
 
 Measured (python bench/bench_diagnose_real.py --against REV):
 - batch 1 at e9d74ef, the signatures as they were: dev 24/38 explained right (63%), 1 wrong blame (a none case);
@@ -33,6 +35,23 @@ Measured (python bench/bench_diagnose_real.py --against REV):
 The one dev wrong blame left is a label conflict with the existing corpus: safetensors' InvalidHeaderDeserialization,
 which tests/fixtures/diagnose expects as model.shards and one real thread resolved as a safetensors too old for the
 file (no line tells them apart; recorded at the top of the signatures file).
+- batch 5 with the fourth round's signatures (b0f87ec): dev 14/17 (82%), 0 wrong (10/10 none right); test 6/11
+  (55%), 0 wrong (2/2 none right); the whole corpus: dev 96/104 (92%), 1 wrong (on none); test 38/55 (69%), 2 wrong
+  (both on none).
+- the fifth round, written from the dev split and the checks' general failure classes: an out-of-memory whose own
+  figures (capacity, free, this process's use) show a third of the GPU or more held elsewhere is gpu.idle
+  (doctor/service/oom_accounting.py; "this process has 0 bytes" without allocator figures is no figure); no space on
+  /dev/shm (or torch's </torch_...> segments) is host.shm, not host.disk; "CUDA_HOME environment variable is not
+  set" is the JIT toolchain; the kernel's ECC Xids (48, 64, 94, 95), transformers' missing-shard and "Can't load
+  tokenizer" messages. Test split measured once, after, at f82dd6a: dev 97/104 (93%), 1 wrong (on none); test 39/55
+  (71%), 2 wrong (both on none; 14/16 none right); test batch 1 10/17, 2 wrong (unchanged); test batch 5 7/11, 0
+  wrong. Existing corpora unchanged (tests/fixtures/diagnose 100%; held-out dev 22/24, test 13/15, 0 wrong);
+  bench_diagnose.py at 20 MB against b0f87ec's table: wall-clock ratios under a load average of 9-12 on 2 cores
+  between 0.88x and 1.36x (noise); CPU time of diagnose_lines (grep included), best of 7 interleaved: 0.98x.
+  Disclosed: while the fifth round was written, a grep over all fixtures printed a few out-of-memory lines of every
+  corpus and a listing printed the file names of some test excerpts (compat-*, disk-*); the test split's "PTX
+  compiled with an unsupported toolchain" class (cuda.compat) seen there was deliberately not added, and the
+  "0 bytes" rule is a precision rule (it blames less).
 The bars asked for on the test split (>= 90% explained right, <= 1% wrong, 0 on none) are not met: the floors
 below are the measured ones, and test_real_failures_meet_the_asked_bars_on_the_test_split records the gap.
 """
@@ -73,7 +92,7 @@ def _sources_of_existing_corpora() -> set[str]:
 # -- the corpus itself ---------------------------------------------------------------------------------
 
 def test_every_excerpt_is_in_the_manifest_labelled_and_sourced() -> None:
-    assert len(LOGS) >= 178 and sum(g.label == NONE for g in LOGS) >= 47
+    assert len(LOGS) >= 218 and sum(g.label == NONE for g in LOGS) >= 59
     assert {p.name for p in REAL.glob("*.log")} == set(BY_FILE)
     registered = {c.id for c in load(plugins=False).sorted_checks()}
     for log in LOGS:
@@ -93,13 +112,13 @@ def test_no_source_is_shared_with_the_existing_corpora() -> None:
 def test_the_split_follows_its_rule() -> None:
     assert all(g.split == expected_split(g.source) for g in LOGS)
     test = [g for g in LOGS if g.split == "test"]
-    assert len(test) >= 58 and sum(g.label == NONE for g in test) >= 14 and len({g.label for g in test}) >= 10
+    assert len(test) >= 71 and sum(g.label == NONE for g in test) >= 16 and len({g.label for g in test}) >= 10
 
 
 # -- the measure ---------------------------------------------------------------------------------------
 
 # Measured floors, per split and batch (batch 0: the whole corpus); see the module docstring for the figures.
-RECALL_FLOOR = {("dev", 1): 0.85, ("test", 1): 0.58, ("dev", 0): 0.92, ("test", 0): 0.70}
+RECALL_FLOOR = {("dev", 1): 0.89, ("test", 1): 0.58, ("dev", 0): 0.93, ("test", 0): 0.70}
 WRONG_LIMIT = {("dev", 1): (0, 0), ("test", 1): (2, 2), ("dev", 0): (1, 1), ("test", 0): (2, 2)}  # (wrong, on none)
 
 
@@ -122,8 +141,8 @@ def test_real_failures_floor(split: str, batch: int, record_property: pytest.Rec
     assert fig.recall >= RECALL_FLOOR[(split, batch)], fig.line(name)
 
 
-@pytest.mark.xfail(strict=True, reason="the test split misses the asked bars: 32/44 explained right (73%), "
-                                       "2/58 wrong blames, both on none cases (at dfedf4e)")
+@pytest.mark.xfail(strict=True, reason="the test split misses the asked bars: 39/55 explained right (71%), "
+                                       "2/71 wrong blames, both on none cases (at f82dd6a)")
 def test_real_failures_meet_the_asked_bars_on_the_test_split() -> None:
     """The bars asked for: >= 90% of the explained test cases right, wrong blames <= 1% of all, none on none."""
     fig = _figures("test", 0)
