@@ -77,6 +77,8 @@ LOGS = load_manifest()
 BY_FILE = {g.file: g for g in LOGS}
 URL = re.compile(r"https://github\.com/[\w.-]+/[\w.-]+/(?:issues|pull)/\d+")
 DATE = re.compile(r"\d{4}-\d{2}-\d{2}|unknown")
+# A signature's source: a thread where its message was seen, or the source file of the software that emits it
+SOURCE = re.compile(URL.pattern + r"|https://github\.com/[\w.-]+/[\w.-]+/blob/[\w.-]+/[\w./+-]+")
 
 
 def _sources_of_existing_corpora() -> set[str]:
@@ -464,7 +466,7 @@ def test_every_signature_names_its_sources_or_says_it_has_none() -> None:
     for entry in data["signature"]:
         sources = entry.get("sources")
         assert isinstance(sources, list), entry["id"]
-        assert all(URL.fullmatch(s) for s in sources) and len(set(sources)) == len(sources), entry["id"]
+        assert all(SOURCE.fullmatch(s) for s in sources) and len(set(sources)) == len(sources), entry["id"]
         assert entry.get("single_source", False) == (len(sources) == 1), entry["id"]
         if not sources:
             assert len(entry.get("unsupported", "")) > 20, entry["id"]
