@@ -442,7 +442,9 @@ def test_nccl_lines_blame_the_interconnect_only_on_causal_evidence() -> None:
     assert checks([timeout, watchdog.format(n=1, m=-1)]) == ["gpu.nvlink"]  # the first collective never completed
     assert checks([timeout, watchdog.format(n=808, m=807)]) == [None]  # a rank stopped after 807 of them
     xid = "NVRM: Xid (PCI:0000:18:00): 74, pid=1234, name=python, NVLink: fatal error detected on link 3"
-    assert checks([xid, timeout]) == ["gpu.nvlink"]
+    # the Xid is the link's own fault (a cause, nvlink-uncorrectable), and the watchdog beside it is blamed on it too
+    assert checks([xid, timeout]) == ["gpu.nvlink", "gpu.nvlink"]
+    assert [f.signature.id for f in diagnose_lines([xid, timeout], SIGS)] == ["nvlink-uncorrectable", "nccl-watchdog"]
     peer = ("torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:3763, remote process exited or "
             "there was a network error, NCCL version 2.28.8")
     assert checks(["Traceback (most recent call last):", '  File "/x.py", line 1, in f', "    g()", peer]) == [None]

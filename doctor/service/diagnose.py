@@ -664,11 +664,16 @@ def diagnose_lines(lines: list[str], signatures: list[Signature], context: int =
         return []
     clean, text = _cleaned(clean)
     starts = list(accumulate(map((1).__add__, map(len, clean)), initial=0))[:-1]
-    plan = {pat: required_literals(pat) for sig in signatures for pat in (*sig.patterns, *sig.blame_if)}
+    shape = LogShape(clean, text, literal_plan)
+    # the patterns the log's structure searches the whole log for (a process's lines, lines that must be absent, the
+    # traceback header) join the one literal pass, so that the structure does not scan the text again for each
+    plan = {pat: required_literals(pat) for sig in signatures
+            for pat in (*sig.patterns, *sig.blame_if, *sig.process, *sig.absent)}
+    plan[shape.lay.header] = required_literals(shape.lay.header)
     candidates = candidate_lines(text, starts, plan, use_grep)
+    shape.known = candidates
     per_line: dict[int, dict[str, re.Match[str]]] = {}
     hit_lines: dict[str, list[int]] = {}
-    shape = LogShape(clean, text, literal_plan)
     for sig in signatures:
         if on_signature is not None:
             on_signature(sig.id)
