@@ -2,10 +2,14 @@
 the none cases that blame nothing, and the wrong blames; `--against REV` measures that revision's signature table on
 the same corpus (the figures before a change).
 
-    python bench/bench_diagnose_real.py [--against REV] [--show-dev]
+    python bench/bench_diagnose_real.py [--against REV] [--show-dev] [--batch N] [--split dev|test]
+
+`--batch N` also prints the figures of batch N alone (batch 5 was committed before the fifth round of signatures:
+`--against` its commit measures it under the signatures it was gathered against).
 
 The dev split's per-excerpt outcomes are printed with --show-dev; the test split only as figures (it is not read while
-signatures are written).
+signatures are written). `--split dev` prints the dev split alone: the test split is measured once, after a round of
+signatures, not at every step of writing them.
 """
 
 from __future__ import annotations
@@ -27,8 +31,11 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--against", default="", metavar="REV")
     ap.add_argument("--show-dev", action="store_true")
+    ap.add_argument("--batch", type=int, default=0, metavar="N")
+    ap.add_argument("--split", choices=("dev", "test"), action="append", help="only this split (default: both)")
     args = ap.parse_args()
-    logs = load_manifest()
+    splits = tuple(args.split or ("dev", "test"))
+    logs = [g for g in load_manifest() if g.split in splits]
     tables = [("this table", load_signatures())]
     if args.against:
         tables.insert(0, (args.against, previous_signatures(args.against)))
@@ -40,8 +47,11 @@ def main() -> int:
             if args.show_dev and log.split == "dev" and outcome != "right":
                 top = found[0].signature if found else None
                 print(f"  {outcome:8} {log.label:15} top={top.id if top else None}  {log.file}")
-        for split in ("dev", "test"):
+        for split in splits:
             print(f"{name}: " + figures([g for g in logs if g.split == split], outcomes).line(split))
+            if args.batch:
+                group = [g for g in logs if g.split == split and g.batch == args.batch]
+                print(f"{name}: " + figures(group, outcomes).line(f"{split}-batch{args.batch}"))
     return 0
 
 

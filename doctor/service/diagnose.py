@@ -38,6 +38,7 @@ from doctor.core.datafile import DataFileError, read_toml
 from doctor.core.fileio import read_pipe_or_file
 from doctor.core.printable import printable
 from doctor.service.logstructure import LogShape
+from doctor.service.oom_accounting import held_elsewhere
 
 if sys.version_info >= (3, 11):
     import re._parser as _sre_parse
@@ -66,7 +67,7 @@ _SAFE_VALUE = re.compile(r"[\w.:/@-]{1,64}")  # what a value read from a log may
 SIGNATURE_KEYS = {"id", "title", "patterns", "check", "fix", "commands", "explain", "rank", "consequence", "unless",
                "context", "context_before", "context_after", "context_skip", "suppresses", "defaults",
                "frames", "traceback_cause", "phase", "process", "fallback", "absent", "sources", "single_source",
-               "unsupported", "strength", "blame_if", "blame_if_raised"}
+               "unsupported", "strength", "blame_if", "blame_if_raised", "held_elsewhere"}
 
 
 class SignatureError(Exception):
@@ -109,6 +110,9 @@ class Signature:
     strength: str = "strong"
     blame_if: tuple[re.Pattern[str], ...] = ()
     blame_if_raised: bool = False
+    # a share of the GPU (0-1): the hit counts only when the out-of-memory message on its line shows at least this
+    # much of the GPU held by other processes (``oom_accounting.held_elsewhere``)
+    held_elsewhere: float = 0.0
 
     @property
     def weak(self) -> bool:
@@ -326,6 +330,9 @@ def _check_scalars(entry: dict[str, Any], where: str) -> None:
             raise SignatureError(f"{where}: {key} must be true or false")
     if entry.get("traceback_cause") and not entry.get("frames"):
         raise SignatureError(f"{where}: traceback_cause needs frames (which tracebacks)")
+    share = entry.get("held_elsewhere", 0.0)
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share <= 1:
+        raise SignatureError(f"{where}: held_elsewhere must be a share of the GPU between 0 and 1")
 
 
 def _build_signature(entry: dict[str, Any], where: str) -> Signature:
@@ -348,7 +355,7 @@ def _build_signature(entry: dict[str, Any], where: str) -> Signature:
         _patterns(entry.get("phase"), where, "phase"), _patterns(entry.get("process"), where, "process"),
         bool(entry.get("fallback", False)), _patterns(entry.get("absent"), where, "absent"), tuple(sources),
         str(entry.get("strength", "strong")), _patterns(entry.get("blame_if"), where, "blame_if"),
-        bool(entry.get("blame_if_raised", False)))
+        bool(entry.get("blame_if_raised", False)), float(entry.get("held_elsewhere", 0.0)))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -513,6 +520,8 @@ def _hits(sig: Signature, text: str, starts: list[int], clean: list[str],
             return
         if sig.structural and not _structure_holds(sig, shape, idx):
             return
+        if sig.held_elsewhere and not held_elsewhere(line, sig.held_elsewhere):
+            return
         hits[idx] = m
 
     for pat in sig.patterns:
@@ -655,11 +664,16 @@ def diagnose_lines(lines: list[str], signatures: list[Signature], context: int =
         return []
     clean, text = _cleaned(clean)
     starts = list(accumulate(map((1).__add__, map(len, clean)), initial=0))[:-1]
-    plan = {pat: required_literals(pat) for sig in signatures for pat in (*sig.patterns, *sig.blame_if)}
+    shape = LogShape(clean, text, literal_plan)
+    # the patterns the log's structure searches the whole log for (a process's lines, lines that must be absent, the
+    # traceback header) join the one literal pass, so that the structure does not scan the text again for each
+    plan = {pat: required_literals(pat) for sig in signatures
+            for pat in (*sig.patterns, *sig.blame_if, *sig.process, *sig.absent)}
+    plan[shape.lay.header] = required_literals(shape.lay.header)
     candidates = candidate_lines(text, starts, plan, use_grep)
+    shape.known = candidates
     per_line: dict[int, dict[str, re.Match[str]]] = {}
     hit_lines: dict[str, list[int]] = {}
-    shape = LogShape(clean, text, literal_plan)
     for sig in signatures:
         if on_signature is not None:
             on_signature(sig.id)

@@ -94,10 +94,14 @@ class LogShape:
     line's process and message are split when first needed; a traceback is read along the lines of its process
     by a bounded scan (other processes' lines are skipped, at most ``SCAN_FACTOR`` times as many)."""
 
-    def __init__(self, lines: list[str], text: str | None = None, literals: LiteralPlan | None = None):
+    def __init__(self, lines: list[str], text: str | None = None, literals: LiteralPlan | None = None,
+                 known: dict[re.Pattern[str], list[int] | None] | None = None):
         self.lines = lines
         self._text = text
         self._literals = literals
+        # candidate lines the caller already found for some patterns (the matcher's one grep pass): a pattern
+        # found there is searched on those lines only, not by another scan of the whole text
+        self.known = known if known is not None else {}
         self._lower: str | None = None
         self._split: dict[int, tuple[str, str]] = {}
         self._starts: list[int] | None = None
@@ -249,9 +253,12 @@ class LogShape:
         key = pattern.pattern
         if key in self._matching:
             return self._matching[key]
-        lits, fold = self._literals(pattern) if self._literals else (None, False)
+        known = self.known.get(pattern)
+        lits, fold = self._literals(pattern) if self._literals and known is None else (None, False)
         found: list[int] = []
-        if lits:
+        if known is not None:
+            found = [i for i in known if pattern.search(self.lines[i])]
+        elif lits:
             if fold and self._lower is None:
                 self._lower = self.text.lower()
             hay = self._lower if fold else self.text
