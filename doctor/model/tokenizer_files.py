@@ -18,6 +18,8 @@ from doctor.model.weights import TARGET, dir_problem, redownload_commands
 
 DEFAULT_FIX = "Download the missing tokenizer files from the model's repository."
 BROKEN = "model.tokenizer.broken"  # what the files say (a load failure keeps its own code)
+# The modules auto_map names have codes of their own (their fixes differ): doctor.model.remote_code.MODULE_MISSING
+# (model.tokenizer.module_missing, a download) and MODULE_OUTSIDE (model.tokenizer.module_outside, the config).
 
 
 def auto_map_modules(auto_map: Any) -> list[str]:
