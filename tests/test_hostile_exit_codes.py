@@ -154,6 +154,7 @@ def test_an_auto_map_module_outside_the_model_directory_is_said_to_be_outside(ba
     problems = " | ".join(res["details"].get("problems") or [res["summary"]])
     assert f"{elsewhere}/tok.py named by auto_map is outside the model directory (it exists there" in problems
     assert "is missing" not in problems
+    assert "model.tokenizer.module_outside" in [f["code"] for f in res["findings"]]  # its fix is the config's
 
 
 def test_a_remote_code_module_in_a_subdirectory_is_found(base_model: Path, tmp_path: Path) -> None:

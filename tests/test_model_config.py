@@ -54,6 +54,8 @@ def test_profile_expectations_fail(tmp_path, model):
     assert res.status.value == "fail"
     assert "num_hidden_layers is 4, the profile expects 61" in res.details["problems"]
     assert "n_routed_experts is 8, the profile expects 384" in res.details["problems"]
+    assert {f.code for f in res.findings} == {"model.config.profile"}  # one finding each, coded by its fix
+    assert len(res.findings) == len(res.details["problems"])
 
 
 def test_bad_json_config(tmp_path, model):
@@ -75,6 +77,7 @@ def test_config_layers_disagree_with_shards(tmp_path, model):
     res = run(ctx, "model.config")
     assert res.status.value == "fail"
     assert "num_hidden_layers=6 but the shards lack layer(s) 4-5" in res.summary
+    assert res.has("model.config.mismatch") and not res.has("model.config.profile")
 
 
 def test_config_experts_disagree_with_shards(tmp_path, model):
@@ -113,6 +116,7 @@ def test_int4_shards_without_quantization_config(tmp_path, model):
 def test_tp_divisibility(tmp_path, model):
     res = judge(tmp_path, model, "model.config", tp=3)
     assert res.status.value == "fail" and "num_attention_heads=8 is not divisible by TP 3" in res.summary
+    assert res.has("model.config.tp") and not res.has("model.config.mismatch")
 
 
 def test_ep_divisibility(tmp_path, model):

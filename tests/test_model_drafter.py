@@ -104,6 +104,7 @@ def test_target_layer_ids_use_the_text_config_layers(tmp_path: Path, model: Path
     d = build_drafter(tmp_path, target_layer_ids=[1, 4])
     res = drafter_result(tmp_path, model, d)
     assert res.status.value == "fail" and "target_layer_ids [4] are outside the target's 4 layers" in res.summary
+    assert res.findings[0].code == "model.drafter.mismatch"  # config.json's: the drafter trained for this target
 
 
 # -- DDTREE: block, budget, target backend ------------------------------------------------------------

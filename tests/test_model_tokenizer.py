@@ -25,7 +25,13 @@ from model_replica import K26Spec
 from model_replica_tokenizer import tiktoken_bpe_bytes
 from modelkit import build, make_ctx, run, tree_state
 
-from doctor.model.remote_code import analyse_source, scan_remote_code
+from doctor.model.remote_code import (
+    MODULE_MISSING,
+    MODULE_OUTSIDE,
+    analyse_source,
+    named_module_problems,
+    scan_remote_code,
+)
 from doctor.model.tiktoken_bpe import read_tiktoken_bpe
 from doctor.model.tokenizer import parsers_from_args, required_markers
 
@@ -99,6 +105,28 @@ def test_relative_imports_of_remote_code_must_be_there(tmp_path: Path) -> None:
     assert got["external"] == ["org/other--x.Y"]
     (tmp_path / "tool_declaration_ts.py").write_text("def encode_tools_to_typescript_style(t):\n    return ''\n")
     assert scan_remote_code(str(tmp_path), ["tokenization_kimi.TikTokenTokenizer"])["missing"] == []
+
+
+def test_modules_auto_map_names_are_coded_by_their_fix(tmp_path: Path) -> None:
+    """A named module that is not there (a download fetches it) and one outside the model directory (the config
+    must name another) are two findings with two codes; a module only imported by another is model.config's."""
+    elsewhere = tmp_path / "shared"
+    elsewhere.mkdir()
+    (elsewhere / "tok.py").write_text("class Tok: pass\n")
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "modeling.py").write_text("from .helpers import x\n")
+    scanned = scan_remote_code(str(model), ["tokenization_kimi.TikTokenTokenizer", f"{elsewhere}/tok.Tok",
+                                            "modeling.Model"])
+    found = named_module_problems(scanned)
+    assert [f.code for f in found] == [MODULE_MISSING, MODULE_OUTSIDE]
+    assert found[0].message == "remote-code module tokenization_kimi.py named by auto_map is missing"
+    assert "outside the model directory (it exists there, but" in found[1].message
+    assert found.details["download"] == ["tokenization_kimi.py"]
+    (model / "tokenization_kimi.py").write_text("import tiktoken\n")
+    (model / "helpers.py").write_text("x = 1\n")
+    assert [f.code for f in named_module_problems(scan_remote_code(str(model), ["tokenization_kimi.T",
+                                                                                "modeling.Model"]))] == []
 
 
 def test_markers_come_from_the_profile_parsers() -> None:

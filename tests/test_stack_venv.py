@@ -114,6 +114,8 @@ def test_home_gone_fails_and_other_checks_fail_cleanly(tmp_path):
     assert res.status is Status.FAIL
     assert f"pyvenv.cfg home {base}/bin does not exist" in res.summary
     assert "dangling symlink" in res.summary and "does not start" in res.summary
+    assert [f.code for f in res.findings] == ["python.venv.dangling", "python.venv.home_gone",
+                                              "python.venv.does_not_start"]  # each its own, in the order said
     assert any("venv --clear" in c for c in res.remediation.commands)
     for check_id in ("stack.versions", "sglang.install", "triton.jit"):
         other = run_check(check_id, ctx)
@@ -127,6 +129,7 @@ def test_version_mismatch_in_pyvenv_cfg(tmp_path):
     cfg.write_text(cfg.read_text().replace("version = 3.12.1", "version = 3.11.7"))
     res = run_check("python.venv", make_ctx(py))
     assert res.status is Status.FAIL and "3.11.7" in res.summary and "3.12.1" in res.summary
+    assert res.has("python.venv.version")
 
 
 def test_rewrite_shebang_keeps_arguments_and_refuses_non_scripts():

@@ -63,11 +63,11 @@ PATH_EMPTY = "host.env.path_empty_entry"  # PATH with an empty entry: the workin
 CUDA_HOME_BAD = "host.env.cuda_home"  # CUDA_HOME/CUDA_PATH empty, a search path, or not a whole toolkit
 
 
-def search_path_problems(vars_: dict[str, str]) -> list[tuple[str, str, str]]:
-    """(code, message, fix) for PATH with empty entries (a leading or trailing ':', a '::': each one means the
-    working directory, where an nvcc or ninja the service did not mean is found first) and for a CUDA_HOME /
-    CUDA_PATH that is set empty or holds a search path (FlashInfer, tvm-ffi and torch read one directory)."""
-    out = []
+def search_path_problems(vars_: dict[str, str]) -> Findings:
+    """A warning each for PATH with empty entries (a leading or trailing ':', a '::': each one means the working
+    directory, where an nvcc or ninja the service did not mean is found first) and for a CUDA_HOME / CUDA_PATH that
+    is set empty or holds a search path (FlashInfer, tvm-ffi and torch read one directory)."""
+    out = Findings()
     path = vars_.get("PATH")
     if path is not None:
         parts = path.split(":")
@@ -75,41 +75,41 @@ def search_path_problems(vars_: dict[str, str]) -> list[tuple[str, str, str]]:
         if empty:
             where = ("a leading ':'" if empty[0] == 0 else "a trailing ':'" if empty[0] == len(parts) - 1
                      else "a '::'")
-            out.append((PATH_EMPTY, f"PATH has {len(empty)} empty entr{'y' if len(empty) == 1 else 'ies'} ({where}): "
-                        "each searches the working directory, so the nvcc or ninja a JIT build runs depends on where "
-                        "the service starts", "Remove the empty entries of PATH (no leading, trailing or double ':') "
-                        "in the unit's Environment= and its EnvironmentFile."))
+            out.warn(PATH_EMPTY, f"PATH has {len(empty)} empty entr{'y' if len(empty) == 1 else 'ies'} ({where}): "
+                     "each searches the working directory, so the nvcc or ninja a JIT build runs depends on where "
+                     "the service starts", "Remove the empty entries of PATH (no leading, trailing or double ':') "
+                     "in the unit's Environment= and its EnvironmentFile.")
     for var in ("CUDA_HOME", "CUDA_PATH"):
         value = vars_.get(var)
         if value is not None and not value.strip():
-            out.append((CUDA_HOME_BAD, f"{var} is set but empty: a JIT build takes it as unset or as the working "
-                        "directory", f"Set {var} to the CUDA toolkit directory, or unset it."))
+            out.warn(CUDA_HOME_BAD, f"{var} is set but empty: a JIT build takes it as unset or as the working "
+                     "directory", f"Set {var} to the CUDA toolkit directory, or unset it.")
         elif value and ":" in value:
-            out.append((CUDA_HOME_BAD, f"{var}={value} is a search path; it names one toolkit directory (the JIT "
-                        f"builds look for {value}/bin/nvcc)", f"Set {var} to one toolkit directory."))
+            out.warn(CUDA_HOME_BAD, f"{var}={value} is a search path; it names one toolkit directory (the JIT "
+                     f"builds look for {value}/bin/nvcc)", f"Set {var} to one toolkit directory.")
     return out
 
 
-def toolkit_problems(toolkits: Any) -> list[tuple[str, str, str]]:
-    """(code, message, fix) for each toolkit directory the environment names that a JIT build cannot use."""
-    out = []
+def toolkit_problems(toolkits: Any) -> Findings:
+    """A warning for each toolkit directory the environment names that a JIT build cannot use."""
+    out = Findings()
     for tk in toolkits if isinstance(toolkits, list) else []:
         lacks = (["the directory itself"] if not tk.get("is_dir") else
                  [n for n, ok in (("bin/nvcc", tk.get("nvcc")), ("include/cuda_runtime.h", tk.get("cuda_runtime_h")))
                   if not ok])
         if lacks:
-            out.append((CUDA_HOME_BAD, f"{tk.get('var')}={tk.get('path')} lacks {' and '.join(lacks)}: FlashInfer's "
-                        "and SGLang's JIT builds would find no compiler or no CUDA headers there",
-                        f"Point {tk.get('var')} at a whole CUDA toolkit (bin/nvcc and include/cuda_runtime.h), "
-                        "or unset it."))
+            out.warn(CUDA_HOME_BAD, f"{tk.get('var')}={tk.get('path')} lacks {' and '.join(lacks)}: FlashInfer's "
+                     "and SGLang's JIT builds would find no compiler or no CUDA headers there",
+                     f"Point {tk.get('var')} at a whole CUDA toolkit (bin/nvcc and include/cuda_runtime.h), "
+                     "or unset it.")
     return out
 
 
 def judge_env(env: dict[str, Any], world_size: int) -> Findings:
     out = judge_known(env, world_size)
-    for code, message, fix in search_path_problems(env.get("vars") or {}) + toolkit_problems(env.get("toolkits")):
-        out.details.setdefault("malformed", []).append(message)
-        out.warn(code, message, fix)
+    for found in search_path_problems(env.get("vars") or {}) + toolkit_problems(env.get("toolkits")):
+        out.details.setdefault("malformed", []).append(found.message)
+        out.append(found)
     if out.details.get("malformed"):  # the clean line is no longer true
         out[:] = [f for f in out if f.code != "host.env.clean"]
     return out

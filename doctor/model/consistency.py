@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from doctor.core.result import Findings, NotJudged, Remediation
+from doctor.core.result import Finding, Findings, NotJudged, Remediation, Severity
 from doctor.core.settings import Settings
 from doctor.model.modelconfig import ConfigView, json_data, read_config
 from doctor.model.remote_code import download_command
@@ -30,8 +30,9 @@ def config_view(fact: dict[str, Any]) -> tuple[ConfigView | None, str | None]:
     return read_config(json_data(cfg)), None
 
 
-def expert_shape_problems(view: ConfigView, summary: dict[str, Any]) -> list[str]:
-    """int4 pack-quantized experts: packed I32 [out, in/8], scales [out, in/group_size]."""
+def expert_shape_problems(view: ConfigView, summary: dict[str, Any]) -> Findings:
+    """int4 pack-quantized experts: packed I32 [out, in/8], scales [out, in/group_size], each mismatch a
+    ``MISMATCH`` failure."""
     q = view.quant or {}
     h, m = view.int_field("hidden_size"), view.int_field("moe_intermediate_size")
     pats = summary.get("patterns") or {}
@@ -40,9 +41,9 @@ def expert_shape_problems(view: ConfigView, summary: dict[str, Any]) -> list[str
         return _packing_problems(q.get("kind") == "int4-group", packed, pats)
     gs = q["group_size"]
     if not (h and m):
-        return []
+        return Findings()
     dims = {"gate_proj": (m, h), "up_proj": (m, h), "down_proj": (h, m), "w1": (m, h), "w3": (m, h), "w2": (h, m)}
-    out: list[str] = []
+    out = Findings()
     for pat, v in packed.items():
         proj = pat.rsplit(".", 2)[-2]
         if proj in dims:
@@ -51,39 +52,39 @@ def expert_shape_problems(view: ConfigView, summary: dict[str, Any]) -> list[str
     return out
 
 
-def _packing_problems(int4: bool, packed: dict[str, Any], pats: dict[str, Any]) -> list[str]:
+def _packing_problems(int4: bool, packed: dict[str, Any], pats: dict[str, Any]) -> Findings:
     """config.json's quantization against whether the shards' expert weights are packed at all: packed weights
     without an int4 quantization_config, or an int4 one over unpacked experts (nothing else can be compared)."""
-    if not int4:
-        return [f"the shards hold int4 packed expert weights ({len(packed)} patterns) but config.json "
-                "has no compressed-tensors int4 quantization_config"] if packed else []
-    if any(".experts.#." in p for p in pats):
-        return ["config.json says int4 pack-quantized, but the expert weights in the shards are not packed "
-                "(no *.weight_packed)"]
-    return []
+    out = Findings()
+    if not int4 and packed:
+        out.fail(MISMATCH, f"the shards hold int4 packed expert weights ({len(packed)} patterns) but config.json "
+                 "has no compressed-tensors int4 quantization_config")
+    elif int4 and any(".experts.#." in p for p in pats):
+        out.fail(MISMATCH, "config.json says int4 pack-quantized, but the expert weights in the shards are not "
+                 "packed (no *.weight_packed)")
+    return out
 
 
 def _packed_expert_problems(pat: str, v: dict[str, Any], sv: dict[str, Any] | None, dims: tuple[int, int],
-                            config: tuple[int, int, Any]) -> list[str]:
+                            config: tuple[int, int, Any]) -> Findings:
     """One packed expert projection (``pat``, its summary ``v``; ``sv``: its scales' summary, None where absent;
     ``dims``: its (out, in); ``config``: hidden, moe_intermediate and group size) against config.json."""
     h, m, gs = config
     o, i = dims
-    out: list[str] = []
+    out = Findings()
     want_p = f"I32{[o, i // 8]}"
     got = list(v["shapes"])
     if got != [want_p]:
-        out.append(f"{pat}: shards hold {', '.join(got)}, config (hidden {h}, moe_intermediate {m}, int4) "
-                   f"implies {want_p}")
+        out.fail(MISMATCH, f"{pat}: shards hold {', '.join(got)}, config (hidden {h}, moe_intermediate {m}, int4) "
+                 f"implies {want_p}")
     spat = pat[: -len("weight_packed")] + "weight_scale"
     if sv is None:
-        out.append(f"{spat} is missing from the shards (int4 needs scales)")
-        return out
+        return out.fail(MISMATCH, f"{spat} is missing from the shards (int4 needs scales)")
     want_s = [o, i // gs]
     gots = [s for s in sv["shapes"] if not s.endswith(str(want_s))]
     if gots:
-        out.append(f"{spat}: shards hold {', '.join(gots)}, config group_size {gs} implies {want_s}"
-                   f"{_implied_group(gots[0], i)}")
+        out.fail(MISMATCH, f"{spat}: shards hold {', '.join(gots)}, config group_size {gs} implies {want_s}"
+                 f"{_implied_group(gots[0], i)}")
     return out
 
 
@@ -99,22 +100,22 @@ def _implied_group(shape_text: str, in_dim: int) -> str:
     return ""
 
 
-def layer_problems(view: ConfigView, summary: dict[str, Any]) -> list[str]:
+def layer_problems(view: ConfigView, summary: dict[str, Any]) -> Findings:
     """The shards' layers against config.json: layers missing or beyond the config (MTP layers allowed), then
-    the routed experts per layer and the MoE layers that have none."""
+    the routed experts per layer and the MoE layers that have none (each a ``MISMATCH`` failure)."""
     n_layers = view.int_field("num_hidden_layers")
     layers = summary.get("layers") or []
     if not n_layers or not layers:
-        return []
+        return Findings()
     nextn = view.text.get("num_nextn_predict_layers") if type(view.text.get("num_nextn_predict_layers")) is int else 0
     have = set(layers)
     missing = sorted(set(range(n_layers)) - have)
     extra = sorted(x for x in have if x >= n_layers + nextn)
-    out: list[str] = []
+    out = Findings()
     if missing:
-        out.append(f"config has num_hidden_layers={n_layers} but the shards lack layer(s) {ranges(missing)}")
+        out.fail(MISMATCH, f"config has num_hidden_layers={n_layers} but the shards lack layer(s) {ranges(missing)}")
     if extra:
-        out.append(f"config has num_hidden_layers={n_layers} but the shards hold layer(s) {ranges(extra)}")
+        out.fail(MISMATCH, f"config has num_hidden_layers={n_layers} but the shards hold layer(s) {ranges(extra)}")
     n_exp = view.int_field("n_routed_experts")
     per = summary.get("experts_per_layer") or {}
     if n_exp and per:
@@ -122,20 +123,20 @@ def layer_problems(view: ConfigView, summary: dict[str, Any]) -> list[str]:
     return out
 
 
-def _expert_count_problems(view: ConfigView, n_layers: int, n_exp: int, per: dict[str, int]) -> list[str]:
+def _expert_count_problems(view: ConfigView, n_layers: int, n_exp: int, per: dict[str, int]) -> Findings:
     """``per`` (routed experts per layer in the shards) against n_routed_experts, and the MoE layers the config
     implies (first_k_dense_replace, moe_layer_freq) that have none, said only where others have experts (a few
     layers lost from a download, not a whole naming unrecognised)."""
-    out: list[str] = []
+    out = Findings()
     wrong = {int(k): v for k, v in per.items() if v != n_exp and int(k) < n_layers}
     if wrong:
         ex = ", ".join(f"layer {k}: {v}" for k, v in sorted(wrong.items())[:4])
-        out.append(f"config has n_routed_experts={n_exp}; the shards differ: {ex}"
-                   + (" ..." if len(wrong) > 4 else ""))
+        out.fail(MISMATCH, f"config has n_routed_experts={n_exp}; the shards differ: {ex}"
+                 + (" ..." if len(wrong) > 4 else ""))
     want_moe = _moe_layers(view, n_layers)
     lacking = sorted(want_moe - {int(k) for k in per})
     if lacking and len(lacking) < len(want_moe):
-        out.append(f"MoE layer(s) {ranges(lacking)} have no experts in the shards")
+        out.fail(MISMATCH, f"MoE layer(s) {ranges(lacking)} have no experts in the shards")
     return out
 
 
@@ -173,56 +174,61 @@ def working_tp_sizes(settings: Settings, view: ConfigView) -> list[int]:
     return sorted(t for t in TP_CANDIDATES if not tp_problems(settings, view, t))
 
 
-def tp_problems(settings: Settings, view: ConfigView, tp: int | None = None) -> list[str]:
-    out: list[str] = []
+def tp_problems(settings: Settings, view: ConfigView, tp: int | None = None) -> Findings:
+    """What stops ``tp`` (the run's TP size by default) from splitting this model under the profile's EP: attention
+    heads, experts over EP, the MoE projections and their int4 groups per rank, each a ``TP`` failure."""
+    out = Findings()
     tp = settings.tp if tp is None else tp
     ep = settings.parallel.ep
     ep = ep if type(ep) is int and ep > 0 else 1
     heads = view.int_field("num_attention_heads")
     if heads and heads % tp:
-        out.append(f"num_attention_heads={heads} is not divisible by TP {tp}")
+        out.fail(TP, f"num_attention_heads={heads} is not divisible by TP {tp}")
     n_exp = view.int_field("n_routed_experts")
     if ep > 1:
         if tp % ep:
-            out.append(f"TP {tp} is not a multiple of EP {ep}")
+            out.fail(TP, f"TP {tp} is not a multiple of EP {ep}")
         if n_exp and n_exp % ep:
-            out.append(f"n_routed_experts={n_exp} is not divisible by EP {ep}")
+            out.fail(TP, f"n_routed_experts={n_exp} is not divisible by EP {ep}")
     moe_tp = max(1, tp // ep)
     m = view.int_field("moe_intermediate_size")
     if m and moe_tp > 1:
         if m % moe_tp:
-            out.append(f"moe_intermediate_size={m} is not divisible by the MoE TP size {moe_tp}")
+            out.fail(TP, f"moe_intermediate_size={m} is not divisible by the MoE TP size {moe_tp}")
         elif (view.quant or {}).get("kind") == "int4-group":
             per = m // moe_tp
             gs = view.quant["group_size"]  # type: ignore[index]
             if per % gs or per % 8:
-                out.append(f"moe_intermediate_size {m} / MoE TP {moe_tp} = {per} per rank is not a multiple of "
-                           f"the int4 group size {gs} (and of 8 packed values)")
+                out.fail(TP, f"moe_intermediate_size {m} / MoE TP {moe_tp} = {per} per rank is not a multiple of "
+                         f"the int4 group size {gs} (and of 8 packed values)")
     return out
 
 
-def profile_problems(settings: Settings, view: ConfigView) -> list[str]:
-    out: list[str] = []
+def profile_problems(settings: Settings, view: ConfigView) -> Findings:
+    """config.json against the model the profile serves (type, architectures, sizes, quantization), each a
+    ``PROFILE`` failure."""
+    out = Findings()
     mt = settings.model.model_type
     if mt and view.model_type != mt:
-        out.append(f"model_type is {view.model_type!r}, the profile expects {mt!r}")
+        out.fail(PROFILE, f"model_type is {view.model_type!r}, the profile expects {mt!r}")
     archs = settings.model.architectures
     if archs and view.architectures and not set(archs) & set(view.architectures):
-        out.append(f"architectures {view.architectures} are not the profile's {archs}")
+        out.fail(PROFILE, f"architectures {view.architectures} are not the profile's {archs}")
     for key in ("num_hidden_layers", "n_routed_experts", "hidden_size", "vocab_size"):
         want = getattr(settings.model, key)
         got = view.text.get(key)
         if want is not None and got is not None and got != want:
-            out.append(f"{key} is {got}, the profile expects {want}")
+            out.fail(PROFILE, f"{key} is {got}, the profile expects {want}")
     quant = settings.model.quantization
     got_q = (view.quant or {}).get("method")
     if quant and got_q != quant:
-        out.append(f"quantization is {got_q or 'none'}, the profile expects {quant}")
+        out.fail(PROFILE, f"quantization is {got_q or 'none'}, the profile expects {quant}")
     return out
 
 
-def shard_problems(view: ConfigView, summary: dict[str, Any]) -> list[str]:
-    """config.json against the tensors of the shards: layers, experts, packed int4 shapes, the embedding."""
+def shard_problems(view: ConfigView, summary: dict[str, Any]) -> Findings:
+    """config.json against the tensors of the shards: layers, experts, packed int4 shapes, the embedding (each a
+    ``MISMATCH`` failure)."""
     problems = layer_problems(view, summary)
     if view.family != "generic":
         problems += expert_shape_problems(view, summary)
@@ -231,23 +237,24 @@ def shard_problems(view: ConfigView, summary: dict[str, Any]) -> list[str]:
         if pat.endswith("embed_tokens.weight") and hs:
             for shp in v["shapes"]:
                 if not shp.endswith(f", {hs}]"):
-                    problems.append(f"{pat} is {shp}, config hidden_size is {hs}")
+                    problems.fail(MISMATCH, f"{pat} is {shp}, config hidden_size is {hs}")
     return problems
 
 
-def remote_code_problems(fact: dict[str, Any]) -> tuple[list[str], list[str]]:
-    """The remote-code files auto_map names (and what they import relatively) that are missing or unreadable:
-    (lines, file names)."""
+def remote_code_problems(fact: dict[str, Any]) -> Findings:
+    """The remote-code files auto_map names (and what they import relatively) that are missing or unreadable, each
+    a ``REMOTE_CODE`` failure; ``details["files"]``: their names (what a download fetches)."""
     remote = fact.get("remote_code") or {}
     code_missing = list(remote.get("missing") or [])
     code_broken = [n for n, f in (remote.get("files") or {}).items() if f.get("error")]
-    lines: list[str] = []
+    out = Findings(files=code_missing + code_broken)
     for name in code_missing:
         by = (remote.get("files") or {}).get(name, {}).get("needed_by")
-        lines.append(f"remote-code file {name} " + (f"(imported by {by}) " if by else "named by auto_map ")
-                     + "is missing: the server fails to import it after the weights load")
-    lines += [f"remote-code file {n} {remote['files'][n]['error']}" for n in code_broken]
-    return lines, code_missing + code_broken
+        out.fail(REMOTE_CODE, f"remote-code file {name} " + (f"(imported by {by}) " if by else "named by auto_map ")
+                 + "is missing: the server fails to import it after the weights load")
+    for name in code_broken:
+        out.fail(REMOTE_CODE, f"remote-code file {name} {remote['files'][name]['error']}")
+    return out
 
 
 def description(view: ConfigView) -> str:
@@ -265,26 +272,26 @@ def description(view: ConfigView) -> str:
 
 
 class ConfigReading:
-    """What is wrong with config.json, by kind (each kind has its own fix), and what is only noted."""
+    """What is wrong with config.json, as failures by kind (each kind its code and its own fix), and what is only
+    noted."""
 
     def __init__(self, view: ConfigView) -> None:
-        self.config = list(view.problems)
+        self.config = Findings(Finding(Severity.FAIL, MISMATCH, p) for p in view.problems)
         self.warnings = list(view.notes)
-        self.tp: list[str] = []
-        self.profile: list[str] = []
-        self.code: list[str] = []
-        self.code_files: list[str] = []
+        self.tp = Findings()
+        self.profile = Findings()
+        self.code = Findings(files=[])
         self.checked_against_shards = False
         self.not_compared: str | None = None
         q = view.quant
         if q is not None and q.get("problem"):
-            self.config.append(q["problem"])
+            self.config.fail(MISMATCH, q["problem"])
         elif q is not None and q.get("kind") in ("other", "compressed-tensors-other"):
             self.warnings.append(f"quantization {q.get('method')} ({q.get('format')}) is not one the doctor checks "
                                  "against the shards")
 
     @property
-    def problems(self) -> list[str]:
+    def problems(self) -> list[Finding]:
         return self.config + self.tp + self.profile + self.code
 
     def against_shards(self, view: ConfigView, fact: dict[str, Any], summary: dict[str, Any] | None) -> None:
@@ -318,10 +325,11 @@ def judge_config(fact: dict[str, Any], read_tensors: Callable[[], Any], settings
     seen.against_shards(view, fact, (read_tensors() or {}).get("summary"))
     seen.tp = tp_problems(settings, view)
     seen.profile = profile_problems(settings, view)
-    seen.code, seen.code_files = remote_code_problems(fact)
+    seen.code = remote_code_problems(fact)
     problems = seen.problems
     out = Findings(family=view.family, model_type=view.model_type, text_model_type=view.text_model_type,
-                   quantization=view.quant, quantization_where=view.quant_where, tp=settings.tp, problems=problems,
+                   quantization=view.quant, quantization_where=view.quant_where, tp=settings.tp,
+                   problems=[f.message for f in problems],
                    warnings=seen.warnings, checked_against_shards=seen.checked_against_shards)
     if problems:
         return config_failure(fact, view, seen, settings, out)
@@ -343,7 +351,7 @@ def config_failure(fact: dict[str, Any], view: ConfigView, seen: ConfigReading, 
     commands: list[str] = []
     if seen.code:
         texts.append("Download the model's remote code (the revision of the rest of the model).")
-        commands.append(download_command(settings.model.repo, fact.get("path"), seen.code_files))
+        commands.append(download_command(settings.model.repo, fact.get("path"), seen.code.details["files"]))
     if seen.config:
         texts.append("Use the config.json of the same revision as the shards.")
         commands += redownload_commands(settings, fact, ["config.json"], TARGET)
@@ -359,7 +367,5 @@ def config_failure(fact: dict[str, Any], view: ConfigView, seen: ConfigReading, 
     if seen.profile:
         texts.append(f"This is not the model profile {settings.profile_name} serves: point --model-path at "
                      "that model, or use a profile made for this one.")
-    for code, found in ((MISMATCH, seen.config), (TP, seen.tp), (PROFILE, seen.profile), (REMOTE_CODE, seen.code)):
-        for message in found:
-            out.fail(code, message)
+    out += seen.problems
     return out.fold("config.json: ", Remediation(" ".join(texts), commands))

@@ -253,9 +253,15 @@ def _draft_backend_findings(args: list[str], target_is_mla: bool) -> list[Findin
 
 # -- model.drafter: the draft model judged whole -------------------------------------------------------------
 
-def config_problems(d: dict[str, Any], tview: Any, want_archs: Any, out: Findings) -> list[str]:
-    """The drafter's config.json on its own and against the target's (``tview``: its ConfigView, or None)."""
-    problems: list[str] = []
+NO_DRAFT_ARG = "model.drafter.no_path"  # the argv drafts (its [server] args) and no draft model is given
+IS_TARGET = "model.drafter.is_target"  # the drafter's path is the target's: model.redownload downloads nothing
+MISMATCH = "model.drafter.mismatch"  # the drafter's config.json, or the drafter against the target
+
+
+def config_problems(d: dict[str, Any], tview: Any, want_archs: Any, out: Findings) -> Findings:
+    """The drafter's config.json on its own and against the target's (``tview``: its ConfigView, or None), each
+    problem a ``MISMATCH`` failure (what was read goes into ``out``'s details)."""
+    problems = Findings()
     dfl = d.get("dflash_config") if isinstance(d.get("dflash_config"), dict) else {}
 
     def get(key: str) -> Any:
@@ -263,13 +269,13 @@ def config_problems(d: dict[str, Any], tview: Any, want_archs: Any, out: Finding
 
     archs = d.get("architectures")
     if want_archs and (not isinstance(archs, list) or not set(want_archs) & set(archs)):
-        problems.append(f"architectures {archs!r} are not the profile's {want_archs}")
+        problems.fail(MISMATCH, f"architectures {archs!r} are not the profile's {want_archs}")
     bs = get("block_size")
     if bs is not None and not is_pos_int(bs):
-        problems.append(f"block_size is {bs!r}; it must be an integer >= 1")
+        problems.fail(MISMATCH, f"block_size is {bs!r}; it must be an integer >= 1")
     nl = d.get("num_hidden_layers")
     if nl is not None and not is_pos_int(nl):
-        problems.append(f"num_hidden_layers is {nl!r}, not a positive integer")
+        problems.fail(MISMATCH, f"num_hidden_layers is {nl!r}, not a positive integer")
     t_hidden = tview.int_field("hidden_size") if tview else None
     t_vocab = tview.int_field("vocab_size") if tview else None
     ids = get("target_layer_ids")
@@ -279,45 +285,44 @@ def config_problems(d: dict[str, Any], tview: Any, want_archs: Any, out: Finding
     problems += mask_token_problems(mtid, t_vocab or (vocab if is_pos_int(vocab) else None))
     hs = d.get("hidden_size")
     if t_hidden and hs != t_hidden:
-        problems.append(f"hidden_size is {hs!r}, the target's is {t_hidden}")
+        problems.fail(MISMATCH, f"hidden_size is {hs!r}, the target's is {t_hidden}")
     if t_vocab and vocab is not None and vocab != t_vocab:
-        problems.append(f"vocab_size is {vocab!r}, the target's is {t_vocab}")
+        problems.fail(MISMATCH, f"vocab_size is {vocab!r}, the target's is {t_vocab}")
     out.details.update(block_size=bs, target_layer_ids=ids, mask_token_id=mtid, hidden_size=hs, vocab_size=vocab,
                        target_checked=tview is not None)
     return problems
 
 
-def layer_id_problems(ids: Any, t_layers: int | None) -> list[str]:
-    """``target_layer_ids``: a non-empty list of integers, each a layer of the target (``t_layers``, when known).
-    A drafter built for a deeper target fails at its first draft step, and the error does not say why."""
+def layer_id_problems(ids: Any, t_layers: int | None) -> Findings:
+    """``target_layer_ids``: a non-empty list of integers, each a layer of the target (``t_layers``, when known),
+    else a ``MISMATCH`` failure. A drafter built for a deeper target fails at its first draft step, and the error
+    does not say why."""
+    out = Findings()
     if ids is None:
-        return []
+        return out
     if not isinstance(ids, list) or not ids or not all(type(i) is int for i in ids):
-        return [f"target_layer_ids is {ids!r}, not a non-empty list of integers"]
+        return out.fail(MISMATCH, f"target_layer_ids is {ids!r}, not a non-empty list of integers")
     outside = [i for i in ids if i < 0 or i >= t_layers] if t_layers else []
     if not outside:
-        return []
+        return out
     deeper = (f": the drafter was built for a target of at least {max(ids) + 1} layers (the first "
               "draft step fails with \"mat1 and mat2 shapes cannot be multiplied\")"
               if max(ids) >= t_layers else "")
-    return [f"target_layer_ids {outside} are outside the target's {t_layers} layers (0..{t_layers - 1}){deeper}"]
+    return out.fail(MISMATCH, f"target_layer_ids {outside} are outside the target's {t_layers} layers "
+                    f"(0..{t_layers - 1}){deeper}")
 
 
-def mask_token_problems(mtid: Any, limit: int | None) -> list[str]:
+def mask_token_problems(mtid: Any, limit: int | None) -> Findings:
     """``mask_token_id``: a non-negative integer inside the vocabulary (``limit``: the target's, else the
-    drafter's own, when known)."""
+    drafter's own, when known), else a ``MISMATCH`` failure."""
+    out = Findings()
     if mtid is None:
-        return []
+        return out
     if type(mtid) is not int or mtid < 0:
-        return [f"mask_token_id is {mtid!r}, not a non-negative integer"]
+        return out.fail(MISMATCH, f"mask_token_id is {mtid!r}, not a non-negative integer")
     if limit and mtid >= limit:
-        return [f"mask_token_id {mtid} is outside the vocabulary ({limit} tokens)"]
-    return []
-
-
-NO_DRAFT_ARG = "model.drafter.no_path"  # the argv drafts (its [server] args) and no draft model is given
-IS_TARGET = "model.drafter.is_target"  # the drafter's path is the target's: model.redownload downloads nothing
-MISMATCH = "model.drafter.mismatch"  # the drafter's config.json, or the drafter against the target
+        return out.fail(MISMATCH, f"mask_token_id {mtid} is outside the vocabulary ({limit} tokens)")
+    return out
 
 
 def same_as_target(fact: dict[str, Any], settings: Settings) -> Findings:
@@ -349,7 +354,8 @@ def judge_drafter(fact: dict[str, Any], read_target: Callable[[], Any], args: li
     problems, pairing = _config_and_pairing(d, problem, tview, fact, args, settings, out)
     fails = [f for f in pairing if f.severity is Severity.FAIL]
     warns = [f for f in pairing if f.severity is Severity.WARN]
-    out.details.update(problems=problems, warnings=[f.message for f in warns], problem_codes=[f.code for f in fails])
+    out.details.update(problems=[f.message for f in problems], warnings=[f.message for f in warns],
+                       problem_codes=[f.code for f in fails])
     if problems or weights.status.failed:
         return drafter_failure(problems, weights, fails, out)
     if warns:
@@ -372,15 +378,16 @@ def _draft_not_given(fact: dict[str, Any], args: list[str], settings: Settings) 
 
 
 def _config_and_pairing(d: dict[str, Any] | None, problem: str | None, tview: Any, fact: dict[str, Any],
-                        args: list[str], settings: Settings, out: Findings) -> tuple[list[str], list[Finding]]:
-    """The drafter's config problems (config.json unreadable, or against the target) with the pairing's failures
-    last (``drafter_failure`` counts them from the end), and the pairing's findings; no pairing without a config."""
-    problems = [problem] if problem else []
+                        args: list[str], settings: Settings, out: Findings) -> tuple[Findings, list[Finding]]:
+    """The drafter's failures (config.json unreadable, or against the target: ``MISMATCH``) with the pairing's
+    failures last, each with its rule's code (``drafter_failure`` counts them from the end), and the pairing's
+    findings; no pairing without a config."""
+    problems = Findings().fail(MISMATCH, problem) if problem else Findings()
     if not d:
         return problems, []
     problems += config_problems(d, tview, settings.drafter.architectures, out)
     pairing = pairing_of(d, tview, fact, args, settings)
-    problems += [f.message for f in pairing if f.severity is Severity.FAIL]
+    problems += [f for f in pairing if f.severity is Severity.FAIL]
     return problems, pairing
 
 
@@ -407,18 +414,16 @@ def pairing_warnings(warns: list[Finding], out: Findings) -> Findings:
     return out.fold("drafter: ", warns[0].fix or Remediation(""))
 
 
-def drafter_failure(problems: list[str], weights: Result, fixes: list[Finding], out: Findings) -> Findings:
-    """Each problem a finding (config.json's ``model.drafter.mismatch``, the pairing rules' own codes, the weights'
-    damage last), said in one line (the first problem, the weights' when the config is fine, and how many more) with
-    one fix: the weights' when they failed, else the pairing's when every problem is one, else the drafter trained
-    for this target. ``fixes``: the pairing's failures, the last of ``problems``."""
+def drafter_failure(problems: Findings, weights: Result, fixes: list[Finding], out: Findings) -> Findings:
+    """Each problem a finding with its code (config.json's ``model.drafter.mismatch``, the pairing rules' own codes,
+    the weights' damage last), said in one line (the first problem, the weights' when the config is fine, and how
+    many more) with one fix: the weights' when they failed, else the pairing's when every problem is one, else the
+    drafter trained for this target. ``fixes``: the pairing's failures, the last of ``problems``."""
     rem = weights.remediation or (Remediation((fixes[0].fix or Remediation()).text,
                                               [c for f in fixes for c in (f.fix.commands if f.fix else [])])
                                   if fixes and len(fixes) == len(problems) else
                                   Remediation("Use the DFlash drafter trained for this target model."))
-    for message in problems[:len(problems) - len(fixes)]:
-        out.fail(MISMATCH, message)
-    for found in fixes:
+    for found in problems:  # the one remediation above is the fold's: a pairing rule's own fix is not repeated
         out.fail(found.code, found.message)
     # Damaged weights keep their code (the re-download fixer acts on it), whatever else is wrong.
     damaged = [f.code for f in weights.findings if f.severity is Severity.FAIL and weights.status.failed]

@@ -19,10 +19,14 @@ from typing import Any
 
 from doctor.core.datafile import load_toml
 from doctor.core.fileio import describe_error, read_text
+from doctor.core.result import Findings
 
 COMPAT_FILE = Path(__file__).resolve().parents[1] / "data" / "tokenizer_compat.toml"
 MAX_SOURCE_BYTES = 2 * 1024 * 1024
 MAX_FILES = 32
+# model.tokenizer's failures for the modules auto_map names itself (each with its own fix)
+MODULE_MISSING = "model.tokenizer.module_missing"  # not in the model directory: a download of the module fixes it
+MODULE_OUTSIDE = "model.tokenizer.module_outside"  # outside the model directory: auto_map must name one inside
 
 
 def compat_table(path: Path = COMPAT_FILE) -> dict[str, Any]:
@@ -169,26 +173,25 @@ def scan_remote_code(model_dir: str, refs: list[str]) -> dict[str, Any]:
     return out
 
 
-def named_module_problems(remote: dict[str, Any]) -> tuple[list[str], list[str]]:
+def named_module_problems(remote: dict[str, Any]) -> Findings:
     """What is wrong with the modules ``auto_map`` names itself (``scan_remote_code``'s record: files with no
-    ``needed_by``): (one line per problem, the files a download fixes). A module outside the model directory is
-    said to be outside (it may well exist: transformers does not look there), never "missing"; one that is not
-    a regular file or is a symlink loop is said to be that."""
-    problems: list[str] = []
-    download: list[str] = []
+    ``needed_by``), a failure each: ``MODULE_OUTSIDE`` for a module outside the model directory (it may well
+    exist: transformers does not look there; never said "missing"), ``MODULE_MISSING`` for one that is not there
+    (``details["download"]``: the files a download fixes)."""
+    out = Findings(download=[])
     files = remote.get("files") if isinstance(remote.get("files"), dict) else {}
     for name, rec in files.items():
         if not isinstance(rec, dict) or rec.get("needed_by"):
             continue
         if rec.get("outside"):
-            problems.append(f"remote-code module {name} named by auto_map is outside the model directory"
-                            + (" (it exists there, but" if rec.get("present") else " (")
-                            + " transformers loads remote code only from the model directory): name a module "
-                            "inside it, as the model's repository does")
+            out.fail(MODULE_OUTSIDE, f"remote-code module {name} named by auto_map is outside the model directory"
+                     + (" (it exists there, but" if rec.get("present") else " (")
+                     + " transformers loads remote code only from the model directory): name a module "
+                     "inside it, as the model's repository does")
         elif rec.get("present") is False:
-            problems.append(f"remote-code module {name} named by auto_map is missing")
-            download.append(name)
-    return problems, download
+            out.fail(MODULE_MISSING, f"remote-code module {name} named by auto_map is missing")
+            out.details["download"].append(name)
+    return out
 
 
 def download_command(repo: str | None, model_dir: str | None, files: list[str]) -> str:

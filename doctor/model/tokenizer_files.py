@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from doctor.core.result import Findings, NotJudged, Remediation, Severity
+from doctor.core.result import Finding, Findings, NotJudged, Remediation, Severity
 from doctor.core.settings import Settings
 from doctor.model.consistency import config_view
 from doctor.model.modelconfig import json_data, json_object
@@ -18,6 +18,8 @@ from doctor.model.weights import TARGET, dir_problem, redownload_commands
 
 DEFAULT_FIX = "Download the missing tokenizer files from the model's repository."
 BROKEN = "model.tokenizer.broken"  # what the files say (a load failure keeps its own code)
+# The modules auto_map names have codes of their own (their fixes differ): doctor.model.remote_code.MODULE_MISSING
+# (model.tokenizer.module_missing, a download) and MODULE_OUTSIDE (model.tokenizer.module_outside, the config).
 
 
 def auto_map_modules(auto_map: Any) -> list[str]:
@@ -36,7 +38,7 @@ class TokenizerFiles:
     def __init__(self, fact: dict[str, Any], trust_remote_code: Any) -> None:
         tok = fact.get("tokenizer") or {}
         self.files = tok.get("files") or {}
-        self.problems: list[str] = self._link_problems()
+        self.problems = self._link_problems()  # failures, in the order said (``BROKEN`` unless a code of its own)
         self.notes: list[str] = []
         tc = tok.get("tokenizer_config") or {}
         data, problem = json_object(tc, "tokenizer_config.json")
@@ -51,21 +53,22 @@ class TokenizerFiles:
         self.chat_template(tc, data)
         self.remote_code(fact.get("remote_code") or {}, trust_remote_code)
 
-    def _link_problems(self) -> list[str]:
+    def _link_problems(self) -> Findings:
         """Files the loader would open and fail on: dangling symlinks (or loops) and files that are not regular."""
-        return ([f"{n} is {'a symlink loop' if v.get('loop') else 'a dangling symlink'}"
-                 for n, v in self.files.items() if isinstance(v, dict) and v.get("dangling")]
-                + [f"{n} is {v['kind']}, not a regular file" for n, v in self.files.items()
-                   if isinstance(v, dict) and v.get("kind")])
+        return Findings([Finding(Severity.FAIL, BROKEN, m) for m in
+                         [f"{n} is {'a symlink loop' if v.get('loop') else 'a dangling symlink'}"
+                          for n, v in self.files.items() if isinstance(v, dict) and v.get("dangling")]
+                         + [f"{n} is {v['kind']}, not a regular file" for n, v in self.files.items()
+                            if isinstance(v, dict) and v.get("kind")]])
 
     def _config_presence(self, tc: dict[str, Any], problem: str | None) -> None:
         """tokenizer_config.json missing (a problem only without tokenizer.json, which is enough alone) or
         unreadable."""
         if not tc.get("present"):
             if "tokenizer.json" not in self.files:
-                self.problems.append("tokenizer_config.json is missing (and there is no tokenizer.json)")
+                self.problems.fail(BROKEN, "tokenizer_config.json is missing (and there is no tokenizer.json)")
         elif problem:
-            self.problems.append(problem)
+            self.problems.fail(BROKEN, problem)
 
     def chat_template(self, tc: dict[str, Any], data: dict[str, Any]) -> None:
         """A chat template in tokenizer_config.json or a file of its own (without one, chat completions fail;
@@ -73,31 +76,33 @@ class TokenizerFiles:
         self.has_template = bool(tc.get("chat_template")) or any(n in self.files for n in ("chat_template.jinja",
                                                                                            "chat_template.json"))
         if not self.has_template and data:
-            self.problems.append("no chat template (chat_template in tokenizer_config.json, chat_template.jinja or "
-                                 "chat_template.json): chat completions will fail")
+            self.problems.fail(BROKEN, "no chat template (chat_template in tokenizer_config.json, chat_template.jinja "
+                               "or chat_template.json): chat completions will fail")
 
     def remote_code(self, remote_fact: dict[str, Any], trust_remote_code: Any) -> None:
         """The remote code auto_map names: another repository's (network at start), modules missing or broken, and
         --trust-remote-code, which any of it needs."""
         self.notes += [f"auto_map {ref} loads code from another repository at start (needs network)"
                        for ref in self.remote if "--" in ref]
-        module_problems, download = named_module_problems(remote_fact)
-        self.problems += module_problems
-        self.missing_mods = sorted(set(download))
+        modules = named_module_problems(remote_fact)
+        self.problems += modules
+        self.missing_mods = sorted(set(modules.details["download"]))
         self.needs_trc = bool(self.remote)
         if self.needs_trc and trust_remote_code is False:
-            self.problems.append("auto_map means the server needs --trust-remote-code, but the profile sets "
-                                 "model.trust_remote_code = false")
+            self.problems.fail(BROKEN, "auto_map means the server needs --trust-remote-code, but the profile sets "
+                               "model.trust_remote_code = false")
 
     def vocabulary(self, data: dict[str, Any]) -> None:
         files = self.files
         if self.tiktoken:
             if "tiktoken.model" not in files:
-                self.problems.append(f"tokenizer {self.cls or 'TikToken'} needs tiktoken.model, which is missing")
+                self.problems.fail(BROKEN, f"tokenizer {self.cls or 'TikToken'} needs tiktoken.model, which is "
+                                   "missing")
         elif not any(n in files for n in ("tokenizer.json", "tokenizer.model", "vocab.json")) and data:
-            self.problems.append("no vocabulary file (tokenizer.json, tokenizer.model, vocab.json or tiktoken.model)")
+            self.problems.fail(BROKEN, "no vocabulary file (tokenizer.json, tokenizer.model, vocab.json or "
+                               "tiktoken.model)")
         if "vocab.json" in files and "merges.txt" not in files and "tokenizer.json" not in files:
-            self.problems.append("vocab.json without merges.txt (BPE needs both)")
+            self.problems.fail(BROKEN, "vocab.json without merges.txt (BPE needs both)")
 
 
 def the_load(fact: dict[str, Any], tok: Any, settings: Settings) -> tuple[Findings, NotJudged | None]:
@@ -156,18 +161,19 @@ def judge_tokenizer(fact: dict[str, Any], read_tok: Callable[[], Any], args: lis
 
 def tokenizer_failure(fact: dict[str, Any], seen: TokenizerFiles, failing: list[Any], settings: Settings,
                       out: Findings) -> Findings:
-    """Each problem a finding (the files' ``model.tokenizer.broken``, the load's own codes), said in one line (the
+    """Each problem a finding (the files' ``model.tokenizer.broken``, the auto_map modules' ``module_missing`` and
+    ``module_outside``, the load's own codes), said in one line (the
     first, and how many more); the fix of the first load problem when the files are fine, with the commands of
     every load problem."""
-    problems = seen.problems + [f.message for f in failing]
+    problems = [f.message for f in seen.problems + failing]
     commands = redownload_commands(settings, fact, seen.missing_mods, TARGET)
     fix = DEFAULT_FIX
     if failing and not seen.problems:
         fix = (failing[0].fix.text if failing[0].fix else "") or fix
     commands += [c for f in failing for c in (f.fix.commands if f.fix else []) if c not in commands]
     out.details["problems"] = problems
-    for message in seen.problems:
-        out.fail(BROKEN, message)
+    for found in seen.problems:  # the files' problems (BROKEN, or the auto_map modules' own codes)
+        out.fail(found.code, found.message)
     for found in failing:  # the load's own codes (model.tokenizer.load_fails, ...), for the fixers
         out.fail(found.code, found.message)
     return out.fold("tokenizer: ", Remediation(fix, commands))

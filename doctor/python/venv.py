@@ -10,7 +10,7 @@ import re
 import shlex
 from typing import Any
 
-from doctor.core.result import Findings, NotJudged, Remediation
+from doctor.core.result import Findings, NotJudged, Remediation, Severity
 from doctor.python.interpreter import describe
 
 BROKEN_SHEBANGS = ("python.venv.scripts.missing", "python.venv.scripts.outside")  # what the shebang fixer rewrites
@@ -23,46 +23,41 @@ def broken_scripts(v: dict[str, Any]) -> list[dict[str, Any]]:
     return [s for s in v.get("scripts") or [] if not s.get("exists") or not s.get("inside")]
 
 
-class Account:
-    """What is wrong (``problems``) and what is only odd (``warnings``), as (code, message), in the order found."""
-
-    def __init__(self) -> None:
-        self.problems: list[tuple[str, str]] = []
-        self.warnings: list[tuple[str, str]] = []
-
-
-def version_problems(v: dict[str, Any], seen: Account) -> None:
+def version_problems(v: dict[str, Any]) -> Findings:
     """pyvenv.cfg's version against the interpreter's (a mismatch fails; another patch release warns)."""
+    out = Findings()
     cfg_v = str(v.get("cfg_version") or "")
     run_v = ".".join(str(x) for x in ((v.get("runtime") or {}).get("version_info") or []))
     real = os.path.basename(str(v.get("resolved") or ""))
     m = re.match(r"python(\d+\.\d+)", real)
     if cfg_v and run_v and cfg_v.split(".")[:2] != run_v.split(".")[:2]:
-        seen.problems.append(("python.venv.version", f"pyvenv.cfg says Python {cfg_v} but the interpreter is {run_v}"))
+        out.fail("python.venv.version", f"pyvenv.cfg says Python {cfg_v} but the interpreter is {run_v}")
     elif cfg_v and not run_v and m and cfg_v.split(".")[:2] != m.group(1).split("."):
-        seen.problems.append(("python.venv.version", f"pyvenv.cfg says Python {cfg_v} but bin/python resolves to "
-                              f"{real}"))
+        out.fail("python.venv.version", f"pyvenv.cfg says Python {cfg_v} but bin/python resolves to {real}")
     elif cfg_v and run_v and cfg_v != run_v:
-        seen.warnings.append(("python.venv.patch_release", f"venv made with Python {cfg_v}, base interpreter is now "
-                              f"{run_v}"))
+        out.warn("python.venv.patch_release", f"venv made with Python {cfg_v}, base interpreter is now {run_v}")
+    return out
 
 
-def venv_problems(v: dict[str, Any], seen: Account) -> None:
-    """What is wrong with a venv: its home, its version, its site-packages (its scripts: ``judge_scripts``)."""
+def venv_problems(v: dict[str, Any]) -> Findings:
+    """What is wrong with a venv (failures) and what is only odd (warnings), in the order found: its home, its
+    version, its site-packages (its scripts: ``judge_scripts``)."""
+    out = Findings()
     home = v.get("home")
     if not home:
-        seen.problems.append(("python.venv.no_home", "pyvenv.cfg has no 'home' key"))
+        out.fail("python.venv.no_home", "pyvenv.cfg has no 'home' key")
     elif not v.get("home_exists"):
-        seen.problems.append(("python.venv.home_gone", f"pyvenv.cfg home {home} does not exist on this machine "
-                              "(copied from another?)"))
-    version_problems(v, seen)
+        out.fail("python.venv.home_gone", f"pyvenv.cfg home {home} does not exist on this machine (copied from "
+                 "another?)")
+    out += version_problems(v)
     sps = v.get("site_packages") or []
     if not sps:
-        seen.problems.append(("python.venv.no_site_packages", f"no lib/python3.X/site-packages under {v.get('root')}"))
+        out.fail("python.venv.no_site_packages", f"no lib/python3.X/site-packages under {v.get('root')}")
     for sp in sps:
         if not sp.get("readable"):
-            seen.problems.append(("python.venv.site_packages_unreadable", f"{sp['path']} is not readable "
-                                  f"({sp.get('error') or 'permission'})"))
+            out.fail("python.venv.site_packages_unreadable", f"{sp['path']} is not readable "
+                     f"({sp.get('error') or 'permission'})")
+    return out
 
 
 def recreate_commands(v: dict[str, Any]) -> list[str]:
@@ -86,20 +81,19 @@ def judge_venv(v: dict[str, Any]) -> Findings:
         return Findings(**v).fail(NOT_PYTHON, wrong, Remediation(
             "pass the SGLang venv's bin/python as --python PYTHON",
             [shlex.join(["k26-doctor", "check", "--python", "PYTHON"])]))
-    seen = Account()
+    seen = Findings()
     if not v.get("resolves"):
-        seen.problems.append(("python.venv.dangling", f"{py} is a dangling symlink "
-                              f"({' -> '.join(v.get('link_chain') or [])})"))
+        seen.fail("python.venv.dangling", f"{py} is a dangling symlink ({' -> '.join(v.get('link_chain') or [])})")
     if v.get("is_venv"):
-        venv_problems(v, seen)
+        seen += venv_problems(v)
     if not v.get("starts"):
-        seen.problems.append(("python.venv.does_not_start", f"the interpreter does not start: {v.get('start_error')}"))
+        seen.fail("python.venv.does_not_start", f"the interpreter does not start: {v.get('start_error')}")
     out = Findings(**{k: v.get(k) for k in DETAIL_KEYS})
-    if seen.problems:
+    if seen.failing:
         fix = Remediation("The environment does not belong to this machine as it stands: recreate it here, or repair "
                           "it.", recreate_commands(v))
-        for code, message in seen.problems:
-            out.fail(code, message, fix)
+        for found in seen.of(Severity.FAIL):  # what is only odd is not said beside what is wrong
+            out.fail(found.code, found.message, fix)
         return out
     kind = "venv" if v.get("is_venv") else "interpreter (not a venv)"
     rt = v.get("runtime") or {}
@@ -108,8 +102,7 @@ def judge_venv(v: dict[str, Any]) -> Findings:
     out.info("python.venv.whole", f"{kind} {v.get('root') or py} is whole: Python "
              f"{'.'.join(map(str, rt.get('version_info') or []))}"
              + (f", {len(scripts)} scripts point into it" if whole else ""))
-    for code, message in seen.warnings:
-        out.warn(code, message)
+    out += seen.of(Severity.WARN)
     return out
 
 
