@@ -26,8 +26,8 @@ import ssl
 from dataclasses import dataclass, field
 from typing import Any
 
+from doctor.core.decision import decide_node
 from doctor.core.exitcodes import EXIT_FAILED, EXIT_NPD_UNKNOWN, EXIT_OK
-from doctor.core.result import Status
 from doctor.facts.redaction import redact_text
 from doctor.service import http
 from doctor.service.fleet import fleet_data, root_causes, split_by_failure
@@ -70,24 +70,26 @@ def one_line(text: str, limit: int) -> str:
 
 
 def node_mark(report: Any, limit: int | None = None) -> NodeMark:
-    """The node's state from the run's report (pure), as ``slurm-health`` judges it: a failure of the node's own
-    (its root cause first, the others counted), else checks of the node's not judged for want of facts (or an
-    interrupted run: unknown), else OK; the configuration's failures named, never acted on."""
+    """The node's state from the run's report (pure), by the one table ``slurm-health`` reads too
+    (``doctor.core.decision.decide_node``, checks not judged counted as ``--drain-unjudged`` counts them, since
+    Unknown is what node-problem-detector and the condition have for them): a failure of the node's own (its root
+    cause first, the others counted), else checks of the node's not judged for want of facts (or an interrupted
+    run: unknown), else OK; the configuration's failures named, never acted on."""
     limit = limit or max_output()
-    strict = bool(report.settings.strict)
-    failing = [r for r in report.results if r.status.failed or (strict and r.status is Status.WARN)]
-    node, configuration = split_by_failure(report, failing)
+    verdict = decide_node(report.results, lambda failed: split_by_failure(report, failed),
+                          interrupted=report.outcome.interrupted, strict=bool(report.settings.strict),
+                          drain_unjudged=True)
+    configuration = verdict.configuration
     config_ids = [cid for cid, _ in root_causes(report, configuration)] if configuration else []
-    if node:
-        causes = root_causes(report, node)
+    if verdict.state == "failed":
+        causes = root_causes(report, verdict.node)
         more = f" (+{len(causes) - 1} more)" if len(causes) > 1 else ""
         first, summary = causes[0]
         head = f"{first}: "
         return NodeMark(PROBLEM, head + one_line(summary, limit - len(head) - len(more)) + more, first,
-                           config_ids)
-    unjudged = [r.id for r in report.unjudged if r.failure != "deployment"]
-    if unjudged or report.outcome.interrupted:
-        why = "interrupted" if not unjudged else "not judged: " + ", ".join(unjudged)
+                        config_ids)
+    if verdict.state in ("not_judged", "interrupted"):
+        why = "interrupted" if not verdict.unjudged else "not judged: " + ", ".join(r.id for r in verdict.unjudged)
         return NodeMark(UNKNOWN, one_line(why, limit), None, config_ids)
     said = "node healthy" + (f"; config fails {', '.join(config_ids)}" if config_ids else "")
     return NodeMark(OK, one_line(said, limit), None, config_ids)
