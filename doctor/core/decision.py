@@ -104,6 +104,7 @@ def decide_node(results: Sequence[Result], split: Split, *, interrupted: bool = 
     finished may depend on them), as ``decide``'s first row: the node is left as it is (not drained, resumed,
     tainted nor marked) and the next run judges it. Its lists still hold what finished (the checks it stopped
     left out), for a caller that shows them.
+
     ``split`` parts the failing results into (the node's, the deployment's configuration's), by what the check
     whose failure explains each one declares (``doctor.service.fleet.split_by_failure``); a check not judged
     counts for the node unless it declares ``failure="deployment"``.
