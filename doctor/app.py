@@ -13,7 +13,7 @@ from doctor import __version__
 from doctor.core import deadline, runner
 from doctor.core.causes import mark_unexplained
 from doctor.core.context import Context, PlannedArgs
-from doctor.core.decision import Decision, decide
+from doctor.core.decision import Decision, decide, not_judged
 from doctor.core.fixing import not_plannable, plan_for, wants_fix
 from doctor.core.registry import Check, Registry, load
 from doctor.core.result import Notice, Remediation, Result, Status
@@ -121,8 +121,9 @@ class Report:
 
     @property
     def unjudged(self) -> list[Result]:
-        """Checks skipped for want of facts (not because a dependency failed): never a pass for the gate."""
-        return [r for r in self.results if r.status is Status.SKIP and r.unjudged]
+        """Checks skipped for want of facts (not because a dependency failed): never a pass for the gate. The
+        decision's own list (``doctor.core.decision.not_judged``), so the report names what the gate refuses for."""
+        return not_judged(self.results)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON report (CONTRACT.md); ``doctor/report/report.schema.json`` describes it. It tells the story

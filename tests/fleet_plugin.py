@@ -3,9 +3,10 @@ run that fails, passes, is not judged or hangs on demand, as seen by a real doct
 
 It is installed for real, as Python finds any distribution: a ``.dist-info`` with an ``entry_points.txt`` in the
 ``k26_doctor.checks`` group, on ``PYTHONPATH`` (no build: nothing to compile). The verdict is read from the file
-named by ``K26_FLEET_VERDICT``: ``pass``, ``fail``, ``unjudged``, ``crash`` or ``sleep SECONDS``. ``fleet.verdict``
-declares no ``failure=`` (a site plugin's check gets the documented default, "node", and a warning);
-``fleet.config`` declares ``failure="deployment"`` and fails only when the file says ``config-fail``.
+named by ``K26_FLEET_VERDICT``: ``pass``, ``fail``, ``unjudged``, ``crash`` or ``sleep SECONDS`` (which first
+creates that file's name + ``.started``, for a test that interrupts the run while the check runs).
+``fleet.verdict`` declares no ``failure=`` (a site plugin's check gets the documented default, "node", and a
+warning); ``fleet.config`` declares ``failure="deployment"`` and fails only when the file says ``config-fail``.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ def fleet_verdict(ctx):
     if words[0] == "crash":
         raise RuntimeError("the test asks for a crash")
     if words[0] == "sleep":
+        Path(os.environ["K26_FLEET_VERDICT"] + ".started").touch()  # the run is in its checks: now interrupt it
         time.sleep(float(words[1]))
     return Result.passed("as the test asks")
 

@@ -120,15 +120,22 @@ def by_id_prefix(failed: list[Result]) -> tuple[list[Result], list[Result]]:
 CONFIG = result("cfg", Status.FAIL)
 CONFIG_UNJUDGED = result("cfg-u", Status.SKIP, unjudged=True)
 CONFIG_UNJUDGED.failure = "deployment"
+STOPPED_HERE = result("s", Status.ERROR)  # a check Ctrl-C stopped, as the runner records it
+STOPPED_HERE.details["interrupted"] = True
 
 
 @pytest.mark.parametrize(("results", "kw", "state", "code", "node", "configuration", "unjudged"), [
-    ([PASS, FAIL, ERROR, UNJUDGED, CONFIG], {"interrupted": True}, "failed", EXIT_FAILED, ["f", "e"], ["cfg"],
+    # interrupted: no verdict on the node whatever finished (the checks it stopped are in no list)
+    ([PASS, FAIL, ERROR, STOPPED_HERE, UNJUDGED, CONFIG], {"interrupted": True, "drain_unjudged": True},
+     "interrupted", EXIT_INTERRUPTED, ["f", "e"], ["cfg"], ["u"]),
+    ([PASS, STOPPED_HERE], {"interrupted": True, "strict": True}, "interrupted", EXIT_INTERRUPTED, [], [], []),
+    ([PASS, UNJUDGED], {"strict": True, "interrupted": True}, "interrupted", EXIT_INTERRUPTED, [], [], ["u"]),
+    ([PASS, UNJUDGED, CONFIG], {"interrupted": True}, "interrupted", EXIT_INTERRUPTED, [], ["cfg"], ["u"]),
+    ([PASS, FAIL, ERROR, UNJUDGED, CONFIG], {"drain_unjudged": True}, "failed", EXIT_FAILED, ["f", "e"], ["cfg"],
      ["u"]),
     ([PASS, WARN], {"strict": True}, "failed", EXIT_FAILED, ["w"], [], []),
     ([PASS, UNJUDGED], {"drain_unjudged": True}, "not_judged", EXIT_FAILED, [], [], ["u"]),
-    ([PASS, UNJUDGED], {"strict": True, "interrupted": True}, "not_judged", EXIT_FAILED, [], [], ["u"]),
-    ([PASS, UNJUDGED, CONFIG], {"interrupted": True}, "interrupted", EXIT_FAILED, [], ["cfg"], ["u"]),
+    ([PASS, UNJUDGED], {"strict": True}, "not_judged", EXIT_FAILED, [], [], ["u"]),
     ([PASS, UNJUDGED, WARN, CONFIG], {}, "healthy", EXIT_OK, [], ["cfg"], ["u"]),
     ([PASS, CONFIG_UNJUDGED], {"drain_unjudged": True}, "healthy", EXIT_OK, [], [], []),
 ])

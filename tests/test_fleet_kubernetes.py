@@ -22,7 +22,7 @@ from typing import Any
 import fleet_plugin
 import pytest
 import yaml
-from conftest import ROOT, doctor_env
+from conftest import ROOT, doctor_env, interruptible
 from kube_api_stand_in import StandIn
 from kube_api_stand_in import node as stand_in_node
 
@@ -572,15 +572,22 @@ def test_the_plugin_speaks_npds_protocol_as_npd_runs_it(tmp_path: Path) -> None:
 
 
 # -- the taint, the label and the condition through the API ---------------------------------------------------
-def kube_node(tmp_path: Path, api: StandIn, verdict: str, *extra: str,
-              token: str | None = None) -> subprocess.CompletedProcess[str]:
+def kube_node_call(tmp_path: Path, api: StandIn, verdict: str, *extra: str,
+                   token: str | None = None) -> tuple[list[str], dict[str, str]]:
+    """The argv and environment of ``kube-node --mark`` on node gpu07 against the stand-in, the plugin's check
+    giving ``verdict``."""
     site = fleet_plugin.install(tmp_path)
     fleet_plugin.verdict_file(tmp_path, verdict)
     env = {**_shim(tmp_path), **_api_env(tmp_path, api, token)}
     env.update(PYTHONPATH=os.pathsep.join([env.get("PYTHONPATH", ""), str(site)]),
                K26_FLEET_VERDICT=str(tmp_path / "verdict"), NODE_NAME="gpu07")
-    return subprocess.run([str(tmp_path / "bin" / "k26-doctor"), "kube-node", "--mark", "--only", "fleet.*", *extra],
-                          capture_output=True, text=True, env=env, timeout=120)
+    return [str(tmp_path / "bin" / "k26-doctor"), "kube-node", "--mark", "--only", "fleet.*", *extra], env
+
+
+def kube_node(tmp_path: Path, api: StandIn, verdict: str, *extra: str,
+              token: str | None = None) -> subprocess.CompletedProcess[str]:
+    argv, env = kube_node_call(tmp_path, api, verdict, *extra, token=token)
+    return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
 
 
 def valid_node(obj: dict[str, Any]) -> None:
@@ -655,6 +662,30 @@ def test_another_writers_taint_in_between_is_kept_and_a_refusing_api_is_said(tmp
     res = kube_node(tmp_path, api, "pass", "--from-snapshot",
                     str(ROOT / "tests" / "fixtures" / "snapshots" / "b300x8-healthy.json"))
     assert res.returncode == 2 and "--mark writes the live node" in res.stderr
+
+
+def test_an_interrupted_run_writes_nothing_on_the_node_and_exits_130(tmp_path: Path) -> None:
+    """Ctrl-C while a check runs: no verdict on the node, so its taint, label and condition stay as the last
+    finished run left them (not one call to the API); the one line says so; exit 130 (NPD: Unknown)."""
+    from doctor.service.kube import node_table
+
+    with StandIn(stand_in_node("gpu07")) as api:
+        assert kube_node(tmp_path, api, "fail on purpose").returncode == 1
+        before, calls = json.loads(json.dumps(api.node)), len(api.requests)
+        argv, env = kube_node_call(tmp_path, api, "sleep 100")
+        started = tmp_path / "verdict.started"
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                stdin=subprocess.DEVNULL, preexec_fn=interruptible)  # SIGINT as a terminal gives it
+        deadline = time.monotonic() + 120  # the checks are running once fleet.verdict has started
+        while not started.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert started.exists(), "fleet.verdict never started"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130, out + err
+        assert out == "interrupted before it finished: nothing was changed\n"
+        assert len(api.requests) == calls and api.node == before
+        assert api.node["spec"]["taints"] and api.condition(node_table()["condition"])["status"] == "True"
 
 
 def test_recorded_gpu_facts_taint_a_broken_node_and_untaint_a_healthy_one() -> None:

@@ -5,6 +5,7 @@ here (munged, slurmctld, slurmd from the distribution's packages, on loopback): 
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
@@ -14,7 +15,7 @@ from pathlib import Path
 import fleet_plugin
 import pytest
 import slurm_cluster
-from conftest import ROOT
+from conftest import ROOT, interruptible
 
 from doctor.app import Report
 from doctor.core.result import Result, Status
@@ -127,19 +128,29 @@ def test_a_failure_of_the_deployments_configuration_never_drains() -> None:
     assert slurm.node_action(rep, IDLE, drain_unjudged=True).action == "keep"
 
 
-def test_an_interrupted_run_keeps_the_node_and_exits_1_unless_a_node_failure_drains_it() -> None:
-    """decide_node's interrupted row: a run stopped before it finished proves nothing about the node, so the node is
-    left as it is, with a non-zero exit (slurmd: not healthy); a failure already seen still drains it."""
+def test_an_interrupted_run_leaves_the_node_as_it_is_and_exits_130() -> None:
+    """decide_node's interrupted row: a run stopped before it finished says nothing about the node's hardware, so
+    the node is neither drained (not for the checks it stopped, not for a failure seen before it stopped) nor
+    resumed, one line says so, and the exit is the interrupted one."""
     def interrupted(*results: Result) -> Report:
         return Report(resolve({}, environ={}), RunOutcome(list(results), 0.1, interrupted=True))
 
+    def stopped(cid: str) -> Result:
+        return res(cid, Result.errored("interrupted (Ctrl-C) before it finished", interrupted=True))
+
     ours = slurm.NodeState("gpu01", ["IDLE", "DRAIN"], f"{PREFIX} gpu.nvlink: 2 pairs")
-    for node in (IDLE, ours):
-        d = slurm.node_action(interrupted(res("host.disk", Result.passed("ok"))), node)
-        assert (d.action, d.reason, d.exit_code) == ("keep", None, 1)
-        assert d.lines == ["gpu01: the run was interrupted; the node is left as it is"]
-    d = slurm.node_action(interrupted(res("gpu.nvlink", Result.failed("2 pairs"))), IDLE)
-    assert (d.action, d.exit_code) == ("drain", 1) and d.reason == f"{PREFIX} gpu.nvlink: 2 pairs"
+    theirs = slurm.NodeState("gpu01", ["IDLE", "DRAIN"], "maintenance: PSU")
+    runs = [interrupted(res("host.disk", Result.passed("ok")), stopped("gpu.nvlink")),
+            interrupted(res("gpu.nvlink", Result.failed("2 pairs")), stopped("host.disk")),
+            interrupted(res("sglang.ddtree", Result.failed("not validated"), failure="deployment"),
+                        res("fleet.verdict", Result.not_judged("no facts")), stopped("host.disk"))]
+    for node in (IDLE, ours, theirs):
+        for rep in runs:
+            for drain_unjudged in (False, True):
+                d = slurm.node_action(rep, node, drain_unjudged=drain_unjudged)
+                assert (d.action, d.reason, d.exit_code) == ("keep", None, 130)
+                assert d.lines == [f"gpu01: {slurm.INTERRUPTED_LINE}"]
+    assert "interrupted" in slurm.INTERRUPTED_LINE and "nothing was changed" in slurm.INTERRUPTED_LINE
 
 
 def test_the_healthy_b300_with_the_default_profile_is_left_up() -> None:
@@ -259,6 +270,43 @@ def test_a_check_not_judged_is_said_and_drains_only_when_asked(cluster: slurm_cl
     node["verdict"].write_text("crash")  # a check that crashes is an error: a failure, the node stays drained
     r = health(cluster, node, "--only", "fleet.*")
     assert r.returncode == 1 and cluster.reason().startswith(f"{PREFIX} fleet.verdict: check crashed")
+
+
+@needs_cluster
+def test_an_interrupted_health_check_changes_nothing_and_exits_130(cluster: slurm_cluster.Cluster,
+                                                                  node: dict) -> None:
+    """Ctrl-C while a check runs: the checks it stopped are no verdict on the node, so an undrained node is not
+    drained and a drain of ours is neither resumed nor rewritten; one line says so, and the exit is 130."""
+    def interrupted() -> subprocess.CompletedProcess[str]:
+        node["verdict"].write_text("sleep 100")
+        started = Path(str(node["verdict"]) + ".started")
+        started.unlink(missing_ok=True)
+        argv = [*cluster.prefix, sys.executable, "-m", "doctor", "slurm-health", "--config", str(node["cfg"]),
+                "--only", "fleet.*"]
+        env = cluster.env(PYTHONPATH=f"{ROOT}:{node['site']}", K26_FLEET_VERDICT=str(node["verdict"]), NO_COLOR="1")
+        env.pop("K26_DOCTOR_CONFIG", None)
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                stdin=subprocess.DEVNULL, preexec_fn=interruptible)  # SIGINT as a terminal gives it
+        deadline = time.monotonic() + 120  # the checks are running once fleet.verdict has started
+        while not started.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert started.exists(), "fleet.verdict never started"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+    said = f"{cluster.node}: {slurm.INTERRUPTED_LINE}"
+    r = interrupted()
+    assert r.returncode == 130, r.stdout + r.stderr
+    assert r.stdout.splitlines()[-1] == said and f"{cluster.node}: drain" not in r.stdout
+    assert "DRAIN" not in cluster.states()
+    node["verdict"].write_text("fail a broken node")
+    assert health(cluster, node, "--only", "fleet.*").returncode == 1
+    reason = cluster.reason()
+    assert reason.startswith(f"{PREFIX} fleet.verdict: the test asks for a failure")
+    r = interrupted()
+    assert r.returncode == 130 and r.stdout.splitlines()[-1] == said, r.stdout + r.stderr
+    assert "DRAIN" in cluster.states() and cluster.reason() == reason
 
 
 @needs_cluster

@@ -102,7 +102,8 @@ def slurm_health(flags: dict[str, Any], node: str | None, scontrol_path: str | N
     slurm.conf:  HealthCheckProgram=/usr/local/sbin/k26-doctor-slurm-health
                  Prolog=/usr/local/sbin/k26-doctor-slurm-health
     Exit 0 healthy (a drain of ours resumed), 1 failing (drained) or scontrol failed, 2 invalid invocation or
-    unknown node, 3 the doctor could not run.
+    unknown node, 3 the doctor could not run, 130 interrupted before every check finished (the node left as it
+    is: an interrupted check is no verdict on it).
     """
     from doctor.app import run
     from doctor.core.settings import ConfigError
@@ -168,7 +169,8 @@ def kube_node(flags: dict[str, Any], mark: bool, node: str | None, taint_effect:
     stdout: one line, the root cause first, at most 80 characters (NPD's condition message)
     Exit 0 the node has no failure of its own (the deployment's configuration may fail: said, never marked),
     1 a check whose failure means the node is broken failed (or the API refused --mark), 2 not judged
-    (NPD: Unknown) or an invalid invocation, 3 the doctor could not run.
+    (NPD: Unknown) or an invalid invocation, 3 the doctor could not run, 130 interrupted before every check
+    finished (NPD: Unknown; nothing written on the node).
     Only a check declared failure="node" marks the node; the text report goes to stderr, and
     --format openmetrics --output FILE writes the textfile of the same run.
     """
@@ -189,7 +191,7 @@ def kube_node(flags: dict[str, Any], mark: bool, node: str | None, taint_effect:
             emit(report, flags)
     verdict = kube.node_mark(report)
     code, line = kube.plugin_line(verdict)
-    if mark:
+    if mark and verdict.state != kube.INTERRUPTED:  # an interrupted run is no verdict: the node is left as it is
         name = node or os.environ.get("NODE_NAME") or ""
         try:
             api = kube.KubeApi.in_cluster(kube_api, kube_token_file, kube_ca_file)

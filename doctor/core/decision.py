@@ -1,6 +1,7 @@
 """The one decision a run leads to: the status it reports, the exit code, and whether ``launch`` may start the
 server. One table, read by every command and renderer (pip's ``status_codes``, black's ``Report``); ``smoke``
-decides by it too, and ``decide_node`` reads the same rows for the node a run judged (``slurm-health``)."""
+decides by it too, and ``decide_node`` reads the same rows for the node a run judged (``slurm-health``,
+``kube-node``)."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def decide(results: Sequence[Result], *, interrupted: bool = False, strict: bool
     failures); (b) warn if a check warned, else pass. An ignored failure (``--ignore``) is a warning here, and a
     check not judged that is ignored is judged knowingly: neither refuses on its own.
     """
-    failed = [r.id for r in results if r.status.failed and not (interrupted and r.details.get("interrupted"))]
+    failed = [r.id for r in failing(results, interrupted=interrupted)]
     unjudged = [r.id for r in not_judged(results)]
     warned = any(r.status is Status.WARN for r in results)
     strict_fails = strict and (warned or bool(unjudged))
@@ -53,11 +54,12 @@ def decide(results: Sequence[Result], *, interrupted: bool = False, strict: bool
     return Decision(status, code, "warnings under --strict" if strict_fails else None)
 
 
-def failing(results: Sequence[Result], *, strict: bool = False) -> list[Result]:
+def failing(results: Sequence[Result], *, strict: bool = False, interrupted: bool = False) -> list[Result]:
     """The results that fail a run: a check that failed or errored, and under ``--strict`` a warning (``decide``'s
-    second and fifth rows; ``decide`` also leaves out, in an interrupted run, the checks Ctrl-C stopped, which
-    this list keeps: ``decide_node`` drains for them as it always has)."""
-    return [r for r in results if r.status.failed or (strict and r.status is Status.WARN)]
+    second and fifth rows). In an interrupted run the checks Ctrl-C stopped are left out: they judged nothing, so
+    they are no failure of the node's or of anything else."""
+    return [r for r in results if (r.status.failed or (strict and r.status is Status.WARN))
+            and not (interrupted and r.details.get("interrupted"))]
 
 
 def not_judged(results: Sequence[Result]) -> list[Result]:
@@ -70,18 +72,19 @@ Split = Callable[[list[Result]], tuple[list[Result], list[Result]]]
 
 @dataclass(frozen=True)
 class NodeDecision:
-    """What a run means for the node it ran on (``slurm-health``): the run's rows, seen from the node."""
+    """What a run means for the node it ran on (``slurm-health``, ``kube-node``): the run's rows, seen from the
+    node."""
 
-    state: str  # "failed", "not_judged", "interrupted" or "healthy": NODE_STATES
+    state: str  # "interrupted", "failed", "not_judged" or "healthy": NODE_EXIT's keys
     node: list[Result]  # the failures of the node's own (warnings too under --strict)
     configuration: list[Result]  # the deployment's failures: the same on every node, said, never acted on
     unjudged: list[Result]  # the node's checks not judged for want of facts
     exit_code: int
 
 
-# slurm-health's exit status per node state: non-zero is what slurmd reads as "not healthy" (a prolog's requeues
-# the job), so an interrupted run exits 1, not the shell's 130.
-NODE_EXIT = {"failed": EXIT_FAILED, "not_judged": EXIT_FAILED, "interrupted": EXIT_FAILED, "healthy": EXIT_OK}
+# slurm-health's exit status per node state. An interrupted run exits 130 as every command's Ctrl-C does: it is no
+# verdict on the node, and still non-zero, so a prolog that was interrupted does not let the job start.
+NODE_EXIT = {"interrupted": EXIT_INTERRUPTED, "failed": EXIT_FAILED, "not_judged": EXIT_FAILED, "healthy": EXIT_OK}
 
 
 def decide_node(results: Sequence[Result], split: Split, *, interrupted: bool = False, strict: bool = False,
@@ -91,24 +94,29 @@ def decide_node(results: Sequence[Result], split: Split, *, interrupted: bool = 
     =====================================================================  ===========  ====
     the node                                                               state        exit
     =====================================================================  ===========  ====
+    the run was interrupted (Ctrl-C) before every check finished           interrupted  130
     a failure of the node's own (``failing``: a warning too, --strict)     failed       1
     a node check not judged, under ``--drain-unjudged`` or ``--strict``    not_judged   1
-    the run was interrupted (Ctrl-C, a signal) before it finished          interrupted  1
     anything else (the deployment's failures are said, not acted on)       healthy      0
     =====================================================================  ===========  ====
+
+    An interrupted run says nothing about the node's hardware (the checks it stopped judged nothing, and what
+    finished may depend on them), as ``decide``'s first row: the node is left as it is (not drained, resumed,
+    tainted nor marked) and the next run judges it. Its lists still hold what finished (the checks it stopped
+    left out), for a caller that shows them.
 
     ``split`` parts the failing results into (the node's, the deployment's configuration's), by what the check
     whose failure explains each one declares (``doctor.service.fleet.split_by_failure``); a check not judged
     counts for the node unless it declares ``failure="deployment"``.
     """
-    node, configuration = split(failing(results, strict=strict))
+    node, configuration = split(failing(results, strict=strict, interrupted=interrupted))
     unjudged = [r for r in not_judged(results) if r.failure != "deployment"]
-    if node:
+    if interrupted:
+        state = "interrupted"
+    elif node:
         state = "failed"
     elif unjudged and (drain_unjudged or strict):
         state = "not_judged"
-    elif interrupted:
-        state = "interrupted"
     else:
         state = "healthy"
     return NodeDecision(state, node, configuration, unjudged, NODE_EXIT[state])

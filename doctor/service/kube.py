@@ -13,7 +13,9 @@ Two conventions a cluster already has, both driven by the same verdict (``node_m
   ``deploy/kubernetes/k26-doctor-node.yaml`` grants exactly those (``tests/test_fleet_kubernetes.py`` compares).
 
 Only a failure of the node (``@check(failure="node")``) marks it: a failure of the deployment's configuration
-is the same on every node (moving the pod would not help), is said in the message, and writes no taint.
+is the same on every node (moving the pod would not help), is said in the message, and writes no taint. An
+interrupted run (Ctrl-C before every check finished) is no verdict on the node: nothing is written, the one line
+says so, and the exit status is 130 (node-problem-detector: Unknown).
 """
 
 from __future__ import annotations
@@ -26,18 +28,20 @@ import ssl
 from dataclasses import dataclass, field
 from typing import Any
 
-from doctor.core.exitcodes import EXIT_FAILED, EXIT_NPD_UNKNOWN, EXIT_OK
-from doctor.core.result import Status
+from doctor.core.decision import decide_node
+from doctor.core.exitcodes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NPD_UNKNOWN, EXIT_OK
 from doctor.facts.redaction import redact_text
 from doctor.service import http
 from doctor.service.fleet import fleet_data, root_causes, split_by_failure
 
 SERVICE_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")  # the API's syntax of a label value
-OK, PROBLEM, UNKNOWN = "ok", "problem", "unknown"
+OK, PROBLEM, UNKNOWN, INTERRUPTED = "ok", "problem", "unknown", "interrupted"
 REASONS = {OK: "K26DoctorNodeHealthy", PROBLEM: "K26DoctorNodeFailing", UNKNOWN: "K26DoctorNotJudged"}
 CONDITION_STATUS = {OK: "False", PROBLEM: "True", UNKNOWN: "Unknown"}  # the condition names a problem
-EXIT = {OK: EXIT_OK, PROBLEM: EXIT_FAILED, UNKNOWN: EXIT_NPD_UNKNOWN}
+# An interrupted run is no verdict: nothing is written on the node, and its exit (130, every command's Ctrl-C) is
+# node-problem-detector's Unknown as any status but 0 and 1 is.
+EXIT = {OK: EXIT_OK, PROBLEM: EXIT_FAILED, UNKNOWN: EXIT_NPD_UNKNOWN, INTERRUPTED: EXIT_INTERRUPTED}
 
 
 class KubeError(Exception):
@@ -54,7 +58,8 @@ def max_output() -> int:
 
 @dataclass
 class NodeMark:
-    """What the run says of the node: ``state`` (ok, problem, unknown), the first failing check of the node's own
+    """What the run says of the node: ``state`` (ok, problem, unknown, interrupted: no verdict, nothing written),
+    the first failing check of the node's own
     (``check``), one line (``message``) and the deployment's configuration failures it does not act on."""
 
     state: str
@@ -70,24 +75,30 @@ def one_line(text: str, limit: int) -> str:
 
 
 def node_mark(report: Any, limit: int | None = None) -> NodeMark:
-    """The node's state from the run's report (pure), as ``slurm-health`` judges it: a failure of the node's own
-    (its root cause first, the others counted), else checks of the node's not judged for want of facts (or an
-    interrupted run: unknown), else OK; the configuration's failures named, never acted on."""
+    """The node's state from the run's report (pure), by the one table ``slurm-health`` reads too
+    (``doctor.core.decision.decide_node``, checks not judged counted as ``--drain-unjudged`` counts them, since
+    Unknown is what node-problem-detector and the condition have for them): a failure of the node's own (its root
+    cause first, the others counted), else checks of the node's not judged for want of facts (unknown), else OK;
+    the configuration's failures named, never acted on. An interrupted run comes first and is no verdict: the
+    node is left as it is."""
     limit = limit or max_output()
-    strict = bool(report.settings.strict)
-    failing = [r for r in report.results if r.status.failed or (strict and r.status is Status.WARN)]
-    node, configuration = split_by_failure(report, failing)
+    verdict = decide_node(report.results, lambda failed: split_by_failure(report, failed),
+                          interrupted=report.outcome.interrupted, strict=bool(report.settings.strict),
+                          drain_unjudged=True)
+    configuration = verdict.configuration
     config_ids = [cid for cid, _ in root_causes(report, configuration)] if configuration else []
-    if node:
-        causes = root_causes(report, node)
+    if verdict.state == "failed":
+        causes = root_causes(report, verdict.node)
         more = f" (+{len(causes) - 1} more)" if len(causes) > 1 else ""
         first, summary = causes[0]
         head = f"{first}: "
         return NodeMark(PROBLEM, head + one_line(summary, limit - len(head) - len(more)) + more, first,
-                           config_ids)
-    unjudged = [r.id for r in report.unjudged if r.failure != "deployment"]
-    if unjudged or report.outcome.interrupted:
-        why = "interrupted" if not unjudged else "not judged: " + ", ".join(unjudged)
+                        config_ids)
+    if verdict.state == "interrupted":
+        return NodeMark(INTERRUPTED, one_line("interrupted before it finished: nothing was changed", limit), None,
+                        config_ids)
+    if verdict.state == "not_judged":
+        why = "not judged: " + ", ".join(r.id for r in verdict.unjudged)
         return NodeMark(UNKNOWN, one_line(why, limit), None, config_ids)
     said = "node healthy" + (f"; config fails {', '.join(config_ids)}" if config_ids else "")
     return NodeMark(OK, one_line(said, limit), None, config_ids)
@@ -232,9 +243,12 @@ def _api_message(body: bytes) -> str:
 
 def mark(api: KubeApi, name: str, verdict: NodeMark, effect: str | None = None) -> list[str]:
     """Write the verdict on the node: its condition always, the taint and label when they change (one retry
-    after a conflict, on the node read again). Returns what was done, one line each; ``KubeError`` on failure."""
+    after a conflict, on the node read again). Returns what was done, one line each; ``KubeError`` on failure. An
+    interrupted run's verdict writes nothing: the node is left as it is."""
     if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", name or ""):
         raise KubeError(f"{name!r} is not a node name (give --node, or NODE_NAME from the downward API)")
+    if verdict.state == INTERRUPTED:
+        return []
     done = []
     for attempt in (1, 2):
         node = api.get_node(name)

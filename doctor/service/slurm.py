@@ -13,6 +13,8 @@ administrator drained keeps its reason and stays drained.
   make Slurm drain the node itself; the job's own gate, ``launch``, refuses to start the server).
 * A check that could not be judged for want of facts drains nothing unless ``--drain-unjudged`` is given, and
   the output says which were not judged; with the flag, the reason says "not judged".
+* An interrupted run (Ctrl-C before every check finished) is no verdict on the node: it is neither drained nor
+  resumed, one line says so, and the exit status is 130 (the interrupted exit of every command).
 * In the prolog (``SLURM_SCRIPT_CONTEXT=prolog_slurmd``) the job has not started: every check runs, and a failure
   exits 1 so that Slurm requeues the job (the node is already drained with our reason, which Slurm keeps).
   As ``HealthCheckProgram`` on a node with jobs (ALLOCATED, MIXED, COMPLETING) the GPUs and the port are the
@@ -38,6 +40,7 @@ from doctor.core.printable import printable
 from doctor.facts.redaction import redact_text
 from doctor.service.fleet import fleet_data, root_causes, split_by_failure
 
+INTERRUPTED_LINE = "the check was interrupted before it finished; nothing was changed (the next run judges the node)"
 BUSY_STATES = ("ALLOCATED", "MIXED", "COMPLETING")
 SCONTROL_PLACES = ("/usr/bin/scontrol", "/usr/local/bin/scontrol", "/opt/slurm/bin/scontrol")
 _REASON_SUFFIX = re.compile(r"\s*\[[^\]\s]*@[^\]\s]*\]\s*$")  # "[root@2026-12-01T09:04:02]" that scontrol adds
@@ -186,20 +189,20 @@ def drain_reason(prefix: str, causes: list[tuple[str, str]], limit: int, what: s
 def node_action(report: Any, node: NodeState, *, drain_unjudged: bool = False) -> NodeAction:
     """The node's fate from the report (pure), its state and exit status by the one table
     (``doctor.core.decision.decide_node``): drain with the root cause of a node failure, resume a drain of ours,
-    or keep; a failure of the deployment's configuration is said and drains nothing."""
+    or keep; a failure of the deployment's configuration is said and drains nothing, and an interrupted run
+    keeps the node as it is (its one line says so)."""
     table = slurm_table()
     prefix, limit = table["reason_prefix"], int(table["reason_max_chars"])
     verdict = decide_node(report.results, lambda failed: split_by_failure(report, failed),
                           interrupted=report.outcome.interrupted, strict=bool(report.settings.strict),
                           drain_unjudged=drain_unjudged)
+    if verdict.state == "interrupted":  # no verdict on the node: nothing to drain or resume, nothing else to say
+        return NodeAction("keep", None, [f"{node.name}: {INTERRUPTED_LINE}"], verdict.exit_code)
     lines: list[str] = []
     if verdict.configuration:
         lines.append(f"{node.name}: not drained for the deployment's configuration (the same on every node; it "
                      "blocks the launch): " + drain_reason("configuration:",
                                                           root_causes(report, verdict.configuration), limit))
-    if verdict.state == "interrupted":
-        lines.append(f"{node.name}: the run was interrupted; the node is left as it is")
-        return NodeAction("keep", None, lines, verdict.exit_code)
     if verdict.state == "failed":
         return drain(node, drain_reason(prefix, root_causes(report, verdict.node), limit), prefix, lines,
                      verdict.exit_code)
