@@ -156,7 +156,7 @@ def plan_redownload(ctx: Context, result: Result) -> Plan:
     staging = os.path.join(model_dir, STAGING_DIR, stamp)
     stale, partial, files = _leftover_moves(leftovers, hash_verdicts(ctx, role), model_dir, aside, fact, files)
     fetch = list(dict.fromkeys(files))
-    repo = ctx.settings.get(role.repo_key)
+    repo = role.repo(ctx.settings)
     if not fetch:
         return Plan(stale + partial)
     if not repo:
