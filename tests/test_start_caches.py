@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from doctor.host.jitcache import server_triton_dir, sglang_jit_compiled, sglang_jit_dir
+from doctor.host.jitcache import server_triton_dir, sglang_jit_compiled, sglang_jit_dir, sglang_module_name
 from doctor.service import prewarm, startplan
 from doctor.service.launcher import LaunchPlan
 from doctor.service.startwatch import server_caches
@@ -38,15 +38,23 @@ def flashinfer_module(base: Path, module: str, version: str = "0.7.2", archs: st
     return so
 
 
-def sglang_module(root: Path, module: str, target: str = "sm90a") -> Path:
-    """A module as SGLang 0.5.23 publishes it (sglang/kernels/jit/utils/compile/cache.py: <SGLANG_JIT_CACHE_DIR>/
-    <target>/<module>/build-<build_key>/deps-<deps_key>/<module>.so beside sgl_deps.json)."""
-    leaf = root / target / module / "build-3f2a9c" / "deps-77b1e0"
+def sglang_module(root: Path, *args: object, target: str = "sm90a") -> Path:
+    """A module as SGLang 0.5.23 publishes it from ``load_jit(*args)`` (sglang/kernels/jit/utils/compile/cache.py:
+    <SGLANG_JIT_CACHE_DIR>/<target>/<module_name>/build-<build_key>/deps-<deps_key>/<module_name>.so beside
+    sgl_deps.json, spec.py: module_name = "sgl_kernel_jit_" + "_".join(args); the keys are 16 hex digits) and a
+    build of it in progress (``.staging-<uuid>``), as the server's cache holds them after a start."""
+    module_name = "sgl_kernel_jit_" + "_".join(str(a) for a in args)
+    scope = root / target / module_name / "build-3f2a9c0d11e4b5a6"
+    leaf = scope / "deps-77b1e0aa90c3d2f1"
     leaf.mkdir(parents=True, exist_ok=True)
-    (leaf / "sgl_deps.json").write_text("[]")
-    so = leaf / f"{module}.so"
+    (scope / ".staging-0b7e").mkdir(exist_ok=True)
+    (leaf / "sgl_deps.json").write_text('[["kernels","csrc/speculative/tree.cuh","ab12"]]')
+    so = leaf / f"{module_name}.so"
     so.write_bytes(b"\x7fELF")
     return so
+
+
+TREE, SAMPLING = ("speculative_tree",), ("speculative_sampling", 4, True)  # the server's load_jit arguments
 
 
 def env_for(tmp: Path) -> dict[str, str]:
@@ -76,14 +84,15 @@ def test_a_warm_cache_set_is_predicted_warm_and_an_empty_one_cold(tmp_path: Path
 
     for m in ("norm", "sampling"):
         flashinfer_module(tmp_path / "fi", m)
-    sglang_module(tmp_path / "sgl-jit", "speculative_tree")
-    sglang_module(tmp_path / "sgl-jit", "speculative_sampling")
+    sglang_module(tmp_path / "sgl-jit", *TREE)
+    sglang_module(tmp_path / "sgl-jit", *SAMPLING)
     for i in range(40):  # Triton: one directory per kernel (its hash)
         (tmp_path / "triton" / f"{i:02x}ab").mkdir(parents=True)
     warm = startplan.cache_state(env, env["HOME"])
     assert sorted(warm["flashinfer"]["compiled"]) == ["0.7.2/90a/norm", "0.7.2/90a/sampling"]
     assert warm["triton_cache"] == {"path": str(tmp_path / "triton"), "from": "TRITON_CACHE_DIR", "entries": 40}
-    assert warm["sglang_jit"]["compiled"] == ["sm90a/speculative_sampling", "sm90a/speculative_tree"]
+    assert warm["sglang_jit"]["compiled"] == ["sm90a/sgl_kernel_jit_speculative_sampling_4_True",
+                                              "sm90a/sgl_kernel_jit_speculative_tree"]
     parts = plan_on(warm)
     assert parts["jit"].seconds == 0 and parts["kernels"].seconds == 0.2 and parts["cuda_graphs"].avoidable_s == 0
     assert "40 entries" in parts["cuda_graphs"].basis
@@ -94,7 +103,7 @@ def test_a_module_of_another_architecture_or_half_built_does_not_count(tmp_path:
     flashinfer_module(tmp_path / "fi", "sampling", archs="100a")  # a B200's build in the same cache
     half = flashinfer_module(tmp_path / "fi", "norm")
     half.unlink()  # interrupted: objects and build.ninja, no library
-    leaf = sglang_module(tmp_path / "sgl-jit", "speculative_tree")
+    leaf = sglang_module(tmp_path / "sgl-jit", *TREE)
     leaf.unlink()
     (leaf.parents[1] / ".staging-1f").mkdir()  # a build in progress
     state = startplan.cache_state(env, env["HOME"])
@@ -114,11 +123,11 @@ def test_the_caches_are_those_of_the_servers_environment(tmp_path: Path) -> None
     assert sglang_jit_dir({"SGLANG_CACHE_DIR": "/srv/c"}, home) == os.path.join(home, ".cache", "sglang", "jit")
     assert sglang_jit_dir({"SGLANG_JIT_CACHE_DIR": "~/j"}, home) == os.path.join(home, "j")
     flashinfer_module(Path(home) / ".cache" / "sglang", "norm")
-    sglang_module(Path(home) / ".cache" / "sglang" / "jit", "speculative_tree")
+    sglang_module(Path(home) / ".cache" / "sglang" / "jit", *TREE)
     plan = LaunchPlan(["python3", "-m", "sglang.launch_server"], {"HOME": home}, [], [])
     state = server_caches(plan)
     assert state["flashinfer"]["compiled"] == ["0.7.2/90a/norm"]
-    assert state["sglang_jit"]["compiled"] == ["sm90a/speculative_tree"]
+    assert state["sglang_jit"]["compiled"] == ["sm90a/sgl_kernel_jit_speculative_tree"]
     assert sglang_jit_compiled(str(tmp_path / "absent")) == []
 
 
@@ -150,8 +159,8 @@ def test_a_prewarm_beside_the_server_is_waited_for_where_the_server_calls_each_m
     env = env_for(tmp_path)
     for i in range(40):  # a kept Triton cache and tree kernels: short captures, so sampling is waited for
         (tmp_path / "triton" / f"{i:02x}ab").mkdir(parents=True)
-    for m in ("speculative_tree", "speculative_sampling"):
-        sglang_module(tmp_path / "sgl-jit", m)
+    for m in (TREE, SAMPLING):
+        sglang_module(tmp_path / "sgl-jit", *m)
     cold = startplan.cache_state(env, env["HOME"])
     parts = plan_on(cold, building={"modules": ["norm", "sampling"], "elapsed_s": 5.0})
     first_forward = sum(parts[n].seconds for n in ("interpreter", "startup", "weights", "drafter", "kv_cache")
@@ -267,6 +276,50 @@ def test_the_names_the_prewarm_calls_are_sglang_0_5_23s() -> None:
     # the layout sglang_module() builds, and its root
     assert "$SGLANG_JIT_CACHE_DIR/<target>/<module_name>/build-<build_key>/" in cache
     assert 'configured = envs.SGLANG_JIT_CACHE_DIR.get() or "~/.cache/sglang/jit"' in cache
+    assert "cache_root() / _target_tag() / module_name / f\"{_BUILD_KEY_PREFIX}{build_key}\"" in cache
+    assert 'return f"{prefix}{arch.major}{arch.minor}{arch.suffix}"' in cache  # "sm90a" on the H200
+    with zipfile.ZipFile(SGLANG_WHEEL) as z:
+        spec = z.read("sglang/kernels/jit/utils/compile/spec.py").decode()
+    # the module's directory and library name: the prefix and the arguments joined, as sglang_module_name spells it
+    assert '_MODULE_NAME_PREFIX = "sgl_kernel_jit_"' in spec
+    assert 'return _MODULE_NAME_PREFIX + "_".join(self.module_args)' in spec
+    assert "_jit_sampling_module(vec_size, deterministic)" in sampling
+    assert sglang_module_name(*TREE) == "sgl_kernel_jit_speculative_tree"
+    assert sglang_module_name(*SAMPLING) == "sgl_kernel_jit_speculative_sampling_4_True"
+
+
+def test_the_warm_runs_caches_are_planned_warm_and_not_prewarmed_again(tmp_path: Path) -> None:
+    """The H200 run of ddtree-h200-start-coldwarm: the cold run's prewarm had built both tree-kernel modules into
+    the SGLang JIT cache the warm run used, yet the warm run's plan said "not built" (31 s) and its prewarm built them
+    again, because the cache was read by the bare first argument of load_jit ("speculative_tree") where SGLang names
+    the directory sgl_kernel_jit_speculative_tree. On that layout: warm, nothing to prewarm; the sampling kernel of
+    another vocabulary's instance (vec 2) does not stand for the target's (vec 4)."""
+    from doctor.service.startwatch import sglang_prewarm_names
+
+    env = env_for(tmp_path)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"vocab_size": 64}))  # the trained pair's: gcd(4, 64) = 4
+    args = [*ARGS, "--model-path", str(model)]
+    sglang_module(tmp_path / "sgl-jit", *TREE)
+    sglang_module(tmp_path / "sgl-jit", "speculative_sampling", 2, True)
+    table = startplan.constants()
+
+    def missing() -> list[str] | None:
+        state = startplan.cache_state(env, env["HOME"])
+        inputs = {"algorithm": "DDTREE", "compute_capability": "9.0", "sglang_jit": state["sglang_jit"],
+                  "vocab_size": startplan.target_vocab(args)}
+        return startplan.missing_sglang_modules(inputs, table)
+
+    assert missing() == ["speculative_sampling"]
+    assert sglang_prewarm_names(missing() or [], args) == ["sglang.speculative_sampling.4"]
+    sglang_module(tmp_path / "sgl-jit", *SAMPLING)
+    assert missing() == [] and sglang_prewarm_names([], args) == []
+    facts = {"nvml": {"devices": [{"name": "NVIDIA H200", "compute_capability": [9, 0]}]},
+             "stack": {"distributions": {"flashinfer-python": {"version": "0.7.2"}}}}
+    inputs = startplan.start_inputs(facts.get, args, tp=1, caches=startplan.cache_state(env, env["HOME"]))
+    kernels = {p.name: p for p in startplan.predict(inputs, table).parts}["kernels"]
+    assert kernels.seconds == 0.2 and "JIT modules built in" in kernels.basis, kernels
 
 
 def test_the_sampling_kernels_instance_follows_the_targets_vocabulary(tmp_path: Path) -> None:
@@ -327,7 +380,8 @@ def test_the_recorded_warm_and_cold_prewarmed_starts_are_predicted_within_20_per
     on it: the model reproduces its own data). Both within the issue's 20%."""
     record = json.loads((SITE / "call2-launch-start-record.json").read_text())
     inputs = record["inputs"]
-    inputs["sglang_jit"] = {"path": "/kept", "compiled": ["sm90a/speculative_tree", "sm90a/speculative_sampling"]}
+    inputs["sglang_jit"] = {"path": "/kept", "compiled": ["sm90a/sgl_kernel_jit_speculative_tree",
+                                                          "sm90a/sgl_kernel_jit_speculative_sampling_4_True"]}
     warm = startplan.predict(inputs, startplan.constants())
     assert abs(warm.total_s - record["ready_after_s"]) <= 0.2 * record["ready_after_s"], warm.to_dict()
 

@@ -18,6 +18,7 @@ and ``record`` keeps both in ``<state_dir>/start/`` (atomic), so the constants c
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Callable
@@ -206,6 +207,7 @@ def start_inputs(get: Callable[[str], Any], args: list[str], *, tp: int,
         "flashinfer": fi,
         "triton_cache": triton,
         "sglang_jit": sgl_jit,
+        "vocab_size": target_vocab(args),
         "import_s": import_s if isinstance(import_s, (int, float)) else python_import_s,
     }
 
@@ -436,7 +438,39 @@ def missing_sglang_modules(inputs: dict[str, Any], table: dict[str, Any]) -> lis
     want = str(inputs.get("compute_capability") or "").replace(".", "")
     have = {str(m).split("/")[-1] for m in sgl["compiled"]
             if not want or "".join(ch for ch in str(m).split("/")[0] if ch.isdigit()) == want}
-    return [m for m in table["jit"]["sglang_ddtree"] if m not in have]
+    vocab = inputs.get("vocab_size")
+    return [m for m in table["jit"]["sglang_ddtree"]
+            if not sglang_module_built(have, m, vocab if isinstance(vocab, int) else None)]
+
+
+def sglang_module_built(have: set[str], module: str, vocab: int | None) -> bool:
+    """Whether ``have`` (module directory names of SGLang's JIT cache) holds the instance of ``module`` the server
+    builds: ``speculative_tree`` takes no more arguments; ``speculative_sampling`` is built per ``gcd(4, vocab)``,
+    deterministic (the patch set's warm_verify_kernels), so with the vocabulary known only that instance counts,
+    else any instance does."""
+    from doctor.host.jitcache import sglang_module_name
+
+    if module == "speculative_sampling":
+        if vocab:
+            return sglang_module_name(module, math.gcd(4, vocab), True) in have
+        return any(h.startswith(sglang_module_name(module) + "_") for h in have)
+    return sglang_module_name(module) in have
+
+
+def target_vocab(server_args: list[str]) -> int | None:
+    """``vocab_size`` of the target's config.json (``--model-path``), None when it cannot be read: it names the
+    sampling kernel's instance (``gcd(4, vocab_size)``)."""
+    from doctor.core.fileio import read_text
+
+    path = arg_value(server_args, "--model-path", "--model")
+    if not path:
+        return None
+    try:
+        cfg = json.loads(read_text(os.path.join(str(path), "config.json"), 1 << 20, "a model config"))
+        vocab = cfg.get("vocab_size") or (cfg.get("text_config") or {}).get("vocab_size")
+        return int(vocab) if isinstance(vocab, int) and vocab > 0 else None
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
 
 
 def needed_modules(inputs: dict[str, Any], table: dict[str, Any]) -> list[str]:
