@@ -152,7 +152,7 @@ def test_the_bench_writes_the_big_model_in_a_process_of_its_own(tmp_path: Path) 
     import bench_start_plan
 
     assert bench_start_plan.write_big(out, 1, 1)["reused"] is True  # a whole one of that shape is kept
-    with pytest.raises(RuntimeError, match="make_big.py exited with status"):
+    with pytest.raises(RuntimeError, match=r"make_big\.py exited with status"):
         bench_start_plan.write_big(tmp_path / "bad", 0, 1, device="cpu", tiny=True)
 
 
