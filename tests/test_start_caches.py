@@ -159,12 +159,13 @@ def test_a_prewarm_beside_the_server_is_waited_for_where_the_server_calls_each_m
     env = env_for(tmp_path)
     for i in range(40):  # a kept Triton cache and tree kernels: short captures, so sampling is waited for
         (tmp_path / "triton" / f"{i:02x}ab").mkdir(parents=True)
-    for m in (TREE, SAMPLING):
+    for m in (TREE, SAMPLING, ("activation", "bf16_t", "true")):  # and one of the model's own kernels: kept
         sglang_module(tmp_path / "sgl-jit", *m)
     cold = startplan.cache_state(env, env["HOME"])
     parts = plan_on(cold, building={"modules": ["norm", "sampling"], "elapsed_s": 5.0})
     first_forward = sum(parts[n].seconds for n in ("interpreter", "startup", "weights", "drafter", "kv_cache")
                         if n in parts)
+    assert parts["model_kernels"].seconds == 0 and "holds 1 of the model's kernels" in parts["model_kernels"].basis
     rehearsal = first_forward + parts["cuda_graphs"].seconds + parts["kernels"].seconds
     assert parts["jit"].seconds == pytest.approx(107.0 - 5.0 - rehearsal, abs=0.1) and parts["jit"].seconds > 0
     assert "sampling: 107 s to build" in parts["jit"].basis
@@ -371,6 +372,8 @@ def test_check_v_plans_on_the_caches_of_the_servers_environment(tmp_path: Path) 
 # -- the newest recorded starts (ddtree-h200-site-validate), predicted again ---------------------------------------
 
 SITE = Path(__file__).resolve().parents[1] / "bench" / "results" / "ddtree-h200-site-validate"
+COLDWARM = {r["run"]: r for r in json.loads((SITE.parent / "ddtree-h200-start-coldwarm" / "start-plan.json")
+                                            .read_text())["runs"]}
 
 
 def test_the_recorded_warm_and_cold_prewarmed_starts_are_predicted_within_20_percent() -> None:
@@ -380,8 +383,9 @@ def test_the_recorded_warm_and_cold_prewarmed_starts_are_predicted_within_20_per
     on it: the model reproduces its own data). Both within the issue's 20%."""
     record = json.loads((SITE / "call2-launch-start-record.json").read_text())
     inputs = record["inputs"]
-    inputs["sglang_jit"] = {"path": "/kept", "compiled": ["sm90a/sgl_kernel_jit_speculative_tree",
-                                                          "sm90a/sgl_kernel_jit_speculative_sampling_4_True"]}
+    # SGLang's JIT cache kept on that host: its listing as an H200 server of the same pair leaves it (the warm run
+    # of ddtree-h200-start-coldwarm: the tree kernels and the model's own)
+    inputs["sglang_jit"] = dict(COLDWARM["warm"]["inputs"]["sglang_jit"], path="/kept")
     warm = startplan.predict(inputs, startplan.constants())
     assert abs(warm.total_s - record["ready_after_s"]) <= 0.2 * record["ready_after_s"], warm.to_dict()
 
