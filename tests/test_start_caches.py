@@ -231,12 +231,14 @@ FAKE_SGLANG = {
         "    ARCH[0] = None\n"),
     "kernels/ops/__init__.py": "", "kernels/ops/speculative/__init__.py": "",
     "kernels/ops/speculative/tree.py": (
-        "import json, os\nfrom sglang.kernels.jit.utils.arch import ARCH\n"
-        "def _jit_tree_module():\n    json.dump({'arch': ARCH[0], 'pid': os.getpid()}, "
+        "import json, os, time\nfrom sglang.kernels.jit.utils.arch import ARCH\n"
+        "def _jit_tree_module():\n    time.sleep(float(os.environ.get('K26_TEST_BUILD_S', '0')))\n"
+        "    json.dump({'arch': ARCH[0], 'pid': os.getpid()}, "
         "open(os.path.join(os.environ['K26_TEST_DIR'], 'tree.json'), 'w'))\n"),
     "kernels/ops/speculative/sampling.py": (
-        "import json, os\nfrom sglang.kernels.jit.utils.arch import ARCH\n"
-        "def _jit_sampling_module(vec_size, deterministic):\n    json.dump({'arch': ARCH[0], 'vec': vec_size, "
+        "import json, os, time\nfrom sglang.kernels.jit.utils.arch import ARCH\n"
+        "def _jit_sampling_module(vec_size, deterministic):\n"
+        "    time.sleep(float(os.environ.get('K26_TEST_BUILD_S', '0')))\n    json.dump({'arch': ARCH[0], 'vec': vec_size, "
         "'det': deterministic, 'pid': os.getpid()}, open(os.path.join(os.environ['K26_TEST_DIR'], 'sampling.json'), "
         "'w'))\n"),
 }
@@ -260,6 +262,35 @@ def test_sglangs_tree_kernels_are_prewarmed_for_the_named_architecture(tmp_path:
     tree, sampling = (json.loads((seen / f"{n}.json").read_text()) for n in ("tree", "sampling"))
     assert tree["arch"] == sampling["arch"] == [9, 0] and tree["pid"] != sampling["pid"]
     assert sampling["vec"] == 4 and sampling["det"] is True
+
+
+def test_the_prewarms_modules_build_at_once_and_its_time_is_its_own(tmp_path: Path) -> None:
+    """The H200 cold run said "built ... in 175 s" where its longest module took 110 s: the doctor read the outcome
+    after the server's /health 200 and took the time until then for the prewarm's. The probe now reports its own
+    time and each build's span from its start: two builds of 3 s each overlap (one process each, at once), and an
+    outcome read later still says the prewarm's time."""
+    import time
+
+    site = tmp_path / "site"
+    for rel, text in FAKE_SGLANG.items():
+        (site / "sglang" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / "sglang" / rel).write_text(text)
+    (tmp_path / "seen").mkdir()
+    env = dict(os.environ, PYTHONPATH=str(site), K26_TEST_DIR=str(tmp_path / "seen"), K26_TEST_BUILD_S="3")
+    plan = prewarm.plan_prewarm(sys.executable, env, ["sglang.speculative_tree", "sglang.speculative_sampling.4"],
+                                str(tmp_path / "c"), "9.0")
+    assert plan is not None
+    run = prewarm.Prewarm(plan).start()
+    assert run.child is not None
+    run.child.wait(120)
+    time.sleep(2.0)  # read after it ended, as launch reads a prewarm left beside the server
+    out = run.outcome_if_done()
+    assert out is not None and out.ok, out
+    waited = time.monotonic() - run.started
+    tree, sampling = ({m["module"]: m for m in out.modules}[n] for n in ("sglang.speculative_tree",
+                                                                           "sglang.speculative_sampling.4"))
+    assert tree["began_s"] < sampling["ended_s"] and sampling["began_s"] < tree["ended_s"], out.modules
+    assert max(tree["ended_s"], sampling["ended_s"]) <= out.seconds < waited - 1.5, (out.seconds, waited)
 
 
 def test_the_names_the_prewarm_calls_are_sglang_0_5_23s() -> None:

@@ -158,10 +158,12 @@ class Prewarm:
             return PrewarmOutcome(False, f"not finished within its deadline ({wait_s:.0f} s left): stopped; the "
                                   "server compiles what is missing", seconds=time.monotonic() - self.started)
         proc.untrack(self.child)
-        took = time.monotonic() - self.started
+        took = time.monotonic() - self.started  # until now: for a prewarm read after the start, not its own time
         out = self.output()
         self._drop_log()
         result = _last_json(out)
+        if result is not None and isinstance(result.get("wall_s"), (int, float)):
+            took = float(result["wall_s"])  # the prewarm's own time, start to end
         if self.child.returncode != 0 or result is None:
             tail = out.strip().splitlines()[-1:] or [""]
             return PrewarmOutcome(False, f"{self.plan.argv[0]} exited with status {self.child.returncode}"
