@@ -93,8 +93,7 @@ def launch(name: str, profile: Path, env: dict[str, str], state: Path, out: Path
                        prediction_ratio=round(entry["plan"]["total_s"] / entry["ready_after_s"], 3),
                        comparison=entry["comparison"], prewarm=entry.get("prewarm"), plan=entry["plan"],
                        actual=entry["actual"]["parts"], captures=entry["actual"].get("captures"),
-                       inputs={k: (entry.get("inputs") or {}).get(k) for k in ("target", "flashinfer", "triton_cache",
-                                                                               "sglang_jit", "meminfo")})
+                       inputs=entry.get("inputs"))  # whole: the plan can be made again from it (replan_start.py)
     return out_row
 
 

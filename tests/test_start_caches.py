@@ -238,7 +238,8 @@ FAKE_SGLANG = {
     "kernels/ops/speculative/sampling.py": (
         "import json, os, time\nfrom sglang.kernels.jit.utils.arch import ARCH\n"
         "def _jit_sampling_module(vec_size, deterministic):\n"
-        "    time.sleep(float(os.environ.get('K26_TEST_BUILD_S', '0')))\n    json.dump({'arch': ARCH[0], 'vec': vec_size, "
+        "    time.sleep(float(os.environ.get('K26_TEST_BUILD_S', '0')))\n"
+        "    json.dump({'arch': ARCH[0], 'vec': vec_size, "
         "'det': deterministic, 'pid': os.getpid()}, open(os.path.join(os.environ['K26_TEST_DIR'], 'sampling.json'), "
         "'w'))\n"),
 }
@@ -428,3 +429,23 @@ def test_the_recorded_warm_and_cold_prewarmed_starts_are_predicted_within_20_per
     got = startplan.predict(cold, startplan.constants())
     assert abs(got.total_s - run["server_ready_after_s"]) <= 0.2 * run["server_ready_after_s"], got.to_dict()
     assert got.total_s > warm.total_s + 30  # the Triton compiles and what is left of sampling's
+
+
+def test_the_h200_runs_recorded_cache_listing_is_read_warm_and_the_replan_says_what_was_fitted_on_it() -> None:
+    """bench/replan_start.py on ddtree-h200-start-coldwarm: the warm run's recorded listing of SGLang's JIT cache
+    (as the H200 server and prewarm left it) holds every DDTree module and the model's own, so its tree kernels and
+    model kernels cost nothing now; the cold run, on an empty cache, counts the model's kernels. The script names the
+    constants measured on these very runs, so a prediction of them is not taken for a check."""
+    import subprocess
+
+    res = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "bench" / "replan_start.py"),
+                          str(SITE.parent / "ddtree-h200-start-coldwarm")], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    lines = [json.loads(line) for line in res.stdout.splitlines()]
+    assert "h200.model_kernels_cold_s" in lines[0]["constants_measured_on_these_runs"]
+    runs = {d["run"]: d for d in lines[1:]}
+    warm, cold = runs["warm"]["parts_now"], runs["cold-prewarm"]["parts_now"]
+    assert warm["kernels"] == 0.2 and warm["model_kernels"] == 0.0, warm
+    assert cold["model_kernels"] > 0 and cold["kernels"] == 0.2, cold
+    inputs = dict(COLDWARM["warm"]["inputs"], algorithm="DDTREE", compute_capability="9.0")
+    assert startplan.missing_sglang_modules(inputs, startplan.constants()) == []

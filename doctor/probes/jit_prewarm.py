@@ -141,6 +141,39 @@ def last_json(text):
     return None
 
 
+def build_all(argv, env):
+    """One process per module, all at once, in this process group (the deadline stops them all): their results in
+    the order asked."""
+    children, results = {}, {}
+    for name in argv:
+        started = time.perf_counter()
+        try:
+            children[name] = (subprocess.Popen([sys.executable, os.path.abspath(__file__), "--one", name], env=env,
+                                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE), started)
+        except OSError as exc:
+            results[name] = {"module": name, "ok": False, "seconds": 0.0, "error": "cannot start: " + str(exc)}
+    for name, (child, started) in children.items():
+        out, _ = child.communicate()
+        got = last_json(out.decode("utf-8", "replace"))
+        results[name] = got if isinstance(got, dict) and got.get("module") == name else {
+            "module": name, "ok": False, "seconds": round(time.perf_counter() - started, 2),
+            "error": f"its process exited with status {child.returncode} without a result"}
+    return [results[n] for n in argv if n in results]
+
+
+def spans(out, t0):
+    """Each build's span from the prewarm's start ``t0`` (``began_s`` > 0: its process's start and imports), said
+    on stderr, one line per module."""
+    for r in out:
+        for key in ("began", "ended"):
+            if isinstance(r.get(key), (int, float)):
+                r[key + "_s"] = round(r.pop(key) - t0, 2)
+        sys.stderr.write("prewarm {}: {} in {:.1f} s (built {}-{} s after the prewarm's start)\n".format(
+            r["module"], "ok" if r["ok"] else "failed", r["seconds"], r.get("began_s"), r.get("ended_s")))
+    sys.stderr.flush()
+    return out
+
+
 def main(argv):
     deadline = None
     if len(argv) == 2 and argv[0] == "--one":
@@ -157,28 +190,8 @@ def main(argv):
             print(json.dumps({"modules": [], "absent": True}), flush=True)
             return 0
     env = dict(os.environ, MAX_JOBS=jobs_each(len(argv)))
-    children, results, t0 = {}, {}, time.time()
-    for name in argv:  # one process each, all at once, in this process group (the deadline stops them all)
-        started = time.perf_counter()
-        try:
-            children[name] = (subprocess.Popen([sys.executable, os.path.abspath(__file__), "--one", name], env=env,
-                                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE), started)
-        except OSError as exc:
-            results[name] = {"module": name, "ok": False, "seconds": 0.0, "error": "cannot start: " + str(exc)}
-    for name, (child, started) in children.items():
-        out, _ = child.communicate()
-        got = last_json(out.decode("utf-8", "replace"))
-        results[name] = got if isinstance(got, dict) and got.get("module") == name else {
-            "module": name, "ok": False, "seconds": round(time.perf_counter() - started, 2),
-            "error": f"its process exited with status {child.returncode} without a result"}
-    out = [results[n] for n in argv if n in results]
-    for r in out:  # when each build began and ended, from the prewarm's start (began > 0: the process's import)
-        for key in ("began", "ended"):
-            if isinstance(r.get(key), (int, float)):
-                r[key + "_s"] = round(r.pop(key) - t0, 2)
-        sys.stderr.write("prewarm {}: {} in {:.1f} s (built {}-{} s after the prewarm's start)\n".format(
-            r["module"], "ok" if r["ok"] else "failed", r["seconds"], r.get("began_s"), r.get("ended_s")))
-    sys.stderr.flush()
+    t0 = time.time()
+    out = spans(build_all(argv, env), t0)
     print(json.dumps({"modules": out, "jobs_each": env["MAX_JOBS"], "flashinfer_absent": flashinfer_absent,
                       "wall_s": round(time.time() - t0, 2)}), flush=True)
     return 0

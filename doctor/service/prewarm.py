@@ -162,8 +162,7 @@ class Prewarm:
         out = self.output()
         self._drop_log()
         result = _last_json(out)
-        if result is not None and isinstance(result.get("wall_s"), (int, float)):
-            took = float(result["wall_s"])  # the prewarm's own time, start to end
+        took = _own_time(result, took)
         if self.child.returncode != 0 or result is None:
             tail = out.strip().splitlines()[-1:] or [""]
             return PrewarmOutcome(False, f"{self.plan.argv[0]} exited with status {self.child.returncode}"
@@ -180,6 +179,13 @@ class Prewarm:
                                   f"{last_line(failed[0].get('error'))}" + (f" (built: {done})" if done else ""),
                                   mods, took, absent)
         return PrewarmOutcome(True, f"built or found {done} in {took:.0f} s", mods, took, absent)
+
+
+def _own_time(result: dict[str, Any] | None, waited: float) -> float:
+    """The prewarm's own time, start to end, as its probe reports it (``wall_s``); else ``waited``, the time until
+    it was read (for a prewarm left beside the server: after the server's /health 200, not its own time)."""
+    wall = (result or {}).get("wall_s")
+    return float(wall) if isinstance(wall, (int, float)) and not isinstance(wall, bool) else waited
 
 
 GRACE_S = 5.0
