@@ -449,3 +449,32 @@ def test_the_h200_runs_recorded_cache_listing_is_read_warm_and_the_replan_says_w
     assert cold["model_kernels"] > 0 and cold["kernels"] == 0.2, cold
     inputs = dict(COLDWARM["warm"]["inputs"], algorithm="DDTREE", compute_capability="9.0")
     assert startplan.missing_sglang_modules(inputs, startplan.constants()) == []
+
+
+def test_the_server_waits_for_a_tree_kernel_still_compiling_after_its_verify_capture(tmp_path: Path) -> None:
+    """The critical path: the server calls the tree kernels after the target's verify capture; a module the prewarm
+    is still building then is waited for, until the prewarm's expected end (its compile time from the prewarm's
+    start, less the seconds the prewarm ran before the exec); a module done before costs nothing."""
+    import copy
+
+    env = env_for(tmp_path)
+    state = startplan.cache_state(env, env["HOME"])
+    state["sglang_jit"]["building"] = {"modules": ["sglang.speculative_tree", "sglang.speculative_sampling.4"],
+                                       "elapsed_s": 20.0}
+    facts = {"nvml": {"devices": [{"name": "NVIDIA H200", "compute_capability": [9, 0]}]},
+             "stack": {"distributions": {"flashinfer-python": {"version": "0.7.2"}}}}
+    inputs = startplan.start_inputs(facts.get, ARGS, tp=1, caches=state)
+    table = copy.deepcopy(startplan.constants())
+    table["kinds"]["h200"]["jit"]["speculative_sampling"]["value"] = 400.0  # a slow toolchain
+    parts = {p.name: p for p in startplan.predict(inputs, table).parts}
+    gp = startplan.graph_plan(ARGS, table["graphs"])
+    k = table["kinds"]["h200"]
+    layers = startplan.ASSUMED_LAYERS
+    before_tree = sum(sum(startplan._graph_seconds(kd, gp["kinds"][kd], layers, True, k)) for kd in ("prefill",
+                                                                                                      "verify"))
+    needed_at = sum(parts[n].seconds for n in ("interpreter", "startup", "weights", "drafter", "kv_cache",
+                                               "model_kernels") if n in parts) + before_tree
+    assert parts["kernels"].seconds == pytest.approx(0.2 + 400.0 - 20.0 - needed_at, abs=0.2), parts["kernels"]
+    assert "the server waits" in parts["kernels"].basis
+    table["kinds"]["h200"]["jit"]["speculative_sampling"]["value"] = 37.5
+    assert {p.name: p for p in startplan.predict(inputs, table).parts}["kernels"].seconds == 0.2
