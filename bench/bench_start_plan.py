@@ -93,8 +93,7 @@ def launch(name: str, profile: Path, env: dict[str, str], state: Path, out: Path
                        prediction_ratio=round(entry["plan"]["total_s"] / entry["ready_after_s"], 3),
                        comparison=entry["comparison"], prewarm=entry.get("prewarm"), plan=entry["plan"],
                        actual=entry["actual"]["parts"], captures=entry["actual"].get("captures"),
-                       inputs={k: (entry.get("inputs") or {}).get(k) for k in ("target", "flashinfer", "triton_cache",
-                                                                               "sglang_jit", "meminfo")})
+                       inputs=entry.get("inputs"))  # whole: the plan can be made again from it (replan_start.py)
     return out_row
 
 
@@ -125,16 +124,26 @@ def fresh_caches(root: Path) -> dict[str, str]:
 
 # -- a random DeepSeek-V3 checkpoint large enough that loading shows --------------------------------------------
 
-def write_big(out: Path, dense: int, moe: int) -> dict:
-    """``bench/ddtree/make_big.py`` into ``out`` on the GPU (timed), unless a whole one (its index) is there."""
-    sys.path.insert(0, str(ROOT / "bench" / "ddtree"))
-    import make_big
-
+def write_big(out: Path, dense: int, moe: int, *, device: str = "cuda", tiny: bool = False,
+              python: str = sys.executable) -> dict:
+    """``bench/ddtree/make_big.py`` into ``out`` (timed), unless a whole one (its index) is there. It runs in a
+    process of its own, which ends before any launch: generated in this process, torch's CUDA context and caching
+    allocator stayed (7.5 GiB on the H200) and the doctor's gpu.idle refused the launch that followed, rightly. This
+    process never imports torch. Raises RuntimeError when it fails (its output's tail said)."""
     if (out / "model.safetensors.index.json").exists() and (out / "config.json").exists():
         cfg = json.loads((out / "config.json").read_text())
         if (cfg.get("first_k_dense_replace"), cfg.get("num_hidden_layers")) == (dense, dense + moe):
             return {"path": str(out), "reused": True}
-    return make_big.write(out, dense, moe, 4.5, "cuda", 0, False, None)
+    argv = [python, str(ROOT / "bench" / "ddtree" / "make_big.py"), str(out), "--dense", str(dense), "--moe",
+            str(moe), "--device", device] + (["--tiny"] if tiny else [])
+    res = subprocess.run(argv, capture_output=True, text=True)
+    lines = [line for line in res.stdout.splitlines() if line.startswith("{")]
+    if res.returncode != 0 or not lines:
+        tail = (res.stderr or res.stdout).strip().splitlines()[-3:]
+        raise RuntimeError(f"make_big.py exited with status {res.returncode}: {' | '.join(tail)}")
+    info = json.loads(lines[-1])
+    info["per_shard"] = [json.loads(line) for line in lines[:-1]]
+    return dict(info)
 
 
 def residency(folder: Path) -> dict:

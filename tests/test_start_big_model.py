@@ -128,3 +128,53 @@ def test_the_big_models_profile_serves_it_alone(tiny: Path, tmp_path: Path) -> N
     assert argv[argv.index("--model-path") + 1] == str(tiny), res.stdout + res.stderr
     assert "--speculative-algorithm" not in argv and "--speculative-draft-model-path" not in argv
     assert argv[argv.index("--mem-fraction-static") + 1] == "0.6" and "--skip-tokenizer-init" in argv
+
+
+def test_the_bench_writes_the_big_model_in_a_process_of_its_own(tmp_path: Path) -> None:
+    """bench_start_plan.write_big runs make_big.py as a child process (here --tiny on the CPU): the bench's own
+    process never imports torch, so it holds no GPU memory when the doctor's gpu.idle looks before the launch (on
+    the H200 it held 7.5 GiB and the big model's launch was refused); a failed write raises with its cause."""
+    pytest.importorskip("torch", reason="make_big.py generates the values with torch")
+    out = tmp_path / "dsv3"
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import bench_start_plan as b; from pathlib import "
+            "Path; info = b.write_big(Path(sys.argv[2]), 1, 1, device='cpu', tiny=True); "
+            "print(json.dumps({'torch': 'torch' in sys.modules, 'info': info}))")
+    res = subprocess.run([sys.executable, "-c", code, str(ROOT / "bench"), str(out)], capture_output=True, text=True,
+                         timeout=300, cwd=ROOT)
+    assert res.returncode == 0, res.stderr
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert got["torch"] is False
+    info = got["info"]
+    assert info["layers"] == 2 and info["device"] == "cpu" and info["per_shard"], info
+    assert (out / "model.safetensors.index.json").is_file()
+    assert sum(f.stat().st_size for f in out.glob("*.safetensors")) == info["bytes"]
+    sys.path.insert(0, str(ROOT / "bench"))
+    import bench_start_plan
+
+    assert bench_start_plan.write_big(out, 1, 1)["reused"] is True  # a whole one of that shape is kept
+    with pytest.raises(RuntimeError, match=r"make_big\.py exited with status"):
+        bench_start_plan.write_big(tmp_path / "bad", 0, 1, device="cpu", tiny=True)
+
+
+def test_setup_applies_the_patch_set_again_when_the_repositorys_differs(tmp_path: Path) -> None:
+    """gpu_session.sh's setup records the patch set's hash in .setup-done: the same set skips the setup, another
+    (an earlier revision applied to the site) removes the unpacked SGLang so that it is unpacked and patched again
+    (here there is no payload to unpack: it stops saying so)."""
+    script = ROOT / "bench" / "ddtree" / "gpu_session.sh"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    work = tmp_path / "work"
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "WORK": str(work), "OUT": str(tmp_path / "out")}
+    patch_set = ROOT / "sglang_patches" / "ddtree-0.5.23"
+    digest = hashlib.sha256((patch_set / "manifest.json").read_bytes() + b"".join(
+        p.read_bytes() for p in sorted(patch_set.glob("*.patch")))).hexdigest()[:16]
+    (work / "site" / "sglang").mkdir(parents=True)
+    (work / "site" / "sglang" / "ddtree_added.py").write_text("# a file an earlier revision of the set added\n")
+    (work / ".setup-done").write_text(f"patch-set {digest}\n")
+    same = subprocess.run(["bash", str(script), "setup"], env=env, capture_output=True, text=True, timeout=60)
+    assert f"setup: already done on this host (patch set {digest})" in same.stdout, same.stdout + same.stderr
+    assert (work / "site" / "sglang" / "ddtree_added.py").exists()
+    (work / ".setup-done").write_text("patch-set 0123456789abcdef\n")
+    other = subprocess.run(["bash", str(script), "setup"], env=env, capture_output=True, text=True, timeout=60)
+    assert f"the site holds patch set 0123456789abcdef, the repository's is {digest}" in other.stdout, other.stdout
+    assert not (work / "site" / "sglang").exists() and "no SGLang payload on this host" in other.stdout
+    assert (work / ".setup-done").read_text() == "patch-set 0123456789abcdef\n"  # not done: not recorded

@@ -45,8 +45,22 @@ export SGLANG_CACHE_DIR=$WORK/sglang-cache
 
 log() { echo "[$(date +%T)] $*"; }
 
+# The revision of the DDTree patch set: its manifest and patches hashed. .setup-done records the one applied to the
+# site, so that a later revision of the repository re-applies it: an earlier revision left in place is a drifted set,
+# which sglang.patches refuses (and a start measured on it is not the repository's).
+PATCH_SET=$REPO/sglang_patches/ddtree-0.5.23
+patch_set_hash() { (cd "$PATCH_SET" && cat manifest.json ./*.patch | sha256sum | cut -c1-16); }
+
 stage_setup() {
-  if [ -e "$WORK/.setup-done" ]; then log "setup: already done on this host"; return 0; fi
+  local want_set done_set
+  want_set=$(patch_set_hash) || { log "setup: the patch set cannot be read in $PATCH_SET"; return 3; }
+  if [ -e "$WORK/.setup-done" ]; then
+    done_set=$(sed -n 's/^patch-set //p' "$WORK/.setup-done")
+    if [ "$done_set" = "$want_set" ]; then log "setup: already done on this host (patch set $want_set)"; return 0; fi
+    # SGLang unpacked again (its patched files, and the files the set added, removed first), then the set applied
+    log "setup: the site holds patch set ${done_set:-unrecorded}, the repository's is $want_set: SGLang re-unpacked"
+    rm -rf "$SITE/sglang" "$SITE/.unpacked-site"
+  fi
   mkdir -p "$SITE" "$PARTS"
   cp -n "$REPO"/.payload/*.tar.xz.* "$PARTS"/ 2>/dev/null
   for group in site flashinfer; do
@@ -75,8 +89,14 @@ stage_setup() {
   log "patch set (k26-doctor patches apply)"
   (cd "$REPO" && PYTHONPATH=$REPO:$PYTHONPATH python3 -m doctor patches apply --python python3 --set ddtree-0.5.23 \
       --state-dir "$WORK/k26state" --yes | tail -3)
-  (cd "$REPO" && PYTHONPATH=$REPO:$PYTHONPATH python3 -m doctor patches status --python python3 --set ddtree-0.5.23 \
-      --state-dir "$WORK/k26state" | tail -1)
+  local status
+  status=$(cd "$REPO" && PYTHONPATH=$REPO:$PYTHONPATH python3 -m doctor patches status --python python3 \
+      --set ddtree-0.5.23 --state-dir "$WORK/k26state" | tail -1)
+  echo "$status"
+  case "$status" in
+    "overall: applied"*) ;;
+    *) log "setup: the patch set is not applied ($status): setup not recorded"; return 4 ;;
+  esac
   python3 -c "import sgl_kernel, sglang; print('sgl_kernel', sgl_kernel.__version__, 'sglang', sglang.__version__)"
   # FlashInfer's sampling and norm modules, compiled once for every server of the session (105 s cold).
   # SETUP_JIT=0 leaves the caches empty (a cold start measured in the same call must not share the cores with it).
@@ -84,7 +104,7 @@ stage_setup() {
     (python3 "$REPO/bench/ddtree/jit_prewarm.py" > "$AUX/jit-prewarm.txt" 2>&1; echo "rc=$?" >> "$AUX/jit-prewarm.txt") &
     echo $! > "$WORK/jit-prewarm.pid"
   fi
-  touch "$WORK/.setup-done"
+  echo "patch-set $want_set" > "$WORK/.setup-done"
 }
 
 wait_jit() {

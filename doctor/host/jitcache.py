@@ -104,9 +104,22 @@ def server_triton_dir(env: dict[str, str], home: str) -> tuple[str, str]:
     return os.path.join(cache_dirs(env, home)["sglang"]["path"], "triton"), "SGLang's default <SGLANG_CACHE_DIR>/triton"
 
 
+SGLANG_JIT_PREFIX = "sgl_kernel_jit_"  # sglang/kernels/jit/utils/compile/spec.py _MODULE_NAME_PREFIX (0.5.23)
+
+
+def sglang_module_name(*args: object) -> str:
+    """The directory (and library) name SGLang 0.5.23 gives a JIT module built by ``load_jit(*args)``:
+    ``BuildSpec.module_name`` is ``"sgl_kernel_jit_" + "_".join(str(a) for a in args)``, so the tree kernels are
+    ``sgl_kernel_jit_speculative_tree`` and the sampling kernel ``sgl_kernel_jit_speculative_sampling_4_True``
+    (``load_jit("speculative_sampling", vec_size, deterministic)``). Why it matters: a cache read by the bare
+    first argument never finds a module, and a warm start is planned (and prewarmed) as a cold one."""
+    return SGLANG_JIT_PREFIX + "_".join(str(a) for a in args)
+
+
 def sglang_jit_compiled(root: str) -> list[str]:
-    """SGLang's JIT modules built under ``root`` as ``<target>/<module>`` (``<root>/<target>/<module>/build-<key>/
-    deps-<key>/<module>.so``, its content-addressed layout): stat and listdir only."""
+    """SGLang's JIT modules built under ``root`` as ``<target>/<module_name>`` (``<root>/<target>/<module_name>/
+    build-<key>/deps-<key>/<module_name>.so``, its content-addressed layout; ``module_name`` as
+    ``sglang_module_name`` spells it): stat and listdir only."""
     out: list[str] = []
     for target in _listdir(root)[:32]:
         for module in _listdir(os.path.join(root, target))[:256]:

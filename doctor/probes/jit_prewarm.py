@@ -14,7 +14,9 @@ module being built waits for it and loads it rather than building it again. At t
 whole process group (its module processes, their ninja, and through ninja the compilers: the locks are released,
 the server builds what is missing), so a hung compiler never holds a start.
 The GPU is not touched: ``launch`` hides the devices and names the architecture (``FLASHINFER_CUDA_ARCH_LIST``).
-Prints one JSON object on its last line: ``{"modules": [{"module", "ok", "seconds", "error"}], "flashinfer_absent"}``
+Prints one JSON object on its last line: ``{"modules": [{"module", "ok", "seconds", "error", "began_s", "ended_s"}],
+"flashinfer_absent", "wall_s"}`` (``began_s``/``ended_s``: each build's span from the prewarm's start; ``wall_s``: the
+prewarm's own time, start to end, which is not the time until ``launch`` reads it)
 (``"absent": true`` when FlashInfer is not installed and nothing else was asked: nothing to compile); exit 0 even when
 a module fails (the launch goes on).
 Standard library only at import (the service's environment does not have k26-doctor).
@@ -75,13 +77,16 @@ class SglangJit:
 
 
 def build(name, spec, results):
-    start = time.perf_counter()
+    """Build one module; its result carries the wall-clock times of its build (``began``, ``ended``: epoch seconds),
+    so the parent can say when each module was done, measured from its own start, whatever order it reads them in."""
+    began, start = time.time(), time.perf_counter()
     try:
         spec.build_and_load()
         results[name] = {"module": name, "ok": True, "seconds": round(time.perf_counter() - start, 2), "error": None}
     except BaseException as exc:  # a failed build is reported; the server compiles it itself then
         results[name] = {"module": name, "ok": False, "seconds": round(time.perf_counter() - start, 2),
                          "error": (type(exc).__name__ + ": " + str(exc))[-2000:]}
+    results[name].update(began=round(began, 3), ended=round(time.time(), 3))
 
 
 GRACE_S = 3.0  # between SIGTERM and SIGKILL of the group: ninja stops its compilers (their own process groups)
@@ -136,6 +141,39 @@ def last_json(text):
     return None
 
 
+def build_all(argv, env):
+    """One process per module, all at once, in this process group (the deadline stops them all): their results in
+    the order asked."""
+    children, results = {}, {}
+    for name in argv:
+        started = time.perf_counter()
+        try:
+            children[name] = (subprocess.Popen([sys.executable, os.path.abspath(__file__), "--one", name], env=env,
+                                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE), started)
+        except OSError as exc:
+            results[name] = {"module": name, "ok": False, "seconds": 0.0, "error": "cannot start: " + str(exc)}
+    for name, (child, started) in children.items():
+        out, _ = child.communicate()
+        got = last_json(out.decode("utf-8", "replace"))
+        results[name] = got if isinstance(got, dict) and got.get("module") == name else {
+            "module": name, "ok": False, "seconds": round(time.perf_counter() - started, 2),
+            "error": f"its process exited with status {child.returncode} without a result"}
+    return [results[n] for n in argv if n in results]
+
+
+def spans(out, t0):
+    """Each build's span from the prewarm's start ``t0`` (``began_s`` > 0: its process's start and imports), said
+    on stderr, one line per module."""
+    for r in out:
+        for key in ("began", "ended"):
+            if isinstance(r.get(key), (int, float)):
+                r[key + "_s"] = round(r.pop(key) - t0, 2)
+        sys.stderr.write("prewarm {}: {} in {:.1f} s (built {}-{} s after the prewarm's start)\n".format(
+            r["module"], "ok" if r["ok"] else "failed", r["seconds"], r.get("began_s"), r.get("ended_s")))
+    sys.stderr.flush()
+    return out
+
+
 def main(argv):
     deadline = None
     if len(argv) == 2 and argv[0] == "--one":
@@ -152,27 +190,10 @@ def main(argv):
             print(json.dumps({"modules": [], "absent": True}), flush=True)
             return 0
     env = dict(os.environ, MAX_JOBS=jobs_each(len(argv)))
-    children, results = {}, {}
-    for name in argv:  # one process each, all at once, in this process group (the deadline stops them all)
-        started = time.perf_counter()
-        try:
-            children[name] = (subprocess.Popen([sys.executable, os.path.abspath(__file__), "--one", name], env=env,
-                                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE), started)
-        except OSError as exc:
-            results[name] = {"module": name, "ok": False, "seconds": 0.0, "error": "cannot start: " + str(exc)}
-    for name, (child, started) in children.items():
-        out, _ = child.communicate()
-        got = last_json(out.decode("utf-8", "replace"))
-        results[name] = got if isinstance(got, dict) and got.get("module") == name else {
-            "module": name, "ok": False, "seconds": round(time.perf_counter() - started, 2),
-            "error": f"its process exited with status {child.returncode} without a result"}
-    out = [results[n] for n in argv if n in results]
-    for r in out:
-        sys.stderr.write("prewarm {}: {} in {:.1f} s\n".format(r["module"], "ok" if r["ok"] else "failed",
-                                                               r["seconds"]))
-    sys.stderr.flush()
-    print(json.dumps({"modules": out, "jobs_each": env["MAX_JOBS"], "flashinfer_absent": flashinfer_absent}),
-          flush=True)
+    t0 = time.time()
+    out = spans(build_all(argv, env), t0)
+    print(json.dumps({"modules": out, "jobs_each": env["MAX_JOBS"], "flashinfer_absent": flashinfer_absent,
+                      "wall_s": round(time.time() - t0, 2)}), flush=True)
     return 0
 
 

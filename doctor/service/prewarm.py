@@ -158,10 +158,11 @@ class Prewarm:
             return PrewarmOutcome(False, f"not finished within its deadline ({wait_s:.0f} s left): stopped; the "
                                   "server compiles what is missing", seconds=time.monotonic() - self.started)
         proc.untrack(self.child)
-        took = time.monotonic() - self.started
+        took = time.monotonic() - self.started  # until now: for a prewarm read after the start, not its own time
         out = self.output()
         self._drop_log()
         result = _last_json(out)
+        took = _own_time(result, took)
         if self.child.returncode != 0 or result is None:
             tail = out.strip().splitlines()[-1:] or [""]
             return PrewarmOutcome(False, f"{self.plan.argv[0]} exited with status {self.child.returncode}"
@@ -178,6 +179,13 @@ class Prewarm:
                                   f"{last_line(failed[0].get('error'))}" + (f" (built: {done})" if done else ""),
                                   mods, took, absent)
         return PrewarmOutcome(True, f"built or found {done} in {took:.0f} s", mods, took, absent)
+
+
+def _own_time(result: dict[str, Any] | None, waited: float) -> float:
+    """The prewarm's own time, start to end, as its probe reports it (``wall_s``); else ``waited``, the time until
+    it was read (for a prewarm left beside the server: after the server's /health 200, not its own time)."""
+    wall = (result or {}).get("wall_s")
+    return float(wall) if isinstance(wall, (int, float)) and not isinstance(wall, bool) else waited
 
 
 GRACE_S = 5.0

@@ -18,6 +18,7 @@ and ``record`` keeps both in ``<state_dir>/start/`` (atomic), so the constants c
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Callable
@@ -206,6 +207,7 @@ def start_inputs(get: Callable[[str], Any], args: list[str], *, tp: int,
         "flashinfer": fi,
         "triton_cache": triton,
         "sglang_jit": sgl_jit,
+        "vocab_size": target_vocab(args),
         "import_s": import_s if isinstance(import_s, (int, float)) else python_import_s,
     }
 
@@ -277,13 +279,64 @@ def predict(inputs: dict[str, Any], table: dict[str, Any]) -> StartPlan:
                    _load("drafter", inputs.get("drafter"), None, k)]
     plan.parts.append(Part("kv_cache", _value(k, "kv_cache_s"), "measured constant"))
     to_first_forward = sum(p.seconds for p in plan.parts)  # where the server first calls FlashInfer's modules
-    graphs, kernels = _graphs(inputs, table, k, to_first_forward)
-    plan.parts += [graphs, kernels, _jit(inputs, table, k, to_first_forward, graphs.seconds + kernels.seconds),
-                   Part("warmup", _value(k, "warmup_s"), "measured constant"),
-                   Part("ready", _value(k, "ready_after_fired_up_s"), "first /health 200 after the warm-up "
-                        "(measured constant)")]
+    model = _model_kernels(inputs, table, k)
+    graphs, kernels = _graphs(inputs, table, k, to_first_forward + model.seconds)
+    plan.parts += [graphs, model, kernels,
+                   _jit(inputs, table, k, to_first_forward, graphs.seconds + model.seconds + kernels.seconds),
+                   Part("warmup", _value(k, "warmup_s"), "measured constant"), _ready(inputs, k)]
     plan.parts = [p for p in plan.parts if p.seconds > 0 or p.basis]
     return plan
+
+
+def triton_cold(inputs: dict[str, Any]) -> bool:
+    """Whether the server's Triton cache is empty (or named and not there): every kernel compiles at first use."""
+    tri = inputs.get("triton_cache") or {}
+    entries = tri.get("entries")
+    return entries == 0 or (entries is None and tri.get("path") is not None)
+
+
+def _ready(inputs: dict[str, Any], k: dict[str, Any]) -> Part:
+    """'fired up' to the first /health 200: the health check's request runs the non-graph path, whose Triton kernels
+    compile then on an empty Triton cache ("Triton kernel '_fwd_kernel' took 1.03 s to compile after serving
+    started"): ``ready_triton_cold_s`` more."""
+    secs, basis = _value(k, "ready_after_fired_up_s"), "first /health 200 after the warm-up (measured constant)"
+    if triton_cold(inputs):
+        extra = _value(k, "ready_triton_cold_s")
+        secs, basis = secs + extra, f"{basis}, and {extra:g} s of the first request's Triton compiles (empty cache)"
+    return Part("ready", round(secs, 1), basis)
+
+
+def _sglang_have(inputs: dict[str, Any]) -> set[str] | None:
+    """The module names SGLang's JIT cache holds for this GPU's target (``sm90a`` for 9.0), None when not read."""
+    sgl = inputs.get("sglang_jit")
+    if not isinstance(sgl, dict) or not isinstance(sgl.get("compiled"), list):
+        return None
+    want = str(inputs.get("compute_capability") or "").replace(".", "")
+    return {str(m).split("/")[-1] for m in sgl["compiled"]
+            if not want or "".join(ch for ch in str(m).split("/")[0] if ch.isdigit()) == want}
+
+
+def _model_kernels(inputs: dict[str, Any], table: dict[str, Any], k: dict[str, Any]) -> Part:
+    """SGLang's JIT kernels of the model's own layers (``sgl_kernel_jit_*`` modules other than DDTree's: activation,
+    rope, the KV-cache stores, DeepSeek's fused a-gemm; their arguments follow the model's shapes, so no prewarm
+    names them ahead), built with nvcc in the server's first forward (the prefill capture) when SGLang's JIT cache
+    holds none of them for this GPU. When that cache was not read, the Triton cache's state stands for it."""
+    from doctor.host.jitcache import sglang_module_name
+
+    have = _sglang_have(inputs)
+    path = (inputs.get("sglang_jit") or {}).get("path") if isinstance(inputs.get("sglang_jit"), dict) else None
+    if have is None:
+        cold = triton_cold(inputs)
+        why = "SGLang's JIT cache not read: taken as " + ("cold" if cold else "warm") + " as the Triton cache"
+    else:
+        tree = [sglang_module_name(m) for m in table["jit"]["sglang_ddtree"]]
+        own = sorted(h for h in have if not any(h == t or h.startswith(t + "_") for t in tree))
+        cold = not own
+        why = (f"SGLang's JIT cache {path} holds none of the model's kernels: built with nvcc in the first forward"
+               if cold else f"SGLang's JIT cache {path} holds {len(own)} of the model's kernels")
+    secs = _value(k, "model_kernels_cold_s") if cold else 0.0
+    return Part("model_kernels", secs, why, secs, "keep SGLANG_JIT_CACHE_DIR on a persistent, writable filesystem "
+                "(host.jit_cache): the next start reuses the model's kernels" if cold else "")
 
 
 def _load(name: str, model: dict[str, Any] | None, mem: dict[str, Any] | None, k: dict[str, Any]) -> Part:
@@ -333,17 +386,17 @@ def _graph_seconds(kind: str, sizes: int, layers: int, cold: bool, k: dict[str, 
 def _graphs(inputs: dict[str, Any], table: dict[str, Any], k: dict[str, Any],
             to_first_forward: float) -> tuple[Part, Part]:
     gp = graph_plan(inputs.get("server_args") or [], table["graphs"])
-    tri = inputs.get("triton_cache") or {}
-    entries = tri.get("entries")
-    cold = entries == 0 or (entries is None and tri.get("path") is not None)
+    entries = (inputs.get("triton_cache") or {}).get("entries")
+    cold = triton_cold(inputs)
     known_layers = (inputs.get("target") or {}).get("layers")
     layers = int(known_layers or ASSUMED_LAYERS)
     draft_layers = int(((inputs.get("drafter") or {}).get("layers")) or 0)
-    warm_total, cold_total, rows = 0.0, 0.0, []
+    warm_total, cold_total, rows, before_tree = 0.0, 0.0, [], 0.0
     for kind, sizes in gp["kinds"].items():
         warm, extra = _graph_seconds(kind, sizes, draft_layers if kind == "draft" else layers, cold, k)
         warm_total += warm
         cold_total += extra
+        before_tree += warm + extra if kind in ("prefill", "verify") else 0.0
         rows.append(f"{kind} {sizes}")
     basis = _graph_basis(rows, layers, bool(known_layers), cold, entries)
     advice, saved = _capture_advice(gp, table, layers, k)
@@ -353,7 +406,7 @@ def _graphs(inputs: dict[str, Any], table: dict[str, Any], k: dict[str, Any],
                                                              "writable filesystem (host.jit_cache): the next start "
                                                              "reuses the compiled kernels"]))
     graphs = Part("cuda_graphs", round(warm_total + cold_total, 1), basis, round(avoid, 1), advice)
-    return graphs, _kernels(inputs, table, gp, cold, k, to_first_forward)
+    return graphs, _kernels(inputs, table, gp, cold, k, to_first_forward + before_tree)
 
 
 def _graph_basis(rows: list[str], layers: int, known_layers: bool, cold: bool, entries: Any) -> str:
@@ -384,10 +437,11 @@ def _capture_advice(gp: dict[str, Any], table: dict[str, Any], layers: int, k: d
 
 
 def _kernels(inputs: dict[str, Any], table: dict[str, Any], gp: dict[str, Any], cold: bool, k: dict[str, Any],
-             to_first_forward: float) -> Part:
+             needed_at: float) -> Part:
     """Kernel warm-up outside the captures: DDTree's tree kernels are SGLang JIT modules, compiled (nvcc) when its
-    cache lacks them, unless ``launch``'s prewarm builds them beside the server; when that cache was not read, the
-    Triton cache's state (``cold``) stands for it."""
+    cache lacks them, unless ``launch``'s prewarm builds them beside the server: the server calls them after the
+    target's verify capture (warm_verify_kernels), ``needed_at`` s after the exec, and waits for the last of them
+    still compiling then; when that cache was not read, the Triton cache's state (``cold``) stands for it."""
     spec = bool(gp.get("speculative")) and str(inputs.get("algorithm") or "").upper() == "DDTREE"
     missing = missing_sglang_modules(inputs, table)
     cold, why = _tree_kernels_state(inputs, table, missing, cold) if spec else (False, "")
@@ -396,9 +450,13 @@ def _kernels(inputs: dict[str, Any], table: dict[str, Any], gp: dict[str, Any], 
     basis = "kernel warm-up outside the captures" + (f" (DDTree's tree kernels: {why})" if why else "")
     building = _prewarm_building(inputs.get("sglang_jit"), missing) if cold else None
     if building is not None:
-        left = max(0.0, ksec - warm_s - float(building.get("elapsed_s") or 0.0) - to_first_forward)
+        elapsed = float(building.get("elapsed_s") or 0.0)
+        ends = {m: float(k["jit"][m]["value"]) - elapsed for m in missing or [] if m in k["jit"]}
+        left = max([0.0, *(end - needed_at for end in ends.values())])
+        rows = ", ".join(f"{m} done {end:.0f} s after the exec" for m, end in ends.items())
         return Part("kernels", round(warm_s + left, 1), f"{basis}: being compiled by the prewarm beside the server "
-                    f"({building.get('elapsed_s')} s so far): what is left when the server needs them")
+                    f"({elapsed:g} s so far; {rows}; needed {needed_at:.0f} s after the exec, after the verify "
+                    f"capture): the server waits {left:.0f} s")
     return Part("kernels", ksec, basis, round(ksec - warm_s, 1) if cold else 0.0,
                 "keep SGLANG_JIT_CACHE_DIR on a persistent, writable filesystem and let `k26-doctor launch` "
                 "prewarm the tree kernels: the next start reuses them" if cold else "")
@@ -430,13 +488,42 @@ def missing_sglang_modules(inputs: dict[str, Any], table: dict[str, Any]) -> lis
     another algorithm."""
     if str(inputs.get("algorithm") or "").upper() != "DDTREE":
         return []
-    sgl = inputs.get("sglang_jit")
-    if not isinstance(sgl, dict) or not isinstance(sgl.get("compiled"), list):
+    have = _sglang_have(inputs)
+    if have is None:
         return None
-    want = str(inputs.get("compute_capability") or "").replace(".", "")
-    have = {str(m).split("/")[-1] for m in sgl["compiled"]
-            if not want or "".join(ch for ch in str(m).split("/")[0] if ch.isdigit()) == want}
-    return [m for m in table["jit"]["sglang_ddtree"] if m not in have]
+    vocab = inputs.get("vocab_size")
+    return [m for m in table["jit"]["sglang_ddtree"]
+            if not sglang_module_built(have, m, vocab if isinstance(vocab, int) else None)]
+
+
+def sglang_module_built(have: set[str], module: str, vocab: int | None) -> bool:
+    """Whether ``have`` (module directory names of SGLang's JIT cache) holds the instance of ``module`` the server
+    builds: ``speculative_tree`` takes no more arguments; ``speculative_sampling`` is built per ``gcd(4, vocab)``,
+    deterministic (the patch set's warm_verify_kernels), so with the vocabulary known only that instance counts,
+    else any instance does."""
+    from doctor.host.jitcache import sglang_module_name
+
+    if module == "speculative_sampling":
+        if vocab:
+            return sglang_module_name(module, math.gcd(4, vocab), True) in have
+        return any(h.startswith(sglang_module_name(module) + "_") for h in have)
+    return sglang_module_name(module) in have
+
+
+def target_vocab(server_args: list[str]) -> int | None:
+    """``vocab_size`` of the target's config.json (``--model-path``), None when it cannot be read: it names the
+    sampling kernel's instance (``gcd(4, vocab_size)``)."""
+    from doctor.core.fileio import read_text
+
+    path = arg_value(server_args, "--model-path", "--model")
+    if not path:
+        return None
+    try:
+        cfg = json.loads(read_text(os.path.join(str(path), "config.json"), 1 << 20, "a model config"))
+        vocab = cfg.get("vocab_size") or (cfg.get("text_config") or {}).get("vocab_size")
+        return int(vocab) if isinstance(vocab, int) and vocab > 0 else None
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
 
 
 def needed_modules(inputs: dict[str, Any], table: dict[str, Any]) -> list[str]:
@@ -527,7 +614,7 @@ def render_compact(plan: StartPlan) -> str:
 # The actual parts as a log shows them, and the predicted parts each one holds (FlashInfer's JIT compiles run
 # inside the captures and the kernel warm-up, so they are compared together).
 GROUPS = {"startup": ("interpreter", "startup"), "weights": ("weights",), "drafter": ("drafter",),
-          "kv_cache": ("kv_cache",), "graphs+kernels+jit": ("cuda_graphs", "kernels", "jit"),
+          "kv_cache": ("kv_cache",), "graphs+kernels+jit": ("cuda_graphs", "model_kernels", "kernels", "jit"),
           "warmup": ("warmup",), "ready": ("ready",)}
 
 

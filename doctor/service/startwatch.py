@@ -59,6 +59,7 @@ class StartWatch:
         cc = gpu_capability()
         algorithm = startplan.arg_value(launch_plan.server_args, "--speculative-algorithm")
         inputs = {"algorithm": algorithm, "compute_capability": cc, "sglang_jit": state["sglang_jit"],
+                  "vocab_size": startplan.target_vocab(launch_plan.server_args),
                   "flashinfer": {"compiled": state["flashinfer"]["compiled"], "version": None}}
         table = startplan.constants()
         missing = startplan.missing_modules(inputs, table) + sglang_prewarm_names(
@@ -190,27 +191,12 @@ def sglang_prewarm_names(missing: list[str], server_args: list[str]) -> list[str
     out = []
     for m in missing:
         if m == "speculative_sampling":
-            vocab = target_vocab(server_args)
+            vocab = startplan.target_vocab(server_args)
             if vocab:
                 out.append(f"sglang.{m}.{math.gcd(4, vocab)}")
         else:
             out.append(f"sglang.{m}")
     return out
-
-
-def target_vocab(server_args: list[str]) -> int | None:
-    """``vocab_size`` of the target's config.json (``--model-path``), None when it cannot be read."""
-    import json
-
-    from doctor.core.fileio import read_text
-
-    path = startplan.arg_value(server_args, "--model-path", "--model")
-    try:
-        cfg = json.loads(read_text(os.path.join(str(path), "config.json"), 1 << 20, "a model config"))
-        vocab = cfg.get("vocab_size") or (cfg.get("text_config") or {}).get("vocab_size")
-        return int(vocab) if isinstance(vocab, int) and vocab > 0 else None
-    except (OSError, ValueError, TypeError, AttributeError):
-        return None
 
 
 def server_caches(launch_plan: Any) -> dict[str, Any]:
