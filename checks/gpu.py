@@ -118,7 +118,8 @@ def gpu_fabric(ctx: Context) -> Result:
 
 
 @check("gpu.fabric.manager", "Fabric manager installed, running, the driver's version (NVSwitch)",
-       needs=("nvml", "fabric_software"), depends=("gpu.driver",), failure="node")
+       needs=("nvml", "fabric_software"), depends=("gpu.driver",), failure="node",
+       applies_if=fabric_software.MANAGER_APPLIES)
 def gpu_fabric_manager(ctx: Context) -> Result:
     """On NVSwitch hosts (profile gpu.nvswitch = true) the fabric manager must be installed at exactly
     the loaded driver's version: it checks the driver at start and refuses to run with another one,
@@ -132,7 +133,8 @@ def gpu_fabric_manager(ctx: Context) -> Result:
 
 
 @check("gpu.fabric.nvlsm", "NVLSM (NVLink subnet manager) installed and running (NVLink 5)",
-       needs=("nvml", "fabric_software"), depends=("gpu.driver",), fixer="gpu.fabric.nvlsm", failure="node")
+       needs=("nvml", "fabric_software"), depends=("gpu.driver",), fixer="gpu.fabric.nvlsm", failure="node",
+       applies_if=fabric_software.NVLSM_APPLIES)
 def gpu_fabric_nvlsm(ctx: Context) -> Result:
     """NVLink 5 systems (HGX B200/B300: profile gpu.nvlink_generation = 5) program their NVSwitches
     through NVLSM, the NVLink subnet manager (package `nvlsm`, /opt/nvidia/nvlsm/sbin/nvlsm, kernel
@@ -147,7 +149,8 @@ def gpu_fabric_nvlsm(ctx: Context) -> Result:
 
 
 @check("gpu.multicast", "NVLink multicast for all-reduce fusion and symmetric memory (TP > 1)",
-       needs=("nvml", "multicast", "sglang_flags"), depends=("gpu.driver",), failure="deployment")
+       needs=("nvml", "multicast", "sglang_flags"), depends=("gpu.driver",), failure="deployment",
+       applies_if=multicast.MULTICAST_APPLIES)
 def gpu_multicast(ctx: Context) -> Result:
     """CUDA's multicast-supported attribute of every GPU of the TP group (cuInit and cuDeviceGetAttribute in a
     child with a deadline; never a multicast object created to find out), the NVSwitch fabric's state (NVML,

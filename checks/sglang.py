@@ -11,10 +11,10 @@ from __future__ import annotations
 from doctor.core.context import Context
 from doctor.core.registry import check
 from doctor.core.result import Result
-from doctor.sglang.ddtree import judge_gate
+from doctor.sglang.ddtree import GATE_APPLIES, judge_gate
 from doctor.sglang.flags import judge_server_flags
 from doctor.sglang.install import judge_install
-from doctor.sglang.patchset import judge_patches
+from doctor.sglang.patchset import PATCHES_APPLY, judge_patches
 
 
 @check("sglang.install", "SGLang importable from the service's interpreter, version as the profile pins",
@@ -47,7 +47,7 @@ def sglang_install(ctx: Context) -> Result:
 
 @check("sglang.patches", "Every patch of the profile's SGLang patch set applied, none drifted",
        needs=("sglang_patches",), depends=("python.venv",), tags=("sglang", "patches"),
-       fixer="sglang.patches.apply", timeout=60, failure="deployment")
+       fixer="sglang.patches.apply", timeout=60, failure="deployment", applies_if=PATCHES_APPLY)
 def sglang_patches(ctx: Context) -> Result:
     """Hashes every file the profile's patch set (`[patches] set`, from `sglang_patches/<set>/` or the
     site's `patches_dir`) touches in the service interpreter's SGLang, without importing SGLang,
@@ -86,7 +86,7 @@ def sglang_flags(ctx: Context) -> Result:
 
 
 @check("sglang.ddtree", "DDTREE will be accepted by the patched SGLang (site validation record gate)",
-       needs=("env", "stack", "nvml", "sglang_patches", "ddtree_site"), failure="deployment")
+       needs=("env", "stack", "nvml", "sglang_patches", "ddtree_site"), failure="deployment", applies_if=GATE_APPLIES)
 def ddtree_gate(ctx: Context) -> Result:
     """When the profile launches `--speculative-algorithm DDTREE`, judges what the patched SGLang's start-up gate
     will judge at argument resolution: DDTREE starts only on a site validation record that `k26-doctor validate`

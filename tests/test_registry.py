@@ -9,6 +9,7 @@ import pytest
 
 from doctor.core.context import UndeclaredFact
 from doctor.core.registry import (
+    Applicability,
     Check,
     Collector,
     Fixer,
@@ -166,3 +167,84 @@ def test_a_check_reads_only_the_facts_it_declares() -> None:
     with pytest.raises(UndeclaredFact):
         ctx.view(("nvml",)).fact("port")
     assert ctx.view(("nvml", "port")).fact("port") == {"free": True}
+
+
+def _profiles_of(settings_flags: list[dict]) -> list:
+    from doctor.core.settings import resolve
+
+    return [resolve(dict(flags), environ={}) for flags in settings_flags]
+
+
+@pytest.mark.parametrize("applies_if, words", [
+    ("tp > 1", "is not an Applicability"),
+    (Applicability(lambda: True, lambda settings: "why"), "applies_if predicate: <lambda>() cannot be called as "
+     "(settings)"),
+    (Applicability(lambda settings: True, "one rank"), "applies_if reason 'one rank' is not callable"),
+    (Applicability(lambda settings: True, lambda settings, more: "why"), "applies_if reason: <lambda>(settings, "
+     "more) cannot be called as (settings)"),
+])
+def test_a_bad_applicability_is_refused_when_loaded(applies_if, words: str) -> None:
+    """``applies_if=`` is validated as pluggy validates a hook implementation: an ``Applicability`` whose predicate
+    and reason each take the settings, else the check is refused when it is added, naming it."""
+    mod = _module("site_applies")
+    check("x.applies", "Applies", applies_if=applies_if)(mod.run)
+    with pytest.raises(RegistryError) as err:
+        Registry().add_module(mod, "plugin:site")
+    assert "check 'x.applies'" in str(err.value) and words in str(err.value)
+
+
+def test_a_check_that_does_not_apply_is_not_run_and_collects_none_of_its_facts() -> None:
+    """The runner asks ``applies_if`` before the check reads a fact: a check that does not apply is "not
+    applicable" (skip, never unjudged) with the declared reason, its run never called and its facts never
+    collected; one that applies runs as before."""
+    from conftest import make_context, run_check
+
+    collected: list[str] = []
+    runs: list[str] = []
+
+    def probe(opts):
+        collected.append("x.probe")
+        return {"ok": True}
+
+    def judge(ctx):
+        runs.append("judge")
+        return Result.passed(f"read {ctx.fact('x.probe')}")
+
+    reg = Registry()
+    reg.add(Collector("x.probe", probe))
+    reg.add(Check("x.many", "Many ranks", run=judge, needs=("x.probe",), failure="node",
+                  applies_if=Applicability(lambda settings: settings.world_size > 1,
+                                           lambda settings: f"{settings.world_size} rank: nothing between ranks")))
+    one = run_check("x.many", make_context({"profile": "b200-tp8", "tp": 1}, live=True, collectors=reg.collectors),
+                    reg)
+    assert (one.status, one.summary, one.unjudged) == (Status.SKIP, "1 rank: nothing between ranks", False)
+    assert collected == [] and runs == []
+    eight = run_check("x.many", make_context({"profile": "b200-tp8"}, live=True, collectors=reg.collectors), reg)
+    assert eight.status is Status.PASS and collected == ["x.probe"] and runs == ["judge"]
+
+
+def test_a_judgement_does_not_also_decide_what_its_check_declares() -> None:
+    """Each built-in check with ``applies_if`` run past its declaration (the check alone, on a recorded host) under
+    every built-in profile (and TP 1) it does not apply to: its judgement never says the declared reason again (the
+    applicability is decided once, on the check), and the declaration does refuse at least one of them."""
+    import json
+    from dataclasses import replace
+
+    from conftest import make_context
+    from recordings import SNAPS
+
+    from doctor.core.registry import load
+    from doctor.core.runner import execute
+
+    facts = json.loads((SNAPS / "b300x8-healthy.json").read_text())["facts"]
+    profiles = _profiles_of([{"profile": p, **tp} for p in ("b200-tp8", "b300-tp8-ddtree", "h200-tp8",
+                                                             "rtxpro6000-ep8") for tp in ({}, {"tp": 1})])
+    declared = [c for c in load(plugins=False).sorted_checks() if c.applies_if is not None]
+    assert {"sglang.ddtree", "sglang.patches", "gpu.multicast", "gpu.fabric.manager", "gpu.fabric.nvlsm"} <= {
+        c.id for c in declared}
+    for chk in declared:
+        refused = [(s, chk.applies_if.refusal(s)) for s in profiles if chk.applies_if.refusal(s) is not None]
+        assert refused, f"{chk.id}: no built-in profile it does not apply to"
+        for settings, why in refused:
+            res = execute(replace(chk, applies_if=None), make_context(settings, facts=facts))
+            assert res.summary != why, f"{chk.id} under {settings.profile_name}: the judgement says {why!r} too"

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # pragma: no cover
     from doctor.core.context import Context
     from doctor.core.result import Result
+    from doctor.core.settings import Settings
 
 ENTRY_POINT_GROUP = "k26_doctor.checks"
 # What a check's failure means (``@check(failure=...)``): what a fleet does with a node where it fails.
@@ -66,6 +67,25 @@ BUILTIN = "builtin"
 
 
 @dataclass(frozen=True)
+class Applicability:
+    """Whether a check applies to the profile, declared on the check (``@check(applies_if=...)``) rather than
+    found inside its judgement: ``predicate(settings)`` is True where the check applies; ``reason(settings)`` is
+    the result's summary where it does not (a ``skip``, "not applicable", as ``NotJudged.inapplicable`` says it).
+
+    Settings only, no facts: the runner asks before the check runs, so a check that does not apply reads none of
+    its facts, and a fact no other selected check reads is never collected (the multicast probe of a TP 1 profile,
+    the fabric software of a host the profile gives no NVSwitch). Whether it applies given what the host shows
+    (one GPU found, no fabric reported) stays in the judgement: that needs the facts."""
+
+    predicate: Callable[[Settings], bool]
+    reason: Callable[[Settings], str]
+
+    def refusal(self, settings: Settings) -> str | None:
+        """The reason the check does not apply to ``settings``, or None where it does."""
+        return None if self.predicate(settings) else str(self.reason(settings))
+
+
+@dataclass(frozen=True)
 class Check:
     """One check. ``run`` must only read facts through ``ctx`` and must not change anything."""
 
@@ -83,6 +103,7 @@ class Check:
     module: str = ""  # the module that declared it (named by load errors)
     failure: str | None = None  # FAILURES; None: not declared (a built-in check is refused, a plugin's defaulted)
     applies: tuple[str, ...] = tuple(PLACES)  # PLACES where it judges what it means to judge
+    applies_if: Applicability | None = None  # the profiles it applies to; None: every profile
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -198,19 +219,21 @@ def check(
     fixer: str | None = None,
     failure: str | None = None,
     applies: Iterable[str] = tuple(PLACES),
+    applies_if: Applicability | None = None,
 ) -> Callable[[Callable[[Context], Result]], Callable[[Context], Result]]:
     """Declare ``func`` a check. Its docstring becomes ``k26-doctor explain ID``.
 
     ``failure`` (required of built-in checks): what its failure means for the node, ``"node"`` (hardware or host:
     drain, taint, page) or ``"deployment"`` (configuration: block the launch, warn, never drain); ``FAILURES``.
     ``applies``: the ``PLACES`` where it judges what it means to (default: everywhere); a periodic run elsewhere
-    leaves it out."""
+    leaves it out. ``applies_if``: the profiles it applies to (``Applicability``, settings only); the runner
+    reports it "not applicable" with the declared reason, without running it, on any other."""
 
     def deco(func: Callable[[Context], Result]) -> Callable[[Context], Result]:
         _mark(func, Check(id=id, title=title, run=func, needs=tuple(needs), tags=tuple(tags) or (id.split(".")[0],),
                           deep=deep, depends=tuple(depends), timeout=timeout, fixer=fixer,
                           explain=textwrap.dedent(inspect.getdoc(func) or "").strip(), module=func.__module__,
-                          failure=failure, applies=tuple(applies)))
+                          failure=failure, applies=tuple(applies), applies_if=applies_if))
         return func
 
     return deco
@@ -351,6 +374,7 @@ class Registry:
         if bad or not item.applies:
             raise RegistryError(f"{where}: check {item.id!r}: applies={list(item.applies)!r}: each must be one of "
                                 f"{', '.join(PLACES)}, and at least one")
+        self._check_applicability(item, where)
         if item.failure is not None:
             return item
         if source == BUILTIN and item.module.split(".")[0] == "checks":
@@ -360,6 +384,24 @@ class Registry:
             self.warnings.append(f"{source}: check {item.id!r} does not declare failure=; counted as "
                                  f"{DEFAULT_FAILURE!r} (a failure drains, taints and pages)")
         return replace(item, failure=DEFAULT_FAILURE)
+
+    @staticmethod
+    def _check_applicability(item: Check, where: str) -> None:
+        """``applies_if=``, as pluggy checks a hook implementation: an ``Applicability`` whose predicate and reason
+        can each be called with the settings, else refused when it is added."""
+        decl = item.applies_if
+        if decl is None:
+            return
+        if not isinstance(decl, Applicability):
+            raise RegistryError(f"{where}: check {item.id!r}: applies_if={decl!r} is not an Applicability"
+                                "(predicate, reason) of the settings")
+        for part in ("predicate", "reason"):
+            func = getattr(decl, part)
+            if not callable(func):
+                raise RegistryError(f"{where}: check {item.id!r}: applies_if {part} {func!r} is not callable")
+            bad = signature_problem(func, ("settings",))
+            if bad:
+                raise RegistryError(f"{where}: check {item.id!r}: applies_if {part}: {bad}")
 
     @staticmethod
     def _check_callable(item: Any, where: str) -> None:

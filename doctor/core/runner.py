@@ -71,7 +71,7 @@ def execute(chk: Check, ctx: Context) -> Result:
     way it can go wrong into a result."""
     start = time.monotonic()
     try:
-        res = chk.run(ctx.view(chk.needs))
+        res = _run_applicable(chk, ctx)
         if not isinstance(res, Result):
             res = Result.errored(f"check returned {type(res).__name__}, not a Result")
     except NotJudged as exc:  # an area function that cannot judge says why
@@ -93,6 +93,17 @@ def execute(chk: Check, ctx: Context) -> Result:
         res.traceback = tb
     res.duration_s = time.monotonic() - start
     return _stamp(res, chk)
+
+
+def _run_applicable(chk: Check, ctx: Context) -> Result:
+    """The check's run, unless its declared ``applies_if`` says the profile is not one it applies to: then it is
+    "not applicable" with the declared reason before it reads a fact (so facts only it reads are not collected),
+    as the judgement itself would have said it with ``NotJudged.inapplicable``. Asked after its dependencies (a
+    failed one still skips it first, as before the declaration)."""
+    why = chk.applies_if.refusal(ctx.settings) if chk.applies_if is not None else None
+    if why is not None:
+        raise NotJudged.inapplicable(why)
+    return chk.run(ctx.view(chk.needs))
 
 
 def _stamp(res: Result, chk: Check) -> Result:

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from doctor.core.fileio import open_regular
+from doctor.core.registry import Applicability
 from doctor.core.result import Findings, NotJudged, Remediation
 from doctor.core.settings import Settings
 from doctor.gpu import fabric
@@ -292,10 +293,37 @@ def nvlsm_start_plan(nvlsm: dict[str, Any], fm: dict[str, Any]) -> list[list[str
 NVLSM_DOWN = "gpu.fabric.nvlsm.stopped"  # the finding the NVLSM fixer acts on (load ib_umad, start it)
 
 
+def expects_nvswitch(settings: Settings) -> bool:
+    """The fabric software is judged only where the profile expects NVSwitch (gpu.nvswitch)."""
+    return bool(settings.gpu.nvswitch)
+
+
+def _no_nvswitch(settings: Settings, what: str) -> str:
+    return f"the profile ({settings.profile_name}) expects no NVSwitch: no {what} to judge"
+
+
+def needs_nvlsm(settings: Settings) -> bool:
+    """NVLSM is judged only where the profile is NVLink 5 (B200/B300) and expects NVSwitch."""
+    gen = settings.gpu.nvlink_generation
+    return isinstance(gen, int) and gen >= 5 and expects_nvswitch(settings)
+
+
+def _no_nvlsm(settings: Settings) -> str:
+    gen = settings.gpu.nvlink_generation
+    if not isinstance(gen, int) or gen < 5:
+        return (f"NVLSM is needed on NVLink 5 NVSwitch hosts (B200/B300); profile {settings.profile_name} is NVLink "
+                f"{gen if gen is not None else '(unset)'}")
+    return _no_nvswitch(settings, "NVLSM")
+
+
+# gpu.fabric.manager's and gpu.fabric.nvlsm's applies_if
+MANAGER_APPLIES = Applicability(expects_nvswitch, lambda settings: _no_nvswitch(settings, "fabric manager"))
+NVLSM_APPLIES = Applicability(needs_nvlsm, _no_nvlsm)
+
+
 def fabric_host(nvml: NvmlFact, settings: Settings, what: str) -> NvmlFact:
-    """The nvml fact when the fabric software is worth judging here; else ``NotJudged`` saying why not."""
-    if not settings.gpu.nvswitch:
-        raise NotJudged.inapplicable(f"the profile ({settings.profile_name}) expects no NVSwitch: no {what} to judge")
+    """The nvml fact when the GPUs report an NVSwitch fabric (the profile expects one: ``MANAGER_APPLIES``,
+    declared on the check); else ``NotJudged`` saying why not."""
     tp_group(nvml, settings.world_size)
     if fabric.readiness(nvml, settings.world_size).outcome == "no_fabric":
         raise NotJudged.inapplicable(f"the GPUs report no NVSwitch fabric (NotSupported): no {what} runs here "
@@ -360,11 +388,8 @@ def judge_manager(nvml: NvmlFact, sw: dict[str, Any], settings: Settings) -> Fin
 
 
 def nvlsm_host(nvml: NvmlFact, settings: Settings) -> NvmlFact:
-    """The nvml fact on an NVLink 5 NVSwitch host, where NVLSM is needed; else ``NotJudged`` saying why not."""
-    gen = settings.gpu.nvlink_generation
-    if not isinstance(gen, int) or gen < 5:
-        raise NotJudged.inapplicable(f"NVLSM is needed on NVLink 5 NVSwitch hosts (B200/B300); profile "
-                                     f"{settings.profile_name} is NVLink {gen if gen is not None else '(unset)'}")
+    """The nvml fact on an NVLink 5 NVSwitch host (the profile is one: ``NVLSM_APPLIES``, declared on the check),
+    where NVLSM is needed; else ``NotJudged`` saying why not."""
     return fabric_host(nvml, settings, "NVLSM")
 
 

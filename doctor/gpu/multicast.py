@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from doctor.core.datafile import load_toml
+from doctor.core.registry import Applicability
 from doctor.core.result import Findings, NotJudged, Remediation
 from doctor.core.settings import Settings
 from doctor.gpu import fabric
@@ -159,12 +160,20 @@ def _lacking(out: Findings, lacking: list[str], outcome: str, group: list[dict[s
                                  "(\"Device does not support multicasting\")", off_remedy(flags_fact, asked))
 
 
+def all_reduces(settings: Settings) -> bool:
+    """Multicast is judged only where GPUs all-reduce: more than one (TP x PP x DP > 1)."""
+    return settings.world_size > 1
+
+
+MULTICAST_APPLIES = Applicability(all_reduces, lambda _settings: "TP x PP x DP = 1: no all-reduce between GPUs, "
+                                  "nothing needs multicast")  # gpu.multicast's applies_if
+
+
 def judge_multicast(nvml: dict[str, Any], mc: dict[str, Any] | None, flags_fact: dict[str, Any] | None,
                     args: list[str], settings: Settings) -> Findings:
-    """Multicast on every GPU of the TP group, the fabric it needs, and what the server will ask of it."""
+    """Multicast on every GPU of the TP group, the fabric it needs, and what the server will ask of it (more than
+    one GPU: ``MULTICAST_APPLIES``, declared on the check)."""
     world = settings.world_size
-    if world <= 1:
-        raise NotJudged.inapplicable("TP x PP x DP = 1: no all-reduce between GPUs, nothing needs multicast")
     group = tp_group(nvml, world)
     ready = fabric.readiness(nvml, world)
     seen = probe_devices(_probe_to_judge(ready, mc), group)

@@ -21,6 +21,7 @@ import shlex
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from doctor.core.registry import Applicability
 from doctor.core.result import Findings, NotJudged, Remediation
 from doctor.core.settings import ConfigError, Settings
 from doctor.gpu import group, links
@@ -288,18 +289,29 @@ def _records_folder(site: Any, settings: Settings) -> str:
     return folder or str(records_dir(settings.state_dir))
 
 
+def launches_ddtree(settings: Settings) -> bool:
+    """The gate is judged only where the profile launches DDTREE: another algorithm never meets it."""
+    return str(settings.server.speculative_algorithm or "").upper() == "DDTREE"
+
+
+def _not_ddtree(settings: Settings) -> str:
+    algo = str(settings.server.speculative_algorithm or "").upper()
+    return f"the profile launches {algo or 'no speculative algorithm'}, not DDTREE"
+
+
+GATE_APPLIES = Applicability(launches_ddtree, _not_ddtree)  # sglang.ddtree's applies_if
+
+
 def judge_gate(read: Reader, planned: tuple[list[str], ConfigError | None], settings: Settings) -> Findings:
     """``read(name)``: the ``env``, ``stack``, ``nvml``, ``sglang_patches`` and ``ddtree_site`` facts, None where
     not recorded; ``planned``: the server arguments the launcher builds and why they cannot be built
     (``launcher.planned_args``). The gate opens on a site validation record of this host whose every key equals
-    the running configuration's (``doctor.sglang.validation``), or with the opt-in."""
+    the running configuration's (``doctor.sglang.validation``), or with the opt-in. Judged where the profile
+    launches DDTREE (``GATE_APPLIES``, declared on the check)."""
     from doctor.sglang.validation.record import differences as record_differences
     from doctor.sglang.validation.record import nearest as nearest_record
     from doctor.sglang.validation.siteconfig import site_configuration
 
-    algo = str(settings.server.speculative_algorithm or "").upper()
-    if algo != "DDTREE":
-        raise NotJudged.inapplicable(f"the profile launches {algo or 'no speculative algorithm'}, not DDTREE")
     pset = patch_set(settings)
     values, unread = site_configuration(read, planned, release_options(pset), settings)
     env = read("env")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
+from doctor.core.registry import Applicability
 from doctor.core.result import Findings, NotJudged, Remediation
 from doctor.core.settings import DEFAULT_STATE_DIR, Settings
 from doctor.sglang.patching.status import (
@@ -62,11 +63,25 @@ def usable_fact(fact: dict[str, Any], settings: Settings, set_name: str, out: Fi
     return None
 
 
+def names_a_set(settings: Settings) -> bool:
+    """The patches are judged only where the profile names a set ([patches] set)."""
+    return bool(settings.patches.set)
+
+
+def _no_set(settings: Settings) -> str:
+    return f"profile {settings.profile_name} uses no SGLang patch set ([patches] set is empty)"
+
+
+PATCHES_APPLY = Applicability(names_a_set, _no_set)  # sglang.patches's applies_if
+
+
 def judge_patches(fact: dict[str, Any], settings: Settings) -> Findings:
+    """The profile's patch set (``PATCHES_APPLY``, declared on the check: the profile names one) in the installed
+    SGLang. A recording made under a profile without a set (``no_set``) has no files of one to judge."""
     set_name = settings.patches.set or fact.get("set_name", "")
-    if not set_name or fact.get("no_set"):
-        raise NotJudged.inapplicable(f"profile {settings.profile_name} uses no SGLang patch set ([patches] set is "
-                                     "empty)")
+    if fact.get("no_set"):
+        raise NotJudged.inapplicable("the facts were collected for a profile with no SGLang patch set: no patched "
+                                     "file was read")
     unusable = usable_fact(fact, settings, set_name, Findings(set=set_name))
     if unusable is not None:
         return unusable
