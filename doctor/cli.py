@@ -24,7 +24,8 @@ from doctor.commands.options import (
     settings_from,
     write_requested,
 )
-from doctor.core.exitcodes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_SIGPIPE, EXIT_USAGE
+from doctor.core import interrupt
+from doctor.core.exitcodes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_SIGPIPE, EXIT_TERMINATED, EXIT_USAGE
 
 LAZY_COMMANDS = {
     "fix": "doctor.commands.fix:fix",
@@ -253,6 +254,15 @@ def run_cli(argv: list[str] | None = None) -> int:
     from doctor.facts.redaction import guard_std_streams
 
     guard_std_streams()  # one redaction for every message and report any command prints
+    interrupt.install()  # SIGTERM (systemd's stop, a fleet's timeout) ends a run as Ctrl-C does
+    code = _run_command(argv)
+    if code == EXIT_INTERRUPTED and interrupt.terminated():
+        return EXIT_TERMINATED
+    return code
+
+
+def _run_command(argv: list[str] | None) -> int:
+    """``cli.main`` with every way it ends turned into an exit code."""
     try:
         code = cli.main(args=argv, prog_name="k26-doctor", standalone_mode=False)
     except Stop as stop:
@@ -262,7 +272,7 @@ def run_cli(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except (click.Abort, EOFError, KeyboardInterrupt) as exc:  # click turns Ctrl-C into Abort
         if isinstance(exc, KeyboardInterrupt) or isinstance(exc.__cause__, KeyboardInterrupt):
-            click.echo("interrupted (Ctrl-C)", err=True)  # (a run of checks reports what finished itself)
+            click.echo(f"interrupted ({interrupt.cause()})", err=True)  # (a run of checks reports what finished itself)
             return EXIT_INTERRUPTED
         click.echo("\nAborted!", err=True)  # a prompt answered with Ctrl-D
         return EXIT_FAILED

@@ -59,6 +59,7 @@ def interruptible() -> None:
     handler, so a test's Ctrl-C reaches a doctor that never hears it. A blocked one is inherited the same way."""
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # (a runner may hand an ignored SIGTERM down too)
 
 
 def _session_interruptible() -> None:

@@ -235,3 +235,31 @@ def test_the_live_first_screen_follows_the_same_rules(tmp_path: Path):
     js = json.loads(run_doctor(*args, "--format", "json", env=env).stdout)
     results = {r["id"]: r for r in js["results"]}
     screen_rules(text, results, None)
+
+
+def test_sigterm_during_check_deep_is_the_same_short_report_and_exits_143(tmp_path: Path, plugin_site: str):
+    """systemd's stop of an ExecStartPre (TimeoutStartSec) and a fleet's timeout send SIGTERM: the same partial
+    report as Ctrl-C, naming SIGTERM, the hung check's probe ended, exit 143 (128 + SIGTERM) instead of a silent
+    death at -15."""
+    shutil.copy(SNAP, tmp_path / "gpuless.json")
+    started = tmp_path / "started"
+    env = penv(plugin_site, SITE_HANG="100", SITE_HANG_LAST="1", SITE_STARTED=str(started), COLUMNS="80")
+    proc = subprocess.Popen([sys.executable, "-m", "doctor", "check", "--deep", "--from-snapshot", "gpuless.json",
+                             "--timeout", "300"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            cwd=tmp_path, stdin=subprocess.DEVNULL, preexec_fn=interruptible)
+    try:
+        until = time.monotonic() + 120
+        while not started.exists() and proc.poll() is None and time.monotonic() < until:
+            time.sleep(0.05)
+        assert started.exists(), proc.stderr.read() if proc.poll() is not None else "site.hang never started"
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 143, (proc.returncode, out, err)
+    assert "\nINTERRUPTED (SIGTERM), a partial report: " in out, out
+    assert [ln for ln in out.splitlines() if "interrupted before they finished" in ln] == [
+        "‼ interrupted before they finished (1): site.hang"]
+    assert "Traceback" not in err

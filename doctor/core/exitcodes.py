@@ -8,4 +8,5 @@ EXIT_NO_REPORT = 3  # the doctor itself crashed: no report
 # node's checks could not be judged. It is EXIT_USAGE's number, as NPD reads an invalid invocation too.
 EXIT_NPD_UNKNOWN = 2
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, as a shell reports it): a short report of what finished
+EXIT_TERMINATED = 143  # SIGTERM (128 + 15): the same short report as Ctrl-C (doctor.core.interrupt)
 EXIT_SIGPIPE = 141  # the reader closed the pipe (128 + SIGPIPE, as a shell reports `yes | head -1`): quiet

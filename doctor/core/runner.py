@@ -24,7 +24,7 @@ import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from doctor.core import deadline
+from doctor.core import deadline, interrupt
 from doctor.core.context import Context, FactUnavailable, MalformedFact, UndeclaredFact
 from doctor.core.registry import DEFAULT_TIMEOUT_S, Check
 from doctor.core.result import NotJudged, Remediation, Result, Status
@@ -36,6 +36,7 @@ class RunOutcome:
     duration_s: float
     interrupted: bool = False
     notes: list[str] = field(default_factory=list)
+    interrupted_by: str = "Ctrl-C"  # or "SIGTERM" (doctor.core.interrupt): what the report names
 
 
 def matches(check_id: str, patterns: Iterable[str]) -> bool:
@@ -251,10 +252,10 @@ class _Run:
 
     def interrupt(self) -> None:
         """Ctrl-C: the run's deadline expires and every unfinished check is an ``error`` saying so."""
-        deadline.expire("the run was interrupted (Ctrl-C)")
+        deadline.expire(f"the run was interrupted ({interrupt.cause()})")
         for cid in list(self.running) + [c.id for c in self.pending]:
             if cid not in self.done:
-                res = Result.errored("interrupted (Ctrl-C) before it finished", interrupted=True)
+                res = Result.errored(f"interrupted ({interrupt.cause()}) before it finished", interrupted=True)
                 self.finish(_stamp(res, self.by_id[cid]))
 
 
@@ -276,7 +277,7 @@ def run_all(
         run.interrupt()
     ordered = [run.done[c.id] for c in checks if c.id in run.done]
     one_root_per_malformed_fact(ordered, run.by_id)
-    return RunOutcome(ordered, time.monotonic() - started, interrupted)
+    return RunOutcome(ordered, time.monotonic() - started, interrupted, interrupted_by=interrupt.cause())
 
 
 def one_root_per_malformed_fact(results: list[Result], by_id: dict[str, Check]) -> None:

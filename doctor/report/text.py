@@ -394,7 +394,8 @@ def footer(report: Any, color: bool, st: Story | None = None, columns: int = DEF
     status = report.decision().status
     head = f"{status.value.upper()}: "
     if report.outcome.interrupted:
-        head = f"INTERRUPTED (Ctrl-C), a partial report: {len(report.results) - len(st.interrupted)} of " \
+        finished = len(report.results) - len(st.interrupted)
+        head = f"INTERRUPTED ({report.outcome.interrupted_by}), a partial report: {finished} of " \
                f"{len(report.results)} checks finished: "
     lines = []
     lines.extend(_paint(ln, COLORS.get(status, "1"), color) if i == 0 else ln for i, ln in enumerate(wrap(
