@@ -31,6 +31,7 @@ def test_help_texts_survive_redaction_and_name_their_values() -> None:
         assert res.exit_code == 0, (path, res.output)
         assert redact_text(res.output) == res.output, (path, [ln for ln in res.output.splitlines()
                                                               if redact_text(ln) != ln])
+        assert "-- --" not in " ".join(res.output.split()), (path, "a flag written twice over in a help text")
         seen += 1
     assert seen > 15
     smoke = runner.invoke(cli, ["smoke", "--help"]).output

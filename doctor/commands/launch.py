@@ -288,7 +288,7 @@ def _stop(child: subprocess.Popen[Any], grace: float = 30.0) -> None:
 @click.option("--no-diagnose", is_flag=True, help="No ExecStopPost diagnosis of a failed start.")
 @click.option("--smoke", is_flag=True, help="ExecStartPost: `k26-doctor smoke` once the server is ready.")
 @click.option("--secrets-file", default=None, type=click.Path(dir_okay=False),
-              help="Where a secret of the server arguments (the value of -- --api-key) is written (mode 0600) for "
+              help="Where a secret of the server arguments (the value of --api-key) is written (mode 0600) for "
                    "the unit's EnvironmentFile=; the unit itself never holds it.")
 @click.option("--timer", is_flag=True, help="Instead: a oneshot service and timer that run the checks periodically "
               "(not the server) and refresh node_exporter's textfile; --output NAME.service writes NAME.timer beside.")
