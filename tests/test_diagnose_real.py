@@ -321,6 +321,43 @@ def test_a_cuda_extension_build_without_a_toolkit_is_the_jit_toolchain() -> None
     assert [f.signature.check for f in diagnose_lines([line], SIGS)] == ["sglang.install"]
 
 
+def _checks(line: str) -> list[str | None]:
+    return [f.signature.check for f in diagnose_lines([line], SIGS)]
+
+
+def test_a_shebang_naming_another_interpreter_is_the_console_scripts_and_its_own_missing_python_the_venv() -> None:
+    """bash's "SCRIPT: INTERPRETER: bad interpreter" names both: an interpreter outside the script's own bin/ is a
+    console script's shebang (python.venv.scripts); the venv's own python missing is the venv (python.venv)."""
+    assert _found("scripts-virtualenv-shebang-old-python-version.log")[0].signature.check == "python.venv.scripts"
+    assert _found("scripts-windows-launcher-venv-renamed-jupyter.log")[0].signature.check == "python.venv.scripts"
+    assert _checks("bash: /opt/k26/venv/bin/sglang: /opt/k26/venv/bin/python3.12: bad interpreter: No such file or "
+                   "directory") == ["python.venv"]
+    assert _checks("/opt/k26/venv/bin/python: bad interpreter: No such file or directory") == ["python.venv"]
+
+
+def test_a_jit_cache_the_service_cannot_write_is_the_jit_cache_and_other_permission_errors_are_not() -> None:
+    for name in ("jitcache-triton-cache-dir-permission-denied-docker-user.log",
+                 "jitcache-flashinfer-cache-read-only-fs-slurm.log"):
+        assert _found(name)[0].signature.check == "host.jit_cache", name
+    assert _checks("PermissionError: [Errno 13] Permission denied: '/root/.cache/sglang/jit/x.lock'") == [
+        "host.jit_cache"]
+    assert _checks("PermissionError: [Errno 13] Permission denied: '/models/kimi/config.json'") == []
+    assert _checks("OSError: [Errno 28] No space left on device: '/root/.triton/cache/x'") == ["host.disk"]
+
+
+def test_the_emitting_softwares_messages_of_tp_divisibility_tokenizer_files_and_an_unbound_module() -> None:
+    """ensure_divisibility's assertion (vLLM, SGLang); serde's untagged-enum error on tokenizers' own wrapper types
+    only; nvidia_init_module's probe messages (the probe that failed after a GPU fell off the bus is not the driver)."""
+    assert _found("config-vocab-32768-not-divisible-by-tp-3-mixtral.log")[0].signature.check == "model.config"
+    assert _found("tokenizer-untagged-enum-modelwrapper-tokenizers-0-19-tulu.log")[0].signature.check == \
+        "model.tokenizer"
+    assert _checks("Exception: data did not match any variant of untagged enum PyPreTokenizerTypeWrapper at line 40 "
+                   "column 3") == ["model.tokenizer"]
+    assert _checks("ERROR chromiumoxide::conn: data did not match any variant of untagged enum Message") == []
+    assert _found("driver-nvrm-probe-not-called-nouveau-dmesg.log")[0].signature.check == "gpu.driver"
+    assert "gpu.driver" not in _checks("[ 1843.439662] NVRM: The NVIDIA probe routine failed for 1 device(s).")
+
+
 # -- blame needs the log's own causal evidence ----------------------------------------------------------------------
 
 SITE = """
