@@ -13,16 +13,19 @@ whole CLI (`python -m doctor diagnose FILE`, interpreter start included). Times 
     python bench/bench_diagnose.py [--mb 50] [--repeat 3] [--against REV]
 
 `--against REV` (default e9d74ef, the table before the real-failure corpus's generalisation) times that revision's
-signature table on the same log in the same run, interleaved with this table's runs, and prints the ratio.
+signature table on the same log in the same run, interleaved with this table's runs, and prints the ratio of wall-clock
+times and of CPU times (this process and its grep: what others do on a shared machine does not add to it).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,6 +80,15 @@ def previous_signatures(rev: str) -> list:
         return load_signatures(builtin=path)
 
 
+def cpu_seconds(fn: Callable[[], object]) -> float:
+    """User and system CPU of one call, this process's and its children's (the grep prefilter): unlike wall-clock,
+    what other users of a shared machine do does not add to it."""
+    before = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    fn()
+    after = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    return sum(a.ru_utime + a.ru_stime - b.ru_utime - b.ru_stime for a, b in zip(after, before, strict=True))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mb", type=int, default=50)
@@ -116,16 +128,21 @@ def main() -> int:
         print(f"ratio to grep -c: in-process {inproc[0] / grep[0]:.1f}x, without grep {pure[0] / grep[0]:.1f}x, "
               f"CLI {cli[0] / grep[0]:.1f}x")
         if previous is not None:  # interleaved, so that a busy machine slows both tables alike
-            pairs = []
-            for _ in range(max(3, args.repeat)):
-                this = measure(lambda: diagnose_lines(read_log(str(log)), sigs), 1)[0]
-                that = measure(lambda: diagnose_lines(read_log(str(log)), previous), 1)[0]
-                pairs.append((this, that))
+            pairs, cpu_pairs = [], []
+            for i in range(max(3, args.repeat)):
+                tables = (sigs, previous) if i % 2 == 0 else (previous, sigs)  # which runs first alternates
+                wall = [measure(lambda t=t: diagnose_lines(read_log(str(log)), t), 1)[0] for t in tables]
+                cpu = [cpu_seconds(lambda t=t: diagnose_lines(read_log(str(log)), t)) for t in tables]
+                pairs.append((wall[0], wall[1]) if i % 2 == 0 else (wall[1], wall[0]))
+                cpu_pairs.append((cpu[0], cpu[1]) if i % 2 == 0 else (cpu[1], cpu[0]))
             this_best, that_best = min(p[0] for p in pairs), min(p[1] for p in pairs)
             ratios = sorted(p[0] / p[1] for p in pairs)
             print(f"signatures of {args.against} ({len(previous)}), interleaved with this table: "
                   f"{that_best * 1000:.0f} ms against {this_best * 1000:.0f} ms; this table / that one: "
                   f"{this_best / that_best:.2f}x (best of each), {ratios[len(ratios) // 2]:.2f}x (median of pairs)")
+            cpu_this, cpu_that = min(p[0] for p in cpu_pairs), min(p[1] for p in cpu_pairs)
+            print(f"CPU time (this process and its grep), best of {len(cpu_pairs)}: {cpu_this * 1000:.0f} ms against "
+                  f"{cpu_that * 1000:.0f} ms of {args.against}'s table: {cpu_this / cpu_that:.2f}x")
     return 0
 
 

@@ -4,8 +4,8 @@ the same corpus (the figures before a change).
 
     python bench/bench_diagnose_real.py [--against REV] [--show-dev] [--batch N] [--split dev|test]
 
-`--batch N` also prints the figures of batch N alone (batch 5 was committed before the fifth round of signatures:
-`--against` its commit measures it under the signatures it was gathered against).
+`--batch N` (repeatable) also prints the figures of batch N alone (batch 5 was committed before the fifth round of
+signatures: `--against` its commit measures it under the signatures it was gathered against).
 
 The dev split's per-excerpt outcomes are printed with --show-dev; the test split only as figures (it is not read while
 signatures are written). `--split dev` prints the dev split alone: the test split is measured once, after a round of
@@ -31,7 +31,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--against", default="", metavar="REV")
     ap.add_argument("--show-dev", action="store_true")
-    ap.add_argument("--batch", type=int, default=0, metavar="N")
+    ap.add_argument("--batch", type=int, action="append", default=[], metavar="N", help="also batch N alone "
+                    "(repeatable: one run prints several batches, the test split measured once)")
     ap.add_argument("--split", choices=("dev", "test"), action="append", help="only this split (default: both)")
     args = ap.parse_args()
     splits = tuple(args.split or ("dev", "test"))
@@ -49,9 +50,9 @@ def main() -> int:
                 print(f"  {outcome:8} {log.label:15} top={top.id if top else None}  {log.file}")
         for split in splits:
             print(f"{name}: " + figures([g for g in logs if g.split == split], outcomes).line(split))
-            if args.batch:
-                group = [g for g in logs if g.split == split and g.batch == args.batch]
-                print(f"{name}: " + figures(group, outcomes).line(f"{split}-batch{args.batch}"))
+            for batch in args.batch:
+                group = [g for g in logs if g.split == split and g.batch == batch]
+                print(f"{name}: " + figures(group, outcomes).line(f"{split}-batch{batch}"))
     return 0
 
 

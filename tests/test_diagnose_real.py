@@ -1,12 +1,13 @@
 """`diagnose` on real failure excerpts from public threads (tests/fixtures/diagnose_real/), precision first.
 
-The corpus: 218 excerpts (2016-2026; SGLang, vLLM, FlashInfer, NCCL, Triton, TensorRT-LLM, DeepGEMM, DeepEP,
+The corpus: 271 excerpts (2014-2026; SGLang, vLLM, FlashInfer, NCCL, Triton, TensorRT-LLM, DeepGEMM, DeepEP,
 PyTorch, transformers and the projects they run under), each labelled from its thread's resolution with the check
-whose failure class it is, or ``none`` (59 of them) when no registered check explains it. Split by sha256(source)
-mod 3 (147 dev, 71 test). Batch 1 (79) was committed before any signature was written from it (e9d74ef); batch 2
+whose failure class it is, or ``none`` (76 of them) when no registered check explains it. Split by sha256(source)
+mod 3 (181 dev, 90 test). Batch 1 (79) was committed before any signature was written from it (e9d74ef); batch 2
 (74) after the first generalisation and before the second (3b04ba9); batch 3 (18) after the second and before the
 third (8b4c910); batch 4 (7) after the third (f2bace7), and no signature was written from it; batch 5 (40, 12 of
-them none) after the fourth (judge_blame) and before the fifth (b0f87ec). Signatures were written from the dev split
+them none) after the fourth (judge_blame) and before the fifth (b0f87ec); batch 6 (53, 17 of them none) after the
+sixth and before the seventh (713f77d). Signatures were written from the dev split
 only; the test excerpts were not read while they were (batch 5's were read while they were gathered, before its
 split was computed and before any signature of the fifth round). Scored by tests/diagnose_real.py (the top finding's
 check; a none case is right only when the top finding blames nothing).
@@ -77,8 +78,37 @@ file (no line tells them apart; recorded at the top of the signatures file).
   here as one of CUDA's error strings (cudaErrorUnsupportedPtxVersion, cuda.compat); while writing, one pytest run
   selected by name ran the test split's floor tests (pass/xfail outcome only, no figures printed); the final figures
   were printed by two runs of the bench at the same commit (--batch 5, then --batch 1).
+- batch 6 (53 excerpts from sources in no corpus, gathered for the classes with few cases: the P2P path, venv console
+  scripts and interpreters, JIT cache permissions, shm, drivers, tokenizer files, drafters, multicast; 17 none cases),
+  committed at 713f77d and measured there under the sixth round's signatures (the test split printed once, before any
+  signature was written from the batch): dev-batch6 10/23 explained right (43%), 11/11 none right, 0 wrong;
+  test-batch6 6/13 (46%), 6/6 none right, 0 wrong; the whole corpus: dev 107/127 (84%), 1 wrong (on none); test
+  50/68 (74%), 2 wrong (both on none). The excerpts of both splits were read while they were gathered, before the
+  split was computed, as batch 5's were.
+- the seventh round, written from the dev split and the emitting software's own messages: bash's "SCRIPT: INTERPRETER:
+  bad interpreter" (execute_cmd.c) and pip's Windows launcher (distlib's launcher.c) as a console script's shebang
+  (python.venv.scripts), the one-path form and a script whose own bin/ python is gone staying the venv (python.venv);
+  Python's Permission denied / Read-only file system on the caches host.jit_cache judges (Triton's cache.py,
+  FlashInfer's jit/env.py, SGLang's ~/.cache/sglang); ensure_divisibility's "N is not divisible by M" (vLLM's and
+  SGLang's distributed/utils.py) as a model dimension that TP cannot split (model.config); serde's untagged-enum error
+  on the tokenizers library's own wrapper types as a tokenizer.json the installed tokenizers cannot read
+  (model.tokenizer; other programs' untagged enums are not); nvidia_init_module's "probe routine was not called" / "No
+  NVIDIA graphics adapter probed" (kernel-open/nvidia/nv.c) as the driver (gpu.driver; "probe routine failed", which
+  follows a GPU off the bus, is not). Dropped while written: a zsh form of the shebang message that no source here
+  shows. Checked on dev only while written: dev 117/127 (92%), 1 wrong (on none, the safetensors conflict above), as
+  before; dev-batch6 20/23 (87%), 11/11 none right, 0 wrong; dev-batch1 34/38, dev-batch5 15/17. Test split measured
+  once, after, at 002df59 (bench_diagnose_real.py --split test --batch 1 --batch 5 --batch 6, one run): 51/68
+  explained right (75%), 2/90 wrong (both on none, batch 1's, as before; 20/22 none right); test-batch6 7/13 (54%),
+  6/6 none right, 0 wrong; test-batch1 14/17 (2 wrong, both on none); test-batch5 8/11, 0 wrong. The corpus before
+  batch 6 is unchanged on the test split (44/55, 2 wrong on none): the round's classes named one more of batch 6's test
+  cases right. Existing corpora unchanged (tests/fixtures/diagnose 100%; held-out dev 22/24, test 13/15, 0
+  wrong). Speed at 20 MB (bench_diagnose.py --mb 20 --repeat 15 --against 2fb3956, which now also compares CPU time,
+  this process and its grep, with the two tables run in alternating order): CPU 1.01x and 1.02x in two runs, the
+  same table against itself 1.02x (the noise of a shared 2-core machine); wall-clock best of 15 0.83x and 0.85x. The
+  log is now written once for grep's two passes (one 20 MB encode and write fewer for every table).
 The bars asked for on the test split (>= 90% explained right, <= 1% wrong, 0 on none) are not met: the floors
-below are the measured ones, and test_real_failures_meet_the_asked_bars_on_the_test_split records the gap.
+below are the measured ones (the whole splits' lower than before only because batch 6 joined them), and
+test_real_failures_meet_the_asked_bars_on_the_test_split records the gap.
 """
 
 from __future__ import annotations
@@ -119,7 +149,7 @@ def _sources_of_existing_corpora() -> set[str]:
 # -- the corpus itself ---------------------------------------------------------------------------------
 
 def test_every_excerpt_is_in_the_manifest_labelled_and_sourced() -> None:
-    assert len(LOGS) >= 218 and sum(g.label == NONE for g in LOGS) >= 59
+    assert len(LOGS) >= 271 and sum(g.label == NONE for g in LOGS) >= 76
     assert {p.name for p in REAL.glob("*.log")} == set(BY_FILE)
     registered = {c.id for c in load(plugins=False).sorted_checks()}
     for log in LOGS:
@@ -139,14 +169,16 @@ def test_no_source_is_shared_with_the_existing_corpora() -> None:
 def test_the_split_follows_its_rule() -> None:
     assert all(g.split == expected_split(g.source) for g in LOGS)
     test = [g for g in LOGS if g.split == "test"]
-    assert len(test) >= 71 and sum(g.label == NONE for g in test) >= 16 and len({g.label for g in test}) >= 10
+    assert len(test) >= 90 and sum(g.label == NONE for g in test) >= 22 and len({g.label for g in test}) >= 10
 
 
 # -- the measure ---------------------------------------------------------------------------------------
 
 # Measured floors, per split and batch (batch 0: the whole corpus); see the module docstring for the figures.
-RECALL_FLOOR = {("dev", 1): 0.89, ("test", 1): 0.82, ("dev", 0): 0.93, ("test", 0): 0.80}
-WRONG_LIMIT = {("dev", 1): (0, 0), ("test", 1): (2, 2), ("dev", 0): (1, 1), ("test", 0): (2, 2)}  # (wrong, on none)
+RECALL_FLOOR = {("dev", 1): 0.89, ("test", 1): 0.82, ("dev", 6): 0.86, ("test", 6): 0.53, ("dev", 0): 0.92,
+                ("test", 0): 0.75}
+WRONG_LIMIT = {("dev", 1): (0, 0), ("test", 1): (2, 2), ("dev", 6): (0, 0), ("test", 6): (0, 0), ("dev", 0): (1, 1),
+               ("test", 0): (2, 2)}  # (wrong, on none)
 
 
 def _figures(split: str, batch: int):
@@ -154,7 +186,8 @@ def _figures(split: str, batch: int):
     return figures(group, {g.file: diagnose(g, SIGS)[0] for g in group})
 
 
-@pytest.mark.parametrize(("split", "batch"), [("dev", 1), ("test", 1), ("dev", 0), ("test", 0)])
+@pytest.mark.parametrize(("split", "batch"),
+                         [("dev", 1), ("test", 1), ("dev", 6), ("test", 6), ("dev", 0), ("test", 0)])
 def test_real_failures_floor(split: str, batch: int, record_property: pytest.RecordProperty,
                              capsys: pytest.CaptureFixture[str]) -> None:
     """Explained cases named right at least the measured floor; wrong blames no more than measured."""
@@ -168,8 +201,8 @@ def test_real_failures_floor(split: str, batch: int, record_property: pytest.Rec
     assert fig.recall >= RECALL_FLOOR[(split, batch)], fig.line(name)
 
 
-@pytest.mark.xfail(strict=True, reason="the test split misses the asked bars: 44/55 explained right (80%), "
-                                       "2/71 wrong blames, both on none cases (at 56bb03b)")
+@pytest.mark.xfail(strict=True, reason="the test split misses the asked bars: 51/68 explained right (75%), "
+                                       "2/90 wrong blames, both on none cases (at 002df59)")
 def test_real_failures_meet_the_asked_bars_on_the_test_split() -> None:
     """The bars asked for: >= 90% of the explained test cases right, wrong blames <= 1% of all, none on none."""
     fig = _figures("test", 0)
@@ -319,6 +352,43 @@ def test_general_messages_of_the_checks_classes_name_them() -> None:
 def test_a_cuda_extension_build_without_a_toolkit_is_the_jit_toolchain() -> None:
     line = "OSError: CUDA_HOME environment variable is not set. Please set it to your CUDA install root."
     assert [f.signature.check for f in diagnose_lines([line], SIGS)] == ["sglang.install"]
+
+
+def _checks(line: str) -> list[str | None]:
+    return [f.signature.check for f in diagnose_lines([line], SIGS)]
+
+
+def test_a_shebang_naming_another_interpreter_is_the_console_scripts_and_its_own_missing_python_the_venv() -> None:
+    """bash's "SCRIPT: INTERPRETER: bad interpreter" names both: an interpreter outside the script's own bin/ is a
+    console script's shebang (python.venv.scripts); the venv's own python missing is the venv (python.venv)."""
+    assert _found("scripts-virtualenv-shebang-old-python-version.log")[0].signature.check == "python.venv.scripts"
+    assert _found("scripts-windows-launcher-venv-renamed-jupyter.log")[0].signature.check == "python.venv.scripts"
+    assert _checks("bash: /opt/k26/venv/bin/sglang: /opt/k26/venv/bin/python3.12: bad interpreter: No such file or "
+                   "directory") == ["python.venv"]
+    assert _checks("/opt/k26/venv/bin/python: bad interpreter: No such file or directory") == ["python.venv"]
+
+
+def test_a_jit_cache_the_service_cannot_write_is_the_jit_cache_and_other_permission_errors_are_not() -> None:
+    for name in ("jitcache-triton-cache-dir-permission-denied-docker-user.log",
+                 "jitcache-flashinfer-cache-read-only-fs-slurm.log"):
+        assert _found(name)[0].signature.check == "host.jit_cache", name
+    assert _checks("PermissionError: [Errno 13] Permission denied: '/root/.cache/sglang/jit/x.lock'") == [
+        "host.jit_cache"]
+    assert _checks("PermissionError: [Errno 13] Permission denied: '/models/kimi/config.json'") == []
+    assert _checks("OSError: [Errno 28] No space left on device: '/root/.triton/cache/x'") == ["host.disk"]
+
+
+def test_the_emitting_softwares_messages_of_tp_divisibility_tokenizer_files_and_an_unbound_module() -> None:
+    """ensure_divisibility's assertion (vLLM, SGLang); serde's untagged-enum error on tokenizers' own wrapper types
+    only; nvidia_init_module's probe messages (the probe that failed after a GPU fell off the bus is not the driver)."""
+    assert _found("config-vocab-32768-not-divisible-by-tp-3-mixtral.log")[0].signature.check == "model.config"
+    assert _found("tokenizer-untagged-enum-modelwrapper-tokenizers-0-19-tulu.log")[0].signature.check == \
+        "model.tokenizer"
+    assert _checks("Exception: data did not match any variant of untagged enum PyPreTokenizerTypeWrapper at line 40 "
+                   "column 3") == ["model.tokenizer"]
+    assert _checks("ERROR chromiumoxide::conn: data did not match any variant of untagged enum Message") == []
+    assert _found("driver-nvrm-probe-not-called-nouveau-dmesg.log")[0].signature.check == "gpu.driver"
+    assert "gpu.driver" not in _checks("[ 1843.439662] NVRM: The NVIDIA probe routine failed for 1 device(s).")
 
 
 # -- blame needs the log's own causal evidence ----------------------------------------------------------------------

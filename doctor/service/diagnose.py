@@ -20,6 +20,7 @@ whole text (bench/bench_diagnose.py measures both).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
@@ -434,24 +435,21 @@ def _candidates_by_find(text: str, starts: list[int], literals: set[str], fold: 
     return lines
 
 
-def _candidates_by_grep(text: str, literals: set[str], fold: bool) -> set[int] | None:
-    """0-based indices of the lines holding any literal, via one ``grep -F`` pass over a temporary copy
-    of the text (a file, not a pipe: feeding 50 MB through a pipe costs more than the scan); None if
-    grep is absent, the copy cannot be written (a full disk) or grep fails: the caller then searches
-    in Python."""
+def _candidates_by_grep(data: Path, literals: set[str], fold: bool) -> set[int] | None:
+    """0-based indices of the lines holding any literal, via one ``grep -F`` pass over ``data``, the temporary copy
+    of the text (a file, not a pipe: feeding 50 MB through a pipe costs more than the scan; written once for both
+    passes, case-sensitive and folded); None if grep is absent or fails: the caller then searches in Python."""
     grep = shutil.which("grep")
     if grep is None:
         return None
     if not literals:
         return set()
     try:
-        with tempfile.TemporaryDirectory(prefix="k26-diagnose-") as tmp:
-            pats, data = Path(tmp) / "literals", Path(tmp) / "log"
-            pats.write_text("\n".join(sorted(literals)) + "\n", encoding="utf-8")
-            data.write_bytes(text.encode("utf-8", errors="replace"))
-            argv = [grep, "-a", "-n", "-o", "-F", "-f", str(pats), *(["-i"] if fold else []), str(data)]
-            res = subprocess.run(argv, capture_output=True, timeout=GREP_TIMEOUT_S, check=False,
-                                 stdin=subprocess.DEVNULL, env={**os.environ, "LC_ALL": "C"})
+        pats = data.with_name("literals-folded" if fold else "literals")
+        pats.write_text("\n".join(sorted(literals)) + "\n", encoding="utf-8")
+        argv = [grep, "-a", "-n", "-o", "-F", "-f", str(pats), *(["-i"] if fold else []), str(data)]
+        res = subprocess.run(argv, capture_output=True, timeout=GREP_TIMEOUT_S, check=False,
+                             stdin=subprocess.DEVNULL, env={**os.environ, "LC_ALL": "C"})
     except (OSError, subprocess.SubprocessError):
         return None
     if res.returncode not in (0, 1):
@@ -464,6 +462,16 @@ def _candidates_by_grep(text: str, literals: set[str], fold: bool) -> set[int] |
     return out
 
 
+def _grep_copy(tmp: str, text: str) -> Path | None:
+    """The text written once where grep reads it; None when it cannot be written (a full disk): Python searches."""
+    data = Path(tmp) / "log"
+    try:
+        data.write_bytes(text.encode("utf-8", errors="replace"))
+    except OSError:
+        return None
+    return data
+
+
 def candidate_lines(text: str, starts: list[int], plan: dict[re.Pattern[str], frozenset[str] | None],
                     use_grep: bool = True) -> dict[re.Pattern[str], list[int] | None]:
     """For each pattern with required literals, the sorted lines that hold one of them (None: scan all)."""
@@ -472,14 +480,20 @@ def candidate_lines(text: str, starts: list[int], plan: dict[re.Pattern[str], fr
         if lits:
             by_fold[_folds(pat)].update(lits)
     hits: dict[bool, list[int]] = {}
-    use_grep = use_grep and len(text) >= GREP_MIN_CHARS
-    for fold, lits in by_fold.items():
-        if not lits:
-            continue
-        lines = _candidates_by_grep(text, lits, fold) if use_grep else None
-        if lines is None:
-            lines = _candidates_by_find(text, starts, lits, fold)
-        hits[fold] = sorted(lines)
+    use_grep = use_grep and len(text) >= GREP_MIN_CHARS and shutil.which("grep") is not None
+    try:
+        scratch = tempfile.TemporaryDirectory(prefix="k26-diagnose-") if use_grep else None
+    except OSError:
+        scratch = None
+    with scratch if scratch is not None else contextlib.nullcontext() as tmp:
+        data = _grep_copy(tmp, text) if tmp else None
+        for fold, lits in by_fold.items():
+            if not lits:
+                continue
+            lines = _candidates_by_grep(data, lits, fold) if data is not None else None
+            if lines is None:
+                lines = _candidates_by_find(text, starts, lits, fold)
+            hits[fold] = sorted(lines)
     return {pat: (hits[_folds(pat)] if lits else None) for pat, lits in plan.items()}
 
 
