@@ -430,17 +430,21 @@ time.sleep(1.5)
 '''
 
 
-def _service(tmp_path: Path, prewarm_sleep: float = 0.0) -> tuple[Path, Path]:
+def _service(tmp_path: Path, prewarm_release: Path | None = None) -> tuple[Path, Path]:
     """A service interpreter whose `-m sglang.launch_server` is SERVER and whose prewarm (a FlashInfer whose builds
-    fail) starts after ``prewarm_sleep`` seconds; and the config of a server on a free port."""
+    fail) starts once ``prewarm_release`` exists (at most 120 s; at once without one): whether it is still running
+    when the server is ready is the test's choice, not the machine's load; and the config of a server on a free
+    port."""
     server = tmp_path / "server.py"
     server.write_text(SERVER)
     site = fake_flashinfer(tmp_path / "fi-site", FAILING_FLASHINFER)
     py = tmp_path / "venv" / "bin" / "python"
     py.parent.mkdir(parents=True)
+    hold = (f'n=0; while [ ! -e {prewarm_release} ] && [ $n -lt 1200 ]; do sleep 0.1; n=$((n + 1)); done; '
+            if prewarm_release else "")
     py.write_text(f'#!/bin/sh\nif [ "$1" = "-m" ] && [ "$2" = "sglang.launch_server" ]; then shift 2; '
                   f'exec {sys.executable} {server} "$@"; fi\n'
-                  f'case "$1" in *jit_prewarm.py) sleep {prewarm_sleep}; export PYTHONPATH={site}:$PYTHONPATH;; esac\n'
+                  f'case "$1" in *jit_prewarm.py) {hold}export PYTHONPATH={site}:$PYTHONPATH;; esac\n'
                   f'exec {sys.executable} "$@"\n')
     py.chmod(0o755)
     cfg = tmp_path / "c.toml"
@@ -476,10 +480,13 @@ def test_launch_wait_prewarms_shows_the_plan_and_records_the_start(tmp_path: Pat
 def test_without_a_gate_the_prewarm_goes_on_beside_the_server(tmp_path: Path) -> None:
     """`launch --no-check` (the unit's ExecStart): nothing to overlap the prewarm with but the server's own
     start-up, so it is left running beside the server, never waited for; the plan counts what is left of it."""
-    py, cfg = _service(tmp_path, prewarm_sleep=3)
+    release = tmp_path / "release-prewarm"
+    py, cfg = _service(tmp_path, prewarm_release=release)
     err, entry = _launch(tmp_path, py, cfg, "--no-check")
     assert "goes on beside the server" in err and entry["inputs"]["flashinfer"]["building"]["modules"]
     log = err.split("(log: ", 1)[1].split(")", 1)[0]
+    assert Path(log).exists(), "the prewarm still runs beside the ready server: its log is kept"
+    release.touch()
     deadline = time.monotonic() + 60  # it ends by itself (FlashInfer is absent here)
     while time.monotonic() < deadline and '"modules"' not in Path(log).read_text():
         time.sleep(0.2)
