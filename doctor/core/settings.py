@@ -181,7 +181,9 @@ def validate_profile(merged: dict[str, Any], config: dict[str, Any], config_path
                      profile_name: str) -> None:
     """Every known key of the merged profile/config has a value of its kind; else ``ConfigError`` (exit 2)
     naming the table, the key, the value and where it came from."""
-    for dotted, kind in config_schema().items():
+    schema = config_schema()
+    _tables_are_tables(merged, config, config_path, profile_name, schema)
+    for dotted, kind in schema.items():
         node: Any = merged
         from_config: Any = config
         for part in dotted.split("."):
@@ -197,6 +199,24 @@ def validate_profile(merged: dict[str, Any], config: dict[str, Any], config_path
                               "a string, a number or a boolean")
         raise ConfigError(f"invalid configuration: [{table}] {key} = {shown(node)} in the {where} must be "
                           f"{KIND_WORDS.get(kind, kind)}")
+
+
+def _tables_are_tables(merged: dict[str, Any], config: dict[str, Any], config_path: str | None, profile_name: str,
+                       schema: dict[str, str]) -> None:
+    """A known table (``[server]``, ``[parallel]``...) given as something else (``server = "x"``, ``parallel = [8]``)
+    is refused by name: the typed tables would read it as every key at its default, and in a config it would
+    silently replace the whole table of the profile (its ``[server] args`` gone)."""
+    tables = sorted({dotted.rpartition(".")[0] for dotted in schema if "." in dotted})
+    for table in tables:
+        node: Any = merged
+        for part in table.split("."):
+            node = node.get(part, MISSING) if isinstance(node, dict) else MISSING
+        if node is MISSING or isinstance(node, dict):
+            continue
+        in_config = isinstance(config, dict) and table.split(".")[0] in config
+        where = f"config file {config_path}" if in_config else f"profile {profile_name}"
+        raise ConfigError(f"invalid configuration: {table} = {shown(node)} in the {where} must be a table "
+                          f"([{table}] with its keys)")
 
 
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -313,6 +333,21 @@ class Settings(ProfileTables):
                 return default
             node = node[part]
         return node
+
+    def value_problem(self) -> str | None:
+        """What is wrong with the values a check's ``applies_if`` reads (the profile's keys against their kinds,
+        ``tp`` a count), or None: ``resolve`` refuses such values when it loads a config, but settings built
+        another way (the doctor as a library, a test, a plugin) reach the runner unchecked, and a predicate must
+        never turn a wrong type into "not applicable"."""
+        if not (_is_int(self.tp) and 1 <= self.tp <= MAX_PARALLEL):
+            return f"tp must be an integer between 1 and {MAX_PARALLEL}, got {shown(self.tp)}"
+        if not isinstance(self.profile, dict):
+            return f"the profile must be a table, got {shown(self.profile)}"
+        try:
+            validate_profile(self.profile, {}, None, str(self.profile_name))
+        except ConfigError as exc:
+            return str(exc)
+        return None
 
     @property
     def world_size(self) -> int:
