@@ -120,3 +120,26 @@ def test_a_predicate_that_raises_is_not_judged_and_its_check_never_runs() -> Non
     assert runs == []
     fine = execute(replace(reg.checks["x.rack"], applies_if=Applicability(lambda s: True, str)), ctx)
     assert fine.status is Status.PASS and runs == ["judge"]
+
+
+@pytest.mark.parametrize("body, words", [
+    ('[server.env]\n"A=B" = "x"\n', r"\[server.env\] 'A=B' .* is no environment variable name"),
+    ('[server.env]\n"" = "x"\n', r"\[server.env\] '' .* is no environment variable name"),
+    ('[server.env]\nA = "x\\u0000y"\n', r"\[server\] env .* holds a NUL character"),
+    ('[server]\nargs = ["--x\\u0000y"]\n', r"\[server\] args .* holds a NUL character"),
+    ('[model]\npath = "/tmp/a\\u0000b"\n', r"\[model\] path .* holds a NUL character"),
+    ('[server]\napi_key = "k\\u0000y"\n', r"\[server\] api_key .* holds a NUL character"),
+    ('[doctor]\npython = "/bin/tr\\u0000ue"\n', r"\[doctor\] python .* holds a NUL character"),
+])
+def test_what_execve_refuses_is_refused_when_the_config_loads(tmp_path: Path, body: str, words: str) -> None:
+    """An environment name that is empty or holds '=', a NUL in a path, an argument or a value: ``launch`` went
+    through every check and died at ``execve`` with "internal error, no report: ValueError" (exit 3). Now exit 2
+    naming the key, before anything runs."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(body)
+    with pytest.raises(ConfigError, match=words):
+        resolve({"config": str(cfg)}, environ={})
+    # (never this process replaced: an interpreter that does not exist, unless the config's own is the case)
+    python = [] if "python" in body else ["--python", str(tmp_path / "no-python")]
+    code, out, err = cli_run("launch", "--no-check", "--no-flag-check", "--no-prewarm", *python, "--config", str(cfg))
+    assert code == 2 and "Traceback" not in out + err and "internal error" not in err, (code, err)

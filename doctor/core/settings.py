@@ -136,8 +136,26 @@ def _list_str_ok(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
 
+def env_name_ok(name: Any) -> bool:
+    """A name the kernel's environment can hold (``execve`` refuses an empty one, one with ``=`` or a NUL)."""
+    return isinstance(name, str) and bool(name) and not re.search(r"[=\x00]", name)
+
+
 def _table_scalar_ok(value: Any) -> bool:
-    return isinstance(value, dict) and all(isinstance(v, (str, int, float, bool)) for v in value.values())
+    return isinstance(value, dict) and all(env_name_ok(k) and isinstance(v, (str, int, float, bool))
+                                           for k, v in value.items())
+
+
+def _nul_in(value: Any) -> bool:
+    """Whether a NUL character is anywhere in ``value`` (its strings, a table's names): no path, argument or
+    environment value can hold one, and ``execve`` raised ValueError on it at the very end of ``launch``."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, list):
+        return any(_nul_in(v) for v in value)
+    if isinstance(value, dict):
+        return any(_nul_in(k) or _nul_in(v) for k, v in value.items())
+    return False
 
 
 # kind -> its test: one flat table, so a kind is added in one line. "number" is finite (inf is no deadline and no
@@ -189,12 +207,18 @@ def validate_profile(merged: dict[str, Any], config: dict[str, Any], config_path
         for part in dotted.split("."):
             node = node.get(part, MISSING) if isinstance(node, dict) else MISSING
             from_config = from_config.get(part, MISSING) if isinstance(from_config, dict) else MISSING
-        if node is MISSING or _kind_ok(kind, node):
+        if node is MISSING or (_kind_ok(kind, node) and not _nul_in(node)):
             continue
         table, _, key = dotted.rpartition(".")
         where = f"config file {config_path}" if from_config is not MISSING else f"profile {profile_name}"
+        if _nul_in(node):
+            raise ConfigError(f"invalid configuration: [{table}] {key} in the {where} holds a NUL character: no "
+                              "path, argument or environment value can")
         if kind == "table_scalar" and isinstance(node, dict):  # name the entry, never the whole table's values
             bad = next(k for k, v in node.items() if not _kind_ok("table_scalar", {k: v}))
+            if not env_name_ok(bad):
+                raise ConfigError(f"invalid configuration: [{dotted}] {shown(bad)} in the {where} is no environment "
+                                  "variable name (empty, or holding '=')")
             raise ConfigError(f"invalid configuration: [{dotted}] {bad} = {shown(node[bad])} in the {where} must be "
                               "a string, a number or a boolean")
         raise ConfigError(f"invalid configuration: [{table}] {key} = {shown(node)} in the {where} must be "
@@ -452,6 +476,8 @@ def _convert(f: Field[Any], value: Any, source: str = "", config_path: str | Non
     if kind == "path":
         if not str(value).strip():  # an empty path given on purpose is a mistake, never "not set"
             raise ConfigError(f"{source or name} is empty: give a path, or leave it out")
+        if "\x00" in str(value):
+            raise ConfigError(f"{source or name} holds a NUL character: no path can")
         return os.path.expanduser(str(value))
     if kind == "bool":
         return bool(value)
