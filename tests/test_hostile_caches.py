@@ -155,3 +155,19 @@ def test_unreadable_odd_and_misnamed_entries_are_no_modules_and_never_opened(tmp
         locked.chmod(0o755)
     assert state["sglang_jit"]["compiled"] == ["sm90a/sgl_kernel_jit_speculative_sampling_4_True"]
     assert state["flashinfer"]["compiled"] == ["0.7.2/90a/norm"]
+
+
+@pytest.mark.parametrize("wall", ["1" + "0" * 400, "1e400", "NaN", "-5", "true", "86400"])
+def test_a_prewarm_reporting_an_impossible_time_is_timed_by_the_doctor(tmp_path: Path, wall: str) -> None:
+    """The prewarm's probe says its own time (``wall_s``); a 400-digit integer raised OverflowError (``launch``'s
+    traceback), inf, nan, a negative or a day longer than it ran went into the plan. Each is replaced by the
+    time the doctor waited for it, and the modules it built are still said."""
+    import sys
+
+    from doctor.service.prewarm import Prewarm, PrewarmPlan
+
+    line = '{"wall_s": %s, "modules": [{"module": "norm", "ok": true, "seconds": 1}]}' % wall
+    plan = PrewarmPlan([sys.executable, "-c", f"print({line!r})"], dict(os.environ), ["norm"], str(tmp_path))
+    outcome = Prewarm(plan).start(str(tmp_path)).finish(60)
+    assert outcome.ok and "norm 1 s" in outcome.reason, outcome
+    assert 0.0 <= outcome.seconds < 60 and "inf" not in outcome.reason and "nan" not in outcome.reason, outcome
