@@ -166,7 +166,7 @@ def test_a_prewarm_reporting_an_impossible_time_is_timed_by_the_doctor(tmp_path:
 
     from doctor.service.prewarm import Prewarm, PrewarmPlan
 
-    line = '{"wall_s": %s, "modules": [{"module": "norm", "ok": true, "seconds": 1}]}' % wall
+    line = '{"wall_s": ' + wall + ', "modules": [{"module": "norm", "ok": true, "seconds": 1}]}'
     plan = PrewarmPlan([sys.executable, "-c", f"print({line!r})"], dict(os.environ), ["norm"], str(tmp_path))
     outcome = Prewarm(plan).start(str(tmp_path)).finish(60)
     assert outcome.ok and "norm 1 s" in outcome.reason, outcome

@@ -474,11 +474,7 @@ def _convert(f: Field[Any], value: Any, source: str = "", config_path: str | Non
         raise ConfigError(f"invalid configuration: [doctor] {name} = {value!r} in {config_path} must be "
                           f"{_KIND_WORD.get(kind, kind)}")
     if kind == "path":
-        if not str(value).strip():  # an empty path given on purpose is a mistake, never "not set"
-            raise ConfigError(f"{source or name} is empty: give a path, or leave it out")
-        if "\x00" in str(value):
-            raise ConfigError(f"{source or name} holds a NUL character: no path can")
-        return os.path.expanduser(str(value))
+        return _path_value(value, source or name)
     if kind == "bool":
         return bool(value)
     if kind == "posint":
@@ -488,6 +484,16 @@ def _convert(f: Field[Any], value: Any, source: str = "", config_path: str | Non
     if kind == "posfloat":
         return duration(value, source or name, maximum=f.metadata.get("high") or MAX_SECONDS)
     return value
+
+
+def _path_value(value: Any, label: str) -> str:
+    """A path setting's value: never empty (given on purpose, it is a mistake, never "not set") and never holding
+    a NUL (no path can: ``execve`` and ``open`` raise ValueError on it)."""
+    if not str(value).strip():
+        raise ConfigError(f"{label} is empty: give a path, or leave it out")
+    if "\x00" in str(value):
+        raise ConfigError(f"{label} holds a NUL character: no path can")
+    return os.path.expanduser(str(value))
 
 
 _KIND_WORD = {"path": "a non-empty path (a string)", "str": "a string", "bool": "true or false",
