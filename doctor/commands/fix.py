@@ -164,7 +164,10 @@ def apply_plans(plans: list[CheckPlan], settings: Settings, ask: bool, fmt: str 
                 click.echo(f"  failed: {exc}", err=True)
                 break  # the rest of this plan may depend on this step
             except KeyboardInterrupt:
-                click.echo("interrupted (Ctrl-C); what was applied is listed above", err=True)
+                from doctor.core import interrupt
+
+                click.echo(f"interrupted ({interrupt.cause()}); what was applied is listed above (each file whole: "
+                           "as it was or as planned)", err=True)
                 return EXIT_INTERRUPTED
     # Verify: run the fixed checks again with fresh facts.
     again = replace(settings, only=[p.check_id for p in todo], skip=[], snapshot=None)

@@ -30,7 +30,7 @@ from doctor.commands.options import (
     textfile_of,
     write_requested,
 )
-from doctor.core.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from doctor.core.exitcodes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 
 DEFAULT_WAIT_S = 1800.0
 PID_MAX = 1 << 22  # the kernel's largest pid_max
@@ -42,9 +42,10 @@ def _say(msg: str) -> None:
     click.echo(f"k26-doctor: {redact_text(msg)}", err=True)
 
 
-def _run_gate(settings: Any, flags: dict[str, Any]) -> tuple[bool, Any, Any]:
-    """Run the selected checks; report to stderr (or --output); (nothing failed, the run's context, the
-    sglang.ddtree result or None)."""
+def _run_gate(settings: Any, flags: dict[str, Any]) -> tuple[int | None, Any, Any]:
+    """Run the selected checks; report to stderr (or --output); (None when nothing failed, else the refused
+    start's exit code: the decision's, so an interrupted gate is 130, and 143 under SIGTERM, never a failure's 1;
+    the run's context; the sglang.ddtree result or None)."""
     from doctor.app import render, run
 
     report, ctx = run(settings)
@@ -66,11 +67,15 @@ def _run_gate(settings: Any, flags: dict[str, Any]) -> tuple[bool, Any, Any]:
         write_requested(flags["output"], buf.getvalue())
     render(report, "text" if fmt in ("junit", "openmetrics") else fmt, flags.get("verbose") or 0, sys.stderr,
            problems=bool(flags.get("problems")))
-    why = report.decision().refusal  # a failure, or a check of the profile not judged for want of facts
+    decision = report.decision()
+    why = decision.refusal  # a failure, or a check of the profile not judged for want of facts
     if why is not None:
+        if decision.exit_code == EXIT_INTERRUPTED:  # Ctrl-C or SIGTERM: no verdict to fix, the same exit as check
+            _say(f"not launching: {why}.")
+            return EXIT_INTERRUPTED, ctx, None
         _say(f"not launching: {why}. Fix them (`k26-doctor fix`) or --ignore ID to accept a known failure.")
-        return False, ctx, None
-    return True, ctx, next((r for r in report.results if r.id == "sglang.ddtree"), None)
+        return EXIT_FAILED, ctx, None
+    return None, ctx, next((r for r in report.results if r.id == "sglang.ddtree"), None)
 
 
 def site_record_env(plan: Any, result: Any) -> None:
@@ -174,10 +179,10 @@ def launch(flags: dict[str, Any], dry_run: bool, no_check: bool, no_flag_check: 
     watch = StartWatch(settings, _say, prewarm=not no_prewarm, deadline_s=wait_timeout if wait else None)
     watch.before_gate(plan)
     if not no_check:
-        ok, ctx, gate = _run_gate(settings, flags)
-        if not ok:
+        refused, ctx, gate = _run_gate(settings, flags)
+        if refused is not None:
             watch.abandon()  # the prewarm stops with the refused start
-            return EXIT_FAILED
+            return refused
     watch.before_start(ctx, plan)  # how the prewarm went (or that it goes on beside the server); the plan
     if not no_check:
         from doctor.core import deadline

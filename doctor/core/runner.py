@@ -101,10 +101,29 @@ def _run_applicable(chk: Check, ctx: Context) -> Result:
     "not applicable" with the declared reason before it reads a fact (so facts only it reads are not collected),
     as the judgement itself would have said it with ``NotJudged.inapplicable``. Asked after its dependencies (a
     failed one still skips it first, as before the declaration)."""
-    why = chk.applies_if.refusal(ctx.settings) if chk.applies_if is not None else None
+    why = _refusal(chk, ctx) if chk.applies_if is not None else None
     if why is not None:
         raise NotJudged.inapplicable(why)
     return chk.run(ctx.view(chk.needs))
+
+
+def _refusal(chk: Check, ctx: Context) -> str | None:
+    """``chk.applies_if``'s refusal, failing closed: settings whose values are not of their kind (a ``tp`` of
+    "eight", a ``[parallel]`` that is a list) or a predicate that raises make the check not judged, naming why,
+    never "not applicable" and never a crash."""
+    assert chk.applies_if is not None
+    problem = ctx.settings.value_problem()
+    if problem is None:
+        try:
+            return chk.applies_if.refusal(ctx.settings)
+        except NotJudged:
+            raise
+        except Exception as exc:  # a predicate's bug is this check's verdict, not the run's crash
+            problem = f"{type(exc).__name__}: {_one_line(str(exc), 200)}"
+    raise NotJudged.missing(
+        f"cannot judge: whether this check applies to the profile could not be decided ({problem})",
+        Remediation("Give the profile's values their kinds (doctor/data/config_schema.toml); `k26-doctor check` "
+                    "with the same profile and config names the key."), applies_if_error=problem)
 
 
 def _stamp(res: Result, chk: Check) -> Result:

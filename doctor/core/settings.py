@@ -136,8 +136,26 @@ def _list_str_ok(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
 
+def env_name_ok(name: Any) -> bool:
+    """A name the kernel's environment can hold (``execve`` refuses an empty one, one with ``=`` or a NUL)."""
+    return isinstance(name, str) and bool(name) and not re.search(r"[=\x00]", name)
+
+
 def _table_scalar_ok(value: Any) -> bool:
-    return isinstance(value, dict) and all(isinstance(v, (str, int, float, bool)) for v in value.values())
+    return isinstance(value, dict) and all(env_name_ok(k) and isinstance(v, (str, int, float, bool))
+                                           for k, v in value.items())
+
+
+def _nul_in(value: Any) -> bool:
+    """Whether a NUL character is anywhere in ``value`` (its strings, a table's names): no path, argument or
+    environment value can hold one, and ``execve`` raised ValueError on it at the very end of ``launch``."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, list):
+        return any(_nul_in(v) for v in value)
+    if isinstance(value, dict):
+        return any(_nul_in(k) or _nul_in(v) for k, v in value.items())
+    return False
 
 
 # kind -> its test: one flat table, so a kind is added in one line. "number" is finite (inf is no deadline and no
@@ -181,22 +199,48 @@ def validate_profile(merged: dict[str, Any], config: dict[str, Any], config_path
                      profile_name: str) -> None:
     """Every known key of the merged profile/config has a value of its kind; else ``ConfigError`` (exit 2)
     naming the table, the key, the value and where it came from."""
-    for dotted, kind in config_schema().items():
+    schema = config_schema()
+    _tables_are_tables(merged, config, config_path, profile_name, schema)
+    for dotted, kind in schema.items():
         node: Any = merged
         from_config: Any = config
         for part in dotted.split("."):
             node = node.get(part, MISSING) if isinstance(node, dict) else MISSING
             from_config = from_config.get(part, MISSING) if isinstance(from_config, dict) else MISSING
-        if node is MISSING or _kind_ok(kind, node):
+        if node is MISSING or (_kind_ok(kind, node) and not _nul_in(node)):
             continue
         table, _, key = dotted.rpartition(".")
         where = f"config file {config_path}" if from_config is not MISSING else f"profile {profile_name}"
+        if _nul_in(node):
+            raise ConfigError(f"invalid configuration: [{table}] {key} in the {where} holds a NUL character: no "
+                              "path, argument or environment value can")
         if kind == "table_scalar" and isinstance(node, dict):  # name the entry, never the whole table's values
             bad = next(k for k, v in node.items() if not _kind_ok("table_scalar", {k: v}))
+            if not env_name_ok(bad):
+                raise ConfigError(f"invalid configuration: [{dotted}] {shown(bad)} in the {where} is no environment "
+                                  "variable name (empty, or holding '=')")
             raise ConfigError(f"invalid configuration: [{dotted}] {bad} = {shown(node[bad])} in the {where} must be "
                               "a string, a number or a boolean")
         raise ConfigError(f"invalid configuration: [{table}] {key} = {shown(node)} in the {where} must be "
                           f"{KIND_WORDS.get(kind, kind)}")
+
+
+def _tables_are_tables(merged: dict[str, Any], config: dict[str, Any], config_path: str | None, profile_name: str,
+                       schema: dict[str, str]) -> None:
+    """A known table (``[server]``, ``[parallel]``...) given as something else (``server = "x"``, ``parallel = [8]``)
+    is refused by name: the typed tables would read it as every key at its default, and in a config it would
+    silently replace the whole table of the profile (its ``[server] args`` gone)."""
+    tables = sorted({dotted.rpartition(".")[0] for dotted in schema if "." in dotted})
+    for table in tables:
+        node: Any = merged
+        for part in table.split("."):
+            node = node.get(part, MISSING) if isinstance(node, dict) else MISSING
+        if node is MISSING or isinstance(node, dict):
+            continue
+        in_config = isinstance(config, dict) and table.split(".")[0] in config
+        where = f"config file {config_path}" if in_config else f"profile {profile_name}"
+        raise ConfigError(f"invalid configuration: {table} = {shown(node)} in the {where} must be a table "
+                          f"([{table}] with its keys)")
 
 
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -314,6 +358,21 @@ class Settings(ProfileTables):
             node = node[part]
         return node
 
+    def value_problem(self) -> str | None:
+        """What is wrong with the values a check's ``applies_if`` reads (the profile's keys against their kinds,
+        ``tp`` a count), or None: ``resolve`` refuses such values when it loads a config, but settings built
+        another way (the doctor as a library, a test, a plugin) reach the runner unchecked, and a predicate must
+        never turn a wrong type into "not applicable"."""
+        if not (_is_int(self.tp) and 1 <= self.tp <= MAX_PARALLEL):
+            return f"tp must be an integer between 1 and {MAX_PARALLEL}, got {shown(self.tp)}"
+        if not isinstance(self.profile, dict):
+            return f"the profile must be a table, got {shown(self.profile)}"
+        try:
+            validate_profile(self.profile, {}, None, str(self.profile_name))
+        except ConfigError as exc:
+            return str(exc)
+        return None
+
     @property
     def world_size(self) -> int:
         """GPUs the service uses: TP x PP x DP (SGLang's EP runs inside the TP group)."""
@@ -415,9 +474,7 @@ def _convert(f: Field[Any], value: Any, source: str = "", config_path: str | Non
         raise ConfigError(f"invalid configuration: [doctor] {name} = {value!r} in {config_path} must be "
                           f"{_KIND_WORD.get(kind, kind)}")
     if kind == "path":
-        if not str(value).strip():  # an empty path given on purpose is a mistake, never "not set"
-            raise ConfigError(f"{source or name} is empty: give a path, or leave it out")
-        return os.path.expanduser(str(value))
+        return _path_value(value, source or name)
     if kind == "bool":
         return bool(value)
     if kind == "posint":
@@ -427,6 +484,16 @@ def _convert(f: Field[Any], value: Any, source: str = "", config_path: str | Non
     if kind == "posfloat":
         return duration(value, source or name, maximum=f.metadata.get("high") or MAX_SECONDS)
     return value
+
+
+def _path_value(value: Any, label: str) -> str:
+    """A path setting's value: never empty (given on purpose, it is a mistake, never "not set") and never holding
+    a NUL (no path can: ``execve`` and ``open`` raise ValueError on it)."""
+    if not str(value).strip():
+        raise ConfigError(f"{label} is empty: give a path, or leave it out")
+    if "\x00" in str(value):
+        raise ConfigError(f"{label} holds a NUL character: no path can")
+    return os.path.expanduser(str(value))
 
 
 _KIND_WORD = {"path": "a non-empty path (a string)", "str": "a string", "bool": "true or false",

@@ -24,6 +24,8 @@ PERSISTENT = "host.jit_cache.persistent"
 CACHE_VARS = {"flashinfer": "FLASHINFER_WORKSPACE_BASE", "triton": "TRITON_CACHE_DIR", "sglang": "SGLANG_CACHE_DIR"}
 PERSISTENT_BASE = "/var/cache/sglang-k26"  # the unit's CacheDirectory= (doctor.service.systemd SERVICE_DIR_NAME)
 MAX_ENTRIES = 100_000
+MAX_READS = 70_000  # entries and stats one cache reader looks at (a real cache needs a few hundred): ~0.3 s at most
+PART_READS = 2_000  # of them, what one target (SGLang) or one version/arch folder (FlashInfer) may take
 # systemd-tmpfiles' configuration, by precedence: a file of /etc replaces the same name in /run and /usr/lib
 TMPFILES_DIRS = ("/etc/tmpfiles.d", "/run/tmpfiles.d", "/usr/lib/tmpfiles.d")
 BOOT_WIPE_TYPES = ("D", "R")  # emptied (D) or removed (R) by `systemd-tmpfiles --remove` at every boot
@@ -74,14 +76,18 @@ def wiped_by(path: str, wipes: list[dict[str, str]]) -> str | None:
 
 
 def flashinfer_compiled(base: str) -> list[str]:
-    """FlashInfer's compiled modules under ``base`` as ``<version>/<archs>/<module>`` (stat and listdir only)."""
+    """FlashInfer's compiled modules under ``base`` as ``<version>/<archs>/<module>`` (stat and listdir only, at most
+    ``MAX_READS`` entries looked at: a hostile cache costs a bounded time on every ``check -v``)."""
     root = os.path.join(base, ".cache", "flashinfer")
+    reads = Reads()
     out: list[str] = []
-    for version in _listdir(root)[:64]:
-        for arch in _listdir(os.path.join(root, version))[:64]:
+    for version in reads.listdir(root, 64):
+        for arch in reads.listdir(os.path.join(root, version), 64):
             ops = os.path.join(root, version, arch, "cached_ops")
-            out += [f"{version}/{arch}/{n}" for n in _listdir(ops)[:256]
-                    if os.path.isfile(os.path.join(ops, n, n + ".so"))]
+            part = reads.part()
+            out += [f"{version}/{arch}/{n}" for n in part.listdir(ops, 256)
+                    if part.isfile(os.path.join(ops, n, n + ".so"))]
+            reads.charge(part)
     return out
 
 
@@ -119,15 +125,19 @@ def sglang_module_name(*args: object) -> str:
 def sglang_jit_compiled(root: str) -> list[str]:
     """SGLang's JIT modules built under ``root`` as ``<target>/<module_name>`` (``<root>/<target>/<module_name>/
     build-<key>/deps-<key>/<module_name>.so``, its content-addressed layout; ``module_name`` as
-    ``sglang_module_name`` spells it): stat and listdir only."""
+    ``sglang_module_name`` spells it): stat and listdir only, at most ``MAX_READS`` entries looked at (a cache of
+    linked directories once made this 32 x 256 x 64 x 64 stats: minutes of every ``check -v``)."""
+    reads = Reads()
     out: list[str] = []
-    for target in _listdir(root)[:32]:
-        for module in _listdir(os.path.join(root, target))[:256]:
+    for target in reads.listdir(root, 32):
+        part = reads.part()  # a target full of links cannot hide the next one's modules
+        for module in part.listdir(os.path.join(root, target), 256):
             mdir = os.path.join(root, target, module)
-            if any(os.path.isfile(os.path.join(mdir, b, d, module + ".so"))
-                   for b in _listdir(mdir)[:64] if b.startswith("build-")
-                   for d in _listdir(os.path.join(mdir, b))[:64] if d.startswith("deps-")):
+            if any(part.isfile(os.path.join(mdir, b, d, module + ".so"))
+                   for b in part.listdir(mdir, 64) if b.startswith("build-")
+                   for d in part.listdir(os.path.join(mdir, b), 64) if d.startswith("deps-")):
                 out.append(f"{target}/{module}")
+        reads.charge(part)
     return out
 
 
@@ -145,11 +155,43 @@ def entry_count(path: str) -> int | None:
         return None
 
 
-def _listdir(path: str) -> list[str]:
-    try:
-        return sorted(os.listdir(path))
-    except OSError:
-        return []
+class Reads:
+    """One cache reader's budget: the directory entries and stats it may still look at (``MAX_READS``). Why: the
+    readers run on every ``check -v`` and ``launch`` on caches anyone may have filled (100k entries, directories
+    linked into themselves); each level's own cap bounds one listing, this bounds the walk. A listing stops after
+    ``cap`` entries (``os.scandir``: a directory of a million names is never read whole), sorted for a stable order;
+    a directory that cannot be read (missing, a file, mode 000, a symlink loop) lists nothing."""
+
+    def __init__(self, limit: int | None = None) -> None:
+        self.left = MAX_READS if limit is None else limit
+
+    def part(self) -> Reads:
+        """A budget for one part of the walk (``PART_READS``, within what is left): a hostile part spends its
+        own, not its siblings'; ``charge`` takes what it used from this one."""
+        return Reads(min(PART_READS, self.left))
+
+    def charge(self, part: Reads) -> None:
+        self.left -= min(PART_READS, self.left) - part.left
+
+    def listdir(self, path: str, cap: int) -> list[str]:
+        names: list[str] = []
+        try:
+            with os.scandir(path) as it:
+                for entry in it:
+                    if len(names) >= cap or self.left <= 0:
+                        break
+                    self.left -= 1
+                    names.append(entry.name)
+        except OSError:
+            return []
+        return sorted(names)
+
+    def isfile(self, path: str) -> bool:
+        """``os.path.isfile`` (a stat: a FIFO named like a module is no module and is never opened), counted."""
+        if self.left <= 0:
+            return False
+        self.left -= 1
+        return os.path.isfile(path)
 
 
 def module_compiled(compiled: list[str], module: str, version: str | None, cc: str | None) -> bool:

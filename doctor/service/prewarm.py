@@ -16,6 +16,7 @@ prewarms (it changes nothing).
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
 import signal
@@ -185,7 +186,14 @@ def _own_time(result: dict[str, Any] | None, waited: float) -> float:
     """The prewarm's own time, start to end, as its probe reports it (``wall_s``); else ``waited``, the time until
     it was read (for a prewarm left beside the server: after the server's /health 200, not its own time)."""
     wall = (result or {}).get("wall_s")
-    return float(wall) if isinstance(wall, (int, float)) and not isinstance(wall, bool) else waited
+    if not isinstance(wall, (int, float)) or isinstance(wall, bool):
+        return waited
+    try:
+        own = float(wall)  # a 400-digit integer raised OverflowError here: launch's traceback at its start
+    except OverflowError:
+        return waited
+    # the probe started after the doctor's clock did: its own time is finite and within the time waited
+    return own if math.isfinite(own) and 0.0 <= own <= waited + 1.0 else waited
 
 
 GRACE_S = 5.0
