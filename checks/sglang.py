@@ -107,4 +107,4 @@ def ddtree_gate(ctx: Context) -> Result:
     Fix: run `k26-doctor validate --profile PROFILE` on this host (the remediation names the command), or serve
     DFLASH (server.speculative_algorithm = "DFLASH").
     """
-    return Result.of(judge_gate(ctx.optional, ctx.server_args, ctx.settings))
+    return Result.of(judge_gate(ctx.optional, ctx.server_args, ctx.settings, ctx.know("ddtree_gate")))

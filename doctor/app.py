@@ -65,7 +65,17 @@ def registry_for(settings: Settings) -> Registry:
 def make_context(settings: Settings, registry: Registry | None = None) -> Context:
     reg = registry or registry_for(settings)
     return Context(settings, FactStore(collect_options(settings), snapshot=settings.snapshot,
-                                       collectors=reg.collectors), planned_server)
+                                       collectors=reg.collectors), planned_server, knowledge=dict(KNOWLEDGE))
+
+
+def ddtree_gate_knowledge(settings: Settings) -> Any:
+    """The profile's DDTree patch set and its SGLang release's option strings (``Context.know``)."""
+    from doctor.sglang.ddtree import gate_knowledge
+
+    return gate_knowledge(settings)
+
+
+KNOWLEDGE = {"ddtree_gate": ddtree_gate_knowledge}
 
 
 def planned_server(settings: Settings) -> PlannedArgs:

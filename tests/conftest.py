@@ -234,7 +234,7 @@ def make_context(flags: Any = None, *, facts: dict[str, Any] | None = None, live
     ``facts`` as a snapshot would give them (a fact not in it is "not recorded"), or, with ``live=True``,
     collected on first use with ``facts`` mixed in as recorded readings (``FactStore.seed``). ``env``: the
     environment collectors see (default: this process's)."""
-    from doctor.app import planned_server
+    from doctor.app import KNOWLEDGE, planned_server
     from doctor.core.context import Context
     from doctor.core.settings import Settings, resolve
     from doctor.facts.store import CollectOptions, FactStore
@@ -247,7 +247,7 @@ def make_context(flags: Any = None, *, facts: dict[str, Any] | None = None, live
     store = FactStore(opts, snapshot=snapshot, collectors=collectors)
     for name, value in (facts or {}).items() if live else ():
         store.seed(name, value)
-    return Context(settings, store, planned_server)
+    return Context(settings, store, planned_server, knowledge=dict(KNOWLEDGE))
 
 
 def run_check(check_id: str, ctx: Any, registry: Any = None) -> Any:

@@ -69,6 +69,11 @@ class Context:
     selected: frozenset[str] = frozenset()  # the ids of this run's checks (set by the runner)
     needs: frozenset[str] | None = None  # the facts this view may read; None: the run's own context
     planned: dict[str, PlannedArgs] = field(default_factory=dict)  # the planner's answer, shared by every view
+    # what judgements need beyond facts and settings, read from the product's own data or packages (the DDTree
+    # set's manifest and its release's flag table): providers given by whoever builds the run (doctor.app), each
+    # called once per run on first use (``know``), so that no judgement reads a file
+    knowledge: dict[str, Callable[[Settings], Any]] = field(default_factory=dict)
+    known: dict[str, tuple[bool, Any]] = field(default_factory=dict)  # name -> (ok, value or the exception)
 
     def view(self, needs: tuple[str, ...] | frozenset[str]) -> Context:
         """The context of one check (or fixer): the same run, reading only the facts in ``needs``."""
@@ -99,6 +104,20 @@ class Context:
             self.planned["argv"] = self.planner(self.settings)
         args, problem = self.planned["argv"]
         return list(args), problem
+
+    def know(self, name: str) -> Any:
+        """The provider ``name``'s answer for this run's settings, computed once (what it raised, raised again)."""
+        if name not in self.known:
+            if name not in self.knowledge:
+                raise LookupError(f"no provider of {name!r} in this run's context (doctor.app.KNOWLEDGE)")
+            try:
+                self.known[name] = (True, self.knowledge[name](self.settings))
+            except Exception as exc:  # a NotJudged of the provider: every reader gets the same
+                self.known[name] = (False, exc)
+        ok, value = self.known[name]
+        if not ok:
+            raise value
+        return value
 
     @property
     def deep(self) -> bool:

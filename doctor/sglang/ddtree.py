@@ -302,18 +302,28 @@ def _not_ddtree(settings: Settings) -> str:
 GATE_APPLIES = Applicability(launches_ddtree, _not_ddtree)  # sglang.ddtree's applies_if
 
 
-def judge_gate(read: Reader, planned: tuple[list[str], ConfigError | None], settings: Settings) -> Findings:
+def gate_knowledge(settings: Settings) -> tuple[manifest.PatchSet, dict[str, str]]:
+    """What the gate is judged against, read once per run (``Context.know("ddtree_gate")``): the profile's patch
+    set (its ``validated`` list; ``NotJudged`` when the profile names none or it cannot be read) and the option
+    strings of its SGLang release (how the server's parser reads the argv)."""
+    pset = patch_set(settings)
+    return pset, release_options(pset)
+
+
+def judge_gate(read: Reader, planned: tuple[list[str], ConfigError | None], settings: Settings,
+               knowledge: tuple[manifest.PatchSet, Mapping[str, str]]) -> Findings:
     """``read(name)``: the ``env``, ``stack``, ``nvml``, ``sglang_patches`` and ``ddtree_site`` facts, None where
     not recorded; ``planned``: the server arguments the launcher builds and why they cannot be built
-    (``launcher.planned_args``). The gate opens on a site validation record of this host whose every key equals
-    the running configuration's (``doctor.sglang.validation``), or with the opt-in. Judged where the profile
-    launches DDTREE (``GATE_APPLIES``, declared on the check)."""
+    (``launcher.planned_args``); ``knowledge``: ``gate_knowledge``'s answer (read once per run, not here). The
+    gate opens on a site validation record of this host whose every key equals the running configuration's
+    (``doctor.sglang.validation``), or with the opt-in. Judged where the profile launches DDTREE
+    (``GATE_APPLIES``, declared on the check)."""
     from doctor.sglang.validation.record import differences as record_differences
     from doctor.sglang.validation.record import nearest as nearest_record
     from doctor.sglang.validation.siteconfig import site_configuration
 
-    pset = patch_set(settings)
-    values, unread = site_configuration(read, planned, release_options(pset), settings)
+    pset, options = knowledge
+    values, unread = site_configuration(read, planned, options, settings)
     env = read("env")
     value = _gate_value(env)
     site = read("ddtree_site")
