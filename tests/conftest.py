@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,27 @@ def interruptible() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # (a runner may hand an ignored SIGTERM down too)
+
+
+def signal_once_started(argv: list[str], started: Path, signum: int, *, env: dict[str, str],
+                        cwd: Path | None = None, what: str = "the child") -> subprocess.CompletedProcess[str]:
+    """``argv`` started as a terminal starts it (``interruptible``), sent ``signum`` once ``started`` exists (the
+    child's own marker that it reached the point under test: at most 120 s, however slow the host), then read to
+    its end (60 s at most); never left running."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,
+                            stdin=subprocess.DEVNULL, preexec_fn=interruptible)
+    try:
+        until = time.monotonic() + 120
+        while not started.exists() and proc.poll() is None and time.monotonic() < until:
+            time.sleep(0.05)
+        assert started.exists(), proc.communicate(timeout=30) if proc.poll() is not None else f"{what} never started"
+        proc.send_signal(signum)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
 def _session_interruptible() -> None:

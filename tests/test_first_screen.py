@@ -26,10 +26,9 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from conftest import ROOT, doctor_env, interruptible, penv, run_doctor
+from conftest import ROOT, doctor_env, penv, run_doctor, signal_once_started
 
 from doctor.report.text import unfold_ids
 
@@ -184,20 +183,9 @@ def test_ctrl_c_during_check_deep_reports_what_finished_in_one_line_and_exits_13
     shutil.copy(SNAP, tmp_path / "gpuless.json")
     started = tmp_path / "started"
     env = penv(plugin_site, SITE_HANG="100", SITE_HANG_LAST="1", SITE_STARTED=str(started), COLUMNS="80")
-    proc = subprocess.Popen([sys.executable, "-m", "doctor", "check", "--deep", "--from-snapshot", "gpuless.json",
-                             "--timeout", "300"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            cwd=tmp_path, stdin=subprocess.DEVNULL, preexec_fn=interruptible)
-    try:
-        until = time.monotonic() + 120
-        while not started.exists() and proc.poll() is None and time.monotonic() < until:
-            time.sleep(0.05)
-        assert started.exists(), proc.stderr.read() if proc.poll() is not None else "site.hang never started"
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    proc = signal_once_started([sys.executable, "-m", "doctor", "check", "--deep", "--from-snapshot", "gpuless.json",
+                                "--timeout", "300"], started, signal.SIGINT, env=env, cwd=tmp_path, what="site.hang")
+    out, err = proc.stdout, proc.stderr
     assert proc.returncode == 130, (proc.returncode, out, err)
     text = golden("gpuless-ctrl-c.txt", out)
     lines = text.splitlines()
@@ -244,20 +232,9 @@ def test_sigterm_during_check_deep_is_the_same_short_report_and_exits_143(tmp_pa
     shutil.copy(SNAP, tmp_path / "gpuless.json")
     started = tmp_path / "started"
     env = penv(plugin_site, SITE_HANG="100", SITE_HANG_LAST="1", SITE_STARTED=str(started), COLUMNS="80")
-    proc = subprocess.Popen([sys.executable, "-m", "doctor", "check", "--deep", "--from-snapshot", "gpuless.json",
-                             "--timeout", "300"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            cwd=tmp_path, stdin=subprocess.DEVNULL, preexec_fn=interruptible)
-    try:
-        until = time.monotonic() + 120
-        while not started.exists() and proc.poll() is None and time.monotonic() < until:
-            time.sleep(0.05)
-        assert started.exists(), proc.stderr.read() if proc.poll() is not None else "site.hang never started"
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    proc = signal_once_started([sys.executable, "-m", "doctor", "check", "--deep", "--from-snapshot", "gpuless.json",
+                                "--timeout", "300"], started, signal.SIGTERM, env=env, cwd=tmp_path, what="site.hang")
+    out, err = proc.stdout, proc.stderr
     assert proc.returncode == 143, (proc.returncode, out, err)
     assert "\nINTERRUPTED (SIGTERM), a partial report: " in out, out
     assert [ln for ln in out.splitlines() if "interrupted before they finished" in ln] == [

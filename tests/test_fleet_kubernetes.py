@@ -22,7 +22,7 @@ from typing import Any
 import fleet_plugin
 import pytest
 import yaml
-from conftest import ROOT, doctor_env, interruptible
+from conftest import ROOT, doctor_env, signal_once_started
 from kube_api_stand_in import StandIn
 from kube_api_stand_in import node as stand_in_node
 
@@ -674,14 +674,9 @@ def test_an_interrupted_run_writes_nothing_on_the_node_and_exits_130(tmp_path: P
         before, calls = json.loads(json.dumps(api.node)), len(api.requests)
         argv, env = kube_node_call(tmp_path, api, "sleep 100")
         started = tmp_path / "verdict.started"
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                stdin=subprocess.DEVNULL, preexec_fn=interruptible)  # SIGINT as a terminal gives it
-        deadline = time.monotonic() + 120  # the checks are running once fleet.verdict has started
-        while not started.exists() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert started.exists(), "fleet.verdict never started"
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
+        # the checks are running once fleet.verdict has started
+        proc = signal_once_started(argv, started, signal.SIGINT, env=env, what="fleet.verdict")
+        out, err = proc.stdout, proc.stderr
         assert proc.returncode == 130, out + err
         assert out == "interrupted before it finished: nothing was changed\n"
         assert len(api.requests) == calls and api.node == before

@@ -15,7 +15,7 @@ from pathlib import Path
 import fleet_plugin
 import pytest
 import slurm_cluster
-from conftest import ROOT, interruptible
+from conftest import ROOT, signal_once_started
 
 from doctor.app import Report
 from doctor.core.result import Result, Status
@@ -285,15 +285,8 @@ def test_an_interrupted_health_check_changes_nothing_and_exits_130(cluster: slur
                 "--only", "fleet.*"]
         env = cluster.env(PYTHONPATH=f"{ROOT}:{node['site']}", K26_FLEET_VERDICT=str(node["verdict"]), NO_COLOR="1")
         env.pop("K26_DOCTOR_CONFIG", None)
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                stdin=subprocess.DEVNULL, preexec_fn=interruptible)  # SIGINT as a terminal gives it
-        deadline = time.monotonic() + 120  # the checks are running once fleet.verdict has started
-        while not started.exists() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert started.exists(), "fleet.verdict never started"
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
-        return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+        # the checks are running once fleet.verdict has started
+        return signal_once_started(argv, started, signal.SIGINT, env=env, what="fleet.verdict")
 
     said = f"{cluster.node}: {slurm.INTERRUPTED_LINE}"
     r = interrupted()

@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
 import pytest
-from conftest import doctor_env, interruptible
+from conftest import doctor_env, signal_once_started
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -93,20 +91,9 @@ def terminated(tmp_path: Path, args: list[str], **env: str) -> tuple[int, str, s
     started = tmp_path / "started"
     full = doctor_env(PYTHONPATH=str(install_plugin(tmp_path / "site")), SLOW_STARTED=str(started), COLUMNS="80",
                       **env)
-    proc = subprocess.Popen([sys.executable, "-m", "doctor", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=full, cwd=tmp_path, stdin=subprocess.DEVNULL, preexec_fn=interruptible)
-    try:
-        until = time.monotonic() + 120
-        while not started.exists() and proc.poll() is None and time.monotonic() < until:
-            time.sleep(0.05)
-        assert started.exists(), proc.communicate(timeout=30) if proc.poll() is not None else "never started"
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    return proc.returncode, out, err
+    proc = signal_once_started([sys.executable, "-m", "doctor", *args], started, signal.SIGTERM, env=full, cwd=tmp_path,
+                               what="the plugin's slow point")
+    return proc.returncode, proc.stdout, proc.stderr
 
 
 @pytest.mark.parametrize("stage", ["write", "tmp-written"])
