@@ -61,19 +61,21 @@ class Context:
     settings: Settings
     facts: FactSource
     # how the run plans the server's argv from its settings (doctor.app.planned_server: the launcher's
-    # planned_args), given by whoever builds the run, so that no check imports the launcher; ``server_args`` calls
-    # it once per run, on first use, and every check judging the server's command (flags, exposure, tokenizer,
-    # drafter, fit, multicast, the DDTREE gate) judges that one argv
+    # planned_args), given by whoever builds the run, so that no check imports the launcher; ``server_args`` asks
+    # it once per run (it is the ``server_args`` provider of ``knowledge``), and every check judging the server's
+    # command (flags, exposure, tokenizer, drafter, fit, multicast, the DDTREE gate) judges that one argv
     planner: Callable[[Settings], PlannedArgs]
     results: dict[str, Result] = field(default_factory=dict)  # finished checks, by id (shared by every view)
     selected: frozenset[str] = frozenset()  # the ids of this run's checks (set by the runner)
     needs: frozenset[str] | None = None  # the facts this view may read; None: the run's own context
-    planned: dict[str, PlannedArgs] = field(default_factory=dict)  # the planner's answer, shared by every view
     # what judgements need beyond facts and settings, read from the product's own data or packages (the DDTree
     # set's manifest and its release's flag table): providers given by whoever builds the run (doctor.app), each
     # called once per run on first use (``know``), so that no judgement reads a file
     knowledge: dict[str, Callable[[Settings], Any]] = field(default_factory=dict)
     known: dict[str, tuple[bool, Any]] = field(default_factory=dict)  # name -> (ok, value or the exception)
+
+    def __post_init__(self) -> None:
+        self.knowledge.setdefault("server_args", self.planner)  # (a view shares the run's dicts: no change there)
 
     def view(self, needs: tuple[str, ...] | frozenset[str]) -> Context:
         """The context of one check (or fixer): the same run, reading only the facts in ``needs``."""
@@ -100,9 +102,7 @@ class Context:
     def server_args(self) -> tuple[list[str], ConfigError | None]:
         """The server's planned argv (a list of its own for each reader: a judgement that edits it edits no other
         check's) and why the settings cannot build it, or None."""
-        if "argv" not in self.planned:  # two checks asking at once both compute it: the same value, no harm
-            self.planned["argv"] = self.planner(self.settings)
-        args, problem = self.planned["argv"]
+        args, problem = self.know("server_args")  # (two checks asking at once both compute it: the same value)
         return list(args), problem
 
     def know(self, name: str) -> Any:
