@@ -21,7 +21,7 @@ def to_junit(report: Any) -> str:
     st = story(report)
     counts = report.counts()
     strict = bool(getattr(report.settings, "strict", False))
-    unjudged = [r for r in report.results if r.status is Status.SKIP and r.unjudged]
+    unjudged = report.unjudged
     failures = counts["fail"] + (len(unjudged) if strict else 0) + (counts["warn"] if strict else 0)
     skipped = counts["skip"] - (len(unjudged) if strict else 0)
     suite = ET.Element("testsuite", {

@@ -390,7 +390,7 @@ def tally(st: Story, total: int) -> str:
 def footer(report: Any, color: bool, st: Story | None = None, columns: int = DEFAULT_WIDTH) -> list[str]:
     """Counts and time, the fixers that would change something, and last the next step."""
     st = st or story(report)
-    unjudged = [r.id for r in report.results if r.status is Status.SKIP and r.unjudged]
+    unjudged = [r.id for r in report.unjudged]
     status = report.decision().status
     head = f"{status.value.upper()}: "
     if report.outcome.interrupted:
